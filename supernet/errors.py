@@ -1,0 +1,12 @@
+"""The one exception type for bad user input, shared by every hwnas package.
+
+It lives in ``supernet`` because every other package already depends on it. The CLI
+turns a :class:`UserError` into a single ``hwnas: error: ...`` line and a non-zero exit,
+without a traceback; anything else that escapes is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input from the user: say what is wrong and what was expected."""
