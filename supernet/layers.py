@@ -1,0 +1,124 @@
+"""The layer list: a plain, serializable description of a network, shared by every package.
+
+A search space describes an architecture as a list of :class:`Layer` records. FLOPs, parameter
+counts, model size, BOPs, lookup-table latency predictors and the analytical device estimators
+all read this list, so none of them needs torch. Convolutions are described as deployed: a
+BatchNorm that follows a convolution is folded into it, which gives the convolution a bias.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+#: Operation types a layer may have.
+OPS = ("conv", "linear", "avgpool", "add")
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer of a network.
+
+    ``name`` is the qualified module name in the extracted static model (for ``conv`` and
+    ``linear``), so that per-layer settings such as quantization bit-widths join with the model.
+    ``in_h``/``in_w`` are the input's spatial size; ``avgpool`` is a global average pool and
+    ``add`` a residual addition of two tensors of ``in_channels`` channels.
+    """
+
+    name: str
+    op: str
+    in_channels: int
+    out_channels: int
+    kernel: int = 1
+    stride: int = 1
+    groups: int = 1
+    in_h: int = 1
+    in_w: int = 1
+    bias: bool = False
+    activation: str | None = None
+    w_bits: int = 32
+    a_bits: int = 32
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"layer {self.name!r}: unknown op {self.op!r}; expected one of {OPS}")
+        if self.op == "conv" and (self.in_channels % self.groups or self.out_channels % self.groups):
+            raise ValueError(
+                f"layer {self.name!r}: channels {self.in_channels}->{self.out_channels} "
+                f"are not divisible by groups={self.groups}"
+            )
+
+    @property
+    def out_h(self) -> int:
+        """Output height, with 'same' padding (kernel // 2) as every space here uses."""
+        if self.op == "conv":
+            return (self.in_h + 2 * (self.kernel // 2) - self.kernel) // self.stride + 1
+        if self.op == "avgpool":
+            return 1
+        return self.in_h
+
+    @property
+    def out_w(self) -> int:
+        if self.op == "conv":
+            return (self.in_w + 2 * (self.kernel // 2) - self.kernel) // self.stride + 1
+        if self.op == "avgpool":
+            return 1
+        return self.in_w
+
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates of one forward pass of one image."""
+        if self.op == "conv":
+            per_out = (self.in_channels // self.groups) * self.kernel * self.kernel
+            return self.out_h * self.out_w * self.out_channels * per_out
+        if self.op == "linear":
+            return self.in_channels * self.out_channels
+        return 0
+
+    @property
+    def params(self) -> int:
+        """Number of weights and biases (BatchNorm folded into the preceding conv)."""
+        if self.op == "conv":
+            w = self.out_channels * (self.in_channels // self.groups) * self.kernel * self.kernel
+            return w + (self.out_channels if self.bias else 0)
+        if self.op == "linear":
+            return self.in_channels * self.out_channels + (self.out_channels if self.bias else 0)
+        return 0
+
+    @property
+    def weight_count(self) -> int:
+        """Number of weights without biases (biases stay at 32 bits when quantized)."""
+        return self.params - (self.out_channels if self.bias and self.op in ("conv", "linear") else 0)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Layer:
+        return cls(**d)
+
+    def with_bits(self, w_bits: int, a_bits: int) -> Layer:
+        return replace(self, w_bits=w_bits, a_bits=a_bits)
+
+
+def total_macs(layers: list[Layer]) -> int:
+    return sum(layer.macs for layer in layers)
+
+
+def total_flops(layers: list[Layer]) -> int:
+    """FLOPs counted as 2 × MACs (one multiply and one add), the convention of most profilers."""
+    return 2 * total_macs(layers)
+
+
+def total_params(layers: list[Layer]) -> int:
+    return sum(layer.params for layer in layers)
+
+
+def save_layers(layers: list[Layer], path: str | Path) -> None:
+    Path(path).write_text(json.dumps([layer.to_dict() for layer in layers], indent=1))
+
+
+def load_layers(path: str | Path) -> list[Layer]:
+    return [Layer.from_dict(d) for d in json.loads(Path(path).read_text())]

@@ -1,0 +1,128 @@
+"""Weight-sharing operators (Once-for-All style): one max-size weight, sliced per active subnet.
+
+Each operator keeps its full-size parameters; a forward pass uses the leading slice that the
+active configuration needs. Input channels always follow the incoming tensor, output channels
+and kernel size are passed explicitly, so no operator holds global state. ``static(...)``
+returns an ordinary ``nn.Conv2d`` / ``nn.BatchNorm2d`` with copies of the active slice, which
+is what extraction and export want.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class DynamicConv2d(nn.Module):
+    """A dense (groups=1) convolution whose input and output channels can shrink."""
+
+    def __init__(self, max_in: int, max_out: int, kernel: int = 1, stride: int = 1) -> None:
+        super().__init__()
+        self.kernel, self.stride = kernel, stride
+        self.weight = nn.Parameter(torch.empty(max_out, max_in, kernel, kernel))
+        nn.init.kaiming_normal_(self.weight, mode="fan_out")
+
+    def active_weight(self, in_ch: int, out_ch: int) -> torch.Tensor:
+        return self.weight[:out_ch, :in_ch]
+
+    def forward(self, x: torch.Tensor, out_ch: int) -> torch.Tensor:
+        w = self.active_weight(x.size(1), out_ch)
+        return F.conv2d(x, w, None, self.stride, self.kernel // 2)
+
+    def static(self, in_ch: int, out_ch: int) -> nn.Conv2d:
+        conv = nn.Conv2d(in_ch, out_ch, self.kernel, self.stride, self.kernel // 2, bias=False)
+        conv.weight.data.copy_(self.active_weight(in_ch, out_ch))
+        return conv
+
+
+class DynamicDepthwiseConv2d(nn.Module):
+    """A depthwise convolution with elastic channels and elastic kernel size.
+
+    Smaller kernels take the centre of the next larger one and pass it through a small learned
+    linear transform (initialised to the identity), as in Once-for-All: the centre crop alone
+    forces one set of weights to serve two roles, the transform relieves that.
+    """
+
+    def __init__(self, max_channels: int, kernel_choices: tuple[int, ...], stride: int = 1) -> None:
+        super().__init__()
+        self.kernel_choices = tuple(sorted(kernel_choices))
+        self.max_kernel = self.kernel_choices[-1]
+        self.stride = stride
+        self.weight = nn.Parameter(torch.empty(max_channels, 1, self.max_kernel, self.max_kernel))
+        nn.init.kaiming_normal_(self.weight, mode="fan_out")
+        # transform for the step from the next larger kernel down to kernel k
+        self.transforms = nn.ParameterDict(
+            {
+                f"{k}": nn.Parameter(torch.eye(k * k))
+                for k in self.kernel_choices[:-1]
+            }
+        )
+
+    def active_weight(self, channels: int, kernel: int) -> torch.Tensor:
+        if kernel not in self.kernel_choices:
+            raise ValueError(f"kernel {kernel} not in {self.kernel_choices}")
+        filt = self.weight[:channels]
+        for k in reversed(self.kernel_choices[:-1]):
+            if k < kernel:
+                break
+            start = (filt.size(-1) - k) // 2
+            centre = filt[:, :, start : start + k, start : start + k]
+            flat = centre.reshape(channels, k * k)
+            filt = F.linear(flat, self.transforms[f"{k}"]).reshape(channels, 1, k, k)
+        return filt
+
+    def forward(self, x: torch.Tensor, kernel: int) -> torch.Tensor:
+        channels = x.size(1)
+        w = self.active_weight(channels, kernel)
+        return F.conv2d(x, w, None, self.stride, kernel // 2, 1, channels)
+
+    def static(self, channels: int, kernel: int) -> nn.Conv2d:
+        conv = nn.Conv2d(channels, channels, kernel, self.stride, kernel // 2, groups=channels,
+                         bias=False)
+        conv.weight.data.copy_(self.active_weight(channels, kernel))
+        return conv
+
+
+class DynamicBatchNorm2d(nn.BatchNorm2d):
+    """BatchNorm over the leading ``C`` channels of its max-size statistics and affine terms.
+
+    In training mode the running statistics of the active slice are updated in place (slices are
+    views), so the largest subnet's statistics are shared with smaller ones; subnets are
+    recalibrated before evaluation (:func:`supernet.evaluate.recalibrate_bn`).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        c = x.size(1)
+        if c == self.num_features:
+            return super().forward(x)
+        use_stats = self.training or self.running_mean is None
+        return F.batch_norm(
+            x,
+            self.running_mean[:c] if self.running_mean is not None else None,
+            self.running_var[:c] if self.running_var is not None else None,
+            self.weight[:c],
+            self.bias[:c],
+            use_stats,
+            0.1 if self.momentum is None else self.momentum,
+            self.eps,
+        )
+
+    def static(self, channels: int) -> nn.BatchNorm2d:
+        bn = nn.BatchNorm2d(channels, eps=self.eps, momentum=self.momentum)
+        bn.weight.data.copy_(self.weight[:channels])
+        bn.bias.data.copy_(self.bias[:channels])
+        bn.running_mean.copy_(self.running_mean[:channels])
+        bn.running_var.copy_(self.running_var[:channels])
+        bn.num_batches_tracked.copy_(self.num_batches_tracked)
+        return bn
+
+
+def activation(name: str | None) -> nn.Module:
+    """The activation module for a name used in layer lists."""
+    if name is None:
+        return nn.Identity()
+    table = {"relu": nn.ReLU, "hswish": nn.Hardswish}
+    if name not in table:
+        raise ValueError(f"unknown activation {name!r}; expected one of {sorted(table)}")
+    return table[name]()

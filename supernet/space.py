@@ -1,0 +1,117 @@
+"""The SearchSpace interface: the one place where a space's choices are declared.
+
+Every other package (latency predictors, quantization cost models, the search, export) talks
+to a space through this interface and never hard-codes a space's choices. Implementations must
+import without torch; only :meth:`SearchSpace.build_supernet` imports the torch modules.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from supernet.errors import UserError
+from supernet.layers import Layer, total_flops, total_macs, total_params
+
+Arch = TypeVar("Arch")
+
+
+class SearchSpace(ABC, Generic[Arch]):
+    """A space of architectures that share one weight-sharing supernet.
+
+    Architectures are immutable, hashable values of a space-specific type. Their canonical
+    string (:meth:`to_string`) is how they are written to files and joined with tables.
+    """
+
+    #: Registry name of the space, e.g. ``"mbv3-tiny"``.
+    name: str
+    #: Input shape of one image as (channels, height, width).
+    input_shape: tuple[int, int, int]
+    #: Number of output classes.
+    num_classes: int
+
+    # -- sampling ---------------------------------------------------------------------------
+    @abstractmethod
+    def sample(self, rng: np.random.Generator) -> Arch:
+        """A uniformly random architecture (each choice drawn independently)."""
+
+    @abstractmethod
+    def smallest(self) -> Arch:
+        """The architecture with every choice at its smallest value."""
+
+    @abstractmethod
+    def largest(self) -> Arch:
+        """The architecture with every choice at its largest value."""
+
+    # -- string form ----------------------------------------------------------------------------
+    @abstractmethod
+    def to_string(self, arch: Arch) -> str:
+        """Canonical string; ``from_string(to_string(a)) == a`` for every member ``a``."""
+
+    @abstractmethod
+    def from_string(self, text: str) -> Arch:
+        """Parse a canonical string; raises :class:`UserError` for strings outside the space."""
+
+    # -- features for predictors -----------------------------------------------------------------
+    @abstractmethod
+    def encode(self, arch: Arch) -> np.ndarray:
+        """A fixed-length float32 feature vector (length :attr:`feature_dim`)."""
+
+    @property
+    @abstractmethod
+    def feature_names(self) -> list[str]:
+        """One name per entry of :meth:`encode`'s vector."""
+
+    @property
+    def feature_dim(self) -> int:
+        return len(self.feature_names)
+
+    # -- description as layers --------------------------------------------------------------------
+    @abstractmethod
+    def layers(self, arch: Arch) -> list[Layer]:
+        """The architecture as a layer list (see :mod:`supernet.layers`)."""
+
+    def flops(self, arch: Arch) -> int:
+        return total_flops(self.layers(arch))
+
+    def macs(self, arch: Arch) -> int:
+        return total_macs(self.layers(arch))
+
+    def params(self, arch: Arch) -> int:
+        return total_params(self.layers(arch))
+
+    # -- Optuna ----------------------------------------------------------------------------------
+    @abstractmethod
+    def suggest(self, trial: Any) -> Arch:
+        """Suggest an architecture from an Optuna trial (a fixed set of parameters)."""
+
+    @abstractmethod
+    def to_params(self, arch: Arch) -> dict[str, Any]:
+        """The Optuna parameters that make :meth:`suggest` return ``arch`` (for enqueueing)."""
+
+    # -- torch -----------------------------------------------------------------------------------
+    @abstractmethod
+    def build_supernet(self) -> Any:
+        """A freshly initialised weight-sharing supernet (a torch ``nn.Module``)."""
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """Constructor arguments that rebuild this space (stored with checkpoints and runs)."""
+        return {}
+
+    def parse(self, arch: Arch | str) -> Arch:
+        """Accept an architecture or its string and return a validated architecture."""
+        if isinstance(arch, str):
+            return self.from_string(arch)
+        return self.from_string(self.to_string(arch))
+
+    def describe(self) -> str:
+        return f"{self.name}: input {self.input_shape}, {self.num_classes} classes"
+
+
+def check_choice(value: Any, choices: tuple, what: str) -> None:
+    """Raise a :class:`UserError` naming ``what`` if ``value`` is not one of ``choices``."""
+    if value not in choices:
+        raise UserError(f"{what} = {value!r} is outside the space; expected one of {list(choices)}")
