@@ -15,6 +15,13 @@ from supernet.errors import UserError
 EXIT_USER_ERROR = 2
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (no usage block), like every other error."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -25,41 +32,46 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", default="digits",
+def _common(p: argparse.ArgumentParser, d) -> None:
+    p.add_argument("--dataset", default=d.dataset,
                    help="'digits' (built in, default), 'cifar10' (from the shared data), or a path: "
                         "a cifar10-jpeg .npz, a cifar-10-batches-py directory or an ImageFolder directory")
-    p.add_argument("--space", default="mbv3-tiny", help="search space (default: mbv3-tiny)")
-    p.add_argument("--seed", type=int, default=0, help="seed of training and search (default 0)")
-    p.add_argument("--device", default="cpu", help="torch device for training/evaluation (default cpu)")
+    p.add_argument("--space", default=d.space, help=f"search space (default: {d.space})")
+    p.add_argument("--seed", type=int, default=d.seed, help=f"seed of training and search (default {d.seed})")
+    p.add_argument("--device", default=d.device, help=f"torch device for training/evaluation (default {d.device})")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from search.samplers import DEFAULT_SAMPLER, SAMPLERS
+    from search.run import RunConfig
+    from search.samplers import SAMPLERS
 
-    parser = argparse.ArgumentParser(prog="hwnas", description="Hardware-aware NAS: supernets, "
+    d = RunConfig()  # one source of defaults for the API and the CLI
+
+    parser = _Parser(prog="hwnas", description="Hardware-aware NAS: supernets, "
                                      "latency, quantization, multi-objective search, ONNX export.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     r = sub.add_parser("run", help="train a supernet (or load one), search it, export the Pareto front")
-    _common(r)
+    _common(r, d)
     r.add_argument("--supernet", help="use this supernet checkpoint instead of training one")
-    r.add_argument("--epochs", type=_positive_int, default=20, help="supernet training epochs (default 20)")
-    r.add_argument("--trials", type=_positive_int, default=60, help="search trials in total (default 60)")
-    r.add_argument("--sampler", choices=SAMPLERS, default=DEFAULT_SAMPLER,
-                   help=f"Optuna sampler (default {DEFAULT_SAMPLER})")
-    r.add_argument("--threads", type=_positive_int, default=1,
-                   help="onnxruntime threads for latency measurement (default 1)")
+    r.add_argument("--epochs", type=_positive_int, default=d.epochs,
+                   help=f"supernet training epochs (default {d.epochs})")
+    r.add_argument("--trials", type=_positive_int, default=d.trials,
+                   help=f"search trials in total (default {d.trials})")
+    r.add_argument("--sampler", choices=SAMPLERS, default=d.sampler,
+                   help=f"Optuna sampler (default {d.sampler})")
+    r.add_argument("--threads", type=_positive_int, default=d.latency_threads,
+                   help=f"onnxruntime threads for latency measurement (default {d.latency_threads})")
     r.add_argument("--name", help="run name (default: <dataset>-<space>)")
-    r.add_argument("--out", default="runs", help="directory of runs (default: runs)")
+    r.add_argument("--out", default=d.out, help=f"directory of runs (default: {d.out})")
     g = r.add_mutually_exclusive_group()
     g.add_argument("--resume", action="store_true", help="continue the run of the same name")
     g.add_argument("--overwrite", action="store_true", help="replace the run of the same name")
 
     t = sub.add_parser("train", help="train a supernet and save its checkpoint")
-    _common(t)
-    t.add_argument("--epochs", type=_positive_int, default=20, help="training epochs (default 20)")
+    _common(t, d)
+    t.add_argument("--epochs", type=_positive_int, default=d.epochs, help=f"training epochs (default {d.epochs})")
     t.add_argument("--out", required=True, help="checkpoint file to write (.pt)")
     t.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint")
 

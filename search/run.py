@@ -32,8 +32,15 @@ import torch
 from export.onnx_export import check_parity, export_onnx
 from search.evaluator import EvalSettings, SubnetEvaluator
 from search.plots import plot_pareto
-from search.samplers import SAMPLERS
-from search.study import enqueue_seeds, open_study, run_trials, sqlite_url, trials_frame
+from search.samplers import DEFAULT_SAMPLER, SAMPLERS
+from search.study import (
+    enqueue_seeds,
+    open_study,
+    pareto_trials,
+    run_trials,
+    sqlite_url,
+    trials_frame,
+)
 from supernet.data import DatasetSplits, load_dataset
 from supernet.errors import UserError
 from supernet.evaluate import accuracy, eval_loader
@@ -53,9 +60,9 @@ class RunConfig:
     dataset: str = "digits"
     space: str = "mbv3-tiny"
     supernet: str | None = None
-    epochs: int = 20
+    epochs: int = 30
     trials: int = 60
-    sampler: str = "tpe"
+    sampler: str = DEFAULT_SAMPLER
     seed: int = 0
     data_seed: int = 0
     name: str | None = None
@@ -232,7 +239,7 @@ def export_front(study, space: SearchSpace, evaluator: SubnetEvaluator, data: Da
     models_tmp.mkdir()
     test_x = torch.cat([x for x, _ in eval_loader(data, data.test)]).cpu()
     rows, manifest = [], []
-    for t in sorted(study.best_trials, key=lambda t: t.user_attrs["latency_ms"]):
+    for t in sorted(pareto_trials(study), key=lambda t: t.user_attrs["latency_ms"]):
         arch_str = t.user_attrs["arch"]
         _, model = evaluator.build(space.from_string(arch_str))
         model = model.cpu()

@@ -8,6 +8,7 @@ finished trial's metrics are reused from storage.
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 
 import optuna
@@ -38,7 +39,9 @@ def open_study(storage: str, study_name: str, sampler: str, seed: int,
         directions=list(objectives.values()), load_if_exists=True,
     )
     if study.metric_names is None:
-        study.set_metric_names(list(objectives))
+        with warnings.catch_warnings():  # set_metric_names is marked experimental in Optuna 5
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(list(objectives))
     elif list(study.metric_names) != list(objectives):
         raise UserError(f"study {study_name!r} in {storage} optimises {study.metric_names}, "
                         f"not {list(objectives)}; use another study name or --overwrite")
@@ -92,10 +95,22 @@ def run_trials(study: optuna.Study, space: SearchSpace, evaluator: SubnetEvaluat
     return remaining
 
 
+def pareto_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The non-dominated trials (``study.best_trials``), one per architecture: a sampler may
+    suggest the same architecture again, and its repeats are not further models."""
+    seen, front = set(), []
+    for t in sorted(study.best_trials, key=lambda t: t.number):
+        arch = t.user_attrs.get("arch")
+        if arch not in seen:
+            seen.add(arch)
+            front.append(t)
+    return front
+
+
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
     """One row per completed trial: number, arch string, every metric, and whether it is on
-    the Pareto front (``study.best_trials``)."""
-    front = {t.number for t in study.best_trials}
+    the Pareto front (:func:`pareto_trials`)."""
+    front = {t.number for t in pareto_trials(study)}
     rows = []
     for t in finished_trials(study):
         row = {"trial": t.number, "arch": t.user_attrs.get("arch", "")}

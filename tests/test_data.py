@@ -197,7 +197,7 @@ def test_npz_loader(tmp_path: Path) -> None:
     # test split is the file's test set, in order, decoded exactly as Pillow decodes it
     assert ds.test.labels.tolist() == arrays["test_labels"].astype(int).tolist()
     o = arrays["test_offsets"]
-    first = np.asarray(Image.open(io.BytesIO(arrays["test_jpeg"][o[0]:o[1]].tobytes())))
+    first = np.array(Image.open(io.BytesIO(arrays["test_jpeg"][o[0]:o[1]].tobytes())))
     assert torch.equal(ds.test.images[0], torch.from_numpy(first).permute(2, 0, 1))
     # val is drawn from train, stratified: 2 images of 2 different classes
     assert len(set(ds.val.labels.tolist())) == 2
@@ -434,9 +434,8 @@ def test_shared_data_dir_default(monkeypatch: pytest.MonkeyPatch) -> None:
     assert shared_data_dir() == (expected if expected.is_dir() else None)
 
 
-@pytest.mark.slow
 def test_real_shared_cifar10(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The real CIFAR-10 npz (decoding 60k JPEGs takes a few seconds)."""
+    """The real CIFAR-10 npz: slowest test here (decoding 60k JPEGs takes ~5 s), not skipped."""
     base = shared_data_dir()
     if base is None or not (base / "cifar10" / "cifar10-jpeg.npz").is_file():
         pytest.skip("shared data cifar10/cifar10-jpeg.npz not found (set HWNAS_SHARED_DATA)")

@@ -1,0 +1,364 @@
+"""Tests for the SearchSpace interface as implemented by the elastic MobileNetV3 space."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import supernet
+from supernet.errors import UserError
+from supernet.layers import Layer
+from supernet.spaces import MBV3Arch, MBV3Config, MBV3Space, available_spaces, get_space
+
+N_SAMPLES = 200
+
+
+@pytest.fixture(scope="module")
+def space() -> MBV3Space:
+    return get_space("mbv3-tiny")
+
+
+@pytest.fixture(scope="module")
+def samples(space) -> list[MBV3Arch]:
+    rng = np.random.default_rng(0)
+    return [space.sample(rng) for _ in range(N_SAMPLES)]
+
+
+@pytest.fixture(scope="module")
+def supernet_model(space):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    return space.build_supernet().eval()
+
+
+# --------------------------------------------------------------------------------------------
+# import hygiene
+# --------------------------------------------------------------------------------------------
+
+
+def test_import_does_not_pull_in_torch():
+    code = "import supernet, supernet.spaces, sys; assert 'torch' not in sys.modules"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# string form
+# --------------------------------------------------------------------------------------------
+
+
+def test_string_round_trip(space, samples):
+    for arch in [*samples, space.smallest(), space.largest()]:
+        text = space.to_string(arch)
+        assert space.from_string(text) == arch
+        assert space.to_string(space.from_string(text)) == text
+        assert space.parse(text) == arch
+        assert space.parse(arch) == arch
+
+
+def test_string_format_example(space):
+    arch = MBV3Arch((((3, 4), (5, 6)), ((3, 2),), ((7, 6), (3, 2), (5, 4))))
+    assert space.to_string(arch) == "k3e4-k5e6_k3e2_k7e6-k3e2-k5e4"
+    assert space.to_string(space.smallest()) == "k3e2_k3e2_k3e2"
+    assert space.to_string(space.largest()) == "_".join(["-".join(["k7e6"] * 3)] * 3)
+
+
+def test_canonical_strings_are_unique(space, samples):
+    by_string: dict[str, MBV3Arch] = {}
+    for arch in samples:
+        text = space.to_string(arch)
+        assert by_string.setdefault(text, arch) == arch  # one string -> one arch
+    assert len(by_string) == len(set(samples))  # distinct archs -> distinct strings
+    assert len(set(samples)) > 150  # the sampler really does produce variety
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        ("", ["empty"]),
+        ("   ", ["empty"]),
+        ("hello", ["malformed", "'hello'"]),
+        ("k3e2x_k3e2_k3e2", ["malformed", "'k3e2x'"]),
+        ("k3-e2_k3e2_k3e2", ["malformed"]),
+        ("k3e2__k3e2_k3e2", ["malformed"]),
+        ("k3e2_k3e2_k3e2-", ["malformed"]),
+        ("K3E2_k3e2_k3e2", ["malformed"]),
+        ("k3e2_k3e2", ["2 stages", "has 3"]),
+        ("k3e2_k3e2_k3e2_k3e2", ["4 stages"]),
+        ("k3e2-k3e2-k3e2-k3e2_k3e2_k3e2", ["depth of stage 0", "= 4", "[1, 2, 3]"]),
+        ("k4e2_k3e2_k3e2", ["kernel of stage 0 block 0", "= 4", "[3, 5, 7]"]),
+        ("k3e2_k3e2-k9e2_k3e2", ["kernel of stage 1 block 1", "= 9"]),
+        ("k3e2_k3e2_k3e3", ["expand ratio of stage 2 block 0", "= 3", "[2, 4, 6]"]),
+        ("k3e2_k3e2_k3e2-k3e8", ["expand ratio of stage 2 block 1", "= 8"]),
+    ],
+)
+def test_from_string_rejects(space, text, fragments):
+    with pytest.raises(UserError) as info:
+        space.from_string(text)
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_from_string_rejects_non_string(space):
+    with pytest.raises(UserError):
+        space.from_string(None)  # type: ignore[arg-type]
+
+
+def test_to_string_validates(space):
+    with pytest.raises(UserError, match="stages"):
+        space.to_string(MBV3Arch((((3, 2),),)))
+    with pytest.raises(UserError, match="kernel"):
+        space.to_string(MBV3Arch((((3, 2),), ((4, 2),), ((3, 2),))))
+    with pytest.raises(UserError, match="MBV3Arch"):
+        space.to_string("k3e2_k3e2_k3e2")
+
+
+# --------------------------------------------------------------------------------------------
+# encoding
+# --------------------------------------------------------------------------------------------
+
+
+def test_encode_shape_and_dtype(space, samples):
+    c = space.cfg
+    expected_dim = c.num_stages * (
+        len(c.depth_choices) + c.max_depth * (len(c.kernel_choices) + len(c.expand_choices))
+    )
+    assert space.feature_dim == len(space.feature_names) == expected_dim
+    assert len(set(space.feature_names)) == expected_dim
+    for arch in [*samples[:20], space.smallest(), space.largest()]:
+        vec = space.encode(arch)
+        assert vec.shape == (expected_dim,)
+        assert vec.dtype == np.float32
+        assert set(np.unique(vec)) <= {0.0, 1.0}
+
+
+def test_encode_one_hot_blocks(space, samples):
+    c = space.cfg
+    index = {name: i for i, name in enumerate(space.feature_names)}
+    for arch in [*samples, space.smallest(), space.largest()]:
+        vec = space.encode(arch)
+        for s, stage in enumerate(arch.stages):
+            depth_block = [vec[index[f"s{s}_depth{d}"]] for d in c.depth_choices]
+            assert sum(depth_block) == 1
+            assert vec[index[f"s{s}_depth{len(stage)}"]] == 1
+            for b in range(c.max_depth):
+                kernels = [vec[index[f"s{s}_b{b}_k{k}"]] for k in c.kernel_choices]
+                expands = [vec[index[f"s{s}_b{b}_e{e}"]] for e in c.expand_choices]
+                if b < len(stage):
+                    k, e = stage[b]
+                    assert sum(kernels) == 1 and vec[index[f"s{s}_b{b}_k{k}"]] == 1
+                    assert sum(expands) == 1 and vec[index[f"s{s}_b{b}_e{e}"]] == 1
+                else:  # inactive slot
+                    assert sum(kernels) == 0 and sum(expands) == 0
+        # nothing else is set: one depth per stage, two per active block
+        assert vec.sum() == c.num_stages + 2 * sum(arch.depths)
+
+
+def test_distinct_archs_have_distinct_encodings(space, samples):
+    codes = {arch: space.encode(arch).tobytes() for arch in samples}
+    assert len(set(codes.values())) == len(codes)
+
+
+# --------------------------------------------------------------------------------------------
+# cost ordering
+# --------------------------------------------------------------------------------------------
+
+
+def test_smallest_and_largest_bound_the_space(space, samples):
+    small, large = space.smallest(), space.largest()
+    flops = [space.flops(a) for a in samples]
+    params = [space.params(a) for a in samples]
+    assert space.flops(small) <= min(flops)
+    assert space.params(small) <= min(params)
+    assert space.flops(large) >= max(flops)
+    assert space.params(large) >= max(params)
+    assert space.flops(small) < space.flops(large)
+    assert space.params(small) < space.params(large)
+    assert space.flops(small) == 2 * space.macs(small)
+
+
+# --------------------------------------------------------------------------------------------
+# layers vs the extracted static model
+# --------------------------------------------------------------------------------------------
+
+
+def _archs_for_model_checks(space):
+    rng = np.random.default_rng(1)
+    return [space.smallest(), space.largest(), *(space.sample(rng) for _ in range(3))]
+
+
+def test_layer_names_and_shapes_match_static_model(space, supernet_model):
+    from torch import nn
+
+    for arch in _archs_for_model_checks(space):
+        model = supernet_model.extract(arch)
+        modules = {
+            name: m for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))
+        }
+        layers = [layer for layer in space.layers(arch) if layer.op in ("conv", "linear")]
+        assert [layer.name for layer in layers] == list(modules)
+        for layer in layers:
+            m = modules[layer.name]
+            if layer.op == "conv":
+                assert isinstance(m, nn.Conv2d), layer.name
+                assert (m.in_channels, m.out_channels) == (layer.in_channels, layer.out_channels)
+                assert m.kernel_size == (layer.kernel, layer.kernel), layer.name
+                assert m.stride == (layer.stride, layer.stride), layer.name
+                assert m.groups == layer.groups, layer.name
+                assert m.padding == (layer.kernel // 2, layer.kernel // 2), layer.name
+            else:
+                assert isinstance(m, nn.Linear), layer.name
+                assert (m.in_features, m.out_features) == (layer.in_channels, layer.out_channels)
+        # one 'add' layer per residual block
+        adds = [layer.name for layer in space.layers(arch) if layer.op == "add"]
+        residual = [f"blocks.{i}.add" for i, blk in enumerate(model.blocks) if blk.residual]
+        assert adds == residual
+
+
+def test_layer_flops_match_forward_hooks(space, supernet_model):
+    import torch
+    from torch import nn
+
+    for arch in _archs_for_model_checks(space):
+        model = supernet_model.extract(arch)
+        measured: dict[str, tuple[int, tuple, tuple]] = {}
+
+        def hook(module, inputs, output, name):
+            per_image_outputs = output[0].numel()
+            if isinstance(module, nn.Conv2d):
+                k = module.kernel_size[0] * module.kernel_size[1]
+                macs = per_image_outputs * (module.in_channels // module.groups) * k
+            else:
+                macs = per_image_outputs * module.in_features
+            measured[name] = (macs, tuple(inputs[0].shape[2:]), tuple(output.shape[2:]))
+
+        handles = [
+            m.register_forward_hook(lambda mod, i, o, name=name: hook(mod, i, o, name))
+            for name, m in model.named_modules()
+            if isinstance(m, (nn.Conv2d, nn.Linear))
+        ]
+        with torch.no_grad():
+            model(torch.randn(2, *space.input_shape))
+        for h in handles:
+            h.remove()
+
+        layers = space.layers(arch)
+        by_name = {layer.name: layer for layer in layers if layer.op in ("conv", "linear")}
+        assert set(by_name) == set(measured)
+        for name, layer in by_name.items():
+            macs, in_hw, out_hw = measured[name]
+            assert layer.macs == macs, name
+            if layer.op == "conv":
+                assert in_hw == (layer.in_h, layer.in_w), name
+                assert out_hw == (layer.out_h, layer.out_w), name
+        assert space.flops(arch) == 2 * sum(m for m, _, _ in measured.values())
+
+
+def test_layer_params_match_static_model_with_bn_folded(space, supernet_model):
+    from torch import nn
+
+    for arch in _archs_for_model_checks(space):
+        model = supernet_model.extract(arch)
+        expected = 0
+        for m in model.modules():
+            if isinstance(m, nn.Conv2d):
+                assert m.bias is None  # the bias comes from the folded BN
+                expected += m.weight.numel()
+            elif isinstance(m, nn.Linear):
+                expected += m.weight.numel() + m.bias.numel()
+            elif isinstance(m, nn.BatchNorm2d):
+                expected += m.num_features
+        assert space.params(arch) == expected
+
+
+# --------------------------------------------------------------------------------------------
+# Optuna
+# --------------------------------------------------------------------------------------------
+
+
+def test_suggest_with_fixed_trial_returns_arch(space, samples):
+    from optuna.trial import FixedTrial
+
+    for arch in [*samples[:50], space.smallest(), space.largest()]:
+        params = space.to_params(arch)
+        assert space.suggest(FixedTrial(params)) == arch
+
+
+def test_to_params_covers_inactive_slots(space):
+    """Every trial has the same parameter set (needed by multivariate samplers)."""
+    small, large = space.to_params(space.smallest()), space.to_params(space.largest())
+    assert set(small) == set(large)
+    assert small["s0_depth"] == 1 and large["s0_depth"] == space.cfg.max_depth
+
+
+# --------------------------------------------------------------------------------------------
+# registry and configuration
+# --------------------------------------------------------------------------------------------
+
+
+def test_unknown_space_lists_available():
+    assert "mbv3-tiny" in available_spaces()
+    assert supernet.available_spaces() == available_spaces()
+    with pytest.raises(UserError) as info:
+        get_space("nope")
+    assert "'nope'" in str(info.value)
+    assert "mbv3-tiny" in str(info.value)
+
+
+def test_space_for_other_dataset_builds_matching_supernet():
+    torch = pytest.importorskip("torch")
+    space = get_space("mbv3-tiny", in_channels=3, image_size=32, num_classes=100)
+    assert space.input_shape == (3, 32, 32)
+    assert space.num_classes == 100
+    layers = space.layers(space.largest())
+    assert layers[0].in_channels == 3 and layers[0].in_h == 32
+    assert layers[-1].out_channels == 100
+    torch.manual_seed(0)
+    net = space.build_supernet().eval()
+    with torch.no_grad():
+        for arch in (space.largest(), space.smallest()):
+            net.set_active(arch)
+            assert net(torch.randn(2, 3, 32, 32)).shape == (2, 100)
+
+
+def test_config_round_trip_through_get_space():
+    cfg = MBV3Config(
+        in_channels=3,
+        image_size=16,
+        num_classes=5,
+        stem_channels=8,
+        stage_channels=(8, 16),
+        stage_strides=(1, 2),
+        stage_activations=("relu", "hswish"),
+        depth_choices=(1, 2),
+        kernel_choices=(3, 5),
+        expand_choices=(3, 6),
+        head_channels=32,
+    )
+    space = MBV3Space(cfg)
+    config = json.loads(json.dumps(space.config()))  # as stored in a checkpoint
+    rebuilt = get_space("mbv3-tiny", config=config)
+    assert rebuilt.cfg == cfg
+    assert rebuilt.config() == space.config()
+    assert rebuilt.input_shape == (3, 16, 16) and rebuilt.num_classes == 5
+    assert MBV3Config.from_dict(cfg.to_dict()) == cfg
+    # the rebuilt space really uses the custom choices
+    assert rebuilt.to_string(rebuilt.largest()) == "k5e6-k5e6_k5e6-k5e6"
+    assert rebuilt.flops(rebuilt.largest()) == space.flops(space.largest())
+
+
+def test_default_config_is_the_digits_preset(space):
+    assert space.input_shape == (1, 8, 8)
+    assert space.num_classes == 10
+    assert get_space("mbv3-tiny", config=space.config()).cfg == MBV3Config()
+
+
+def test_layers_are_layer_records(space):
+    layers = space.layers(space.smallest())
+    assert all(isinstance(layer, Layer) for layer in layers)
+    assert layers[0].name == "stem_conv" and layers[-1].name == "classifier"
