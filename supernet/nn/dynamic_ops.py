@@ -96,6 +96,13 @@ class DynamicBatchNorm2d(nn.BatchNorm2d):
         c = x.size(1)
         if c == self.num_features:
             return super().forward(x)
+        # Same momentum handling as nn.BatchNorm2d: momentum=None means a cumulative average
+        # (what recalibrate_bn relies on), which needs num_batches_tracked to count here too.
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                factor = 1.0 / float(self.num_batches_tracked)
         use_stats = self.training or self.running_mean is None
         return F.batch_norm(
             x,
@@ -104,7 +111,7 @@ class DynamicBatchNorm2d(nn.BatchNorm2d):
             self.weight[:c],
             self.bias[:c],
             use_stats,
-            0.1 if self.momentum is None else self.momentum,
+            factor,
             self.eps,
         )
 
