@@ -6,4 +6,21 @@ target devices that have only onnxruntime and numpy.
 
 from latency.onnx_measure import LatencyStats, measure_onnx
 
-__all__ = ["LatencyStats", "measure_onnx"]
+#: Names re-exported lazily (on first access), so that ``import latency`` stays light.
+_LAZY = {
+    "Device": "latency.devices",
+    "available_devices": "latency.devices",
+    "get_device": "latency.devices",
+    "available_estimators": "latency.estimators",
+    "get_estimator": "latency.estimators",
+}
+
+__all__ = ["LatencyStats", "measure_onnx", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'latency' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Hardware cost models computed from the layer list (no torch): model size and BOPs.
+"""Hardware cost models computed from the layer list (no torch): model size, BOPs, per-layer costs.
 
 Both read the per-layer ``w_bits``/``a_bits`` of :class:`supernet.layers.Layer` (32 = float), so
 they price a quantized network as well as a float one. Biases are counted at 32 bits, as
@@ -23,3 +23,30 @@ def bops(layers: list[Layer]) -> int:
     """Bit operations: MACs × weight bits × activation bits, summed over layers (the usual
     hardware-agnostic cost of mixed-precision networks)."""
     return sum(layer.macs * layer.w_bits * layer.a_bits for layer in layers)
+
+
+#: Names of the built-in per-layer costs (see :func:`layer_cost`).
+COST_KINDS = ("size", "bops")
+
+
+def layer_size_bits(layer: Layer) -> int:
+    """Storage bits of one layer: weights at ``w_bits`` (packed) plus 32-bit biases."""
+    return layer.weight_count * layer.w_bits + (layer.params - layer.weight_count) * 32
+
+
+def layer_cost(layer: Layer, kind: str = "size") -> float:
+    """The cost of one layer at its bit-widths: ``"size"`` in bytes (fractional, so that a sum
+    over layers equals :func:`model_size_bytes` up to its final rounding) or ``"bops"``."""
+    if kind == "size":
+        return layer_size_bits(layer) / 8.0
+    if kind == "bops":
+        return float(layer.macs * layer.w_bits * layer.a_bits)
+    raise ValueError(f"unknown cost kind {kind!r}; expected one of {COST_KINDS}")
+
+
+def weight_bits_budget_bytes(layers: list[Layer], avg_weight_bits: float) -> float:
+    """The model size in bytes at which the conv/linear weights average ``avg_weight_bits``
+    (biases at 32 bits): the size budget that "about N average weight bits" means."""
+    weights = sum(layer.weight_count for layer in layers if layer.op in ("conv", "linear"))
+    biases = sum(layer.params - layer.weight_count for layer in layers)
+    return (weights * avg_weight_bits + biases * 32) / 8.0

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from latency.cli import add_latency_parser, run_latency
 from supernet.errors import UserError
 
 EXIT_USER_ERROR = 2
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint")
 
     sub.add_parser("spaces", help="list the available search spaces")
+    add_latency_parser(sub)
     return parser
 
 
@@ -134,7 +136,8 @@ def cmd_spaces(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handler = {"run": cmd_run, "train": cmd_train, "spaces": cmd_spaces}[args.command]
+    handler = {"run": cmd_run, "train": cmd_train, "spaces": cmd_spaces,
+               "latency": run_latency}[args.command]
     try:
         return handler(args)
     except UserError as exc:

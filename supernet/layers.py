@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 #: Operation types a layer may have.
-OPS = ("conv", "linear", "avgpool", "add")
+OPS = ("conv", "linear", "avgpool", "add", "pool", "mul")
 
 
 @dataclass(frozen=True)
@@ -22,8 +22,11 @@ class Layer:
 
     ``name`` is the qualified module name in the extracted static model (for ``conv`` and
     ``linear``), so that per-layer settings such as quantization bit-widths join with the model.
-    ``in_h``/``in_w`` are the input's spatial size; ``avgpool`` is a global average pool and
-    ``add`` a residual addition of two tensors of ``in_channels`` channels.
+    ``in_h``/``in_w`` are the input's spatial size; ``avgpool`` is a global average pool,
+    ``pool`` a local ``kernel``×``kernel`` pool with ``stride`` (average unless
+    ``extra["mode"] == "max"``; zero MACs; 'same' output size ``ceil(in / stride)``) and
+    ``add`` a residual addition of two tensors of ``in_channels`` channels and ``mul`` the
+    product of an ``in_channels``×H×W tensor with a per-channel scale (squeeze-and-excitation).
     """
 
     name: str
@@ -55,6 +58,8 @@ class Layer:
         """Output height, with 'same' padding (kernel // 2) as every space here uses."""
         if self.op == "conv":
             return (self.in_h + 2 * (self.kernel // 2) - self.kernel) // self.stride + 1
+        if self.op == "pool":
+            return (self.in_h - 1) // self.stride + 1
         if self.op == "avgpool":
             return 1
         return self.in_h
@@ -63,6 +68,8 @@ class Layer:
     def out_w(self) -> int:
         if self.op == "conv":
             return (self.in_w + 2 * (self.kernel // 2) - self.kernel) // self.stride + 1
+        if self.op == "pool":
+            return (self.in_w - 1) // self.stride + 1
         if self.op == "avgpool":
             return 1
         return self.in_w

@@ -1,31 +1,79 @@
-"""Supernet training with the sandwich rule and in-place distillation.
+"""Supernet training (sandwich rule, in-place distillation, progressive and delayed shrinking)
+and standalone training of static subnets, with exact resume, time budgets and data parallelism.
 
-Each step trains the largest subnet on the labels, then the smallest and ``num_random`` random
-subnets on the largest one's soft predictions (in-place knowledge distillation, as in BigNAS /
-Once-for-All), accumulating the gradients of all of them into one optimizer step. The schedule
-is data: a list of :class:`TrainStage`, so progressive shrinking or delayed shrinking are
-further stage lists rather than new code paths.
+Each sandwich step trains the largest subnet on the labels, then the smallest and
+``num_random`` random subnets on the largest one's soft predictions (in-place knowledge
+distillation, as in BigNAS / Once-for-All), accumulating the gradients of all of them into one
+optimizer step. The schedule is data: a list of :class:`TrainStage`. A stage may restrict the
+sampled choices (``choices``) and re-sort channels by importance when it starts
+(``sort_channels``), so the three named presets are stage lists, not code paths
+(:func:`schedule_config`):
+
+* ``sandwich`` -- one sandwich stage over the whole space (BigNAS-style).
+* ``deps`` -- delayed shrinking (DEpS, Annavajjala et al., ECCV 2024): the first half of the
+  epochs trains only the full network (``sandwich=False``; DEpS starts shrinking once the full
+  model is ~50% trained), then sandwich training of the whole space. (DEpS's incremental
+  per-subnet learning-rate heuristic is not implemented.)
+* ``progressive`` -- Once-for-All's progressive shrinking: the full network, then elastic
+  kernel, then depth (two steps), then expand ratio (two steps, channels sorted by importance
+  before each), every step distilled in place from the largest subnet.
+
+One learning-rate schedule (linear warm-up, cosine decay) spans all stages.
+
+Speed on a GPU (``device="cuda"``): bf16 autocast, channels-last tensors, the uint8 training
+split kept on the GPU and augmented there (:class:`supernet.data.BatchLoader`), no per-step
+host synchronisation (losses are summed on the device and read once per epoch).
+``torch.compile`` is offered for :func:`train_standalone` only: a static subnet has fixed
+shapes and compiles once, while every subnet of the supernet has other channel counts and
+kernel sizes, so a compiled supernet recompiles for nearly every sampled subnet (and falls
+back to eager once the recompile limit is hit) -- a cost without a gain.
+
+Checkpoints (:func:`save_checkpoint`) hold the space and its configuration; with
+``checkpoint_path`` training also stores its full state (optimizer, step, RNG states, partial
+epoch sums, history), and ``resume_from`` continues bit-exactly where it stopped (on the CPU;
+on a GPU up to the nondeterminism of its kernels). ``max_seconds`` / ``max_steps`` stop a call
+early with a checkpoint, so a long training fits any per-command time limit.
+
+Several processes (``torchrun``): pass a :class:`supernet.distributed.DistContext`; see
+:mod:`supernet.distributed`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from supernet.data import BatchLoader, DatasetSplits
+from supernet.distributed import (
+    DistContext,
+    agree,
+    all_reduce_gradients,
+    broadcast_state,
+    shard,
+)
 from supernet.errors import UserError
 from supernet.space import SearchSpace
 
+#: Format tags of the two checkpoint kinds.
+SUPERNET_FORMAT = "hwnas-supernet-1"
+STANDALONE_FORMAT = "hwnas-standalone-1"
+
+#: Names of the schedule presets of :func:`schedule_config`.
+SCHEDULES = ("sandwich", "progressive", "deps")
+
+
+# -- schedules as data -------------------------------------------------------------------------
 
 @dataclass
 class TrainStage:
@@ -33,6 +81,11 @@ class TrainStage:
 
     ``sandwich``: also train the smallest subnet and ``num_random`` random ones each step
     (otherwise only the largest, e.g. a warm-up of the full network before shrinking starts).
+    ``choices``: restrict the subnets of this stage to these values per elastic dimension
+    (e.g. ``{"kernel": [3, 5, 7], "depth": [4], "expand": [6]}``; unnamed dimensions keep all
+    values); needs a space with ``restrict()``. ``sort_channels``: before the stage's first
+    step, sort the supernet's channels by importance (Once-for-All's re-organization; needs a
+    supernet with ``sort_channels()``).
     """
 
     name: str
@@ -40,6 +93,8 @@ class TrainStage:
     sandwich: bool = True
     num_random: int = 2
     distill: bool = True
+    choices: dict[str, list[int]] | None = None
+    sort_channels: bool = False
 
 
 @dataclass
@@ -65,6 +120,8 @@ class TrainConfig:
             raise UserError(f"batch size must be positive, got {self.batch_size}")
         if self.lr <= 0:
             raise UserError(f"learning rate must be positive, got {self.lr}")
+        if any(s.num_random < 0 for s in self.stages):
+            raise UserError("num_random of every stage must be >= 0")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,17 +138,328 @@ def sandwich_config(epochs: int, **kwargs: Any) -> TrainConfig:
     return TrainConfig(stages=[TrainStage("sandwich", epochs)], **kwargs)
 
 
+def deps_config(epochs: int, *, full_fraction: float = 0.5, num_random: int = 2,
+                **kwargs: Any) -> TrainConfig:
+    """Delayed shrinking (DEpS): train only the full network for the first ``full_fraction``
+    of the epochs, then sandwich-train the whole space (the small subnets then start from a
+    partly trained full network instead of a random one)."""
+    if not 0.0 <= full_fraction < 1.0:
+        raise UserError(f"full_fraction must be in [0, 1), got {full_fraction}")
+    full = int(round(full_fraction * epochs))
+    return TrainConfig(stages=[TrainStage("full", full, sandwich=False),
+                               TrainStage("shrink", epochs - full, num_random=num_random)],
+                       **kwargs)
+
+
+def progressive_config(space: SearchSpace, epochs: int, *, num_random: int = 2,
+                       weights: dict[str, float] | None = None, **kwargs: Any) -> TrainConfig:
+    """Once-for-All's progressive shrinking as stages.
+
+    The full network first (largest only); then each elastic dimension of the space in its
+    order (``space.elastic_choices()``; for MobileNetV3 kernel, depth, expand) is opened up:
+    the first dimension at once, the others in two steps (the two largest values, then all),
+    every earlier dimension staying open. Stages that open the expand ratio sort channels by
+    importance first. ``epochs`` is split over the stages in proportion to ``weights`` (by
+    stage kind: ``full``, ``first`` -- the first dimension's stage -- ``partial`` and ``all``;
+    default 2, 2, 1, 2, roughly OFA's ratios of epochs), by largest remainder, so stages may
+    get 0 epochs when ``epochs`` is small (they are then skipped).
+    """
+    if not hasattr(space, "elastic_choices"):
+        raise UserError(f"space {space.name} declares no elastic dimensions; progressive "
+                        f"shrinking needs them (use the 'sandwich' or 'deps' schedule)")
+    w = {"full": 2.0, "first": 2.0, "partial": 1.0, "all": 2.0, **(weights or {})}
+    dims = {d: list(v) for d, v in space.elastic_choices().items()}
+    current = {d: [v[-1]] for d, v in dims.items()}
+    plan: list[tuple[str, dict, bool, bool, float]] = [("full", dict(current), False, False, w["full"])]
+    first = True
+    for dim, values in dims.items():
+        if len(values) < 2:
+            continue
+        steps = [values] if first or len(values) == 2 else [values[-2:], values]
+        for i, vals in enumerate(steps):
+            current = {**current, dim: list(vals)}
+            kind = "first" if first else ("all" if i == len(steps) - 1 else "partial")
+            name = dim if len(steps) == 1 else f"{dim}-{i + 1}"
+            plan.append((name, dict(current), True, dim == "expand", w[kind]))
+        first = False
+    counts = _split_epochs(epochs, [p[4] for p in plan])
+    stages = [TrainStage(name, n, sandwich=sandwich, num_random=num_random,
+                         choices={k: list(v) for k, v in choices.items()}, sort_channels=sort)
+              for (name, choices, sandwich, sort, _), n in zip(plan, counts)]
+    return TrainConfig(stages=stages, **kwargs)
+
+
+def _split_epochs(epochs: int, weights: list[float]) -> list[int]:
+    """``epochs`` split in proportion to ``weights`` (largest remainder; sums to ``epochs``)."""
+    total = sum(weights)
+    quotas = [epochs * wt / total for wt in weights]
+    counts = [int(math.floor(q)) for q in quotas]
+    order = sorted(range(len(weights)), key=lambda i: -(quotas[i] - counts[i]))
+    for i in order[: epochs - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def schedule_config(name: str, space: SearchSpace, epochs: int, **kwargs: Any) -> TrainConfig:
+    """The named preset schedule (one of :data:`SCHEDULES`) for ``epochs`` epochs."""
+    if name == "sandwich":
+        return sandwich_config(epochs, **kwargs)
+    if name == "deps":
+        return deps_config(epochs, **kwargs)
+    if name == "progressive":
+        return progressive_config(space, epochs, **kwargs)
+    raise UserError(f"unknown schedule {name!r}; expected one of {list(SCHEDULES)}")
+
+
+# -- results ---------------------------------------------------------------------------------------
+
 def soft_cross_entropy(logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
     return -(target_probs * F.log_softmax(logits, dim=1)).sum(dim=1).mean()
 
 
 @dataclass
 class TrainResult:
+    """What a training call did. ``seconds``/``images_per_s``/``images`` are this call's;
+    ``total_seconds`` adds the calls it resumed from. ``history``: one record per finished
+    epoch, of all calls. ``completed``: False when a time or step budget stopped it early."""
+
     epochs: int
     seconds: float
     images_per_s: float
-    history: list[dict[str, float]]
+    history: list[dict[str, Any]]
+    completed: bool = True
+    step: int = 0
+    total_steps: int = 0
+    total_seconds: float = 0.0
+    images: int = 0
 
+
+# -- progress without a hard tqdm dependency -----------------------------------------------------
+
+class _PrintProgress:
+    """A minimal stand-in for tqdm (used where tqdm is not installed): a line every 30 s."""
+
+    def __init__(self, total: int, desc: str, disable: bool, initial: int = 0) -> None:
+        self.total, self.desc, self.disable, self.n = total, desc, disable, initial
+        self.postfix: dict[str, Any] = {}
+        self._last = time.perf_counter()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.perf_counter()
+        if not self.disable and (now - self._last >= 30.0 or self.n == self.total):
+            self._last = now
+            extra = " ".join(f"{k}={v}" for k, v in self.postfix.items())
+            print(f"{self.desc}: {self.n}/{self.total} steps ({100.0 * self.n / max(1, self.total):.0f}%) "
+                  f"{extra}", file=sys.stderr, flush=True)
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        self.postfix = kwargs
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, desc: str, disable: bool, initial: int = 0):
+    """tqdm when installed, else a plain periodic line on stderr."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _PrintProgress(total, desc, disable, initial)
+    return tqdm(total=total, initial=initial, desc=desc, unit="step", disable=disable, leave=False)
+
+
+# -- the training loop shared by supernets and standalone subnets --------------------------------
+
+def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    if precision == "auto":
+        return torch.bfloat16 if device.type == "cuda" else None
+    if precision == "bf16":
+        return torch.bfloat16
+    if precision == "fp32":
+        return None
+    raise UserError(f"unknown precision {precision!r}; expected 'auto', 'bf16' or 'fp32'")
+
+
+def _make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim <= 1 or "transforms" in name else decay).append(p)
+    return torch.optim.SGD(
+        [{"params": decay, "weight_decay": config.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr, momentum=config.momentum, nesterov=True,
+    )
+
+
+def _rng_state(rng: np.random.Generator | None, device: torch.device) -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if rng is not None:
+        state["numpy"] = rng.bit_generator.state
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict[str, Any], rng: np.random.Generator | None,
+                   device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if rng is not None and "numpy" in state:
+        rng.bit_generator.state = state["numpy"]
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+@dataclass
+class _Job:
+    """Everything the loop needs that differs between supernet and standalone training."""
+
+    kind: str                       # SUPERNET_FORMAT or STANDALONE_FORMAT
+    model: nn.Module                # what is saved (uncompiled)
+    space: SearchSpace
+    arch: str | None                # the subnet's string for standalone jobs
+    loss_names: tuple[str, ...]
+    #: (x, y, stage index, autocast context factory) -> detached losses; runs the backward passes
+    step_fn: Callable[[torch.Tensor, torch.Tensor, int, Callable], torch.Tensor]
+    rng: np.random.Generator | None
+    on_stage_start: Callable[[int, torch.optim.Optimizer], None] | None = None
+    desc: str = "train"
+
+
+def _train(job: _Job, data: DatasetSplits, config: TrainConfig, *, device: str | torch.device,
+           progress: bool, resume_from: str | Path | None, checkpoint_path: str | Path | None,
+           checkpoint_every_s: float | None, max_seconds: float | None, max_steps: int | None,
+           precision: str, channels_last: bool | None, dist: DistContext | None,
+           dataset: str | None) -> TrainResult:
+    ctx = dist or DistContext()
+    device = torch.device(device)
+    amp_dtype = _autocast_dtype(precision, device)
+    use_cl = device.type == "cuda" if channels_last is None else channels_last
+    if config.batch_size % ctx.world_size:
+        raise UserError(f"batch size {config.batch_size} is not divisible by the {ctx.world_size} "
+                        f"processes; use a multiple of {ctx.world_size}")
+    if max_seconds is not None and max_seconds < 0:
+        raise UserError(f"max_seconds must be >= 0, got {max_seconds}")
+    model = job.model
+    if resume_from is None:
+        torch.manual_seed(config.seed)
+    model.to(device).train()
+    if use_cl:
+        model.to(memory_format=torch.channels_last)
+    loader = BatchLoader(data.train, batch_size=config.batch_size, mean=data.mean, std=data.std,
+                         shuffle=True, augment=data.augment, seed=config.seed, device=device,
+                         drop_last=len(data.train) > config.batch_size)
+    steps_per_epoch = len(loader)
+    total_steps = steps_per_epoch * config.epochs
+    warmup_steps = int(config.warmup_epochs * steps_per_epoch)
+    optimizer = _make_optimizer(model, config)
+
+    def amp():
+        if amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=amp_dtype)
+
+    def lr_at(step: int) -> float:
+        if step < warmup_steps:
+            return config.lr * (step + 1) / warmup_steps
+        t = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * config.lr * (1 + math.cos(math.pi * t))
+
+    step, history, prior_seconds, partial = 0, [], 0.0, None
+    if resume_from is not None:
+        payload = _load_for_resume(resume_from, job, config, steps_per_epoch, len(data.train))
+        ts = payload["train_state"]
+        optimizer.load_state_dict(ts["optimizer"])
+        _set_rng_state(ts["rng"], job.rng, device)
+        step, history = int(ts["step"]), list(ts["history"])
+        prior_seconds, partial = float(ts["seconds"]), ts["partial_sums"]
+    broadcast_state(model, ctx)  # identical start on every rank
+
+    # global epoch -> stage index; the first epoch of each stage
+    epoch_stage = [i for i, s in enumerate(config.stages) for _ in range(s.epochs)]
+    stage_first_epoch = {}
+    for e, i in enumerate(epoch_stage):
+        stage_first_epoch.setdefault(i, e)
+    n_losses = len(job.loss_names)
+    bar = progress_bar(total_steps, job.desc, disable=not (progress and ctx.is_main), initial=step)
+    start = last_save = time.perf_counter()
+    images = 0
+    stop = max_steps is not None and step >= max_steps
+    sums = torch.zeros(n_losses, dtype=torch.float64, device=device)
+
+    def save() -> None:
+        nonlocal last_save
+        if checkpoint_path is not None and ctx.is_main:
+            elapsed = time.perf_counter() - start
+            train_state = {
+                "step": step, "total_steps": total_steps, "steps_per_epoch": steps_per_epoch,
+                "train_size": len(data.train), "world_size": ctx.world_size,
+                "optimizer": optimizer.state_dict(), "rng": _rng_state(job.rng, device),
+                "history": history, "seconds": prior_seconds + elapsed,
+                "partial_sums": [float(v) for v in sums.tolist()],
+            }
+            _save(checkpoint_path, job, dataset or data.name, config, train_state)
+        last_save = time.perf_counter()
+
+    while step < total_steps and not stop:
+        epoch, skip = divmod(step, steps_per_epoch)
+        stage_i = epoch_stage[epoch]
+        stage = config.stages[stage_i]
+        if skip == 0 and stage_first_epoch[stage_i] == epoch and job.on_stage_start is not None:
+            job.on_stage_start(stage_i, optimizer)
+        if skip and partial is not None:
+            sums = torch.tensor(partial, dtype=torch.float64, device=device)
+        else:
+            sums = torch.zeros(n_losses, dtype=torch.float64, device=device)
+        partial = None
+        loader.set_epoch(epoch)
+        batches = iter(loader)
+        for _ in range(skip):  # replay the epoch's random stream up to where it stopped
+            next(batches)
+        for x, y in batches:
+            x, y = shard(x, ctx), shard(y, ctx)
+            if use_cl:
+                x = x.contiguous(memory_format=torch.channels_last)
+            lr = lr_at(step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            optimizer.zero_grad(set_to_none=True)
+            losses = job.step_fn(x, y, stage_i, amp)
+            sums += losses.to(torch.float64)
+            all_reduce_gradients(model.parameters(), ctx)
+            if config.grad_clip:
+                nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            step += 1
+            images += x.size(0) * ctx.world_size
+            bar.update(1)
+            if step % steps_per_epoch == 0:
+                means = (sums / steps_per_epoch).tolist()
+                history.append({"stage": stage.name, "epoch": epoch + 1,
+                                **dict(zip(job.loss_names, means))})
+                bar.set_postfix(stage=stage.name, loss=f"{means[0]:.3f}")
+            want = max_steps is not None and step >= max_steps
+            if max_seconds is not None and (not ctx.enabled or step % 10 == 0):
+                want = want or agree(time.perf_counter() - start >= max_seconds, ctx, device)
+            if want and step < total_steps:
+                stop = True
+                break
+            if checkpoint_every_s is not None and time.perf_counter() - last_save >= checkpoint_every_s:
+                save()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    bar.close()
+    broadcast_state(model, ctx)  # BatchNorm statistics of rank 0 everywhere
+    save()
+    return TrainResult(
+        epochs=config.epochs, seconds=seconds, images_per_s=images / max(seconds, 1e-9),
+        history=history, completed=step >= total_steps, step=step, total_steps=total_steps,
+        total_seconds=prior_seconds + seconds, images=images,
+    )
+
+
+# -- supernets ---------------------------------------------------------------------------------------
 
 def train_supernet(
     supernet: nn.Module,
@@ -101,122 +469,336 @@ def train_supernet(
     *,
     device: str | torch.device = "cpu",
     progress: bool = True,
+    resume_from: str | Path | None = None,
+    checkpoint_path: str | Path | None = None,
+    checkpoint_every_s: float | None = None,
+    max_seconds: float | None = None,
+    max_steps: int | None = None,
+    precision: str = "auto",
+    channels_last: bool | None = None,
+    dist: DistContext | None = None,
+    dataset: str | None = None,
 ) -> TrainResult:
-    """Train ``supernet`` in place following ``config``; returns timing and per-epoch losses."""
+    """Train ``supernet`` in place following ``config``; returns timing and per-epoch losses.
+
+    ``checkpoint_path``: where to write the resumable checkpoint (at the end, when stopped
+    early, and every ``checkpoint_every_s`` seconds); ``resume_from``: such a checkpoint to
+    continue from (same space, configuration and dataset size, else :class:`UserError`).
+    ``max_seconds``/``max_steps``: stop early (checkpointed; ``result.completed`` is False).
+    ``precision``: ``auto`` (bf16 autocast on CUDA, fp32 elsewhere), ``bf16`` or ``fp32``;
+    ``channels_last``: default on CUDA. ``dist``: the process group context (torchrun).
+    """
     config.validate()
-    torch.manual_seed(config.seed)
+    restricted = [_restricted(space, s.choices) for s in config.stages]
+    if any(s.sort_channels for s in config.stages) and not hasattr(supernet, "sort_channels"):
+        raise UserError(f"the schedule sorts channels, but the {space.name} supernet has no "
+                        f"sort_channels()")
     rng = np.random.default_rng(config.seed)
-    supernet.to(device).train()
-    loader = BatchLoader(data.train, batch_size=config.batch_size, mean=data.mean, std=data.std,
-                         shuffle=True, augment=data.augment, seed=config.seed, device=device,
-                         drop_last=len(data.train) > config.batch_size)
-    steps_per_epoch = len(loader)
-    total_steps = steps_per_epoch * config.epochs
-    warmup_steps = int(config.warmup_epochs * steps_per_epoch)
-    decay, no_decay = [], []
-    for name, p in supernet.named_parameters():
-        (no_decay if p.ndim <= 1 or "transforms" in name else decay).append(p)
-    optimizer = torch.optim.SGD(
-        [{"params": decay, "weight_decay": config.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=config.lr, momentum=config.momentum, nesterov=True,
-    )
+    tops = [(sub.largest(), sub.smallest()) for sub in restricted]
 
-    def lr_at(step: int) -> float:
-        if step < warmup_steps:
-            return config.lr * (step + 1) / warmup_steps
-        t = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * config.lr * (1 + math.cos(math.pi * t))
+    def step_fn(x: torch.Tensor, y: torch.Tensor, stage_i: int, amp: Callable) -> torch.Tensor:
+        stage, sub = config.stages[stage_i], restricted[stage_i]
+        largest, smallest = tops[stage_i]
+        supernet.set_active(largest)
+        with amp():
+            logits = supernet(x).float()
+        loss = F.cross_entropy(logits, y, label_smoothing=config.label_smoothing)
+        loss.backward()
+        sub_total = torch.zeros((), device=x.device)
+        if stage.sandwich:
+            soft = F.softmax(logits.detach(), dim=1)
+            subnets = [smallest] + [sub.sample(rng) for _ in range(stage.num_random)]
+            for arch in subnets:
+                supernet.set_active(arch)
+                with amp():
+                    out = supernet(x).float()
+                if stage.distill:
+                    sub_loss = soft_cross_entropy(out, soft)
+                else:
+                    sub_loss = F.cross_entropy(out, y, label_smoothing=config.label_smoothing)
+                sub_loss.backward()
+                sub_total = sub_total + sub_loss.detach() / len(subnets)
+        return torch.stack([loss.detach(), sub_total])
 
-    largest, smallest = space.largest(), space.smallest()
-    history: list[dict[str, float]] = []
-    step, images, start = 0, 0, time.perf_counter()
-    bar = tqdm(total=total_steps, desc="train supernet", unit="step", disable=not progress,
-               leave=False)
-    for stage in config.stages:
-        for epoch in range(stage.epochs):
-            sums = {"loss_largest": 0.0, "loss_sub": 0.0}
-            for x, y in loader:
-                for group in optimizer.param_groups:
-                    group["lr"] = lr_at(step)
-                optimizer.zero_grad(set_to_none=True)
-                supernet.set_active(largest)
-                logits = supernet(x)
-                loss = F.cross_entropy(logits, y, label_smoothing=config.label_smoothing)
-                loss.backward()
-                sums["loss_largest"] += loss.item()
-                if stage.sandwich:
-                    soft = F.softmax(logits.detach(), dim=1)
-                    subnets = [smallest] + [space.sample(rng) for _ in range(stage.num_random)]
-                    for arch in subnets:
-                        supernet.set_active(arch)
-                        out = supernet(x)
-                        if stage.distill:
-                            sub_loss = soft_cross_entropy(out, soft)
-                        else:
-                            sub_loss = F.cross_entropy(out, y, label_smoothing=config.label_smoothing)
-                        sub_loss.backward()
-                        sums["loss_sub"] += sub_loss.item() / len(subnets)
-                if config.grad_clip:
-                    nn.utils.clip_grad_norm_(supernet.parameters(), config.grad_clip)
-                optimizer.step()
-                step += 1
-                images += x.size(0)
-                bar.update(1)
-                bar.set_postfix(stage=stage.name, loss=f"{loss.item():.3f}")
-            history.append({"stage": stage.name, "epoch": len(history) + 1,
-                            **{k: v / steps_per_epoch for k, v in sums.items()}})
-    bar.close()
-    supernet.set_active(largest)
-    seconds = time.perf_counter() - start
-    return TrainResult(config.epochs, seconds, images / max(seconds, 1e-9), history)
+    def on_stage_start(stage_i: int, optimizer: torch.optim.Optimizer) -> None:
+        if config.stages[stage_i].sort_channels:
+            trained = next((s.choices for s in reversed(config.stages[:stage_i]) if s.epochs > 0),
+                           None)
+            supernet.sort_channels(trained=trained, optimizer=optimizer)
+
+    job = _Job(SUPERNET_FORMAT, supernet, space, None, ("loss_largest", "loss_sub"), step_fn, rng,
+               on_stage_start, desc=f"train supernet {space.name}")
+    try:
+        return _train(job, data, config, device=device, progress=progress, resume_from=resume_from,
+                      checkpoint_path=checkpoint_path, checkpoint_every_s=checkpoint_every_s,
+                      max_seconds=max_seconds, max_steps=max_steps, precision=precision,
+                      channels_last=channels_last, dist=dist, dataset=dataset)
+    finally:
+        supernet.set_active(space.largest())
+
+
+def _restricted(space: SearchSpace, choices: dict | None) -> SearchSpace:
+    if not choices:
+        return space
+    if not hasattr(space, "restrict"):
+        raise UserError(f"the schedule restricts choices {choices}, but space {space.name} "
+                        f"cannot be restricted (it has no restrict())")
+    return space.restrict(choices)
+
+
+# -- standalone subnets ------------------------------------------------------------------------------
+
+@torch.no_grad()
+def reinitialize(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Fresh weights for training from scratch: convolutions He-normal (fan-out), BatchNorm
+    1 and 0, linear layers N(0, 0.01) with zero bias (the usual MobileNet initialisation)."""
+    gen = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            fan_out = m.out_channels // m.groups * m.kernel_size[0] * m.kernel_size[1]
+            m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * math.sqrt(2.0 / fan_out))
+            if m.bias is not None:
+                m.bias.zero_()
+        elif isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.reset_parameters()
+        elif isinstance(m, nn.Linear):
+            m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * 0.01)
+            if m.bias is not None:
+                m.bias.zero_()
+    return model
+
+
+def standalone_config(epochs: int, **kwargs: Any) -> TrainConfig:
+    """Plain training of one network: a single stage without subnets."""
+    return TrainConfig(stages=[TrainStage("standalone", epochs, sandwich=False)], **kwargs)
+
+
+def train_standalone(
+    model: nn.Module,
+    data: DatasetSplits,
+    epochs: int | None = None,
+    *,
+    config: TrainConfig | None = None,
+    space: SearchSpace | None = None,
+    arch: Any = None,
+    compile: bool | str = False,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+    resume_from: str | Path | None = None,
+    checkpoint_path: str | Path | None = None,
+    checkpoint_every_s: float | None = None,
+    max_seconds: float | None = None,
+    max_steps: int | None = None,
+    precision: str = "auto",
+    channels_last: bool | None = None,
+    dist: DistContext | None = None,
+    dataset: str | None = None,
+) -> TrainResult:
+    """Train a static network (e.g. ``supernet.extract(arch)`` after :func:`reinitialize`) on
+    the labels, with the same loop, schedule, checkpoints and budgets as the supernet.
+
+    ``config`` defaults to :func:`standalone_config` of ``epochs``. ``space``/``arch`` are
+    recorded in checkpoints (needed for ``checkpoint_path``/``resume_from``, which rebuild the
+    model as ``space.build_supernet().extract(arch)``). ``compile``: True or a
+    ``torch.compile`` mode (``"max-autotune"``, ``"reduce-overhead"`` for CUDA graphs); the
+    saved weights are always the uncompiled module's.
+    """
+    if config is None:
+        if epochs is None:
+            raise UserError("train_standalone needs epochs or a config")
+        config = standalone_config(epochs)
+    config.validate()
+    if (checkpoint_path is not None or resume_from is not None) and (space is None or arch is None):
+        raise UserError("standalone checkpoints need the space and arch of the model")
+    arch_str = space.to_string(space.parse(arch)) if space is not None and arch is not None else None
+    runner: nn.Module = model
+    if compile:
+        mode = None if compile is True else str(compile)
+        runner = torch.compile(model, mode=mode)
+
+    def step_fn(x: torch.Tensor, y: torch.Tensor, stage_i: int, amp: Callable) -> torch.Tensor:
+        with amp():
+            logits = runner(x).float()
+        loss = F.cross_entropy(logits, y, label_smoothing=config.label_smoothing)
+        loss.backward()
+        return loss.detach().reshape(1)
+
+    job = _Job(STANDALONE_FORMAT, model, space, arch_str, ("loss",), step_fn, None,
+               desc=f"train {arch_str or 'model'}")
+    return _train(job, data, config, device=device, progress=progress, resume_from=resume_from,
+                  checkpoint_path=checkpoint_path, checkpoint_every_s=checkpoint_every_s,
+                  max_seconds=max_seconds, max_steps=max_steps, precision=precision,
+                  channels_last=channels_last, dist=dist, dataset=dataset)
 
 
 # -- checkpoints -----------------------------------------------------------------------------------
 
-def save_checkpoint(path: str | Path, supernet: nn.Module, space: SearchSpace, *,
-                    dataset: str, train_config: TrainConfig | None = None,
-                    extra: dict[str, Any] | None = None) -> Path:
-    """Save the supernet's weights with everything needed to rebuild it (written atomically)."""
+def _state_dict(module: nn.Module, half: bool) -> dict[str, torch.Tensor]:
+    out = {}
+    for k, v in module.state_dict().items():
+        v = v.detach().cpu()
+        out[k] = v.half() if half and v.is_floating_point() else v.contiguous()
+    return out
+
+
+def _write(path: str | Path, payload: dict[str, Any]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "format": "hwnas-supernet-1",
-        "space": space.name,
-        "space_config": space.config(),
-        "dataset": dataset,
-        "train_config": train_config.to_dict() if train_config else None,
-        "extra": extra or {},
-        "state_dict": {k: v.detach().cpu() for k, v in supernet.state_dict().items()},
-    }
     tmp = path.with_name(f".{path.name}.tmp")
     torch.save(payload, tmp)
     tmp.replace(path)
     return path
 
 
-def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu"):
-    """Load a supernet checkpoint; returns (space, supernet, payload)."""
-    from supernet.spaces import get_space
+def save_checkpoint(path: str | Path, supernet: nn.Module, space: SearchSpace, *,
+                    dataset: str, train_config: TrainConfig | None = None,
+                    extra: dict[str, Any] | None = None,
+                    train_state: dict[str, Any] | None = None, half: bool = False) -> Path:
+    """Save the supernet's weights with everything needed to rebuild it (written atomically).
 
+    ``train_state`` (from the training loop) makes it resumable. ``half``: store floating
+    tensors as float16 (half the size, for shipping; loading converts back to float32)."""
+    payload = {
+        "format": SUPERNET_FORMAT,
+        "space": space.name,
+        "space_config": space.config(),
+        "dataset": dataset,
+        "train_config": train_config.to_dict() if train_config else None,
+        "extra": extra or {},
+        "state_dict": _state_dict(supernet, half),
+    }
+    if train_state is not None:
+        payload["train_state"] = train_state
+    return _write(path, payload)
+
+
+def save_standalone(path: str | Path, model: nn.Module, space: SearchSpace, arch: Any, *,
+                    dataset: str, train_config: TrainConfig | None = None,
+                    extra: dict[str, Any] | None = None,
+                    train_state: dict[str, Any] | None = None) -> Path:
+    """Save a standalone subnet: its space, architecture string and weights."""
+    payload = {
+        "format": STANDALONE_FORMAT,
+        "space": space.name,
+        "space_config": space.config(),
+        "arch": space.to_string(space.parse(arch)),
+        "dataset": dataset,
+        "train_config": train_config.to_dict() if train_config else None,
+        "extra": extra or {},
+        "state_dict": _state_dict(model, False),
+    }
+    if train_state is not None:
+        payload["train_state"] = train_state
+    return _write(path, payload)
+
+
+def _save(path: str | Path, job: _Job, dataset: str, config: TrainConfig,
+          train_state: dict[str, Any]) -> None:
+    if job.kind == SUPERNET_FORMAT:
+        save_checkpoint(path, job.model, job.space, dataset=dataset, train_config=config,
+                        train_state=train_state)
+    else:
+        save_standalone(path, job.model, job.space, job.arch, dataset=dataset,
+                        train_config=config, train_state=train_state)
+
+
+def _read_payload(path: str | Path, fmt: str) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"supernet checkpoint {path} does not exist; expected a file written by "
-                        f"'hwnas train' or 'hwnas run'")
+        raise UserError(f"checkpoint {path} does not exist; expected a file written by "
+                        f"'hwnas train', 'hwnas run' or supernet.train_cifar")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a corrupt or foreign file
-        raise UserError(f"cannot read supernet checkpoint {path}: {str(exc).splitlines()[0]}") from None
-    if not isinstance(payload, dict) or payload.get("format") != "hwnas-supernet-1":
-        raise UserError(f"{path} is not an hwnas supernet checkpoint (no 'hwnas-supernet-1' format tag)")
-    space = get_space(payload["space"], config=payload["space_config"])
-    supernet = space.build_supernet()
+        what = "supernet" if fmt == SUPERNET_FORMAT else "standalone subnet"
+        raise UserError(f"cannot read {what} checkpoint {path}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(payload, dict) or payload.get("format") not in (SUPERNET_FORMAT, STANDALONE_FORMAT):
+        what = "supernet" if fmt == SUPERNET_FORMAT else "standalone subnet"
+        raise UserError(f"{path} is not an hwnas {what} checkpoint (no {fmt!r} format tag)")
+    if payload["format"] != fmt:
+        kinds = {SUPERNET_FORMAT: "a supernet", STANDALONE_FORMAT: "a standalone subnet"}
+        raise UserError(f"{path} holds {kinds[payload['format']]} checkpoint, not "
+                        f"{kinds[fmt]} checkpoint")
+    return payload
+
+
+def _space_of(payload: dict[str, Any], path: str | Path) -> SearchSpace:
+    from supernet.spaces import get_space
+
     try:
-        supernet.load_state_dict(payload["state_dict"])
-    except RuntimeError as exc:
+        return get_space(payload["space"], config=payload["space_config"])
+    except KeyError:
+        raise UserError(f"checkpoint {path} records no space") from None
+
+
+def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
+                    space: SearchSpace | None = None):
+    """Load a supernet checkpoint; returns (space, supernet, payload).
+
+    With ``space``, the checkpoint must hold that space (same name and configuration), else
+    :class:`UserError`."""
+    payload = _read_payload(path, SUPERNET_FORMAT)
+    if space is not None:
+        _check_same_space(payload, space, path)
+    ckpt_space = _space_of(payload, path)
+    supernet = ckpt_space.build_supernet()
+    _load_state(supernet, payload, path, ckpt_space)
+    return ckpt_space, supernet.to(device), payload
+
+
+def load_standalone(path: str | Path, *, device: str | torch.device = "cpu"):
+    """Load a standalone subnet checkpoint; returns (space, arch, model in eval mode, payload)."""
+    payload = _read_payload(path, STANDALONE_FORMAT)
+    space = _space_of(payload, path)
+    arch = space.parse(payload["arch"])
+    model = space.build_supernet().extract(arch)
+    _load_state(model, payload, path, space)
+    return space, arch, model.to(device).eval(), payload
+
+
+def _load_state(module: nn.Module, payload: dict[str, Any], path: str | Path,
+                space: SearchSpace) -> None:
+    try:
+        module.load_state_dict(payload["state_dict"])
+    except (RuntimeError, KeyError) as exc:
         raise UserError(f"checkpoint {path} does not match space {space.name}: "
                         f"{str(exc).splitlines()[0]}") from None
-    return space, supernet.to(device), payload
+
+
+def _check_same_space(payload: dict[str, Any], space: SearchSpace, path: str | Path) -> None:
+    if payload.get("space") != space.name:
+        raise UserError(f"checkpoint {path} holds space {payload.get('space')!r}, not "
+                        f"{space.name!r}; train a new one or pass the matching --space")
+    if payload.get("space_config") != space.config():
+        diff = sorted(k for k in set(space.config()) | set(payload.get("space_config") or {})
+                      if (payload.get("space_config") or {}).get(k) != space.config().get(k))
+        raise UserError(f"checkpoint {path} holds space {space.name!r} with another "
+                        f"configuration (differs in {', '.join(diff)})")
+
+
+def _load_for_resume(path: str | Path, job: _Job, config: TrainConfig, steps_per_epoch: int,
+                     train_size: int) -> dict[str, Any]:
+    payload = _read_payload(path, job.kind)
+    _check_same_space(payload, job.space, path)
+    if job.kind == STANDALONE_FORMAT and payload.get("arch") != job.arch:
+        raise UserError(f"checkpoint {path} holds subnet {payload.get('arch')!r}, not {job.arch!r}")
+    ts = payload.get("train_state")
+    if not ts:
+        raise UserError(f"checkpoint {path} holds final weights only (no training state); "
+                        f"it cannot be resumed")
+    if payload.get("train_config") is None or TrainConfig.from_dict(payload["train_config"]) != config:
+        raise UserError(f"checkpoint {path} was trained with another training configuration; "
+                        f"resume with the configuration it records (train_config)")
+    if ts["train_size"] != train_size or ts["steps_per_epoch"] != steps_per_epoch:
+        raise UserError(f"checkpoint {path} was trained on {ts['train_size']} images "
+                        f"({ts['steps_per_epoch']} steps/epoch); this dataset has {train_size} "
+                        f"({steps_per_epoch} steps/epoch)")
+    try:
+        job.model.load_state_dict(payload["state_dict"])
+    except RuntimeError as exc:
+        raise UserError(f"checkpoint {path} does not match space {job.space.name}: "
+                        f"{str(exc).splitlines()[0]}") from None
+    return payload
 
 
 def history_json(result: TrainResult) -> str:

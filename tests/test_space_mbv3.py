@@ -192,9 +192,20 @@ def _archs_for_model_checks(space):
     return [space.smallest(), space.largest(), *(space.sample(rng) for _ in range(3))]
 
 
-def test_layer_names_and_shapes_match_static_model(space, supernet_model):
+@pytest.fixture(scope="module", params=["mbv3-tiny", "mbv3"])
+def space_and_net(request):
+    """Both registered MobileNetV3 spaces (the tiny one; OFA's with SE, first block and
+    feature-mix layer) with a supernet."""
+    torch = pytest.importorskip("torch")
+    sp = get_space(request.param)
+    torch.manual_seed(0)
+    return sp, sp.build_supernet().eval()
+
+
+def test_layer_names_and_shapes_match_static_model(space_and_net):
     from torch import nn
 
+    space, supernet_model = space_and_net
     for arch in _archs_for_model_checks(space):
         model = supernet_model.extract(arch)
         modules = {
@@ -214,16 +225,23 @@ def test_layer_names_and_shapes_match_static_model(space, supernet_model):
             else:
                 assert isinstance(m, nn.Linear), layer.name
                 assert (m.in_features, m.out_features) == (layer.in_channels, layer.out_channels)
+                assert (m.bias is not None) == layer.bias, layer.name
         # one 'add' layer per residual block
         adds = [layer.name for layer in space.layers(arch) if layer.op == "add"]
-        residual = [f"blocks.{i}.add" for i, blk in enumerate(model.blocks) if blk.residual]
-        assert adds == residual
+        blocks = [(f"blocks.{i}", blk) for i, blk in enumerate(model.blocks)]
+        if model.first_block is not None:
+            blocks.insert(0, ("first_block", model.first_block))
+        assert adds == [f"{name}.add" for name, blk in blocks if blk.residual]
+        # one SE (pool, reduce, expand, mul) per block that has one
+        muls = [layer.name for layer in space.layers(arch) if layer.op == "mul"]
+        assert muls == [f"{name}.se.mul" for name, blk in blocks if blk.se is not None]
 
 
-def test_layer_flops_match_forward_hooks(space, supernet_model):
+def test_layer_flops_match_forward_hooks(space_and_net):
     import torch
     from torch import nn
 
+    space, supernet_model = space_and_net
     for arch in _archs_for_model_checks(space):
         model = supernet_model.extract(arch)
         measured: dict[str, tuple[int, tuple, tuple]] = {}
@@ -259,18 +277,20 @@ def test_layer_flops_match_forward_hooks(space, supernet_model):
         assert space.flops(arch) == 2 * sum(m for m, _, _ in measured.values())
 
 
-def test_layer_params_match_static_model_with_bn_folded(space, supernet_model):
+def test_layer_params_match_static_model_with_bn_folded(space_and_net):
     from torch import nn
 
+    space, supernet_model = space_and_net
     for arch in _archs_for_model_checks(space):
         model = supernet_model.extract(arch)
         expected = 0
-        for m in model.modules():
+        for name, m in model.named_modules():
             if isinstance(m, nn.Conv2d):
-                assert m.bias is None  # the bias comes from the folded BN
-                expected += m.weight.numel()
+                # a conv followed by BN has no bias (it comes from the folded BN); SE convs do
+                assert (m.bias is not None) == (".se." in name), name
+                expected += m.weight.numel() + (m.bias.numel() if m.bias is not None else 0)
             elif isinstance(m, nn.Linear):
-                expected += m.weight.numel() + m.bias.numel()
+                expected += m.weight.numel() + (m.bias.numel() if m.bias is not None else 0)
             elif isinstance(m, nn.BatchNorm2d):
                 expected += m.num_features
         assert space.params(arch) == expected
@@ -362,3 +382,95 @@ def test_layers_are_layer_records(space):
     layers = space.layers(space.smallest())
     assert all(isinstance(layer, Layer) for layer in layers)
     assert layers[0].name == "stem_conv" and layers[-1].name == "classifier"
+
+
+# --------------------------------------------------------------------------------------------
+# the "mbv3" space: Once-for-All's MobileNetV3 for 32x32 inputs
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ofa() -> MBV3Space:
+    return get_space("mbv3")
+
+
+def test_mbv3_is_ofa_mobilenetv3_for_32px(ofa):
+    c = ofa.cfg
+    assert ofa.name == "mbv3" and ofa.input_shape == (3, 32, 32) and ofa.num_classes == 10
+    assert (c.depth_choices, c.kernel_choices, c.expand_choices) == ((2, 3, 4), (3, 5, 7), (3, 4, 6))
+    assert c.stage_channels == (24, 40, 80, 112, 160) and c.num_stages == 5
+    assert (c.stem_channels, c.first_block_channels, c.head_channels, c.feature_mix_channels) == (
+        16, 16, 960, 1280)
+    assert c.stage_activations == ("relu", "relu", "hswish", "hswish", "hswish")
+    assert c.se_stages == (1, 3, 4)
+    layers = {layer.name: layer for layer in ofa.layers(ofa.largest())}
+    assert layers["stem_conv"].stride == 1 and layers["stem_conv"].out_h == 32
+    assert layers["head_conv"].in_h == 4  # total stride 8: a 4x4 map before pooling
+    assert "first_block.dw_conv" in layers and "first_block.expand_conv" not in layers
+    assert layers["first_block.add"].in_channels == 16
+    # SE width follows the block's expanded channels (OFA's DynamicSE)
+    assert layers["blocks.4.se.reduce"].in_channels == layers["blocks.4.dw_conv"].out_channels == 144
+    assert layers["blocks.4.se.reduce"].out_channels == 40 - 40 % 8  # make_divisible(144 // 4)
+    assert "blocks.0.se.reduce" not in layers  # stage 0 has no SE
+    assert layers["feature_mix"].op == "linear" and not layers["feature_mix"].bias
+    assert layers["classifier"].in_channels == 1280
+    assert ofa.to_string(ofa.largest()) == "_".join(["-".join(["k7e6"] * 4)] * 5)
+    assert ofa.to_string(ofa.smallest()) == "_".join(["k3e3-k3e3"] * 5)
+    small, large = ofa.smallest(), ofa.largest()
+    assert 60e6 < ofa.flops(small) < ofa.flops(large) < 400e6
+    assert 1.5e6 < ofa.params(small) < ofa.params(large) < 7e6
+
+
+def test_mbv3_strings_round_trip_and_errors(ofa):
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        arch = ofa.sample(rng)
+        assert ofa.from_string(ofa.to_string(arch)) == arch
+        assert ofa.encode(arch).shape == (ofa.feature_dim,)
+    with pytest.raises(UserError, match=r"depth of stage 2 = 1.*\[2, 3, 4\]"):
+        ofa.from_string("k3e3-k3e3_k3e3-k3e3_k3e3_k3e3-k3e3_k3e3-k3e3")
+    with pytest.raises(UserError, match=r"expand ratio of stage 0 block 1 = 2.*\[3, 4, 6\]"):
+        ofa.from_string("k3e3-k3e2_k3e3-k3e3_k3e3-k3e3_k3e3-k3e3_k3e3-k3e3")
+    with pytest.raises(UserError, match="1 stages; space mbv3 has 5"):
+        ofa.from_string("k3e3-k3e3")
+
+
+def test_mbv3_suggest_round_trip(ofa):
+    from optuna.trial import FixedTrial
+
+    rng = np.random.default_rng(2)
+    for arch in [ofa.smallest(), ofa.largest(), *(ofa.sample(rng) for _ in range(20))]:
+        assert ofa.suggest(FixedTrial(ofa.to_params(arch))) == arch
+
+
+def test_mbv3_config_round_trip(ofa):
+    config = json.loads(json.dumps(ofa.config()))
+    rebuilt = get_space("mbv3", config=config)
+    assert rebuilt.cfg == ofa.cfg and rebuilt.name == "mbv3"
+    assert get_space("mbv3", num_classes=100).layers(ofa.largest())[-1].out_channels == 100
+    with pytest.raises(UserError, match="unknown MBV3 space setting"):
+        get_space("mbv3", config={**config, "width": 2})
+    with pytest.raises(UserError, match="invalid MBV3 space configuration"):
+        get_space("mbv3", config={**config, "se_stages": [7]})
+
+
+def test_restrict_samples_within_choices(ofa):
+    sub = ofa.restrict({"kernel": [3, 7], "depth": [4], "expand": [6]})
+    assert ofa.restrict(None) is ofa and ofa.restrict({}) is ofa
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        arch = sub.sample(rng)
+        assert arch.depths == (4,) * 5
+        assert {k for stage in arch.stages for k, _ in stage} <= {3, 7}
+        assert {e for stage in arch.stages for _, e in stage} == {6}
+        assert ofa.parse(ofa.to_string(arch)) == arch  # members of the full space
+    assert sub.largest() == ofa.largest()
+    assert sub.smallest() == MBV3Arch(tuple(((3, 6),) * 4 for _ in range(5)))
+    assert ofa.restrict({"depth": [3, 2]}).cfg.depth_choices == (2, 3)
+    assert list(ofa.elastic_choices()) == ["kernel", "depth", "expand"]
+    with pytest.raises(UserError, match="unknown dimension 'width'"):
+        ofa.restrict({"width": [1]})
+    with pytest.raises(UserError, match=r"not a non-empty subset of \[3, 5, 7\]"):
+        ofa.restrict({"kernel": [9]})
+    with pytest.raises(UserError, match="not a non-empty subset"):
+        ofa.restrict({"expand": []})

@@ -21,7 +21,7 @@ def space():
     return get_space("mbv3-tiny")
 
 
-def _perturbed_supernet(space) -> MBV3Supernet:
+def _perturbed_supernet(space, batch: int = 16, n_random: int = 4) -> MBV3Supernet:
     """A supernet whose BN statistics, BN affine terms and kernel transforms are all far from
     their initial values, so that extraction bugs cannot hide behind identities."""
     torch.manual_seed(0)
@@ -36,11 +36,11 @@ def _perturbed_supernet(space) -> MBV3Supernet:
     rng = np.random.default_rng(0)
     net.train()
     with torch.no_grad():
-        archs = [space.largest(), space.smallest(), *(space.sample(rng) for _ in range(4))]
+        archs = [space.largest(), space.smallest(), *(space.sample(rng) for _ in range(n_random))]
         for arch in archs:
             net.set_active(arch)
             for _ in range(2):
-                net(torch.randn(16, *space.input_shape, generator=gen) * 2 + 0.5)
+                net(torch.randn(batch, *space.input_shape, generator=gen) * 2 + 0.5)
     net.set_active(space.largest())
     return net.eval()
 
@@ -225,3 +225,140 @@ def test_gradients_flow_only_to_active_slice(net, space, x):
     # inactive blocks (depth 1) get no gradient at all
     assert net.stages[0][1].expand_conv.weight.grad is None
     assert net.stages[2][2].project_conv.weight.grad is None
+
+
+# --------------------------------------------------------------------------------------------
+# the "mbv3" space (OFA's MobileNetV3: SE, first block, feature-mix layer)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ofa_space():
+    return get_space("mbv3")
+
+
+@pytest.fixture(scope="module")
+def ofa_net(ofa_space) -> MBV3Supernet:
+    return _perturbed_supernet(ofa_space, batch=4, n_random=1)
+
+
+@pytest.fixture(scope="module")
+def ofa_x(ofa_space) -> torch.Tensor:
+    return torch.randn(2, *ofa_space.input_shape, generator=torch.Generator().manual_seed(2))
+
+
+def test_ofa_extract_matches_supernet(ofa_net, ofa_space, ofa_x):
+    rng = np.random.default_rng(3)
+    archs = [ofa_space.largest(), ofa_space.smallest(), *(ofa_space.sample(rng) for _ in range(3))]
+    outputs = []
+    for arch in archs:
+        model = ofa_net.extract(arch)
+        assert isinstance(model, MBV3Net) and model.first_block is not None
+        assert sum(blk.se is not None for blk in model.blocks) == sum(arch.depths[s] for s in (1, 3, 4))
+        with torch.no_grad():
+            expected = _run(ofa_net, arch, ofa_x)
+            got = model(ofa_x)
+        assert got.shape == (2, 10)
+        assert torch.allclose(got, expected, atol=ATOL), ofa_space.to_string(arch)
+        outputs.append(expected)
+    assert not torch.allclose(outputs[0], outputs[1], atol=1e-3)
+    ofa_net.set_active(ofa_space.largest())
+
+
+def test_ofa_se_follows_expanded_channels(ofa_net, ofa_space):
+    model = ofa_net.extract(ofa_space.smallest())
+    block = model.blocks[2]  # stage 1, first block: SE on 24*3 -> 72 channels
+    assert block.dw_conv.out_channels == 72
+    # make_divisible(72 // 4 = 18, 8) = 24 (16 would drop below 90% of 18)
+    assert (block.se.reduce.in_channels, block.se.reduce.out_channels) == (72, 24)
+    sup = ofa_net.stages[1][0].se
+    assert sup.reduce.weight.shape[:2] == (40, 144)  # max: 24 * 6 = 144 -> 36 -> 40
+    assert torch.equal(block.se.reduce.weight, sup.reduce.weight[:24, :72])
+    assert torch.equal(block.se.expand.bias, sup.expand.bias[:72])
+
+
+# --------------------------------------------------------------------------------------------
+# channel sorting (OFA's re-organization)
+# --------------------------------------------------------------------------------------------
+
+
+def _expand_outputs(net, space, x, expand):
+    """Outputs of a few subnets that all use expand ratio ``expand`` in every block."""
+    rng = np.random.default_rng(11)
+    archs = [space.largest()]
+    for _ in range(1):
+        a = space.sample(rng)
+        archs.append(type(a)(tuple(tuple((k, expand) for k, _ in st) for st in a.stages)))
+    archs[0] = type(archs[0])(tuple(tuple((k, expand) for k, _ in st) for st in archs[0].stages))
+    return [_run(net, a, x) for a in archs]
+
+
+@pytest.mark.parametrize("name", ["mbv3-tiny", "mbv3"])
+def test_sort_channels_keeps_largest_width_function(name, request):
+    space = get_space(name)
+    net = copy.deepcopy(request.getfixturevalue("trained" if name == "mbv3-tiny" else "ofa_net"))
+    x = torch.randn(2, *space.input_shape, generator=torch.Generator().manual_seed(5))
+    big = space.cfg.expand_choices[-1]
+    small_e = space.cfg.expand_choices[0]
+    before = _expand_outputs(net, space, x, big)
+    before_small = _expand_outputs(net, space, x, small_e)
+    net.sort_channels()
+    for b, a in zip(before, _expand_outputs(net, space, x, big)):
+        assert torch.allclose(a, b, atol=1e-5)
+    # smaller widths now use other (more important) channels
+    assert any(not torch.allclose(a, b, atol=1e-4)
+               for a, b in zip(before_small, _expand_outputs(net, space, x, small_e)))
+    for stage in net.stages:
+        for block in stage:
+            imp = block.project_conv.weight.abs().sum(dim=(0, 2, 3))
+            assert torch.all(imp[:-1] >= imp[1:])  # most important first
+            if block.se is not None:
+                imp_se = block.se.expand.weight.abs().sum(dim=(0, 2, 3))
+                assert torch.all(imp_se[:-1] >= imp_se[1:])
+    # sorting twice changes nothing
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    net.sort_channels()
+    assert all(torch.equal(state[k], v) for k, v in net.state_dict().items())
+
+
+def test_sort_channels_keeps_trained_widths(ofa_net, ofa_space):
+    space, net = ofa_space, copy.deepcopy(ofa_net)
+    x = torch.randn(2, *space.input_shape, generator=torch.Generator().manual_seed(6))
+    block = net.stages[1][0]
+    w4 = space.block_channels(block.in_ch, 4)
+    prefix_before = {tuple(r.tolist()) for r in block.expand_conv.weight[:w4, :, 0, 0]}
+    before4 = _expand_outputs(net, space, x, 4)
+    net.sort_channels(trained={"expand": [4, 6]})
+    prefix_after = {tuple(r.tolist()) for r in block.expand_conv.weight[:w4, :, 0, 0]}
+    assert prefix_after == prefix_before  # the e4 channel set stays, only reordered
+    for b, a in zip(before4, _expand_outputs(net, space, x, 4)):
+        assert torch.allclose(a, b, atol=1e-5)
+    imp = block.project_conv.weight.abs().sum(dim=(0, 2, 3))
+    assert torch.all(imp[: w4 - 1] >= imp[1:w4]) and torch.all(imp[w4:-1] >= imp[w4 + 1:])
+
+
+def test_sort_channels_permutes_optimizer_state():
+    """Sorting in the middle of training (momentum included) gives the same function as not
+    sorting: the permutation commutes with the SGD step."""
+    space = get_space("mbv3-tiny")
+    a = _perturbed_supernet(space).train()
+    b = copy.deepcopy(a)
+    opts = [torch.optim.SGD(n.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3) for n in (a, b)]
+    gen = torch.Generator().manual_seed(7)
+    xs = [torch.randn(8, *space.input_shape, generator=gen) for _ in range(3)]
+
+    def step(net, opt, x):
+        opt.zero_grad()
+        net.set_active(space.largest())
+        net(x).square().mean().backward()
+        opt.step()
+
+    for n, o in zip((a, b), opts):
+        step(n, o, xs[0])
+    a.sort_channels(optimizer=opts[0])
+    for x in xs[1:]:
+        for n, o in zip((a, b), opts):
+            step(n, o, x)
+    a.eval(), b.eval()
+    with torch.no_grad():
+        assert torch.allclose(a(xs[0]), b(xs[0]), atol=1e-5)

@@ -307,3 +307,415 @@ def test_checkpoint_copy_is_independent_of_later_training(tmp_path):
     _, loaded, _ = load_checkpoint(path)
     for (name, a), b in zip(reference.state_dict().items(), loaded.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+# --------------------------------------------------------------------------------------------
+# schedules: presets, restricted choices, channel sorting
+# --------------------------------------------------------------------------------------------
+
+from supernet.train import (  # noqa: E402
+    SCHEDULES,
+    TrainResult,
+    deps_config,
+    load_standalone,
+    progressive_config,
+    reinitialize,
+    save_standalone,
+    schedule_config,
+    standalone_config,
+    train_standalone,
+)
+from supernet.train_cifar import load_data  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def small_digits():
+    """320 training images: 5 steps of 64 per epoch."""
+    return load_data("digits", limit_train=320, limit_eval=100)
+
+
+def test_schedule_presets():
+    space = get_space("mbv3")
+    assert SCHEDULES == ("sandwich", "progressive", "deps")
+    sandwich = schedule_config("sandwich", space, 10, lr=0.2)
+    assert [(s.name, s.epochs, s.sandwich) for s in sandwich.stages] == [("sandwich", 10, True)]
+    assert sandwich.lr == 0.2
+    deps = schedule_config("deps", space, 12)
+    assert [(s.name, s.epochs, s.sandwich) for s in deps.stages] == [("full", 6, False),
+                                                                      ("shrink", 6, True)]
+    assert deps_config(12, full_fraction=0.25).stages[0].epochs == 3
+    prog = schedule_config("progressive", space, 50)
+    assert prog.epochs == 50
+    names = [s.name for s in prog.stages]
+    assert names == ["full", "kernel", "depth-1", "depth-2", "expand-1", "expand-2"]
+    assert [s.epochs for s in prog.stages] == [9, 9, 5, 9, 9, 9] or sum(
+        s.epochs for s in prog.stages) == 50
+    assert prog.stages[0].choices == {"kernel": [7], "depth": [4], "expand": [6]}
+    assert not prog.stages[0].sandwich and all(s.sandwich for s in prog.stages[1:])
+    assert prog.stages[1].choices == {"kernel": [3, 5, 7], "depth": [4], "expand": [6]}
+    assert prog.stages[2].choices["depth"] == [3, 4]
+    assert prog.stages[4].choices == {"kernel": [3, 5, 7], "depth": [2, 3, 4], "expand": [4, 6]}
+    assert prog.stages[5].choices["expand"] == [3, 4, 6]
+    assert [s.sort_channels for s in prog.stages] == [False] * 4 + [True] * 2
+    # each stage's choices contain the previous stage's (nothing trained is locked out again)
+    for a, b in zip(prog.stages, prog.stages[1:]):
+        assert all(set(a.choices[d]) <= set(b.choices[d]) for d in a.choices)
+    assert TrainConfig.from_dict(json.loads(json.dumps(prog.to_dict()))) == prog
+    small = progressive_config(space, 3)
+    assert sum(s.epochs for s in small.stages) == 3
+    with pytest.raises(UserError, match="unknown schedule 'fast'"):
+        schedule_config("fast", space, 3)
+    with pytest.raises(UserError, match="full_fraction"):
+        deps_config(4, full_fraction=1.0)
+
+
+def test_progressive_needs_elastic_dimensions():
+    class Plain:
+        name = "plain"
+
+    with pytest.raises(UserError, match="declares no elastic dimensions"):
+        progressive_config(Plain(), 4)
+
+
+def test_training_samples_only_allowed_choices(small_digits, monkeypatch):
+    space = get_space("mbv3-tiny")
+    torch.manual_seed(0)
+    net = space.build_supernet()
+    seen: list = []
+    original = type(net).set_active
+
+    def record(self, arch):
+        arch = original(self, arch)
+        seen.append(arch)
+        return arch
+
+    monkeypatch.setattr(type(net), "set_active", record)
+    config = TrainConfig(stages=[
+        TrainStage("k", 1, num_random=2, choices={"kernel": [3, 7], "depth": [3], "expand": [6]}),
+        TrainStage("d", 1, num_random=2, choices={"depth": [2, 3], "expand": [4, 6]}),
+    ])
+    train_supernet(net, space, small_digits, config, progress=False)
+    per_epoch = 5 * 4  # steps x (largest, smallest, 2 random)
+    first, second = seen[:per_epoch], seen[per_epoch:2 * per_epoch]
+    assert all(a.depths == (3, 3, 3) and {e for st in a.stages for _, e in st} == {6}
+               and {k for st in a.stages for k, _ in st} <= {3, 7} for a in first)
+    assert any(k == 3 for a in first for st in a.stages for k, _ in st)
+    assert all(set(a.depths) <= {2, 3} and {e for st in a.stages for _, e in st} <= {4, 6}
+               for a in second)
+    assert any(k == 5 for a in second for st in a.stages for k, _ in st)  # kernel unrestricted
+    bad = TrainConfig(stages=[TrainStage("x", 1, choices={"kernel": [9]})])
+    with pytest.raises(UserError, match="kernel"):
+        train_supernet(net, space, small_digits, bad, progress=False)
+
+
+def test_sort_channels_stage_calls_supernet(small_digits, monkeypatch):
+    space = get_space("mbv3-tiny")
+    torch.manual_seed(0)
+    net = space.build_supernet()
+    calls = []
+    monkeypatch.setattr(net, "sort_channels",
+                        lambda trained=None, optimizer=None: calls.append((trained, optimizer)))
+    config = TrainConfig(stages=[TrainStage("a", 1, choices={"expand": [6]}),
+                                 TrainStage("skip", 0, sort_channels=True),
+                                 TrainStage("b", 1, choices={"expand": [4, 6]}, sort_channels=True)])
+    train_supernet(net, space, small_digits, config, progress=False)
+    assert len(calls) == 1  # the 0-epoch stage is skipped
+    assert calls[0][0] == {"expand": [6]} and isinstance(calls[0][1], torch.optim.SGD)
+
+
+# --------------------------------------------------------------------------------------------
+# exact resume, budgets, checkpoints of training state
+# --------------------------------------------------------------------------------------------
+
+
+def _fresh(space):
+    torch.manual_seed(0)
+    return space.build_supernet()
+
+
+def _same_weights(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_resume_is_exact(small_digits, tmp_path):
+    """2 epochs in one go == 1 epoch, checkpoint, resume, 1 epoch; also across a mid-epoch stop
+    and a channel-sorting stage boundary."""
+    space = get_space("mbv3-tiny")
+    config = TrainConfig(stages=[TrainStage("full", 1, sandwich=False),
+                                 TrainStage("shrink", 2, choices={"expand": [4, 6]}, num_random=1,
+                                            sort_channels=True)],
+                         batch_size=64, warmup_epochs=0.5)
+    ref = _fresh(space)
+    r_ref = train_supernet(ref, space, small_digits, config, progress=False)
+    assert r_ref.completed and r_ref.step == r_ref.total_steps == 15
+
+    ckpt = tmp_path / "ckpt.pt"
+    net = _fresh(space)
+    r1 = train_supernet(net, space, small_digits, config, progress=False, checkpoint_path=ckpt,
+                        max_steps=5)  # exactly one epoch, before the sorting stage starts
+    assert not r1.completed and r1.step == 5 and len(r1.history) == 1
+    assert not _same_weights(net, ref)
+    for stop in (8, None):  # mid-epoch, then to the end
+        net = _fresh(space)  # a fresh process: everything comes from the checkpoint
+        r = train_supernet(net, space, small_digits, config, progress=False, checkpoint_path=ckpt,
+                           resume_from=ckpt, max_steps=stop)
+    assert r.completed and r.step == 15
+    assert _same_weights(net, ref)
+    assert r.history == r_ref.history
+    assert r.images == 7 * 64  # this call's images only
+    assert r.total_seconds >= r.seconds
+
+
+def test_max_seconds_stops_with_checkpoint(small_digits, tmp_path):
+    space = get_space("mbv3-tiny")
+    ckpt = tmp_path / "c.pt"
+    net = _fresh(space)
+    r = train_supernet(net, space, small_digits, sandwich_config(2, batch_size=64), progress=False,
+                       checkpoint_path=ckpt, max_seconds=0)
+    assert not r.completed and r.step == 1 and r.history == []
+    payload = torch.load(ckpt, weights_only=True)
+    assert payload["train_state"]["step"] == 1
+    assert payload["train_state"]["total_steps"] == 10
+    space2, net2, _ = load_checkpoint(ckpt)  # an ordinary supernet checkpoint too
+    assert _same_weights(net, net2)
+
+
+def test_resume_rejects_other_space_config_or_data(small_digits, tmp_path, digits):
+    space = get_space("mbv3-tiny")
+    ckpt = tmp_path / "c.pt"
+    config = sandwich_config(1, batch_size=64)
+    train_supernet(_fresh(space), space, small_digits, config, progress=False,
+                   checkpoint_path=ckpt, max_steps=1)
+    other = get_space("mbv3-tiny", num_classes=7)
+    with pytest.raises(UserError, match="another configuration.*num_classes"):
+        train_supernet(other.build_supernet(), other, small_digits, config, progress=False,
+                       resume_from=ckpt)
+    ofa = get_space("mbv3", in_channels=1, image_size=8)
+    with pytest.raises(UserError, match="holds space 'mbv3-tiny', not 'mbv3'"):
+        train_supernet(ofa.build_supernet(), ofa, small_digits, config, progress=False,
+                       resume_from=ckpt)
+    with pytest.raises(UserError, match="holds space 'mbv3-tiny', not 'mbv3'"):
+        load_checkpoint(ckpt, space=ofa)
+    with pytest.raises(UserError, match="another training configuration"):
+        train_supernet(_fresh(space), space, small_digits, sandwich_config(2, batch_size=64),
+                       progress=False, resume_from=ckpt)
+    with pytest.raises(UserError, match="trained on 320 images"):
+        train_supernet(_fresh(space), space, digits, config, progress=False, resume_from=ckpt)
+    final = save_checkpoint(tmp_path / "final.pt", _fresh(space), space, dataset="digits",
+                            train_config=config)
+    with pytest.raises(UserError, match="no training state"):
+        train_supernet(_fresh(space), space, small_digits, config, progress=False,
+                       resume_from=final)
+
+
+def test_half_checkpoint_loads_as_float32(tmp_path):
+    space = get_space("mbv3-tiny")
+    net = _nontrivial_supernet(space)
+    full = save_checkpoint(tmp_path / "f.pt", net, space, dataset="digits")
+    half = save_checkpoint(tmp_path / "h.pt", net, space, dataset="digits", half=True)
+    assert half.stat().st_size < 0.6 * full.stat().st_size
+    _, loaded, payload = load_checkpoint(half)
+    assert payload["state_dict"]["classifier.weight"].dtype == torch.float16
+    net.set_active(space.largest())
+    assert all(p.dtype == torch.float32 for p in loaded.parameters())
+    x = torch.randn(4, *space.input_shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(loaded.eval()(x), net.eval()(x), atol=2e-2)
+
+
+def test_bad_precision(small_digits):
+    space = get_space("mbv3-tiny")
+    with pytest.raises(UserError, match="precision"):
+        train_supernet(_fresh(space), space, small_digits, sandwich_config(1), progress=False,
+                       precision="fp8")
+
+
+def test_progress_without_tqdm(monkeypatch, capsys):
+    import builtins
+
+    from supernet import train
+
+    real_import = builtins.__import__
+
+    def no_tqdm(name, *args, **kwargs):
+        if name.startswith("tqdm"):
+            raise ImportError("no tqdm here")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tqdm)
+    bar = train.progress_bar(3, "demo", disable=False)
+    assert isinstance(bar, train._PrintProgress)
+    bar.set_postfix(loss="1.0")
+    for _ in range(3):
+        bar.update(1)
+    bar.close()
+    assert "demo: 3/3 steps (100%) loss=1.0" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# standalone subnets
+# --------------------------------------------------------------------------------------------
+
+
+def test_train_standalone_learns_and_resumes(small_digits, tmp_path):
+    space = get_space("mbv3-tiny")
+    arch = space.sample(np.random.default_rng(0))
+
+    def fresh_model():
+        torch.manual_seed(0)
+        return reinitialize(space.build_supernet().extract(arch).train(), seed=1)
+
+    config = standalone_config(3, batch_size=64, lr=0.1)
+    ref = fresh_model()
+    r = train_standalone(ref, small_digits, config=config, progress=False)
+    assert r.completed and [h["stage"] for h in r.history] == ["standalone"] * 3
+    assert r.history[-1]["loss"] < r.history[0]["loss"]
+    ckpt = tmp_path / "s.pt"
+    m = fresh_model()
+    train_standalone(m, small_digits, config=config, space=space, arch=arch, progress=False,
+                     checkpoint_path=ckpt, max_steps=7)
+    m = fresh_model()
+    train_standalone(m, small_digits, config=config, space=space, arch=arch, progress=False,
+                     checkpoint_path=ckpt, resume_from=ckpt)
+    assert _same_weights(m, ref)
+    space2, arch2, loaded, payload = load_standalone(ckpt)
+    assert arch2 == arch and payload["arch"] == space.to_string(arch)
+    assert _same_weights(loaded, ref)
+    with pytest.raises(UserError, match="standalone subnet checkpoint, not a supernet"):
+        load_checkpoint(ckpt)
+    other = space.smallest()
+    with pytest.raises(UserError, match="holds subnet"):
+        train_standalone(fresh_model(), small_digits, config=config, space=space, arch=other,
+                         progress=False, resume_from=ckpt)
+    with pytest.raises(UserError, match="space and arch"):
+        train_standalone(fresh_model(), small_digits, 1, checkpoint_path=ckpt, progress=False)
+    save_standalone(tmp_path / "plain.pt", ref, space, arch, dataset="digits")
+    assert _same_weights(load_standalone(tmp_path / "plain.pt")[2], ref)
+
+
+def test_reinitialize_is_seeded():
+    space = get_space("mbv3-tiny")
+    a = reinitialize(space.build_supernet().extract(space.largest()), seed=3)
+    b = reinitialize(space.build_supernet().extract(space.largest()), seed=3)
+    assert _same_weights(a, b)
+    assert torch.all(a.blocks[0].expand_bn.weight == 1)
+
+
+# --------------------------------------------------------------------------------------------
+# the entry point supernet.train_cifar (CPU smoke runs)
+# --------------------------------------------------------------------------------------------
+
+from supernet import train_cifar  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def decoded(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "digits-decoded.npz"
+    assert train_cifar.main(["prepare", "--source", "digits", "--out", str(path)]) == 0
+    return path
+
+
+def test_prepare_round_trip(decoded, digits):
+    data = train_cifar.load_decoded(decoded)
+    assert train_cifar.is_decoded(decoded)
+    for split in ("train", "val", "test"):
+        assert torch.equal(getattr(data, split).images, getattr(digits, split).images)
+        assert torch.equal(getattr(data, split).labels, getattr(digits, split).labels)
+    assert (data.classes, data.mean, data.std, data.augment, data.name) == (
+        digits.classes, digits.mean, digits.std, digits.augment, digits.name)
+    small = train_cifar.load_data(str(decoded), limit_train=100, limit_eval=50)
+    assert len(small.train) == 100 and len(small.test) == 50
+    assert len(set(small.train.labels.tolist())) == 10  # a random subset, not the first 100
+
+
+def _cli(*args: str) -> int:
+    return train_cifar.main([*args, "--quiet"])
+
+
+def test_entry_point_train_resume_eval(decoded, tmp_path, capsys):
+    out = tmp_path / "run"
+    base = ["--data", str(decoded), "--space", "mbv3-tiny", "--limit-train", "256",
+            "--limit-eval", "100", "--batch-size", "64", "--out", str(out)]
+    # a budget of ~nothing: one step, checkpointed, "not finished"
+    assert _cli(*base, "--epochs", "2", "--max-minutes", "1e-6", "--eval") == 0
+    text = capsys.readouterr().out
+    assert "not finished" in text and "eval skipped" in text
+    log = json.loads((out / "train_log.json").read_text())
+    assert not log["completed"] and log["step"] == 1 and (out / "checkpoint.pt").is_file()
+    # starting again without --resume is refused; --resume needs only --out
+    assert _cli(*base, "--epochs", "2") == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert _cli("--out", str(out), "--resume", "--eval") == 0
+    text = capsys.readouterr().out
+    assert "images/s" in text and "largest" in text
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["completed"] and log["step"] == log["total_steps"] == 8 and len(log["chunks"]) == 2
+    assert [h["epoch"] for h in log["history"]] == [1, 2]
+    result = json.loads((out / "eval.json").read_text())
+    assert [r["role"] for r in result["subnets"]] == ["largest", "smallest", "random1", "random2",
+                                                      "random3"]
+    assert all(0.0 <= r["top1"] <= 100.0 for r in result["subnets"])
+    assert result["images"] == 100 and result["bn_recalibration"]
+    space, net, payload = load_checkpoint(out / "supernet.pt")
+    assert space.name == "mbv3-tiny" and "train_state" not in payload
+    # evaluating a finished run again trains nothing
+    assert _cli("--out", str(out), "--resume", "--eval") == 0
+    assert "already complete" in capsys.readouterr().out
+
+
+def test_entry_point_standalone_and_bench(decoded, tmp_path, capsys):
+    out = tmp_path / "sa"
+    assert _cli("--data", str(decoded), "--space", "mbv3-tiny", "--limit-train", "128",
+                "--limit-eval", "100", "--batch-size", "64", "--epochs", "1", "--standalone",
+                "random2", "--out", str(out), "--eval") == 0
+    result = json.loads((out / "eval.json").read_text())
+    space = get_space("mbv3-tiny")
+    expected = train_cifar._eval_archs(space)[3][1]  # the same random2 as --eval reports
+    assert result["subnets"][0]["arch"] == space.to_string(expected)
+    assert not result["bn_recalibration"]
+    _, arch, model, _ = load_standalone(out / "model.pt")
+    assert arch == expected
+    assert _cli("--data", str(decoded), "--space", "mbv3-tiny", "--limit-train", "128",
+                "--batch-size", "32", "--bench-steps", "3") == 0
+    assert "images/s" in capsys.readouterr().out
+    assert _cli("--data", str(decoded), "--space", "mbv3-tiny", "--standalone", "k3e2",
+                "--out", str(tmp_path / "bad")) == 2
+    err = capsys.readouterr().err
+    assert "--standalone 'k3e2'" in err and "space mbv3-tiny has 3" in err and "random1" in err
+    assert _cli("--data", str(decoded), "--schedule", "progressive", "--space", "nope",
+                "--out", str(tmp_path / "bad2")) == 2
+    assert "unknown space 'nope'" in capsys.readouterr().err
+
+
+def test_entry_point_needs_only_torch_and_numpy(decoded, tmp_path):
+    """What the GPU machine may lack (pandas, sklearn, optuna, matplotlib, tqdm, Pillow) is not
+    needed to train from a decoded file."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    blocker = (  # a module set to None in sys.modules is one that is not installed
+        "import sys\n"
+        "for name in ('pandas', 'sklearn', 'optuna', 'matplotlib', 'tqdm', 'PIL', 'scipy'):\n"
+        "    sys.modules[name] = None\n"
+        "try:\n"
+        "    import tqdm\n"
+        "except ImportError:\n"
+        "    pass\n"
+        "else:\n"
+        "    sys.exit(3)\n"
+        "from supernet.train_cifar import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "-c", blocker, "--data", str(decoded), "--space", "mbv3-tiny",
+         "--limit-train", "128", "--limit-eval", "64", "--batch-size", "64", "--epochs", "1",
+         "--out", str(tmp_path / "r"), "--eval"],
+        capture_output=True, text=True, timeout=300, cwd=repo,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "largest" in proc.stdout
+    assert "test top-1" in proc.stdout

@@ -17,22 +17,28 @@ from torch import nn
 class DynamicConv2d(nn.Module):
     """A dense (groups=1) convolution whose input and output channels can shrink."""
 
-    def __init__(self, max_in: int, max_out: int, kernel: int = 1, stride: int = 1) -> None:
+    def __init__(self, max_in: int, max_out: int, kernel: int = 1, stride: int = 1,
+                 bias: bool = False) -> None:
         super().__init__()
         self.kernel, self.stride = kernel, stride
         self.weight = nn.Parameter(torch.empty(max_out, max_in, kernel, kernel))
         nn.init.kaiming_normal_(self.weight, mode="fan_out")
+        self.bias = nn.Parameter(torch.zeros(max_out)) if bias else None
 
     def active_weight(self, in_ch: int, out_ch: int) -> torch.Tensor:
         return self.weight[:out_ch, :in_ch]
 
     def forward(self, x: torch.Tensor, out_ch: int) -> torch.Tensor:
         w = self.active_weight(x.size(1), out_ch)
-        return F.conv2d(x, w, None, self.stride, self.kernel // 2)
+        b = self.bias[:out_ch] if self.bias is not None else None
+        return F.conv2d(x, w, b, self.stride, self.kernel // 2)
 
     def static(self, in_ch: int, out_ch: int) -> nn.Conv2d:
-        conv = nn.Conv2d(in_ch, out_ch, self.kernel, self.stride, self.kernel // 2, bias=False)
+        conv = nn.Conv2d(in_ch, out_ch, self.kernel, self.stride, self.kernel // 2,
+                         bias=self.bias is not None)
         conv.weight.data.copy_(self.active_weight(in_ch, out_ch))
+        if self.bias is not None:
+            conv.bias.data.copy_(self.bias[:out_ch])
         return conv
 
 
@@ -125,11 +131,53 @@ class DynamicBatchNorm2d(nn.BatchNorm2d):
         return bn
 
 
+class SqueezeExcite(nn.Module):
+    """Static squeeze-and-excitation: global pool, 1×1 reduce + ReLU, 1×1 expand + h-sigmoid,
+    channel-wise scale (MobileNetV3 / Once-for-All). Module names match the layer list."""
+
+    def __init__(self, reduce: nn.Conv2d, expand: nn.Conv2d) -> None:
+        super().__init__()
+        self.reduce, self.act, self.expand, self.gate = reduce, nn.ReLU(), expand, nn.Hardsigmoid()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = x.mean((2, 3), keepdim=True)
+        return x * self.gate(self.expand(self.act(self.reduce(s))))
+
+
+class DynamicSE(nn.Module):
+    """Squeeze-and-excitation whose width follows the active channels (OFA's ``DynamicSE``).
+
+    With ``C`` active channels the hidden width is ``hidden_fn(C)``; both 1×1 convolutions use
+    the leading slices of their max-size weights and biases.
+    """
+
+    def __init__(self, max_channels: int, hidden_fn) -> None:
+        super().__init__()
+        self.hidden_fn = hidden_fn
+        max_hidden = hidden_fn(max_channels)
+        self.reduce = DynamicConv2d(max_channels, max_hidden, 1, bias=True)
+        self.expand = DynamicConv2d(max_hidden, max_channels, 1, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # the 1x1 convolutions on a 1x1 map are matrix products: F.linear on the pooled vector
+        # (cheaper than a convolution call, and indifferent to the input's memory format)
+        c = x.size(1)
+        h = self.hidden_fn(c)
+        s = x.mean((2, 3))
+        s = F.relu(F.linear(s, self.reduce.weight[:h, :c, 0, 0], self.reduce.bias[:h]))
+        s = F.hardsigmoid(F.linear(s, self.expand.weight[:c, :h, 0, 0], self.expand.bias[:c]))
+        return x * s[:, :, None, None]
+
+    def static(self, channels: int) -> SqueezeExcite:
+        hidden = self.hidden_fn(channels)
+        return SqueezeExcite(self.reduce.static(channels, hidden), self.expand.static(hidden, channels))
+
+
 def activation(name: str | None) -> nn.Module:
     """The activation module for a name used in layer lists."""
     if name is None:
         return nn.Identity()
-    table = {"relu": nn.ReLU, "hswish": nn.Hardswish}
+    table = {"relu": nn.ReLU, "hswish": nn.Hardswish, "hsigmoid": nn.Hardsigmoid}
     if name not in table:
         raise ValueError(f"unknown activation {name!r}; expected one of {sorted(table)}")
     return table[name]()

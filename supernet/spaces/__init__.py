@@ -11,6 +11,8 @@ from typing import Callable
 
 from supernet.errors import UserError
 from supernet.space import SearchSpace
+from supernet.spaces.fbnet import FBNetArch, FBNetConfig, FBNetSpace
+from supernet.spaces.nb201 import NB201Arch, NB201Config, NB201Space
 from supernet.spaces.mbv3 import MBV3Arch, MBV3Config, MBV3Space
 
 #: name -> factory(in_channels, image_size, num_classes, config overrides) -> SearchSpace
@@ -57,10 +59,58 @@ def _mbv3_tiny(*, in_channels=None, image_size=None, num_classes=None, config=No
 
 register_space("mbv3-tiny", _mbv3_tiny)
 
+
+def _mbv3(*, in_channels=None, image_size=None, num_classes=None, config=None) -> MBV3Space:
+    """Once-for-All's elastic MobileNetV3 for 32×32 images (CIFAR); see
+    :func:`supernet.spaces.mbv3.ofa_cifar_config`."""
+    from supernet.spaces.mbv3 import ofa_cifar_config
+
+    cfg = MBV3Config.from_dict(config) if config else ofa_cifar_config()
+    overrides = {
+        k: v
+        for k, v in dict(in_channels=in_channels, image_size=image_size, num_classes=num_classes).items()
+        if v is not None
+    }
+    return MBV3Space(replace(cfg, **overrides), name="mbv3")
+
+
+register_space("mbv3", _mbv3)
+
+
+def _overrides(in_channels, image_size, num_classes) -> dict:
+    return {
+        k: v
+        for k, v in dict(in_channels=in_channels, image_size=image_size, num_classes=num_classes).items()
+        if v is not None
+    }
+
+
+def _nb201(*, in_channels=None, image_size=None, num_classes=None, config=None) -> NB201Space:
+    """The NAS-Bench-201 cell space (CIFAR macro network; default 100 classes as in the
+    HW-NAS-Bench/HELP latency tables)."""
+    cfg = NB201Config.from_dict(config) if config else NB201Config()
+    return NB201Space(replace(cfg, **_overrides(in_channels, image_size, num_classes)), name="nb201")
+
+
+def _fbnet(*, in_channels=None, image_size=None, num_classes=None, config=None) -> FBNetSpace:
+    """The FBNet space in HW-NAS-Bench's CIFAR-100 setting (default 100 classes)."""
+    cfg = FBNetConfig.from_dict(config) if config else FBNetConfig()
+    return FBNetSpace(replace(cfg, **_overrides(in_channels, image_size, num_classes)), name="fbnet")
+
+
+register_space("nb201", _nb201)
+register_space("fbnet", _fbnet)
+
 __all__ = [
     "MBV3Arch",
     "MBV3Config",
     "MBV3Space",
+    "FBNetArch",
+    "FBNetConfig",
+    "FBNetSpace",
+    "NB201Arch",
+    "NB201Config",
+    "NB201Space",
     "available_spaces",
     "get_space",
     "register_space",

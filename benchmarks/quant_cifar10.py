@@ -1,0 +1,118 @@
+"""Quantization table on CIFAR-10 for the trained mbv3 supernet (GPU): FP32, int8 PTQ (min-max,
+percentile, MSE), W4A8 PTQ and QAT, and a mixed policy at about 5 average weight bits, for the
+largest, middle and smallest subnets.
+
+    python benchmarks/quant_cifar10.py --checkpoint CKPT.pt --data cifar10 --device cuda
+
+Prints a table and writes benchmarks/quant_cifar10.json (keys of /work/shared/BENCHMARKS.md).
+Targets (issue 5): int8 PTQ within 0.5 points of FP32, W4A8 QAT within 1.5, mixed within 1.
+The recipes are in quant/benchmark.py. Imports only torch, numpy and hwnas packages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from quant.benchmark import (
+    METHODS,
+    ROLES,
+    QuantBenchConfig,
+    format_table,
+    machine_description,
+    merge_rows,
+    now_iso,
+    run_quant_benchmark,
+    write_json,
+)
+from supernet.data import load_dataset
+from supernet.errors import UserError
+from supernet.train import load_checkpoint
+
+HERE = Path(__file__).resolve().parent
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True, help="mbv3 CIFAR-10 supernet checkpoint")
+    p.add_argument("--data", default="cifar10",
+                   help="'cifar10' (shared npz via $HWNAS_SHARED_DATA) or a dataset path")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--qat-epochs", type=int, default=3)
+    p.add_argument("--qat-max-steps", type=int, default=None)
+    p.add_argument("--qat-batch-size", type=int, default=256)
+    p.add_argument("--qat-lr", type=float, default=3e-3)
+    p.add_argument("--calib-images", type=int, default=512)
+    p.add_argument("--hessian-samples", type=int, default=8)
+    p.add_argument("--hessian-images", type=int, default=256)
+    p.add_argument("--amp", action="store_true",
+                   help="bf16 autocast in QAT (slower on an H200 for these small nets; see quant/qat.py)")
+    p.add_argument("--subnets", default=",".join(ROLES))
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(HERE / "quant_cifar10.json"))
+    p.add_argument("--merge", action="store_true",
+                   help="keep the rows of other subnets/methods already in --out (run one subnet per "
+                        "command and build up one file)")
+    p.add_argument("--quiet", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {args.device} requested but CUDA is not available")
+    torch.manual_seed(args.seed)
+    if args.device.startswith("cuda"):
+        torch.backends.cudnn.benchmark = True
+    start = time.perf_counter()
+    space, supernet, payload = load_checkpoint(args.checkpoint, device=args.device)
+    data = load_dataset(args.data, seed=args.seed)
+    if tuple(space.input_shape) != (data.in_channels, *data.image_size) or space.num_classes != data.num_classes:
+        raise UserError(f"checkpoint space {space.name} expects inputs {space.input_shape} and "
+                        f"{space.num_classes} classes; dataset {args.data} has "
+                        f"{(data.in_channels, *data.image_size)} and {data.num_classes}")
+    config = QuantBenchConfig(
+        subnets=tuple(s for s in args.subnets.split(",") if s),
+        methods=tuple(m for m in args.methods.split(",") if m),
+        calib_images=args.calib_images, qat_epochs=args.qat_epochs,
+        qat_max_steps=args.qat_max_steps, qat_batch_size=args.qat_batch_size, qat_lr=args.qat_lr,
+        hessian_samples=args.hessian_samples, hessian_images=args.hessian_images, qat_amp=args.amp,
+        seed=args.seed, progress=not args.quiet)
+    rows = run_quant_benchmark(supernet, space, data, config)
+    commands = []
+    if args.merge and Path(args.out).is_file():
+        old = json.loads(Path(args.out).read_text())
+        rows = merge_rows(old.get("results", []), rows)
+        commands = old.get("commands") or ([old["command"]] if "command" in old else [])
+    print(format_table(rows))
+    command = "python " + shlex.join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    result = {
+        "command": " && ".join([*commands, command]),
+        "commands": [*commands, command],
+        "machine": machine_description(args.device),
+        "date": now_iso(),
+        "dataset": args.data,
+        "space": space.name,
+        "checkpoint": args.checkpoint,
+        "checkpoint_dataset": payload.get("dataset"),
+        "total_seconds": round(time.perf_counter() - start, 1),
+        "results": rows,
+    }
+    path = write_json(args.out, result)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UserError as exc:
+        print(f"quant_cifar10: error: {exc}", file=sys.stderr)
+        sys.exit(2)

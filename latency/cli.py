@@ -1,0 +1,409 @@
+"""``hwnas latency ...``: devices, on-device measurement, adaptation and prediction.
+
+Wired into the ``hwnas`` command line by :func:`add_latency_parser` (``search/cli.py`` calls it);
+a thin layer over :mod:`latency.devices`, :mod:`latency.profiles` and the predictors::
+
+    hwnas latency devices [--space S]
+    hwnas latency measure DIR [--threads N] [--repeats N] [--warmup N] [--max-cv 0.1]
+                              [--out CSV] [--overwrite]
+    hwnas latency adapt   --device NAME --space SPACE --measurements CSV [--predictor NAME]
+                              [--seed N] [--overwrite]
+    hwnas latency predict --device NAME --space SPACE --archs CSV --out CSV [--overwrite]
+
+Bad input raises :class:`supernet.errors.UserError` (one ``hwnas: error: ...`` line, exit 2) and
+writes nothing. ``measure`` leaves out models whose timing varies too much (cv above
+``--max-cv``, after one re-measurement) and says so; it exits 1 when some were left out and
+2 when all were (nothing written then).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from supernet.errors import UserError
+
+__all__ = ["add_latency_parser", "run_latency", "measure_dir", "adapt_device", "predict_csv",
+           "default_predictor"]
+
+EXIT_SOME_UNSTABLE = 1
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def add_latency_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
+    """Add the ``latency`` command group to ``sub`` (an ``add_subparsers`` object whose
+    ``parser_class`` is used for the nested parsers too); return its handler."""
+    lat = sub.add_parser("latency", help="latency devices: list, measure on-device, adapt, predict")
+    lsub = lat.add_subparsers(dest="latency_command", required=True, parser_class=type(lat),
+                              metavar="{devices,measure,adapt,predict}")
+
+    d = lsub.add_parser("devices", help="list the latency devices and their kind")
+    d.add_argument("--space", help="only devices that cover this space")
+
+    m = lsub.add_parser("measure", help="measure every .onnx model of a directory with onnxruntime")
+    m.add_argument("dir", help="directory of .onnx models (e.g. a run's models/)")
+    m.add_argument("--threads", type=_positive_int, default=1, help="onnxruntime threads (default 1)")
+    m.add_argument("--repeats", type=_positive_int, default=50, help="timed runs per model (default 50)")
+    m.add_argument("--warmup", type=_non_negative_int, default=10, help="untimed runs first (default 10)")
+    m.add_argument("--max-cv", type=_positive_float, default=0.1,
+                   help="leave out models whose coefficient of variation exceeds this (default 0.1)")
+    m.add_argument("--out", help="CSV to write (arch,latency_ms,p95_ms,cv,file); default: print it")
+    m.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    m.add_argument("--quiet", action="store_true", help="no per-model lines")
+
+    a = lsub.add_parser("adapt", help="adapt a predictor to your measurements; save a device profile")
+    a.add_argument("--device", required=True, help="name of the new device profile")
+    a.add_argument("--space", required=True, help="search space of the measured architectures")
+    a.add_argument("--measurements", required=True, help="CSV with columns arch,latency_ms")
+    a.add_argument("--predictor", help="predictor to adapt (default: the space's pretrained one, "
+                                       "else the FLOPs predictor)")
+    a.add_argument("--seed", type=int, default=0, help="seed of the adaptation (default 0)")
+    a.add_argument("--overwrite", action="store_true", help="replace an existing profile")
+
+    p = lsub.add_parser("predict", help="latency of a list of architectures on a device")
+    p.add_argument("--device", required=True, help="any device of 'hwnas latency devices'")
+    p.add_argument("--space", required=True, help="search space of the architectures")
+    p.add_argument("--archs", required=True, help="CSV with an 'arch' column")
+    p.add_argument("--out", required=True, help="CSV to write (arch,latency_ms[,latency_std_ms])")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    return run_latency
+
+
+def run_latency(args: argparse.Namespace) -> int:
+    """Dispatch ``hwnas latency <command>``."""
+    handler = {"devices": _cmd_devices, "measure": _cmd_measure, "adapt": _cmd_adapt,
+               "predict": _cmd_predict}[args.latency_command]
+    return handler(args)
+
+
+# --------------------------------------------------------------------------------------------
+# devices
+# --------------------------------------------------------------------------------------------
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    from latency.devices import available_devices
+
+    if args.space is not None:
+        from supernet.spaces import available_spaces
+
+        if args.space not in available_spaces():
+            raise UserError(f"unknown space {args.space!r}; expected one of {available_spaces()}")
+    infos = available_devices(args.space)
+    width = max(len(i.name) for i in infos)
+    print(f"{'device':{width}s}  {'kind':9s}  {'spaces':11s}  description")
+    for i in infos:
+        print(f"{i.name:{width}s}  {i.kind:9s}  {i.spaces_text:11s}  {i.description}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# measure
+# --------------------------------------------------------------------------------------------
+
+
+def _check_out(out: str | Path | None, overwrite: bool) -> Path | None:
+    if out is None:
+        return None
+    path = Path(out)
+    if path.is_dir():
+        raise UserError(f"--out {path} is a directory; expected a CSV file name")
+    if path.exists() and not overwrite:
+        raise UserError(f"--out {path} already exists; pass --overwrite to replace it")
+    if not path.parent.exists():
+        raise UserError(f"--out {path}: directory {path.parent} does not exist")
+    return path
+
+
+def measure_dir(
+    models_dir: str | Path,
+    *,
+    threads: int = 1,
+    repeats: int = 50,
+    warmup: int = 10,
+    max_cv: float = 0.1,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[dict], list[dict]]:
+    """Measure every ``*.onnx`` of ``models_dir`` with :func:`latency.onnx_measure.measure_onnx`.
+
+    Returns ``(stable, unstable)`` rows (keys ``arch, latency_ms, p95_ms, cv, file``): a model
+    whose cv exceeds ``max_cv`` is measured once more, and left in ``unstable`` if it still
+    does. ``arch`` is the model's ``arch`` metadata (the file stem if absent).
+    """
+    from latency.ondevice import model_arch
+    from latency.onnx_measure import make_session, measure_onnx
+
+    if not (isinstance(max_cv, (int, float)) and max_cv > 0):
+        raise UserError(f"max_cv must be a positive number, got {max_cv!r}")
+    directory = Path(models_dir)
+    if not directory.is_dir():
+        raise UserError(f"{directory} is not a directory; expected a directory of .onnx models")
+    files = sorted(p for p in directory.glob("*.onnx") if p.is_file())
+    if not files:
+        raise UserError(f"{directory} holds no .onnx files; expected exported models (*.onnx)")
+    stable, unstable = [], []
+    for path in files:
+        arch = model_arch(make_session(path, threads=threads), path)
+        stats = measure_onnx(path, threads=threads, repeats=repeats, warmup=warmup)
+        if stats.cv > max_cv:  # one retry: noise is often a passing background task
+            stats = measure_onnx(path, threads=threads, repeats=repeats, warmup=warmup)
+        row = {"arch": arch, "latency_ms": stats.median_ms, "p95_ms": stats.p95_ms,
+               "cv": stats.cv, "file": path.name}
+        (unstable if stats.cv > max_cv else stable).append(row)
+        if progress is not None:
+            verdict = "UNSTABLE, not reported" if stats.cv > max_cv else "ok"
+            progress(f"{path.name}: {stats.median_ms:.4f} ms (p95 {stats.p95_ms:.4f}, "
+                     f"cv {stats.cv:.3f}) {verdict}")
+    return stable, unstable
+
+
+def _cmd_measure(args: argparse.Namespace) -> int:
+    from latency.ondevice import CSV_COLUMNS, write_csv_atomic
+
+    out = _check_out(args.out, args.overwrite)
+    say = None if args.quiet else (lambda line: print(line, file=sys.stderr))
+    stable, unstable = measure_dir(args.dir, threads=args.threads, repeats=args.repeats,
+                                   warmup=args.warmup, max_cv=args.max_cv, progress=say)
+    if not stable:
+        raise UserError(
+            f"all {len(unstable)} models were unstable (cv > {args.max_cv} twice); nothing "
+            f"written - measure on a quieter machine, raise --repeats, or raise --max-cv"
+        )
+    for row in unstable:
+        print(f"hwnas: unstable: {row['file']} (arch {row['arch']}) cv {row['cv']:.3f} > "
+              f"--max-cv {args.max_cv} twice; not reported", file=sys.stderr)
+    if out is not None:
+        write_csv_atomic(stable, out)
+        print(f"wrote {len(stable)} measurements to {out}"
+              + (f"; {len(unstable)} unstable models left out" if unstable else ""))
+    else:
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(CSV_COLUMNS))
+        writer.writeheader()
+        for row in stable:
+            writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+        print(buffer.getvalue(), end="")
+    return EXIT_SOME_UNSTABLE if unstable else 0
+
+
+# --------------------------------------------------------------------------------------------
+# adapt
+# --------------------------------------------------------------------------------------------
+
+
+def default_predictor(space: Any, name: str | None = None) -> Any:
+    """The predictor to adapt for ``space``: the one named ``name``, else the space's
+    pretrained predictor (:func:`latency.predictors.load_pretrained`), else the FLOPs one."""
+    try:
+        import latency.predictors as predictors
+    except ImportError as exc:  # pragma: no cover - the package ships predictors
+        raise UserError(f"latency predictors are not available: {exc}") from exc
+    if name is not None:
+        return predictors.get_predictor(name, space)
+    try:
+        pretrained = predictors.load_pretrained(space.name)
+    except UserError:  # none shipped for this space
+        return predictors.get_predictor("flops", space)
+    if pretrained.space.config() != space.config():  # trained for another configuration
+        return predictors.get_predictor("flops", space)
+    return pretrained
+
+
+def adapt_device(
+    name: str,
+    space: Any,
+    measurements_csv: str | Path,
+    *,
+    predictor: Any = None,
+    seed: int = 0,
+    overwrite: bool = False,
+    base: str | Path | None = None,
+) -> tuple[Any, Any, float]:
+    """Validate a measurements CSV, adapt ``predictor`` (default: :func:`default_predictor`)
+    to it, and save the profile ``name``. Returns ``(profile, predictor, in-sample Spearman)``.
+    Nothing is written unless every step succeeds."""
+    from latency.devices import resolve_space
+    from latency.profiles import check_profile_name, profiles_dir, read_measurements, save_profile
+
+    check_profile_name(name)
+    space = resolve_space(space)
+    root = Path(base) if base is not None else profiles_dir()
+    if (root / name).exists() and not overwrite:
+        raise UserError(f"device profile {name!r} already exists at {root / name}; pass "
+                        f"--overwrite to replace it")
+    data = read_measurements(measurements_csv, space)  # bad rows fail before any loading
+    if predictor is None:
+        predictor = default_predictor(space)
+    min_rows = int(getattr(predictor, "min_samples", 1))
+    if len(data) < min_rows:
+        raise UserError(
+            f"measurements file {data.path} has {len(data)} measurement(s); predictor "
+            f"{getattr(predictor, 'name', type(predictor).__name__)} needs at least {min_rows}"
+        )
+    archs = [space.from_string(a) for a in data.archs]
+    predictor.adapt(archs, data.latency_ms, seed=seed)
+    fitted = np.asarray(predictor.predict(archs), dtype=np.float64)
+    rho = _spearman(fitted, data.latency_ms)
+    profile = save_profile(name, space, predictor, data, overwrite=overwrite, base=base)
+    return profile, predictor, rho
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    if len(a) < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return float("nan")
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(a, b)[0])
+
+
+def _cmd_adapt(args: argparse.Namespace) -> int:
+    from latency.profiles import check_profile_name, read_measurements
+    from supernet.spaces import get_space
+
+    check_profile_name(args.device)
+    space = get_space(args.space)
+    read_measurements(args.measurements, space)  # bad rows fail before loading a predictor
+    predictor = default_predictor(space, args.predictor)
+    start = time.perf_counter()
+    profile, predictor, rho = adapt_device(args.device, space, args.measurements,
+                                           predictor=predictor, seed=args.seed,
+                                           overwrite=args.overwrite)
+    seconds = time.perf_counter() - start
+    print(f"adapted {profile.predictor} to {profile.n_measurements} measurements of "
+          f"{args.device!r} on {space.name} in {seconds:.2f} s (Spearman on the measurements "
+          f"{rho:.3f})")
+    refs = getattr(predictor, "reference_archs", None)
+    if refs:
+        want = set(refs[: profile.n_measurements])
+        have = set(read_measurements(args.measurements, space).archs)
+        if not want <= have:
+            print(f"note: {len(want - have)} of the measured architectures are not the "
+                  f"predictor's reference architectures; it ranks best when the first "
+                  f"{profile.n_measurements} of latency.predictors.load_pretrained("
+                  f"{space.name!r}).reference_archs are the ones measured")
+    print(f"device profile: {profile.path}")
+    print(f"use it as: hwnas latency predict --device {args.device} --space {space.name} "
+          f"--archs ARCHS.csv --out OUT.csv")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# predict
+# --------------------------------------------------------------------------------------------
+
+
+def read_arch_csv(path: str | Path, space: Any) -> list[str]:
+    """Canonical architecture strings of the ``arch`` column of a CSV (validated, every bad
+    row named by its line)."""
+    path = Path(path)
+    if not path.is_file():
+        kind = "is a directory" if path.is_dir() else "does not exist"
+        raise UserError(f"architectures file {path} {kind}; expected a CSV with an 'arch' column")
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            numbered = [(n, r) for n, r in enumerate(csv.reader(fh), start=1)
+                        if any(c.strip() for c in r)]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise UserError(f"cannot read architectures file {path}: {exc}") from exc
+    if not numbered:
+        raise UserError(f"architectures file {path} is empty; expected a header with an 'arch' column")
+    header = [h.strip() for h in numbered[0][1]]
+    if "arch" not in header:
+        raise UserError(f"architectures file {path} has no 'arch' column (header: {','.join(header)})")
+    col = header.index("arch")
+    out = []
+    for line, row in numbered[1:]:
+        text = row[col].strip() if col < len(row) else ""
+        try:
+            out.append(space.to_string(space.from_string(text)))
+        except UserError as exc:
+            raise UserError(f"{path} line {line}: architecture {text!r} is not in space {space.name}: {exc}") from None
+    if not out:
+        raise UserError(f"architectures file {path} has a header but no rows")
+    return out
+
+
+def predict_csv(device_name: str, space: Any, archs_csv: str | Path, out: str | Path,
+                *, overwrite: bool = False) -> np.ndarray:
+    """Latency of every architecture of ``archs_csv`` on a device, written to ``out``
+    (``arch,latency_ms`` plus ``latency_std_ms`` when the device gives one). Returns the
+    latencies."""
+    from latency.devices import get_device, resolve_space
+
+    space = resolve_space(space)
+    out_path = _check_out(out, overwrite)
+    device = get_device(device_name, space)
+    archs = read_arch_csv(archs_csv, space)
+    mean, std = device.latency_with_std(space, archs)
+    mean = np.asarray(mean, dtype=np.float64)
+    columns = ["arch", "latency_ms"] + (["latency_std_ms"] if std is not None else [])
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(columns)
+    for i, arch in enumerate(archs):
+        row = [arch, f"{mean[i]:.6g}"] + ([f"{float(std[i]):.6g}"] if std is not None else [])
+        writer.writerow(row)
+    _write_text_atomic(out_path, buffer.getvalue())
+    return mean
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", newline="") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from supernet.spaces import get_space
+
+    space = get_space(args.space)
+    values = predict_csv(args.device, space, args.archs, args.out, overwrite=args.overwrite)
+    print(f"predicted {len(values)} architectures on {args.device!r}: median "
+          f"{float(np.median(values)):.4g} ms, range {values.min():.4g}-{values.max():.4g} ms "
+          f"-> {args.out}")
+    return 0

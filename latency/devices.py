@@ -1,0 +1,599 @@
+"""Devices: a name, a kind, and a way to give the latency of architectures of a search space.
+
+Four kinds (:data:`KINDS`):
+
+* ``measured`` - timed here with onnxruntime on this CPU: ``cpu-ort-1t`` (one thread) and
+  ``cpu-ort-all`` (every core); ``cuda-ort`` / ``cuda-torch`` only when a GPU is present. The
+  model of an architecture comes from ``model_fn(arch)`` (ONNX bytes or a torch module) or, by
+  default, from a freshly built supernet of the space (latency does not depend on weights).
+* ``table`` - a column of the shared latency tables (``nb201_latency_ms.csv``,
+  ``fbnet_latency_ms.csv``): the measured latency of every architecture the table holds, for
+  the table's space (default configuration) only. Named by the column (``pixel3``, ``fpga``,
+  ``1080ti_32`` ...).
+* ``estimated`` - an analytical estimator of :mod:`latency.estimators` (``fpga-zcu102-est``,
+  ``edgetpu-est``, ``jetson-orin-nano-est`` ...); any space, from its layer list.
+* ``adapted`` - a device profile (:mod:`latency.profiles`): a predictor adapted to a user's own
+  measurements (``hwnas latency adapt``), for the space it was adapted on.
+
+:func:`get_device` finds a device by name (optionally checking that it covers a space),
+:func:`available_devices` lists them. Importing this module does not import torch (only
+measuring with the default supernet does) nor pandas. Tables are read and validated by
+:func:`latency.tables.load_latency_table`, the one table reader of the project.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from supernet.errors import UserError
+from supernet.space import SearchSpace
+
+__all__ = [
+    "KINDS",
+    "Device",
+    "DeviceInfo",
+    "MeasuredDevice",
+    "TableDevice",
+    "EstimatedDevice",
+    "AdaptedDevice",
+    "available_devices",
+    "device_names",
+    "get_device",
+    "register_device",
+    "builtin_device_names",
+    "latency_tables",
+    "resolve_space",
+]
+
+#: The kinds of device, in listing order.
+KINDS = ("measured", "table", "estimated", "adapted")
+
+#: Latency tables of the shared data: space name -> file name under ``<shared data>/latency``.
+TABLE_FILES = {"nb201": "nb201_latency_ms.csv", "fbnet": "fbnet_latency_ms.csv"}
+#: Columns of a latency table that are not devices.
+TABLE_KEY_COLUMNS = ("arch_idx", "arch")
+
+ArchLike = Any  # an architecture of the space, or its canonical string
+
+
+def resolve_space(space: SearchSpace | str) -> SearchSpace:
+    """A space object from a space or a registered space name (default configuration)."""
+    if isinstance(space, SearchSpace):
+        return space
+    if isinstance(space, str):
+        from supernet.spaces import get_space
+
+        return get_space(space)
+    raise UserError(f"expected a search space or a space name, got {type(space).__name__}")
+
+
+def _space_name(space: SearchSpace | str | None) -> str | None:
+    if space is None or isinstance(space, str):
+        return space
+    return space.name
+
+
+# --------------------------------------------------------------------------------------------
+# the interface
+# --------------------------------------------------------------------------------------------
+
+
+class Device(ABC):
+    """A device: ``name``, ``kind`` (one of :data:`KINDS`), the spaces it covers (``None``:
+    any space) and :meth:`latency`."""
+
+    name: str
+    kind: str
+    description: str = ""
+    #: Names of the spaces this device has latencies for; ``None`` means every space.
+    spaces: tuple[str, ...] | None = None
+
+    def supports(self, space: SearchSpace | str) -> bool:
+        """Whether this device gives latencies for ``space`` (an object or a name)."""
+        return self.spaces is None or _space_name(space) in self.spaces
+
+    def check_space(self, space: SearchSpace | str) -> None:
+        """Raise :class:`UserError` unless this device covers ``space``."""
+        if not self.supports(space):
+            raise UserError(
+                f"device {self.name!r} ({self.kind}) has no latency for space "
+                f"{_space_name(space)!r}; it covers {', '.join(self.spaces or ())}"
+            )
+
+    @abstractmethod
+    def latency(self, space: SearchSpace | str, archs: Sequence[ArchLike]) -> np.ndarray:
+        """Latency in ms (batch 1) of each architecture (object or canonical string)."""
+
+    def latency_with_std(
+        self, space: SearchSpace | str, archs: Sequence[ArchLike]
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Latency and, where the device knows it, its standard deviation (else ``None``)."""
+        return self.latency(space, archs), None
+
+    def info(self) -> DeviceInfo:
+        return DeviceInfo(self.name, self.kind, self.spaces, self.description)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, kind={self.kind!r})"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What :func:`available_devices` lists: a device without building it."""
+
+    name: str
+    kind: str
+    spaces: tuple[str, ...] | None
+    description: str
+
+    @property
+    def spaces_text(self) -> str:
+        return "any" if self.spaces is None else ",".join(self.spaces)
+
+
+def _parse_all(space: SearchSpace, archs: Sequence[ArchLike]) -> list:
+    """Every architecture validated in ``space`` (strings parsed); the error names the index."""
+    if isinstance(archs, (str, bytes)):
+        raise UserError("archs must be a list of architectures, got a single string")
+    out = []
+    for i, arch in enumerate(archs):
+        try:
+            out.append(space.parse(arch))
+        except UserError as exc:
+            raise UserError(f"architecture #{i}: {exc}") from None
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# measured
+# --------------------------------------------------------------------------------------------
+
+
+class MeasuredDevice(Device):
+    """Latency measured here: onnxruntime on the CPU (``provider="cpu"``), onnxruntime CUDA
+    (``"cuda-ort"``) or PyTorch CUDA (``"cuda-torch"``).
+
+    ``model_fn(arch)`` returns the model of an architecture as ONNX bytes or a torch module;
+    without it, the subnet is extracted from a fresh supernet of the space (built once per
+    space; random weights time the same as trained ones). Each architecture is timed
+    ``repeats`` times after ``warmup`` runs; the median is the latency, ``cv × mean`` its std.
+    """
+
+    kind = "measured"
+
+    def __init__(self, name: str, *, threads: int, provider: str = "cpu",
+                 model_fn: Callable[[Any], Any] | None = None, repeats: int = 30,
+                 warmup: int = 5, description: str = "") -> None:
+        self.name = name
+        self.threads = threads
+        self.provider = provider
+        self.model_fn = model_fn
+        self.repeats = repeats
+        self.warmup = warmup
+        self.description = description
+        self._supernets: dict[tuple, Any] = {}
+
+    def _model(self, space: SearchSpace, arch: Any) -> Any:
+        if self.model_fn is not None:
+            return self.model_fn(arch)
+        key = (space.name, repr(sorted(space.config().items())))
+        if key not in self._supernets:
+            self._supernets[key] = space.build_supernet().eval()
+        return self._supernets[key].extract(arch)
+
+    def _onnx(self, space: SearchSpace, model: Any) -> bytes:
+        if isinstance(model, (bytes, bytearray, memoryview)):
+            return bytes(model)
+        import torch
+
+        from export.onnx_export import onnx_bytes
+
+        if not isinstance(model, torch.nn.Module):
+            raise UserError(
+                f"model_fn must return ONNX bytes or a torch.nn.Module, got {type(model).__name__}"
+            )
+        return onnx_bytes(model, torch.zeros(1, *space.input_shape))
+
+    def latency_with_std(self, space, archs):
+        space = resolve_space(space)
+        parsed = _parse_all(space, archs)
+        med = np.empty(len(parsed))
+        std = np.empty(len(parsed))
+        for i, arch in enumerate(parsed):
+            model = self._model(space, arch)
+            if self.provider == "cuda-torch":
+                med[i], std[i] = self._time_torch_cuda(space, model)
+                continue
+            stats = self._time_ort(self._onnx(space, model))
+            med[i], std[i] = stats.median_ms, stats.cv * stats.mean_ms
+        return med, std
+
+    def latency(self, space, archs):
+        return self.latency_with_std(space, archs)[0]
+
+    def _time_ort(self, model: bytes):
+        from latency.onnx_measure import measure_onnx
+
+        if self.provider == "cpu":
+            return measure_onnx(model, threads=self.threads, repeats=self.repeats,
+                                warmup=self.warmup)
+        return _measure_ort_cuda(model, repeats=self.repeats, warmup=self.warmup)
+
+    def _time_torch_cuda(self, space: SearchSpace, model: Any) -> tuple[float, float]:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError(f"device {self.name!r} needs a CUDA GPU, and torch sees none")
+        if not isinstance(model, torch.nn.Module):
+            raise UserError(f"device {self.name!r} times torch modules; model_fn returned bytes")
+        model = model.cuda().eval()
+        x = torch.zeros(1, *space.input_shape, device="cuda")
+        times = []
+        with torch.no_grad():
+            for _ in range(self.warmup):
+                model(x)
+            torch.cuda.synchronize()
+            for _ in range(self.repeats):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                model(x)
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end))
+        t = np.asarray(times)
+        return float(np.median(t)), float(t.std())
+
+
+def _measure_ort_cuda(model: bytes, *, repeats: int, warmup: int):
+    """Median/cv timing of ONNX bytes on onnxruntime's CUDA provider (same statistics as
+    :func:`latency.onnx_measure.measure_onnx`)."""
+    import time
+
+    import onnxruntime as ort
+
+    from latency.onnx_measure import LatencyStats, random_input
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    session = ort.InferenceSession(model, sess_options=opts, providers=["CUDAExecutionProvider"])
+    feeds = random_input(session)
+    for _ in range(warmup):
+        session.run(None, feeds)
+    times = np.empty(repeats)
+    for i in range(repeats):
+        start = time.perf_counter()
+        session.run(None, feeds)
+        times[i] = (time.perf_counter() - start) * 1e3
+    mean = float(times.mean())
+    return LatencyStats(float(np.median(times)), float(np.percentile(times, 95)), mean,
+                        float(times.std() / mean), repeats, warmup, 1, 1)
+
+
+def _gpu_present() -> bool:
+    """An NVIDIA driver is loaded (checked without importing torch)."""
+    return Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidia0").exists()
+
+
+def _ort_cuda_available() -> bool:
+    try:
+        import onnxruntime as ort
+    except ImportError:  # pragma: no cover - onnxruntime is a dependency
+        return False
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def _measured_factories() -> dict[str, tuple[Callable[..., Device], str]]:
+    cores = os.cpu_count() or 1
+    out: dict[str, tuple[Callable[..., Device], str]] = {
+        "cpu-ort-1t": (functools.partial(MeasuredDevice, "cpu-ort-1t", threads=1,
+                                         description="onnxruntime on this CPU, 1 thread"),
+                       "onnxruntime on this CPU, 1 thread"),
+        "cpu-ort-all": (functools.partial(MeasuredDevice, "cpu-ort-all", threads=cores,
+                                          description=f"onnxruntime on this CPU, {cores} threads"),
+                        f"onnxruntime on this CPU, all {cores} threads"),
+    }
+    if _gpu_present():
+        out["cuda-torch"] = (functools.partial(MeasuredDevice, "cuda-torch", threads=1,
+                                               provider="cuda-torch",
+                                               description="PyTorch on the CUDA GPU, batch 1"),
+                             "PyTorch on the CUDA GPU, batch 1")
+    if _ort_cuda_available():
+        out["cuda-ort"] = (functools.partial(MeasuredDevice, "cuda-ort", threads=1,
+                                             provider="cuda-ort",
+                                             description="onnxruntime CUDA provider, batch 1"),
+                           "onnxruntime CUDA provider, batch 1")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# table
+# --------------------------------------------------------------------------------------------
+
+
+def _latency_data_dir() -> Path:
+    """``<shared data>/latency``: ``$HWNAS_SHARED_DATA/latency`` when set, else the default
+    beside the checkout (the rule of :func:`supernet.data.shared_data_dir`, repeated here so
+    that listing devices does not import torch)."""
+    env = os.environ.get("HWNAS_SHARED_DATA")
+    root = Path(env).expanduser() if env else Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+    return root / "latency"
+
+
+def latency_tables() -> dict[str, Path]:
+    """The latency tables present: space name -> CSV path."""
+    base = _latency_data_dir()
+    return {space: base / f for space, f in TABLE_FILES.items() if (base / f).is_file()}
+
+
+@functools.lru_cache(maxsize=8)
+def _table_columns(path: str, mtime: float) -> tuple[str, ...]:
+    import csv
+
+    with open(path, newline="") as fh:
+        header = next(csv.reader(fh), [])
+    return tuple(c for c in header if c not in TABLE_KEY_COLUMNS)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_table(path: str, mtime: float, space_name: str):
+    """The validated table (:func:`latency.tables.load_latency_table`, canonical strings of the
+    default ``space_name`` space) and the set of its architectures; cached per file version."""
+    from latency.tables import load_latency_table
+    from supernet.spaces import get_space
+
+    table = load_latency_table(path, space=get_space(space_name))
+    return table, frozenset(table.archs)
+
+
+class TableDevice(Device):
+    """A device column of the shared latency tables (see the module docstring).
+
+    ``tables`` maps the spaces this column exists for to their CSV. Architectures are looked
+    up by their canonical string; one the table does not hold is a :class:`UserError` (the
+    FBNet table holds 5,000 of the 9**22 architectures). The tables measure the default
+    configuration of their space, so a space with another configuration is refused.
+    """
+
+    kind = "table"
+
+    def __init__(self, name: str, tables: dict[str, Path]) -> None:
+        self.name = name
+        self.tables = dict(tables)
+        self.spaces = tuple(sorted(self.tables))
+        self.description = table_description(name)
+
+    def latency(self, space, archs):
+        space = resolve_space(space)
+        self.check_space(space)
+        from supernet.spaces import get_space
+
+        if space.config() != get_space(space.name).config():
+            raise UserError(
+                f"device {self.name!r} is a table of the default {space.name} network; this "
+                f"space has another configuration ({space.config()})"
+            )
+        path = self.tables[space.name]
+        table, known = _load_table(str(path), path.stat().st_mtime, space.name)
+        keys = [space.to_string(a) for a in _parse_all(space, archs)]
+        missing = [k for k in keys if k not in known]
+        if missing:
+            raise UserError(
+                f"architecture {missing[0]!r} is not in the {space.name} latency table "
+                f"({len(table)} measured architectures; {len(missing)} of the "
+                f"{len(keys)} requested are missing); table device {self.name!r} only knows "
+                f"measured architectures"
+            )
+        return table.column(self.name)[table.rows(keys)]
+
+
+_TABLE_FAMILIES = (
+    (("1080ti", "2080ti", "titan_rtx", "titanxp", "titanx"), "desktop NVIDIA GPU"),
+    (("gold_", "silver_"), "Intel Xeon CPU"),
+    (("pixel", "samsung", "essential"), "phone"),
+    (("raspi4",), "Raspberry Pi 4"),
+    (("eyeriss",), "Eyeriss ASIC (accelerator simulator)"),
+    (("fpga",), "FPGA (accelerator simulator)"),
+)
+
+
+def table_description(column: str) -> str:
+    """What a table column measured (from the data's README), with its batch size if given."""
+    family = next((text for prefixes, text in _TABLE_FAMILIES if column.startswith(prefixes)),
+                  "measured device")
+    head, _, batch = column.rpartition("_")
+    if head and batch.isdigit() and family == "desktop NVIDIA GPU":
+        family += f", batch {batch}"
+    return f"{family}: HW-NAS-Bench/HELP latency table"
+
+
+def _table_entries() -> dict[str, dict[str, Path]]:
+    """Device column -> {space: table path}, over the tables present."""
+    out: dict[str, dict[str, Path]] = {}
+    for space, path in latency_tables().items():
+        for column in _table_columns(str(path), path.stat().st_mtime):
+            out.setdefault(column, {})[space] = path
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# estimated
+# --------------------------------------------------------------------------------------------
+
+
+class EstimatedDevice(Device):
+    """An analytical estimator (:mod:`latency.estimators`) applied to the space's layer list."""
+
+    kind = "estimated"
+
+    def __init__(self, estimator: Any, name: str | None = None) -> None:
+        self.estimator = estimator
+        self.name = name or estimator.name
+        self.description = estimator.description
+
+    def latency(self, space, archs):
+        space = resolve_space(space)
+        return self.estimator.estimate_many([space.layers(a) for a in _parse_all(space, archs)])
+
+
+# --------------------------------------------------------------------------------------------
+# adapted
+# --------------------------------------------------------------------------------------------
+
+
+class AdaptedDevice(Device):
+    """A device profile (:mod:`latency.profiles`): a predictor adapted to the user's
+    measurements, for the space it was adapted on (its configuration included)."""
+
+    kind = "adapted"
+
+    def __init__(self, profile: Any) -> None:
+        self.profile = profile
+        self.name = profile.name
+        self.spaces = (profile.space,)
+        self.description = (f"{profile.predictor} predictor adapted to {profile.n_measurements} "
+                            f"measurements ({profile.created[:10]})")
+        self._predictor = None
+
+    @property
+    def predictor(self):
+        if self._predictor is None:
+            from latency.profiles import load_profile_predictor
+
+            self._predictor = load_profile_predictor(self.profile)
+        return self._predictor
+
+    def _space_and_archs(self, space, archs):
+        space = resolve_space(space)
+        self.check_space(space)
+        if space.config() != self.profile.space_config:
+            raise UserError(
+                f"device {self.name!r} was adapted on {self.profile.space} with configuration "
+                f"{self.profile.space_config}; this space has {space.config()}"
+            )
+        return space, _parse_all(space, archs)
+
+    def latency(self, space, archs):
+        _, parsed = self._space_and_archs(space, archs)
+        return np.asarray(self.predictor.predict(parsed), dtype=np.float64)
+
+    def latency_with_std(self, space, archs):
+        _, parsed = self._space_and_archs(space, archs)
+        mean, std = self.predictor.predict_with_std(parsed)
+        return (np.asarray(mean, dtype=np.float64),
+                None if std is None else np.asarray(std, dtype=np.float64))
+
+
+# --------------------------------------------------------------------------------------------
+# registry
+# --------------------------------------------------------------------------------------------
+
+#: Devices registered by users: name -> (factory(**options), kind, spaces, description).
+_USER: dict[str, tuple[Callable[..., Device], str, tuple[str, ...] | None, str]] = {}
+
+
+def register_device(name: str, factory: Callable[..., Device], *, kind: str,
+                    spaces: tuple[str, ...] | None = None, description: str = "") -> None:
+    """Make a device available by name. Built-in names (and profiles) cannot be shadowed."""
+    if kind not in KINDS:
+        raise UserError(f"device kind {kind!r}; expected one of {list(KINDS)}")
+    if name in builtin_device_names():
+        raise UserError(f"device name {name!r} is taken by a built-in device")
+    _USER[name] = (factory, kind, spaces, description)
+
+
+def builtin_device_names() -> set[str]:
+    """Names of the measured, table and estimated devices (profiles may not take them)."""
+    from latency.estimators import available_estimators
+
+    return set(_measured_factories()) | set(_table_entries()) | set(available_estimators())
+
+
+def _all_infos() -> list[DeviceInfo]:
+    from latency.estimators import available_estimators, get_estimator
+
+    infos: list[DeviceInfo] = []
+    for name, (_, description) in _measured_factories().items():
+        infos.append(DeviceInfo(name, "measured", None, description))
+    for name, tables in sorted(_table_entries().items()):
+        infos.append(DeviceInfo(name, "table", tuple(sorted(tables)), table_description(name)))
+    for name in available_estimators():
+        infos.append(DeviceInfo(name, "estimated", None, get_estimator(name).description))
+    taken = {i.name for i in infos}
+    for name, (_, kind, spaces, description) in sorted(_USER.items()):
+        if name not in taken:
+            infos.append(DeviceInfo(name, kind, spaces, description))
+            taken.add(name)
+    from latency.profiles import list_profiles
+
+    for profile in list_profiles():
+        if profile.name not in taken:
+            infos.append(AdaptedDevice(profile).info())
+    return infos
+
+
+def available_devices(space: SearchSpace | str | None = None) -> list[DeviceInfo]:
+    """Every device (optionally: those covering ``space``), in :data:`KINDS` order then name."""
+    name = _space_name(space)
+    infos = [i for i in _all_infos() if name is None or i.spaces is None or name in i.spaces]
+    return sorted(infos, key=lambda i: (KINDS.index(i.kind), i.name))
+
+
+def device_names(space: SearchSpace | str | None = None) -> list[str]:
+    return [i.name for i in available_devices(space)]
+
+
+def get_device(name: str, space: SearchSpace | str | None = None, **options: Any) -> Device:
+    """The device ``name``; with ``space``, also check that it covers that space.
+
+    ``options`` go to the device's constructor (e.g. ``model_fn``, ``repeats`` and ``warmup``
+    for measured devices). Unknown names raise :class:`UserError` listing close names.
+    """
+    if not isinstance(name, str) or not name:
+        raise UserError(f"device name must be a non-empty string, got {name!r}")
+    device = _build(name, options)
+    if device is None:
+        known = device_names()
+        close = difflib.get_close_matches(name, known, n=4, cutoff=0.5)
+        hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+        raise UserError(
+            f"unknown device {name!r}; {hint}see 'hwnas latency devices' for the "
+            f"{len(known)} available devices"
+        )
+    if space is not None:
+        device.check_space(space)
+    return device
+
+
+def _build(name: str, options: dict[str, Any]) -> Device | None:
+    measured = _measured_factories()
+    factory = measured[name][0] if name in measured else _USER[name][0] if name in _USER else None
+    if factory is not None:
+        try:
+            return factory(**options)
+        except TypeError as exc:  # an option the device does not take
+            raise UserError(f"device {name!r}: bad option(s) {sorted(options)}: {exc}") from None
+    tables = _table_entries()
+    from latency.estimators import available_estimators, get_estimator
+    from latency.profiles import find_profile
+
+    device: Device | None = None
+    if name in tables:
+        device = TableDevice(name, tables[name])
+    elif name in available_estimators():
+        device = EstimatedDevice(get_estimator(name))
+    else:
+        profile = find_profile(name)
+        device = AdaptedDevice(profile) if profile is not None else None
+    if device is not None and options:
+        raise UserError(f"device {name!r} ({device.kind}) takes no options, got {sorted(options)}")
+    return device
+

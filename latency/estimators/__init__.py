@@ -1,0 +1,216 @@
+"""Analytical latency estimators: latency of a network on a device we cannot measure, from its
+layer list alone (no torch, no model file).
+
+Three families, each in its own module and each documented with its parameters and sources:
+
+* :mod:`latency.estimators.fpga` - a pipelined (dataflow) FPGA accelerator in the spirit of FINN
+  and hls4ml: per-layer parallelism folded from a DSP/LUT budget, bit-width aware.
+* :mod:`latency.estimators.edgetpu` - the Coral Edge TPU: an int8 systolic array, an 8 MB
+  on-chip parameter cache with streaming of what does not fit, unsupported ops on the host CPU.
+* :mod:`latency.estimators.roofline` - a per-layer roofline for GPU/CPU-class devices (Jetson,
+  phones, Raspberry Pi) from published compute peaks and memory bandwidths.
+
+An estimate is a model, not a measurement: it ranks architectures by what the modelled
+hardware would do, and its absolute numbers carry the modelling assumptions written in each
+module. Devices built on them have kind ``"estimated"`` (see :mod:`latency.devices`) until a
+user adapts them with real measurements.
+
+This package holds the shared pieces: the :class:`Estimator` interface, the per-layer
+:class:`LayerCost` breakdown, layer-shape helpers and the registry of named estimators
+(:func:`get_estimator`, :func:`available_estimators`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from supernet.errors import UserError
+from supernet.layers import Layer
+
+__all__ = [
+    "Breakdown",
+    "Estimator",
+    "LayerCost",
+    "available_estimators",
+    "get_estimator",
+    "layer_kind",
+    "in_elems",
+    "out_elems",
+    "vector_ops",
+    "register_estimator",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# records
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """The estimated time of one layer.
+
+    ``bound`` says what limits it (``"compute"``, ``"memory"``, ``"overhead"``, ``"stream"``,
+    ...), ``where`` the unit that runs it (``"accelerator"`` or ``"host"``).
+    """
+
+    name: str
+    op: str
+    ms: float
+    bound: str
+    where: str = "accelerator"
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """An estimate with its parts: ``total_ms`` and the per-layer costs, plus whole-network
+    ``terms`` in ms (e.g. ``{"compute": .., "param_stream": .., "io": ..}``) that sum (or, for
+    throughput-style estimates, combine as documented by the estimator) to ``total_ms``."""
+
+    total_ms: float
+    layers: list[LayerCost] = field(default_factory=list)
+    terms: dict[str, float] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------
+# layer helpers (shared by the estimators)
+# --------------------------------------------------------------------------------------------
+
+
+def layer_kind(layer: Layer) -> str:
+    """A finer op class than ``layer.op``, for per-op efficiencies.
+
+    ``conv`` splits into ``depthwise`` (groups == in == out channels), ``grouped`` (other
+    groups > 1), ``pointwise`` (1×1) and ``conv`` (dense k×k); ``avgpool`` is ``global_pool``;
+    the other ops (``linear``, ``add``, ``pool``) keep their name.
+    """
+    if layer.op == "conv":
+        if layer.groups > 1 and layer.groups == layer.in_channels == layer.out_channels:
+            return "depthwise"
+        if layer.groups > 1:
+            return "grouped"
+        return "pointwise" if layer.kernel == 1 else "conv"
+    if layer.op == "avgpool":
+        return "global_pool"
+    return layer.op
+
+
+def in_elems(layer: Layer) -> int:
+    """Elements read from the layer's input tensor(s) per image (an ``add`` reads two)."""
+    n = layer.in_channels * layer.in_h * layer.in_w
+    return 2 * n if layer.op == "add" else n
+
+
+def out_elems(layer: Layer) -> int:
+    """Elements of the layer's output tensor per image."""
+    if layer.op == "linear":
+        return layer.out_channels
+    return layer.out_channels * layer.out_h * layer.out_w
+
+
+def vector_ops(layer: Layer) -> int:
+    """Arithmetic of the layers without MACs: one add per output element for ``add``, k² per
+    output element for a local ``pool``, one per input element for a global pool; 0 otherwise."""
+    if layer.op == "add":
+        return out_elems(layer)
+    if layer.op == "pool":
+        return out_elems(layer) * layer.kernel * layer.kernel
+    if layer.op == "avgpool":
+        return layer.in_channels * layer.in_h * layer.in_w
+    return 0
+
+
+def check_positive(owner: str, **values: float) -> None:
+    """Raise :class:`UserError` naming the first value that is not a positive finite number."""
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise UserError(f"{owner}: {key} must be a positive number, got {value!r}")
+        if not np.isfinite(value) or value <= 0:
+            raise UserError(f"{owner}: {key} must be a positive number, got {value!r}")
+
+
+def check_fraction(owner: str, **values: float) -> None:
+    """Raise :class:`UserError` unless each value is in (0, 1]."""
+    check_positive(owner, **values)
+    for key, value in values.items():
+        if value > 1:
+            raise UserError(f"{owner}: {key} must be in (0, 1], got {value!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# interface
+# --------------------------------------------------------------------------------------------
+
+
+class Estimator(ABC):
+    """Latency (ms per image, batch 1) of a network on a modelled device, from its layer list.
+
+    Subclasses hold their device description in a frozen dataclass ``params`` (so a variant is
+    ``type(est)(dataclasses.replace(est.params, clock_mhz=300))``) and implement
+    :meth:`breakdown`. Estimates are deterministic: the same layers give the same number.
+    """
+
+    #: Registry name of the estimator (the device name, e.g. ``"fpga-zcu102-est"``).
+    name: str
+    #: One line saying what is modelled.
+    description: str
+
+    @abstractmethod
+    def breakdown(self, layers: Sequence[Layer]) -> Breakdown:
+        """The estimate with its per-layer and whole-network parts."""
+
+    def estimate(self, layers: Sequence[Layer]) -> float:
+        """Estimated latency in ms of one forward pass of one image."""
+        return float(self.breakdown(layers).total_ms)
+
+    def estimate_many(self, networks: Sequence[Sequence[Layer]]) -> np.ndarray:
+        """:meth:`estimate` for each layer list, as a float64 array."""
+        return np.asarray([self.estimate(layers) for layers in networks], dtype=np.float64)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+# --------------------------------------------------------------------------------------------
+# registry
+# --------------------------------------------------------------------------------------------
+
+_ESTIMATORS: dict[str, Callable[[], Estimator]] = {}
+
+
+def register_estimator(name: str, factory: Callable[[], Estimator]) -> None:
+    """Make an estimator available by name (``factory()`` returns a new instance)."""
+    _ESTIMATORS[name] = factory
+
+
+def available_estimators() -> list[str]:
+    """Names of the registered estimators, sorted."""
+    return sorted(_ESTIMATORS)
+
+
+def get_estimator(name: str) -> Estimator:
+    """A new instance of the estimator ``name``; :class:`UserError` (with close names) if unknown."""
+    if name not in _ESTIMATORS:
+        close = difflib.get_close_matches(name, list(_ESTIMATORS), n=3, cutoff=0.4)
+        hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+        raise UserError(
+            f"unknown estimator {name!r}{hint}; expected one of {available_estimators()}"
+        )
+    return _ESTIMATORS[name]()
+
+
+# The modules register their presets on import; they import the names above from this
+# (partially initialised) package, which is why these imports come last.
+from latency.estimators import edgetpu as _edgetpu  # noqa: E402
+from latency.estimators import fpga as _fpga  # noqa: E402
+from latency.estimators import roofline as _roofline  # noqa: E402
+
+for _module in (_fpga, _edgetpu, _roofline):
+    for _name, _factory in _module.PRESETS.items():
+        register_estimator(_name, _factory)
+del _module, _name, _factory

@@ -1,0 +1,108 @@
+"""Latency predictors: a few measurements on a new device -> the latency of any architecture.
+
+Four families behind one interface (:class:`LatencyPredictor`: ``meta_fit``, ``adapt``,
+``predict``, ``predict_with_std``, ``save``/``load``):
+
+========  =====================================================================================
+``flops``  FLOPs proxy: a power law of FLOPs fitted to the measurements (rank = FLOPs rank)
+``lut``    layer-wise lookup table whose per-layer-kind costs are fitted by non-negative least
+           squares to whole-network measurements
+``mlp``    a small MLP ensemble trained from scratch on the measurements
+``meta``   the default: a GP prior meta-learned from other devices' latency tables, reference
+           architectures chosen by optimal design, Bayesian model averaging (HELP-style)
+========  =====================================================================================
+
+``load_pretrained("nb201")`` / ``load_pretrained("fbnet")`` return the meta predictor trained on
+HELP's meta-training devices, shipped in ``latency/data/`` so that adaptation works offline.
+Importing this package imports numpy only (scipy and scikit-learn are imported when fitting).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from latency.predictors.base import LatencyPredictor, predictor_classes, register_predictor_class
+from latency.predictors.flops import FlopsPredictor
+from latency.predictors.lut import LayerTablePredictor
+from latency.predictors.meta import MetaPredictor
+from latency.predictors.mlp import MLPPredictor
+from supernet.errors import UserError
+
+__all__ = [
+    "DEFAULT_PREDICTOR",
+    "FlopsPredictor",
+    "LatencyPredictor",
+    "LayerTablePredictor",
+    "MLPPredictor",
+    "MetaPredictor",
+    "available_predictors",
+    "available_pretrained",
+    "get_predictor",
+    "load_pretrained",
+    "pretrained_path",
+    "register_predictor",
+    "register_predictor_class",
+    "predictor_classes",
+]
+
+#: The predictor hwnas adapts by default (where a pretrained one exists for the space).
+DEFAULT_PREDICTOR = "meta"
+
+#: Where the shipped meta-trained predictors live: ``<package>/latency/data/<space>_meta.npz``.
+PRETRAINED_DIR = Path(__file__).resolve().parent.parent / "data"
+
+_REGISTRY: dict[str, type[LatencyPredictor]] = {
+    "flops": FlopsPredictor,
+    "lut": LayerTablePredictor,
+    "mlp": MLPPredictor,
+    "meta": MetaPredictor,
+}
+
+
+def register_predictor(name: str, cls: type[LatencyPredictor]) -> None:
+    """Make a predictor class available by name (``cls(space)`` must construct it)."""
+    register_predictor_class(cls)
+    _REGISTRY[name] = cls
+
+
+def available_predictors() -> list[str]:
+    return list(_REGISTRY)
+
+
+def get_predictor(name: str, space: Any, **options: Any) -> LatencyPredictor:
+    """A fresh predictor ``name`` for ``space``.
+
+    ``meta`` returns the shipped meta-trained predictor of the space when there is one (and the
+    space has the configuration it was trained for), else an untrained one that must be
+    :meth:`~LatencyPredictor.meta_fit` before it can adapt.
+    """
+    if name not in _REGISTRY:
+        raise UserError(f"unknown latency predictor {name!r}; expected one of "
+                        f"{available_predictors()}")
+    if name == "meta" and not options and getattr(space, "name", None) in available_pretrained():
+        pre = load_pretrained(space.name)
+        if pre.space.config() == space.config():
+            return pre
+    return _REGISTRY[name](space, **options)
+
+
+def pretrained_path(space_name: str) -> Path:
+    """The file of the shipped meta-trained predictor of ``space_name`` (may not exist)."""
+    return PRETRAINED_DIR / f"{space_name}_meta.npz"
+
+
+def available_pretrained() -> list[str]:
+    """Spaces with a shipped meta-trained predictor."""
+    if not PRETRAINED_DIR.is_dir():
+        return []
+    return sorted(p.name[: -len("_meta.npz")] for p in PRETRAINED_DIR.glob("*_meta.npz"))
+
+
+def load_pretrained(space_name: str) -> LatencyPredictor:
+    """The shipped meta-trained predictor of ``space_name`` (not adapted to any device yet)."""
+    path = pretrained_path(space_name)
+    if not path.is_file():
+        raise UserError(f"no pretrained latency predictor for space {space_name!r}; pretrained "
+                        f"predictors exist for {available_pretrained()}")
+    return LatencyPredictor.load(path)

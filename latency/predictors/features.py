@@ -1,0 +1,127 @@
+"""Architecture features shared by the predictors, computed once per architecture and cached.
+
+Three kinds, all from the space declaration (no second encoder lives here):
+
+* ``encode`` - the space's own feature vector (:meth:`SearchSpace.encode`; one-hot per edge for
+  NAS-Bench-201, per layer for FBNet);
+* ``flops`` - :meth:`SearchSpace.flops` of the layer list;
+* ``layers`` - per *layer kind* sums over the layer list (:func:`layer_features`): for each kind
+  (dense k×k conv, 1×1 conv, grouped conv, depthwise conv, linear, local pool, global pool,
+  add, mul) the number of layers, MACs, input and output activation elements and parameters.
+  Latency is close to additive over layers and each layer's cost is close to linear in these
+  quantities (compute, memory traffic, a fixed per-layer overhead), so a device's latency is
+  close to linear in these sums; they are what the layer-wise lookup-table predictor fits and a
+  prior component of the meta-learned predictor.
+
+Computing ``space.layers`` for the 15,625 NAS-Bench-201 cells takes seconds, so features are
+cached per space (name and configuration) and canonical architecture string.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from supernet.errors import UserError
+from supernet.layers import OPS, Layer
+
+__all__ = ["LAYER_KINDS", "LAYER_QUANTITIES", "arch_strings", "features", "layer_features",
+           "layer_feature_names", "clear_cache"]
+
+#: Layer kinds: convolutions split by shape, then every other op of :data:`supernet.layers.OPS`.
+LAYER_KINDS: tuple[str, ...] = ("conv_kxk", "conv_1x1", "conv_grouped", "conv_dw",
+                                *[op for op in OPS if op != "conv"], "other")
+#: Quantities summed per kind.
+LAYER_QUANTITIES: tuple[str, ...] = ("count", "macs", "in_act", "out_act", "params")
+
+_CACHE: dict[tuple[str, str, str], dict[str, np.ndarray]] = {}
+_CANON: dict[str, dict[str, str]] = {}
+_CACHE_LIMIT = 200_000  # architectures per (space, kind); beyond it the cache is reset
+
+
+def layer_kind(layer: Layer) -> str:
+    """The kind of a layer (see :data:`LAYER_KINDS`)."""
+    if layer.op == "conv":
+        if layer.groups == 1:
+            return "conv_kxk" if layer.kernel > 1 else "conv_1x1"
+        if layer.groups == layer.in_channels:
+            return "conv_dw"
+        return "conv_grouped"
+    return layer.op if layer.op in LAYER_KINDS else "other"
+
+
+def layer_feature_names() -> list[str]:
+    return [f"{k}.{q}" for k in LAYER_KINDS for q in LAYER_QUANTITIES]
+
+
+def layer_features(layers: Sequence[Layer]) -> np.ndarray:
+    """Per-kind sums (kinds × quantities, flattened) of a layer list; float64."""
+    out = np.zeros((len(LAYER_KINDS), len(LAYER_QUANTITIES)))
+    for la in layers:
+        k = LAYER_KINDS.index(layer_kind(la))
+        out[k] += (1.0, la.macs, la.in_channels * la.in_h * la.in_w,
+                   la.out_channels * la.out_h * la.out_w, la.params)
+    return out.reshape(-1)
+
+
+def _space_key(space: Any) -> str:
+    try:
+        config = json.dumps(space.config(), sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        config = repr(space.config())
+    return f"{space.name}|{config}"
+
+
+def arch_strings(space: Any, archs: Sequence[Any]) -> list[str]:
+    """Canonical strings of ``archs`` (architectures of ``space`` or their strings); an
+    architecture outside the space raises :class:`UserError`. Strings seen before are looked
+    up, not parsed again (ranking a whole space calls this with thousands of strings)."""
+    if isinstance(archs, str):
+        raise UserError("expected a list of architectures, got a single string")
+    canon = _CANON.setdefault(_space_key(space), {})
+    if len(canon) > _CACHE_LIMIT:
+        canon.clear()
+    out = []
+    for a in archs:
+        if isinstance(a, str):
+            c = canon.get(a)
+            if c is None:
+                c = canon[a] = space.to_string(space.from_string(a))
+            out.append(c)
+        else:
+            out.append(space.to_string(space.parse(a)))
+    return out
+
+
+def _compute(space: Any, kind: str, arch: Any) -> np.ndarray:
+    if kind == "encode":
+        return np.asarray(space.encode(arch), dtype=np.float64)
+    if kind == "flops":
+        return np.array([float(space.flops(arch))])
+    if kind == "layers":
+        return layer_features(space.layers(arch))
+    raise ValueError(f"unknown feature kind {kind!r}")
+
+
+def features(space: Any, keys: Sequence[str], kind: str) -> np.ndarray:
+    """Feature matrix (one row per canonical string in ``keys``) of ``kind`` in
+    {``encode``, ``flops``, ``layers``}, cached per space."""
+    cache = _CACHE.setdefault((_space_key(space), space.name, kind), {})
+    missing = [k for k in dict.fromkeys(keys) if k not in cache]
+    if len(cache) + len(missing) > _CACHE_LIMIT:
+        cache.clear()
+    for k in missing:
+        cache[k] = _compute(space, kind, space.from_string(k))
+    if not keys:
+        width = len(_compute(space, kind, space.smallest()))
+        return np.zeros((0, width))
+    return np.stack([cache[k] for k in keys])
+
+
+def clear_cache() -> None:
+    """Forget every cached feature (tests; long-running processes with many spaces)."""
+    _CACHE.clear()
+    _CANON.clear()

@@ -1,0 +1,383 @@
+"""Device profiles: a new device from a user's own measurements, saved so later runs reuse it.
+
+A profile is a directory ``<profiles dir>/<name>/`` (profiles dir: ``$HWNAS_DEVICE_DIR``, else
+``~/.hwnas/devices``) holding
+
+* ``profile.json`` - name, space (and its configuration), predictor name and class, creation
+  time, number of measurements, SHA-256 of the measurements CSV it came from, hwnas version;
+* the adapted predictor, as its own ``save(path)`` wrote it (``predictor.npz``);
+* ``measurements.csv`` - the validated measurements (``arch,latency_ms``, canonical strings).
+
+:func:`save_profile` writes everything into a temporary sibling directory and renames it into
+place, so a failure at any point leaves no profile (and an overwritten profile is replaced in
+one step). :func:`read_measurements` validates a measurements CSV; every bad row is reported by
+its line number. Loaded profiles are devices of kind ``adapted`` (:mod:`latency.devices`).
+
+No torch and no pandas at import time.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import hashlib
+import importlib
+import json
+import math
+import os
+import re
+import shutil
+import uuid
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from supernet.errors import UserError
+from supernet.space import SearchSpace
+
+__all__ = [
+    "Measurements",
+    "Profile",
+    "PROFILE_FILE",
+    "PREDICTOR_FILE",
+    "MEASUREMENTS_FILE",
+    "profiles_dir",
+    "check_profile_name",
+    "read_measurements",
+    "save_profile",
+    "load_profile",
+    "find_profile",
+    "list_profiles",
+    "load_profile_predictor",
+    "delete_profile",
+]
+
+PROFILE_FILE = "profile.json"
+PREDICTOR_FILE = "predictor.npz"
+MEASUREMENTS_FILE = "measurements.csv"
+FORMAT = "hwnas-device-profile-1"
+ENV_DIR = "HWNAS_DEVICE_DIR"
+
+#: Packages whose predictor classes a profile may name (a profile directory must not be able to
+#: import arbitrary code). Extend it to load profiles of predictors defined elsewhere.
+TRUSTED_PREDICTOR_PACKAGES: list[str] = ["latency"]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def profiles_dir() -> Path:
+    """Where profiles live: ``$HWNAS_DEVICE_DIR`` if set, else ``~/.hwnas/devices``."""
+    env = os.environ.get(ENV_DIR)
+    return Path(env).expanduser() if env else Path.home() / ".hwnas" / "devices"
+
+
+def check_profile_name(name: str) -> str:
+    """Return ``name`` if it can name a profile: letters, digits, ``.``, ``_``, ``-`` (at most
+    64, starting with a letter or digit) and not the name of a built-in device."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise UserError(
+            f"device name {name!r} is not a valid profile name; expected letters, digits, '.', "
+            f"'_' or '-' (at most 64, starting with a letter or digit)"
+        )
+    from latency.devices import builtin_device_names
+
+    if name in builtin_device_names():
+        raise UserError(
+            f"device name {name!r} is a built-in device; choose another name for your profile "
+            f"(e.g. {name + '-mine'!r})"
+        )
+    return name
+
+
+# --------------------------------------------------------------------------------------------
+# measurements
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """A validated measurements CSV: canonical architecture strings, their latency in ms, the
+    file and its SHA-256."""
+
+    archs: list[str]
+    latency_ms: np.ndarray
+    path: Path
+    sha256: str
+
+    def __len__(self) -> int:
+        return len(self.archs)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_measurements(path: str | Path, space: SearchSpace, *, min_rows: int = 1) -> Measurements:
+    """Read and validate a measurements CSV (header with at least ``arch,latency_ms``).
+
+    Every architecture must parse in ``space`` (it is canonicalised), appear once, and have a
+    finite latency > 0; at least ``min_rows`` rows. Anything else raises :class:`UserError`
+    naming the file line (the header is line 1). Extra columns (``p95_ms``, ``cv``, ``file``
+    as the measurement script writes them) are ignored.
+    """
+    path = Path(path)
+    if not path.is_file():
+        kind = "is a directory" if path.is_dir() else "does not exist"
+        raise UserError(f"measurements file {path} {kind}; expected a CSV with columns arch,latency_ms")
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            numbered = [(n, r) for n, r in enumerate(csv.reader(fh), start=1)
+                        if any(cell.strip() for cell in r)]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise UserError(f"cannot read measurements file {path}: {exc}") from exc
+    if not numbered:
+        raise UserError(
+            f"measurements file {path} is empty; expected a header arch,latency_ms and one row "
+            f"per architecture"
+        )
+    header = [h.strip() for h in numbered[0][1]]
+    missing = [c for c in ("arch", "latency_ms") if c not in header]
+    if missing:
+        raise UserError(
+            f"measurements file {path} lacks column(s) {', '.join(missing)} (header: "
+            f"{','.join(header)}); expected a header with arch,latency_ms"
+        )
+    ia, il = header.index("arch"), header.index("latency_ms")
+    archs: list[str] = []
+    values: list[float] = []
+    seen: dict[str, int] = {}
+    for line, row in numbered[1:]:
+        if len(row) != len(header):
+            raise UserError(f"{path} line {line}: {len(row)} fields; the header has {len(header)}")
+        text, value = row[ia].strip(), row[il].strip()
+        try:
+            canonical = space.to_string(space.from_string(text))
+        except UserError as exc:
+            raise UserError(f"{path} line {line}: architecture {text!r} is not in space {space.name}: {exc}") from None
+        if canonical in seen:
+            raise UserError(
+                f"{path} line {line}: architecture {text!r} repeats line {seen[canonical]}; "
+                f"expected one measurement per architecture (average repeats first)"
+            )
+        seen[canonical] = line
+        if not value:
+            raise UserError(f"{path} line {line}: latency_ms is empty; expected a latency in ms > 0")
+        try:
+            ms = float(value)
+        except ValueError:
+            raise UserError(f"{path} line {line}: latency_ms {value!r} is not a number; expected ms > 0") from None
+        if math.isnan(ms) or math.isinf(ms):
+            raise UserError(f"{path} line {line}: latency_ms is {value}; expected a finite latency in ms > 0")
+        if ms <= 0:
+            raise UserError(f"{path} line {line}: latency_ms is {value}; expected a latency in ms > 0")
+        archs.append(canonical)
+        values.append(ms)
+    if not archs:
+        raise UserError(f"measurements file {path} has a header but no rows")
+    if len(archs) < min_rows:
+        raise UserError(
+            f"measurements file {path} has {len(archs)} measurement(s); at least {min_rows} are "
+            f"needed"
+        )
+    return Measurements(archs, np.asarray(values, dtype=np.float64), path, _sha256(path))
+
+
+# --------------------------------------------------------------------------------------------
+# profiles
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The ``profile.json`` of a device profile, and where it lives (``path``)."""
+
+    name: str
+    space: str
+    space_config: dict
+    predictor: str
+    predictor_class: str
+    created: str
+    n_measurements: int
+    source_csv: str
+    source_csv_sha256: str
+    hwnas_version: str
+    predictor_file: str = PREDICTOR_FILE
+    format: str = FORMAT
+    path: Path = field(default=Path("."), compare=False)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.pop("path")
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict, path: Path) -> Profile:
+        known = {f for f in cls.__dataclass_fields__ if f != "path"}
+        missing = sorted(known - set(d) - {"predictor_file", "format"})
+        if missing:
+            raise UserError(f"device profile {path} lacks {', '.join(missing)} in {PROFILE_FILE}")
+        return cls(**{k: v for k, v in d.items() if k in known}, path=path)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("hwnas")
+    except Exception:  # not installed (running from a checkout)
+        return "unknown"
+
+
+def _class_path(obj: Any) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def save_profile(
+    name: str,
+    space: SearchSpace,
+    predictor: Any,
+    measurements: Measurements,
+    *,
+    overwrite: bool = False,
+    base: str | Path | None = None,
+) -> Profile:
+    """Save an adapted predictor and its measurements as the profile ``name``; return it.
+
+    Everything is written into a temporary directory beside the target and renamed into place
+    at the end; on any error the temporary directory is removed and nothing is left. An
+    existing profile is an error unless ``overwrite``; then it is replaced in one rename.
+    """
+    check_profile_name(name)
+    root = Path(base) if base is not None else profiles_dir()
+    target = root / name
+    if target.exists() and not overwrite:
+        raise UserError(f"device profile {name!r} already exists at {target}; pass --overwrite to replace it")
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
+    old: Path | None = None
+    try:
+        tmp.mkdir()
+        predictor.save(tmp / PREDICTOR_FILE)
+        with open(tmp / MEASUREMENTS_FILE, "w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["arch", "latency_ms"])
+            for arch, ms in zip(measurements.archs, measurements.latency_ms):
+                writer.writerow([arch, repr(float(ms))])
+        profile = Profile(
+            name=name,
+            space=space.name,
+            space_config=json.loads(json.dumps(space.config())),
+            predictor=str(getattr(predictor, "name", type(predictor).__name__)),
+            predictor_class=_class_path(predictor),
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            n_measurements=len(measurements),
+            source_csv=str(measurements.path.resolve()),
+            source_csv_sha256=measurements.sha256,
+            hwnas_version=_version(),
+            path=target,
+        )
+        (tmp / PROFILE_FILE).write_text(json.dumps(profile.to_json(), indent=1) + "\n")
+        if target.exists():
+            old = root / f".{name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(target, old)
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not target.exists():
+            os.rename(old, target)  # put the previous profile back
+            old = None
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return profile
+
+
+def load_profile(name: str, *, base: str | Path | None = None) -> Profile:
+    """The profile ``name``; :class:`UserError` if it does not exist or is malformed."""
+    profile = find_profile(name, base=base)
+    if profile is None:
+        root = Path(base) if base is not None else profiles_dir()
+        known = [p.name for p in list_profiles(base=base)]
+        raise UserError(f"no device profile {name!r} in {root}; profiles: {known or 'none'}")
+    return profile
+
+
+def find_profile(name: str, *, base: str | Path | None = None) -> Profile | None:
+    """The profile ``name``, or ``None`` if there is no such directory."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        return None
+    root = Path(base) if base is not None else profiles_dir()
+    path = root / name
+    meta = path / PROFILE_FILE
+    if not meta.is_file():
+        return None
+    try:
+        data = json.loads(meta.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"device profile {path} has an unreadable {PROFILE_FILE}: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise UserError(f"device profile {path}: {PROFILE_FILE} is not a {FORMAT} file")
+    return Profile.from_json(data, path)
+
+
+def list_profiles(*, base: str | Path | None = None) -> list[Profile]:
+    """Every readable profile, by name (unreadable ones are skipped with a warning)."""
+    root = Path(base) if base is not None else profiles_dir()
+    if not root.is_dir():
+        return []
+    out = []
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith(".") or not entry.is_dir():
+            continue
+        try:
+            profile = find_profile(entry.name, base=root)
+        except UserError as exc:
+            warnings.warn(str(exc), stacklevel=2)
+            continue
+        if profile is not None:
+            out.append(profile)
+    return out
+
+
+def delete_profile(name: str, *, base: str | Path | None = None) -> None:
+    """Remove the profile ``name`` (atomically: renamed away first, then deleted)."""
+    profile = load_profile(name, base=base)
+    trash = profile.path.parent / f".{name}.del-{uuid.uuid4().hex[:8]}"
+    os.rename(profile.path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def load_profile_predictor(profile: Profile) -> Any:
+    """The adapted predictor of a profile, loaded with its class's ``load(path)``.
+
+    Only classes of :data:`TRUSTED_PREDICTOR_PACKAGES` are loaded."""
+    module_name, _, qualname = profile.predictor_class.partition(":")
+    trusted = any(module_name == p or module_name.startswith(p + ".")
+                  for p in TRUSTED_PREDICTOR_PACKAGES)
+    if not trusted or not qualname:
+        raise UserError(
+            f"device profile {profile.path}: predictor class {profile.predictor_class!r} is not a "
+            f"hwnas latency predictor"
+        )
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise UserError(
+            f"device profile {profile.path}: predictor class {profile.predictor_class!r} cannot be "
+            f"imported ({exc}); was it made by another hwnas version ({profile.hwnas_version})?"
+        ) from exc
+    file = profile.path / profile.predictor_file
+    if not file.exists():
+        raise UserError(f"device profile {profile.path} lacks its predictor file {profile.predictor_file}")
+    return obj.load(file)

@@ -1,0 +1,306 @@
+"""Per-device quantization rules: which bit-widths a device executes natively and what it gains.
+
+A policy's bit-widths are what the network *asks* for; what a device *does* with them differs:
+
+* **Edge TPU** (``edgetpu``): int8 only. Any weight or activation width below 8 is executed —
+  and stored — as int8, so 4-bit weights buy nothing there. A float layer is not supported on
+  the TPU: the Edge TPU compiler maps ops in order and, at the first op it cannot map, hands
+  that op *and every op after it* to the host CPU (one partition), so one float layer early in
+  the network moves the rest of it to the host. :func:`effective_layers` marks that placement.
+* **onnxruntime CPU** (``cpu-ort``): int8 (QDQ → QLinearConv/MatMulInteger kernels) or float.
+  Weights below 8 bits still execute as int8; they are stored in int8 containers unless the
+  export packs them (ONNX int4 for 4-bit and lower, opset 21) — pass
+  ``replace(rules, storage_bits=(4, 8))`` for a packed export: size then counts the packed
+  width, speed still counts 8. Whether int8 is *faster* than float is a measured, per-CPU and
+  per-layer quantity: onnxruntime's int8 ran a MobileNetV3-style network slower than FP32 both
+  on an AVX2 CPU and on a VNNI/AMX Xeon (issue 5). So the speed factor of an int8 layer comes
+  from ``int8_speedup`` (filled by :func:`measure_int8_speedup`, e.g. with
+  :class:`OrtLayerTimer`); without a measurement it is ``default_int8_speedup`` = 1.0 (no gain
+  assumed), and float stays a valid per-layer choice.
+* **FPGA** (``fpga``): every width 2–8 is native (bit-serial or LUT arithmetic) and compute
+  cost scales with ``w_bits * a_bits`` (BOPs); weights are stored packed at their true width.
+
+This module does not import torch (except :class:`OrtLayerTimer`, lazily).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from quant.policy import FLOAT_BITS
+from supernet.errors import UserError
+from supernet.layers import Layer
+
+__all__ = [
+    "DEVICE_RULES",
+    "DeviceQuantRules",
+    "OrtLayerTimer",
+    "available_device_rules",
+    "device_size_bytes",
+    "effective_layers",
+    "execution_bits",
+    "get_device_rules",
+    "layer_latency_fn",
+    "measure_int8_speedup",
+    "speed_factor",
+    "storage_w_bits",
+]
+
+_QUANT_OPS = ("conv", "linear")
+
+
+@dataclass(frozen=True)
+class DeviceQuantRules:
+    """How one device family executes and stores quantized layers.
+
+    ``compute_bits``: integer widths the compute units have (ascending); a lower requested
+    width runs at the next one up, a width above the largest runs in float.
+    ``storage_bits``: widths weights are stored in (a lower width is stored in the next one up).
+    ``float_placement``: where a float layer runs — ``"device"``, or ``"host_after"`` (it and
+    every later layer run on the host CPU, the Edge TPU compiler's single partition).
+    ``speed_model``: ``"measured"`` (an integer layer's speed factor vs float is
+    ``1 / int8_speedup[layer]``) or ``"bitops"`` (factor ``w*a / 32^2``).
+    ``int8_speedup``: measured float-time / int8-time per layer name (or per
+    :func:`layer_key`); ``default_int8_speedup`` for layers not in it.
+    """
+
+    name: str
+    description: str
+    compute_bits: tuple[int, ...]
+    storage_bits: tuple[int, ...]
+    float_placement: str = "device"
+    speed_model: str = "measured"
+    int8_speedup: Mapping[str, float] = field(default_factory=dict)
+    default_int8_speedup: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.float_placement not in ("device", "host_after"):
+            raise ValueError(f"float_placement must be 'device' or 'host_after', got {self.float_placement!r}")
+        if self.speed_model not in ("measured", "bitops"):
+            raise ValueError(f"speed_model must be 'measured' or 'bitops', got {self.speed_model!r}")
+        for attr in ("compute_bits", "storage_bits"):
+            values = getattr(self, attr)
+            if not values or tuple(sorted(values)) != tuple(values):
+                raise ValueError(f"{attr} must be a non-empty ascending tuple, got {values}")
+
+    @property
+    def native(self) -> list[tuple[int, int]]:
+        """The (w_bits, a_bits) pairs that run as requested (float included where it runs on
+        the device)."""
+        pairs = [(w, a) for w in self.compute_bits for a in self.compute_bits]
+        if self.float_placement == "device":
+            pairs.append((FLOAT_BITS, FLOAT_BITS))
+        return pairs
+
+    def with_speedups(self, table: Mapping[str, float]) -> DeviceQuantRules:
+        """A copy using a measured int8 speed-up table (merged over the existing one)."""
+        for key, value in table.items():
+            if not value > 0:
+                raise UserError(f"int8 speed-up for {key!r} must be positive, got {value!r}")
+        return replace(self, int8_speedup={**self.int8_speedup, **dict(table)})
+
+
+def _round_up(bits: int, widths: tuple[int, ...]) -> int:
+    if bits >= FLOAT_BITS:
+        return FLOAT_BITS
+    for width in widths:
+        if width >= bits:
+            return width
+    return FLOAT_BITS
+
+
+def execution_bits(rules: DeviceQuantRules, w_bits: int, a_bits: int) -> tuple[int, int]:
+    """The (w, a) widths the device computes with when ``(w_bits, a_bits)`` is requested.
+
+    A float weight or activation makes the whole layer float on devices without mixed
+    float/integer kernels (every rule set here except ``bitops`` devices).
+    """
+    w, a = _round_up(w_bits, rules.compute_bits), _round_up(a_bits, rules.compute_bits)
+    if rules.speed_model != "bitops" and FLOAT_BITS in (w, a):
+        return FLOAT_BITS, FLOAT_BITS
+    return w, a
+
+
+def storage_w_bits(rules: DeviceQuantRules, w_bits: int) -> int:
+    """Bits per stored weight on the device for a requested ``w_bits``."""
+    return _round_up(w_bits, rules.storage_bits)
+
+
+def layer_key(layer: Layer) -> str:
+    """A shape key for measured tables shared between layers of the same shape."""
+    return (f"{layer.op}:{layer.in_channels}x{layer.out_channels}:k{layer.kernel}:s{layer.stride}"
+            f":g{layer.groups}:{layer.in_h}x{layer.in_w}")
+
+
+def effective_layers(layers: list[Layer], rules: DeviceQuantRules) -> list[Layer]:
+    """The layer list as the device runs it: conv/linear ``w_bits``/``a_bits`` replaced by the
+    execution widths; ``extra`` gains ``placement`` ("device" or "host"), ``storage_w_bits``
+    and ``requested_bits``. Latency estimators read this instead of the requested widths."""
+    out: list[Layer] = []
+    on_host = False
+    for layer in layers:
+        extra = dict(layer.extra)
+        if layer.op in _QUANT_OPS:
+            w, a = execution_bits(rules, layer.w_bits, layer.a_bits)
+            if (w, a) == (FLOAT_BITS, FLOAT_BITS) and rules.float_placement == "host_after":
+                on_host = True
+            extra.update(requested_bits=[layer.w_bits, layer.a_bits],
+                         storage_w_bits=storage_w_bits(rules, layer.w_bits))
+            extra["placement"] = "host" if on_host else "device"
+            out.append(replace(layer, w_bits=w, a_bits=a, extra=extra))
+        else:
+            extra["placement"] = "host" if on_host else "device"
+            out.append(replace(layer, extra=extra))
+    return out
+
+
+def device_size_bytes(layers: list[Layer], rules: DeviceQuantRules) -> int:
+    """Model size on the device: weights at their storage width, biases at 32 bits."""
+    bits = 0
+    for layer in layers:
+        bits += layer.weight_count * storage_w_bits(rules, layer.w_bits)
+        bits += (layer.params - layer.weight_count) * 32
+    return (bits + 7) // 8
+
+
+def speed_factor(layer: Layer, rules: DeviceQuantRules) -> float:
+    """Latency of ``layer`` at its bit-widths relative to the same layer in float on the device
+    (< 1 = faster). ``layer`` holds requested widths; they are mapped to execution widths."""
+    if layer.op not in _QUANT_OPS:
+        return 1.0
+    w, a = execution_bits(rules, layer.w_bits, layer.a_bits)
+    if rules.speed_model == "bitops":
+        return (w * a) / float(FLOAT_BITS * FLOAT_BITS)
+    if (w, a) == (FLOAT_BITS, FLOAT_BITS):
+        return 1.0
+    speedup = rules.int8_speedup.get(layer.name, rules.int8_speedup.get(layer_key(layer),
+                                                                          rules.default_int8_speedup))
+    return 1.0 / float(speedup)
+
+
+def layer_latency_fn(rules: DeviceQuantRules, float_latency: Callable[[Layer], float]
+                     ) -> Callable[[Layer], float]:
+    """A per-layer cost for :func:`quant.allocate.allocate`: the layer's float latency on the
+    device (from a measured table or an estimator) times its :func:`speed_factor`."""
+    def cost(layer: Layer) -> float:
+        return float(float_latency(layer)) * speed_factor(layer, rules)
+    return cost
+
+
+def measure_int8_speedup(layers: Iterable[Layer], timer: Callable[[Layer, bool], float], *,
+                         by: str = "name", progress: bool = False) -> dict[str, float]:
+    """Measure float-time / int8-time for each conv/linear layer with ``timer(layer, int8)``
+    (milliseconds). Returns a table for :meth:`DeviceQuantRules.with_speedups`, keyed by layer
+    name (``by="name"``) or shape key (``by="shape"``, layers of one shape measured once)."""
+    if by not in ("name", "shape"):
+        raise UserError(f"measure_int8_speedup: by must be 'name' or 'shape', got {by!r}")
+    from tqdm.auto import tqdm
+
+    todo = [layer for layer in layers if layer.op in _QUANT_OPS]
+    table: dict[str, float] = {}
+    by_shape: dict[str, float] = {}
+    for layer in tqdm(todo, desc="int8 speed-up", disable=not progress, leave=False):
+        key = layer_key(layer)
+        if key not in by_shape:
+            t_float, t_int8 = float(timer(layer, False)), float(timer(layer, True))
+            if t_float <= 0 or t_int8 <= 0:
+                raise UserError(f"timer returned a non-positive time for layer {layer.name!r}")
+            by_shape[key] = t_float / t_int8
+        table[layer.name if by == "name" else key] = by_shape[key]
+    return table
+
+
+class OrtLayerTimer:
+    """Times one conv/linear layer alone with onnxruntime on this CPU, in float and as int8
+    (static QDQ quantization, per-channel int8 weights, uint8 activations), for
+    :func:`measure_int8_speedup`. Needs torch and onnxruntime.quantization."""
+
+    def __init__(self, *, batch: int = 1, threads: int = 1, repeats: int = 50, warmup: int = 10,
+                 seed: int = 0) -> None:
+        self.batch, self.threads, self.repeats, self.warmup, self.seed = batch, threads, repeats, warmup, seed
+
+    def _model_bytes(self, layer: Layer) -> tuple[bytes, tuple[int, ...]]:
+        import torch
+        from torch import nn
+
+        from export.onnx_export import onnx_bytes
+
+        torch.manual_seed(self.seed)
+        if layer.op == "conv":
+            module = nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel, layer.stride,
+                               layer.kernel // 2, groups=layer.groups, bias=layer.bias)
+            shape = (self.batch, layer.in_channels, layer.in_h, layer.in_w)
+        else:
+            module = nn.Linear(layer.in_channels, layer.out_channels, bias=layer.bias)
+            shape = (self.batch, layer.in_channels)
+        return onnx_bytes(module.eval(), torch.randn(*shape)), shape
+
+    def __call__(self, layer: Layer, int8: bool) -> float:
+        import os
+        import tempfile
+
+        import numpy as np
+
+        from latency.onnx_measure import measure_onnx
+
+        model, shape = self._model_bytes(layer)
+        if int8:
+            from onnxruntime.quantization import (
+                CalibrationDataReader,
+                QuantFormat,
+                QuantType,
+                quantize_static,
+            )
+
+            rng = np.random.default_rng(self.seed)
+
+            class _Reader(CalibrationDataReader):
+                def __init__(self) -> None:
+                    self.items = iter([{"input": rng.standard_normal(shape).astype(np.float32)}
+                                       for _ in range(4)])
+
+                def get_next(self):  # noqa: ANN201 - onnxruntime protocol
+                    return next(self.items, None)
+
+            with tempfile.TemporaryDirectory() as tmp:
+                src, dst = os.path.join(tmp, "f.onnx"), os.path.join(tmp, "q.onnx")
+                with open(src, "wb") as f:
+                    f.write(model)
+                quantize_static(src, dst, _Reader(), quant_format=QuantFormat.QDQ,
+                                per_channel=True, weight_type=QuantType.QInt8,
+                                activation_type=QuantType.QUInt8)
+                with open(dst, "rb") as f:
+                    model = f.read()
+        stats = measure_onnx(model, batch=self.batch, warmup=self.warmup, repeats=self.repeats,
+                             threads=self.threads, seed=self.seed)
+        return stats.median_ms
+
+
+DEVICE_RULES: dict[str, DeviceQuantRules] = {
+    "edgetpu": DeviceQuantRules(
+        "edgetpu", "Coral Edge TPU: int8 only; lower widths run and are stored as int8; a float "
+        "layer and everything after it run on the host CPU",
+        compute_bits=(8,), storage_bits=(8,), float_placement="host_after", speed_model="measured"),
+    "cpu-ort": DeviceQuantRules(
+        "cpu-ort", "onnxruntime on a CPU: int8 or float per layer; weights below 8 bits stored "
+        "in int8 containers (size gain only if the export packs them); int8 speed-up measured",
+        compute_bits=(8,), storage_bits=(8,), float_placement="device", speed_model="measured"),
+    "fpga": DeviceQuantRules(
+        "fpga", "FPGA accelerator: every width 2-8 native, compute cost proportional to "
+        "w_bits * a_bits, weights packed at their true width",
+        compute_bits=(2, 3, 4, 6, 8), storage_bits=(2, 3, 4, 6, 8), float_placement="device",
+        speed_model="bitops"),
+}
+
+
+def available_device_rules() -> list[str]:
+    return sorted(DEVICE_RULES)
+
+
+def get_device_rules(name: str) -> DeviceQuantRules:
+    """The rules of a device family by name (UserError for an unknown one)."""
+    if name not in DEVICE_RULES:
+        raise UserError(f"unknown device family {name!r} for quantization rules; expected one of "
+                        f"{', '.join(available_device_rules())}")
+    return DEVICE_RULES[name]

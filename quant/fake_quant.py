@@ -1,0 +1,307 @@
+"""Fake quantization (simulated integer arithmetic in float) for Conv2d/Linear layers.
+
+Scheme (the one integer runtimes and accelerators use, Krishnamoorthi 2018):
+
+* **weights**: symmetric, per output channel, restricted range ``[-(2^(b-1)-1), 2^(b-1)-1]``
+  (so at most ``2^b - 1`` levels per channel, zero exactly representable, no zero point);
+* **activations**: affine (asymmetric), per tensor, ``[0, 2^b-1]`` with an integer zero point,
+  so post-ReLU/h-swish ranges waste no level;
+* **bits** in :data:`SUPPORTED_BITS`; 32 means float: the quantizer is the identity.
+
+Rounding uses the straight-through estimator (STE): the gradient of ``round`` is taken as 1,
+the gradient of the clamp is 0 outside the range. The scale is an ``nn.Parameter`` so that LSQ
+(:mod:`quant.qat`) can learn it; its gradient is then scaled by ``g = 1/sqrt(numel * Qp)``
+(Esser et al., 2020), which this module applies when :attr:`FakeQuantize.grad_scale` is set.
+
+Where the quantizers sit: each ``nn.Conv2d``/``nn.Linear`` is replaced by a
+:class:`QuantConv2d`/:class:`QuantLinear` (a subclass, under the same qualified name, with the same
+parameter names) that quantizes its **input** activation and its weight. So the activation
+bit-width of layer L in a :class:`quant.policy.QuantPolicy` is the bit-width of L's input.
+
+Residual additions: ``x + y`` in a block's ``forward`` is not a module. An integer runtime either
+requantizes both inputs to the output scale inside the add (onnxruntime's QLinearAdd, TFLite's
+ADD: scales may differ) or needs both inputs on one shared scale (accelerators that add int
+accumulators directly). :class:`SharedAddQuant` simulates the latter: one affine quantizer,
+calibrated on both inputs, applied to both, so ``q(x) + q(y)`` is exactly an integer sum on one
+scale. :func:`quant.ptq.quantize_model` inserts it (``residual="shared"``) by rewriting every
+tensor + tensor addition with ``torch.fx`` into a call of a ``SharedAddQuant`` module named
+``<block>.add``, the name the layer list gives that addition. With ``residual="float"`` (the
+default) adds stay in float, the common simplification of QAT tools.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from quant.policy import FLOAT_BITS, SUPPORTED_BITS
+
+__all__ = [
+    "FakeQuantize",
+    "QuantConv2d",
+    "QuantLinear",
+    "SharedAddQuant",
+    "quant_layers",
+    "quantizable_layer_names",
+    "quantizers",
+    "reference_fake_quant",
+    "round_ste",
+    "set_quantizers_enabled",
+]
+
+_EPS = 1e-8
+
+
+def round_ste(x: torch.Tensor) -> torch.Tensor:
+    """``round(x)`` forward, identity backward (straight-through estimator)."""
+    return (x.round() - x).detach() + x
+
+
+def _scale_grad(x: torch.Tensor, g: float) -> torch.Tensor:
+    """``x`` forward, gradient multiplied by ``g`` backward (LSQ's gradient scaling)."""
+    return (x - x * g).detach() + x * g
+
+
+def reference_fake_quant(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor,
+                         qmin: int, qmax: int, grad_scale: float = 1.0) -> torch.Tensor:
+    """The fake quantizer written out with autograd (STE rounding, LSQ scale gradient):
+    ``(clamp(round_ste(x / s) + z, qmin, qmax) - z) * s``. ``scale``/``zero_point`` must already
+    broadcast against ``x``. :class:`FakeQuantize` runs PyTorch's fused kernels, which compute
+    the same values and gradients (checked by the tests); this is their readable definition."""
+    s = _scale_grad(scale, grad_scale)
+    return (torch.clamp(round_ste(x / s) + zero_point, qmin, qmax) - zero_point) * s
+
+
+class FakeQuantize(nn.Module):
+    """Quantize-dequantize of a weight (symmetric, per channel along ``ch_axis``) or an
+    activation (affine, per tensor).
+
+    ``scale`` (and, for activations, the integer ``zero_point``) are set by calibration
+    (:mod:`quant.ptq`); until then an enabled activation quantizer refuses to run, so an
+    uncalibrated model can never be evaluated by mistake. ``enabled=False`` makes it the
+    identity (used to observe float activations and to quantize one layer at a time).
+    """
+
+    def __init__(self, bits: int, kind: str, channels: int = 1, ch_axis: int = 0) -> None:
+        super().__init__()
+        if bits not in SUPPORTED_BITS:
+            raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits}")
+        if kind not in ("weight", "act"):
+            raise ValueError(f"kind must be 'weight' or 'act', got {kind!r}")
+        if kind == "act" and channels != 1:
+            raise ValueError("activation quantizers are per tensor (channels=1)")
+        self.bits, self.kind, self.ch_axis = int(bits), kind, ch_axis
+        self.scale = nn.Parameter(torch.ones(channels), requires_grad=False)
+        self.register_buffer("zero_point", torch.zeros(channels))
+        # persisted in the state dict; mirrored in a Python bool so that forward never syncs
+        # with the GPU to read it
+        self.register_buffer("calibrated_flag", torch.tensor(False))
+        self._calibrated = False
+        self.enabled = True
+        #: LSQ gradient scale g; ``None`` = scale is not being learned
+        self.grad_scale: float | None = None
+        #: elements per sample seen by an activation quantizer (for LSQ's g), set by calibration
+        self.numel_per_sample: int | None = None
+
+    @property
+    def is_float(self) -> bool:
+        return self.bits >= FLOAT_BITS
+
+    @property
+    def active(self) -> bool:
+        """Whether this quantizer changes its input (enabled and not float)."""
+        return self.enabled and not self.is_float
+
+    @property
+    def qmin(self) -> int:
+        return -(2 ** (self.bits - 1) - 1) if self.kind == "weight" else 0
+
+    @property
+    def qmax(self) -> int:
+        return 2 ** (self.bits - 1) - 1 if self.kind == "weight" else 2 ** self.bits - 1
+
+    @torch.no_grad()
+    def set_qparams(self, scale: torch.Tensor | float, zero_point: torch.Tensor | float = 0.0) -> None:
+        """Set the scale (clamped to a tiny positive value) and zero point; marks calibrated."""
+        scale_t = torch.as_tensor(scale, dtype=torch.float32, device=self.scale.device).reshape(-1)
+        zp_t = torch.as_tensor(zero_point, dtype=torch.float32, device=self.scale.device).reshape(-1)
+        self.scale.copy_(scale_t.clamp_min(_EPS).expand_as(self.scale))
+        self.zero_point.copy_(zp_t.round().clamp(self.qmin, self.qmax).expand_as(self.zero_point))
+        self.calibrated_flag.fill_(True)
+        self._calibrated = True
+
+    @property
+    def calibrated(self) -> bool:
+        return self._calibrated
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # noqa: ANN001
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._calibrated = bool(self.calibrated_flag)
+
+    def qparams(self) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """``(scale, zero_point, qmin, qmax)`` as used in the forward pass (for export)."""
+        return self.scale.detach().abs().clamp_min(_EPS), self.zero_point.clone(), self.qmin, self.qmax
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.active:
+            return x
+        if not self._calibrated:
+            raise RuntimeError(
+                f"{self.kind} quantizer ({self.bits} bits) used before calibration; run "
+                f"quant.ptq.calibrate (or quant.ptq.ptq) on the quantized model first"
+            )
+        # computed in float32 even under autocast: bf16 cannot hold the integer grid exactly
+        xf = x.float()
+        per_channel = self.kind == "weight"
+        if self.scale.requires_grad:
+            # LSQ: PyTorch's fused learnable fake-quant computes exactly the STE/LSQ gradients
+            # of reference_fake_quant (d/dx: 1 inside the range, 0 outside; d/ds: round(x/s) -
+            # x/s inside, the clipped level outside; times grad_scale). The trainer keeps the
+            # scale positive (quant.qat clamps it after each step).
+            g = 1.0 if self.grad_scale is None else self.grad_scale
+            if per_channel:
+                out = torch._fake_quantize_learnable_per_channel_affine(
+                    xf, self.scale, self.zero_point, self.ch_axis, self.qmin, self.qmax, g)
+            else:
+                out = torch._fake_quantize_learnable_per_tensor_affine(
+                    xf, self.scale, self.zero_point, self.qmin, self.qmax, g)
+        elif per_channel:
+            out = torch.fake_quantize_per_channel_affine(
+                xf, self.scale.clamp_min(_EPS), self.zero_point.to(torch.int32), self.ch_axis,
+                self.qmin, self.qmax)
+        else:
+            out = torch.fake_quantize_per_tensor_affine(
+                xf, self.scale.clamp_min(_EPS), self.zero_point.to(torch.int32), self.qmin, self.qmax)
+        return out.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"bits={self.bits}, kind={self.kind}, enabled={self.enabled}"
+
+
+def _act_quant(bits: int) -> FakeQuantize:
+    return FakeQuantize(bits, "act")
+
+
+class QuantConv2d(nn.Conv2d):
+    """An ``nn.Conv2d`` whose weight and input activation pass through fake quantizers.
+
+    Build it with :meth:`from_float`; parameter names stay ``weight``/``bias``. A bias is always
+    present (zeros if the float conv had none) so that bias correction has somewhere to go; that
+    changes nothing numerically.
+    """
+
+    @classmethod
+    def from_float(cls, conv: nn.Conv2d, w_bits: int, a_bits: int) -> QuantConv2d:
+        new = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+                  conv.dilation, conv.groups, True, conv.padding_mode,
+                  device=conv.weight.device, dtype=conv.weight.dtype)
+        with torch.no_grad():
+            new.weight.copy_(conv.weight)
+            if conv.bias is not None:
+                new.bias.copy_(conv.bias)
+            else:
+                new.bias.zero_()
+        new.weight_quant = FakeQuantize(w_bits, "weight", conv.out_channels, 0).to(conv.weight.device)
+        new.input_quant = _act_quant(a_bits).to(conv.weight.device)
+        new.weight_quant.numel_per_sample = conv.weight[0].numel()
+        new.train(conv.training)
+        return new
+
+    @property
+    def w_bits(self) -> int:
+        return self.weight_quant.bits
+
+    @property
+    def a_bits(self) -> int:
+        return self.input_quant.bits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._conv_forward(self.input_quant(x), self.weight_quant(self.weight), self.bias)
+
+
+class QuantLinear(nn.Linear):
+    """An ``nn.Linear`` whose weight and input activation pass through fake quantizers."""
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, w_bits: int, a_bits: int) -> QuantLinear:
+        new = cls(linear.in_features, linear.out_features, True,
+                  device=linear.weight.device, dtype=linear.weight.dtype)
+        with torch.no_grad():
+            new.weight.copy_(linear.weight)
+            if linear.bias is not None:
+                new.bias.copy_(linear.bias)
+            else:
+                new.bias.zero_()
+        new.weight_quant = FakeQuantize(w_bits, "weight", linear.out_features, 0).to(linear.weight.device)
+        new.input_quant = _act_quant(a_bits).to(linear.weight.device)
+        new.weight_quant.numel_per_sample = linear.in_features
+        new.train(linear.training)
+        return new
+
+    @property
+    def w_bits(self) -> int:
+        return self.weight_quant.bits
+
+    @property
+    def a_bits(self) -> int:
+        return self.input_quant.bits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.input_quant(x), self.weight_quant(self.weight), self.bias)
+
+
+class SharedAddQuant(nn.Module):
+    """A residual addition ``a + b`` whose two inputs share one affine activation quantizer.
+
+    Calibration observes both inputs into the one quantizer, so the range covers both; the sum
+    of the two quantized tensors is then an exact integer sum on that one scale, which is what a
+    runtime that adds integer tensors without requantizing needs. ``bits=32`` is a float add.
+    """
+
+    def __init__(self, bits: int = 8) -> None:
+        super().__init__()
+        self.input_quant = _act_quant(bits)
+
+    @property
+    def a_bits(self) -> int:
+        return self.input_quant.bits
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.input_quant(a) + self.input_quant(b)
+
+
+QUANT_LAYER_TYPES = (QuantConv2d, QuantLinear)
+
+
+def quantizable_layer_names(model: nn.Module) -> list[str]:
+    """Qualified names of the layers a policy covers: every ``nn.Conv2d`` and ``nn.Linear``
+    (quantized ones included), in module order."""
+    return [name for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+
+
+def quant_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` of every QuantConv2d/QuantLinear, in module order."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, QUANT_LAYER_TYPES)]
+
+
+def quantizers(model: nn.Module) -> list[tuple[str, FakeQuantize]]:
+    """``(name, quantizer)`` of every FakeQuantize in ``model``, in module order."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, FakeQuantize)]
+
+
+def set_quantizers_enabled(model: nn.Module, enabled: bool, *, names: set[str] | None = None) -> None:
+    """Enable or disable the quantizers of the quant layers ``names`` (default: all, adds
+    included). Float (32-bit) quantizers stay the identity either way."""
+    for name, module in model.named_modules():
+        if isinstance(module, (*QUANT_LAYER_TYPES, SharedAddQuant)) and (names is None or name in names):
+            for q in module.modules():
+                if isinstance(q, FakeQuantize):
+                    q.enabled = enabled
+
+
+def lsq_grad_scale(numel: int, qmax: int) -> float:
+    """LSQ's gradient scale ``g = 1 / sqrt(numel * Qp)``."""
+    return 1.0 / math.sqrt(max(1, numel) * max(1, qmax))

@@ -1,0 +1,383 @@
+"""Post-training quantization: apply a policy to a model, calibrate ranges, correct biases.
+
+``ptq(model, policy, batches)`` returns a *new* fake-quantized model and never touches
+``model``:
+
+1. :func:`quantize_model` validates the policy against the model, folds BatchNorm into a copy
+   (:func:`quant.fold.fold_bn`) and replaces each Conv2d/Linear by a QuantConv2d/QuantLinear at
+   the policy's bit-widths; weight scales are set per channel right away (they need no data).
+2. :func:`calibrate` runs the float network (quantizers off) over up to ``max_images``
+   calibration images, observes the input of every quantized layer and sets its activation
+   range with the chosen observer (min-max, percentile, MSE); weights use min-max or per-channel
+   MSE.
+3. Empirical bias correction (Nagel et al., 2019, "Data-Free Quantization", empirical variant):
+   layer by layer, in network order, the mean per-channel output of the quantized network (with
+   the layers before it already corrected) is compared with the float network's on the
+   calibration images and the difference is added to the layer's bias. Done in one quantized
+   forward pass over all calibration images as one batch (see :func:`bias_correct`), so keep
+   ``max_images`` at a few hundred for large inputs.
+
+Bad input (policy for another model, bits outside the supported set, empty calibration data,
+batches the model cannot take) raises UserError before anything is returned; ``model`` is
+unchanged in every case. AdaRound is not implemented.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from quant.fake_quant import (
+    QUANT_LAYER_TYPES,
+    FakeQuantize,
+    QuantConv2d,
+    QuantLinear,
+    SharedAddQuant,
+    quant_layers,
+    set_quantizers_enabled,
+)
+from quant.fold import fold_bn
+from quant.observers import ACT_OBSERVERS, WEIGHT_OBSERVERS, ActivationObserver, weight_qparams
+from quant.policy import QuantPolicy, check_bits
+from supernet.errors import UserError
+
+__all__ = [
+    "PTQConfig",
+    "bias_correct",
+    "calibrate",
+    "calibration_batches",
+    "insert_shared_add_quant",
+    "policy_of",
+    "ptq",
+    "quantize_model",
+    "set_weight_scales",
+]
+
+RESIDUAL_MODES = ("float", "shared")
+
+
+@dataclass
+class PTQConfig:
+    """Settings of a PTQ pass.
+
+    ``act_observer``: minmax | percentile | mse; ``weight_observer``: minmax | mse (per channel).
+    ``max_images``: calibration images used (a few hundred suffice). ``residual``: "float" keeps
+    residual additions in float, "shared" quantizes both inputs of each add with one shared
+    quantizer at ``add_bits`` (see :mod:`quant.fake_quant`).
+    """
+
+    act_observer: str = "minmax"
+    weight_observer: str = "minmax"
+    percentile: float = 99.99
+    mse_grid: int = 40
+    bias_correction: bool = True
+    max_images: int = 512
+    batch_size: int = 256
+    max_samples: int = 1 << 20
+    residual: str = "float"
+    add_bits: int = 8
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.act_observer not in ACT_OBSERVERS:
+            raise UserError(f"unknown activation observer {self.act_observer!r}; expected one of "
+                            f"{', '.join(ACT_OBSERVERS)}")
+        if self.weight_observer not in WEIGHT_OBSERVERS:
+            raise UserError(f"unknown weight observer {self.weight_observer!r}; expected one of "
+                            f"{', '.join(WEIGHT_OBSERVERS)}")
+        if not 50.0 < self.percentile <= 100.0:
+            raise UserError(f"percentile must be in (50, 100], got {self.percentile}")
+        if self.batch_size < 1:
+            raise UserError(f"batch_size must be positive, got {self.batch_size}")
+        if self.max_images < 1:
+            raise UserError(f"max_images must be positive, got {self.max_images}")
+        if self.mse_grid < 2:
+            raise UserError(f"mse_grid must be at least 2, got {self.mse_grid}")
+        if self.residual not in RESIDUAL_MODES:
+            raise UserError(f"unknown residual mode {self.residual!r}; expected one of "
+                            f"{', '.join(RESIDUAL_MODES)}")
+        check_bits(self.add_bits, "residual-add activation", "<residual adds>")
+
+
+# -- building the quantized model ----------------------------------------------------------------
+
+def _set_module(root: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    setattr(parent, child, module)
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def insert_shared_add_quant(model: nn.Module, bits: int = 8) -> nn.Module:
+    """Rewrite every tensor + tensor addition of ``model`` into a :class:`SharedAddQuant` module
+    named ``<enclosing module>.add`` (the layer-list name of a residual add) with ``torch.fx``.
+    Returns a ``GraphModule`` keeping all other qualified names."""
+    import operator
+
+    import torch.fx
+
+    class _Tracer(torch.fx.Tracer):
+        def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+            if isinstance(m, (*QUANT_LAYER_TYPES, SharedAddQuant, FakeQuantize)):
+                return True
+            return super().is_leaf_module(m, qualname)
+
+    try:
+        graph = _Tracer().trace(model)
+    except Exception as exc:  # fx raises many types for untraceable code
+        raise UserError(f"residual='shared' needs a torch.fx-traceable model; "
+                        f"{type(model).__name__} is not ({str(exc).splitlines()[0]})") from None
+    gm = torch.fx.GraphModule(model, graph)
+    used = {name for name, _ in gm.named_modules()}
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in (operator.add, torch.add):
+            continue
+        if len(node.args) != 2 or not all(isinstance(a, torch.fx.Node) for a in node.args):
+            continue
+        if node.kwargs:
+            continue
+        stack = node.meta.get("nn_module_stack") or {}
+        prefix = list(stack.keys())[-1] if stack else ""
+        prefix = prefix if isinstance(prefix, str) else ""
+        base = f"{prefix}.add" if prefix else "add"
+        name, i = base, 1
+        while name in used:
+            name, i = f"{base}_{i}", i + 1
+        used.add(name)
+        parent_name, _, child = name.rpartition(".")
+        parent = gm.get_submodule(parent_name) if parent_name else gm
+        parent.add_module(child, SharedAddQuant(bits).to(_model_device(model)))
+        with gm.graph.inserting_after(node):
+            new = gm.graph.call_module(name, node.args)
+        node.replace_all_uses_with(new)
+        gm.graph.erase_node(node)
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+@torch.no_grad()
+def set_weight_scales(model: nn.Module, method: str = "minmax", grid: int = 100) -> None:
+    """Set every quant layer's per-channel weight scales from its current weights."""
+    for _, layer in quant_layers(model):
+        wq: FakeQuantize = layer.weight_quant
+        if not wq.is_float:
+            wq.set_qparams(weight_qparams(layer.weight, wq.bits, method, grid=grid), 0.0)
+
+
+def quantize_model(model: nn.Module, policy: QuantPolicy, *, residual: str = "float",
+                   add_bits: int = 8, weight_observer: str = "minmax", mse_grid: int = 40,
+                   example_input: torch.Tensor | None = None) -> nn.Module:
+    """A new model: ``model`` with BN folded and each Conv2d/Linear replaced by its quantized
+    version at the policy's bit-widths (weight scales set, activation ranges still to be
+    calibrated). ``model`` is not modified; a bad policy raises UserError first."""
+    if not isinstance(policy, QuantPolicy):
+        raise UserError(f"expected a QuantPolicy, got {type(policy).__name__}")
+    policy.validate(model)
+    if residual not in RESIDUAL_MODES:
+        raise UserError(f"unknown residual mode {residual!r}; expected one of {', '.join(RESIDUAL_MODES)}")
+    check_bits(add_bits, "residual-add activation", "<residual adds>")
+    if any(isinstance(m, (*QUANT_LAYER_TYPES, SharedAddQuant)) for m in model.modules()):
+        raise UserError(f"{type(model).__name__} is already quantized; apply a policy to the float model")
+    qmodel = fold_bn(model, example_input)
+    for name, module in list(qmodel.named_modules()):
+        if name not in policy:
+            continue
+        w_bits, a_bits = policy[name]
+        if isinstance(module, nn.Conv2d):
+            _set_module(qmodel, name, QuantConv2d.from_float(module, w_bits, a_bits))
+        elif isinstance(module, nn.Linear):
+            _set_module(qmodel, name, QuantLinear.from_float(module, w_bits, a_bits))
+    if residual == "shared":
+        qmodel = insert_shared_add_quant(qmodel, add_bits)
+    set_weight_scales(qmodel, weight_observer, mse_grid)
+    return qmodel.eval()
+
+
+# -- calibration data ------------------------------------------------------------------------------
+
+def _batch_input(batch) -> torch.Tensor:
+    x = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    if not isinstance(x, torch.Tensor):
+        raise UserError(f"calibration batches must be tensors or (inputs, labels) pairs, got "
+                        f"{type(x).__name__}")
+    return x
+
+
+def calibration_batches(batches: Iterable, max_images: int, device: torch.device | str,
+                        batch_size: int | None = None) -> list[torch.Tensor]:
+    """Up to ``max_images`` inputs from ``batches`` (tensors or ``(x, y)`` pairs), on ``device``,
+    re-cut into batches of ``batch_size`` (default: as given; fewer, larger batches make the
+    layer-by-layer passes of bias correction cheaper). UserError if there are none or the
+    shapes disagree."""
+    out: list[torch.Tensor] = []
+    seen = 0
+    for batch in batches:
+        x = _batch_input(batch)
+        if x.dim() == 0 or x.shape[0] == 0:
+            continue
+        if not torch.is_floating_point(x):
+            raise UserError(f"calibration inputs must be float tensors (normalised images), got "
+                            f"{x.dtype}")
+        if out and x.shape[1:] != out[0].shape[1:]:
+            raise UserError(f"calibration batches disagree in shape: {tuple(out[0].shape[1:])} "
+                            f"then {tuple(x.shape[1:])} (per sample)")
+        take = min(x.shape[0], max_images - seen)
+        out.append(x[:take].to(device))
+        seen += take
+        if seen >= max_images:
+            break
+    if not out:
+        raise UserError("calibration data is empty; expected an iterable of (images, labels) "
+                        "batches holding at least one image")
+    if batch_size is not None and len(out) > 1:
+        out = list(torch.cat(out).split(batch_size))
+    return out
+
+
+def _check_input(model: nn.Module, x: torch.Tensor) -> None:
+    """Run one sample through the model; a shape it cannot take becomes a one-line UserError."""
+    try:
+        with torch.no_grad():
+            model(x[:1])
+    except (RuntimeError, ValueError, IndexError) as exc:
+        raise UserError(f"calibration batch of shape {tuple(x.shape)} does not fit the model "
+                        f"(expected (N, C, H, W) inputs like its training images): "
+                        f"{str(exc).splitlines()[0]}") from None
+
+
+# -- calibration -----------------------------------------------------------------------------------
+
+def _act_quant_sites(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(n, m) for n, m in model.named_modules()
+            if isinstance(m, (*QUANT_LAYER_TYPES, SharedAddQuant))]
+
+
+@torch.no_grad()
+def calibrate(qmodel: nn.Module, batches: Iterable, config: PTQConfig | None = None) -> nn.Module:
+    """Set the activation ranges of ``qmodel`` (from :func:`quantize_model`) from calibration
+    data, then (if configured) correct its biases. Modifies and returns ``qmodel``."""
+    config = config or PTQConfig()
+    config.validate()
+    device = _model_device(qmodel)
+    xs = calibration_batches(batches, config.max_images, device, config.batch_size)
+    set_quantizers_enabled(qmodel, False)
+    try:
+        _check_input(qmodel, xs[0])
+    except UserError:
+        set_quantizers_enabled(qmodel, True)
+        raise
+    per_update = max(1, config.max_samples // len(xs))
+    sites = _act_quant_sites(qmodel)
+    observers = {name: ActivationObserver(per_update, seed=config.seed + i)
+                 for i, (name, _) in enumerate(sites)}
+    handles = []
+    for name, module in sites:
+        if module.input_quant.is_float:
+            continue
+
+        def hook(_m, inputs, _name=name):
+            for t in inputs:  # a SharedAddQuant observes both of its inputs
+                if isinstance(t, torch.Tensor):
+                    observers[_name].update(t)
+        handles.append(module.register_forward_pre_hook(hook))
+    was_training = qmodel.training
+    qmodel.eval()
+    try:
+        for x in xs:
+            qmodel(x)
+    finally:
+        for h in handles:
+            h.remove()
+    for name, module in sites:
+        q: FakeQuantize = module.input_quant
+        if q.is_float:
+            continue
+        obs = observers[name]
+        if obs.empty:
+            raise UserError(f"layer {name!r} was never run during calibration; the policy covers "
+                            f"a layer the model's forward does not use")
+        scale, zp = obs.qparams(q.bits, config.act_observer, percentile=config.percentile,
+                                grid=config.mse_grid)
+        q.set_qparams(scale, zp)
+        q.numel_per_sample = obs.numel_per_sample
+    set_quantizers_enabled(qmodel, True)
+    if config.bias_correction:
+        bias_correct(qmodel, xs)
+    qmodel.train(was_training)
+    return qmodel
+
+
+def _channel_mean(out: torch.Tensor) -> torch.Tensor:
+    dims = [d for d in range(out.dim()) if d != 1] if out.dim() > 2 else [0]
+    return out.float().mean(dim=dims)
+
+
+@torch.no_grad()
+def bias_correct(qmodel: nn.Module, xs: list[torch.Tensor]) -> None:
+    """Empirical bias correction, layer by layer in forward order (see the module docstring).
+
+    Two passes over all calibration images as one batch: a float pass records each layer's
+    per-channel output mean; in the quantized pass, a hook on each layer adds the difference to
+    the layer's bias *and* to its output before the next layers run, which is exactly the
+    sequential algorithm (each layer corrected with the layers before it already corrected)
+    at the cost of one forward pass."""
+    qmodel.eval()
+    x = torch.cat(xs) if len(xs) > 1 else xs[0]
+    layers = quant_layers(qmodel)
+    float_means: dict[str, torch.Tensor] = {}
+    corrected: set[str] = set()
+
+    def record(name):
+        def hook(_m, _inp, out):
+            float_means.setdefault(name, _channel_mean(out))
+        return hook
+
+    def correct(name):
+        def hook(module, _inp, out):
+            if name in corrected or name not in float_means:
+                return None
+            corrected.add(name)
+            delta = float_means[name] - _channel_mean(out)
+            module.bias.add_(delta.to(module.bias.dtype))
+            shape = [1] * out.dim()
+            shape[1 if out.dim() > 1 else 0] = -1
+            return out + delta.view(shape).to(out.dtype)
+        return hook
+
+    for hook_fn, enabled in ((record, False), (correct, True)):
+        handles = [m.register_forward_hook(hook_fn(n)) for n, m in layers]
+        set_quantizers_enabled(qmodel, enabled)
+        try:
+            qmodel(x)
+        finally:
+            for h in handles:
+                h.remove()
+            set_quantizers_enabled(qmodel, True)
+
+
+def ptq(model: nn.Module, policy: QuantPolicy, batches: Iterable, config: PTQConfig | None = None,
+        *, example_input: torch.Tensor | None = None) -> nn.Module:
+    """Post-training quantization of ``model`` under ``policy``; returns a new model in eval
+    mode. ``batches``: calibration data, ``(x, y)`` pairs or tensors (e.g. a BatchLoader over
+    training images without augmentation)."""
+    config = config or PTQConfig()
+    config.validate()
+    qmodel = quantize_model(model, policy, residual=config.residual, add_bits=config.add_bits,
+                            weight_observer=config.weight_observer, mse_grid=config.mse_grid,
+                            example_input=example_input)
+    return calibrate(qmodel, batches, config).eval()
+
+
+def policy_of(qmodel: nn.Module) -> QuantPolicy:
+    """The policy a quantized model was built with."""
+    return QuantPolicy({n: (m.w_bits, m.a_bits) for n, m in quant_layers(qmodel)})
+

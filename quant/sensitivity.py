@@ -1,0 +1,213 @@
+"""Per-layer quantization sensitivity, the input of mixed-precision allocation.
+
+Two estimators, both returning a :class:`quant.allocate.SensitivityTable`
+(layer -> {(w_bits, a_bits): sensitivity}):
+
+* :func:`hessian_sensitivity` (HAWQ-V2, Dong et al. 2020): ``Omega_L(b) = Tr(H_L) / n_L *
+  ||Q_b(W_L) - W_L||^2``, the second-order loss increase from quantizing layer L's ``n_L``
+  (BN-folded) weights to ``b`` bits, with the Hessian trace of the loss w.r.t. those weights
+  estimated by Hutchinson's method (``E[v^T H v]`` with Rademacher ``v``; one Hessian-vector
+  product per sample gives every layer's trace, because the cross terms of independent ``v``
+  vanish in expectation). It prices weights only: candidates that differ only in ``a_bits``
+  get equal values. Non-positive traces (non-convex regions, estimator noise) are floored at
+  1e-3 of the mean positive average trace. Hard-sigmoid/h-swish modules are swapped for
+  clamp-based equivalents in the (folded) copy, since PyTorch cannot differentiate them twice.
+* :func:`measured_sensitivity`: quantize *only* layer L to each candidate (PTQ ranges, every
+  other layer float) and measure the loss increase (or the top-1 drop) on held-out batches.
+  Covers weights and activations, costs one evaluation per layer and candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from quant.allocate import SensitivityTable
+from quant.fake_quant import quant_layers, quantizable_layer_names, set_quantizers_enabled
+from quant.fold import fold_bn
+from quant.observers import weight_qparams
+from quant.policy import FLOAT_BITS, check_bits, uniform
+from quant.ptq import PTQConfig, _model_device, calibration_batches, ptq
+from supernet.errors import UserError
+
+__all__ = ["hessian_sensitivity", "hutchinson_trace", "measured_sensitivity", "weight_perturbation"]
+
+Pair = tuple[int, int]
+
+
+class _Hardsigmoid2(nn.Module):
+    """``hardsigmoid`` written with ``clamp``, which autograd can differentiate twice
+    (PyTorch has no derivative for ``hardsigmoid_backward``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp(x / 6.0 + 0.5, 0.0, 1.0)
+
+
+class _Hardswish2(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.clamp(x / 6.0 + 0.5, 0.0, 1.0)
+
+
+def _twice_differentiable(model: nn.Module) -> nn.Module:
+    """Swap (in place) activation modules without second derivatives for equivalent ones."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, (nn.Hardsigmoid, nn.Hardswish)):
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, _Hardsigmoid2() if isinstance(module, nn.Hardsigmoid) else _Hardswish2())
+    return model
+
+
+def hutchinson_trace(loss_fn: Callable[[], torch.Tensor], params: Mapping[str, torch.Tensor], *,
+                     n_samples: int = 32, seed: int = 0) -> dict[str, float]:
+    """Hutchinson estimates of ``Tr(H_p)`` for each parameter ``p`` (the diagonal block of the
+    Hessian of ``loss_fn()`` w.r.t. ``p``), averaged over ``n_samples`` Rademacher vectors."""
+    if n_samples < 1:
+        raise UserError(f"n_samples must be positive, got {n_samples}")
+    names, tensors = list(params), list(params.values())
+    loss = loss_fn()
+    grads = torch.autograd.grad(loss, tensors, create_graph=True)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    sums = [0.0] * len(tensors)
+    for i in range(n_samples):
+        vs = [(torch.randint(0, 2, t.shape, generator=gen) * 2 - 1).to(t.device, t.dtype) for t in tensors]
+        hvs = torch.autograd.grad(grads, tensors, grad_outputs=vs, retain_graph=i < n_samples - 1)
+        for k, (v, hv) in enumerate(zip(vs, hvs)):
+            sums[k] += float((v * hv).sum())
+    return {n: s / n_samples for n, s in zip(names, sums)}
+
+
+@torch.no_grad()
+def weight_perturbation(weight: torch.Tensor, bits: int, method: str = "minmax") -> float:
+    """``||Q(W) - W||^2`` for symmetric per-channel quantization at ``bits`` (0 for float)."""
+    if bits >= FLOAT_BITS:
+        return 0.0
+    scale = weight_qparams(weight, bits, method).view(-1, *([1] * (weight.dim() - 1)))
+    qmax = 2 ** (bits - 1) - 1
+    q = torch.clamp(torch.round(weight / scale), -qmax, qmax) * scale
+    return float(((q - weight) ** 2).sum())
+
+
+def _check_candidates(candidates: Sequence[Pair]) -> list[Pair]:
+    if not candidates:
+        raise UserError("sensitivity needs at least one candidate (w_bits, a_bits)")
+    out = []
+    for pair in candidates:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise UserError(f"candidates must be (w_bits, a_bits) pairs, got {pair!r}")
+        out.append((check_bits(pair[0], "weight", "<candidate>"), check_bits(pair[1], "activation", "<candidate>")))
+    return out
+
+
+def _labelled(batches: Iterable, max_images: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    xs, ys, seen = [], [], 0
+    for batch in batches:
+        if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+            raise UserError("sensitivity needs labelled batches: (inputs, labels) pairs")
+        x, y = batch[0], batch[1]
+        take = min(x.shape[0], max_images - seen)
+        xs.append(x[:take].to(device))
+        ys.append(y[:take].to(device))
+        seen += take
+        if seen >= max_images:
+            break
+    if not xs:
+        raise UserError("sensitivity data is empty; expected (inputs, labels) batches")
+    return torch.cat(xs), torch.cat(ys)
+
+
+def hessian_sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[Pair], *,
+                        max_images: int = 512, n_samples: int = 32, weight_observer: str = "minmax",
+                        seed: int = 0, chunk: int = 256) -> SensitivityTable:
+    """HAWQ-V2 sensitivity of every Conv2d/Linear of ``model`` (BN folded; ``model`` unchanged)
+    for each candidate, from the cross-entropy loss on up to ``max_images`` labelled images."""
+    candidates = _check_candidates(candidates)
+    device = _model_device(model)
+    folded = _twice_differentiable(fold_bn(model).eval())
+    x, y = _labelled(batches, max_images, device)
+    names = quantizable_layer_names(folded)
+    modules = dict(folded.named_modules())
+    params = {n: modules[n].weight for n in names}
+    for p in folded.parameters():
+        p.requires_grad_(False)
+    for p in params.values():
+        p.requires_grad_(True)
+
+    def loss_fn() -> torch.Tensor:
+        total = 0.0
+        for i in range(0, x.shape[0], chunk):
+            xb, yb = x[i:i + chunk], y[i:i + chunk]
+            total = total + F.cross_entropy(folded(xb), yb, reduction="sum")
+        return total / x.shape[0]
+
+    traces = hutchinson_trace(loss_fn, params, n_samples=n_samples, seed=seed)
+    # Away from a minimum (or from estimator noise) a layer's trace can come out <= 0; the
+    # quadratic model then promises a free lunch, which is wrong. Such traces are floored at a
+    # small fraction of the mean positive average trace, keeping the order by perturbation.
+    avg = {n: traces[n] / params[n].numel() for n in names}
+    positive = [v for v in avg.values() if v > 0]
+    floor = 1e-3 * (sum(positive) / len(positive)) if positive else 1e-12
+    values: dict[str, dict[Pair, float]] = {}
+    for n in names:
+        w = params[n].detach()
+        avg_trace = max(avg[n], floor)
+        values[n] = {(wb, ab): avg_trace * weight_perturbation(w, wb, weight_observer)
+                     for wb, ab in candidates}
+    return SensitivityTable(values, "hessian", {"traces": traces, "trace_floor": floor,
+                                                "n_samples": n_samples,
+                                                "images": int(x.shape[0])})
+
+
+@torch.no_grad()
+def _loss_acc(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int = 512) -> tuple[float, float]:
+    loss = correct = 0.0
+    for i in range(0, x.shape[0], chunk):
+        out = model(x[i:i + chunk]).float()
+        loss += float(F.cross_entropy(out, y[i:i + chunk], reduction="sum"))
+        correct += float((out.argmax(1) == y[i:i + chunk]).sum())
+    return loss / x.shape[0], 100.0 * correct / x.shape[0]
+
+
+def measured_sensitivity(model: nn.Module, calib_batches: Iterable, eval_batches: Iterable,
+                         candidates: Sequence[Pair], *, metric: str = "loss",
+                         config: PTQConfig | None = None, max_eval_images: int = 1024,
+                         progress: bool = False) -> SensitivityTable:
+    """Sensitivity by measurement: for each candidate, the network is quantized and calibrated
+    once (PTQ ranges come from float activations, so they do not depend on the other layers),
+    then each layer alone is switched on and the loss increase (``metric="loss"``) or top-1
+    drop in points (``"accuracy"``) vs float is measured on ``eval_batches``."""
+    if metric not in ("loss", "accuracy"):
+        raise UserError(f"unknown sensitivity metric {metric!r}; expected 'loss' or 'accuracy'")
+    candidates = _check_candidates(candidates)
+    config = config or PTQConfig()
+    config = PTQConfig(**{**config.__dict__, "bias_correction": False})
+    device = _model_device(model)
+    calib = calibration_batches(calib_batches, config.max_images, device)
+    x, y = _labelled(eval_batches, max_eval_images, device)
+    names = quantizable_layer_names(model)
+    values: dict[str, dict[Pair, float]] = {n: {} for n in names}
+    base: tuple[float, float] | None = None
+    bar = tqdm(total=len(candidates) * len(names), desc="sensitivity", disable=not progress, leave=False)
+    for w_bits, a_bits in candidates:
+        if (w_bits, a_bits) == (FLOAT_BITS, FLOAT_BITS):
+            for n in names:
+                values[n][(w_bits, a_bits)] = 0.0
+            bar.update(len(names))
+            continue
+        qmodel = ptq(model, uniform(model, w_bits, a_bits), calib, config)
+        if base is None:
+            set_quantizers_enabled(qmodel, False)
+            base = _loss_acc(qmodel, x, y)
+        for n, _ in quant_layers(qmodel):
+            set_quantizers_enabled(qmodel, False)
+            set_quantizers_enabled(qmodel, True, names={n})
+            loss, acc = _loss_acc(qmodel, x, y)
+            values[n][(w_bits, a_bits)] = loss - base[0] if metric == "loss" else base[1] - acc
+            bar.update(1)
+    bar.close()
+    return SensitivityTable(values, metric, {"float_loss": base[0] if base else None,
+                                             "float_top1": base[1] if base else None})

@@ -1,0 +1,525 @@
+"""Train, resume, evaluate and benchmark supernets (and standalone subnets) on CIFAR-sized data.
+
+The entry point for the GPU machine; it needs only torch and numpy (tqdm is optional; Pillow
+only to decode JPEG datasets, which a pre-decoded ``.npz`` avoids)::
+
+    python -m supernet.train_cifar prepare --out data/cifar10-decoded.npz   # decode once (Pillow)
+    python -m supernet.train_cifar --data data/cifar10-decoded.npz --space mbv3 \\
+        --schedule deps --epochs 60 --batch-size 512 --out runs/mbv3 --max-minutes 9
+    python -m supernet.train_cifar --out runs/mbv3 --resume --max-minutes 9 --eval
+    python -m supernet.train_cifar --data ... --standalone largest --epochs 60 --out runs/sa-largest
+    torchrun --nproc_per_node=2 -m supernet.train_cifar --data ... --out runs/mbv3-ddp ...
+
+A run directory (``--out``) holds ``run.json`` (the settings; ``--resume`` reads them back, so
+a resumed chunk needs only ``--out``), ``checkpoint.pt`` (resumable: weights, optimizer, step,
+RNG states), ``train_log.json`` (one record per invocation: steps, seconds, images/s; the
+per-epoch losses), and once training is complete ``supernet.pt`` (or ``model.pt`` for
+``--standalone``: final weights only, ``--half-weights`` for float16) and with ``--eval``
+``eval.json`` (top-1 of the largest, smallest and three random subnets on the test split,
+each extracted and BatchNorm-recalibrated on training images).
+
+``--max-minutes`` ends training (with a checkpoint) once that much time has passed since the
+command started, so a long training is a series of commands below a per-command limit; each
+prints ``not finished`` and the next one continues with ``--resume``.
+
+Bad input raises :class:`supernet.errors.UserError`: one ``train_cifar: error: ...`` line and
+exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from supernet.data import DatasetSplits, ImageSplit, load_dataset
+from supernet.errors import UserError
+
+PROG = "train_cifar"
+EXIT_USER_ERROR = 2
+#: Keys of a pre-decoded dataset file written by ``prepare``.
+DECODED_KEYS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test", "classes", "mean", "std")
+#: Seed of the random subnets that ``--eval`` reports (and ``--standalone randomN`` trains).
+EVAL_SEED = 2024
+NUM_RANDOM_EVAL = 3
+
+
+# -- pre-decoded datasets --------------------------------------------------------------------------
+
+def save_decoded(data: DatasetSplits, path: str | Path) -> Path:
+    """Write a dataset's splits as raw uint8 arrays (NCHW) with labels, class names and the
+    train statistics, so that a machine without Pillow can load it (:func:`load_decoded`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp.npz")
+    np.savez(
+        tmp,
+        x_train=data.train.images.numpy(), y_train=data.train.labels.numpy(),
+        x_val=data.val.images.numpy(), y_val=data.val.labels.numpy(),
+        x_test=data.test.images.numpy(), y_test=data.test.labels.numpy(),
+        classes=np.asarray(data.classes), mean=np.asarray(data.mean, dtype=np.float64),
+        std=np.asarray(data.std, dtype=np.float64), name=np.asarray(data.name),
+        augment=np.asarray(data.augment),
+    )
+    os.replace(tmp, path)
+    return path
+
+
+def is_decoded(path: str | Path) -> bool:
+    """Whether ``path`` is a ``.npz`` written by :func:`save_decoded`."""
+    path = Path(path)
+    if not (path.is_file() and path.suffix.lower() == ".npz"):
+        return False
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return "x_train" in npz.files
+    except Exception:
+        return False
+
+
+def load_decoded(path: str | Path) -> DatasetSplits:
+    """Load a file written by :func:`save_decoded` (numpy only, no image decoding)."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [k for k in DECODED_KEYS if k not in npz.files]
+            if missing:
+                raise UserError(f"{path} is not a decoded dataset: missing key(s) {', '.join(missing)}")
+            a = {k: npz[k] for k in npz.files}
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(f"cannot read decoded dataset {path}: {exc}") from None
+
+    def split(x: str, y: str) -> ImageSplit:
+        images, labels = a[x], a[y]
+        if images.dtype != np.uint8 or images.ndim != 4 or labels.shape != (images.shape[0],):
+            raise UserError(f"{path}: {x} must be uint8 (N, C, H, W) with {y} of length N, got "
+                            f"{images.dtype} {images.shape} and {labels.shape}")
+        return ImageSplit(torch.from_numpy(np.ascontiguousarray(images)),
+                          torch.from_numpy(labels.astype(np.int64)))
+
+    return DatasetSplits(
+        name=str(a["name"]) if "name" in a else path.stem,
+        train=split("x_train", "y_train"), val=split("x_val", "y_val"),
+        test=split("x_test", "y_test"),
+        classes=[str(c) for c in a["classes"].tolist()],
+        mean=tuple(float(v) for v in a["mean"]), std=tuple(float(v) for v in a["std"]),
+        augment=str(a["augment"]) if "augment" in a else "crop_flip",
+    )
+
+
+def load_data(spec: str, *, seed: int = 0, limit_train: int | None = None,
+              limit_eval: int | None = None) -> DatasetSplits:
+    """A decoded ``.npz`` (fast, numpy only) or anything :func:`supernet.data.load_dataset`
+    reads; optionally only ``limit_train`` training and ``limit_eval`` val/test images, a
+    random subset drawn with ``seed`` (smoke runs)."""
+    data = load_decoded(spec) if is_decoded(spec) else load_dataset(spec, seed=seed)
+
+    def head(s: ImageSplit, n: int | None) -> ImageSplit:
+        # a seeded random subset (files may be sorted by class, so the first n would not do)
+        if n is None or n >= len(s):
+            return s
+        idx = torch.from_numpy(np.sort(np.random.default_rng(seed).permutation(len(s))[:n]))
+        return ImageSplit(s.images[idx].contiguous(), s.labels[idx].contiguous())
+
+    if limit_train is not None or limit_eval is not None:
+        data = DatasetSplits(data.name, head(data.train, limit_train), head(data.val, limit_eval),
+                             head(data.test, limit_eval), data.classes, data.mean, data.std,
+                             data.augment)
+    return data
+
+
+# -- command line ------------------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USER_ERROR, f"{PROG}: error: {message} (see '--help')\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+#: Settings that define a training run (stored in run.json; --resume takes them from there).
+RUN_KEYS = ("data", "space", "schedule", "epochs", "batch_size", "lr", "weight_decay",
+            "label_smoothing", "warmup_epochs", "num_random", "full_fraction", "seed", "standalone",
+            "limit_train", "limit_eval", "compile")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from supernet.train import SCHEDULES
+
+    p = _Parser(prog=f"python -m supernet.{PROG}",
+                description="Train an hwnas supernet (or a standalone subnet) on CIFAR-sized "
+                            "images, resumably, on CPU, one GPU or several (torchrun). "
+                            "'prepare --out FILE' decodes a dataset into a numpy-only .npz.")
+    p.add_argument("--data", default="cifar10",
+                   help="a decoded .npz from 'prepare', or any dataset hwnas reads ('cifar10', a "
+                        "cifar10-jpeg .npz, 'digits', ...) (default: cifar10)")
+    p.add_argument("--space", default="mbv3", help="search space (default: mbv3)")
+    p.add_argument("--schedule", choices=SCHEDULES, default="sandwich",
+                   help="supernet schedule preset (default: sandwich)")
+    p.add_argument("--epochs", type=_positive_int, default=30, help="training epochs (default 30)")
+    p.add_argument("--batch-size", type=_positive_int, default=256,
+                   help="global batch size over all processes (default 256)")
+    p.add_argument("--lr", type=_positive_float, default=None,
+                   help="peak learning rate (default 0.1 × batch size / 128)")
+    p.add_argument("--weight-decay", type=float, default=5e-4, help="(default 5e-4)")
+    p.add_argument("--label-smoothing", type=float, default=0.1, help="(default 0.1)")
+    p.add_argument("--warmup-epochs", type=float, default=2.0, help="(default 2)")
+    p.add_argument("--num-random", type=int, default=2,
+                   help="random subnets per sandwich step (default 2)")
+    p.add_argument("--full-fraction", type=float, default=0.5,
+                   help="deps schedule: share of the epochs that train only the full network "
+                        "(default 0.5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of data order, augmentation, subnets")
+    p.add_argument("--out", help="run directory (checkpoint, logs, final weights, eval)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true",
+                   help="continue the run in --out with its recorded settings")
+    g.add_argument("--overwrite", action="store_true", help="start the run in --out afresh")
+    p.add_argument("--max-minutes", type=_positive_float, default=None,
+                   help="stop training (checkpointed) this many minutes after the command started")
+    p.add_argument("--checkpoint-every-s", type=_positive_float, default=120.0,
+                   help="seconds between checkpoints while training (default 120)")
+    p.add_argument("--eval", action="store_true",
+                   help="once training is complete: test top-1 of largest, smallest and 3 random "
+                        "subnets (BN recalibrated) -> eval.json")
+    p.add_argument("--standalone", metavar="ARCH",
+                   help="train this subnet from scratch instead of the supernet: an arch string, "
+                        "'largest', 'smallest' or 'random1'..'random3' (the random subnets --eval reports)")
+    p.add_argument("--compile", nargs="?", const="default", default=None,
+                   metavar="MODE", help="torch.compile the standalone model (optional mode: "
+                   "default, reduce-overhead, max-autotune); ignored for supernets")
+    p.add_argument("--bench-steps", type=_positive_int, default=None,
+                   help="only measure training images/s over this many steps (after warm-up)")
+    p.add_argument("--limit-train", type=_positive_int, default=None,
+                   help="use only N training images, a seeded random subset (smoke runs)")
+    p.add_argument("--limit-eval", type=_positive_int, default=None,
+                   help="use only N validation and N test images (smoke runs)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                   help="auto = bf16 autocast on CUDA, fp32 on CPU")
+    p.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto",
+                   help="auto = on for CUDA")
+    p.add_argument("--half-weights", action="store_true",
+                   help="write the final supernet.pt in float16 (half the size, for shipping)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def build_prepare_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=f"python -m supernet.{PROG} prepare",
+                description="Decode a dataset once (needs Pillow for JPEGs) into a numpy-only .npz "
+                            "that --data reads without Pillow.")
+    p.add_argument("--source", default="cifar10",
+                   help="dataset to decode (default: cifar10, the shared cifar10-jpeg.npz)")
+    p.add_argument("--out", required=True, help="the .npz to write")
+    p.add_argument("--seed", type=int, default=0, help="seed of the train/validation split")
+    return p
+
+
+def cmd_prepare(argv: list[str]) -> int:
+    args = build_prepare_parser().parse_args(argv)
+    out = Path(args.out)
+    if out.suffix.lower() != ".npz":
+        raise UserError(f"--out {out}: expected a file name ending in .npz")
+    t0 = time.perf_counter()
+    data = load_dataset(args.source, seed=args.seed)
+    save_decoded(data, out)
+    print(f"decoded {data.name}: {len(data.train)} train, {len(data.val)} val, {len(data.test)} "
+          f"test images {tuple(data.train.images.shape[1:])} in {time.perf_counter() - t0:.1f} s "
+          f"-> {out} ({out.stat().st_size / 2**20:.0f} MiB)")
+    return 0
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    s = {k: getattr(args, k) for k in RUN_KEYS}
+    if s["lr"] is None:
+        s["lr"] = 0.1 * s["batch_size"] / 128
+    return s
+
+
+def _eval_archs(space) -> list[tuple[str, Any]]:
+    rng = np.random.default_rng(EVAL_SEED)
+    archs = [("largest", space.largest()), ("smallest", space.smallest())]
+    archs += [(f"random{i + 1}", space.sample(rng)) for i in range(NUM_RANDOM_EVAL)]
+    return archs
+
+
+def _resolve_arch(space, text: str):
+    named = dict(_eval_archs(space))
+    if text in named:
+        return named[text]
+    try:
+        return space.from_string(text)
+    except UserError as exc:
+        raise UserError(f"--standalone {text!r}: {exc} (or use one of {list(named)})") from None
+
+
+def _train_config(s: dict[str, Any], space):
+    from supernet.train import schedule_config, standalone_config
+
+    common = dict(batch_size=s["batch_size"], lr=s["lr"], weight_decay=s["weight_decay"],
+                  label_smoothing=s["label_smoothing"], warmup_epochs=s["warmup_epochs"],
+                  seed=s["seed"])
+    if s["standalone"]:
+        return standalone_config(s["epochs"], **common)
+    if s["schedule"] == "sandwich":
+        from supernet.train import TrainConfig, TrainStage
+
+        return TrainConfig(stages=[TrainStage("sandwich", s["epochs"], num_random=s["num_random"])],
+                           **common)
+    if s["schedule"] == "deps":
+        return schedule_config("deps", space, s["epochs"], num_random=s["num_random"],
+                               full_fraction=s.get("full_fraction", 0.5), **common)
+    return schedule_config(s["schedule"], space, s["epochs"], num_random=s["num_random"], **common)
+
+
+def _describe(model: torch.nn.Module) -> str:
+    return f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters"
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+def run(argv: list[str] | None = None, *, started: float | None = None) -> int:
+    """The command (see the module docstring); returns the exit status."""
+    started = time.perf_counter() if started is None else started
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["prepare"]:
+        return cmd_prepare(argv[1:])
+    args = build_parser().parse_args(argv)
+
+    from supernet.distributed import init_from_env, shutdown
+
+    ctx, device = init_from_env(args.device)
+    if device.type == "cuda":
+        # autotune convolution algorithms per shape (subnet shapes repeat, so it amortises) and
+        # let fp32 work (evaluation) use TF32 tensor cores
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    try:
+        return _main(args, ctx, device, started)
+    finally:
+        shutdown(ctx)
+
+
+def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -> int:
+    from supernet.evaluate import accuracy, eval_loader, evaluate_subnet
+    from supernet.spaces import get_space
+    from supernet.train import (
+        load_standalone,
+        reinitialize,
+        save_checkpoint,
+        save_standalone,
+        train_standalone,
+        train_supernet,
+    )
+
+    say = print if ctx.is_main else (lambda *a, **k: None)
+    bench = args.bench_steps is not None
+    out = Path(args.out) if args.out else None
+    if out is None and not bench:
+        raise UserError("--out DIR is required (except with --bench-steps)")
+    run_file = out / "run.json" if out else None
+    if args.resume:
+        if not (run_file and run_file.is_file()):
+            raise UserError(f"--resume: {out} holds no run (no run.json); start one without --resume")
+        settings = json.loads(run_file.read_text())["settings"]
+    else:
+        if run_file and run_file.is_file() and not args.overwrite and not bench:
+            raise UserError(f"{out} already holds a run; pass --resume to continue it or "
+                            f"--overwrite to start afresh")
+        settings = _settings(args)
+    if settings["compile"] and not settings["standalone"]:
+        say("note: --compile applies to --standalone only; a supernet recompiles for nearly every "
+            "subnet, so it trains eagerly")
+
+    data = load_data(settings["data"], seed=0, limit_train=settings["limit_train"],
+                     limit_eval=settings["limit_eval"])
+    h, w = data.image_size
+    if h != w:
+        raise UserError(f"space {settings['space']} needs square images; the dataset's are {h}x{w}")
+    space = get_space(settings["space"], in_channels=data.in_channels, image_size=h,
+                      num_classes=data.num_classes)
+    config = _train_config(settings, space)
+    torch.manual_seed(settings["seed"])
+    supernet = space.build_supernet()
+    arch = None
+    if settings["standalone"]:
+        arch = _resolve_arch(space, settings["standalone"])
+        model = reinitialize(supernet.extract(arch).train(), seed=settings["seed"])
+        del supernet
+        target = model
+    else:
+        model = target = supernet
+    say(f"{'standalone ' + space.to_string(arch) if arch is not None else 'supernet ' + space.name}: "
+        f"{_describe(target)}; data {data.name}: {len(data.train)} train images; device {device}"
+        f"{f' x {ctx.world_size} processes' if ctx.enabled else ''}; "
+        f"{len(config.stages)} stage(s) {[(s.name, s.epochs) for s in config.stages]}")
+
+    common = dict(device=device, progress=not args.quiet, precision=args.precision,
+                  channels_last={"auto": None, "on": True, "off": False}[args.channels_last],
+                  dist=ctx, dataset=data.name)
+
+    def fit(**kw):
+        if arch is not None:
+            return train_standalone(model, data, config=config, space=space, arch=arch,
+                                    compile=settings["compile"] or False, **common, **kw)
+        return train_supernet(model, space, data, config, **common, **kw)
+
+    if bench:
+        warm = min(5, args.bench_steps)
+        fit(max_steps=warm)
+        result = fit(max_steps=args.bench_steps)
+        say(f"bench: {result.step} steps, {result.images} images in {result.seconds:.2f} s: "
+            f"{result.images_per_s:.0f} images/s (batch {config.batch_size}, "
+            f"{'standalone' if arch is not None else config.stages[0].name} step)")
+        if out is not None and ctx.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            _write_json(out / "bench.json", {"steps": result.step, "seconds": result.seconds,
+                                            "images_per_s": result.images_per_s,
+                                            "batch_size": config.batch_size,
+                                            "world_size": ctx.world_size, "device": str(device),
+                                            "settings": settings})
+        return 0
+
+    assert out is not None and run_file is not None
+    ckpt = out / "checkpoint.pt"
+    log_file = out / "train_log.json"
+    if ctx.is_main:
+        if not args.resume:
+            if args.overwrite:
+                for name in ("checkpoint.pt", "train_log.json", "supernet.pt", "model.pt",
+                             "eval.json", "run.json"):
+                    (out / name).unlink(missing_ok=True)
+            out.mkdir(parents=True, exist_ok=True)
+            _write_json(run_file, {"settings": settings, "train_config": config.to_dict(),
+                                   "space_config": space.config()})
+    from supernet.distributed import barrier
+
+    barrier(ctx)
+    resume_from = ckpt if args.resume and ckpt.is_file() else None
+    log = json.loads(log_file.read_text()) if log_file.is_file() else {"chunks": []}
+    done = bool(log.get("completed"))
+    if not done:
+        budget = None
+        if args.max_minutes is not None:
+            budget = max(0.0, args.max_minutes * 60.0 - (time.perf_counter() - started))
+        result = fit(resume_from=resume_from, checkpoint_path=ckpt,
+                     checkpoint_every_s=args.checkpoint_every_s, max_seconds=budget)
+        done = result.completed
+        say(f"trained steps {result.step - round(result.images / config.batch_size)}..{result.step} "
+            f"of {result.total_steps} in {result.seconds:.1f} s: {result.images_per_s:.0f} images/s"
+            f" (total {result.total_seconds:.0f} s)")
+        if ctx.is_main:
+            log["chunks"].append({
+                "argv": sys.argv, "end_step": result.step, "images": result.images,
+                "seconds": result.seconds, "images_per_s": result.images_per_s,
+                "world_size": ctx.world_size, "device": str(device),
+                "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                "torch": torch.__version__,
+            })
+            images = sum(c["images"] for c in log["chunks"])
+            secs = sum(c["seconds"] for c in log["chunks"])
+            log.update(settings=settings, epochs=config.epochs, completed=done,
+                       step=result.step, total_steps=result.total_steps,
+                       train_seconds=secs, images_per_s=images / max(secs, 1e-9),
+                       history=result.history)
+            _write_json(log_file, log)
+            if done:
+                if arch is not None:
+                    save_standalone(out / "model.pt", model, space, arch, dataset=data.name,
+                                    train_config=config)
+                else:
+                    save_checkpoint(out / "supernet.pt", model, space, dataset=data.name,
+                                    train_config=config, half=args.half_weights,
+                                    extra={"train_seconds": secs, "history": result.history})
+        if not done:
+            say(f"not finished: step {result.step} of {result.total_steps}; continue with "
+                f"--out {out} --resume")
+    else:
+        say(f"{out}: training already complete ({log.get('step')} steps)")
+        if args.eval and ctx.is_main:  # weights from the last checkpoint
+            from supernet.train import load_checkpoint
+
+            if arch is not None:
+                _, _, loaded, _ = load_standalone(ckpt, device=device)
+                model = loaded
+            else:
+                _, model, _ = load_checkpoint(ckpt, device=device, space=space)
+
+    if args.eval and done and ctx.is_main:
+        t0 = time.perf_counter()
+        model = model.float().to(memory_format=torch.contiguous_format)
+        rows = []
+        if arch is not None:
+            model.eval()
+            acc = accuracy(model, eval_loader(data, data.test, batch_size=500, device=device))
+            rows.append({"role": settings["standalone"], "arch": space.to_string(arch), "top1": acc,
+                         "flops": space.flops(arch), "params": space.params(arch)})
+        else:
+            for role, a in _eval_archs(space):
+                acc, _ = evaluate_subnet(model, a, data, split="test", batch_size=500)
+                rows.append({"role": role, "arch": space.to_string(a), "top1": acc,
+                             "flops": space.flops(a), "params": space.params(a)})
+        for r in rows:
+            say(f"  {r['role']:9s} test top-1 {r['top1']:6.2f}%  {r['flops'] / 1e6:7.1f} MFLOPs  "
+                f"{r['params'] / 1e6:5.2f} M params  {r['arch']}")
+        _write_json(out / "eval.json", {"split": "test", "images": len(data.test),
+                                        "bn_recalibration": arch is None, "subnets": rows,
+                                        "seconds": time.perf_counter() - t0,
+                                        "settings": settings})
+    elif args.eval and ctx.is_main:
+        say("eval skipped: training is not finished")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
+    try:
+        return run(argv, started=started)
+    except UserError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; continue with --resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
