@@ -24,7 +24,6 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -43,6 +42,8 @@ from latency.estimators.fpga import ZCU102, FPGAEstimator  # noqa: E402
 from supernet.layers import total_macs, total_params  # noqa: E402
 from supernet.spaces import get_space  # noqa: E402
 
+from latency.machine import describe_machine  # noqa: E402
+
 TARGETS = ("fpga", "eyeriss")
 CONTEXT = ("raspi4", "pixel3", "gold_6240", "1080ti_1")
 OUT_JSON = Path(__file__).with_suffix(".json")
@@ -50,15 +51,7 @@ OUT_MD = Path(__file__).with_suffix(".md")
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} threads, no GPU used"
+    return describe_machine("no GPU used")
 
 
 def estimators() -> dict[str, object]:

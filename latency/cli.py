@@ -36,37 +36,11 @@ from supernet.errors import UserError
 __all__ = ["add_latency_parser", "run_latency", "measure_dir", "adapt_device", "predict_csv",
            "default_predictor"]
 
+from supernet.cli_args import non_negative_int, positive_float, positive_int  # noqa: E402
+
 EXIT_SOME_UNSTABLE = 1
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return value
 
 
 def add_latency_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
@@ -81,10 +55,10 @@ def add_latency_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
 
     m = lsub.add_parser("measure", help="measure every .onnx model of a directory with onnxruntime")
     m.add_argument("dir", help="directory of .onnx models (e.g. a run's models/)")
-    m.add_argument("--threads", type=_positive_int, default=1, help="onnxruntime threads (default 1)")
-    m.add_argument("--repeats", type=_positive_int, default=50, help="timed runs per model (default 50)")
-    m.add_argument("--warmup", type=_non_negative_int, default=10, help="untimed runs first (default 10)")
-    m.add_argument("--max-cv", type=_positive_float, default=0.1,
+    m.add_argument("--threads", type=positive_int, default=1, help="onnxruntime threads (default 1)")
+    m.add_argument("--repeats", type=positive_int, default=50, help="timed runs per model (default 50)")
+    m.add_argument("--warmup", type=non_negative_int, default=10, help="untimed runs first (default 10)")
+    m.add_argument("--max-cv", type=positive_float, default=0.1,
                    help="leave out models whose coefficient of variation exceeds this (default 0.1)")
     m.add_argument("--out", help="CSV to write (arch,latency_ms,p95_ms,cv,file); default: print it")
     m.add_argument("--overwrite", action="store_true", help="replace an existing --out file")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -123,14 +122,9 @@ def subnet_archs(space) -> dict[str, Any]:
 
 
 def machine_description(device: str | torch.device = "cpu") -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from latency.machine import cpu_model
+
+    cpu = cpu_model()
     text = f"{cpu}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         text += f", GPU {torch.cuda.get_device_name(torch.device(device))}"

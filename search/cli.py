@@ -7,30 +7,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 from latency.cli import add_latency_parser, run_latency
+from supernet.cli_args import EXIT_USER_ERROR, OneLineParser, positive_int
 from supernet.errors import UserError
 
-EXIT_USER_ERROR = 2
 
 
-class _Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line (no usage block), like every other error."""
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def _common(p: argparse.ArgumentParser, d) -> None:
@@ -49,20 +33,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = RunConfig()  # one source of defaults for the API and the CLI
 
-    parser = _Parser(prog="hwnas", description="Hardware-aware NAS: supernets, "
+    parser = OneLineParser(prog="hwnas", description="Hardware-aware NAS: supernets, "
                                      "latency, quantization, multi-objective search, ONNX export.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     r = sub.add_parser("run", help="train a supernet (or load one), search it, export the Pareto front")
     _common(r, d)
     r.add_argument("--supernet", help="use this supernet checkpoint instead of training one")
-    r.add_argument("--epochs", type=_positive_int, default=d.epochs,
+    r.add_argument("--epochs", type=positive_int, default=d.epochs,
                    help=f"supernet training epochs (default {d.epochs})")
-    r.add_argument("--trials", type=_positive_int, default=d.trials,
+    r.add_argument("--trials", type=positive_int, default=d.trials,
                    help=f"search trials in total (default {d.trials})")
     r.add_argument("--sampler", choices=SAMPLERS, default=d.sampler,
                    help=f"Optuna sampler (default {d.sampler})")
-    r.add_argument("--threads", type=_positive_int, default=d.latency_threads,
+    r.add_argument("--threads", type=positive_int, default=d.latency_threads,
                    help=f"onnxruntime threads for latency measurement (default {d.latency_threads})")
     r.add_argument("--name", help="run name (default: <dataset>-<space>)")
     r.add_argument("--out", default=d.out, help=f"directory of runs (default: {d.out})")
@@ -72,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a supernet and save its checkpoint")
     _common(t, d)
-    t.add_argument("--epochs", type=_positive_int, default=d.epochs, help=f"training epochs (default {d.epochs})")
+    t.add_argument("--epochs", type=positive_int, default=d.epochs, help=f"training epochs (default {d.epochs})")
     t.add_argument("--out", required=True, help="checkpoint file to write (.pt)")
     t.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint")
 

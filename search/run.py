@@ -43,6 +43,7 @@ from search.study import (
 )
 from supernet.data import DatasetSplits, load_dataset
 from supernet.errors import UserError
+from supernet.checkpoints import shipped_checkpoint
 from supernet.evaluate import accuracy, eval_loader
 from supernet.space import SearchSpace
 from supernet.spaces import available_spaces, get_space
@@ -158,11 +159,12 @@ def _obtain_supernet(cfg: RunConfig, data: DatasetSplits, run_dir: Path, progres
     if own.is_file():
         space, supernet, _ = load_checkpoint(own, device=cfg.device)
         return space, supernet, None
-    if cfg.supernet:
-        space, supernet, _ = load_checkpoint(cfg.supernet, device=cfg.device)
+    checkpoint = cfg.supernet or shipped_checkpoint(cfg.space, data.classes)
+    if checkpoint:
+        space, supernet, _ = load_checkpoint(checkpoint, device=cfg.device)
         if space.name != cfg.space:
-            raise UserError(f"checkpoint {cfg.supernet} holds space {space.name!r}, not {cfg.space!r}")
-        _check_compatible(space, data, f"checkpoint {cfg.supernet}")
+            raise UserError(f"checkpoint {checkpoint} holds space {space.name!r}, not {cfg.space!r}")
+        _check_compatible(space, data, f"checkpoint {checkpoint}")
         return space, supernet, None
     h, w = data.image_size
     if h != w:

@@ -33,7 +33,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +40,11 @@ import numpy as np
 import torch
 
 from supernet.data import DatasetSplits, ImageSplit, load_dataset
+from supernet.cli_args import OneLineParser, positive_float, positive_int
 from supernet.errors import UserError
 
 PROG = "train_cifar"
-EXIT_USER_ERROR = 2
+from supernet.cli_args import EXIT_USER_ERROR  # noqa: E402  (re-exported)
 #: Keys of a pre-decoded dataset file written by ``prepare``.
 DECODED_KEYS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test", "classes", "mean", "std")
 #: Seed of the random subnets that ``--eval`` reports (and ``--standalone randomN`` trains).
@@ -140,41 +140,18 @@ def load_data(spec: str, *, seed: int = 0, limit_train: int | None = None,
 
 # -- command line ------------------------------------------------------------------------------------
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(EXIT_USER_ERROR, f"{PROG}: error: {message} (see '--help')\n")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
 
 
 #: Settings that define a training run (stored in run.json; --resume takes them from there).
 RUN_KEYS = ("data", "space", "schedule", "epochs", "batch_size", "lr", "weight_decay",
-            "label_smoothing", "warmup_epochs", "num_random", "full_fraction", "seed", "standalone",
-            "limit_train", "limit_eval", "compile")
+            "label_smoothing", "warmup_epochs", "grad_clip", "num_random", "full_fraction", "seed",
+            "standalone", "limit_train", "limit_eval", "compile")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from supernet.train import SCHEDULES
 
-    p = _Parser(prog=f"python -m supernet.{PROG}",
+    p = OneLineParser(prog=f"python -m supernet.{PROG}",
                 description="Train an hwnas supernet (or a standalone subnet) on CIFAR-sized "
                             "images, resumably, on CPU, one GPU or several (torchrun). "
                             "'prepare --out FILE' decodes a dataset into a numpy-only .npz.")
@@ -184,14 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--space", default="mbv3", help="search space (default: mbv3)")
     p.add_argument("--schedule", choices=SCHEDULES, default="sandwich",
                    help="supernet schedule preset (default: sandwich)")
-    p.add_argument("--epochs", type=_positive_int, default=30, help="training epochs (default 30)")
-    p.add_argument("--batch-size", type=_positive_int, default=256,
+    p.add_argument("--epochs", type=positive_int, default=30, help="training epochs (default 30)")
+    p.add_argument("--batch-size", type=positive_int, default=256,
                    help="global batch size over all processes (default 256)")
-    p.add_argument("--lr", type=_positive_float, default=None,
+    p.add_argument("--lr", type=positive_float, default=None,
                    help="peak learning rate (default 0.1 × batch size / 128)")
     p.add_argument("--weight-decay", type=float, default=5e-4, help="(default 5e-4)")
     p.add_argument("--label-smoothing", type=float, default=0.1, help="(default 0.1)")
     p.add_argument("--warmup-epochs", type=float, default=2.0, help="(default 2)")
+    p.add_argument("--grad-clip", type=float, default=5.0,
+                   help="clip the step's gradient norm (summed over the sandwich's subnets) to "
+                        "this; 0 = off (default 5)")
     p.add_argument("--num-random", type=int, default=2,
                    help="random subnets per sandwich step (default 2)")
     p.add_argument("--full-fraction", type=float, default=0.5,
@@ -203,9 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--resume", action="store_true",
                    help="continue the run in --out with its recorded settings")
     g.add_argument("--overwrite", action="store_true", help="start the run in --out afresh")
-    p.add_argument("--max-minutes", type=_positive_float, default=None,
+    p.add_argument("--max-minutes", type=positive_float, default=None,
                    help="stop training (checkpointed) this many minutes after the command started")
-    p.add_argument("--checkpoint-every-s", type=_positive_float, default=120.0,
+    p.add_argument("--checkpoint-every-s", type=positive_float, default=120.0,
                    help="seconds between checkpoints while training (default 120)")
     p.add_argument("--eval", action="store_true",
                    help="once training is complete: test top-1 of largest, smallest and 3 random "
@@ -216,11 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", nargs="?", const="default", default=None,
                    metavar="MODE", help="torch.compile the standalone model (optional mode: "
                    "default, reduce-overhead, max-autotune); ignored for supernets")
-    p.add_argument("--bench-steps", type=_positive_int, default=None,
+    p.add_argument("--bench-steps", type=positive_int, default=None,
                    help="only measure training images/s over this many steps (after warm-up)")
-    p.add_argument("--limit-train", type=_positive_int, default=None,
+    p.add_argument("--limit-train", type=positive_int, default=None,
                    help="use only N training images, a seeded random subset (smoke runs)")
-    p.add_argument("--limit-eval", type=_positive_int, default=None,
+    p.add_argument("--limit-eval", type=positive_int, default=None,
                    help="use only N validation and N test images (smoke runs)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
@@ -234,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_prepare_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=f"python -m supernet.{PROG} prepare",
+    p = OneLineParser(prog=f"python -m supernet.{PROG} prepare",
                 description="Decode a dataset once (needs Pillow for JPEGs) into a numpy-only .npz "
                             "that --data reads without Pillow.")
     p.add_argument("--source", default="cifar10",
@@ -295,7 +275,7 @@ def _train_config(s: dict[str, Any], space):
 
     common = dict(batch_size=s["batch_size"], lr=s["lr"], weight_decay=s["weight_decay"],
                   label_smoothing=s["label_smoothing"], warmup_epochs=s["warmup_epochs"],
-                  seed=s["seed"])
+                  grad_clip=s.get("grad_clip", 5.0), seed=s["seed"])
     if s["standalone"]:
         return standalone_config(s["epochs"], **common)
     if s["schedule"] == "sandwich":

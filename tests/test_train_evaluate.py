@@ -315,7 +315,6 @@ def test_checkpoint_copy_is_independent_of_later_training(tmp_path):
 
 from supernet.train import (  # noqa: E402
     SCHEDULES,
-    TrainResult,
     deps_config,
     load_standalone,
     progressive_config,

@@ -1,0 +1,29 @@
+"""Supernet checkpoints shipped with the package, found by space and dataset.
+
+``hwnas run --space mbv3 --dataset cifar10`` uses the shipped CIFAR-10 supernet instead of
+training one. A checkpoint is matched on the space name and the dataset's class names, so a
+CIFAR-10 loaded from the npz file, the pickle directory or an ImageFolder with the same classes
+all find it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
+                   "ship", "truck")
+
+#: (space name, class names) -> file in this directory
+SHIPPED: dict[tuple[str, tuple[str, ...]], str] = {
+    ("mbv3", CIFAR10_CLASSES): "mbv3_cifar10.pt",
+}
+
+
+def shipped_checkpoint(space: str, classes: list[str] | tuple[str, ...]) -> Path | None:
+    """The shipped checkpoint for ``space`` trained on a dataset with these classes, if any."""
+    name = SHIPPED.get((space, tuple(c.lower() for c in classes)))
+    if name is None or not (_HERE / name).is_file():
+        return None
+    return _HERE / name
