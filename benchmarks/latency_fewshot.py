@@ -136,9 +136,9 @@ def evaluate(space: Any, tasks: list[Task], metas: list[MetaPredictor | None],
                     elif meta is None:
                         continue
                     elif name == "meta":
-                        refs = [a for a in meta.reference_archs if a in task.table][:n]
-                        if len(refs) < n:
-                            continue
+                        refs = meta.reference_archs[:n]
+                        if len(refs) < n or any(a not in task.table for a in refs):
+                            continue  # the table lacks a reference architecture
                         pred, rows = meta, task.table.rows(refs)
                     elif name == "meta[random]":
                         pred, rows = meta, random_rows[:n]
@@ -236,6 +236,7 @@ def write_json(path: Path, doc: dict) -> None:
     with os.fdopen(fd, "w") as fh:
         json.dump(doc, fh, indent=1)
         fh.write("\n")
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600
     os.replace(tmp, path)
 
 
@@ -345,8 +346,8 @@ def _custom(args: argparse.Namespace, argv: list[str]) -> int:
         missing = [a for a in meta.reference_archs[: max(args.n)] if a not in table]
         if missing:
             print(f"note: the table lacks {len(missing)} of the meta predictor's first "
-                  f"{max(args.n)} reference architectures; 'meta' is scored only where they "
-                  f"are present, 'meta[random]' always")
+                  f"{max(args.n)} reference architectures; 'meta' is scored only for the n "
+                  f"whose first n are all present, 'meta[random]' always")
     predictors = [p for p in args.predictors if p != "meta[help-refs]"]
     acc = evaluate(space, [task], [meta] * args.seeds, None, predictors, args.n, args.seeds)
     rows = to_rows(space.name, acc, "custom")

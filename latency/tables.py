@@ -96,7 +96,7 @@ class LatencyTable:
         return {d: self.column(d) for d in devices}
 
     def rows(self, archs: Sequence[str]) -> np.ndarray:
-        """Row indices of ``archs`` (canonical strings); an unknown one raises :class:`UserError`."""
+        """Row indices of ``archs`` (canonical strings); an unknown one is a :class:`UserError`."""
         out = np.empty(len(archs), dtype=np.int64)
         for i, a in enumerate(archs):
             j = self._row.get(a)

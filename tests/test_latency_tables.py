@@ -18,7 +18,8 @@ from supernet.data import shared_data_dir
 from supernet.errors import UserError
 from supernet.spaces import get_space
 
-A1 = "|nor_conv_3x3~0|+|nor_conv_3x3~0|avg_pool_3x3~1|+|skip_connect~0|nor_conv_3x3~1|skip_connect~2|"
+A1 = ("|nor_conv_3x3~0|+|nor_conv_3x3~0|avg_pool_3x3~1|"
+      "+|skip_connect~0|nor_conv_3x3~1|skip_connect~2|")
 A2 = "|none~0|+|none~0|none~1|+|skip_connect~0|none~1|none~2|"
 A3 = "|nor_conv_1x1~0|+|nor_conv_1x1~0|none~1|+|skip_connect~0|none~1|avg_pool_3x3~2|"
 

@@ -119,7 +119,7 @@ class LatencyPredictor(ABC):
         return np.asarray(mean, dtype=np.float64), (None if std is None else
                                                     np.asarray(std, dtype=np.float64))
 
-    # -- what subclasses implement -------------------------------------------------------------------
+    # -- what subclasses implement -----------------------------------------------------------------
     @abstractmethod
     def _adapt(self, keys: list[str], latency_ms: np.ndarray, seed: int) -> None:
         """Fit to validated measurements (canonical strings, finite latencies > 0)."""
@@ -148,7 +148,7 @@ class LatencyPredictor(ABC):
         which is deterministic for a given seed)."""
         self._adapt(keys, latency_ms, seed)
 
-    # -- checks ----------------------------------------------------------------------------------------
+    # -- checks ------------------------------------------------------------------------------------
     def _check_samples(self, archs: Sequence[Any],
                        latency_ms: Sequence[float] | np.ndarray) -> tuple[list[str], np.ndarray]:
         keys = arch_strings(self.space, archs)
@@ -174,7 +174,7 @@ class LatencyPredictor(ABC):
             seen[k] = i
         return keys, y
 
-    # -- files -----------------------------------------------------------------------------------------
+    # -- files -------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """Write the predictor to one ``.npz`` file (atomically: temporary file + rename)."""
         path = Path(path)

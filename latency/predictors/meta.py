@@ -5,8 +5,8 @@ latencies on a few reference architectures, and what was learned from many other
 those few numbers into a predictor for the whole space. HELP meta-learns an MLP with MAML and a
 hardware embedding; this predictor instead treats the problem as Bayesian regression with a
 *learned prior*, which is exact, needs no gradient steps at adaptation (milliseconds on a CPU),
-gives an uncertainty, and ranks better on HELP's own protocol (see
-``benchmarks/latency_fewshot.md``).
+gives an uncertainty, and ranks better than HELP's published numbers on HELP's own protocol
+(see ``benchmarks/latency_fewshot.md``).
 
 **Meta-training** (:meth:`MetaPredictor.meta_fit`, from the full tables of the meta-training
 devices):
@@ -23,7 +23,7 @@ devices):
 
 **Prior** (a Gaussian process over architectures, written as explicit feature blocks):
 
-    f(arch) = c + w_log · z_log(arch) + w_ms · z_ms(arch) + v · x(arch) + u · l(arch)
+    f(arch) = c + w_log·z_log(arch) + w_ms·z_ms(arch) + v·x(arch) + u·l(arch) + t·φ(arch)
 
 * ``z_log``, ``z_ms``: the device profiles, per device standardized in log space and in ms
   (``w ~ N(0, 1/2D)`` each): the new device is a combination of the devices seen in
@@ -33,11 +33,13 @@ devices):
 * ``l``: standardized per-layer-kind sums of the layer list (MACs, activations, parameters,
   layer counts by kind; ``u ~ N(0, beta)``): the physics of a new device (a compute-bound
   accelerator, a memory-bound one), which the meta-training devices may not span;
+* ``φ``: standardized log-FLOPs and FLOPs (``t ~ N(0, gamma)``): the FLOPs proxy as one more
+  hypothesis, which wins for accelerators whose latency follows compute (simulated FPGA/ASIC);
 * ``c``: a free constant.
 
 **Adaptation** (:meth:`adapt`): the target is the measured latency in ms divided by its mean
-(scale-free, additive). For every ``(alpha, beta, lambda)`` of a small grid (``lambda`` = noise
-variance relative to the prior) the exact GP posterior is computed and weighted by its
+(scale-free, additive). For every ``(alpha, beta, gamma, lambda)`` of a small grid (``lambda``
+= noise variance relative to the prior) the exact GP posterior is computed and weighted by its
 marginal likelihood (the overall scale profiled out): Bayesian model averaging, i.e. an
 ensemble whose weights say how much the new device looks like the meta-training devices and
 how noisy it is. The mixture mean is the prediction; the mixture variance its uncertainty.
@@ -95,7 +97,7 @@ class MetaPredictor(LatencyPredictor):
         *,
         alphas: Sequence[float] = (0.0, 0.03, 0.1, 0.3),
         betas: Sequence[float] = (0.0, 0.1, 0.3, 1.0),
-        gammas: Sequence[float] = (0.0,),
+        gammas: Sequence[float] = (0.0, 1.0),
         lams: Sequence[float] = (0.01, 0.03, 0.1, 0.3),
         design: Sequence[float] = (0.03, 0.0, 0.03),
         n_reference: int = 20,

@@ -41,6 +41,7 @@ class MLPPredictor(LatencyPredictor):
 
         from sklearn.exceptions import ConvergenceWarning
         from sklearn.neural_network import MLPRegressor
+        from threadpoolctl import threadpool_limits
 
         X = features(self.space, keys, "encode")
         y = np.log(latency_ms)
@@ -52,7 +53,8 @@ class MLPPredictor(LatencyPredictor):
             net = MLPRegressor(hidden_layer_sizes=(self.hidden,), activation="relu",
                                solver="lbfgs", alpha=self.alpha, max_iter=self.max_iter,
                                random_state=seed * 1000 + m)
-            with warnings.catch_warnings():
+            # a few samples: one BLAS thread is several times faster than many
+            with warnings.catch_warnings(), threadpool_limits(1):
                 warnings.simplefilter("ignore", ConvergenceWarning)
                 net.fit(X, z)
             (w1, w2), (b1, b2) = net.coefs_, net.intercepts_
