@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"hwnas: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except BrokenPipeError:  # output piped into e.g. `head`, which closed early
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("hwnas: interrupted; rerun with --resume to continue", file=sys.stderr)
         return 130
