@@ -33,7 +33,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -47,6 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from latency.machine import describe_machine
 from latency.predictors import (  # noqa: E402
     DEFAULT_PREDICTOR,
     MetaPredictor,
@@ -78,15 +78,7 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} threads, no GPU used"
+    return describe_machine("no GPU used")
 
 
 class Task:
