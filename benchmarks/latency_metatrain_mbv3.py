@@ -1,0 +1,254 @@
+"""Meta-training set and shipped meta predictors of the MobileNetV3 spaces (no public latency).
+
+``mbv3-tiny`` (the digits default, input 1x8x8) and ``mbv3`` (CIFAR, 3x32x32) have no published
+latency tables, so this script builds one here and meta-trains :class:`MetaPredictor` on it:
+
+1. Sample ``N`` architectures per space (seeded; the smallest and the largest included).
+2. Latency of each on every device we have:
+
+   * measured: each subnet extracted from a freshly initialised supernet (eval mode; weights do
+     not change latency), exported to ONNX once and timed with onnxruntime on this CPU with 1
+     thread (``cpu-ort-1t``) and with 2 threads (``cpu-ort-2t``), interleaved per architecture
+     so that drift of the shared machine hits both alike (median of ``repeats`` after
+     ``warmup``);
+   * estimated: every registered estimator of :mod:`latency.estimators` on the layer list;
+   * synthetic: the same estimators with varied parameters (clock, DSP count, bandwidth,
+     efficiency, overheads, on-chip cache) - further plausible devices that widen the set of
+     "hardware" the prior learns from (:func:`synthetic_estimators`).
+
+   The table is written to ``benchmarks/results/latency_mbv3/<space>.csv`` (arch + one column
+   per device); ``--from-csv`` reuses it instead of measuring again.
+3. Held-out check (HELP's few-shot protocol, scored with ``benchmarks/latency_fewshot.py``'s own
+   functions): meta-train on every device except ``cpu-ort-2t``, adapt on 2/5/10/20
+   measurements of ``cpu-ort-2t``, Spearman over all sampled architectures, 5 seeds, every
+   predictor (FLOPs, layer table, MLP, meta on its reference architectures, meta on random
+   ones). A harder variant also holds out ``cpu-ort-1t`` (meta-training on estimators only).
+4. Meta-train on every device (the held-out one included) and save the shipped predictor to
+   :func:`latency.predictors.pretrained_path` (``latency/data/<space>_meta.npz``).
+
+Writes ``benchmarks/latency_metatrain_mbv3.json``. About 1.5 minutes on 2 CPU cores.
+
+    python benchmarks/latency_metatrain_mbv3.py            # measure, score, ship
+    python benchmarks/latency_metatrain_mbv3.py --from-csv # reuse the measured tables
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.latency_fewshot import (  # noqa: E402
+    Task,
+    evaluate,
+    machine,
+    print_tables,
+    to_rows,
+    write_json,
+)
+from latency.estimators import available_estimators, get_estimator  # noqa: E402
+from latency.estimators.edgetpu import (  # noqa: E402
+    PCIE_ACCELERATOR,
+    USB_ACCELERATOR,
+    EdgeTPUEstimator,
+)
+from latency.estimators.fpga import PYNQ_Z2, ZC706, ZCU102, FPGAEstimator  # noqa: E402
+from latency.estimators.roofline import (  # noqa: E402
+    JETSON_ORIN_NANO,
+    PIXEL3_CPU,
+    RASPI4,
+    RooflineEstimator,
+)
+from latency.predictors import MetaPredictor, load_pretrained, pretrained_path  # noqa: E402
+from latency.tables import LatencyTable, load_latency_table  # noqa: E402
+from supernet.spaces import get_space  # noqa: E402
+
+OUT_JSON = Path(__file__).with_suffix(".json")
+RESULTS_DIR = REPO / "benchmarks" / "results" / "latency_mbv3"
+MEASURED = ("cpu-ort-1t", "cpu-ort-2t")
+HELD_OUT = "cpu-ort-2t"
+PREDICTORS = ["flops", "lut", "mlp", "meta", "meta[random]"]
+#: space -> (architectures, onnxruntime repeats)
+DEFAULTS = {"mbv3-tiny": (300, 30), "mbv3": (150, 20)}
+
+
+def synthetic_estimators() -> list[Any]:
+    """Estimators with varied parameters: plausible devices no preset describes (what is varied
+    is in the name). They only widen meta-training; none claims to be a real board."""
+    return [
+        FPGAEstimator(replace(ZCU102, name="syn-fpga-dsp600", dsp=600, clock_mhz=250.0),
+                      "syn-fpga-dsp600-250mhz"),
+        FPGAEstimator(replace(ZC706, name="syn-fpga-seq", mode="sequential", ddr_gbs=2.0),
+                      "syn-fpga-seq-ddr2"),
+        FPGAEstimator(replace(PYNQ_Z2, name="syn-fpga-tiny", dsp=90, clock_mhz=150.0,
+                              bram36=60), "syn-fpga-dsp90-bram60"),
+        EdgeTPUEstimator(replace(USB_ACCELERATOR, name="syn-tpu-small", rows=32, cols=32,
+                                 param_cache_mib=2.0, link_gbs=0.1), "syn-tpu-32x32-2mib"),
+        EdgeTPUEstimator(replace(PCIE_ACCELERATOR, name="syn-tpu-fast", clock_mhz=960.0,
+                                 layer_overhead_us=0.5, invoke_overhead_ms=0.02),
+                         "syn-tpu-960mhz-lowoverhead"),
+        RooflineEstimator(replace(JETSON_ORIN_NANO, name="syn-gpu-launch", layer_overhead_us=40.0,
+                                  mem_gbs=25.0), "syn-gpu-launchbound"),
+        RooflineEstimator(replace(PIXEL3_CPU, name="syn-cpu-dwslow",
+                                  efficiency={**PIXEL3_CPU.efficiency, "depthwise": 0.05,
+                                              "pointwise": 0.8}, mem_gbs=3.0),
+                          "syn-cpu-dwslow-mem3"),
+        RooflineEstimator(replace(RASPI4, name="syn-mcu", peak_gops={32: 2.0, 16: 4.0, 8: 8.0},
+                                  mem_gbs=0.5, layer_overhead_us=50.0, saturation_outputs=8),
+                          "syn-mcu-2gflops"),
+    ]
+
+
+def sample_archs(space: Any, n: int, seed: int) -> list[str]:
+    """``n`` distinct canonical strings: the smallest, the largest, then seeded samples."""
+    rng = np.random.default_rng(seed)
+    out = [space.to_string(space.smallest()), space.to_string(space.largest())]
+    seen = set(out)
+    tries = 0
+    while len(out) < n and tries < 100 * n:
+        tries += 1
+        s = space.to_string(space.sample(rng))
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+    return out
+
+
+def measure(space: Any, archs: list[str], repeats: int, warmup: int) -> dict[str, np.ndarray]:
+    """onnxruntime CPU latency (median ms) with 1 and 2 threads, interleaved per architecture."""
+    import torch
+    from tqdm import tqdm
+
+    from export.onnx_export import onnx_bytes
+    from latency.onnx_measure import measure_onnx
+
+    torch.manual_seed(0)
+    supernet = space.build_supernet().eval()
+    example = torch.zeros(1, *space.input_shape)
+    out = {d: np.empty(len(archs)) for d in MEASURED}
+    for i, a in enumerate(tqdm(archs, desc=f"measure {space.name}", leave=False)):
+        model = supernet.extract(space.from_string(a)).eval()
+        blob = onnx_bytes(model, example)
+        for d, threads in zip(MEASURED, (1, 2)):
+            out[d][i] = measure_onnx(blob, threads=threads, warmup=warmup,
+                                     repeats=repeats).median_ms
+    return out
+
+
+def estimate(space: Any, archs: list[str]) -> dict[str, np.ndarray]:
+    """Every registered estimator and every synthetic one on the layer lists."""
+    nets = [space.layers(space.from_string(a)) for a in archs]
+    ests = [get_estimator(n) for n in available_estimators()] + synthetic_estimators()
+    return {e.name: np.asarray(e.estimate_many(nets), dtype=np.float64) for e in ests}
+
+
+def write_csv(path: Path, archs: list[str], table: dict[str, np.ndarray]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["arch", *table])
+        for i, a in enumerate(archs):
+            w.writerow([a, *(f"{table[d][i]:.6g}" for d in table)])
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def metas_for(space: Any, table: LatencyTable, devices: list[str], seeds: int) -> list:
+    return [MetaPredictor(space).meta_fit(space, table.archs, table.columns(devices), seed=s)
+            for s in range(seeds)]
+
+
+def run_space(name: str, n: int, repeats: int, warmup: int, seed: int, seeds: int,
+              from_csv: bool) -> dict:
+    space = get_space(name)
+    path = RESULTS_DIR / f"{name}.csv"
+    t0 = time.perf_counter()
+    if from_csv:
+        table = load_latency_table(path, space=space)
+        measure_s = None
+    else:
+        archs = sample_archs(space, n, seed)
+        cols = measure(space, archs, repeats, warmup)
+        measure_s = time.perf_counter() - t0
+        cols.update(estimate(space, archs))
+        write_csv(path, archs, cols)
+        table = load_latency_table(path, space=space)
+    print(f"{name}: {len(table)} architectures x {len(table.devices)} devices "
+          f"({path.relative_to(REPO)})")
+    task = Task(table, HELD_OUT, None, np.arange(len(table)))
+    rows, ns = [], [2, 5, 10, 20]
+    for variant, train in (
+            ("holdout-cpu-ort-2t", [d for d in table.devices if d != HELD_OUT]),
+            ("estimators-only", [d for d in table.devices if d not in MEASURED])):
+        acc = evaluate(space, [task], metas_for(space, table, train, seeds), None, PREDICTORS,
+                       ns, seeds)
+        vrows = to_rows(name, acc, variant)
+        for r in vrows:
+            r["meta_train_devices"] = len(train)
+        print(f"\n== {name}, meta-training variant {variant} ({len(train)} devices)")
+        print_tables(name, vrows, [HELD_OUT], None, ns)
+        rows += vrows
+    shipped = MetaPredictor(space).meta_fit(space, table.archs, table.columns(table.devices),
+                                            seed=0)
+    out = shipped.save(pretrained_path(name))
+    check = load_pretrained(name)
+    assert check.reference_archs == shipped.reference_archs
+    print(f"shipped {out.relative_to(REPO)} ({out.stat().st_size} bytes, "
+          f"{len(table.devices)} devices)")
+    ms = table.columns(list(MEASURED))
+    return {"space": name, "architectures": len(table), "devices": table.devices,
+            "repeats": repeats, "warmup": warmup, "measure_seconds": measure_s,
+            "measured_median_ms": {d: round(float(np.median(v)), 5) for d, v in ms.items()},
+            "measured_range_ms": {d: [round(float(v.min()), 5), round(float(v.max()), 5)]
+                                  for d, v in ms.items()},
+            "shipped": str(out.relative_to(REPO)), "shipped_bytes": out.stat().st_size,
+            "results": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--spaces", nargs="+", default=list(DEFAULTS), choices=list(DEFAULTS))
+    ap.add_argument("--n", type=int, default=None, help="architectures per space (default: "
+                    + ", ".join(f"{k} {v[0]}" for k, v in DEFAULTS.items()) + ")")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the architecture sample")
+    ap.add_argument("--seeds", type=int, default=5, help="seeds of the few-shot protocol")
+    ap.add_argument("--from-csv", action="store_true",
+                    help=f"reuse {RESULTS_DIR.relative_to(REPO)}/<space>.csv, do not measure")
+    ap.add_argument("--out", type=Path, default=OUT_JSON)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    spaces = []
+    for name in args.spaces:
+        n, repeats = DEFAULTS[name]
+        spaces.append(run_space(name, args.n or n, repeats, args.warmup, args.seed, args.seeds,
+                                args.from_csv))
+    total = time.perf_counter() - t0
+    write_json(args.out, {
+        "command": "python benchmarks/latency_metatrain_mbv3.py " + " ".join(argv or sys.argv[1:]),
+        "machine": machine(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "held_out_device": HELD_OUT,
+        "total_seconds": round(total, 1),
+        "spaces": spaces,
+    })
+    print(f"wrote {args.out} in {total:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
