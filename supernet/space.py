@@ -97,9 +97,18 @@ class SearchSpace(ABC, Generic[Arch]):
         """A freshly initialised weight-sharing supernet (a torch ``nn.Module``)."""
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _set_config(self, cfg: Any, name: str) -> None:
+        """Adopt a config record with ``in_channels``, ``image_size``, ``num_classes`` and
+        ``to_dict()`` (what every space here has): sets ``cfg``, ``name``, ``input_shape`` and
+        ``num_classes`` so :meth:`config` can rebuild the space."""
+        self.cfg, self.name = cfg, name
+        self.input_shape = (cfg.in_channels, cfg.image_size, cfg.image_size)
+        self.num_classes = cfg.num_classes
+
     def config(self) -> dict[str, Any]:
         """Constructor arguments that rebuild this space (stored with checkpoints and runs)."""
-        return {}
+        cfg = getattr(self, "cfg", None)
+        return cfg.to_dict() if cfg is not None else {}
 
     def parse(self, arch: Arch | str) -> Arch:
         """Accept an architecture or its string and return a validated architecture."""

@@ -22,12 +22,7 @@ from supernet.errors import UserError
 from supernet.spaces import get_space
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _randomise_bn(model: nn.Module, seed: int = 0) -> nn.Module:

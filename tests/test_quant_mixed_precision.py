@@ -18,12 +18,7 @@ from supernet.errors import UserError
 from supernet.layers import Layer
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_hutchinson_matches_the_exact_hessian_trace_of_a_quadratic():

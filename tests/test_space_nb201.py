@@ -19,19 +19,7 @@ from supernet.spaces.nb201 import NB201_EDGES, NB201_OPS
 EXAMPLE = "|nor_conv_3x3~0|+|nor_conv_3x3~0|avg_pool_3x3~1|+|skip_connect~0|nor_conv_3x3~1|skip_connect~2|"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Run torch single-threaded here: on a small shared machine two intra-op threads that
-    compete with other processes make these tiny forward passes many times slower."""
-    try:
-        import torch
-    except ImportError:
-        yield
-        return
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

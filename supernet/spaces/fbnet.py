@@ -118,13 +118,7 @@ class FBNetSpace(SearchSpace[FBNetArch]):
     """The FBNet space in HW-NAS-Bench's CIFAR setting; see the module docstring."""
 
     def __init__(self, config: FBNetConfig | None = None, name: str = "fbnet") -> None:
-        self.cfg = config or FBNetConfig()
-        self.name = name
-        self.input_shape = (self.cfg.in_channels, self.cfg.image_size, self.cfg.image_size)
-        self.num_classes = self.cfg.num_classes
-
-    def config(self) -> dict[str, Any]:
-        return self.cfg.to_dict()
+        self._set_config(config or FBNetConfig(), name)
 
     def describe(self) -> str:
         return (f"{self.name}: FBNet ({self.cfg.num_layers} layers x {len(FBNET_BLOCKS)} blocks), "

@@ -186,13 +186,7 @@ class MBV3Space(SearchSpace[MBV3Arch]):
     """Elastic MobileNetV3-style space; see the module docstring."""
 
     def __init__(self, config: MBV3Config | None = None, name: str = "mbv3-tiny") -> None:
-        self.cfg = config or MBV3Config()
-        self.name = name
-        self.input_shape = (self.cfg.in_channels, self.cfg.image_size, self.cfg.image_size)
-        self.num_classes = self.cfg.num_classes
-
-    def config(self) -> dict[str, Any]:
-        return self.cfg.to_dict()
+        self._set_config(config or MBV3Config(), name)
 
     def describe(self) -> str:
         c = self.cfg

@@ -129,13 +129,7 @@ class NB201Space(SearchSpace[NB201Arch]):
     """The NAS-Bench-201 cell space; see the module docstring."""
 
     def __init__(self, config: NB201Config | None = None, name: str = "nb201") -> None:
-        self.cfg = config or NB201Config()
-        self.name = name
-        self.input_shape = (self.cfg.in_channels, self.cfg.image_size, self.cfg.image_size)
-        self.num_classes = self.cfg.num_classes
-
-    def config(self) -> dict[str, Any]:
-        return self.cfg.to_dict()
+        self._set_config(config or NB201Config(), name)
 
     def describe(self) -> str:
         return (f"{self.name}: NAS-Bench-201 cells (6 edges x {len(NB201_OPS)} ops), input "
