@@ -23,36 +23,73 @@ def _common(p: argparse.ArgumentParser, d) -> None:
                         "a cifar10-jpeg .npz, a cifar-10-batches-py directory or an ImageFolder directory")
     p.add_argument("--space", default=d.space, help=f"search space (default: {d.space})")
     p.add_argument("--seed", type=int, default=d.seed, help=f"seed of training and search (default {d.seed})")
-    p.add_argument("--device", default=d.device, help=f"torch device for training/evaluation (default {d.device})")
+    p.add_argument("--device", default=d.torch_device,
+                   help=f"torch device for training/evaluation (default {d.torch_device})")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from search.run import RunConfig
+def _csv_list(text: str) -> list[str]:
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def _bit_list(text: str) -> list[int]:
+    try:
+        return [int(s) for s in _csv_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated bit-widths, got {text!r}") from None
+
+
+def _search_options(p: argparse.ArgumentParser, d) -> None:
     from search.samplers import SAMPLERS
 
-    d = RunConfig()  # one source of defaults for the API and the CLI
+    _common(p, d)
+    p.add_argument("--supernet", help="supernet checkpoint to use (default: the run's own, the one "
+                                      "shipped for the space and dataset, or train one)")
+    p.add_argument("--epochs", type=positive_int, default=d.epochs,
+                   help=f"supernet training epochs when one is trained (default {d.epochs})")
+    p.add_argument("--objectives", default=d.objectives,
+                   help="comma-separated: accuracy, latency:DEVICE, size, bops, flops, params "
+                        f"(default {d.objectives})")
+    p.add_argument("--constraint", action="append", default=[], metavar="METRIC<=VALUE",
+                   help="e.g. latency:edgetpu-est<=5ms, size<=200KiB, accuracy>=95 (repeatable)")
+    p.add_argument("--devices", type=_csv_list, default=list(d.devices),
+                   help="comma-separated devices to report a Pareto front for, besides those of "
+                        f"the objectives (default {','.join(d.devices)}; see `hwnas latency devices`)")
+    p.add_argument("--no-bits", dest="bits", action="store_false",
+                   help="search architectures only (float models); default: bit-widths too")
+    p.add_argument("--bit-choices", type=_bit_list, default=list(d.bit_choices),
+                   help=f"weight bit-widths per layer group, 32 = float (default "
+                        f"{','.join(map(str, d.bit_choices))})")
+    p.add_argument("--sampler", choices=SAMPLERS, default=d.sampler,
+                   help=f"Optuna sampler (default {d.sampler})")
+    p.add_argument("--trials", type=positive_int, default=d.trials,
+                   help=f"completed trials in total over all workers (default {d.trials})")
+    p.add_argument("--storage", help="Optuna storage URL (default: SQLite in the run directory); "
+                                     "postgresql://USER@HOST/DB for several workers or machines")
+    p.add_argument("--study-name", help="study name in the storage (default: the run name)")
+    p.add_argument("--workers", type=positive_int, default=d.workers,
+                   help="worker processes sharing the study (needs a server --storage)")
+    p.add_argument("--name", help="run name (default: <dataset>-<space>)")
+    p.add_argument("--out", default=d.out, help=f"directory of runs (default: {d.out})")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run of the same name (default: continue it)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from search.config import SearchConfig
+
+    d = SearchConfig()  # one source of defaults for the API and the CLI
 
     parser = OneLineParser(prog="hwnas", description="Hardware-aware NAS: supernets, "
                                      "latency, quantization, multi-objective search, ONNX export.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
-    r = sub.add_parser("run", help="train a supernet (or load one), search it, export the Pareto front")
-    _common(r, d)
-    r.add_argument("--supernet", help="use this supernet checkpoint instead of training one")
-    r.add_argument("--epochs", type=positive_int, default=d.epochs,
-                   help=f"supernet training epochs (default {d.epochs})")
-    r.add_argument("--trials", type=positive_int, default=d.trials,
-                   help=f"search trials in total (default {d.trials})")
-    r.add_argument("--sampler", choices=SAMPLERS, default=d.sampler,
-                   help=f"Optuna sampler (default {d.sampler})")
-    r.add_argument("--threads", type=positive_int, default=d.latency_threads,
-                   help=f"onnxruntime threads for latency measurement (default {d.latency_threads})")
-    r.add_argument("--name", help="run name (default: <dataset>-<space>)")
-    r.add_argument("--out", default=d.out, help=f"directory of runs (default: {d.out})")
-    g = r.add_mutually_exclusive_group()
-    g.add_argument("--resume", action="store_true", help="continue the run of the same name")
-    g.add_argument("--overwrite", action="store_true", help="replace the run of the same name")
+    r = sub.add_parser("run", help="the whole job on defaults: supernet, joint architecture + "
+                                   "bit-width search for several devices, Pareto fronts, ONNX export")
+    _search_options(r, d)
+    s = sub.add_parser("search", help="multi-objective search of architectures and bit-widths "
+                                      "(resumable; several workers on a server database)")
+    _search_options(s, d)
 
     t = sub.add_parser("train", help="train a supernet and save its checkpoint")
     _common(t, d)
@@ -65,20 +102,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from search.run import RunConfig, run, summary_table
+def config_from_args(args: argparse.Namespace):
+    from search.config import SearchConfig
 
-    cfg = RunConfig(dataset=args.dataset, space=args.space, supernet=args.supernet,
-                    epochs=args.epochs, trials=args.trials, sampler=args.sampler, seed=args.seed,
-                    name=args.name, out=args.out, latency_threads=args.threads, device=args.device)
-    result = run(cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.quiet)
+    return SearchConfig(
+        space=args.space, dataset=args.dataset, supernet=args.supernet, epochs=args.epochs,
+        objectives=args.objectives, constraints=list(args.constraint), devices=list(args.devices),
+        bits=args.bits, bit_choices=list(args.bit_choices), sampler=args.sampler,
+        trials=args.trials, seed=args.seed, storage=args.storage, study_name=args.study_name,
+        workers=args.workers, name=args.name, out=args.out, torch_device=args.device)
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    import search
+    from search.runner import summary
+
+    result = search.run(config_from_args(args), overwrite=args.overwrite, progress=not args.quiet)
     print()
-    print(f"Pareto-optimal models ({len(result.pareto)} of {len(result.trials)} trials):")
-    print(summary_table(result))
-    print()
-    print(f"run directory: {result.run_dir}  (trials.csv, pareto.csv, pareto.png, models/)")
+    print(summary(result))
+    print(f"run directory: {result.run_dir}  (trials.csv, pareto_<device>.csv, fronts.png, "
+          f"devices.png, hypervolume.csv, study.db)")
     print(f"wall time: {result.seconds:.0f} s")
     return 0
+
+
+cmd_run = cmd_search
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -120,7 +168,7 @@ def cmd_spaces(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handler = {"run": cmd_run, "train": cmd_train, "spaces": cmd_spaces,
+    handler = {"run": cmd_run, "search": cmd_search, "train": cmd_train, "spaces": cmd_spaces,
                "latency": run_latency}[args.command]
     try:
         return handler(args)

@@ -1,121 +1,146 @@
-"""The Optuna study over a space's architectures: creation, seeding, resuming, results.
+"""The Optuna study of a search: storage, creation, seeding, the trial budget, recovery.
 
-The study lives in an RDB storage (SQLite in the run directory by default), so rerunning the
-same command continues it: only the trials still missing from the budget are run, and every
-finished trial's metrics are reused from storage.
+Storage is an RDB URL: SQLite in the run directory by default (one worker), PostgreSQL (or any
+server RDB) for many workers on many machines — Optuna's pattern of independent workers
+sharing one study. Every worker runs the same loop (:func:`run_trials`); the budget counts
+*completed* trials over all workers and is exact: before a trial evaluates anything it checks
+how many trials numbered below it are complete, running or waiting, and if those already fill
+the budget it is pruned (not counted) and its worker stops.
+
+Crash safety: the storage keeps a heartbeat for running trials; a trial whose worker died is
+marked failed after the grace period and its parameters are enqueued again
+(:class:`optuna.storages.RetryHeartbeatStaleTrialCallback`), so no trial is lost. With SQLite (one
+worker by construction) trials left running by a killed process are recovered at start-up.
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import optuna
-import pandas as pd
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 from tqdm.auto import tqdm
 
-from search.evaluator import OBJECTIVES, SubnetEvaluator
+from search.objectives import Metric
 from search.samplers import make_sampler
 from supernet.errors import UserError
-from supernet.space import SearchSpace
 
-#: metrics stored with every trial (as user attributes) besides the objectives
-TRIAL_METRICS = ("accuracy", "flops", "params", "size_bytes", "latency_ms", "latency_p95_ms",
-                 "latency_cv")
+HEARTBEAT_S = 10
+GRACE_S = 30
+_COUNTED = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
 
 
 def sqlite_url(path: str | Path) -> str:
     return f"sqlite:///{Path(path).resolve()}"
 
 
-def open_study(storage: str, study_name: str, sampler: str, seed: int,
-               objectives: dict[str, str] = OBJECTIVES) -> optuna.Study:
-    """Create the study, or load it if it exists (with the same objectives)."""
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def make_storage(url: str) -> RDBStorage:
+    """An RDB storage with heartbeats and retry of trials whose worker died."""
+    with warnings.catch_warnings():  # heartbeat options are experimental in some versions
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        try:
+            return RDBStorage(url, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                              heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3))
+        except ImportError as exc:
+            raise UserError(f"storage {url.split('://')[0]}:// needs a database driver that is "
+                            f"not installed ({exc}); for PostgreSQL: pip install 'psycopg[binary]'") from None
+        except Exception as exc:  # SQLAlchemy's connection errors
+            raise UserError(f"cannot open the study storage {_redact(url)}: "
+                            f"{str(exc).splitlines()[0]}") from None
+
+
+def _redact(url: str) -> str:
+    """The URL without a password."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':')[0]}:***@{host}"
+    return url
+
+
+def open_study(storage: str | RDBStorage, study_name: str, sampler: str, seed: int,
+               objectives: Sequence[Metric], *, n_seeds: int = 0) -> optuna.Study:
+    """Create the study, or load it if it exists (then its objectives must be the same)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if isinstance(storage, str):
+        storage = make_storage(storage)
     study = optuna.create_study(
-        storage=storage, study_name=study_name, sampler=make_sampler(sampler, seed),
-        directions=list(objectives.values()), load_if_exists=True,
+        storage=storage, study_name=study_name,
+        sampler=make_sampler(sampler, seed, n_seeds=n_seeds),
+        directions=[m.direction for m in objectives], load_if_exists=True,
     )
+    keys = [m.key for m in objectives]
     if study.metric_names is None:
-        with warnings.catch_warnings():  # set_metric_names is marked experimental in Optuna 5
+        with warnings.catch_warnings():  # set_metric_names is marked experimental
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names(list(objectives))
-    elif list(study.metric_names) != list(objectives):
-        raise UserError(f"study {study_name!r} in {storage} optimises {study.metric_names}, "
-                        f"not {list(objectives)}; use another study name or --overwrite")
+            study.set_metric_names(keys)
+    elif list(study.metric_names) != keys:
+        raise UserError(f"study {study_name!r} optimises {list(study.metric_names)}, not {keys}; "
+                        f"use another study name or --overwrite")
     return study
 
 
-def enqueue_seeds(study: optuna.Study, space: SearchSpace) -> None:
-    """Enqueue the largest and smallest architectures once, at the start of a fresh study: they
-    anchor the two ends of the front for every sampler."""
-    if study.trials:
-        return
-    for arch in (space.largest(), space.smallest()):
-        study.enqueue_trial(space.to_params(arch), user_attrs={"seed_arch": True})
+def enqueue_once(study: optuna.Study, seeds: Sequence[tuple[dict[str, Any], str]]) -> int:
+    """Enqueue the seed trials (params, label) at the start of a fresh study; returns how many
+    are in the study (0 if it already had trials)."""
+    if study.get_trials(deepcopy=False):
+        return sum(1 for t in study.get_trials(deepcopy=False) if "seed" in t.user_attrs)
+    for params, label in seeds:
+        study.enqueue_trial(params, user_attrs={"seed": label}, skip_if_exists=True)
+    return len(seeds)
 
 
-def finished_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+def recover_interrupted(study: optuna.Study) -> int:
+    """Fail the trials left *running* by a killed process and enqueue their parameters again.
+    Only for single-worker storages (SQLite): with several workers a running trial may be
+    alive, and the heartbeat handles the dead ones."""
+    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for t in stale:
+        study.tell(t.number, state=TrialState.FAIL)
+        study.enqueue_trial(t.params, user_attrs={**{k: v for k, v in t.user_attrs.items()
+                                                      if k == "seed"}, "retry_of": t.number})
+    return len(stale)
 
 
-def run_trials(study: optuna.Study, space: SearchSpace, evaluator: SubnetEvaluator,
-               n_trials: int, *, progress: bool = True) -> int:
-    """Run trials until ``n_trials`` have completed in total; returns how many ran now."""
-    for t in finished_trials(study):  # resumed study: reuse measured metrics
-        if "arch" in t.user_attrs:
-            evaluator.cache.setdefault(t.user_attrs["arch"],
-                                       {m: t.user_attrs[m] for m in TRIAL_METRICS if m in t.user_attrs})
-    remaining = n_trials - len(finished_trials(study))
-    if remaining <= 0:
+def completed(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+
+def run_trials(study: optuna.Study, objective: Callable[[optuna.Trial], Sequence[float]],
+               budget: int, *, progress: bool = True, desc: str = "search") -> int:
+    """Run trials until ``budget`` trials of the study have completed (over all workers);
+    returns how many this call completed."""
+    before = len(completed(study))
+    if before >= budget:
         return 0
 
-    def objective(trial: optuna.Trial) -> tuple[float, ...]:
-        arch = space.suggest(trial)
-        trial.set_user_attr("arch", space.to_string(arch))
-        metrics = evaluator(arch)
-        for name in TRIAL_METRICS:
-            trial.set_user_attr(name, metrics[name])
-        return tuple(metrics[name] for name in OBJECTIVES)
+    def guarded(trial: optuna.Trial) -> Sequence[float]:
+        ahead = sum(1 for t in study.get_trials(deepcopy=False, states=_COUNTED)
+                    if t.number < trial.number)
+        if ahead >= budget:
+            study.stop()
+            raise optuna.TrialPruned("trial budget reached")
+        return objective(trial)
 
-    bar = tqdm(total=remaining, desc="search", unit="trial", disable=not progress, leave=False)
+    bar = tqdm(total=budget, initial=before, desc=desc, unit="trial", disable=not progress,
+               leave=False)
 
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        bar.update(1)
         if trial.state == TrialState.COMPLETE:
-            bar.set_postfix(front=len(study.best_trials))
+            bar.update(1)
 
     logging.getLogger("optuna").setLevel(logging.WARNING)
     try:
-        study.optimize(objective, n_trials=remaining, callbacks=[callback], catch=())
+        study.optimize(guarded, n_trials=budget - before, callbacks=[callback], catch=())
     finally:
         bar.close()
-    return remaining
-
-
-def pareto_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The non-dominated trials (``study.best_trials``), one per architecture: a sampler may
-    suggest the same architecture again, and its repeats are not further models."""
-    seen, front = set(), []
-    for t in sorted(study.best_trials, key=lambda t: t.number):
-        arch = t.user_attrs.get("arch")
-        if arch not in seen:
-            seen.add(arch)
-            front.append(t)
-    return front
-
-
-def trials_frame(study: optuna.Study) -> pd.DataFrame:
-    """One row per completed trial: number, arch string, every metric, and whether it is on
-    the Pareto front (:func:`pareto_trials`)."""
-    front = {t.number for t in pareto_trials(study)}
-    rows = []
-    for t in finished_trials(study):
-        row = {"trial": t.number, "arch": t.user_attrs.get("arch", "")}
-        row.update({m: t.user_attrs.get(m) for m in TRIAL_METRICS})
-        row["pareto"] = t.number in front
-        rows.append(row)
-    columns = ["trial", "arch", *TRIAL_METRICS, "pareto"]
-    return pd.DataFrame(rows, columns=columns)
+    return len(completed(study)) - before

@@ -1,25 +1,29 @@
-"""End-to-end tests of the ``hwnas`` command line on tiny budgets."""
+"""End-to-end tests of ``hwnas run`` / ``hwnas search`` on tiny budgets."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
-import onnx
-import onnxruntime as ort
+import optuna
 import pandas as pd
 import pytest
 
 from search.cli import main
 
+DEVICES = "cpu-ort-1t,edgetpu-est"
 
-def hwnas(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+
+def hwnas(*args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run the CLI in a subprocess, as a user would."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "search.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300)
+                          text=True, cwd=cwd, timeout=timeout, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -33,98 +37,122 @@ def checkpoint(tmp_path_factory) -> Path:
 def tiny_run(tmp_path_factory) -> Path:
     """A full ``hwnas run`` (training included) with a tiny budget, through a real subprocess."""
     out = tmp_path_factory.mktemp("runs")
-    proc = hwnas("run", "--epochs", "1", "--trials", "6", "--out", str(out), "--name", "tiny",
-                 "--quiet")
+    proc = hwnas("run", "--epochs", "1", "--trials", "8", "--devices", DEVICES, "--out", str(out),
+                 "--name", "tiny", "--quiet")
     assert proc.returncode == 0, proc.stderr
-    assert "Pareto-optimal models" in proc.stdout
+    assert "Pareto front on edgetpu-est" in proc.stdout
     return out / "tiny"
 
 
-def non_dominated(frame: pd.DataFrame) -> set[int]:
-    """Trials not dominated in (max accuracy, min flops, min latency), recomputed by brute force."""
-    v = np.stack([-frame["accuracy"], frame["flops"], frame["latency_ms"]], axis=1)
+def non_dominated(frame: pd.DataFrame, columns: list[str], maximize: set[str]) -> set[int]:
+    """Trials not dominated in ``columns`` (first of repeated (arch, policy) only), brute force."""
+    frame = frame[~frame.duplicated(subset=["arch", "policy"])]
+    v = np.stack([-frame[c] if c in maximize else frame[c] for c in columns], axis=1)
     keep = set()
     for i in range(len(v)):
-        dominated = np.any(np.all(v <= v[i], axis=1) & np.any(v < v[i], axis=1))
-        if not dominated:
+        if not np.any(np.all(v <= v[i], axis=1) & np.any(v < v[i], axis=1)):
             keep.add(int(frame["trial"].iloc[i]))
     return keep
 
 
 def test_run_writes_everything(tiny_run: Path):
-    for name in ("config.json", "supernet.pt", "study.db", "trials.csv", "pareto.csv",
-                 "pareto.png", "train_history.json", "models/manifest.json"):
+    for name in ("config.json", "supernet.pt", "study.db", "trials.csv", "trials.parquet",
+                 "pareto_cpu-ort-1t.csv", "pareto_edgetpu-est.csv", "hypervolume.csv",
+                 "fronts.png", "devices.png", "hypervolume.png", "train_history.json"):
         assert (tiny_run / name).is_file(), name
-    trials = pd.read_csv(tiny_run / "trials.csv")
-    assert len(trials) == 6
-    for col in ("arch", "accuracy", "flops", "latency_ms", "size_bytes", "pareto"):
-        assert trials[col].notna().all(), col
+    trials = pd.read_csv(tiny_run / "trials.csv", keep_default_na=False)
+    pd.testing.assert_frame_equal(pd.read_parquet(tiny_run / "trials.parquet")[["trial", "arch"]],
+                                  trials[["trial", "arch"]])
+    assert len(trials) == 8
+    for col in ("arch", "accuracy", "size_bytes", "bops", "latency_ms:cpu-ort-1t",
+                "latency_ms:edgetpu-est", "pareto", "feasible"):
+        assert (trials[col] != "").all(), col
     assert trials["accuracy"].between(0, 100).all()
-    assert (trials["latency_ms"] > 0).all()
-    assert (tiny_run / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (trials["latency_ms:edgetpu-est"] > 0).all()
+    # the seeds come first: largest/smallest in float and int8, then the Hessian policies
+    assert {"largest-float", "largest-int8", "smallest-float", "smallest-int8"} <= set(trials["seed"])
+    policies = [json.loads(p) for p in trials["policy"] if p]
+    assert policies and all(isinstance(p, dict) for p in policies)
+    config = json.loads((tiny_run / "config.json").read_text())
+    assert config["devices"] == ["cpu-ort-1t", "edgetpu-est"] and config["bits"] is True
+    assert (tiny_run / "fronts.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tiny_run.glob(".*")), "temporary files left behind"
 
 
-def test_pareto_is_the_non_dominated_set(tiny_run: Path):
-    trials = pd.read_csv(tiny_run / "trials.csv")
-    pareto = pd.read_csv(tiny_run / "pareto.csv")
-    front = non_dominated(trials)
-    # repeats of one architecture appear once in pareto.csv
-    front_archs = set(trials[trials["trial"].isin(front)]["arch"])
-    assert set(pareto["arch"]) == front_archs
-    assert len(pareto) == len(front_archs)
-    assert set(trials[trials["pareto"]]["arch"]) == front_archs
+@pytest.mark.parametrize("device", ["cpu-ort-1t", "edgetpu-est"])
+def test_each_device_front_is_its_non_dominated_set(tiny_run: Path, device: str):
+    trials = pd.read_csv(tiny_run / "trials.csv", keep_default_na=False)
+    front = pd.read_csv(tiny_run / f"pareto_{device}.csv", keep_default_na=False)
+    expected = non_dominated(trials, ["accuracy", f"latency_ms:{device}", "size_bytes"],
+                             {"accuracy"})
+    assert set(front["trial"]) == expected
+    assert front["test_accuracy"].between(0, 100).all()
+    assert list(front[f"latency_ms:{device}"]) == sorted(front[f"latency_ms:{device}"])
 
 
-def test_exported_models_match_pytorch(tiny_run: Path):
-    pareto = pd.read_csv(tiny_run / "pareto.csv")
-    manifest = json.loads((tiny_run / "models" / "manifest.json").read_text())
-    assert len(manifest) == len(pareto) > 0
-    assert (pareto["onnx_max_abs_diff"] <= 1e-4).all()
-    for row in pareto.itertuples():
-        path = tiny_run / row.onnx
-        model = onnx.load(path)
-        onnx.checker.check_model(model)
-        meta = {p.key: p.value for p in model.metadata_props}
-        assert meta["arch"] == row.arch
-        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        out = sess.run(None, {"input": np.zeros((3, 1, 8, 8), np.float32)})[0]
-        assert out.shape == (3, 10)
+def test_hypervolume_never_decreases(tiny_run: Path):
+    hv = pd.read_csv(tiny_run / "hypervolume.csv")
+    for _, h in hv.groupby("device"):
+        assert (np.diff(h["hypervolume"]) >= -1e-12).all()
+        assert h["hypervolume"].iloc[-1] > 0
 
 
-def test_existing_run_is_refused_and_untouched(tiny_run: Path):
-    before = (tiny_run / "trials.csv").read_bytes()
-    proc = hwnas("run", "--epochs", "1", "--trials", "2", "--out", str(tiny_run.parent),
-                 "--name", "tiny", "--quiet")
-    assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0  # one line
-    assert "already holds a run" in proc.stderr and "--resume" in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert (tiny_run / "trials.csv").read_bytes() == before
-
-
-def test_resume_continues_and_overwrite_replaces(tmp_path: Path, checkpoint: Path):
-    args = ["run", "--supernet", str(checkpoint), "--out", str(tmp_path), "--name", "r",
+def test_rerun_continues_and_overwrite_replaces(tmp_path: Path, checkpoint: Path):
+    args = ["search", "--supernet", str(checkpoint), "--devices", "edgetpu-est",
+            "--objectives", "accuracy,latency:edgetpu-est", "--out", str(tmp_path), "--name", "r",
             "--quiet"]
-    assert main([*args, "--trials", "3"]) == 0
+    assert main([*args, "--trials", "6"]) == 0
     first = pd.read_csv(tmp_path / "r" / "trials.csv")
-    assert main([*args, "--trials", "5", "--resume"]) == 0
+    assert main([*args, "--trials", "9"]) == 0  # the same command with a larger budget
     second = pd.read_csv(tmp_path / "r" / "trials.csv")
-    assert len(second) == 5
-    # the first trials are kept as they were (not re-run, not duplicated)
-    pd.testing.assert_frame_equal(first[["trial", "arch", "accuracy", "flops"]],
-                                  second[["trial", "arch", "accuracy", "flops"]].head(3))
-    assert sorted(second["trial"]) == list(range(5))
-    assert main([*args, "--trials", "2", "--overwrite"]) == 0
-    assert len(pd.read_csv(tmp_path / "r" / "trials.csv")) == 2
+    assert sorted(second["trial"]) == list(range(9))
+    pd.testing.assert_frame_equal(first[["trial", "arch", "accuracy"]],
+                                  second[["trial", "arch", "accuracy"]].head(6))
+    assert main([*args, "--trials", "5", "--overwrite"]) == 0
+    assert len(pd.read_csv(tmp_path / "r" / "trials.csv")) == 5
 
 
-def test_resume_refuses_other_settings(tmp_path: Path, checkpoint: Path):
-    args = ["run", "--supernet", str(checkpoint), "--out", str(tmp_path), "--name", "r",
-            "--quiet", "--trials", "2"]
+def test_a_trial_interrupted_by_a_kill_is_run_again(tmp_path: Path, checkpoint: Path):
+    args = ["search", "--supernet", str(checkpoint), "--devices", "edgetpu-est", "--no-bits",
+            "--objectives", "accuracy,latency:edgetpu-est", "--out", str(tmp_path), "--name", "k",
+            "--quiet"]
+    assert main([*args, "--trials", "5"]) == 0
+    # a process killed mid-trial leaves a RUNNING trial in the storage
+    url = f"sqlite:///{tmp_path / 'k' / 'study.db'}"
+    study = optuna.load_study(study_name="k", storage=url)
+    from supernet.spaces import get_space
+
+    space = get_space("mbv3-tiny")
+    killed = study.ask()
+    arch = space.suggest(killed)
+    assert main([*args, "--trials", "7"]) == 0
+    study = optuna.load_study(study_name="k", storage=url)
+    states = [t.state for t in study.trials]
+    assert states.count(optuna.trial.TrialState.COMPLETE) == 7
+    assert states.count(optuna.trial.TrialState.RUNNING) == 0
+    done = pd.read_csv(tmp_path / "k" / "trials.csv")
+    assert space.to_string(arch) in set(done["arch"])  # its parameters were evaluated after all
+
+
+def test_constraints_filter_the_fronts(tmp_path: Path, checkpoint: Path):
+    args = ["search", "--supernet", str(checkpoint), "--devices", "edgetpu-est", "--trials", "8",
+            "--objectives", "accuracy,size", "--constraint", "latency:edgetpu-est<=0.6ms",
+            "--out", str(tmp_path), "--name", "c", "--quiet"]
     assert main(args) == 0
-    proc = hwnas(*args, "--resume", "--seed", "5")
-    assert proc.returncode == 2 and "settings differ" in proc.stderr and "seed" in proc.stderr
+    trials = pd.read_csv(tmp_path / "c" / "trials.csv", keep_default_na=False)
+    assert trials["feasible"].tolist() == (trials["latency_ms:edgetpu-est"] <= 0.6).tolist()
+    front = pd.read_csv(tmp_path / "c" / "pareto_edgetpu-est.csv")
+    assert (front["latency_ms:edgetpu-est"] <= 0.6).all()
+
+
+def test_an_unmeetable_constraint_is_reported_with_the_closest_trials(tmp_path: Path, checkpoint: Path):
+    proc = hwnas("search", "--supernet", str(checkpoint), "--devices", "edgetpu-est", "--no-bits",
+                 "--objectives", "accuracy", "--constraint", "latency:edgetpu-est<=1us",
+                 "--trials", "3", "--out", str(tmp_path), "--name", "u", "--quiet")
+    assert proc.returncode == 2
+    assert "no trial meets latency:edgetpu-est<=1us after 3 trials; closest: trial" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "u" / "trials.csv").is_file()  # what was learnt is kept
 
 
 @pytest.mark.parametrize(
@@ -134,22 +162,41 @@ def test_resume_refuses_other_settings(tmp_path: Path, checkpoint: Path):
         (["run", "--space", "nope"], "unknown space"),
         (["run", "--trials", "0"], "positive integer"),
         (["run", "--epochs", "-3"], "positive integer"),
-        (["run", "--threads", "0"], "positive integer"),
         (["run", "--dataset", "/does/not/exist"], "does not exist"),
         (["run", "--supernet", "/does/not/exist.pt"], "does not exist"),
         (["run", "--sampler", "annealing"], "invalid choice"),
+        (["search", "--objectives", ""], "no objectives given"),
+        (["search", "--objectives", "accuracy,size,accuracy"], "named twice"),
+        (["search", "--objectives", "accuracy,speed"], "unknown objective 'speed'"),
+        (["search", "--objectives", "accuracy,latency"], "names no device"),
+        (["search", "--objectives", "accuracy,latency:toaster"], "unknown device 'toaster'"),
+        (["search", "--devices", "pixel3"], "has no latency for space 'mbv3-tiny'"),
+        (["search", "--constraint", "latency:edgetpu-est<5"], "is not of the form"),
+        (["search", "--constraint", "size<=3parsecs"], "unknown unit"),
+        (["search", "--workers", "3"], "SQLite cannot be shared"),
+        (["search", "--storage", "study.db"], "not a database URL"),
+        (["search", "--bit-choices", "4,5"], "bit choices"),
         (["train", "--out", "model.txt"], "ending in .pt"),
         ([], "required"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, args, message):
-    proc = hwnas(*args, *(["--out", str(tmp_path / "o")] if args and args[0] == "run" else []),
-                 cwd=tmp_path)
+    extra = ["--out", str(tmp_path / "o")] if args and args[0] in ("run", "search") else []
+    proc = hwnas(*args, *extra, cwd=tmp_path)
     assert proc.returncode == 2
     assert message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_other_settings_are_refused_on_the_same_run(tmp_path: Path, checkpoint: Path):
+    args = ["search", "--supernet", str(checkpoint), "--devices", "edgetpu-est", "--no-bits",
+            "--objectives", "accuracy,latency:edgetpu-est", "--out", str(tmp_path), "--name", "s",
+            "--quiet", "--trials", "2"]
+    assert main(args) == 0
+    proc = hwnas(*args, "--seed", "5")
+    assert proc.returncode == 2 and "other settings" in proc.stderr and "seed" in proc.stderr
 
 
 def test_malformed_checkpoint_is_rejected(tmp_path: Path):
@@ -174,3 +221,28 @@ def test_checkpoint_for_other_data_is_rejected(tmp_path: Path):
 def test_spaces_lists_the_default():
     proc = hwnas("spaces")
     assert proc.returncode == 0 and "mbv3-tiny" in proc.stdout
+
+
+# -- several workers on PostgreSQL (CI starts a server: .ci/postgres.sh) ---------------------
+
+POSTGRES = os.environ.get("HWNAS_TEST_POSTGRES_URL")
+
+
+@pytest.mark.skipif(not POSTGRES, reason="HWNAS_TEST_POSTGRES_URL is not set (CI starts a "
+                                         "PostgreSQL server with .ci/postgres.sh)")
+def test_three_workers_share_one_postgres_study(tmp_path: Path, checkpoint: Path):
+    name = f"w-{uuid.uuid4().hex[:8]}"
+    proc = hwnas("search", "--supernet", str(checkpoint), "--storage", POSTGRES, "--workers", "3",
+                 "--study-name", name, "--trials", "12", "--devices", "edgetpu-est",
+                 "--objectives", "accuracy,latency:edgetpu-est,size", "--out", str(tmp_path),
+                 "--name", "w", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    study = optuna.load_study(study_name=name, storage=POSTGRES)
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) == 12
+    assert len({t.number for t in complete}) == 12
+    trials = pd.read_csv(tmp_path / "w" / "trials.csv", keep_default_na=False)
+    assert sorted(trials["trial"]) == sorted(t.number for t in complete)
+    front = pd.read_csv(tmp_path / "w" / "pareto_edgetpu-est.csv", keep_default_na=False)
+    assert set(front["trial"]) == non_dominated(
+        trials, ["accuracy", "latency_ms:edgetpu-est", "size_bytes"], {"accuracy"})

@@ -1,4 +1,4 @@
-"""Unit tests of the search package's pieces: samplers, study helpers, the 2-D front, plots."""
+"""Unit tests of the search package's pieces: objectives, bits, samplers, study, outputs, plots."""
 
 from __future__ import annotations
 
@@ -7,17 +7,88 @@ import optuna
 import pandas as pd
 import pytest
 
-from search.plots import front_2d, plot_pareto
+from search.bits import bit_groups, describe_bits, layer_group, policy_for, suggest_group_bits
+from search.objectives import parse_constraint, parse_objectives
+from search.outputs import (
+    closest_infeasible,
+    device_front,
+    hypervolume_2d,
+    hypervolume_history,
+    pareto_mask,
+)
+from search.plots import front_2d, plot_across_devices, plot_fronts
 from search.samplers import SAMPLERS, make_sampler
-from search.study import enqueue_seeds, open_study, pareto_trials, sqlite_url, trials_frame
+from search.study import enqueue_once, open_study, recover_interrupted, run_trials, sqlite_url
 from supernet.errors import UserError
 from supernet.spaces import get_space
 
 
+# -- objectives and constraints ----------------------------------------------------------------
+
+def test_objectives_parse_with_devices_and_directions():
+    objs = parse_objectives("accuracy, latency:edgetpu-est ,size")
+    assert [m.key for m in objs] == ["accuracy", "latency:edgetpu-est", "size"]
+    assert [m.column for m in objs] == ["accuracy", "latency_ms:edgetpu-est", "size_bytes"]
+    assert [m.direction for m in objs] == ["maximize", "minimize", "minimize"]
+
+
+@pytest.mark.parametrize("text, column, op, bound", [
+    ("latency:edgetpu-est<=5ms", "latency_ms:edgetpu-est", "<=", 5.0),
+    ("latency:x<=250us", "latency_ms:x", "<=", 0.25),
+    ("size<=2MB", "size_bytes", "<=", 2e6),
+    ("size <= 64KiB", "size_bytes", "<=", 65536.0),
+    ("accuracy>=90%", "accuracy", ">=", 90.0),
+    ("bops<=3G", "bops", "<=", 3e9),
+])
+def test_constraints_parse_units(text, column, op, bound):
+    c = parse_constraint(text)
+    assert (c.metric.column, c.op, c.bound) == (column, op, pytest.approx(bound))
+    assert c.satisfied(bound) and c.violation(bound) == 0
+    assert not c.satisfied(bound * 1.1 + 1 if op == "<=" else bound * 0.9 - 1)
+
+
+@pytest.mark.parametrize("text", ["latency<=5ms", "size<=5 parsecs", "size=5", "accuracy>=x"])
+def test_bad_constraints_are_user_errors(text):
+    with pytest.raises(UserError):
+        parse_constraint(text)
+
+
+# -- the bit-width half of the space -------------------------------------------------------------
+
+def test_layer_groups_follow_blocks():
+    assert layer_group("blocks.3.dw_conv") == "blocks.3"
+    assert layer_group("cells.12.edges.e1_0.conv") == "cells.12"
+    assert layer_group("stem_conv") == "stem_conv" and layer_group("stem.conv") == "stem"
+
+
+@pytest.mark.parametrize("name", ["mbv3-tiny", "nb201", "fbnet"])
+def test_policy_covers_exactly_the_quantizable_layers(name):
+    space = get_space(name)
+    groups = bit_groups(space)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        arch = space.sample(rng)
+        bits = {g: int(rng.choice([4, 8])) for g in groups}
+        policy = policy_for(space, arch, bits)
+        quantizable = [l.name for l in space.layers(arch) if l.op in ("conv", "linear")]
+        assert sorted(policy.layer_names) == sorted(quantizable)
+        assert all(a == 8 for _, a in policy.bits.values())
+    assert policy_for(space, space.largest(), {g: 32 for g in groups}) is None
+    assert describe_bits(None) == "float"
+
+
+def test_group_bits_are_suggested_for_every_group():
+    space = get_space("mbv3-tiny")
+    groups = bit_groups(space)
+    trial = optuna.trial.FixedTrial({f"bits:{g}": 6 for g in groups})
+    assert suggest_group_bits(trial, groups, [4, 6, 8]) == {g: 6 for g in groups}
+
+
+# -- samplers and the study ---------------------------------------------------------------------
+
 @pytest.mark.parametrize("name", SAMPLERS)
 def test_every_sampler_is_built_and_seeded(name):
     a, b = make_sampler(name, 3), make_sampler(name, 3)
-    assert type(a) is type(b)
     study = optuna.create_study(sampler=a)
     study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
     study2 = optuna.create_study(sampler=b)
@@ -25,9 +96,77 @@ def test_every_sampler_is_built_and_seeded(name):
     assert [t.params for t in study.trials] == [t.params for t in study2.trials]
 
 
+def test_seeds_extend_the_random_start_up():
+    assert make_sampler("tpe", 0, n_seeds=4)._n_startup_trials == 14
+
+
 def test_unknown_sampler_is_a_user_error():
     with pytest.raises(UserError, match="unknown sampler 'sa'"):
         make_sampler("sa", 0)
+
+
+def _objective(trial):
+    x = trial.suggest_float("x", 0, 1)
+    return x, 1 - x * x
+
+
+def test_budget_counts_completed_trials_and_recovers_interrupted(tmp_path):
+    objs = parse_objectives("accuracy,size")
+    study = open_study(sqlite_url(tmp_path / "s.db"), "s", "random", 0, objs)
+    assert enqueue_once(study, [({"x": 0.5}, "half")]) == 1
+    assert run_trials(study, _objective, 4, progress=False) == 4
+    assert run_trials(study, _objective, 4, progress=False) == 0  # budget already met
+    study.ask()  # a worker that died mid-trial
+    assert recover_interrupted(study) == 1
+    assert run_trials(study, _objective, 6, progress=False) == 2
+    states = [t.state for t in study.trials]
+    assert states.count(optuna.trial.TrialState.COMPLETE) == 6
+    assert states.count(optuna.trial.TrialState.RUNNING) == 0
+    assert study.trials[0].user_attrs["seed"] == "half" and study.trials[0].params == {"x": 0.5}
+
+
+def test_reopening_a_study_with_other_objectives_is_refused(tmp_path):
+    open_study(sqlite_url(tmp_path / "s.db"), "s", "random", 0, parse_objectives("accuracy,size"))
+    with pytest.raises(UserError, match="optimises"):
+        open_study(sqlite_url(tmp_path / "s.db"), "s", "random", 0, parse_objectives("accuracy"))
+
+
+# -- outputs ------------------------------------------------------------------------------------
+
+def test_pareto_mask_matches_brute_force():
+    rng = np.random.default_rng(0)
+    v = rng.random((150, 3))
+    mask = pareto_mask(v, ["maximize", "minimize", "minimize"])
+    s = v * np.array([-1, 1, 1])
+    brute = [not np.any(np.all(s <= s[i], axis=1) & np.any(s < s[i], axis=1)) for i in range(150)]
+    assert mask.tolist() == brute
+
+
+def test_hypervolume_2d_by_hand():
+    # points (acc, lat): (2, 1) and (3, 2); reference (0, 4): area 2*1 + 3*2 = 8
+    assert hypervolume_2d(np.array([2.0, 3.0]), np.array([1.0, 2.0]), 0.0, 4.0) == pytest.approx(8.0)
+    # a point beyond the reference adds nothing
+    assert hypervolume_2d(np.array([5.0]), np.array([9.0]), 0.0, 4.0) == 0.0
+
+
+def _frame():
+    return pd.DataFrame({
+        "trial": [0, 1, 2, 3, 4], "arch": ["a", "b", "c", "a", "d"], "policy": ["", "", "", "", ""],
+        "bits": ["float"] * 5, "accuracy": [90.0, 95.0, 80.0, 90.0, 99.0],
+        "size_bytes": [10.0, 20.0, 30.0, 10.0, 5.0],
+        "latency_ms:x": [1.0, 2.0, 3.0, 1.0, 9.0], "latency_ms:y": [3.0, 2.0, 1.0, 3.0, 9.0],
+        "feasible": [True, True, True, True, False], "pareto": [False] * 5,
+    })
+
+
+def test_device_fronts_differ_and_skip_repeats_and_infeasible():
+    objs = parse_objectives("accuracy,latency:x")
+    assert device_front(_frame(), "x", objs)["trial"].tolist() == [0, 1]
+    assert device_front(_frame(), "y", objs)["trial"].tolist() == [2, 1]
+    hv = hypervolume_history(_frame(), ["x"])
+    assert (np.diff(hv["hypervolume"]) >= 0).all() and len(hv) == 5
+    closest = closest_infeasible(_frame(), [parse_constraint("latency:x<=0.5ms")], n=2)
+    assert closest["trial"].tolist() == [0, 3]
 
 
 def test_front_2d_keeps_exactly_the_non_dominated_points():
@@ -37,54 +176,13 @@ def test_front_2d_keeps_exactly_the_non_dominated_points():
     brute = [i for i in range(200)
              if not np.any((cost <= cost[i]) & (acc >= acc[i]) & ((cost < cost[i]) | (acc > acc[i])))]
     assert sorted(idx.tolist()) == sorted(brute)
-    assert np.all(np.diff(cost[idx]) >= 0) and np.all(np.diff(acc[idx]) > 0)
 
 
-def _fake_study(tmp_path, values_by_arch):
-    space = get_space("mbv3-tiny")
-    study = open_study(sqlite_url(tmp_path / "s.db"), "s", "random", 0)
-    for arch, (acc, flops, lat) in values_by_arch:
-        t = study.ask()
-        space.suggest(t)
-        for k, v in {"arch": arch, "accuracy": acc, "flops": flops, "params": 1.0,
-                     "size_bytes": 4.0, "latency_ms": lat, "latency_p95_ms": lat,
-                     "latency_cv": 0.0}.items():
-            t.set_user_attr(k, v)
-        study.tell(t, (acc, flops, lat))
-    return study
-
-
-def test_pareto_trials_drop_repeated_architectures(tmp_path):
-    study = _fake_study(tmp_path, [("a", (90.0, 10.0, 1.0)), ("a", (90.0, 10.0, 1.0)),
-                                   ("b", (95.0, 20.0, 2.0)), ("c", (80.0, 30.0, 3.0))])
-    front = pareto_trials(study)
-    assert [t.user_attrs["arch"] for t in front] == ["a", "b"]  # c is dominated, a's repeat dropped
-    frame = trials_frame(study)
-    assert frame["pareto"].tolist() == [True, False, True, False]
-
-
-def test_reopening_a_study_with_other_objectives_is_refused(tmp_path):
-    _fake_study(tmp_path, [("a", (90.0, 10.0, 1.0))])
-    with pytest.raises(UserError, match="optimises"):
-        open_study(sqlite_url(tmp_path / "s.db"), "s", "random", 0,
-                   objectives={"accuracy": "maximize", "latency_ms": "minimize"})
-
-
-def test_seeds_are_enqueued_once_in_a_fresh_study(tmp_path):
-    space = get_space("mbv3-tiny")
-    study = open_study(sqlite_url(tmp_path / "q.db"), "q", "tpe", 0)
-    enqueue_seeds(study, space)
-    enqueue_seeds(study, space)  # second call: the study is no longer empty
-    waiting = [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
-    assert len(waiting) == 2
-    archs = {space.to_string(space.suggest(study.ask())) for _ in waiting}  # ask() takes the queue
-    assert archs == {space.to_string(space.largest()), space.to_string(space.smallest())}
-
-
-def test_plot_is_written_atomically(tmp_path):
-    frame = pd.DataFrame({"accuracy": [90.0, 95.0, 80.0], "flops": [1e6, 2e6, 3e6],
-                          "latency_ms": [1.0, 2.0, 3.0], "size_bytes": [10.0, 20.0, 30.0],
-                          "pareto": [True, True, False]})
-    path = plot_pareto(frame, tmp_path / "p.png")
-    assert path.read_bytes()[:4] == b"\x89PNG"
-    assert [p.name for p in tmp_path.iterdir()] == ["p.png"]
+def test_plots_are_written_atomically(tmp_path):
+    frame = _frame()
+    objs = parse_objectives("accuracy,latency:x")
+    fronts = {d: device_front(frame, d, objs) for d in ("x", "y")}
+    for path in (plot_fronts(frame, fronts, tmp_path / "f.png"),
+                 plot_across_devices(frame, fronts, tmp_path / "d.png")):
+        assert path.read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.png", "f.png"]

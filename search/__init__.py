@@ -1,0 +1,33 @@
+"""Multi-objective search over architectures and quantization policies.
+
+:func:`run` is the API of ``hwnas search``::
+
+    import search
+    result = search.run(space="mbv3-tiny", dataset="digits", trials=60,
+                        objectives="accuracy,latency:cpu-ort-1t,size",
+                        constraints=["latency:edgetpu-est<=2ms"])
+    result.fronts["edgetpu-est"]      # the Pareto front on that device (a DataFrame)
+
+Modules: :mod:`search.config` (settings), :mod:`search.objectives` (objective and constraint
+parsing), :mod:`search.bits` (the bit-width half of the search space), :mod:`search.evaluator`
+(metrics of a candidate), :mod:`search.study` (Optuna storage, budget, recovery),
+:mod:`search.samplers`, :mod:`search.outputs` and :mod:`search.plots` (run directory files),
+:mod:`search.runner` (the whole job), :mod:`search.cli` (the ``hwnas`` command line).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def run(config: Any = None, *, overwrite: bool = False, progress: bool = True, log=print,
+        **settings: Any):
+    """Run (or continue) a search; ``config`` is a :class:`search.config.SearchConfig`, or pass
+    its fields as keyword arguments. Returns a :class:`search.runner.SearchResult`."""
+    from search.config import SearchConfig
+    from search.runner import run_search
+
+    if config is not None and settings:
+        raise TypeError("pass either a SearchConfig or keyword settings, not both")
+    cfg = config if config is not None else SearchConfig(**settings)
+    return run_search(cfg, overwrite=overwrite, progress=progress, log=log)

@@ -1,0 +1,153 @@
+"""The quantization-policy half of the joint search: per-group weight bit-widths.
+
+Searching one bit-width per layer would give hundreds of dimensions (the nb201 space has 98
+convolutions); layers are grouped instead by the block or cell they belong to
+(:func:`layer_group`: ``blocks.3.dw_conv`` -> ``blocks.3``, ``stem_conv`` -> ``stem_conv``),
+and one weight width is searched per group, over :data:`DEFAULT_BIT_CHOICES` (32 = float).
+Activations feeding a quantized layer run at 8 bits (the integer runtimes' width); a float
+layer keeps float activations.
+
+The parameters are always suggested for *every* group of the space's largest architecture
+(``bits:<group>``), so the search space is static — which Optuna's multivariate TPE and
+NSGA-II need; groups that an architecture does not have are ignored for it.
+
+Seeds (:func:`sensitivity_seeds`): HAWQ-V2 Hessian sensitivity of the largest subnet, allocated
+by :func:`quant.allocate.allocate` at a few average weight widths, then mapped to the groups.
+This module imports torch only inside :func:`sensitivity_seeds`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from quant.policy import FLOAT_BITS, SUPPORTED_BITS, QuantPolicy
+from supernet.errors import UserError
+from supernet.space import SearchSpace
+
+#: weight widths searched by default (32 = the layer stays float)
+DEFAULT_BIT_CHOICES: tuple[int, ...] = (4, 6, 8, 32)
+#: activation width of every quantized layer
+ACTIVATION_BITS = 8
+PARAM_PREFIX = "bits:"
+_QUANT_OPS = ("conv", "linear")
+
+
+def layer_group(name: str) -> str:
+    """The group of a layer: ``<container>.<index>`` for layers inside an indexed block or cell,
+    else the first component of the name."""
+    parts = name.split(".")
+    if len(parts) >= 3 and parts[1].isdigit():
+        return ".".join(parts[:2])
+    return parts[0]
+
+
+def check_bit_choices(choices: Sequence[int]) -> tuple[int, ...]:
+    out = tuple(sorted({int(b) for b in choices}))
+    bad = [b for b in out if b not in SUPPORTED_BITS]
+    if not out or bad:
+        raise UserError(f"bit choices {list(choices)}: expected a non-empty subset of "
+                        f"{list(SUPPORTED_BITS)} (32 = float)")
+    return out
+
+
+def bit_groups(space: SearchSpace) -> list[str]:
+    """The groups of the space, in network order (from the largest architecture)."""
+    groups: list[str] = []
+    for layer in space.layers(space.largest()):
+        if layer.op in _QUANT_OPS:
+            g = layer_group(layer.name)
+            if g not in groups:
+                groups.append(g)
+    return groups
+
+
+def suggest_group_bits(trial: Any, groups: Sequence[str], choices: Sequence[int]) -> dict[str, int]:
+    """One categorical parameter ``bits:<group>`` per group."""
+    return {g: int(trial.suggest_categorical(PARAM_PREFIX + g, list(choices))) for g in groups}
+
+
+def group_params(group_bits: Mapping[str, int]) -> dict[str, int]:
+    """Trial parameters that make :func:`suggest_group_bits` return ``group_bits`` (enqueue)."""
+    return {PARAM_PREFIX + g: int(b) for g, b in group_bits.items()}
+
+
+def policy_for(space: SearchSpace, arch: Any, group_bits: Mapping[str, int]) -> QuantPolicy | None:
+    """The per-layer policy of ``arch`` under ``group_bits``; ``None`` when every layer is
+    float (a float model, stored as an empty policy)."""
+    bits: dict[str, tuple[int, int]] = {}
+    for layer in space.layers(arch):
+        if layer.op not in _QUANT_OPS:
+            continue
+        group = layer_group(layer.name)
+        if group not in group_bits:
+            raise UserError(f"no bit-width for layer group {group!r} of {space.name}; "
+                            f"groups given: {sorted(group_bits)}")
+        w = int(group_bits[group])
+        bits[layer.name] = (w, ACTIVATION_BITS if w < FLOAT_BITS else FLOAT_BITS)
+    if all(w == FLOAT_BITS for w, _ in bits.values()):
+        return None
+    return QuantPolicy(bits)
+
+
+def uniform_groups(groups: Sequence[str], bits: int) -> dict[str, int]:
+    return {g: int(bits) for g in groups}
+
+
+def sensitivity_seeds(space: SearchSpace, supernet: Any, data: Any, choices: Sequence[int], *,
+                      avg_bits: Sequence[float] = (6.0, 5.0), seed: int = 0,
+                      max_images: int = 128) -> list[dict[str, int]]:
+    """Group bit-widths from the Hessian sensitivity (HAWQ-V2) of the largest subnet,
+    allocated under a model-size budget at each average weight width of ``avg_bits``.
+
+    The allocation is per layer (integer program over the quantized choices of ``choices``);
+    a group then takes the parameter-weighted mean width of its layers, rounded up to a
+    choice. Budgets that no policy meets are skipped.
+    """
+    from quant.allocate import allocate
+    from quant.cost import weight_bits_budget_bytes
+    from quant.policy import apply_to_layers
+    from quant.sensitivity import hessian_sensitivity
+    from supernet.evaluate import calibration_loader, evaluate_subnet
+
+    quantized = [b for b in check_bit_choices(choices) if b < FLOAT_BITS]
+    if not quantized:
+        return []
+    arch = space.largest()
+    _, model = evaluate_subnet(supernet, arch, data, split="val", seed=seed)
+    model = model.cpu()
+    loader = calibration_loader(data, batch_size=128, seed=seed)
+    candidates = [(b, ACTIVATION_BITS) for b in quantized]
+    table = hessian_sensitivity(model, loader, candidates, max_images=max_images, n_samples=4, seed=seed)
+    layers = [layer for layer in space.layers(arch) if layer.op in _QUANT_OPS]
+    seeds: list[dict[str, int]] = []
+    for avg in avg_bits:
+        budget = weight_bits_budget_bytes(layers, avg)
+        try:
+            allocation = allocate(table, layers, budget, "size")
+        except UserError:
+            continue
+        placed = apply_to_layers(allocation.policy, layers)
+        weight: dict[str, float] = {}
+        total: dict[str, float] = {}
+        for layer in placed:
+            g = layer_group(layer.name)
+            weight[g] = weight.get(g, 0.0) + layer.weight_count * layer.w_bits
+            total[g] = total.get(g, 0.0) + layer.weight_count
+        group_bits = {}
+        for g in bit_groups(space):
+            mean = weight[g] / total[g] if total.get(g) else quantized[-1]
+            group_bits[g] = next((b for b in quantized if b >= mean - 1e-9), quantized[-1])
+        if group_bits not in seeds:
+            seeds.append(group_bits)
+    return seeds
+
+
+def describe_bits(policy: QuantPolicy | None) -> str:
+    """Short text: ``float`` or e.g. ``W4:3 W8:27`` (layers per weight width)."""
+    if policy is None:
+        return "float"
+    counts: dict[int, int] = {}
+    for w, _ in policy.bits.values():
+        counts[w] = counts.get(w, 0) + 1
+    return " ".join(f"{'F' if w == FLOAT_BITS else 'W' + str(w)}:{n}" for w, n in sorted(counts.items()))

@@ -1,0 +1,106 @@
+"""The settings of a search (``hwnas search``, ``hwnas run``, :func:`search.run`), validated
+before anything is written. The CLI maps its flags one to one onto these fields, so the API and
+the CLI share one set of defaults. No torch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from search.bits import DEFAULT_BIT_CHOICES, check_bit_choices
+from search.objectives import (
+    Constraint,
+    Metric,
+    devices_of,
+    parse_constraints,
+    parse_objectives,
+)
+from search.samplers import DEFAULT_SAMPLER, SAMPLERS
+from supernet.errors import UserError
+
+#: objectives of a default search: accuracy, latency on this CPU, model size
+DEFAULT_OBJECTIVES = "accuracy,latency:cpu-ort-1t,size"
+#: devices every default search reports (a front per device), besides those of the objectives
+DEFAULT_DEVICES = ("cpu-ort-1t", "edgetpu-est", "fpga-zcu102-est", "jetson-orin-nano-est")
+
+#: settings that must match when a run directory is continued (the budget may grow)
+RESUME_KEYS = ("space", "dataset", "data_seed", "supernet", "epochs", "objectives",
+               "constraints", "devices", "bits", "bit_choices", "sampler", "seed", "study_name",
+               "calib_batches", "ptq_images")
+
+
+@dataclass
+class SearchConfig:
+    """Everything a search needs; see ``hwnas search --help`` for each field."""
+
+    space: str = "mbv3-tiny"
+    dataset: str = "digits"
+    supernet: str | None = None
+    epochs: int = 30
+    objectives: str = DEFAULT_OBJECTIVES
+    constraints: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=lambda: list(DEFAULT_DEVICES))
+    bits: bool = True
+    bit_choices: list[int] = field(default_factory=lambda: list(DEFAULT_BIT_CHOICES))
+    sampler: str = DEFAULT_SAMPLER
+    trials: int = 60
+    seed: int = 0
+    data_seed: int = 0
+    storage: str | None = None
+    study_name: str | None = None
+    workers: int = 1
+    name: str | None = None
+    out: str = "runs"
+    torch_device: str = "cpu"
+    calib_batches: int = 10
+    ptq_images: int = 256
+    sensitivity_seeds: bool = True
+
+    # -- parsed views --------------------------------------------------------------------
+    @property
+    def objective_metrics(self) -> list[Metric]:
+        return parse_objectives(self.objectives)
+
+    @property
+    def constraint_list(self) -> list[Constraint]:
+        return parse_constraints(self.constraints)
+
+    @property
+    def all_devices(self) -> list[str]:
+        """Devices of the objectives and constraints first, then the reported ones."""
+        named = devices_of(self.objective_metrics, self.constraint_list)
+        return named + [d for d in self.devices if d not in named]
+
+    def validate(self) -> None:
+        """Raise UserError on the first bad setting (no I/O except the device registry)."""
+        from supernet.spaces import available_spaces
+
+        if self.space not in available_spaces():
+            raise UserError(f"unknown space {self.space!r}; expected one of {available_spaces()}")
+        if self.trials <= 0:
+            raise UserError(f"--trials must be a positive number of trials, got {self.trials}")
+        if self.supernet is None and self.epochs <= 0:
+            raise UserError(f"--epochs must be positive, got {self.epochs}")
+        if self.sampler not in SAMPLERS:
+            raise UserError(f"unknown sampler {self.sampler!r}; expected one of {list(SAMPLERS)}")
+        if self.workers <= 0:
+            raise UserError(f"--workers must be positive, got {self.workers}")
+        if self.workers > 1 and (self.storage is None or self.storage.startswith("sqlite")):
+            raise UserError(f"--workers {self.workers} needs a server database: SQLite cannot be "
+                            f"shared by several writers; pass --storage postgresql://USER@HOST/DB "
+                            f"(or mysql://...), or run one worker")
+        if self.storage is not None and "://" not in self.storage:
+            raise UserError(f"--storage {self.storage!r} is not a database URL; expected e.g. "
+                            f"sqlite:///path/study.db or postgresql://user@host:5432/db")
+        if self.name is not None and (not self.name or "/" in self.name or self.name.startswith(".")):
+            raise UserError(f"--name {self.name!r} must be a plain directory name")
+        if self.calib_batches <= 0 or self.ptq_images <= 0:
+            raise UserError("calib_batches and ptq_images must be positive")
+        self.bit_choices = list(check_bit_choices(self.bit_choices))
+        self.objective_metrics, self.constraint_list  # noqa: B018 - parse errors surface here
+        if not self.all_devices:
+            raise UserError("no device: name one in an objective (latency:DEVICE) or --devices")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,169 @@
+"""Objectives and constraints of a search, parsed from the command line's small language.
+
+Metrics (each a column of ``trials.csv``):
+
+=====================  ===========================  =========  ==========================
+spelled                column                       direction  unit
+=====================  ===========================  =========  ==========================
+``accuracy``           ``accuracy``                 maximize   % (validation split)
+``latency:DEVICE``     ``latency_ms:DEVICE``        minimize   ms, batch 1, on DEVICE
+``size``               ``size_bytes``               minimize   bytes of weights (+ biases)
+``bops``               ``bops``                     minimize   bit operations
+``flops``              ``flops``                    minimize   2 x multiply-accumulates
+``params``             ``params``                   minimize   parameters
+=====================  ===========================  =========  ==========================
+
+Objectives: ``accuracy,latency:cpu-ort-1t,size``. Constraints: ``latency:edgetpu-est<=5ms``,
+``size<=2MB``, ``accuracy>=90`` (units: ``us ms s`` for latency, ``B kB MB KiB MiB`` for size,
+``%`` optional for accuracy, ``k M G`` suffixes for counts). A constraint's metric need not be
+an objective. More than three objectives are better expressed as constraints (multi-objective
+samplers lose their edge as the front grows with the number of objectives).
+
+This module does not import torch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from supernet.errors import UserError
+
+#: metric name -> (column, direction, unit)
+METRICS: dict[str, tuple[str, str, str]] = {
+    "accuracy": ("accuracy", "maximize", "%"),
+    "latency": ("latency_ms", "minimize", "ms"),
+    "size": ("size_bytes", "minimize", "B"),
+    "bops": ("bops", "minimize", "BOPs"),
+    "flops": ("flops", "minimize", "FLOPs"),
+    "params": ("params", "minimize", ""),
+}
+
+_UNITS = {
+    "latency": {"": 1.0, "ms": 1.0, "us": 1e-3, "µs": 1e-3, "s": 1e3},
+    "size": {"": 1.0, "b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 1024.0, "mib": 1024.0 ** 2},
+    "accuracy": {"": 1.0, "%": 1.0},
+    "count": {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9},
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One measured quantity of a trial: ``name`` is ``accuracy``, ``size`` ... or
+    ``latency`` with its ``device``."""
+
+    name: str
+    device: str | None = None
+
+    @property
+    def key(self) -> str:
+        """As spelled on the command line: ``latency:DEVICE`` or the name."""
+        return f"{self.name}:{self.device}" if self.device else self.name
+
+    @property
+    def column(self) -> str:
+        base = METRICS[self.name][0]
+        return f"{base}:{self.device}" if self.device else base
+
+    @property
+    def direction(self) -> str:
+        return METRICS[self.name][1]
+
+    @property
+    def unit(self) -> str:
+        return METRICS[self.name][2]
+
+    @property
+    def label(self) -> str:
+        """Axis label for plots."""
+        text = {"accuracy": "accuracy (%)", "latency": f"latency on {self.device} (ms)",
+                "size": "model size (KiB)", "bops": "BOPs", "flops": "FLOPs",
+                "params": "parameters"}[self.name]
+        return text
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """``metric <= bound`` or ``metric >= bound`` (bound in the metric's base unit)."""
+
+    metric: Metric
+    op: str
+    bound: float
+    text: str
+
+    def violation(self, value: float) -> float:
+        """Optuna's convention: <= 0 feasible, > 0 by how much it is violated."""
+        return value - self.bound if self.op == "<=" else self.bound - value
+
+    def satisfied(self, value: float) -> bool:
+        return self.violation(value) <= 0
+
+
+def parse_metric(text: str, *, what: str = "objective") -> Metric:
+    """``accuracy`` / ``latency:DEVICE`` / ``size`` ... -> :class:`Metric`."""
+    text = text.strip()
+    name, _, device = text.partition(":")
+    name = name.strip().lower()
+    if name not in METRICS:
+        raise UserError(f"unknown {what} {text!r}; expected one of accuracy, latency:DEVICE, "
+                        f"size, bops, flops, params")
+    if name == "latency":
+        if not device.strip():
+            raise UserError(f"{what} {text!r} names no device; write latency:DEVICE "
+                            f"(see `hwnas latency devices`)")
+        return Metric("latency", device.strip())
+    if device:
+        raise UserError(f"{what} {text!r}: only latency takes a device (latency:DEVICE)")
+    return Metric(name)
+
+
+def parse_objectives(spec: str | Sequence[str]) -> list[Metric]:
+    """Comma-separated text or a list of metric spellings; at least one, none twice."""
+    items = [s for s in (spec.split(",") if isinstance(spec, str) else spec) if str(s).strip()]
+    if not items:
+        raise UserError("no objectives given; expected e.g. --objectives accuracy,latency:cpu-ort-1t,size")
+    metrics = [parse_metric(str(s)) for s in items]
+    keys = [m.key for m in metrics]
+    dupes = sorted({k for k in keys if keys.count(k) > 1})
+    if dupes:
+        raise UserError(f"objective {dupes[0]!r} is named twice in {','.join(keys)}")
+    return metrics
+
+
+_CONSTRAINT = re.compile(r"^\s*(?P<metric>[A-Za-z][\w.:-]*?)\s*(?P<op><=|>=)\s*"
+                         r"(?P<value>[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?)\s*(?P<unit>[A-Za-zµ%]*)\s*$")
+
+
+def parse_constraint(text: str) -> Constraint:
+    """``latency:edgetpu-est<=5ms`` -> :class:`Constraint` (bound converted to ms/bytes/...)."""
+    m = _CONSTRAINT.match(text)
+    if not m:
+        raise UserError(f"constraint {text!r} is not of the form METRIC<=VALUE[UNIT] or "
+                        f"METRIC>=VALUE[UNIT] (e.g. latency:edgetpu-est<=5ms, size<=2MB)")
+    metric = parse_metric(m["metric"], what="constraint metric")
+    family = metric.name if metric.name in ("latency", "size", "accuracy") else "count"
+    units = _UNITS[family]
+    unit = m["unit"].lower() if family != "latency" else m["unit"]
+    if unit not in units:
+        raise UserError(f"constraint {text!r}: unknown unit {m['unit']!r} for {metric.name}; "
+                        f"expected one of {', '.join(u for u in units if u) or 'none'}")
+    bound = float(m["value"]) * units[unit]
+    return Constraint(metric, m["op"], bound, text.strip())
+
+
+def parse_constraints(specs: Iterable[str] | None) -> list[Constraint]:
+    out = [parse_constraint(s) for s in (specs or [])]
+    texts = [c.text for c in out]
+    if len(set(texts)) != len(texts):
+        raise UserError(f"a constraint is given twice: {texts}")
+    return out
+
+
+def devices_of(objectives: Iterable[Metric], constraints: Iterable[Constraint]) -> list[str]:
+    """Devices named by objectives and constraints, in order of appearance."""
+    seen: list[str] = []
+    for m in [*objectives, *(c.metric for c in constraints)]:
+        if m.device and m.device not in seen:
+            seen.append(m.device)
+    return seen

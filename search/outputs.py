@@ -1,0 +1,197 @@
+"""What a search leaves in its run directory, computed from the study's completed trials.
+
+* ``trials.csv`` / ``trials.parquet`` — one row per completed trial: number, arch string,
+  policy (JSON, empty = float), a short bit summary, the seed label, every metric
+  (:func:`search.evaluator.metric_columns`: accuracy, size, BOPs, FLOPs, params, average weight
+  bits, latency and its std on every device), ``feasible`` (all constraints met) and
+  ``pareto`` (non-dominated for the study's own objectives).
+* ``pareto_<device>.csv`` — per device, the feasible candidates that are non-dominated when
+  every latency objective is that device's latency (accuracy vs latency on the device, plus the
+  search's non-latency objectives such as size); repeats of one (arch, policy) count once.
+* ``hypervolume.csv`` — per device, the 2-D hypervolume (accuracy up, latency down) of the
+  feasible trials after each trial; reference point: the lowest accuracy and 1.01 x the highest
+  latency over all trials.
+* ``fronts.png`` (front per device, dominated trials grey) and ``devices.png`` (the same
+  Pareto models' latencies across devices, relative to the fastest of them on each device).
+
+No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from search.objectives import Constraint, Metric
+
+TRIAL_COLUMNS = ("trial", "arch", "policy", "bits", "seed")
+
+
+def pareto_mask(values: np.ndarray, directions: Sequence[str]) -> np.ndarray:
+    """Boolean mask of the non-dominated rows of ``values`` (n x k) under ``directions``
+    ("maximize"/"minimize"); identical rows are all kept."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return np.zeros(len(v), dtype=bool)
+    signs = np.array([-1.0 if d == "maximize" else 1.0 for d in directions])
+    v = v * signs  # everything minimised
+    mask = np.ones(len(v), dtype=bool)
+    for i in range(len(v)):
+        if not mask[i]:
+            continue
+        dominated = np.all(v <= v[i], axis=1) & np.any(v < v[i], axis=1)
+        if dominated.any():
+            mask[i] = False
+    return mask
+
+
+def hypervolume_2d(acc: np.ndarray, lat: np.ndarray, ref_acc: float, ref_lat: float) -> float:
+    """Area dominated by the points (accuracy up, latency down) and bounded by the reference
+    point (``ref_acc`` below, ``ref_lat`` above); points beyond the reference add nothing."""
+    keep = (acc > ref_acc) & (lat < ref_lat)
+    if not keep.any():
+        return 0.0
+    a, t = acc[keep], lat[keep]
+    order = np.argsort(t, kind="stable")
+    area, best = 0.0, ref_acc
+    t_sorted, a_sorted = t[order], a[order]
+    for i in range(len(t_sorted)):
+        best = max(best, a_sorted[i])
+        nxt = t_sorted[i + 1] if i + 1 < len(t_sorted) else ref_lat
+        area += (best - ref_acc) * (nxt - t_sorted[i])
+    return float(area)
+
+
+def trials_frame(study, devices: Sequence[str], objectives: Sequence[Metric],
+                 constraints: Sequence[Constraint], metric_columns: Sequence[str]) -> pd.DataFrame:
+    """One row per completed trial (see the module docstring)."""
+    from search.bits import describe_bits
+    from search.evaluator import policy_from_text
+    from search.study import completed
+
+    rows = []
+    for t in completed(study):
+        ua = t.user_attrs
+        row = {"trial": t.number, "arch": ua.get("arch", ""), "policy": ua.get("policy", ""),
+               "bits": describe_bits(policy_from_text(ua.get("policy", ""))),
+               "seed": ua.get("seed", "")}
+        row.update({c: ua.get(c, np.nan) for c in metric_columns})
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=[*TRIAL_COLUMNS, *metric_columns])
+    frame = frame.astype({c: "float64" for c in metric_columns})
+    frame["feasible"] = feasible_mask(frame, constraints)
+    frame["pareto"] = front_mask(frame, [m.column for m in objectives],
+                                 [m.direction for m in objectives])
+    return frame
+
+
+def feasible_mask(frame: pd.DataFrame, constraints: Sequence[Constraint]) -> np.ndarray:
+    ok = np.ones(len(frame), dtype=bool)
+    for c in constraints:
+        ok &= np.array([c.satisfied(v) for v in frame[c.metric.column]], dtype=bool)
+    return ok
+
+
+def front_mask(frame: pd.DataFrame, columns: Sequence[str], directions: Sequence[str]) -> np.ndarray:
+    """Non-dominated feasible rows; of repeated (arch, policy) rows only the first counts."""
+    mask = np.zeros(len(frame), dtype=bool)
+    if frame.empty:
+        return mask
+    candidates = frame["feasible"].to_numpy() if "feasible" in frame else np.ones(len(frame), bool)
+    first = ~frame.duplicated(subset=["arch", "policy"]).to_numpy()
+    idx = np.flatnonzero(candidates & first)
+    if len(idx):
+        mask[idx] = pareto_mask(frame.iloc[idx][list(columns)].to_numpy(), directions)
+    return mask
+
+
+def device_objectives(objectives: Sequence[Metric], device: str) -> list[Metric]:
+    """The search's objectives with every latency objective replaced by ``device``'s latency
+    (accuracy and latency always included)."""
+    out = [Metric("accuracy")] + [Metric("latency", device)]
+    for m in objectives:
+        if m.name not in ("accuracy", "latency") and m not in out:
+            out.append(m)
+    return out
+
+
+def device_front(frame: pd.DataFrame, device: str, objectives: Sequence[Metric]) -> pd.DataFrame:
+    """The Pareto front for ``device`` (see the module docstring), fastest first."""
+    metrics = device_objectives(objectives, device)
+    mask = front_mask(frame, [m.column for m in metrics], [m.direction for m in metrics])
+    return frame[mask].sort_values(f"latency_ms:{device}").reset_index(drop=True)
+
+
+def hypervolume_history(frame: pd.DataFrame, devices: Sequence[str]) -> pd.DataFrame:
+    """Per device, the 2-D hypervolume of the feasible trials after each completed trial."""
+    rows = []
+    ordered = frame.sort_values("trial")
+    acc = ordered["accuracy"].to_numpy()
+    feasible = ordered["feasible"].to_numpy() if "feasible" in ordered else np.ones(len(ordered), bool)
+    for d in devices:
+        lat = ordered[f"latency_ms:{d}"].to_numpy()
+        if not len(lat):
+            continue
+        ref_acc, ref_lat = float(np.nanmin(acc)), float(np.nanmax(lat)) * 1.01
+        for i in range(len(ordered)):
+            sel = feasible[: i + 1]
+            hv = hypervolume_2d(acc[: i + 1][sel], lat[: i + 1][sel], ref_acc, ref_lat)
+            rows.append({"device": d, "trials": i + 1, "trial": int(ordered["trial"].iloc[i]),
+                         "hypervolume": hv, "ref_accuracy": ref_acc, "ref_latency_ms": ref_lat})
+    return pd.DataFrame(rows, columns=["device", "trials", "trial", "hypervolume",
+                                       "ref_accuracy", "ref_latency_ms"])
+
+
+def closest_infeasible(frame: pd.DataFrame, constraints: Sequence[Constraint], n: int = 3) -> pd.DataFrame:
+    """The ``n`` trials closest to meeting every constraint (smallest summed relative
+    violation), for the message when none meets them."""
+    if frame.empty or not constraints:
+        return frame.head(0)
+    total = np.zeros(len(frame))
+    for c in constraints:
+        v = np.array([max(0.0, c.violation(x)) for x in frame[c.metric.column]])
+        total += v / max(abs(c.bound), 1e-12)
+    return frame.assign(violation=total).nsmallest(n, "violation")
+
+
+def write_frame(path: Path, frame: pd.DataFrame) -> Path:
+    """Atomic CSV (or Parquet, by suffix) write."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    if path.suffix == ".parquet":
+        frame.to_parquet(tmp, index=False)
+    else:
+        frame.to_csv(tmp, index=False)
+    tmp.replace(path)
+    return path
+
+
+def write_json(path: Path, obj) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    tmp.replace(path)
+    return path
+
+
+def summary_table(front: pd.DataFrame, device: str, max_rows: int = 12) -> str:
+    """A device's front as a readable table, fastest first."""
+    if front.empty:
+        return "  (no feasible Pareto-optimal trials)"
+    f = front.head(max_rows)
+    cols = {
+        "trial": f["trial"],
+        "val acc %": f["accuracy"].map("{:.1f}".format),
+        f"ms on {device}": f[f"latency_ms:{device}"].map("{:.3f}".format),
+        "size KiB": (f["size_bytes"] / 1024).map("{:.1f}".format),
+        "bits": f["bits"],
+    }
+    if "test_accuracy" in f:
+        cols["test acc %"] = f["test_accuracy"].map("{:.1f}".format)
+    cols["arch"] = f["arch"].map(lambda s: s if len(s) <= 60 else s[:57] + "...")
+    text = pd.DataFrame(cols).to_string(index=False)
+    if len(front) > max_rows:
+        text += f"\n  ... {len(front) - max_rows} more in pareto_{device}.csv"
+    return text

@@ -1,0 +1,369 @@
+"""A search from start to finish: supernet, joint architecture + bit-width study, outputs.
+
+1. Validate the settings, load the dataset, build the space and check every device has a
+   latency model for it — all before anything is written.
+2. Obtain the supernet: the run directory's own checkpoint when continuing, ``--supernet``,
+   the checkpoint shipped for the space and dataset, or train one.
+3. Open (or continue) the Optuna study, enqueue the seeds once (largest and smallest
+   architectures, float and int8, plus Hessian-sensitivity bit policies of the largest), and
+   run trials until the budget has completed — with ``--workers N`` on a server database,
+   N processes share the study (more machines: run the same command there).
+4. Write the outputs (:mod:`search.outputs`): trials.csv/.parquet, pareto_<device>.csv with
+   test-split accuracy, hypervolume.csv, fronts.png, devices.png, hypervolume.png.
+
+Rerunning the same command continues the run (settings must match; the budget may grow);
+``overwrite=True`` starts afresh. Files are written atomically; the run directory appears
+with its first complete files (config.json, supernet.pt) in one rename.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from search import outputs
+from search.bits import (
+    bit_groups,
+    group_params,
+    policy_for,
+    sensitivity_seeds,
+    suggest_group_bits,
+    uniform_groups,
+)
+from search.config import RESUME_KEYS, SearchConfig
+from search.evaluator import (
+    EvalSettings,
+    TrialEvaluator,
+    check_devices,
+    metric_columns,
+    policy_from_text,
+    policy_text,
+)
+from search.plots import plot_across_devices, plot_fronts, plot_hypervolume
+from search.study import (
+    completed,
+    enqueue_once,
+    is_sqlite,
+    open_study,
+    recover_interrupted,
+    run_trials,
+    sqlite_url,
+)
+from supernet.checkpoints import shipped_checkpoint
+from supernet.data import DatasetSplits, load_dataset
+from supernet.errors import UserError
+from supernet.evaluate import accuracy, eval_loader
+from supernet.space import SearchSpace
+from supernet.spaces import get_space
+from supernet.train import TrainResult, load_checkpoint, sandwich_config, save_checkpoint, train_supernet
+
+CONFIG_FILE = "config.json"
+
+
+class InfeasibleError(UserError):
+    """No completed trial meets the constraints (raised after the outputs are written)."""
+
+
+@dataclass
+class SearchResult:
+    run_dir: Path
+    trials: pd.DataFrame
+    fronts: dict[str, pd.DataFrame]
+    hypervolume: pd.DataFrame
+    seconds: float
+    new_trials: int = 0
+    train: TrainResult | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+# -- the run directory -----------------------------------------------------------------------
+
+def settings_of(cfg: SearchConfig, data: DatasetSplits, run_name: str) -> dict[str, Any]:
+    s = cfg.to_dict()
+    s.update(devices=cfg.all_devices, reported_devices=list(cfg.devices),
+             dataset_name=data.name, study_name=cfg.study_name or run_name,
+             supernet=str(Path(cfg.supernet).resolve()) if cfg.supernet else None)
+    return s
+
+
+def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits, overwrite: bool) -> tuple[Path, bool]:
+    """(run directory, continuing?) — raises before anything is written."""
+    name = cfg.name or f"{data.name}-{cfg.space}"
+    run_dir = Path(cfg.out) / name
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir} exists and is not a directory")
+    if not (run_dir.exists() and any(run_dir.iterdir())):
+        return run_dir, False
+    marker = run_dir / CONFIG_FILE
+    if not marker.is_file():
+        raise UserError(f"{run_dir} exists and is not an hwnas run directory (no {CONFIG_FILE}); "
+                        f"choose another --name or --out")
+    if overwrite:
+        shutil.rmtree(run_dir)
+        return run_dir, False
+    try:
+        saved = json.loads(marker.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{marker} is unreadable ({exc}); pass --overwrite to start afresh") from None
+    current = settings_of(cfg, data, run_dir.name)
+    diff = [k for k in RESUME_KEYS if saved.get(k) != current.get(k)]
+    if diff:
+        raise UserError(f"{run_dir} holds a run with other settings: " + ", ".join(
+            f"{k} ({saved.get(k)!r} there, {current.get(k)!r} now)" for k in diff)
+            + "; pass --overwrite to replace it or choose another --name")
+    return run_dir, True
+
+
+def _check_compatible(space: SearchSpace, data: DatasetSplits, source: str) -> None:
+    want = (data.in_channels, *data.image_size)
+    if tuple(space.input_shape) != want or space.num_classes != data.num_classes:
+        raise UserError(f"{source} was built for input {tuple(space.input_shape)} with "
+                        f"{space.num_classes} classes; the dataset has input {want} with "
+                        f"{data.num_classes} classes")
+
+
+def _checkpoint_source(cfg: SearchConfig, data: DatasetSplits, run_dir: Path) -> str | None:
+    own = run_dir / "supernet.pt"
+    if own.is_file():
+        return str(own)
+    return cfg.supernet or shipped_checkpoint(cfg.space, data.classes)
+
+
+def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, progress: bool,
+                     ) -> tuple[SearchSpace, Any, TrainResult | None, bool]:
+    """(space, supernet, training result or None, trained now?) — from the checkpoint that
+    applies, else trained for the dataset. Checks happen before training starts."""
+    source = _checkpoint_source(cfg, data, run_dir)
+    if source:
+        space, supernet, _ = load_checkpoint(source, device=cfg.torch_device)
+        if space.name != cfg.space:
+            raise UserError(f"checkpoint {source} holds space {space.name!r}, not {cfg.space!r}")
+        _check_compatible(space, data, f"checkpoint {source}")
+        check_devices(space, cfg.all_devices)
+        return space, supernet, None, False
+    h, w = data.image_size
+    if h != w:
+        raise UserError(f"space {cfg.space} needs square images; the dataset's are {h}x{w}")
+    space = get_space(cfg.space, in_channels=data.in_channels, image_size=h,
+                      num_classes=data.num_classes)
+    check_devices(space, cfg.all_devices)
+    supernet = space.build_supernet()
+    result = train_supernet(supernet, space, data, sandwich_config(cfg.epochs, seed=cfg.seed),
+                            device=cfg.torch_device, progress=progress)
+    return space, supernet, result, True
+
+
+# -- the study -------------------------------------------------------------------------------
+
+def make_objective(space: SearchSpace, evaluator: TrialEvaluator, cfg: SearchConfig):
+    """The Optuna objective: suggest an architecture (and bit-widths), score it, record every
+    metric as a user attribute and every constraint with ``trial.set_constraint``."""
+    objectives, constraints = cfg.objective_metrics, cfg.constraint_list
+    groups = bit_groups(space) if cfg.bits else []
+
+    def objective(trial) -> tuple[float, ...]:
+        arch = space.suggest(trial)
+        policy = policy_for(space, arch, suggest_group_bits(trial, groups, cfg.bit_choices)) \
+            if cfg.bits else None
+        trial.set_user_attr("arch", space.to_string(arch))
+        trial.set_user_attr("policy", policy_text(policy))
+        metrics = evaluator(arch, policy)
+        for name, value in metrics.items():
+            trial.set_user_attr(name, value)
+        for c in constraints:
+            trial.set_constraint(c.text, c.violation(metrics[c.metric.column]))
+        return tuple(metrics[m.column] for m in objectives)
+
+    return objective
+
+
+def seed_trials(space: SearchSpace, supernet, data: DatasetSplits, cfg: SearchConfig,
+                log=print) -> list[tuple[dict[str, Any], str]]:
+    """(params, label) of the seed trials: largest and smallest architectures (float and, when
+    bits are searched, int8), plus sensitivity-based policies of the largest."""
+    seeds: list[tuple[dict[str, Any], str]] = []
+    groups = bit_groups(space)
+    archs = [("largest", space.largest()), ("smallest", space.smallest())]
+    for label, arch in archs:
+        params = space.to_params(arch)
+        if not cfg.bits:
+            seeds.append((params, label))
+            continue
+        quantized = [b for b in cfg.bit_choices if b < 32]
+        if 32 in cfg.bit_choices:
+            seeds.append(({**params, **group_params(uniform_groups(groups, 32))}, f"{label}-float"))
+        if 8 in quantized:
+            seeds.append(({**params, **group_params(uniform_groups(groups, 8))}, f"{label}-int8"))
+    if cfg.bits and cfg.sensitivity_seeds:
+        t0 = time.perf_counter()
+        found = sensitivity_seeds(space, supernet, data, cfg.bit_choices, seed=cfg.seed)
+        for i, group_bits in enumerate(found):
+            seeds.append(({**space.to_params(space.largest()), **group_params(group_bits)},
+                          f"largest-hessian-{i + 1}"))
+        log(f"sensitivity seeds: {len(found)} bit policies in {time.perf_counter() - t0:.1f} s")
+    return seeds
+
+
+def _open(cfg: SearchConfig, run_dir: Path, n_seeds: int):
+    storage = cfg.storage or sqlite_url(run_dir / "study.db")
+    study = open_study(storage, cfg.study_name or run_dir.name, cfg.sampler, cfg.seed,
+                       cfg.objective_metrics, n_seeds=n_seeds)
+    return storage, study
+
+
+def _evaluator(cfg: SearchConfig, space, supernet, data) -> TrialEvaluator:
+    settings = EvalSettings(calib_batches=cfg.calib_batches, ptq_images=cfg.ptq_images, seed=cfg.seed)
+    return TrialEvaluator(space, supernet, data, cfg.all_devices, settings)
+
+
+def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int) -> int:
+    """One extra worker process: load the run's supernet, join the study, run trials."""
+    cfg = SearchConfig(**cfg_dict)
+    torch.set_num_threads(1)
+    data = load_dataset(cfg.dataset, seed=cfg.data_seed)
+    space, supernet, _ = load_checkpoint(Path(run_dir) / "supernet.pt", device=cfg.torch_device)
+    evaluator = _evaluator(cfg, space, supernet, data)
+    _, study = _open(cfg, Path(run_dir), n_seeds)
+    return run_trials(study, make_objective(space, evaluator, cfg), cfg.trials, progress=False)
+
+
+def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = True,
+               log=print) -> SearchResult:
+    """See the module docstring."""
+    start = time.perf_counter()
+    cfg.validate()
+    data = load_dataset(cfg.dataset, seed=cfg.data_seed)
+    run_dir, continuing = prepare_run_dir(cfg, data, overwrite)
+    timings: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    space, supernet, train_result, _ = resolve_supernet(cfg, data, run_dir, progress)
+    timings["supernet_s"] = time.perf_counter() - t0
+    if train_result:
+        log(f"trained supernet {space.name} on {data.name}: {train_result.epochs} epochs in "
+            f"{train_result.seconds:.0f} s ({train_result.images_per_s:.0f} images/s)")
+    settings = settings_of(cfg, data, run_dir.name)
+    if not continuing:
+        staging = run_dir.with_name(f".{run_dir.name}.staging")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        save_checkpoint(staging / "supernet.pt", supernet, space, dataset=data.name,
+                        train_config=sandwich_config(cfg.epochs, seed=cfg.seed) if train_result else None)
+        if train_result:
+            outputs.write_json(staging / "train_history.json", train_result.__dict__)
+        outputs.write_json(staging / CONFIG_FILE, settings)
+        if run_dir.exists():
+            run_dir.rmdir()
+        staging.rename(run_dir)
+    else:
+        outputs.write_json(run_dir / CONFIG_FILE, settings)  # trials/workers may have changed
+
+    evaluator = _evaluator(cfg, space, supernet, data)
+    storage, study = _open(cfg, run_dir, 0)
+    if not study.get_trials(deepcopy=False):
+        seeds = seed_trials(space, supernet, data, cfg, log)
+    else:
+        seeds = []
+    n_seeds = enqueue_once(study, seeds)
+    storage, study = _open(cfg, run_dir, n_seeds)  # the sampler's start-up counts the seeds
+    if is_sqlite(storage):
+        recovered = recover_interrupted(study)
+        if recovered:
+            log(f"recovered {recovered} trial(s) interrupted in an earlier run; they run again")
+
+    t0 = time.perf_counter()
+    procs = []
+    if cfg.workers > 1:
+        ctx = multiprocessing.get_context("spawn")
+        for _ in range(cfg.workers - 1):
+            p = ctx.Process(target=worker_main, args=(cfg.to_dict(), str(run_dir), n_seeds))
+            p.start()
+            procs.append(p)
+    try:
+        new = run_trials(study, make_objective(space, evaluator, cfg), cfg.trials, progress=progress)
+    finally:
+        for p in procs:
+            p.join()
+    failed = [p.exitcode for p in procs if p.exitcode != 0]
+    if failed:
+        raise UserError(f"{len(failed)} of {cfg.workers - 1} extra worker(s) failed "
+                        f"(exit codes {failed}); rerun the command to complete the budget")
+    timings["search_s"] = time.perf_counter() - t0
+    log(f"search: {cfg.sampler} (seed {cfg.seed}), {len(completed(study))} trials in the "
+        f"study, {new} new by this process in {timings['search_s']:.0f} s")
+
+    t0 = time.perf_counter()
+    result = write_outputs(study, cfg, space, evaluator, data, run_dir)
+    timings["outputs_s"] = time.perf_counter() - t0
+    result.seconds, result.new_trials, result.train, result.timings = (
+        time.perf_counter() - start, new, train_result, timings)
+    constraints = cfg.constraint_list
+    if constraints and not result.trials["feasible"].any():
+        closest = outputs.closest_infeasible(result.trials, constraints)
+        detail = "; ".join(
+            f"trial {int(r.trial)}: " + ", ".join(f"{c.metric.key}={r[c.metric.column]:.4g}"
+                                                   for c in constraints)
+            for _, r in closest.iterrows())
+        raise InfeasibleError(f"no trial meets {' and '.join(c.text for c in constraints)} "
+                              f"after {len(result.trials)} trials; closest: {detail}")
+    return result
+
+
+def score_on_test(rows: pd.DataFrame, evaluator: TrialEvaluator, data: DatasetSplits) -> dict:
+    """(arch, policy) -> test-split accuracy of each distinct model in ``rows``."""
+    out = {}
+    for arch_str, ptext in rows[["arch", "policy"]].drop_duplicates().itertuples(index=False):
+        _, model = evaluator.float_model(evaluator.space.from_string(arch_str))
+        policy = policy_from_text(ptext)
+        if policy is not None:
+            model = evaluator.quantized_model(model, policy)
+        device = next(model.parameters()).device
+        out[(arch_str, ptext if isinstance(ptext, str) else "")] = accuracy(
+            model, eval_loader(data, data.test, device=device))
+    return out
+
+
+def write_outputs(study, cfg: SearchConfig, space: SearchSpace, evaluator: TrialEvaluator,
+                  data: DatasetSplits, run_dir: Path) -> SearchResult:
+    devices = cfg.all_devices
+    objectives = cfg.objective_metrics
+    trials = outputs.trials_frame(study, devices, objectives, cfg.constraint_list,
+                                  metric_columns(devices))
+    trials["policy"] = trials["policy"].fillna("")
+    fronts = {d: outputs.device_front(trials, d, objectives) for d in devices}
+    union = pd.concat(list(fronts.values())) if fronts else trials.head(0)
+    test = score_on_test(union, evaluator, data) if len(union) else {}
+    for d, f in fronts.items():
+        f.insert(f.columns.get_loc("accuracy") + 1, "test_accuracy",
+                 [test[(a, p)] for a, p in zip(f["arch"], f["policy"])])
+        outputs.write_frame(run_dir / f"pareto_{d}.csv", f)
+    outputs.write_frame(run_dir / "trials.csv", trials)
+    outputs.write_frame(run_dir / "trials.parquet", trials)
+    history = outputs.hypervolume_history(trials, devices)
+    outputs.write_frame(run_dir / "hypervolume.csv", history)
+    title = (f"{space.name} on {data.name}: {len(trials)} trials ({cfg.sampler}), "
+             f"objectives {cfg.objectives}")
+    plot_fronts(trials, fronts, run_dir / "fronts.png", title=title)
+    if len(devices) > 1:
+        plot_across_devices(trials, fronts, run_dir / "devices.png")
+    if len(history):
+        plot_hypervolume(history, run_dir / "hypervolume.png")
+    return SearchResult(run_dir, trials, fronts, history, 0.0)
+
+
+def summary(result: SearchResult) -> str:
+    """The fronts as readable tables, one per device."""
+    parts = []
+    for device, front in result.fronts.items():
+        parts.append(f"Pareto front on {device} ({len(front)} models):")
+        parts.append(outputs.summary_table(front, device))
+        parts.append("")
+    return "\n".join(parts)
