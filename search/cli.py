@@ -62,6 +62,12 @@ def _search_options(p: argparse.ArgumentParser, d) -> None:
                         f"{','.join(map(str, d.bit_choices))})")
     p.add_argument("--sampler", choices=SAMPLERS, default=d.sampler,
                    help=f"Optuna sampler (default {d.sampler})")
+    p.add_argument("--accuracy", choices=("supernet", "predictor"), default=d.accuracy,
+                   help="accuracy objective: evaluate every trial on the supernet (default), or "
+                        "a predictor fitted on --predictor-samples supernet evaluations")
+    p.add_argument("--predictor-samples", type=positive_int, default=d.predictor_samples,
+                   help=f"supernet evaluations the accuracy predictor is fitted on "
+                        f"(default {d.predictor_samples})")
     p.add_argument("--trials", type=positive_int, default=d.trials,
                    help=f"completed trials in total over all workers (default {d.trials})")
     p.add_argument("--storage", help="Optuna storage URL (default: SQLite in the run directory); "
@@ -110,7 +116,8 @@ def config_from_args(args: argparse.Namespace):
         objectives=args.objectives, constraints=list(args.constraint), devices=list(args.devices),
         bits=args.bits, bit_choices=list(args.bit_choices), sampler=args.sampler,
         trials=args.trials, seed=args.seed, storage=args.storage, study_name=args.study_name,
-        workers=args.workers, name=args.name, out=args.out, torch_device=args.device)
+        workers=args.workers, name=args.name, out=args.out, torch_device=args.device,
+        accuracy=args.accuracy, predictor_samples=args.predictor_samples)
 
 
 def cmd_search(args: argparse.Namespace) -> int:

@@ -27,7 +27,9 @@ DEFAULT_DEVICES = ("cpu-ort-1t", "edgetpu-est", "fpga-zcu102-est", "jetson-orin-
 #: settings that must match when a run directory is continued (the budget may grow)
 RESUME_KEYS = ("space", "dataset", "data_seed", "supernet", "epochs", "objectives",
                "constraints", "devices", "bits", "bit_choices", "sampler", "seed", "study_name",
-               "calib_batches", "ptq_images")
+               "calib_batches", "ptq_images", "accuracy", "predictor_samples")
+#: where the accuracy objective comes from
+ACCURACY_SOURCES = ("supernet", "predictor")
 
 
 @dataclass
@@ -56,6 +58,8 @@ class SearchConfig:
     calib_batches: int = 10
     ptq_images: int = 256
     sensitivity_seeds: bool = True
+    accuracy: str = "supernet"
+    predictor_samples: int = 60
 
     # -- parsed views --------------------------------------------------------------------
     @property
@@ -95,6 +99,10 @@ class SearchConfig:
                             f"sqlite:///path/study.db or postgresql://user@host:5432/db")
         if self.name is not None and (not self.name or "/" in self.name or self.name.startswith(".")):
             raise UserError(f"--name {self.name!r} must be a plain directory name")
+        if self.accuracy not in ACCURACY_SOURCES:
+            raise UserError(f"--accuracy {self.accuracy!r}: expected one of {list(ACCURACY_SOURCES)}")
+        if self.accuracy == "predictor" and self.predictor_samples < 8:
+            raise UserError(f"--predictor-samples must be at least 8, got {self.predictor_samples}")
         if self.calib_batches <= 0 or self.ptq_images <= 0:
             raise UserError("calib_batches and ptq_images must be positive")
         self.bit_choices = list(check_bit_choices(self.bit_choices))

@@ -188,6 +188,9 @@ def summary_table(front: pd.DataFrame, device: str, max_rows: int = 12) -> str:
         "size KiB": (f["size_bytes"] / 1024).map("{:.1f}".format),
         "bits": f["bits"],
     }
+    if "accuracy_supernet" in f:
+        cols["val acc % (predicted)"] = cols.pop("val acc %")
+        cols["val acc % (supernet)"] = f["accuracy_supernet"].map("{:.1f}".format)
     if "test_accuracy" in f:
         cols["test acc %"] = f["test_accuracy"].map("{:.1f}".format)
     cols["arch"] = f["arch"].map(lambda s: s if len(s) <= 60 else s[:57] + "...")

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -219,9 +220,50 @@ def _open(cfg: SearchConfig, run_dir: Path, n_seeds: int):
     return storage, study
 
 
-def _evaluator(cfg: SearchConfig, space, supernet, data) -> TrialEvaluator:
+def _evaluator(cfg: SearchConfig, space, supernet, data, accuracy_fn=None) -> TrialEvaluator:
     settings = EvalSettings(calib_batches=cfg.calib_batches, ptq_images=cfg.ptq_images, seed=cfg.seed)
-    return TrialEvaluator(space, supernet, data, cfg.all_devices, settings)
+    return TrialEvaluator(space, supernet, data, cfg.all_devices, settings, accuracy_fn)
+
+
+PREDICTOR_FILE = "accuracy_predictor.json"
+
+
+def accuracy_predictor(cfg: SearchConfig, space: SearchSpace, evaluator: TrialEvaluator,
+                       run_dir: Path, *, progress: bool = False, log=print):
+    """``accuracy_fn`` for ``--accuracy predictor``: fitted on ``predictor_samples`` random
+    candidates evaluated on the supernet (saved in accuracy_predictor.json with the held-out
+    Spearman, and refitted from there when the run continues or another worker joins)."""
+    from tqdm.auto import tqdm
+
+    from search.accuracy_predictor import candidate_features, fit_and_report, sample_candidates
+
+    groups = bit_groups(space) if cfg.bits else []
+    path = run_dir / PREDICTOR_FILE
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        samples = [(space.from_string(r["arch"]), policy_from_text(r["policy"]), r["accuracy"])
+                   for r in saved["samples"]]
+    else:
+        samples = []
+        todo = sample_candidates(space, groups, cfg.bit_choices, cfg.predictor_samples, cfg.seed + 1)
+        for arch, bits in tqdm(todo, desc="accuracy samples", disable=not progress, leave=False):
+            policy = policy_for(space, arch, bits) if cfg.bits else None
+            samples.append((arch, policy, evaluator(arch, policy)["accuracy"]))
+    x = np.stack([candidate_features(space, a, p, groups) for a, p, _ in samples])
+    y = np.array([acc for _, _, acc in samples])
+    predictor, report = fit_and_report(x, y, seed=cfg.seed)
+    if not path.is_file():
+        outputs.write_json(path, {"report": report.as_dict(), "samples": [
+            {"arch": space.to_string(a), "policy": policy_text(p), "accuracy": acc}
+            for a, p, acc in samples]})
+        log(f"accuracy predictor: {len(samples)} supernet evaluations; Spearman on "
+            f"{report.n_test} held-out candidates {report.spearman:.3f}, mean abs error "
+            f"{report.mae:.2f} points")
+
+    def accuracy_fn(arch, policy) -> float:
+        return float(predictor.predict(candidate_features(space, arch, policy, groups)[None])[0])
+
+    return accuracy_fn
 
 
 def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int) -> int:
@@ -231,6 +273,9 @@ def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int) -> int:
     data = load_dataset(cfg.dataset, seed=cfg.data_seed)
     space, supernet, _ = load_checkpoint(Path(run_dir) / "supernet.pt", device=cfg.torch_device)
     evaluator = _evaluator(cfg, space, supernet, data)
+    if cfg.accuracy == "predictor":
+        fn = accuracy_predictor(cfg, space, evaluator, Path(run_dir), log=lambda *a: None)
+        evaluator = _evaluator(cfg, space, supernet, data, fn)
     _, study = _open(cfg, Path(run_dir), n_seeds)
     return run_trials(study, make_objective(space, evaluator, cfg), cfg.trials, progress=False)
 
@@ -267,6 +312,10 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
         outputs.write_json(run_dir / CONFIG_FILE, settings)  # trials/workers may have changed
 
     evaluator = _evaluator(cfg, space, supernet, data)
+    search_evaluator = evaluator
+    if cfg.accuracy == "predictor":
+        fn = accuracy_predictor(cfg, space, evaluator, run_dir, progress=progress, log=log)
+        search_evaluator = _evaluator(cfg, space, supernet, data, fn)
     storage, study = _open(cfg, run_dir, 0)
     if not study.get_trials(deepcopy=False):
         seeds = seed_trials(space, supernet, data, cfg, log)
@@ -288,7 +337,8 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
             p.start()
             procs.append(p)
     try:
-        new = run_trials(study, make_objective(space, evaluator, cfg), cfg.trials, progress=progress)
+        new = run_trials(study, make_objective(space, search_evaluator, cfg), cfg.trials,
+                         progress=progress)
     finally:
         for p in procs:
             p.join()
@@ -317,17 +367,20 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
     return result
 
 
-def score_on_test(rows: pd.DataFrame, evaluator: TrialEvaluator, data: DatasetSplits) -> dict:
-    """(arch, policy) -> test-split accuracy of each distinct model in ``rows``."""
+def score_models(rows: pd.DataFrame, evaluator: TrialEvaluator, data: DatasetSplits) -> dict:
+    """(arch, policy) -> (validation, test) accuracy measured on the supernet for each
+    distinct model in ``rows``."""
     out = {}
     for arch_str, ptext in rows[["arch", "policy"]].drop_duplicates().itertuples(index=False):
-        _, model = evaluator.float_model(evaluator.space.from_string(arch_str))
+        val, model = evaluator.float_model(evaluator.space.from_string(arch_str))
         policy = policy_from_text(ptext)
         if policy is not None:
             model = evaluator.quantized_model(model, policy)
         device = next(model.parameters()).device
-        out[(arch_str, ptext if isinstance(ptext, str) else "")] = accuracy(
-            model, eval_loader(data, data.test, device=device))
+        if policy is not None:
+            val = accuracy(model, eval_loader(data, data.val, device=device))
+        test = accuracy(model, eval_loader(data, data.test, device=device))
+        out[(arch_str, ptext if isinstance(ptext, str) else "")] = (val, test)
     return out
 
 
@@ -340,10 +393,13 @@ def write_outputs(study, cfg: SearchConfig, space: SearchSpace, evaluator: Trial
     trials["policy"] = trials["policy"].fillna("")
     fronts = {d: outputs.device_front(trials, d, objectives) for d in devices}
     union = pd.concat(list(fronts.values())) if fronts else trials.head(0)
-    test = score_on_test(union, evaluator, data) if len(union) else {}
+    scores = score_models(union, evaluator, data) if len(union) else {}
     for d, f in fronts.items():
-        f.insert(f.columns.get_loc("accuracy") + 1, "test_accuracy",
-                 [test[(a, p)] for a, p in zip(f["arch"], f["policy"])])
+        keys = list(zip(f["arch"], f["policy"]))
+        at = f.columns.get_loc("accuracy") + 1
+        f.insert(at, "test_accuracy", [scores[k][1] for k in keys])
+        if cfg.accuracy == "predictor":  # the objective was predicted; show the measured value
+            f.insert(at, "accuracy_supernet", [scores[k][0] for k in keys])
         outputs.write_frame(run_dir / f"pareto_{d}.csv", f)
     outputs.write_frame(run_dir / "trials.csv", trials)
     outputs.write_frame(run_dir / "trials.parquet", trials)

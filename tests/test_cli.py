@@ -134,6 +134,20 @@ def test_a_trial_interrupted_by_a_kill_is_run_again(tmp_path: Path, checkpoint: 
     assert space.to_string(arch) in set(done["arch"])  # its parameters were evaluated after all
 
 
+def test_accuracy_predictor_mode_scores_the_fronts_on_the_supernet(tmp_path: Path, checkpoint: Path):
+    args = ["search", "--supernet", str(checkpoint), "--devices", "edgetpu-est", "--trials", "10",
+            "--objectives", "accuracy,latency:edgetpu-est", "--accuracy", "predictor",
+            "--predictor-samples", "12", "--out", str(tmp_path), "--name", "p", "--quiet"]
+    assert main(args) == 0
+    saved = json.loads((tmp_path / "p" / "accuracy_predictor.json").read_text())
+    assert len(saved["samples"]) == 12 and -1 <= saved["report"]["spearman"] <= 1
+    front = pd.read_csv(tmp_path / "p" / "pareto_edgetpu-est.csv")
+    assert front["accuracy_supernet"].between(0, 100).all()
+    proc = hwnas(*[a if a != "10" else "12" for a in args])  # same settings, larger budget
+    assert proc.returncode == 0, proc.stderr
+    assert len(pd.read_csv(tmp_path / "p" / "trials.csv")) == 12
+
+
 def test_constraints_filter_the_fronts(tmp_path: Path, checkpoint: Path):
     args = ["search", "--supernet", str(checkpoint), "--devices", "edgetpu-est", "--trials", "8",
             "--objectives", "accuracy,size", "--constraint", "latency:edgetpu-est<=0.6ms",
