@@ -223,6 +223,21 @@ def test_edgetpu_unsupported_op_sends_the_rest_to_the_host():
     assert b.total_ms > full.total_ms
 
 
+def test_edgetpu_follows_the_host_placement_of_quant_rules():
+    """A float layer in a quantized policy runs on the host with everything after it
+    (quant.device_rules.effective_layers marks it; the estimator follows the mark)."""
+    from quant.device_rules import effective_layers, get_device_rules
+
+    layers = small_net(16, bits=8)
+    floated = layers[:2] + [dataclasses.replace(layers[2], w_bits=32, a_bits=32)] + layers[3:]
+    est = EdgeTPUEstimator(USB_ACCELERATOR)
+    b = est.breakdown(effective_layers(floated, get_device_rules("edgetpu")))
+    assert b.terms["tpu_layers"] == 2 and b.terms["host"] > 0
+    all_int8 = est.breakdown(effective_layers(layers, get_device_rules("edgetpu")))
+    assert all_int8.terms["tpu_layers"] == len(layers)
+    assert b.total_ms > all_int8.total_ms
+
+
 def test_edgetpu_depthwise_uses_the_array_poorly():
     est = EdgeTPUEstimator(USB_ACCELERATOR)
     dense = conv("dense", 64, 64, 1, 16)  # 64 x 64 matrix: fills the array

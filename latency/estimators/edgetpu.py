@@ -32,7 +32,9 @@ the activations in :data:`TPU_ACTIVATIONS` (ReLU, ReLU6, logistic, tanh, and the
 swish family, which maps to supported HardSwish or Logistic+Mul ops). Any other activation
 (GELU, ELU, ...) or op makes that layer and every later one run on the host. A grouped conv
 followed by a channel shuffle needs a Transpose, which the 2019 op table did not list; newer
-compilers map it, which is our default (``channel_shuffle_on_tpu``).
+compilers map it, which is our default (``channel_shuffle_on_tpu``). A layer that
+:func:`quant.device_rules.effective_layers` placed on the host (``extra["placement"]``:
+a float layer of a quantized policy) counts as unsupported too.
 
 Host part: the host CPU is a roofline device (:mod:`latency.estimators.roofline`, default a
 Raspberry Pi 4, a common Coral host); the activation tensor at the cut crosses the link once.
@@ -122,6 +124,8 @@ def tpu_supported(layer: Layer, params: EdgeTPUParams) -> tuple[bool, str]:
     """Whether ``layer`` runs on the Edge TPU, and if not, why (see the module docstring)."""
     if layer.op not in _TPU_OPS:
         return False, f"op {layer.op!r} is not in the Edge TPU op table"
+    if layer.extra.get("placement") == "host":
+        return False, "placed on the host by quant.device_rules.effective_layers (a float layer)"
     for act in (layer.activation, layer.extra.get("pre_activation")):
         if act not in TPU_ACTIVATIONS:
             return False, f"activation {act!r} is not supported by the Edge TPU"

@@ -1,0 +1,112 @@
+"""The notebooks in notebooks/: each executes headless without error, and each is stored with
+its outputs stripped (the repository holds code and prose, not results).
+
+Execution uses nbclient with a kernel spec written for this test that runs the interpreter of
+the test itself (``sys.executable``), so the notebooks see the same environment (the project's
+virtual environment) whatever kernels are installed elsewhere on the machine. Notebooks are
+found by globbing, so a new notebook is tested without editing this file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import nbclient
+import nbformat
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = REPO / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+KERNEL_NAME = "hwnas-test-python"
+#: Seconds one cell may run before the notebook fails (they take a minute at most in total).
+CELL_TIMEOUT = 600
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [p.name for p in paths]
+
+
+def test_there_are_notebooks() -> None:
+    assert NOTEBOOKS, f"no notebooks found in {NOTEBOOK_DIR}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_outputs_are_stripped(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        assert cell.get("outputs") == [], (f"{path.name}: code cell {i} has stored outputs; "
+                                           f"clear all outputs before saving the notebook")
+        assert cell.get("execution_count") is None, \
+            f"{path.name}: code cell {i} has an execution count"
+        assert "execution" not in cell.get("metadata", {}), \
+            f"{path.name}: code cell {i} has execution timings in its metadata"
+
+
+@pytest.fixture(scope="module")
+def kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Jupyter data directory holding one kernel spec that runs this interpreter."""
+    root = tmp_path_factory.mktemp("jupyter")
+    spec = root / "kernels" / KERNEL_NAME
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"Python ({sys.executable})",
+        "language": "python",
+    }))
+    return root
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_executes(path: Path, kernel_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JUPYTER_PATH", os.pathsep.join(
+        [str(kernel_dir), *filter(None, [os.environ.get("JUPYTER_PATH")])]))
+    # one thread each for torch/BLAS: the notebooks are small and CI machines are shared
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, timeout=CELL_TIMEOUT, kernel_name=KERNEL_NAME,
+        resources={"metadata": {"path": str(path.parent)}})
+    start = time.perf_counter()
+    client.execute()  # raises CellExecutionError naming the cell that failed
+    seconds = time.perf_counter() - start
+    print(f"{path.name}: executed in {seconds:.1f} s")
+    stderr = [out.get("text", "") for cell in nb.cells if cell.cell_type == "code"
+              for out in cell.get("outputs", []) if out.get("name") == "stderr"]
+    assert not any("Traceback" in text for text in stderr), \
+        f"{path.name}: a cell printed a traceback to stderr"
+
+
+NEEDS_SHARED_DATA = [p for p in NOTEBOOKS if "shared_data_dir" in p.read_text()]
+
+
+@pytest.mark.parametrize("path", NEEDS_SHARED_DATA, ids=_ids(NEEDS_SHARED_DATA))
+def test_notebook_without_shared_data(path: Path, kernel_dir: Path, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A notebook that reads ../shared/data still executes where the data is absent, and
+    says why it skipped its analysis."""
+    monkeypatch.setenv("JUPYTER_PATH", str(kernel_dir))
+    monkeypatch.setenv("HWNAS_SHARED_DATA", str(tmp_path / "no-such-dir"))
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+    nb = nbformat.read(path, as_version=4)
+    nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name=KERNEL_NAME,
+                            resources={"metadata": {"path": str(path.parent)}}).execute()
+    stdout = "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code"
+                     for out in cell.get("outputs", []) if out.get("name") == "stdout")
+    assert "not available" in stdout and "HWNAS_SHARED_DATA" in stdout, stdout
+
+
+def test_kernel_is_this_interpreter(kernel_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The notebooks run in the interpreter (virtual environment) that runs the tests."""
+    monkeypatch.setenv("JUPYTER_PATH", str(kernel_dir))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import sys; print(sys.executable)")])
+    nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name=KERNEL_NAME).execute()
+    assert nb.cells[0].outputs[0]["text"].strip() == sys.executable
