@@ -14,19 +14,25 @@
 * ``fronts.png`` (front per device, dominated trials grey) and ``devices.png`` (the same
   Pareto models' latencies across devices, relative to the fastest of them on each device).
 
+Reading a run: :func:`device_ranks` (the union of the fronts with each model's latency rank on
+every device) and :func:`select_under_budget` (the most accurate model within a latency budget
+on one device).
+
 No torch here.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from search.objectives import Constraint, Metric
+from supernet.errors import UserError
 
 TRIAL_COLUMNS = ("trial", "arch", "policy", "bits", "seed")
 
@@ -198,3 +204,69 @@ def summary_table(front: pd.DataFrame, device: str, max_rows: int = 12) -> str:
     if len(front) > max_rows:
         text += f"\n  ... {len(front) - max_rows} more in pareto_{device}.csv"
     return text
+
+
+def _latency_devices(frame: pd.DataFrame) -> list[str]:
+    return [c.split(":", 1)[1] for c in frame.columns if c.startswith("latency_ms:")]
+
+
+def select_under_budget(front: pd.DataFrame, device: str, max_latency_ms: float) -> pd.Series:
+    """The most accurate model of ``front`` whose latency on ``device`` (column
+    ``latency_ms:<device>``) is at most ``max_latency_ms``; ties go to the faster, then the
+    smaller model. ``front`` is a device's Pareto front (``SearchResult.fronts[device]``,
+    ``pareto_<device>.csv``) or all trials (infeasible rows and rows without a latency are
+    skipped). Returns the chosen row; UserError when the device has no latency column, the
+    budget is not a positive number of milliseconds, or no model fits (the message names the
+    fastest one)."""
+    column = f"latency_ms:{device}"
+    if column not in front.columns:
+        known = ", ".join(_latency_devices(front)) or "none"
+        raise UserError(f"no latency on device {device!r} in this table (no column {column}); "
+                        f"devices: {known}")
+    if (isinstance(max_latency_ms, bool) or not isinstance(max_latency_ms, (int, float, np.number))
+            or not math.isfinite(max_latency_ms) or max_latency_ms <= 0):
+        raise UserError(f"latency budget must be a positive number of milliseconds, got "
+                        f"{max_latency_ms!r}")
+    latency = pd.to_numeric(front[column], errors="coerce")
+    usable = latency.notna() & pd.to_numeric(front["accuracy"], errors="coerce").notna()
+    if "feasible" in front.columns:
+        usable &= front["feasible"].astype(bool)
+    if not usable.any():
+        raise UserError(f"no model with a latency on {device} to choose from (empty front?)")
+    fits = front[usable & (latency <= max_latency_ms)]
+    if fits.empty:
+        fastest = front.loc[latency[usable].idxmin()]
+        raise UserError(f"no model runs within {max_latency_ms:g} ms on {device}; the fastest, "
+                        f"trial {int(fastest['trial'])}, takes {fastest[column]:.4g} ms")
+    keys = ["accuracy", column] + (["size_bytes"] if "size_bytes" in fits.columns else [])
+    ranked = fits.sort_values(keys, ascending=[False] + [True] * (len(keys) - 1), kind="stable")
+    return ranked.iloc[0]
+
+
+def device_ranks(fronts: Mapping[str, pd.DataFrame],
+                 trials: pd.DataFrame | None = None) -> pd.DataFrame:
+    """How the same models rank on different devices: the union of the devices' Pareto fronts
+    (``SearchResult.fronts``), or every trial of ``trials`` when given, each (arch, policy)
+    once, most accurate first, with for each device D its latency ``latency_ms:D``, ``rank:D``
+    (1 = the fastest of these models on D) and ``front:D`` (whether the model is on D's
+    front)."""
+    devices = list(fronts)
+    frames = [trials] if trials is not None else [f for f in fronts.values() if not f.empty]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame(columns=["trial", "accuracy", "bits", "size_bytes", "arch"]
+                            + [f"{k}:{d}" for d in devices for k in ("latency_ms", "rank", "front")])
+    union = pd.concat(frames, ignore_index=True).drop_duplicates(subset=["arch", "policy"])
+    union = union.sort_values(["accuracy", "trial"], ascending=[False, True], kind="stable")
+    base = [c for c in ("trial", "accuracy", "test_accuracy", "bits", "size_bytes", "arch")
+            if c in union.columns]
+    out = union[base].reset_index(drop=True)
+    for d in devices:
+        column = f"latency_ms:{d}"
+        latency = union[column].to_numpy(float) if column in union.columns \
+            else np.full(len(union), np.nan)
+        out[column] = latency
+        out[f"rank:{d}"] = pd.Series(latency).rank(method="min").astype("Int64")
+        on_front = set(zip(fronts[d]["arch"], fronts[d]["policy"])) if len(fronts[d]) else set()
+        out[f"front:{d}"] = [k in on_front for k in zip(union["arch"], union["policy"])]
+    return out

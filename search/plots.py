@@ -14,12 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt  # headless: matplotlib picks Agg by itself without a display
+import numpy as np
+import pandas as pd
 
 
 def front_2d(cost: np.ndarray, acc: np.ndarray) -> np.ndarray:
