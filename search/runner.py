@@ -162,6 +162,24 @@ def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, prog
     return space, supernet, result, True
 
 
+def _lock_run_dir(run_dir: Path):
+    """An exclusive lock on the run directory (a lock file beside it; the OS releases it when
+    the process dies), so two processes cannot write one run — extra workers of the same run
+    share the study through the storage, not the directory."""
+    import fcntl
+
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(run_dir.with_name(f".{run_dir.name}.lock"), "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise UserError(f"another hwnas process is writing {run_dir}; wait for it, or choose "
+                        f"another --name (several workers: --storage postgresql://... --workers N)"
+                        ) from None
+    return handle
+
+
 # -- the study -------------------------------------------------------------------------------
 
 def make_objective(space: SearchSpace, evaluator: TrialEvaluator, cfg: SearchConfig):
@@ -296,75 +314,79 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
         log(f"trained supernet {space.name} on {data.name}: {train_result.epochs} epochs in "
             f"{train_result.seconds:.0f} s ({train_result.images_per_s:.0f} images/s)")
     settings = settings_of(cfg, data, run_dir.name)
-    if not continuing:
-        staging = run_dir.with_name(f".{run_dir.name}.staging")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        save_checkpoint(staging / "supernet.pt", supernet, space, dataset=data.name,
-                        train_config=sandwich_config(cfg.epochs, seed=cfg.seed) if train_result else None)
-        if train_result:
-            outputs.write_json(staging / "train_history.json", train_result.__dict__)
-        outputs.write_json(staging / CONFIG_FILE, settings)
-        if run_dir.exists():
-            run_dir.rmdir()
-        staging.rename(run_dir)
-    else:
-        outputs.write_json(run_dir / CONFIG_FILE, settings)  # trials/workers may have changed
-
-    evaluator = _evaluator(cfg, space, supernet, data)
-    search_evaluator = evaluator
-    if cfg.accuracy == "predictor":
-        fn = accuracy_predictor(cfg, space, evaluator, run_dir, progress=progress, log=log)
-        search_evaluator = _evaluator(cfg, space, supernet, data, fn)
-    storage, study = _open(cfg, run_dir, 0)
-    if not study.get_trials(deepcopy=False):
-        seeds = seed_trials(space, supernet, data, cfg, log)
-    else:
-        seeds = []
-    n_seeds = enqueue_once(study, seeds)
-    storage, study = _open(cfg, run_dir, n_seeds)  # the sampler's start-up counts the seeds
-    if is_sqlite(storage):
-        recovered = recover_interrupted(study)
-        if recovered:
-            log(f"recovered {recovered} trial(s) interrupted in an earlier run; they run again")
-
-    t0 = time.perf_counter()
-    procs = []
-    if cfg.workers > 1:
-        ctx = multiprocessing.get_context("spawn")
-        for _ in range(cfg.workers - 1):
-            p = ctx.Process(target=worker_main, args=(cfg.to_dict(), str(run_dir), n_seeds))
-            p.start()
-            procs.append(p)
+    lock = _lock_run_dir(run_dir)  # held until the search ends
     try:
-        new = run_trials(study, make_objective(space, search_evaluator, cfg), cfg.trials,
-                         progress=progress)
-    finally:
-        for p in procs:
-            p.join()
-    failed = [p.exitcode for p in procs if p.exitcode != 0]
-    if failed:
-        raise UserError(f"{len(failed)} of {cfg.workers - 1} extra worker(s) failed "
-                        f"(exit codes {failed}); rerun the command to complete the budget")
-    timings["search_s"] = time.perf_counter() - t0
-    log(f"search: {cfg.sampler} (seed {cfg.seed}), {len(completed(study))} trials in the "
-        f"study, {new} new by this process in {timings['search_s']:.0f} s")
+        if not continuing:
+            staging = run_dir.with_name(f".{run_dir.name}.staging")
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            save_checkpoint(staging / "supernet.pt", supernet, space, dataset=data.name,
+                            train_config=sandwich_config(cfg.epochs, seed=cfg.seed) if train_result else None)
+            if train_result:
+                outputs.write_json(staging / "train_history.json", train_result.__dict__)
+            outputs.write_json(staging / CONFIG_FILE, settings)
+            if run_dir.exists():
+                run_dir.rmdir()
+            staging.rename(run_dir)
+        else:
+            outputs.write_json(run_dir / CONFIG_FILE, settings)  # trials/workers may have changed
 
-    t0 = time.perf_counter()
-    result = write_outputs(study, cfg, space, evaluator, data, run_dir)
-    timings["outputs_s"] = time.perf_counter() - t0
-    result.seconds, result.new_trials, result.train, result.timings = (
-        time.perf_counter() - start, new, train_result, timings)
-    constraints = cfg.constraint_list
-    if constraints and not result.trials["feasible"].any():
-        closest = outputs.closest_infeasible(result.trials, constraints)
-        detail = "; ".join(
-            f"trial {int(r.trial)}: " + ", ".join(f"{c.metric.key}={r[c.metric.column]:.4g}"
-                                                   for c in constraints)
-            for _, r in closest.iterrows())
-        raise InfeasibleError(f"no trial meets {' and '.join(c.text for c in constraints)} "
-                              f"after {len(result.trials)} trials; closest: {detail}")
-    return result
+        evaluator = _evaluator(cfg, space, supernet, data)
+        search_evaluator = evaluator
+        if cfg.accuracy == "predictor":
+            fn = accuracy_predictor(cfg, space, evaluator, run_dir, progress=progress, log=log)
+            search_evaluator = _evaluator(cfg, space, supernet, data, fn)
+        storage, study = _open(cfg, run_dir, 0)
+        if not study.get_trials(deepcopy=False):
+            seeds = seed_trials(space, supernet, data, cfg, log)
+        else:
+            seeds = []
+        n_seeds = enqueue_once(study, seeds)
+        storage, study = _open(cfg, run_dir, n_seeds)  # the sampler's start-up counts the seeds
+        if is_sqlite(storage):
+            recovered = recover_interrupted(study)
+            if recovered:
+                log(f"recovered {recovered} trial(s) interrupted in an earlier run; they run again")
+
+        t0 = time.perf_counter()
+        procs = []
+        if cfg.workers > 1:
+            ctx = multiprocessing.get_context("spawn")
+            for _ in range(cfg.workers - 1):
+                p = ctx.Process(target=worker_main, args=(cfg.to_dict(), str(run_dir), n_seeds))
+                p.start()
+                procs.append(p)
+        try:
+            new = run_trials(study, make_objective(space, search_evaluator, cfg), cfg.trials,
+                             progress=progress)
+        finally:
+            for p in procs:
+                p.join()
+        failed = [p.exitcode for p in procs if p.exitcode != 0]
+        if failed:
+            raise UserError(f"{len(failed)} of {cfg.workers - 1} extra worker(s) failed "
+                            f"(exit codes {failed}); rerun the command to complete the budget")
+        timings["search_s"] = time.perf_counter() - t0
+        log(f"search: {cfg.sampler} (seed {cfg.seed}), {len(completed(study))} trials in the "
+            f"study, {new} new by this process in {timings['search_s']:.0f} s")
+
+        t0 = time.perf_counter()
+        result = write_outputs(study, cfg, space, evaluator, data, run_dir)
+        timings["outputs_s"] = time.perf_counter() - t0
+        result.seconds, result.new_trials, result.train, result.timings = (
+            time.perf_counter() - start, new, train_result, timings)
+        constraints = cfg.constraint_list
+        if constraints and not result.trials["feasible"].any():
+            closest = outputs.closest_infeasible(result.trials, constraints)
+            detail = "; ".join(
+                f"trial {int(r.trial)}: " + ", ".join(f"{c.metric.key}={r[c.metric.column]:.4g}"
+                                                       for c in constraints)
+                for _, r in closest.iterrows())
+            raise InfeasibleError(f"no trial meets {' and '.join(c.text for c in constraints)} "
+                                  f"after {len(result.trials)} trials; closest: {detail}")
+        return result
+    finally:
+        lock.close()
 
 
 def score_models(rows: pd.DataFrame, evaluator: TrialEvaluator, data: DatasetSplits) -> dict:

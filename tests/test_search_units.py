@@ -207,3 +207,13 @@ def test_accuracy_predictor_ranks_a_learnable_target_and_reports_honestly():
     # noise cannot be learnt: the held-out Spearman says so
     _, noise = fit_and_report(x, np.random.default_rng(1).random(80), seed=0)
     assert abs(noise.spearman) < 0.6
+
+
+def test_a_run_directory_is_written_by_one_process_at_a_time(tmp_path):
+    from search.runner import _lock_run_dir
+
+    first = _lock_run_dir(tmp_path / "r")
+    with pytest.raises(UserError, match="another hwnas process is writing"):
+        _lock_run_dir(tmp_path / "r")
+    first.close()
+    _lock_run_dir(tmp_path / "r").close()  # free again
