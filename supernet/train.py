@@ -4,10 +4,11 @@ and standalone training of static subnets, with exact resume, time budgets and d
 Each sandwich step trains the largest subnet on the labels, then the smallest and
 ``num_random`` random subnets on the largest one's soft predictions (in-place knowledge
 distillation, as in BigNAS / Once-for-All), accumulating the gradients of all of them into one
-optimizer step. The schedule is data: a list of :class:`TrainStage`. A stage may restrict the
-sampled choices (``choices``) and re-sort channels by importance when it starts
-(``sort_channels``), so the three named presets are stage lists, not code paths
-(:func:`schedule_config`):
+optimizer step: summed (``subnet_loss="sum"``, BigNAS) or averaged (``"mean"``: the step then
+has one network's scale, so a standalone learning rate carries over). The schedule is data:
+a list of :class:`TrainStage`. A stage may restrict the sampled choices (``choices``) and
+re-sort channels by importance when it starts (``sort_channels``), so the three named presets
+are stage lists, not code paths (:func:`schedule_config`):
 
 * ``sandwich`` -- one sandwich stage over the whole space (BigNAS-style).
 * ``deps`` -- delayed shrinking (DEpS, Annavajjala et al., ECCV 2024): the first half of the
@@ -23,10 +24,12 @@ One learning-rate schedule (linear warm-up, cosine decay) spans all stages.
 Speed on a GPU (``device="cuda"``): bf16 autocast, channels-last tensors, the uint8 training
 split kept on the GPU and augmented there (:class:`supernet.data.BatchLoader`), no per-step
 host synchronisation (losses are summed on the device and read once per epoch).
-``torch.compile`` is offered for :func:`train_standalone` only: a static subnet has fixed
-shapes and compiles once, while every subnet of the supernet has other channel counts and
-kernel sizes, so a compiled supernet recompiles for nearly every sampled subnet (and falls
-back to eager once the recompile limit is hit) -- a cost without a gain.
+``torch.compile``: a static subnet (:func:`train_standalone`) has fixed shapes and compiles
+once. Every subnet of a supernet has other channel counts and kernel sizes, so compiling it for
+every sampled subnet would recompile nearly every step; :func:`train_supernet` therefore runs
+only each stage's largest and smallest subnet (the same every step: two graphs per stage, a
+large share of a sandwich step's work, and all of a full-network stage's) through the compiled
+module and the random subnets eagerly.
 
 Checkpoints (:func:`save_checkpoint`) hold the space and its configuration; with
 ``checkpoint_path`` training also stores its full state (optimizer, step, RNG states, partial
@@ -71,6 +74,8 @@ STANDALONE_FORMAT = "hwnas-standalone-1"
 
 #: Names of the schedule presets of :func:`schedule_config`.
 SCHEDULES = ("sandwich", "progressive", "deps")
+#: Ways a sandwich step combines its subnets' losses (:attr:`TrainConfig.subnet_loss`).
+SUBNET_LOSSES = ("sum", "mean")
 
 
 # -- schedules as data -------------------------------------------------------------------------
@@ -108,6 +113,12 @@ class TrainConfig:
     warmup_epochs: float = 1.0
     grad_clip: float = 5.0
     seed: int = 0
+    #: How a sandwich step combines the losses of its subnets: ``"sum"`` (BigNAS; the
+    #: gradient is the sum over the 2 + num_random subnets, so the effective step grows with
+    #: their number) or ``"mean"`` (each loss weighted 1 / number of subnets of the step, so a
+    #: sandwich step is as large as one network's and the standalone learning rate applies).
+    #: Steps that train only the largest subnet are the same under both.
+    subnet_loss: str = "sum"
 
     @property
     def epochs(self) -> int:
@@ -122,6 +133,9 @@ class TrainConfig:
             raise UserError(f"learning rate must be positive, got {self.lr}")
         if any(s.num_random < 0 for s in self.stages):
             raise UserError("num_random of every stage must be >= 0")
+        if self.subnet_loss not in SUBNET_LOSSES:
+            raise UserError(f"subnet_loss must be one of {list(SUBNET_LOSSES)}, got "
+                            f"{self.subnet_loss!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -478,6 +492,7 @@ def train_supernet(
     channels_last: bool | None = None,
     dist: DistContext | None = None,
     dataset: str | None = None,
+    compile: bool | str = False,
 ) -> TrainResult:
     """Train ``supernet`` in place following ``config``; returns timing and per-epoch losses.
 
@@ -487,6 +502,9 @@ def train_supernet(
     ``max_seconds``/``max_steps``: stop early (checkpointed; ``result.completed`` is False).
     ``precision``: ``auto`` (bf16 autocast on CUDA, fp32 elsewhere), ``bf16`` or ``fp32``;
     ``channels_last``: default on CUDA. ``dist``: the process group context (torchrun).
+    ``compile``: True or a ``torch.compile`` mode; the largest and smallest subnet of each stage
+    run compiled, the random ones eagerly (see the module docstring). It changes speed only,
+    not what is computed, so a run may be resumed with or without it.
     """
     config.validate()
     restricted = [_restricted(space, s.choices) for s in config.stages]
@@ -495,28 +513,38 @@ def train_supernet(
                         f"sort_channels()")
     rng = np.random.default_rng(config.seed)
     tops = [(sub.largest(), sub.smallest()) for sub in restricted]
+    compiled: nn.Module | None = None
+    if compile:
+        compiled = torch.compile(supernet, mode=None if compile is True else str(compile))
+
+    def forward(x: torch.Tensor, arch: Any, fixed: tuple[Any, Any]) -> torch.Tensor:
+        supernet.set_active(arch)
+        runner = compiled if compiled is not None and arch in fixed else supernet
+        return runner(x)
 
     def step_fn(x: torch.Tensor, y: torch.Tensor, stage_i: int, amp: Callable) -> torch.Tensor:
         stage, sub = config.stages[stage_i], restricted[stage_i]
         largest, smallest = tops[stage_i]
-        supernet.set_active(largest)
+        # the subnets of this step (sampled before any forward pass, so the random stream does
+        # not depend on the loss weighting) and the weight of each one's loss
+        subnets = ([smallest] + [sub.sample(rng) for _ in range(stage.num_random)]
+                   if stage.sandwich else [])
+        weight = 1.0 / (1 + len(subnets)) if config.subnet_loss == "mean" else 1.0
         with amp():
-            logits = supernet(x).float()
+            logits = forward(x, largest, tops[stage_i]).float()
         loss = F.cross_entropy(logits, y, label_smoothing=config.label_smoothing)
-        loss.backward()
+        (loss * weight if weight != 1.0 else loss).backward()
         sub_total = torch.zeros((), device=x.device)
-        if stage.sandwich:
+        if subnets:
             soft = F.softmax(logits.detach(), dim=1)
-            subnets = [smallest] + [sub.sample(rng) for _ in range(stage.num_random)]
             for arch in subnets:
-                supernet.set_active(arch)
                 with amp():
-                    out = supernet(x).float()
+                    out = forward(x, arch, tops[stage_i]).float()
                 if stage.distill:
                     sub_loss = soft_cross_entropy(out, soft)
                 else:
                     sub_loss = F.cross_entropy(out, y, label_smoothing=config.label_smoothing)
-                sub_loss.backward()
+                (sub_loss * weight if weight != 1.0 else sub_loss).backward()
                 sub_total = sub_total + sub_loss.detach() / len(subnets)
         return torch.stack([loss.detach(), sub_total])
 

@@ -8,6 +8,7 @@ only to decode JPEG datasets, which a pre-decoded ``.npz`` avoids)::
         --schedule deps --epochs 60 --batch-size 512 --out runs/mbv3 --max-minutes 9
     python -m supernet.train_cifar --out runs/mbv3 --resume --max-minutes 9 --eval
     python -m supernet.train_cifar --data ... --standalone largest --epochs 60 --out runs/sa-largest
+    python -m supernet.train_cifar rank --out runs/nb201 --truth nb201_cifar100_accuracy.csv
     torchrun --nproc_per_node=2 -m supernet.train_cifar --data ... --out runs/mbv3-ddp ...
 
 A run directory (``--out``) holds ``run.json`` (the settings; ``--resume`` reads them back, so
@@ -21,6 +22,10 @@ each extracted and BatchNorm-recalibrated on training images).
 ``--max-minutes`` ends training (with a checkpoint) once that much time has passed since the
 command started, so a long training is a series of commands below a per-command limit; each
 prints ``not finished`` and the next one continues with ``--resume``.
+
+``rank`` evaluates random subnets of a trained run's supernet (BatchNorm recalibrated) and
+writes ``rank.json`` with the Kendall tau between their accuracies and ground-truth ones from
+a CSV (an ``arch`` column of canonical strings and an accuracy column), e.g. NAS-Bench-201's.
 
 Bad input raises :class:`supernet.errors.UserError`: one ``train_cifar: error: ...`` line and
 exit status 2.
@@ -145,7 +150,9 @@ def load_data(spec: str, *, seed: int = 0, limit_train: int | None = None,
 #: Settings that define a training run (stored in run.json; --resume takes them from there).
 RUN_KEYS = ("data", "space", "schedule", "epochs", "batch_size", "lr", "weight_decay",
             "label_smoothing", "warmup_epochs", "grad_clip", "num_random", "full_fraction", "seed",
-            "standalone", "limit_train", "limit_eval", "compile")
+            "standalone", "limit_train", "limit_eval", "compile", "subnet_loss")
+#: torch.compile modes that --compile accepts ("off": none; on --resume it overrides the run's).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "off")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "this; 0 = off (default 5)")
     p.add_argument("--num-random", type=int, default=2,
                    help="random subnets per sandwich step (default 2)")
+    p.add_argument("--subnet-loss", choices=("sum", "mean"), default="mean",
+                   help="combine the losses of a sandwich step's subnets by their mean (the "
+                        "step then has one network's scale, so the standalone learning rate "
+                        "applies) or their sum (BigNAS) (default: mean)")
     p.add_argument("--full-fraction", type=float, default=0.5,
                    help="deps schedule: share of the epochs that train only the full network "
                         "(default 0.5)")
@@ -190,12 +201,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval", action="store_true",
                    help="once training is complete: test top-1 of largest, smallest and 3 random "
                         "subnets (BN recalibrated) -> eval.json")
+    p.add_argument("--eval-unfinished", action="store_true",
+                   help="with --eval: evaluate also when this command ends before training is "
+                        "complete (eval.json then says training_completed: false)")
     p.add_argument("--standalone", metavar="ARCH",
                    help="train this subnet from scratch instead of the supernet: an arch string, "
                         "'largest', 'smallest' or 'random1'..'random3' (the random subnets --eval reports)")
-    p.add_argument("--compile", nargs="?", const="default", default=None,
-                   metavar="MODE", help="torch.compile the standalone model (optional mode: "
-                   "default, reduce-overhead, max-autotune); ignored for supernets")
+    p.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
+                   metavar="MODE", help="torch.compile the standalone model, or the supernet's "
+                   "largest and smallest subnets (random subnets run eagerly); optional mode: "
+                   "default, reduce-overhead, max-autotune, or off. It changes speed only, so on "
+                   "--resume it overrides the run's setting")
     p.add_argument("--bench-steps", type=positive_int, default=None,
                    help="only measure training images/s over this many steps (after warm-up)")
     p.add_argument("--limit-train", type=positive_int, default=None,
@@ -238,6 +254,123 @@ def cmd_prepare(argv: list[str]) -> int:
     return 0
 
 
+# -- rank: supernet accuracies against ground truth -------------------------------------------------
+
+def kendall_tau(a: Any, b: Any) -> float:
+    """Kendall's tau-b between two equally long sequences (ties handled as scipy's default
+    ``kendalltau``; O(n^2), meant for the tens to hundreds of architectures ranked here).
+    NaN when either sequence is constant."""
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"kendall_tau needs two 1-D sequences of one length, got {x.shape} and {y.shape}")
+    i, j = np.triu_indices(len(x), 1)
+    dx, dy = np.sign(x[i] - x[j]), np.sign(y[i] - y[j])
+    n_x, n_y = int(np.count_nonzero(dx)), int(np.count_nonzero(dy))
+    if n_x == 0 or n_y == 0:
+        return float("nan")
+    return float((dx * dy).sum() / np.sqrt(float(n_x) * float(n_y)))
+
+
+def read_truth(path: str | Path, column: str | None = None) -> tuple[str, dict[str, float]]:
+    """The ground-truth CSV: (accuracy column name, {arch string: accuracy}). Without
+    ``column`` the file must have exactly one numeric column besides ``arch`` and ``arch_idx``."""
+    import csv
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--truth {path} does not exist; expected a CSV with an 'arch' column")
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or "arch" not in rows[0]:
+        raise UserError(f"--truth {path}: expected a CSV with a header holding 'arch' and an "
+                        f"accuracy column")
+    if column is None:
+        def numeric(k: str) -> bool:
+            try:
+                float(rows[0][k])
+            except (TypeError, ValueError):
+                return False
+            return True
+        candidates = [k for k in rows[0] if k not in ("arch", "arch_idx") and numeric(k)]
+        if len(candidates) != 1:
+            raise UserError(f"--truth {path}: cannot tell the accuracy column among {candidates}; "
+                            f"pass --column")
+        column = candidates[0]
+    if column not in rows[0]:
+        raise UserError(f"--truth {path} has no column {column!r}; columns: {list(rows[0])}")
+    try:
+        return column, {r["arch"]: float(r[column]) for r in rows}
+    except ValueError as exc:
+        raise UserError(f"--truth {path}: column {column!r} is not numeric ({exc})") from None
+
+
+def build_rank_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog=f"python -m supernet.{PROG} rank",
+                      description="Evaluate random subnets of a trained run's supernet (BN "
+                                  "recalibrated) and rank them against ground-truth accuracies "
+                                  "(Kendall tau) -> rank.json in the run directory.")
+    p.add_argument("--out", required=True, help="run directory (its supernet.pt, else checkpoint.pt)")
+    p.add_argument("--truth", required=True,
+                   help="CSV with an 'arch' column (the space's canonical strings) and an accuracy column")
+    p.add_argument("--column", default=None, help="the accuracy column (default: the only numeric one)")
+    p.add_argument("--num", type=positive_int, default=50, help="random subnets (default 50)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled subnets")
+    p.add_argument("--split", choices=("val", "test"), default="val",
+                   help="split the supernet accuracies are measured on (default val)")
+    p.add_argument("--calib-batches", type=positive_int, default=20,
+                   help="BatchNorm recalibration batches per subnet (default 20)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    return p
+
+
+def cmd_rank(argv: list[str]) -> int:
+    from supernet.evaluate import evaluate_subnet
+    from supernet.train import load_checkpoint
+
+    args = build_rank_parser().parse_args(argv)
+    out = Path(args.out)
+    run_file = out / "run.json"
+    if not run_file.is_file():
+        raise UserError(f"--out {out} holds no run (no run.json)")
+    settings = json.loads(run_file.read_text())["settings"]
+    if settings.get("standalone"):
+        raise UserError(f"--out {out} is a standalone run; rank needs a supernet run")
+    ckpt = next((c for c in (out / "supernet.pt", out / "checkpoint.pt") if c.is_file()), None)
+    if ckpt is None:
+        raise UserError(f"--out {out} holds no supernet.pt or checkpoint.pt")
+    column, truth = read_truth(args.truth, args.column)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    data = load_data(settings["data"], seed=0, limit_train=settings["limit_train"],
+                     limit_eval=settings["limit_eval"])
+    space, supernet, _ = load_checkpoint(ckpt, device=device)
+    rng = np.random.default_rng(args.seed)
+    archs: dict[str, Any] = {}
+    for _ in range(1000 * args.num):  # distinct architectures
+        if len(archs) == args.num:
+            break
+        a = space.sample(rng)
+        archs.setdefault(space.to_string(a), a)
+    missing = [t for t in archs if t not in truth]
+    if missing:
+        raise UserError(f"--truth {args.truth} lacks {len(missing)} of the sampled architectures, "
+                        f"e.g. {missing[0]!r}; is it a table of space {space.name}?")
+    t0 = time.perf_counter()
+    rows = []
+    for text, a in archs.items():
+        acc, _ = evaluate_subnet(supernet, a, data, split=args.split,
+                                 calib_batches=args.calib_batches, batch_size=500)
+        rows.append({"arch": text, "supernet_top1": acc, "truth": truth[text]})
+    tau = kendall_tau([r["supernet_top1"] for r in rows], [r["truth"] for r in rows])
+    report = {"checkpoint": str(ckpt), "space": space.name, "split": args.split,
+              "truth": str(args.truth), "truth_column": column, "num": len(rows),
+              "seed": args.seed, "kendall_tau": tau, "seconds": time.perf_counter() - t0,
+              "subnets": rows}
+    _write_json(out / "rank.json", report)
+    print(f"rank: {len(rows)} subnets of {space.name} ({args.split} split) vs {column}: "
+          f"Kendall tau {tau:.3f} -> {out / 'rank.json'}")
+    return 0
+
+
 # -- helpers ---------------------------------------------------------------------------------------
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -250,6 +383,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     s = {k: getattr(args, k) for k in RUN_KEYS}
     if s["lr"] is None:
         s["lr"] = 0.1 * s["batch_size"] / 128
+    if s["compile"] == "off":
+        s["compile"] = None
     return s
 
 
@@ -275,7 +410,8 @@ def _train_config(s: dict[str, Any], space):
 
     common = dict(batch_size=s["batch_size"], lr=s["lr"], weight_decay=s["weight_decay"],
                   label_smoothing=s["label_smoothing"], warmup_epochs=s["warmup_epochs"],
-                  grad_clip=s.get("grad_clip", 5.0), seed=s["seed"])
+                  grad_clip=s.get("grad_clip", 5.0), seed=s["seed"],
+                  subnet_loss=s.get("subnet_loss", "sum"))
     if s["standalone"]:
         return standalone_config(s["epochs"], **common)
     if s["schedule"] == "sandwich":
@@ -301,6 +437,8 @@ def run(argv: list[str] | None = None, *, started: float | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["prepare"]:
         return cmd_prepare(argv[1:])
+    if argv[:1] == ["rank"]:
+        return cmd_rank(argv[1:])
     args = build_parser().parse_args(argv)
 
     from supernet.distributed import init_from_env, shutdown
@@ -340,15 +478,13 @@ def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -
         if not (run_file and run_file.is_file()):
             raise UserError(f"--resume: {out} holds no run (no run.json); start one without --resume")
         settings = json.loads(run_file.read_text())["settings"]
+        if args.compile is not None:  # speed only: a resumed chunk may compile or not
+            settings["compile"] = None if args.compile == "off" else args.compile
     else:
         if run_file and run_file.is_file() and not args.overwrite and not bench:
             raise UserError(f"{out} already holds a run; pass --resume to continue it or "
                             f"--overwrite to start afresh")
         settings = _settings(args)
-    if settings["compile"] and not settings["standalone"]:
-        say("note: --compile applies to --standalone only; a supernet recompiles for nearly every "
-            "subnet, so it trains eagerly")
-
     data = load_data(settings["data"], seed=0, limit_train=settings["limit_train"],
                      limit_eval=settings["limit_eval"])
     h, w = data.image_size
@@ -380,7 +516,8 @@ def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -
         if arch is not None:
             return train_standalone(model, data, config=config, space=space, arch=arch,
                                     compile=settings["compile"] or False, **common, **kw)
-        return train_supernet(model, space, data, config, **common, **kw)
+        return train_supernet(model, space, data, config, compile=settings["compile"] or False,
+                              **common, **kw)
 
     if bench:
         warm = min(5, args.bench_steps)
@@ -463,7 +600,7 @@ def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -
             else:
                 _, model, _ = load_checkpoint(ckpt, device=device, space=space)
 
-    if args.eval and done and ctx.is_main:
+    if args.eval and (done or args.eval_unfinished) and ctx.is_main:
         t0 = time.perf_counter()
         model = model.float().to(memory_format=torch.contiguous_format)
         rows = []
@@ -481,7 +618,8 @@ def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -
             say(f"  {r['role']:9s} test top-1 {r['top1']:6.2f}%  {r['flops'] / 1e6:7.1f} MFLOPs  "
                 f"{r['params'] / 1e6:5.2f} M params  {r['arch']}")
         _write_json(out / "eval.json", {"split": "test", "images": len(data.test),
-                                        "bn_recalibration": arch is None, "subnets": rows,
+                                        "bn_recalibration": arch is None,
+                                        "training_completed": done, "subnets": rows,
                                         "seconds": time.perf_counter() - t0,
                                         "settings": settings})
     elif args.eval and ctx.is_main:

@@ -718,3 +718,118 @@ def test_entry_point_needs_only_torch_and_numpy(decoded, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "largest" in proc.stdout
     assert "test top-1" in proc.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# subnet_loss (sum vs mean of a sandwich step's losses), compiling the fixed subnets
+# --------------------------------------------------------------------------------------------
+
+
+def _one_step_delta(space, data, config) -> dict[str, torch.Tensor]:
+    net = _fresh(space)
+    before = {k: v.detach().clone() for k, v in net.named_parameters()}
+    train_supernet(net, space, data, config, progress=False, max_steps=1)
+    return {k: v.detach() - before[k] for k, v in net.named_parameters()}
+
+
+@pytest.mark.parametrize("sandwich", [True, False])
+def test_subnet_loss_mean_averages_the_step(small_digits, sandwich):
+    """Without weight decay or clipping, the first SGD step moves the weights by a fixed
+    multiple of the gradient (-lr * (1 + momentum) * grad, Nesterov), so 'mean' moves them by exactly 1/(2 + num_random) of what 'sum' does on a sandwich step,
+    and by the same on a step that trains the largest subnet only."""
+    space = get_space("mbv3-tiny")
+    common = dict(batch_size=64, lr=0.1, weight_decay=0.0, warmup_epochs=0.0,
+                  grad_clip=0.0)
+    stages = [TrainStage("s", 1, sandwich=sandwich, num_random=1)]
+    d_sum = _one_step_delta(space, small_digits, TrainConfig(stages=stages, **common))
+    d_mean = _one_step_delta(space, small_digits,
+                             TrainConfig(stages=stages, subnet_loss="mean", **common))
+    scale = 1.0 / 3.0 if sandwich else 1.0
+    moved = [k for k, v in d_sum.items() if v.abs().max() > 0]
+    assert moved
+    for k in moved:
+        torch.testing.assert_close(d_mean[k], d_sum[k] * scale, rtol=1e-4, atol=1e-7)
+
+
+def test_subnet_loss_is_validated_and_defaults_to_sum():
+    assert TrainConfig().subnet_loss == "sum"
+    with pytest.raises(UserError, match="subnet_loss must be one of"):
+        TrainConfig(subnet_loss="max").validate()
+    # configs recorded before the option existed load as "sum" (what they were trained with)
+    old = TrainConfig().to_dict()
+    del old["subnet_loss"]
+    assert TrainConfig.from_dict(old) == TrainConfig()
+
+
+def test_compile_runs_only_the_fixed_subnets_compiled(small_digits, monkeypatch):
+    """compile=True sends each stage's largest and smallest subnet through the compiled module
+    and the random ones through the eager supernet; the training itself is unchanged."""
+    space = get_space("mbv3-tiny")
+    config = TrainConfig(stages=[TrainStage("full", 1, sandwich=False),
+                                 TrainStage("shrink", 1, num_random=2)],
+                         batch_size=64, subnet_loss="mean")
+    seen: list[str] = []
+
+    class Recorder(nn.Module):
+        def __init__(self, module: nn.Module, mode=None) -> None:
+            super().__init__()
+            self.module = module
+
+        def forward(self, x):
+            seen.append(space.to_string(self.module.active_arch()))
+            return self.module(x)
+
+    monkeypatch.setattr(torch, "compile", lambda module, mode=None: Recorder(module, mode))
+    ref = _fresh(space)
+    train_supernet(ref, space, small_digits, config, progress=False)
+    net = _fresh(space)
+    train_supernet(net, space, small_digits, config, progress=False, compile=True)
+    assert _same_weights(net, ref)
+    largest, smallest = space.to_string(space.largest()), space.to_string(space.smallest())
+    assert seen.count(largest) == 10 and seen.count(smallest) == 5  # 5 steps per epoch
+    assert set(seen) == {largest, smallest}
+
+
+# --------------------------------------------------------------------------------------------
+# train_cifar rank: Kendall tau of supernet accuracies against ground truth
+# --------------------------------------------------------------------------------------------
+
+
+def test_kendall_tau_matches_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        a = rng.integers(0, 6, 30).astype(float)  # with ties
+        b = a + rng.normal(0, 2, 30)
+        assert train_cifar.kendall_tau(a, b) == pytest.approx(scipy_stats.kendalltau(a, b)[0])
+    assert train_cifar.kendall_tau([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert math.isnan(train_cifar.kendall_tau([1, 1, 1], [1, 2, 3]))
+
+
+def test_entry_point_rank(decoded, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _cli("--data", str(decoded), "--space", "mbv3-tiny", "--limit-train", "128",
+                "--limit-eval", "64", "--batch-size", "64", "--epochs", "1", "--out", str(out)) == 0
+    space = get_space("mbv3-tiny")
+    rng = np.random.default_rng(7)
+    archs = {space.to_string(a) for a in (space.sample(rng) for _ in range(200))}
+    truth = tmp_path / "truth.csv"
+    truth.write_text("arch_idx,arch,acc\n" + "".join(
+        f"{i},{a},{space.flops(space.from_string(a)) / 1e6}\n" for i, a in enumerate(sorted(archs))))
+    args = ["rank", "--out", str(out), "--truth", str(truth), "--num", "4", "--seed", "7",
+            "--calib-batches", "1", "--device", "cpu"]
+    assert train_cifar.main(args) == 0
+    assert "Kendall tau" in capsys.readouterr().out
+    report = json.loads((out / "rank.json").read_text())
+    assert report["num"] == 4 and report["truth_column"] == "acc"
+    assert len({r["arch"] for r in report["subnets"]}) == 4
+    for r in report["subnets"]:
+        assert r["truth"] == pytest.approx(space.flops(space.from_string(r["arch"])) / 1e6)
+        assert 0.0 <= r["supernet_top1"] <= 100.0
+    assert report["kendall_tau"] == pytest.approx(train_cifar.kendall_tau(
+        [r["supernet_top1"] for r in report["subnets"]], [r["truth"] for r in report["subnets"]]),
+        nan_ok=True)
+    # a table of other architectures is one clear error
+    truth.write_text("arch,acc\nnot-an-arch,1.0\n")
+    assert train_cifar.main(args) == 2
+    assert "lacks 4 of the sampled architectures" in capsys.readouterr().err
