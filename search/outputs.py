@@ -3,7 +3,8 @@
 * ``trials.csv`` / ``trials.parquet`` — one row per completed trial: number, arch string,
   policy (JSON, empty = float), a short bit summary, the seed label, every metric
   (:func:`search.evaluator.metric_columns`: accuracy, size, BOPs, FLOPs, params, average weight
-  bits, latency and its std on every device), ``feasible`` (all constraints met) and
+  bits, latency and its std on every device), the Optuna parameters (``param:<name>``),
+  ``feasible`` (all constraints met) and
   ``pareto`` (non-dominated for the study's own objectives).
 * ``pareto_<device>.csv`` — per device, the feasible candidates that are non-dominated when
   every latency objective is that device's latency (accuracy vs latency on the device, plus the
@@ -86,8 +87,10 @@ def trials_frame(study, devices: Sequence[str], objectives: Sequence[Metric],
                "bits": describe_bits(policy_from_text(ua.get("policy", ""))),
                "seed": ua.get("seed", "")}
         row.update({c: ua.get(c, np.nan) for c in metric_columns})
+        row.update({f"param:{k}": v for k, v in t.params.items()})
         rows.append(row)
-    frame = pd.DataFrame(rows, columns=[*TRIAL_COLUMNS, *metric_columns])
+    params = sorted({k for r in rows for k in r if k.startswith("param:")})
+    frame = pd.DataFrame(rows, columns=[*TRIAL_COLUMNS, *metric_columns, *params])
     frame = frame.astype({c: "float64" for c in metric_columns})
     frame["feasible"] = feasible_mask(frame, constraints)
     frame["pareto"] = front_mask(frame, [m.column for m in objectives],

@@ -71,6 +71,7 @@ def test_run_writes_everything(tiny_run: Path):
     assert (trials["latency_ms:edgetpu-est"] > 0).all()
     # the seeds come first: largest/smallest in float and int8, then the Hessian policies
     assert {"largest-float", "largest-int8", "smallest-float", "smallest-int8"} <= set(trials["seed"])
+    assert {"param:bits:stem_conv", "param:s0_depth"} <= set(trials.columns)  # Optuna's params
     policies = [json.loads(p) for p in trials["policy"] if p]
     assert policies and all(isinstance(p, dict) for p in policies)
     config = json.loads((tiny_run / "config.json").read_text())
