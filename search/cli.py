@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from export.cli import EXIT_SOME_FAILED, add_export_parser, run_export
 from latency.cli import add_latency_parser, run_latency
 from supernet.cli_args import EXIT_USER_ERROR, OneLineParser, positive_int
 from supernet.errors import UserError
@@ -105,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("spaces", help="list the available search spaces")
     add_latency_parser(sub)
+    add_export_parser(sub)
     return parser
 
 
@@ -120,7 +122,7 @@ def config_from_args(args: argparse.Namespace):
         accuracy=args.accuracy, predictor_samples=args.predictor_samples)
 
 
-def cmd_search(args: argparse.Namespace) -> int:
+def _search(args: argparse.Namespace):
     import search
     from search.runner import summary
 
@@ -129,11 +131,30 @@ def cmd_search(args: argparse.Namespace) -> int:
     print(summary(result))
     print(f"run directory: {result.run_dir}  (trials.csv, pareto_<device>.csv, fronts.png, "
           f"devices.png, hypervolume.csv, study.db)")
+    return result
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    result = _search(args)
     print(f"wall time: {result.seconds:.0f} s")
     return 0
 
 
-cmd_run = cmd_search
+def cmd_run(args: argparse.Namespace) -> int:
+    """The search, then the models of every front exported (FP32 and QDQ ONNX, verified and
+    timed; ``hwnas export`` does the same for any run directory)."""
+    import time
+
+    from export.run_export import export_run
+
+    start = time.perf_counter()
+    result = _search(args)
+    exported = export_run(result.run_dir, progress=not args.quiet)
+    n, failed = len(exported.models), len(exported.failed)
+    print(f"exported {n - failed} of {n} Pareto-optimal models to {exported.out_dir} "
+          f"(FP32 and QDQ ONNX, manifest.json, manifest.csv)")
+    print(f"wall time: {time.perf_counter() - start:.0f} s")
+    return EXIT_SOME_FAILED if failed else 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -175,7 +196,7 @@ def cmd_spaces(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handler = {"run": cmd_run, "search": cmd_search, "train": cmd_train, "spaces": cmd_spaces,
+    handler = {"run": cmd_run, "search": cmd_search, "export": run_export, "train": cmd_train, "spaces": cmd_spaces,
                "latency": run_latency}[args.command]
     try:
         return handler(args)

@@ -1,0 +1,313 @@
+"""int8 (QDQ) vs FP32 onnxruntime latency of exported mbv3 CIFAR-10 subnets, per CPU.
+
+For the largest, middle and smallest subnet of the shipped CIFAR-10 supernet
+(``supernet/checkpoints/mbv3_cifar10.pt``), at each batch size and thread count it times, with
+onnxruntime on this CPU:
+
+* ``fp32``        - the FP32 export (BatchNorm folded);
+* ``uniform``     - every conv/linear layer int8 (uint8 activations, int8 per-channel weights),
+                    QDQ as :mod:`export.qdq` writes it (requantized so every layer is an
+                    integer kernel);
+* ``best``        - the best per-layer policy for *this* CPU, batch and thread count: the layers
+                    where int8 loses stay float (:func:`export.device_policy.choose_float_layers`).
+
+``int8_ms`` / ``speedup`` in each row are those of ``best`` (``uniform_*`` beside them), and
+``int8_recommended`` says whether hwnas would deploy it (only when it measured faster than
+FP32). Calibration and the agreement check use CIFAR-10 test/train images when the shared data
+is found (``--data``), else random images (agreement is then not reported).
+
+Needs only torch, onnx, onnxruntime and numpy (no optuna, no tqdm), so it runs on a GPU
+machine's host CPU as well; ``--merge`` adds this machine's rows to an existing JSON (rows with
+the same model, CPU, batch and threads are replaced)::
+
+    python benchmarks/export_ort.py                                   # here: threads 1,2
+    python benchmarks/export_ort.py --threads 1,2,8 --merge           # e.g. on the GPU host
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import torch  # noqa: E402
+
+from export.device_policy import choose_float_layers  # noqa: E402
+from export.onnx_export import check_parity  # noqa: E402
+from export.ort_profile import LayerIndex, integer_kernel_check  # noqa: E402
+from export.qdq import build_qdq, float_proto, map_layer_nodes  # noqa: E402
+from latency.machine import cpu_model  # noqa: E402
+from quant.policy import uniform  # noqa: E402
+from quant.ptq import PTQConfig  # noqa: E402
+from supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint  # noqa: E402
+from supernet.errors import UserError  # noqa: E402
+from supernet.train import load_checkpoint  # noqa: E402
+
+ROLES = ("largest", "middle", "smallest")
+
+
+def integer_dot_product() -> tuple[bool, list[str]]:
+    """Whether this CPU has VNNI/AMX-class (x86) or dot-product (Arm) integer instructions."""
+    wanted = {"avx512_vnni", "avx_vnni", "amx_int8", "amx_tile", "avx512_bf16", "asimddp", "i8mm"}
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features")):
+                    flags |= set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    found = sorted(flags & wanted)
+    return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")), found
+
+
+def subnet_archs(space):  # noqa: ANN001, ANN201 - an MBV3Space and its archs
+    """largest, middle (middle depth/kernel/expand everywhere, as quant/benchmark.py) and
+    smallest architectures."""
+    from supernet.spaces.mbv3 import MBV3Arch
+
+    c = space.cfg
+    mid = lambda values: values[len(values) // 2]  # noqa: E731
+    block = (mid(c.kernel_choices), mid(c.expand_choices))
+    middle = MBV3Arch(tuple((block,) * mid(c.depth_choices) for _ in range(c.num_stages)))
+    return {"largest": space.largest(), "middle": middle, "smallest": space.smallest()}
+
+
+def images(data_spec: str | None, n_calib: int, n_test: int, seed: int):  # noqa: ANN201
+    """(calibration batches, (test images, labels) or None, source description)."""
+    if data_spec:
+        try:
+            from supernet.data import BatchLoader, load_dataset
+
+            data = load_dataset(data_spec, seed=seed)
+            calib = BatchLoader(data.train, batch_size=128, mean=data.mean, std=data.std,
+                                shuffle=True, seed=seed)
+            xs = []
+            for x, _ in calib:
+                xs.append(x)
+                if sum(len(t) for t in xs) >= n_calib:
+                    break
+            test = next(iter(BatchLoader(data.test, batch_size=n_test, mean=data.mean,
+                                         std=data.std)))
+            return ([torch.cat(xs)[:n_calib]], test,
+                    f"{data.name} ({n_calib} calibration images, {len(test[0])} test images)")
+        except (UserError, ImportError, OSError) as exc:
+            print(f"# no real images ({exc}); calibrating on random images", file=sys.stderr)
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n_calib, 3, 32, 32, generator=g)], None, "random normal images"
+
+
+def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Top-1 accuracy (%) of a PyTorch model."""
+    with torch.no_grad():
+        return 100.0 * float((model(x).argmax(1) == y).float().mean())
+
+
+def verify(chosen, searched, x: torch.Tensor, y: torch.Tensor) -> dict:  # noqa: ANN001
+    """Agreement of the chosen QDQ model (run by onnxruntime) with the PyTorch model it
+    implements (fake-quant + int32 biases + requantization) and with the searched fake-quant
+    model (all layers int8), and the test accuracies."""
+    import onnxruntime as ort
+
+    data = chosen.proto().SerializeToString()
+    with chosen.reference(requantize=True) as deployed:
+        exact = check_parity(data, deployed, x, atol=float("inf"))
+    plain = check_parity(data, searched.qmodel, x, atol=float("inf"))
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    logits = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    return {"top1_agreement": exact.top1_agreement, "max_abs_diff": exact.max_abs_diff,
+            "top1_agreement_searched": plain.top1_agreement,
+            "fake_quant_test_accuracy": accuracy(searched.qmodel, x, y),
+            "int8_test_accuracy": 100.0 * float((logits.argmax(1) == y.numpy()).mean())}
+
+
+def parse_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"expected a comma-separated list of positive integers, got {text!r}")
+    if not values or min(values) < 1:
+        raise SystemExit(f"expected a comma-separated list of positive integers, got {text!r}")
+    return values
+
+
+def merge(out: Path, doc: dict, merge_rows: bool) -> dict:
+    """``doc`` merged into the JSON at ``out``: rows keyed by (model, cpu, batch, threads)."""
+    if not (merge_rows and out.is_file()):
+        doc["runs"] = [{k: doc[k] for k in ("command", "machine", "date")}]
+        return doc
+    old = json.loads(out.read_text())
+    key = lambda r: (r["model"], r["cpu"], r["batch"], r["threads"])  # noqa: E731
+    new_keys = {key(r) for r in doc["results"]}
+    rows = [r for r in old.get("results", []) if key(r) not in new_keys] + doc["results"]
+    runs = old.get("runs") or [{k: old.get(k) for k in ("command", "machine", "date")}]
+    doc["runs"] = runs + [{k: doc[k] for k in ("command", "machine", "date")}]
+    doc["results"] = sorted(rows, key=lambda r: (r["cpu"], ROLES.index(r["model"])
+                                                 if r["model"] in ROLES else 9, r["batch"],
+                                                 r["threads"]))
+    return doc
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def markdown(doc: dict) -> str:
+    lines = ["# int8 (QDQ) vs FP32 with onnxruntime: mbv3 CIFAR-10 subnets", "",
+             "Written by `benchmarks/export_ort.py`; latencies are medians (ms per batch), timed "
+             "round-robin against FP32. `best` keeps in float the layers where int8 loses on that "
+             "CPU/batch/threads; `int8?` is whether hwnas recommends the quantized model there. "
+             "Agreement: top-1 agreement of the `best` ONNX model (onnxruntime) with the PyTorch "
+             "model it implements (fake-quant + int32 biases + requantization) / with the searched "
+             "fake-quant model (all layers int8, float biases, no requantization). Accuracy: "
+             "top-1 % on the test images of FP32 / the searched fake-quant model / the `best` "
+             "ONNX model.", ""]
+    for run in doc.get("runs", []):
+        lines.append(f"- {run.get('date')}: `{run.get('command')}` on {run.get('machine')}")
+    lines.append("")
+    cpus = list(dict.fromkeys(r["cpu"] for r in doc["results"]))
+    for cpu in cpus:
+        rows = [r for r in doc["results"] if r["cpu"] == cpu]
+        vnni = rows[0].get("integer_dot_product")
+        lines += [f"## {cpu} (integer dot product: {'yes' if vnni else 'no'})", "",
+                  "| model | batch | threads | fp32 ms | uniform int8 ms (x) | best int8 ms (x) | "
+                  "float layers | int8? | agreement % | accuracy % |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            agree = acc = ""
+            if r.get("top1_agreement") is not None:
+                agree = (f"{100 * r['top1_agreement']:.1f} / "
+                         f"{100 * r['top1_agreement_searched']:.1f}")
+                acc = (f"{r['fp32_test_accuracy']:.1f} / {r['fake_quant_test_accuracy']:.1f} / "
+                       f"{r['int8_test_accuracy']:.1f}")
+            lines.append(
+                f"| {r['model']} | {r['batch']} | {r['threads']} | {r['fp32_ms']:.2f} | "
+                f"{r['uniform_int8_ms']:.2f} ({r['uniform_speedup']:.2f}x) | {r['int8_ms']:.2f} "
+                f"({r['speedup']:.2f}x) | {r['float_layers']}/{r['quantized_layers']} | "
+                f"{'yes' if r['int8_recommended'] else 'no'} | {agree} | {acc} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(ROLES), help="subnets: largest,middle,smallest")
+    p.add_argument("--batches", default="1,32", help="batch sizes (default 1,32)")
+    p.add_argument("--threads", default="1,2", help="onnxruntime thread counts (default 1,2)")
+    p.add_argument("--data", default="cifar10",
+                   help="dataset for calibration and agreement ('' = random images)")
+    p.add_argument("--calib-images", type=int, default=256)
+    p.add_argument("--test-images", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (default 5)")
+    p.add_argument("--refine", type=int, default=0, help="greedy refinement steps per config")
+    p.add_argument("--checkpoint", help="mbv3 CIFAR-10 supernet checkpoint (default: the shipped "
+                                        "supernet/checkpoints/mbv3_cifar10.pt)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(HERE / "export_ort.json"))
+    p.add_argument("--merge", action="store_true",
+                   help="keep the rows of other CPUs/configs already in --out")
+    args = p.parse_args(argv)
+    roles = [r for r in args.models.split(",") if r]
+    if any(r not in ROLES for r in roles):
+        raise SystemExit(f"--models: expected a subset of {','.join(ROLES)}")
+    batches, threads = parse_list(args.batches), parse_list(args.threads)
+    torch.set_num_threads(max(threads))
+    command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])])
+    vnni, flags = integer_dot_product()
+    cpu = cpu_model()
+    import onnxruntime as ort
+
+    machine = (f"{cpu}, {os.cpu_count()} logical CPUs, onnxruntime {ort.__version__}, integer "
+               f"dot product: {'yes' if vnni else 'no'} ({' '.join(flags) or 'none'})")
+    print(f"# {machine}", flush=True)
+
+    ckpt = args.checkpoint or shipped_checkpoint("mbv3", CIFAR10_CLASSES)
+    if ckpt is None:
+        raise SystemExit("the shipped checkpoint supernet/checkpoints/mbv3_cifar10.pt is missing; "
+                         "pass --checkpoint")
+    space, supernet, _ = load_checkpoint(ckpt)
+    if space.name != "mbv3":
+        raise SystemExit(f"--checkpoint holds space {space.name!r}; expected an mbv3 supernet")
+    calib, test, source = images(args.data or None, args.calib_images, args.test_images, args.seed)
+    config = PTQConfig(max_images=args.calib_images, seed=args.seed)
+    rows = []
+    start = time.perf_counter()
+    for role in roles:
+        arch = subnet_archs(space)[role]
+        model = supernet.extract(arch).eval()
+        fp32_acc = None
+        if test is not None:  # BatchNorm recalibration on real images, as the search does
+            from supernet.evaluate import recalibrate_bn
+
+            recalibrate_bn(model, [(calib[0][i:i + 64], None) for i in range(0, len(calib[0]), 64)],
+                           max_batches=10)
+            fp32_acc = accuracy(model, *test)
+        example = calib[0][:1]
+        build = build_qdq(model, uniform(model, 8, 8), calib, config=config, example=example)
+        fp32 = float_proto(model, example)
+        fp32_index = LayerIndex.from_source(fp32, map_layer_nodes(fp32, build.policy.layer_names))
+        uniform_proto = build.proto()
+        qdq_index = LayerIndex.from_source(uniform_proto, build.builder.node_of)
+        quantized = build.integer_layers()
+        _, islands = integer_kernel_check(uniform_proto.SerializeToString(), qdq_index, quantized)
+        checks: dict[tuple[str, ...], dict] = {}
+        for batch in batches:
+            for t in threads:
+                choice = choose_float_layers(
+                    lambda fl: build.proto(extra_float=fl).SerializeToString(),
+                    fp32.SerializeToString(), quantized, build.kinds, fp32_index=fp32_index,
+                    qdq_index=qdq_index, device=f"{cpu}/t{t}", threads=t, batch=batch,
+                    rounds=args.rounds, refine=args.refine)
+                key = tuple(choice.float_layers)
+                if test is not None and key not in checks:
+                    chosen = build if not key else build_qdq(
+                        model, uniform(model, 8, 8), calib, config=config, example=example,
+                        float_layers=list(key))
+                    checks[key] = verify(chosen, build, *test)
+                row = {
+                    "model": role, "arch": space.to_string(arch), "cpu": cpu,
+                    "integer_dot_product": vnni, "batch": batch, "threads": t,
+                    "fp32_ms": choice.fp32_ms, "int8_ms": choice.chosen_ms,
+                    "speedup": choice.speedup, "int8_recommended": choice.quantized_faster,
+                    "uniform_int8_ms": choice.uniform_ms,
+                    "uniform_speedup": choice.fp32_ms / choice.uniform_ms,
+                    "best_label": choice.chosen_label, "float_layers": len(choice.float_layers),
+                    "float_layer_names": choice.float_layers,
+                    "float_layer_kinds": {k: sum(1 for n in choice.float_layers
+                                                 if build.kinds.get(n) == k)
+                                          for k in sorted(set(build.kinds.values()))},
+                    "quantized_layers": len(quantized), "uniform_float_islands": len(islands),
+                    **checks.get(key, {}), "fp32_test_accuracy": fp32_acc,
+                    "candidates": {c.label: round(c.median_ms, 4) for c in choice.candidates},
+                    "fp32_p95_ms": choice.fp32_p95_ms, "int8_p95_ms": choice.chosen_p95_ms,
+                }
+                rows.append(row)
+                print(f"{role:8s} batch {batch:3d} threads {t}: fp32 {choice.fp32_ms:8.2f} ms | "
+                      f"uniform int8 {choice.uniform_ms:8.2f} ({row['uniform_speedup']:.2f}x) | "
+                      f"best {choice.chosen_ms:8.2f} ({choice.speedup:.2f}x, "
+                      f"{len(choice.float_layers)} float, {choice.chosen_label}) | "
+                      f"recommend int8: {'yes' if choice.quantized_faster else 'no'}", flush=True)
+    doc = {"command": command, "machine": machine, "checkpoint": str(ckpt),
+           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "calibration": source, "seconds": round(time.perf_counter() - start, 1),
+           "results": rows}
+    out = Path(args.out)
+    doc = merge(out, doc, args.merge)
+    write_atomic(out, json.dumps(doc, indent=1) + "\n")
+    write_atomic(out.with_suffix(".md"), markdown(doc))
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

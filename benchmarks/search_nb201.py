@@ -1,0 +1,435 @@
+"""Multi-objective search on NAS-Bench-201, scored exactly: hypervolume ratio per budget.
+
+For each of HELP's six unseen NAS-Bench-201 devices (``titan_rtx_256, gold_6226, fpga, pixel2,
+raspi4, eyeriss``) and each sampler, an in-memory Optuna study maximises accuracy and minimises
+latency over the 15,625 cells:
+
+* **latency** is seen by the search only through the default few-shot predictor of
+  :mod:`latency.predictors` (the shipped meta-trained ``nb201`` predictor, ``load_pretrained``),
+  adapted to the device with ``--n-measurements`` (10) measurements: the device's table latency
+  of the predictor's first 10 reference architectures, as ``benchmarks/latency_fewshot.py``
+  does. Those 10 table values are everything the search learns from the table; it never reads
+  it otherwise. (``--latency-source table`` shows the search the true latency instead: the
+  calibration setting of the issue, not the benchmark.)
+* **accuracy** is the NAS-Bench-201 CIFAR-100 test accuracy, looked up; each look-up is one
+  evaluation and repeats count (a sampler that suggests an architecture again pays again).
+
+Score (``../shared/BENCHMARKS.md``): ``hv_ratio`` = hypervolume of every architecture evaluated
+so far, scored with its TRUE accuracy and TRUE latency, / hypervolume of the true front of all
+15,625 architectures; reference point = (lowest accuracy on the true front - 1 point, highest
+latency on the true front x 1.01). Each run is one trajectory of ``max(--budgets)`` evaluations,
+read at every budget (100, 300, 1000); mean ± std over ``--seeds`` seeds (the sampler's seed).
+
+Samplers: ``tpe`` (multivariate TPE), ``nsga2`` and ``random`` from :mod:`search.samplers`, and
+``screening`` (:class:`search.screening.ScreeningSampler`: a GP surrogate of accuracy screens the
+whole space, whose predicted latency and its uncertainty are free, by expected hypervolume
+improvement). Every sampler sees the predicted latency as the second objective value; the
+screening sampler also gets the predictor's standard deviation, which its default settings
+ignore (``--latency-std-scale`` uses it).
+
+``--latency-csv PATH --device COLUMN`` scores a new device table (same CSV layout as the shared
+table; it must hold every NAS-Bench-201 architecture, since the front is the whole space's).
+
+    python benchmarks/search_nb201.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import math
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.latency_fewshot import machine, write_json  # noqa: E402
+from latency.predictors import load_pretrained  # noqa: E402
+from latency.tables import (  # noqa: E402
+    LatencyTable,
+    help_protocol,
+    load_latency_table,
+    load_shared_table,
+)
+from search.screening import (  # noqa: E402
+    ScreeningConfig,
+    ScreeningSampler,
+    front_indices_2d,
+    hypervolume_2d,
+)
+from supernet.errors import UserError  # noqa: E402
+from supernet.spaces import get_space  # noqa: E402
+
+OUT_JSON = Path(__file__).with_suffix(".json")
+SAMPLER_CHOICES = ("tpe", "nsga2", "random", "screening")
+BEST_METHOD = "screening"
+ACCURACY_FILE = Path("nb201") / "nb201_cifar100_accuracy.csv"
+
+
+# ------------------------------------------------------------------------------------------------
+# scoring (BENCHMARKS.md)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrueFront:
+    """The true accuracy-latency front of one device and the scoring reference point."""
+
+    ref_latency: float
+    ref_accuracy: float
+    hypervolume: float
+    size: int
+
+
+def true_front(latency: np.ndarray, accuracy: np.ndarray) -> TrueFront:
+    """Front of all architectures; reference = (max front latency x 1.01, min front accuracy
+    - 1 point), exactly as ``../shared/BENCHMARKS.md`` defines it."""
+    idx = front_indices_2d(latency, accuracy)
+    ref_lat = float(latency[idx].max()) * 1.01
+    ref_acc = float(accuracy[idx].min()) - 1.0
+    hv = hypervolume_2d(latency[idx], accuracy[idx], ref_lat, ref_acc)
+    return TrueFront(ref_lat, ref_acc, hv, len(idx))
+
+
+def hv_ratio(rows: Sequence[int], latency: np.ndarray, accuracy: np.ndarray,
+             front: TrueFront) -> float:
+    """Hypervolume of the architectures ``rows`` (true values) / that of the true front."""
+    rows = np.asarray(rows, dtype=int)
+    if len(rows) == 0:
+        return 0.0
+    hv = hypervolume_2d(latency[rows], accuracy[rows], front.ref_latency, front.ref_accuracy)
+    return hv / front.hypervolume
+
+
+def score_trajectory(rows: Sequence[int], budgets: Sequence[int], latency: np.ndarray,
+                     accuracy: np.ndarray, front: TrueFront) -> dict[int, float]:
+    """``hv_ratio`` after the first ``b`` evaluations of one trajectory, for every budget."""
+    if len(rows) < max(budgets):
+        raise ValueError(f"trajectory has {len(rows)} evaluations, budgets go to {max(budgets)}")
+    return {b: hv_ratio(rows[:b], latency, accuracy, front) for b in budgets}
+
+
+# ------------------------------------------------------------------------------------------------
+# data
+# ------------------------------------------------------------------------------------------------
+
+
+def load_accuracy(path: Path, space: Any) -> dict[str, float]:
+    """Canonical architecture string -> CIFAR-100 test accuracy (%)."""
+    if not path.is_file():
+        raise UserError(f"NAS-Bench-201 accuracy table {path} not found; set $HWNAS_SHARED_DATA "
+                        f"to the directory holding {ACCURACY_FILE}")
+    out: dict[str, float] = {}
+    with open(path, newline="", encoding="utf-8") as fh:
+        for line, row in enumerate(csv.DictReader(fh), start=2):
+            try:
+                acc = float(row["cifar100_test_acc"])
+                key = space.to_string(space.from_string(row["arch"]))
+            except (KeyError, ValueError, TypeError) as exc:
+                raise UserError(f"{path} line {line}: expected columns arch and "
+                                f"cifar100_test_acc ({exc})") from None
+            if not math.isfinite(acc):
+                raise UserError(f"{path} line {line}: cifar100_test_acc is {acc}; expected a "
+                                f"finite accuracy in %")
+            out[key] = acc
+    return out
+
+
+@dataclass
+class Problem:
+    """One device: true values of every architecture and the latency the search may see."""
+
+    device: str
+    archs: list[str]
+    accuracy: np.ndarray
+    latency: np.ndarray          # true (scoring only)
+    seen_latency: np.ndarray     # what the search sees: predicted, or true for calibration
+    seen_latency_std: np.ndarray | None  # the predictor's standard deviation (None: exact)
+    front: TrueFront
+    measured: int                # latency measurements taken from the table
+    spearman: float              # of the seen latency against the true one
+
+
+def make_problem(space: Any, table: LatencyTable, device: str, accuracy: dict[str, float],
+                 n_measurements: int, latency_source: str) -> Problem:
+    missing = [a for a in accuracy if a not in table]
+    if missing:
+        raise UserError(f"latency table {table.path} lacks {len(missing)} of the "
+                        f"{len(accuracy)} NAS-Bench-201 architectures (e.g. {missing[0]!r}); the "
+                        f"true front is the whole space's, so every architecture needs a latency")
+    archs = sorted(accuracy)
+    rows = table.rows(archs)
+    lat = table.column(device)[rows]
+    acc = np.array([accuracy[a] for a in archs])
+    if latency_source == "table":
+        seen, std, measured = lat.copy(), None, len(archs)
+    else:
+        predictor = load_pretrained(space.name)
+        refs = predictor.reference_archs[:n_measurements]
+        if len(refs) < n_measurements:
+            raise UserError(f"the {space.name} predictor has {len(refs)} reference "
+                            f"architectures; --n-measurements {n_measurements} is too many")
+        predictor.adapt(refs, table.column(device)[table.rows(refs)], seed=0)
+        seen, std = predictor.predict_with_std(archs)
+        measured = len(refs)
+    from scipy.stats import spearmanr
+
+    return Problem(device, archs, acc, lat, np.asarray(seen, float), std,
+                   true_front(lat, acc), measured, float(spearmanr(seen, lat)[0]))
+
+
+# ------------------------------------------------------------------------------------------------
+# one search
+# ------------------------------------------------------------------------------------------------
+
+
+def make_study_sampler(name: str, seed: int, space: Any, problem: Problem,
+                       std_scale: float = 0.0):
+    from search.samplers import make_sampler
+
+    if name == "screening":
+        row = {a: i for i, a in enumerate(problem.archs)}
+
+        def cheap(archs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None]:
+            """The latency predictor's mean and standard deviation (free per query); the
+            sampler's default ``cheap_std_scale`` = 0 ignores the deviation."""
+            rows = [row[space.to_string(a)] for a in archs]
+            std = problem.seen_latency_std
+            return problem.seen_latency[rows], (None if std is None else std[rows])
+
+        return ScreeningSampler(space, cheap, (1,), seed=seed,
+                                directions=("maximize", "minimize"),
+                                config=ScreeningConfig(cheap_std_scale=std_scale))
+    return make_sampler(name, seed)
+
+
+def run_search(space: Any, problem: Problem, sampler: str, seed: int, n_evals: int,
+               std_scale: float = 0.0) -> list[int]:
+    """One in-memory study of ``n_evals`` trials; the rows it evaluated, in order."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    row = {a: i for i, a in enumerate(problem.archs)}
+    evaluated: list[int] = []
+
+    def objective(trial: optuna.Trial) -> tuple[float, float]:
+        i = row[space.to_string(space.suggest(trial))]
+        evaluated.append(i)  # one accuracy look-up = one evaluation, repeats included
+        return float(problem.accuracy[i]), float(problem.seen_latency[i])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study = optuna.create_study(directions=["maximize", "minimize"],
+                                    sampler=make_study_sampler(sampler, seed, space, problem,
+                                                               std_scale))
+        study.optimize(objective, n_trials=n_evals)
+    return evaluated
+
+
+# ------------------------------------------------------------------------------------------------
+# the benchmark
+# ------------------------------------------------------------------------------------------------
+
+
+def run_benchmark(space: Any, problems: list[Problem], samplers: list[str], seeds: int,
+                  budgets: list[int], progress: bool = True,
+                  std_scale: float = 0.0) -> tuple[list[dict], dict]:
+    from tqdm import tqdm
+
+    rows: list[dict] = []
+    seconds: dict[str, list[float]] = {s: [] for s in samplers}
+    bar = tqdm(total=len(problems) * len(samplers) * seeds, desc="searches", disable=not progress)
+    for p in problems:
+        for name in samplers:
+            scores: dict[int, list[float]] = {b: [] for b in budgets}
+            repeats = []
+            for seed in range(seeds):
+                t0 = time.perf_counter()
+                traj = run_search(space, p, name, seed, max(budgets), std_scale)
+                seconds[name].append(time.perf_counter() - t0)
+                for b, v in score_trajectory(traj, budgets, p.latency, p.accuracy,
+                                             p.front).items():
+                    scores[b].append(v)
+                repeats.append(len(traj) - len(set(traj)))
+                bar.update(1)
+            for b in budgets:
+                v = np.asarray(scores[b])
+                rows.append({"device": p.device, "sampler": name, "evaluations": b,
+                             "hv_ratio_mean": round(float(v.mean()), 4),
+                             "hv_ratio_std": round(float(v.std()), 4), "seeds": len(v),
+                             "hv_ratio_per_seed": [round(float(x), 4) for x in v],
+                             "latency_measurements": p.measured,
+                             "repeated_evaluations_mean": round(float(np.mean(repeats)), 1)})
+    bar.close()
+    timing = {s: {"seconds_per_search_mean": round(float(np.mean(t)), 2),
+                  "seconds_total": round(float(np.sum(t)), 1)} for s, t in seconds.items()}
+    return rows, timing
+
+
+def summarize(rows: list[dict], devices: list[str]) -> list[dict]:
+    """Mean over devices of each (sampler, budget)."""
+    out = []
+    keys = sorted({(r["sampler"], r["evaluations"]) for r in rows},
+                  key=lambda k: (_order(k[0]), k[1]))
+    for sampler, b in keys:
+        sel = [r for r in rows if r["sampler"] == sampler and r["evaluations"] == b]
+        if len(sel) != len(devices):
+            continue
+        out.append({"sampler": sampler, "evaluations": b,
+                    "hv_ratio_mean_over_devices": round(float(np.mean(
+                        [r["hv_ratio_mean"] for r in sel])), 4),
+                    "hv_ratio_min_over_devices": round(min(r["hv_ratio_mean"] for r in sel), 4)})
+    return out
+
+
+def _order(sampler: str) -> int:
+    return SAMPLER_CHOICES.index(sampler) if sampler in SAMPLER_CHOICES else 99
+
+
+def print_tables(rows: list[dict], problems: list[Problem], budgets: list[int]) -> None:
+    by = {(r["device"], r["sampler"], r["evaluations"]): r for r in rows}
+    samplers = sorted({r["sampler"] for r in rows}, key=_order)
+    devices = [p.device for p in problems]
+    for b in budgets:
+        print(f"\nhv_ratio after {b} evaluations (mean ± std over seeds)")
+        print(f"{'sampler':<11}" + "".join(f"{d:>16}" for d in devices) + f"{'mean':>9}")
+        for s in samplers:
+            cells = [by[(d, s, b)] for d in devices]
+            print(f"{s:<11}" + "".join(f"{c['hv_ratio_mean']:>9.4f}±{c['hv_ratio_std']:.4f}"
+                                       for c in cells)
+                  + f"{np.mean([c['hv_ratio_mean'] for c in cells]):>9.4f}")
+    print("\nmean over devices")
+    print(f"{'sampler':<11}" + "".join(f"{f'@{b}':>9}" for b in budgets))
+    for s in samplers:
+        print(f"{s:<11}" + "".join(
+            f"{np.mean([by[(d, s, b)]['hv_ratio_mean'] for d in devices]):>9.4f}"
+            for b in budgets))
+    print("\ndevices: " + ", ".join(
+        f"{p.device} (front {p.front.size}, seen-latency Spearman {p.spearman:.3f})"
+        for p in problems))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--samplers", nargs="+", default=list(SAMPLER_CHOICES),
+                    choices=list(SAMPLER_CHOICES))
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--budgets", nargs="+", type=int, default=[100, 300, 1000])
+    ap.add_argument("--devices", nargs="+", default=None,
+                    help="columns of the shared table (default: HELP's six unseen test devices)")
+    ap.add_argument("--latency-csv", type=Path, help="a new device table (same CSV layout)")
+    ap.add_argument("--device", help="the device column of --latency-csv")
+    ap.add_argument("--accuracy-csv", type=Path, default=None,
+                    help=f"default: <shared data>/{ACCURACY_FILE}")
+    ap.add_argument("--n-measurements", type=int, default=10,
+                    help="latency measurements the predictor is adapted with (default 10)")
+    ap.add_argument("--latency-source", choices=["predictor", "table"], default="predictor",
+                    help="what the search sees: the adapted predictor (the benchmark) or the "
+                         "true table latency (calibration only)")
+    ap.add_argument("--latency-std-scale", type=float, default=0.0,
+                    help="screening: multiplier of the latency predictor's standard deviation "
+                         "in the acquisition (default 0: trust the predicted latency)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"JSON to write (default {OUT_JSON.name} for the standard run; "
+                         f"nothing otherwise)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = ap.parse_args(argv)
+    try:
+        return _main(args, argv if argv is not None else sys.argv[1:])
+    except UserError as exc:
+        print(f"search_nb201: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.seeds < 1 or args.n_measurements < 1 or any(b < 1 for b in args.budgets):
+        raise UserError("--seeds, --n-measurements and --budgets must be positive")
+    if not args.latency_std_scale >= 0:
+        raise UserError(f"--latency-std-scale {args.latency_std_scale}; expected >= 0")
+    budgets = sorted(set(args.budgets))
+    space = get_space("nb201")
+    if args.latency_csv is not None:
+        if not args.device:
+            raise UserError("--latency-csv needs --device COLUMN (the device column to score)")
+        if args.devices:
+            raise UserError("--devices names shared-table columns; with --latency-csv use "
+                            "--device")
+        table = load_latency_table(args.latency_csv, space=space, devices=[args.device])
+        devices = [args.device]
+    else:
+        if args.device:
+            raise UserError("--device needs --latency-csv (use --devices for shared columns)")
+        table = load_shared_table("nb201", space=space)
+        devices = list(args.devices or help_protocol("nb201").test)
+        table.check_devices(devices)
+    if args.accuracy_csv is None:
+        from supernet.data import shared_data_dir
+
+        root = shared_data_dir()
+        if root is None:
+            raise UserError(f"the shared data directory was not found; set $HWNAS_SHARED_DATA "
+                            f"or pass --accuracy-csv (the {ACCURACY_FILE} layout)")
+        acc_path = root / ACCURACY_FILE
+    else:
+        acc_path = args.accuracy_csv
+    accuracy = load_accuracy(Path(acc_path), space)
+    protocol = help_protocol("nb201")
+    for d in devices:
+        if d in protocol.meta_train:
+            print(f"note: {d} is a meta-training device of the latency predictor; it is not "
+                  f"unseen")
+    t_start = time.time()
+    problems = [make_problem(space, table, d, accuracy, args.n_measurements,
+                             args.latency_source) for d in devices]
+    rows, timing = run_benchmark(space, problems, args.samplers, args.seeds, budgets,
+                                 progress=not args.quiet, std_scale=args.latency_std_scale)
+    elapsed = time.time() - t_start
+    print_tables(rows, problems, budgets)
+    print("\nseconds per search (mean): " + ", ".join(
+        f"{s} {t['seconds_per_search_mean']:.1f}" for s, t in timing.items()))
+    print(f"total {elapsed:.0f} s")
+    standard = (args.latency_csv is None and args.latency_source == "predictor"
+                and args.devices is None and args.latency_std_scale == 0)
+    out = args.out or (OUT_JSON if standard else None)
+    if out is not None:
+        from search.samplers import DEFAULT_SAMPLER
+
+        write_json(out, {
+            "command": "python benchmarks/search_nb201.py " + " ".join(argv),
+            "machine": machine(),
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "default_sampler": DEFAULT_SAMPLER,
+            "best_method": BEST_METHOD,
+            "latency_source": ("meta predictor (load_pretrained('nb201')) adapted with "
+                               f"{args.n_measurements} table measurements"
+                               if args.latency_source == "predictor"
+                               else "true table latency (calibration)"),
+            "latency_csv": str(args.latency_csv) if args.latency_csv else None,
+            "screening_latency_std_scale": args.latency_std_scale,
+            "budgets": budgets,
+            "elapsed_seconds": round(elapsed, 1),
+            "timing": timing,
+            "devices": [{"device": p.device, "true_front_size": p.front.size,
+                         "reference_point": {"accuracy": round(p.front.ref_accuracy, 4),
+                                             "latency_ms": round(p.front.ref_latency, 6)},
+                         "latency_measurements": p.measured,
+                         "seen_latency_spearman": round(p.spearman, 4)} for p in problems],
+            "summary": summarize(rows, devices),
+            "results": rows,
+        })
+        print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""``hwnas export RUN_DIR``: the command line of :func:`export.run_export.export_run`.
+
+Wired into ``hwnas`` by :func:`add_export_parser` (``search/cli.py`` calls it and dispatches
+``export`` to the handler it returns, :func:`run_export`)::
+
+    hwnas export RUN_DIR [--front DEVICE] [--select all|3,7|top:K|fastest:K] [--out DIR]
+                         [--int4] [--batch N] [--threads N] [--max-images N] [--refine N]
+                         [--no-requantize] [--quiet]
+
+Exit status: 0 when every selected model was exported and verified, 1 when some failed (one
+line each on stderr; the others are written), 2 on a whole-command error (UserError, raised
+to the ``hwnas`` main, which prints ``hwnas: error: ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from supernet.cli_args import positive_int
+from supernet.errors import UserError
+
+__all__ = ["EXIT_SOME_FAILED", "add_export_parser", "run_export"]
+
+EXIT_SOME_FAILED = 1
+
+
+def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
+    """Add the ``export`` command to ``sub`` (an ``add_subparsers`` object); return its
+    handler."""
+    p = sub.add_parser("export", help="export a run's Pareto-optimal models to ONNX (FP32 and "
+                                      "QDQ), verified and timed with onnxruntime")
+    p.add_argument("run_dir", help="run directory written by 'hwnas search' / 'hwnas run'")
+    p.add_argument("--front", metavar="DEVICE",
+                   help="export this device's front (pareto_DEVICE.csv); default: every front")
+    p.add_argument("--select", default="all",
+                   help="'all' (default), trial numbers '3,7,12', 'top:K' (most accurate) or "
+                        "'fastest:K' (fastest on --front)")
+    p.add_argument("--out", help="export directory (default RUN_DIR/export; replaced atomically)")
+    p.add_argument("--int4", action="store_true",
+                   help="also write ONNX INT4 weights (opset 21) for layers of <= 4 bits (size)")
+    p.add_argument("--batch", type=positive_int, default=1,
+                   help="batch size the per-device int8-vs-float choice is made for (default 1)")
+    p.add_argument("--threads", type=positive_int, default=1,
+                   help="onnxruntime threads for the latency of every file (default 1)")
+    p.add_argument("--max-images", type=positive_int, default=1000,
+                   help="test images for the parity checks (default 1000)")
+    p.add_argument("--refine", type=int, default=0,
+                   help="extra greedy int8/float flips per device, one whole-model timing each "
+                        "(default 0)")
+    p.add_argument("--no-requantize", action="store_true",
+                   help="insert Q/DQ only where the fake-quant model has them (exact, but convs "
+                        "followed by float ops stay float islands; the check then fails)")
+    p.add_argument("--quiet", action="store_true", help="only the per-model lines")
+    return run_export
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Handler of ``hwnas export``."""
+    from export.model_export import ExportSettings
+    from export.run_export import export_run
+
+    if args.refine < 0:
+        raise UserError(f"--refine must be >= 0, got {args.refine}")
+    settings = ExportSettings(requantize=not args.no_requantize, int4=args.int4,
+                              policy_batch=args.batch, latency_threads=args.threads,
+                              refine=args.refine)
+    result = export_run(args.run_dir, front=args.front, select=args.select, out=args.out,
+                        settings=settings, max_test_images=args.max_images,
+                        progress=not args.quiet)
+    n, failed = len(result.models), len(result.failed)
+    print(f"exported {n - failed} of {n} models to {result.out_dir} "
+          f"(manifest.json, manifest.csv) in {result.seconds:.0f} s")
+    return EXIT_SOME_FAILED if failed else 0

@@ -1,0 +1,276 @@
+"""Per-device int8-vs-float choice per layer, measured with onnxruntime on this CPU.
+
+onnxruntime's int8 is often *slower* than FP32 for MobileNetV3-style networks: its float convs
+run in the blocked NCHWc layout with the activation fused, while an int8 layer pays for a
+QuantizeLinear on its input, a DequantizeLinear on its output wherever float ops follow
+(h-swish, residual adds, squeeze-excitation), NHWC<->NCHW transposes at every int8/float
+boundary, and a depthwise int8 kernel that is no faster than the float one. Whether a layer
+gains depends on its shape, its neighbours, the CPU (VNNI/AMX or not), the batch and the
+threads, so it is measured, not assumed:
+
+1. the FP32 graph and the QDQ graph with every policy-quantized layer in int8 are profiled
+   (:func:`export.ort_profile.profile_model`) and each node's time charged to a layer
+   (:class:`export.ort_profile.LayerIndex`): per layer, its float cost and its int8 cost in
+   context (kernel + the Q/DQ/transposes it causes);
+2. candidates are built: all int8; float where the int8 cost exceeds the float cost; the same
+   re-profiled in its own context (boundaries move); all depthwise layers float; every quantized
+   layer float except pointwise/linear ones - and optionally refined greedily layer by layer
+   (``refine``), each step a whole-model measurement;
+3. FP32 and all candidates are timed *interleaved* (round-robin, so drifting background load
+   hits all alike) at the device's threads and batch; FP32, all-int8 and the two fastest
+   candidates are timed together once more and the fastest there is chosen. It is recommended
+   only if it beat FP32 in both timings (:attr:`DevicePolicy.quantized_faster`), so hwnas
+   never recommends an int8 model slower than float on the device it measured.
+
+The result also yields a measured ``int8_speedup`` table per layer for
+:meth:`quant.device_rules.DeviceQuantRules.with_speedups` (via
+:func:`quant.device_rules.measure_int8_speedup`), so the next search prices int8 on this CPU
+by measurement.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from export.ort_profile import LayerIndex, profile_model, session_options
+
+__all__ = [
+    "Candidate",
+    "DevicePolicy",
+    "LayerSpeed",
+    "ProfiledLayerTimer",
+    "choose_float_layers",
+    "time_models",
+]
+
+
+@dataclass
+class LayerSpeed:
+    """One quantized layer's cost in the all-int8 graph and in the FP32 graph (ms per run)."""
+
+    layer: str
+    kind: str
+    float_ms: float
+    int8_ms: float
+
+    @property
+    def speedup(self) -> float:
+        """float time / int8 time (> 1: int8 is faster)."""
+        return self.float_ms / self.int8_ms if self.int8_ms > 0 else float("inf")
+
+
+@dataclass
+class Candidate:
+    """A set of layers kept float, and the measured latency of the model it gives."""
+
+    label: str
+    float_layers: list[str]
+    median_ms: float = float("nan")
+    p95_ms: float = float("nan")
+
+
+@dataclass
+class DevicePolicy:
+    """The per-layer int8/float choice for one device (threads, batch) and its evidence."""
+
+    device: str
+    threads: int
+    batch: int
+    float_layers: list[str]
+    fp32_ms: float
+    fp32_p95_ms: float
+    uniform_ms: float
+    chosen_ms: float
+    chosen_p95_ms: float
+    chosen_label: str
+    faster_twice: bool = True
+    candidates: list[Candidate] = field(default_factory=list)
+    layers: list[LayerSpeed] = field(default_factory=list)
+
+    @property
+    def quantized_faster(self) -> bool:
+        """Whether the chosen quantized model measured faster than FP32: in the final
+        interleaved timing (``chosen_ms < fp32_ms``) and in the candidates' timing before it
+        (``faster_twice``), so one lucky measurement does not make hwnas recommend int8."""
+        return bool(self.chosen_ms < self.fp32_ms and self.faster_twice)
+
+    @property
+    def speedup(self) -> float:
+        """FP32 time / chosen quantized time."""
+        return self.fp32_ms / self.chosen_ms if self.chosen_ms > 0 else float("nan")
+
+    def speedup_table(self, layers: Iterable[Any] | None = None) -> dict[str, float]:
+        """Measured int8 speed-up (float / int8 time) per layer name, for
+        :meth:`quant.device_rules.DeviceQuantRules.with_speedups`. With a layer list
+        (:class:`supernet.layers.Layer`), it goes through
+        :func:`quant.device_rules.measure_int8_speedup` (by name)."""
+        speeds = {s.layer: s for s in self.layers if s.float_ms > 0 and s.int8_ms > 0}
+        if layers is None:
+            return {name: s.speedup for name, s in speeds.items()}
+        from quant.device_rules import measure_int8_speedup
+
+        chosen = [layer for layer in layers if getattr(layer, "name", None) in speeds]
+        return measure_int8_speedup(chosen, ProfiledLayerTimer(speeds), by="name")
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(quantized_faster=self.quantized_faster, speedup=self.speedup)
+        for row in d["layers"]:
+            row["speedup"] = row["float_ms"] / row["int8_ms"] if row["int8_ms"] > 0 else None
+        return d
+
+
+class ProfiledLayerTimer:
+    """A ``timer(layer, int8) -> ms`` for :func:`quant.device_rules.measure_int8_speedup` that
+    answers from in-context profiles (:class:`LayerSpeed`) instead of timing layers alone."""
+
+    def __init__(self, speeds: Mapping[str, LayerSpeed]) -> None:
+        self.speeds = dict(speeds)
+
+    def __call__(self, layer: Any, int8: bool) -> float:
+        s = self.speeds[layer.name]
+        return s.int8_ms if int8 else s.float_ms
+
+
+def time_models(models: Mapping[str, bytes], *, batch: int = 1, threads: int = 1,
+                rounds: int = 5, runs: int = 5, warmup: int = 3, seed: int = 0
+                ) -> dict[str, tuple[float, float]]:
+    """``{label: (median ms, p95 ms)}`` of each model, timed round-robin: ``rounds`` rounds in
+    which every model runs ``runs`` timed calls (after ``warmup`` untimed calls each at the
+    start), so background load drifts affect all models alike."""
+    import onnxruntime as ort
+
+    from latency.onnx_measure import random_input
+
+    sessions = {}
+    for label, blob in models.items():
+        sessions[label] = ort.InferenceSession(bytes(blob), sess_options=session_options(threads),
+                                               providers=["CPUExecutionProvider"])
+    feeds = {label: random_input(s, batch=batch, seed=seed) for label, s in sessions.items()}
+    for label, s in sessions.items():
+        for _ in range(warmup):
+            s.run(None, feeds[label])
+    times: dict[str, list[float]] = {label: [] for label in sessions}
+    for _ in range(rounds):
+        for label, s in sessions.items():
+            for _ in range(runs):
+                start = time.perf_counter()
+                s.run(None, feeds[label])
+                times[label].append((time.perf_counter() - start) * 1e3)
+    return {label: (float(np.median(t)), float(np.percentile(t, 95))) for label, t in times.items()}
+
+
+def _per_layer(index: LayerIndex, model: bytes, *, batch: int, threads: int, runs: int
+               ) -> dict[str, float]:
+    prof = profile_model(model, batch=batch, threads=threads, runs=runs, warmup=2)
+    return index.attribute(prof.optimized.graph, prof.node_ms)
+
+
+def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: bytes,
+                        quantized: list[str], kinds: Mapping[str, str], *,
+                        fp32_index: LayerIndex, qdq_index: LayerIndex, device: str = "cpu-ort",
+                        threads: int = 1, batch: int = 1, rounds: int = 5, runs: int = 5,
+                        profile_runs: int = 10, refine: int = 0, progress: bool = False
+                        ) -> DevicePolicy:
+    """Choose which of the ``quantized`` layers (policy-quantized, integer-capable, in graph
+    order) to keep in float on this CPU at ``threads`` / ``batch`` (see the module docstring).
+
+    ``build_model(float_layers)`` returns the QDQ model bytes with those layers in float;
+    ``fp32`` is the float model. ``refine``: extra greedy steps (one whole-model timing each)
+    that flip the layers closest to break-even. Returns the choice with its evidence."""
+    bar = _progress(progress, total=4 + refine, desc=f"int8 vs float ({device})")
+    uniform = build_model(())
+    f_costs = _per_layer(fp32_index, fp32, batch=batch, threads=threads, runs=profile_runs)
+    bar.update()
+    q_costs = _per_layer(qdq_index, uniform, batch=batch, threads=threads, runs=profile_runs)
+    bar.update()
+    speeds = [LayerSpeed(n, kinds.get(n, "conv"), f_costs.get(n, 0.0), q_costs.get(n, 0.0))
+              for n in quantized]
+    losing = [s.layer for s in speeds if s.int8_ms > s.float_ms]
+    # the same rule in the context of that choice (boundaries between int8 and float move)
+    first = build_model(losing)
+    ctx = _per_layer(qdq_index, first, batch=batch, threads=threads, runs=profile_runs)
+    bar.update()
+    losing2 = sorted(set(losing) | {s.layer for s in speeds
+                                    if s.layer not in losing and ctx.get(s.layer, 0.0) > s.float_ms},
+                     key=quantized.index)
+    dense = {"pointwise", "linear"}
+    candidates = [
+        Candidate("all-int8", []),
+        Candidate("profile", losing),
+        Candidate("profile-in-context", losing2),
+        Candidate("depthwise-float", [n for n in quantized if kinds.get(n) == "depthwise"]),
+        Candidate("dense-only-int8", [n for n in quantized if kinds.get(n) not in dense]),
+    ]
+    unique: dict[tuple[str, ...], Candidate] = {}
+    for c in candidates:
+        if len(set(c.float_layers)) < len(quantized):  # all float is FP32, not a candidate
+            unique.setdefault(tuple(c.float_layers), c)
+    candidates = list(unique.values())
+    blobs = {"fp32": fp32, **{c.label: (uniform if not c.float_layers else build_model(c.float_layers))
+                               for c in candidates}}
+    timed = time_models(blobs, batch=batch, threads=threads, rounds=rounds, runs=runs)
+    bar.update()
+    for c in candidates:
+        c.median_ms, c.p95_ms = timed[c.label]
+    best = min(candidates, key=lambda c: c.median_ms)
+    # greedy refinement: flip the layers whose two costs are closest, one at a time
+    order = sorted(speeds, key=lambda s: abs(s.float_ms - s.int8_ms) / max(s.float_ms, 1e-9))
+    for step, s in enumerate(order[:refine]):
+        trial = [n for n in best.float_layers if n != s.layer] if s.layer in best.float_layers \
+            else sorted(best.float_layers + [s.layer], key=quantized.index)
+        if len(trial) >= len(quantized):
+            continue
+        label = f"refine-{step}"
+        blob = build_model(trial)
+        pair = time_models({best.label: blobs[best.label], label: blob},
+                           batch=batch, threads=threads, rounds=rounds, runs=runs)
+        bar.update()
+        cand = Candidate(label, trial, *pair[label])
+        candidates.append(cand)
+        if cand.median_ms < pair[best.label][0]:
+            blobs[label] = blob
+            best = cand
+    # final: FP32, all-int8 and the two best candidates timed together again; the fastest there
+    # is chosen, and it counts as faster than FP32 only if it was faster in both timings
+    finalists = {c.label: c for c in sorted(candidates, key=lambda c: c.median_ms)[:2]}
+    finalists.setdefault(best.label, best)
+    for c in candidates:
+        if c.label == "all-int8":
+            finalists.setdefault(c.label, c)
+    final = time_models({"fp32": fp32, **{label: blobs[label] for label in finalists}},
+                        batch=batch, threads=threads, rounds=rounds, runs=runs)
+    bar.close()
+    best = finalists[min(finalists, key=lambda label: final[label][0])]
+    faster = final[best.label][0] < final["fp32"][0] and best.median_ms < timed["fp32"][0]
+    return DevicePolicy(device=device, threads=threads, batch=batch,
+                        float_layers=list(best.float_layers), fp32_ms=final["fp32"][0],
+                        fp32_p95_ms=final["fp32"][1], uniform_ms=final["all-int8"][0],
+                        chosen_ms=final[best.label][0], chosen_p95_ms=final[best.label][1],
+                        chosen_label=best.label, faster_twice=faster, candidates=candidates,
+                        layers=speeds)
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(enabled: bool, *, total: int, desc: str):  # noqa: ANN202 - tqdm or stand-in
+    """A tqdm bar when tqdm is installed and ``enabled`` (tqdm is optional: the benchmark runs
+    where only torch, onnx, onnxruntime and numpy exist)."""
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, desc=desc, leave=False)

@@ -1,0 +1,541 @@
+"""Export one model: FP32 ONNX, QDQ ONNX of its policy, per-device QDQ; each verified and timed.
+
+:func:`export_model` is the model-level API (the run-directory glue, :mod:`export.run_export`,
+calls it once per Pareto-optimal model). For a float ``nn.Module`` (BatchNorm not folded), an
+optional :class:`quant.policy.QuantPolicy` and calibration batches it writes, under ``out_dir``:
+
+``<name>.onnx``                FP32 (BatchNorm folded, opset 17, dynamic batch)
+``qdq/<name>.onnx``            QDQ of the searched policy, *exact*: Q/DQ only where the
+                               fake-quant model quantizes (layer inputs, weights). onnxruntime
+                               runs a conv as an integer kernel only when its output is
+                               requantized, so convs followed by h-swish, residual adds or SE stay
+                               float islands here (reported by name; usually slower than FP32)
+``qdq-<device>/<name>.onnx``   for each device measurable here (``cpu-ort-*``): the deployment
+                               form - the layers where int8 loses on that device kept float
+                               (:mod:`export.device_policy`), 8-bit requantization after the other
+                               integer convs where onnxruntime needs it, no float islands
+``int4/<name>.onnx``           (``int4=True``, weights of <= 4 bits) the exact form with real ONNX
+                               INT4 weights (opset 21), for size
+
+FP32 files sit at the top so that ``latency/ondevice.py OUT_DIR`` and ``hwnas latency measure``
+(which read the ``*.onnx`` of one directory and key rows by the ``arch`` metadata) time the
+float architectures the latency predictors model; ``ondevice.py OUT_DIR/qdq-<device>`` times
+the quantized ones.
+
+Every file is verified before it is written (atomically; a file that fails is not written):
+``onnx.checker``; FP32: max |ONNX - PyTorch| <= ``atol`` (1e-4). QDQ: top-1 agreement >=
+``min_agreement`` (99 %) with the PyTorch fake-quant model as the file computes it under
+onnxruntime - the fake-quant model of the file's policy with its biases rounded to int32 on
+``input_scale * weight_scale`` (onnxruntime's integer kernels do that even to a float bias) and,
+for ``qdq-<device>`` files, the requantization points. This is exact up to float rounding
+(max difference ~1e-7 on small nets), so any export error shows. The deviation from the
+*searched* fake-quant model that integer execution brings (int32 biases, requantization, layers
+kept float) is reported - top-1 agreement, max difference and, with labels, both test
+accuracies - and a file losing more than ``max_accuracy_drop`` points of test accuracy fails.
+After onnxruntime's optimizations every integer layer of a ``qdq-<device>`` file must run as an
+integer kernel; float islands are reported by name for every file. Each file's latency (median,
+p95) is measured here, beside the predicted latencies passed in; per device the manifest says
+whether the quantized model measured faster than FP32 and recommends the faster one.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+from export.device_policy import DevicePolicy, choose_float_layers
+from export.onnx_export import _write_atomic, check_parity
+from export.ort_profile import LayerIndex, integer_kernel_check
+from export.qdq import EXPORT_FORMAT, QdqBuild, build_qdq, float_proto, map_layer_nodes, set_metadata
+from latency.onnx_measure import _first_line, measure_onnx
+from quant.policy import QuantPolicy
+from quant.ptq import PTQConfig
+from supernet.errors import UserError
+
+__all__ = ["DeviceEntry", "ExportSettings", "FileReport", "ModelExport", "export_model",
+           "manifest_rows", "measurable_devices", "write_manifest"]
+
+
+@dataclass
+class ExportSettings:
+    """How models are exported, verified and timed.
+
+    ``requantize``: add the output requantizations onnxruntime needs for integer kernels
+    (:mod:`export.qdq`); ``require_integer``: a ``qdq-<device>`` file with float islands fails.
+    ``min_agreement``: top-1 agreement a QDQ file needs with the fake-quant model it implements;
+    ``max_accuracy_drop``: with labels, the most test accuracy (points) a QDQ file may lose
+    against the searched fake-quant model (``None``: report only).
+    ``latency_*``: the timing of every file (the manifest's measured latency).
+    ``policy_batch`` / ``rounds`` / ``runs`` / ``profile_runs`` / ``refine``: the per-device
+    int8-vs-float search (:func:`export.device_policy.choose_float_layers`)."""
+
+    opset: int = 17
+    requantize: bool = True
+    int4: bool = False
+    atol: float = 1e-4
+    min_agreement: float = 0.99
+    max_accuracy_drop: float | None = 2.0
+    require_integer: bool = True
+    latency_threads: int = 1
+    latency_batch: int = 1
+    latency_repeats: int = 30
+    latency_warmup: int = 5
+    policy_batch: int = 1
+    rounds: int = 5
+    runs: int = 5
+    profile_runs: int = 10
+    refine: int = 0
+    seed: int = 0
+
+    def validate(self) -> None:
+        for name in ("opset", "latency_threads", "latency_batch", "latency_repeats", "policy_batch",
+                     "rounds", "runs", "profile_runs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserError(f"export setting {name} must be a positive integer, got {value!r}")
+        if self.opset < 17:
+            raise UserError(f"export opset must be >= 17, got {self.opset}")
+        if self.max_accuracy_drop is not None and not self.max_accuracy_drop >= 0:
+            raise UserError(f"max_accuracy_drop must be >= 0 points, got {self.max_accuracy_drop}")
+        if not 0.0 <= self.min_agreement <= 1.0:
+            raise UserError(f"min_agreement must be a fraction in [0, 1], got {self.min_agreement}")
+        if not self.atol >= 0:
+            raise UserError(f"atol must be >= 0, got {self.atol}")
+
+
+@dataclass
+class FileReport:
+    """Verification and timing of one ONNX file (``path`` relative to the export directory)."""
+
+    path: str
+    precision: str  # fp32 | qdq | qdq-int4
+    target: str  # "" (as searched) or the device it was tuned for
+    status: str = "failed"  # ok | failed
+    error: str = ""
+    written: bool = False
+    checker: bool = False
+    max_abs_diff: float | None = None
+    top1_agreement: float | None = None
+    reference: str = ""
+    searched_agreement: float | None = None
+    searched_max_abs_diff: float | None = None
+    test_accuracy: float | None = None
+    searched_test_accuracy: float | None = None
+    n_images: int = 0
+    quantized_layers: int = 0
+    integer_layers: int = 0
+    float_islands: list[str] = field(default_factory=list)
+    float_layers_for_speed: list[str] = field(default_factory=list)
+    latency_median_ms: float | None = None
+    latency_p95_ms: float | None = None
+    latency_cv: float | None = None
+    size_bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass
+class DeviceEntry:
+    """What the manifest says about one device: predicted latency, and - where it can be
+    measured here - whether the quantized model beats FP32 and which file to deploy."""
+
+    device: str
+    predicted_latency_ms: float | None
+    measured: bool
+    threads: int | None = None
+    batch: int | None = None
+    fp32_ms: float | None = None
+    quantized_ms: float | None = None
+    all_int8_ms: float | None = None
+    quantized_faster: bool | None = None
+    speedup: float | None = None
+    recommended: str | None = None
+    float_layers: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+@dataclass
+class ModelExport:
+    """The outcome for one model: its files and per-device verdicts."""
+
+    name: str
+    arch: str | None
+    status: str = "ok"  # ok | failed
+    errors: list[str] = field(default_factory=list)
+    files: list[FileReport] = field(default_factory=list)
+    devices: list[DeviceEntry] = field(default_factory=list)
+    accuracy: Any = None
+    policy: dict | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def fail(self, message: str) -> None:
+        self.status = "failed"
+        self.errors.append(message)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def measurable_devices(devices: Iterable[str]) -> dict[str, int]:
+    """``{device: threads}`` of the devices that are onnxruntime on this CPU (``cpu-ort-*``
+    of the latency registry), which the export can time and tune for."""
+    out = {}
+    for name in devices:
+        try:
+            from latency.devices import MeasuredDevice, get_device
+
+            device = get_device(name)
+        except (UserError, ImportError):
+            continue
+        if isinstance(device, MeasuredDevice) and device.provider == "cpu":
+            out[name] = int(device.threads)
+    return out
+
+
+def _finite(x: float | None) -> float | None:
+    return None if x is None or not np.isfinite(x) else float(x)
+
+
+def _write(out_dir: Path, rel: str, proto: onnx.ModelProto, report: FileReport) -> None:
+    data = proto.SerializeToString()
+    report.size_bytes = len(data)
+    path = out_dir / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(path, data)
+    report.written = True
+
+
+def _measure(data: bytes, report: FileReport, s: ExportSettings) -> None:
+    stats = measure_onnx(data, batch=s.latency_batch, threads=s.latency_threads,
+                         repeats=s.latency_repeats, warmup=s.latency_warmup, seed=s.seed)
+    report.latency_median_ms, report.latency_p95_ms, report.latency_cv = (
+        stats.median_ms, stats.p95_ms, stats.cv)
+
+
+def _verify_fp32(proto: onnx.ModelProto, model: nn.Module, images: torch.Tensor,
+                 report: FileReport, s: ExportSettings) -> None:
+    onnx.checker.check_model(proto)
+    report.checker = True
+    parity = check_parity(proto.SerializeToString(), model, images, atol=s.atol)
+    report.max_abs_diff, report.top1_agreement, report.n_images = (
+        _finite(parity.max_abs_diff), parity.top1_agreement, parity.n)
+    if not parity.passed:
+        raise UserError(f"FP32 parity failed: max |ONNX - PyTorch| = {parity.max_abs_diff:.3g} > "
+                        f"{s.atol:g} on {parity.n} images")
+
+
+def _torch_accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
+    with torch.no_grad():
+        correct = sum(int((model(images[i:i + 256]).argmax(1) == labels[i:i + 256]).sum())
+                      for i in range(0, len(images), 256))
+    return 100.0 * correct / len(images)
+
+
+def _verify_qdq(proto: onnx.ModelProto, build: QdqBuild, images: torch.Tensor, report: FileReport,
+                s: ExportSettings, *, requantize: bool, require_integer: bool,
+                labels: torch.Tensor | None, searched: nn.Module | None = None) -> None:
+    """Verify a QDQ file against what it implements and against what was searched.
+
+    Pass/fail: ``onnx.checker``; top-1 agreement >= ``min_agreement`` with the fake-quant model
+    as onnxruntime's integer kernels compute it (int32 biases, and the requantization points
+    when ``requantize``) - any export error (a wrong scale, layer or grid) shows here; no float
+    islands when ``require_integer``; with labels, test accuracy no more than
+    ``max_accuracy_drop`` points below the searched fake-quant model's. Reported beside: the
+    agreement and max difference with the searched fake-quant model (``searched``, default the
+    build's own)."""
+    onnx.checker.check_model(proto)
+    report.checker = True
+    data = proto.SerializeToString()
+    with build.reference(requantize=requantize) as deployed:
+        parity = check_parity(data, deployed, images, atol=float("inf"))
+    report.reference = ("fake-quant model with int32 biases"
+                        + (" and 8-bit requantization points" if requantize and build.requant_layers()
+                           else ""))
+    report.max_abs_diff, report.top1_agreement, report.n_images = (
+        _finite(parity.max_abs_diff), parity.top1_agreement, parity.n)
+    searched = searched if searched is not None else build.qmodel
+    plain = check_parity(data, searched, images, atol=float("inf"))
+    report.searched_agreement, report.searched_max_abs_diff = (plain.top1_agreement,
+                                                               _finite(plain.max_abs_diff))
+    if labels is not None:
+        report.test_accuracy = _onnx_accuracy(data, images, labels)
+        report.searched_test_accuracy = _torch_accuracy(searched, images, labels)
+    index = LayerIndex.from_source(proto, build.builder.node_of)
+    quantized = build.integer_layers()
+    integer, islands = integer_kernel_check(data, index, quantized)
+    report.quantized_layers, report.integer_layers, report.float_islands = (
+        len(quantized), len(integer), islands)
+    if parity.max_abs_diff != parity.max_abs_diff:  # NaN
+        raise UserError("quantized parity failed: onnxruntime produced NaN")
+    if parity.top1_agreement < s.min_agreement:
+        raise UserError(f"quantized parity failed: top-1 agreement with the {report.reference} "
+                        f"{100 * parity.top1_agreement:.2f}% < {100 * s.min_agreement:.0f}% on "
+                        f"{parity.n} images (max diff {parity.max_abs_diff:.3g})")
+    if require_integer and islands:
+        raise UserError(f"{len(islands)} quantized layer(s) did not become integer kernels after "
+                        f"onnxruntime's optimizations: {'; '.join(islands[:3])}"
+                        + (" ..." if len(islands) > 3 else ""))
+    if (labels is not None and s.max_accuracy_drop is not None
+            and report.test_accuracy < report.searched_test_accuracy - s.max_accuracy_drop):
+        raise UserError(f"the ONNX model's test accuracy {report.test_accuracy:.2f}% is more than "
+                        f"{s.max_accuracy_drop:g} points below the searched fake-quant model's "
+                        f"{report.searched_test_accuracy:.2f}% (top-1 agreement "
+                        f"{100 * plain.top1_agreement:.1f}%)")
+
+
+def _onnx_accuracy(data: bytes, images: torch.Tensor, labels: torch.Tensor) -> float:
+    """Top-1 accuracy (%) of an ONNX model on labelled images."""
+    from latency.onnx_measure import make_session
+
+    session = make_session(data, threads=1)
+    name = session.get_inputs()[0].name
+    correct = 0
+    x = images.detach().cpu().float()
+    for start in range(0, len(x), 256):
+        logits = session.run(None, {name: x[start:start + 256].numpy()})[0]
+        correct += int((logits.argmax(1) == labels[start:start + 256].cpu().numpy()).sum())
+    return 100.0 * correct / len(x)
+
+
+def _attempt(model_export: ModelExport, report: FileReport, fn) -> bool:  # noqa: ANN001
+    """Run ``fn()``; a UserError (or an onnx/onnxruntime failure) fails this file, not the
+    whole export."""
+    try:
+        fn()
+    except (UserError, onnx.checker.ValidationError, RuntimeError) as exc:
+        report.status, report.error = "failed", _first_line(exc)
+        model_export.fail(f"{report.path}: {report.error}")
+        return False
+    report.status = "ok"
+    return True
+
+
+def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: torch.Tensor,
+                 test_images: torch.Tensor, test_labels: torch.Tensor | None = None,
+                 policy: QuantPolicy | None = None, calibration: Iterable | None = None,
+                 ptq_config: PTQConfig | None = None, arch: str | None = None,
+                 accuracy: Any = None, predicted_latency: Mapping[str, float | None] | None = None,
+                 devices: Mapping[str, int] | None = None, metadata: Mapping[str, Any] | None = None,
+                 settings: ExportSettings | None = None, progress: bool = False) -> ModelExport:
+    """Export ``model`` (and its ``policy``) to ``out_dir`` (layout in the module docstring),
+    verify and time every file; returns the record for the manifest.
+
+    ``devices``: ``{device: threads}`` measurable here (:func:`measurable_devices`) - each gets
+    its own int8-vs-float layer choice and file. ``predicted_latency``: ``{device: ms}`` for
+    every device of the search (metadata and manifest). ``test_labels``: labels of
+    ``test_images``, to report each file's top-1 accuracy. A file that fails verification is
+    recorded (``status="failed"``) and not written; bad arguments raise UserError."""
+    s = settings or ExportSettings()
+    s.validate()
+    out_dir = Path(out_dir)
+    if not isinstance(model, nn.Module):
+        raise UserError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if policy is not None and calibration is None:
+        raise UserError(f"model {name}: a quantization policy needs calibration batches")
+    if not isinstance(test_images, torch.Tensor) or test_images.dim() < 2 or len(test_images) == 0:
+        raise UserError("test_images must be a non-empty tensor of input images")
+    if test_labels is not None and len(test_labels) != len(test_images):
+        raise UserError(f"test_labels has {len(test_labels)} entries for {len(test_images)} images")
+    if model.training or any(p.device.type != "cpu" for p in model.parameters()):
+        model = copy.deepcopy(model).cpu().eval()  # the caller's model stays as it was
+    predicted = {k: _finite(v) for k, v in (predicted_latency or {}).items()}
+    result = ModelExport(name=name, arch=arch, accuracy=accuracy,
+                         policy=None if policy is None else policy.to_dict())
+    base_meta = {"hwnas_format": EXPORT_FORMAT, "name": name, "arch": arch, "accuracy": accuracy,
+                 "predicted_latency_ms": predicted, **dict(metadata or {})}
+    devices = dict(devices or {})
+    entries = {d: DeviceEntry(d, predicted.get(d), d in devices)
+               for d in list(predicted) + [d for d in devices if d not in predicted]}
+    result.devices = list(entries.values())
+    for entry in entries.values():
+        if not entry.measured:
+            entry.note = ("not measurable on this machine; time the exported files there with "
+                          "latency/ondevice.py")
+
+    # -- FP32 -------------------------------------------------------------------------------
+    fp32_rel = f"{name}.onnx"
+    fp32_report = FileReport(fp32_rel, "fp32", "", reference="PyTorch float model")
+    result.files.append(fp32_report)
+    fp32: dict[str, onnx.ModelProto] = {}
+
+    def do_fp32() -> None:
+        proto = float_proto(model, example[:1], opset=s.opset)
+        set_metadata(proto, {**base_meta, "precision": "fp32", "policy": "float"})
+        _verify_fp32(proto, model, test_images, fp32_report, s)
+        data = proto.SerializeToString()
+        if test_labels is not None:
+            fp32_report.test_accuracy = _onnx_accuracy(data, test_images, test_labels)
+        _measure(data, fp32_report, s)
+        _write(out_dir, fp32_rel, proto, fp32_report)
+        fp32["proto"] = proto
+    _attempt(result, fp32_report, do_fp32)
+    fp32_ok = fp32_rel if fp32_report.ok else None
+    if policy is None:
+        for entry in entries.values():
+            entry.recommended, entry.note = fp32_ok, "float model (no quantization policy)"
+        return result
+
+    # -- QDQ of the searched policy: exact (Q/DQ where the fake-quant model has them) ----------
+    qdq_rel = f"qdq/{name}.onnx"
+    qdq_report = FileReport(qdq_rel, "qdq", "")
+    result.files.append(qdq_report)
+    holder: dict[str, Any] = {}
+
+    def do_qdq() -> None:
+        build = build_qdq(model, policy, calibration, config=ptq_config, example=example[:1],
+                          opset=s.opset)
+        holder["build"] = build
+        proto = build.proto(requantize=False)
+        set_metadata(proto, {**base_meta, "precision": "qdq", "target_device": ""})
+        # exact but not every conv can be an integer kernel: islands are reported, not fatal
+        _verify_qdq(proto, build, test_images, qdq_report, s, requantize=False,
+                    require_integer=False, labels=test_labels)
+        _measure(proto.SerializeToString(), qdq_report, s)
+        _write(out_dir, qdq_rel, proto, qdq_report)
+    if not _attempt(result, qdq_report, do_qdq):
+        for entry in entries.values():
+            entry.recommended = fp32_ok
+            entry.note = "quantized export failed" + ("" if entry.measured else "; " + entry.note)
+        return result
+    build: QdqBuild = holder["build"]
+    result.info["integer_layers"] = build.integer_layers()
+    for entry in entries.values():
+        if not entry.measured:
+            entry.recommended = None  # cannot tell which is faster without measuring there
+
+    # -- INT4 weights (size) -------------------------------------------------------------------
+    if s.int4 and any(build.layers[n].w_bits <= 4 for n in build.integer_layers()):
+        int4_rel = f"int4/{name}.onnx"
+        int4_report = FileReport(int4_rel, "qdq-int4", "")
+        result.files.append(int4_report)
+
+        def do_int4() -> None:
+            proto = build.proto(requantize=False, int4=True)
+            set_metadata(proto, {**base_meta, "precision": "qdq-int4", "target_device": ""})
+            _verify_qdq(proto, build, test_images, int4_report, s, requantize=False,
+                        require_integer=False, labels=test_labels)
+            _measure(proto.SerializeToString(), int4_report, s)
+            _write(out_dir, int4_rel, proto, int4_report)
+        _attempt(result, int4_report, do_int4)
+
+    # -- per device: the fastest int8/float mix, requantized for integer kernels ---------------
+    for device, threads in devices.items():
+        entry = entries[device]
+        entry.threads, entry.batch, entry.recommended = threads, s.policy_batch, fp32_ok
+        if "proto" not in fp32:
+            entry.note = "FP32 export failed; nothing to compare with"
+            continue
+        try:
+            choice = _choose(build, fp32["proto"], device, threads, s, progress)
+        except UserError as exc:
+            entry.note = f"int8-vs-float measurement failed: {_first_line(exc)}"
+            continue
+        result.info.setdefault("device_choice", {})[device] = choice.as_dict()
+        entry.fp32_ms, entry.all_int8_ms = choice.fp32_ms, choice.uniform_ms
+        entry.float_layers = list(choice.float_layers)
+        entry.quantized_ms, entry.speedup = choice.chosen_ms, choice.speedup
+        dev_rel = f"qdq-{device}/{name}.onnx"
+        dev_report = FileReport(dev_rel, "qdq", device,
+                                float_layers_for_speed=list(choice.float_layers))
+        result.files.append(dev_report)
+
+        def do_device(choice=choice, dev_report=dev_report, device=device) -> None:
+            dbuild = build if not choice.float_layers else build_qdq(
+                model, policy, calibration, config=ptq_config, example=example[:1],
+                float_layers=choice.float_layers, opset=s.opset)
+            proto = dbuild.proto(requantize=s.requantize)
+            set_metadata(proto, {**base_meta, "precision": "qdq", "target_device": device,
+                                 "device_choice": {"threads": choice.threads, "batch": choice.batch,
+                                                   "fp32_ms": choice.fp32_ms,
+                                                   "quantized_ms": choice.chosen_ms,
+                                                   "quantized_faster": choice.quantized_faster}})
+            _verify_qdq(proto, dbuild, test_images, dev_report, s, requantize=s.requantize,
+                        require_integer=s.require_integer, labels=test_labels,
+                        searched=build.qmodel)
+            _measure(proto.SerializeToString(), dev_report, s)
+            _write(out_dir, dev_rel, proto, dev_report)
+        if not _attempt(result, dev_report, do_device):
+            entry.note = "the device's quantized model failed verification; deploy FP32"
+            continue
+        entry.quantized_faster = choice.quantized_faster
+        if choice.quantized_faster:
+            entry.recommended = dev_rel
+            entry.note = (f"int8 {choice.speedup:.2f}x faster than FP32 at batch {choice.batch}, "
+                          f"{threads} thread(s); {len(choice.float_layers)} layer(s) kept float")
+        else:
+            entry.note = (f"no quantized variant beat FP32 here (best {choice.speedup:.2f}x); "
+                          f"deploy FP32")
+    return result
+
+
+def _choose(build: QdqBuild, fp32_proto: onnx.ModelProto, device: str, threads: int,
+            s: ExportSettings, progress: bool) -> DevicePolicy:
+    quantized = build.integer_layers()
+    if not quantized:
+        raise UserError("the policy quantizes no layer to integer widths")
+    fp32_index = LayerIndex.from_source(fp32_proto,
+                                        map_layer_nodes(fp32_proto, build.policy.layer_names))
+    qdq_index = LayerIndex.from_source(build.proto(requantize=s.requantize), build.builder.node_of)
+
+    def variant(float_layers: Iterable[str]) -> bytes:
+        return build.proto(requantize=s.requantize, extra_float=float_layers).SerializeToString()
+    return choose_float_layers(variant, fp32_proto.SerializeToString(), quantized, build.kinds,
+                               fp32_index=fp32_index, qdq_index=qdq_index, device=device,
+                               threads=threads, batch=s.policy_batch, rounds=s.rounds,
+                               runs=s.runs, profile_runs=s.profile_runs, refine=s.refine,
+                               progress=progress)
+
+
+def manifest_rows(models: Iterable[ModelExport]) -> list[dict[str, Any]]:
+    """One flat row per file (the manifest CSV), devices as ``<field>:<device>`` columns."""
+    rows = []
+    for m in models:
+        for f in m.files:
+            row: dict[str, Any] = {"model": m.name, "arch": m.arch or "", "model_status": m.status,
+                                   "accuracy": m.accuracy, **{k: v for k, v in asdict(f).items()}}
+            row["float_islands"] = "; ".join(f.float_islands)
+            row["float_layers_for_speed"] = " ".join(f.float_layers_for_speed)
+            for d in m.devices:
+                row[f"predicted_ms:{d.device}"] = d.predicted_latency_ms
+                row[f"quantized_faster:{d.device}"] = d.quantized_faster
+                row[f"recommended:{d.device}"] = d.recommended
+            rows.append(row)
+        if not m.files:
+            rows.append({"model": m.name, "arch": m.arch or "", "model_status": m.status,
+                         "error": "; ".join(m.errors)})
+    return rows
+
+
+def write_manifest(out_dir: str | Path, models: list[ModelExport], info: Mapping[str, Any]) -> Path:
+    """Write ``manifest.json`` (everything) and ``manifest.csv`` (one row per file) atomically."""
+    import csv
+    import io
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"format": "hwnas-export-manifest-1", **dict(info),
+           "models": [m.as_dict() for m in models],
+           "failed": [m.name for m in models if m.status != "ok"]}
+    _write_atomic(out_dir / "manifest.json", (json.dumps(doc, indent=1, default=str) + "\n").encode())
+    rows = manifest_rows(models)
+    columns: list[str] = []
+    for row in rows:
+        columns.extend(k for k in row if k not in columns)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
+    _write_atomic(out_dir / "manifest.csv", buf.getvalue().encode())
+    return out_dir / "manifest.json"

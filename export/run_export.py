@@ -1,0 +1,372 @@
+"""Export the Pareto-optimal models of a run directory (``hwnas export RUN_DIR``).
+
+Reads the run directory contract (``config.json``, ``supernet.pt``, ``pareto_<device>.csv``),
+rebuilds each selected model exactly as the search scored it - the subnet extracted from the
+supernet with its BatchNorm recalibrated on ``calib_batches`` training batches (seed
+``seed``), and, when the row has a policy, PTQ on ``ptq_images`` training images (128 per
+batch, shuffled with ``seed``) - and exports it with :func:`export.model_export.export_model`.
+
+Everything is written to a staging directory beside ``--out`` (default ``RUN_DIR/export``) and
+moved into place at the end, so an interrupted export leaves the previous one intact. Each model
+that fails (an architecture outside the space, a policy that does not match the model, a parity
+failure...) is reported on one line and recorded in the manifest; the others are still written.
+Whole-command errors (missing or foreign run directory, unknown front, bad ``--select``) raise
+:class:`UserError` before anything is written.
+
+``--select``: ``all`` (default), trial numbers ``3,7,12``, ``top:K`` (the K most accurate) or
+``fastest:K`` (the K fastest on the ``--front`` device, by its ``latency_ms:DEVICE`` column).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from supernet.errors import UserError
+
+__all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front"]
+
+CONFIG_FILE = "config.json"
+SUPERNET_FILE = "supernet.pt"
+
+
+@dataclass
+class ModelRow:
+    """One selected row of a Pareto front (merged across fronts by arch + policy)."""
+
+    trial: int
+    arch: str
+    policy: str
+    accuracy: float | None
+    predicted: dict[str, float | None]
+    fronts: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"trial_{self.trial:04d}"
+
+
+@dataclass
+class RunExport:
+    """The outcome of :func:`export_run`."""
+
+    out_dir: Path
+    models: list[Any]
+    seconds: float
+
+    @property
+    def failed(self) -> list[Any]:
+        return [m for m in self.models if m.status != "ok"]
+
+
+def _float_or_none(text: Any) -> float | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def read_front(path: Path, device: str) -> list[ModelRow]:
+    """The rows of ``pareto_<device>.csv``; UserError for a file without the contract's
+    columns."""
+    try:
+        with open(path, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise UserError(f"cannot read {path}: {exc}") from None
+    if rows and not {"trial", "arch"} <= set(rows[0]):
+        raise UserError(f"{path} is not a Pareto front of an hwnas run: expected columns trial, "
+                        f"arch, policy, accuracy, latency_ms:DEVICE")
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            trial = int(float(row["trial"]))
+        except (TypeError, ValueError):
+            raise UserError(f"{path}, row {i + 2}: trial {row.get('trial')!r} is not an "
+                            f"integer") from None
+        predicted = {k.split(":", 1)[1]: _float_or_none(v) for k, v in row.items()
+                     if k and k.startswith("latency_ms:")}
+        out.append(ModelRow(trial, (row.get("arch") or "").strip(), (row.get("policy") or "").strip(),
+                            _float_or_none(row.get("accuracy")), predicted, [device]))
+    return out
+
+
+def parse_select(spec: str, rows: list[ModelRow], front: str | None) -> list[ModelRow]:
+    """The rows chosen by ``spec`` (see the module docstring)."""
+    spec = (spec or "all").strip()
+    if spec == "all":
+        return rows
+    kind, _, count = spec.partition(":")
+    if kind in ("top", "fastest") and count:
+        try:
+            k = int(count)
+        except ValueError:
+            k = 0
+        if k < 1:
+            raise UserError(f"--select {spec}: expected a positive count, e.g. {kind}:3")
+        if kind == "top":
+            return sorted(rows, key=lambda r: -(r.accuracy if r.accuracy is not None else -1e9))[:k]
+        if front is None:
+            raise UserError(f"--select {spec} needs --front DEVICE (fastest on which device?)")
+        return sorted(rows, key=lambda r: (r.predicted.get(front) is None,
+                                           r.predicted.get(front) or 0.0))[:k]
+    try:
+        wanted = [int(t) for t in spec.split(",") if t.strip()]
+    except ValueError:
+        raise UserError(f"--select {spec!r}: expected 'all', trial numbers like 3,7,12, 'top:K' "
+                        f"or 'fastest:K'") from None
+    by_trial = {r.trial: r for r in rows}
+    missing = [t for t in wanted if t not in by_trial]
+    if missing:
+        shown = ", ".join(str(t) for t in sorted(by_trial)[:12])
+        raise UserError(f"--select: trial {missing[0]} is not on the selected front(s); its "
+                        f"trials are: {shown or 'none'}")
+    return [by_trial[t] for t in dict.fromkeys(wanted)]
+
+
+def _load_run(run_dir: Path) -> dict[str, Any]:
+    if not run_dir.exists():
+        raise UserError(f"run directory {run_dir} does not exist; expected a directory written by "
+                        f"'hwnas search' or 'hwnas run'")
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir} is not a directory; expected an hwnas run directory")
+    cfg_path = run_dir / CONFIG_FILE
+    if not cfg_path.is_file():
+        raise UserError(f"{run_dir} is not an hwnas run directory (no {CONFIG_FILE})")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{cfg_path} is not valid JSON: {exc}") from None
+    if not isinstance(cfg, dict) or not {"space", "dataset"} <= set(cfg):
+        raise UserError(f"{cfg_path} is not an hwnas run configuration (needs \"space\" and "
+                        f"\"dataset\")")
+    if not (run_dir / SUPERNET_FILE).is_file():
+        raise UserError(f"{run_dir} has no {SUPERNET_FILE}; the run's supernet is needed to "
+                        f"rebuild its models")
+    return cfg
+
+
+def _fronts(run_dir: Path, front: str | None) -> dict[str, Path]:
+    available = {p.name[len("pareto_"):-len(".csv")]: p for p in sorted(run_dir.glob("pareto_*.csv"))}
+    if front is not None:
+        if front not in available:
+            raise UserError(f"{run_dir} has no Pareto front for device {front!r} "
+                            f"(pareto_{front}.csv); fronts: {', '.join(available) or 'none'}")
+        return {front: available[front]}
+    if not available:
+        raise UserError(f"{run_dir} has no pareto_<device>.csv; has its search finished?")
+    return available
+
+
+def _say(progress: bool, text: str, *, err: bool = False) -> None:
+    if progress or err:
+        print(text, file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def _print_line(line: str) -> None:
+    """Default per-model report: stdout for a success, stderr for a failure."""
+    failed = line.split(": ", 2)[1:2] == ["failed"]
+    print(line, file=sys.stderr if failed else sys.stdout, flush=True)
+
+
+def _machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    import onnxruntime as ort
+
+    return {"cpu": cpu, "cores": os.cpu_count(), "onnxruntime": ort.__version__,
+            "python": platform.python_version()}
+
+
+def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "all",
+               out: str | Path | None = None, settings: Any = None, max_test_images: int = 1000,
+               progress: bool = True, report: Callable[[str], None] | None = None) -> RunExport:
+    """Export the selected Pareto-optimal models of ``run_dir`` (see the module docstring).
+
+    ``front``: one device's front (``pareto_<front>.csv``), default every front (models on
+    several fronts are exported once). ``settings``: :class:`export.model_export.ExportSettings`.
+    ``report(line)``: called with one line per model (default: print)."""
+    import torch
+
+    from export.model_export import ExportSettings, ModelExport, export_model, measurable_devices, \
+        write_manifest
+    from quant.policy import QuantPolicy
+    from quant.ptq import PTQConfig
+    from supernet.data import BatchLoader, load_dataset
+    from supernet.evaluate import calibration_loader, recalibrate_bn
+    from supernet.train import load_checkpoint
+
+    start = time.perf_counter()
+    run_dir = Path(run_dir)
+    settings = settings or ExportSettings()
+    settings.validate()
+    if isinstance(max_test_images, bool) or not isinstance(max_test_images, int) or max_test_images < 1:
+        raise UserError(f"max_test_images must be a positive integer, got {max_test_images!r}")
+    cfg = _load_run(run_dir)
+    fronts = _fronts(run_dir, front)
+    merged: dict[tuple[str, str], ModelRow] = {}
+    for device, path in fronts.items():
+        for row in read_front(path, device):
+            key = (row.arch, row.policy)
+            if key in merged:
+                merged[key].fronts.append(device)
+                merged[key].predicted.update({k: v for k, v in row.predicted.items()
+                                              if merged[key].predicted.get(k) is None})
+            else:
+                merged[key] = row
+    rows = parse_select(select, list(merged.values()), front)
+    if not rows:
+        raise UserError(f"no model selected from {', '.join(p.name for p in fronts.values())} "
+                        f"(empty front?)")
+    out_dir = Path(out) if out is not None else run_dir / "export"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir} exists and is not a directory")
+
+    space, supernet, payload = load_checkpoint(run_dir / SUPERNET_FILE)
+    if space.name != cfg["space"]:
+        raise UserError(f"{run_dir / SUPERNET_FILE} holds space {space.name!r} but config.json "
+                        f"says {cfg['space']!r}; the run directory is inconsistent")
+    seed = int(cfg.get("seed", 0))
+    data = load_dataset(cfg["dataset"], seed=int(cfg.get("data_seed", 0)))
+    calib_batches = int(cfg.get("calib_batches", 10))
+    ptq_config = PTQConfig(max_images=int(cfg.get("ptq_images", 256)), seed=seed)
+    devices = [str(d) for d in (cfg.get("devices") or [])]
+    for row in rows:
+        for d in row.predicted:
+            if d not in devices:
+                devices.append(d)
+    tunable = measurable_devices(devices)
+    test_loader = BatchLoader(data.test, batch_size=max_test_images, mean=data.mean, std=data.std)
+    test_images, test_labels = next(iter(test_loader))
+    example = test_images[:1]
+    report = report or _print_line
+
+    staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    results: list[ModelExport] = []
+    try:
+        for i, row in enumerate(rows):
+            _say(progress, f"[{i + 1}/{len(rows)}] {row.name} {row.arch}"
+                           + (" (quantized)" if row.policy else ""))
+            result = ModelExport(name=row.name, arch=row.arch, accuracy=row.accuracy)
+            try:
+                arch = space.from_string(row.arch)
+                policy = None
+                if row.policy:
+                    try:
+                        policy = QuantPolicy.from_dict(json.loads(row.policy),
+                                                       source=f"policy of trial {row.trial}")
+                    except json.JSONDecodeError as exc:
+                        raise UserError(f"policy of trial {row.trial} is not valid JSON: "
+                                        f"{exc}") from None
+                torch.manual_seed(seed)
+                model = supernet.extract(arch)
+                recalibrate_bn(model, calibration_loader(data, seed=seed), calib_batches)
+                if policy is not None:
+                    policy.validate(model)
+                calibration = BatchLoader(data.train, batch_size=128, mean=data.mean,
+                                          std=data.std, shuffle=True, seed=seed)
+                result = export_model(
+                    model, name=row.name, out_dir=staging, example=example,
+                    test_images=test_images, test_labels=test_labels, policy=policy, calibration=calibration,
+                    ptq_config=ptq_config, arch=space.to_string(arch), accuracy=row.accuracy,
+                    predicted_latency={d: row.predicted.get(d) for d in devices},
+                    devices=tunable, settings=settings, progress=progress,
+                    metadata={"trial": row.trial, "fronts": row.fronts, "space": space.name,
+                              "dataset": cfg["dataset"]})
+            except UserError as exc:
+                result.fail(str(exc))
+            results.append(result)
+            report(_summary_line(result))
+            write_manifest(staging, results, _info(run_dir, cfg, front, select, settings, tunable))
+        _write_speedups(staging, results, space, tunable)
+        if out_dir.exists():
+            old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+            out_dir.rename(old)
+            staging.rename(out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            out_dir.parent.mkdir(parents=True, exist_ok=True)
+            staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return RunExport(out_dir, results, time.perf_counter() - start)
+
+
+def _info(run_dir: Path, cfg: dict, front: str | None, select: str, settings: Any,
+          tunable: dict[str, int]) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {"run_dir": str(run_dir), "space": cfg.get("space"), "dataset": cfg.get("dataset"),
+            "front": front, "select": select, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "machine": _machine(), "settings": asdict(settings), "tuned_devices": tunable,
+            "layout": {"<name>.onnx": "FP32 (latency/ondevice.py DIR times these)",
+                       "qdq/<name>.onnx": "QDQ of the searched policy",
+                       "qdq-<device>/<name>.onnx": "QDQ with the layers that lose on <device> "
+                                                   "kept float",
+                       "int4/<name>.onnx": "QDQ with ONNX INT4 weights (size)"}}
+
+
+def _summary_line(result: Any) -> str:
+    if result.status != "ok":
+        return f"{result.name}: failed: {result.errors[0] if result.errors else 'unknown error'}"
+    parts = []
+    for f in result.files:
+        if f.latency_median_ms is not None:
+            parts.append(f"{f.path} {f.latency_median_ms:.3f} ms")
+    for d in result.devices:
+        if d.measured and d.quantized_faster is not None:
+            parts.append(f"{d.device}: {'int8' if d.quantized_faster else 'fp32'} "
+                         f"({d.speedup:.2f}x)" if d.speedup else f"{d.device}: fp32")
+    return f"{result.name}: ok: " + "; ".join(parts)
+
+
+def _write_speedups(out_dir: Path, results: list[Any], space: Any, tunable: dict[str, int]) -> None:
+    """``int8_speedup_<device>.json``: measured float/int8 time per layer shape
+    (:func:`quant.device_rules.layer_key`), median over the exported models, for
+    :meth:`quant.device_rules.DeviceQuantRules.with_speedups` in the next search."""
+    from export.device_policy import LayerSpeed, ProfiledLayerTimer
+    from export.onnx_export import _write_atomic
+    from quant.device_rules import measure_int8_speedup
+
+    import numpy as np
+
+    for device in tunable:
+        table: dict[str, list[float]] = {}
+        for r in results:
+            choice = r.info.get("device_choice", {}).get(device)
+            if not choice or not r.arch:
+                continue
+            speeds = {row["layer"]: LayerSpeed(row["layer"], row["kind"], row["float_ms"],
+                                               row["int8_ms"])
+                      for row in choice["layers"] if row["float_ms"] > 0 and row["int8_ms"] > 0}
+            layers = [layer for layer in space.layers(space.from_string(r.arch))
+                      if layer.name in speeds]
+            for key, value in measure_int8_speedup(layers, ProfiledLayerTimer(speeds),
+                                                   by="shape").items():
+                table.setdefault(key, []).append(value)
+        if table:
+            doc = {"device": device, "threads": tunable[device],
+                   "int8_speedup": {k: float(np.median(v)) for k, v in sorted(table.items())}}
+            _write_atomic(out_dir / f"int8_speedup_{device}.json",
+                          (json.dumps(doc, indent=1) + "\n").encode())

@@ -1,0 +1,780 @@
+"""Surrogate screening: spend expensive evaluations only where a model says they pay.
+
+In hardware-aware NAS one objective is expensive (accuracy: a supernet evaluation, a training
+run, a benchmark look-up that is counted) and the others are cheap (latency from a few-shot
+predictor, FLOPs, size: free per query). A plain Optuna sampler treats every objective as a
+black box and learns the cheap ones from the trials, as slowly as the expensive one. This module
+uses what is cheap: it keeps a *candidate pool* of architectures (the whole space when the
+space can enumerate itself and is small, else a seeded random pool refreshed with mutations of
+the current front), knows every candidate's cheap objectives before evaluating anything, and
+screens the pool with a Gaussian-process surrogate of the expensive objective(s) trained on the
+evaluations so far. Each trial evaluates the candidate with the best acquisition value:
+
+* one expensive + one cheap objective (accuracy vs latency): the exact **expected hypervolume
+  improvement** (EHVI) in 2-D; with the cheap objective known, the expectation is a sum of
+  closed-form Gaussian terms over the current front's staircase;
+* one objective: expected improvement;
+* anything else: an optimistic random Chebyshev scalarization (ParEGO with a confidence bound).
+
+It is an Optuna sampler (:class:`ScreeningSampler`), sequential and free of batches: each trial
+is chosen after the previous ones are told. Architectures of trials still running are not
+chosen again (several workers may share a study). Seeded and deterministic: the choice of a
+trial depends only on the seed, the trial number and the completed (and running) trials.
+
+The surrogate (:class:`PoolGP`) is a GP with a squared-exponential kernel on the space's
+encoding (:meth:`SearchSpace.encode`, columns scaled to [0, 1]; for one-hot encodings this is
+an exponentiated Hamming kernel), a constant mean, the output scale profiled out and the
+length-scale and noise chosen by marginal likelihood on a small grid. The worst ``floor_quantile``
+of the observed values is clipped to that quantile before fitting: what matters is the good
+region, and a few broken architectures (1 % accuracy) would otherwise dominate a stationary
+kernel. Hyper-parameters are refitted whenever the number of evaluations has grown by
+``refit_growth``; in between, each new evaluation is added to the Cholesky factor and to the
+pool's cross-covariances in O(n·N) (n evaluations, N candidates), so a step stays in the tens of
+milliseconds at n = 1000, N = 15,625.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.samplers import BaseSampler, RandomSampler
+from optuna.study import StudyDirection
+from optuna.trial import FixedTrial, FrozenTrial, TrialState
+from scipy.linalg import solve_triangular
+from scipy.special import ndtr
+
+from supernet.errors import UserError
+from supernet.space import SearchSpace
+
+__all__ = [
+    "CheapObjectives",
+    "PoolGP",
+    "ScreeningConfig",
+    "ScreeningSampler",
+    "expected_hvi_2d",
+    "front_indices_2d",
+    "hypervolume_2d",
+]
+
+#: ``cheap(archs) -> array (len(archs), k)`` (or ``(len(archs),)`` when k = 1): the values of
+#: the cheap objectives, in the order of ``cheap_indices``; or a pair ``(values, std)`` where a
+#: predictor knows its uncertainty (``std`` of the same shape, or ``None``).
+CheapObjectives = Callable[[Sequence[Any]], np.ndarray]
+
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+# ------------------------------------------------------------------------------------------------
+# 2-D fronts and hypervolume (cost minimised, gain maximised)
+# ------------------------------------------------------------------------------------------------
+
+
+def front_indices_2d(cost: np.ndarray, gain: np.ndarray) -> np.ndarray:
+    """Indices of the non-dominated points (min ``cost``, max ``gain``), sorted by cost
+    ascending (so gain ascends too). Of identical points the first is kept."""
+    cost, gain = np.asarray(cost, float), np.asarray(gain, float)
+    if len(cost) == 0:
+        return np.zeros(0, dtype=int)
+    order = np.lexsort((-gain, cost))  # by cost, then best gain first
+    g = gain[order]
+    prev_best = np.concatenate([[-np.inf], np.maximum.accumulate(g)[:-1]])
+    return order[g > prev_best]
+
+
+def hypervolume_2d(cost: np.ndarray, gain: np.ndarray, ref_cost: float,
+                   ref_gain: float) -> float:
+    """Area dominated by the points (min ``cost``, max ``gain``) and bounded by the reference
+    point ``(ref_cost, ref_gain)``; points not strictly better than the reference in both
+    objectives add nothing."""
+    cost, gain = np.asarray(cost, float), np.asarray(gain, float)
+    keep = (cost < ref_cost) & (gain > ref_gain)
+    cost, gain = cost[keep], gain[keep]
+    if len(cost) == 0:
+        return 0.0
+    idx = front_indices_2d(cost, gain)
+    c, g = cost[idx], gain[idx]
+    widths = np.diff(np.concatenate([c, [ref_cost]]))
+    return float(np.sum(widths * (g - ref_gain)))
+
+
+def _lower_partial(b: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """``E[max(0, b - X)]`` for ``X ~ N(mu, sd^2)`` (``sd`` may be 0; ``b`` may be -inf)."""
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        d = b - mu
+        z = d / sd
+        out = sd * _INV_SQRT_2PI * np.exp(-0.5 * z * z) + d * ndtr(z)
+        exact = np.maximum(d, 0.0)
+    out = np.where(sd > 0, out, exact)
+    return np.where(np.isneginf(b), 0.0, out)
+
+
+def expected_hvi_2d(mu: np.ndarray, sd: np.ndarray, cost: np.ndarray, front_cost: np.ndarray,
+                    front_gain: np.ndarray, ref_cost: float, ref_gain: float,
+                    cost_sd: np.ndarray | None = None) -> np.ndarray:
+    """Exact expected hypervolume improvement of candidates whose gain is ``N(mu, sd^2)``
+    (maximised) and whose cost is ``N(cost, cost_sd^2)`` (minimised; known exactly when
+    ``cost_sd`` is ``None``), independent, over a front given by :func:`front_indices_2d`
+    (cost ascending) and a reference point.
+
+    The front's staircase stands at level ``y_k`` on the cost interval ``[b_{k-1}, b_k)``; a
+    candidate ``(G, C)`` adds ``max(0, b_k - max(b_{k-1}, C)) * max(0, G - y_k)`` there. With G
+    and C independent the expectation factorizes per interval:
+    ``(P(b_k) - P(b_{k-1})) * E[max(0, G - y_k)]`` with ``P(b) = E[max(0, b - C)]``, and both
+    factors have the closed form ``s phi(z) + d Phi(z)``.
+    """
+    mu, sd, cost = (np.asarray(v, float) for v in (mu, sd, cost))
+    sd = np.maximum(sd, 1e-12)
+    csd = np.zeros(len(cost)) if cost_sd is None else np.maximum(np.asarray(cost_sd, float), 0)
+    fc = np.asarray(front_cost, float)
+    fg = np.asarray(front_gain, float)
+    keep = (fc < ref_cost) & (fg > ref_gain)
+    fc, fg = fc[keep], fg[keep]
+    bounds = np.concatenate([[-np.inf], fc, [ref_cost]])  # interval k: [bounds_k, bounds_k+1)
+    lev = np.concatenate([[ref_gain], fg])
+    out = np.zeros(len(mu))
+    # only candidates that can beat the staircase where they may stand can improve anything
+    optimistic_cost = cost - 6.0 * csd
+    level_here = lev[np.searchsorted(fc, optimistic_cost, side="right")]
+    live = np.flatnonzero((optimistic_cost < ref_cost) & (mu + 6.0 * sd > level_here))
+    if len(live) == 0:
+        return out
+    m, s = mu[live, None], sd[live, None]
+    P = _lower_partial(bounds[None, :], cost[live, None], csd[live, None])  # live x (K + 2)
+    width = np.maximum(np.diff(P, axis=1), 0.0)  # expected width of each interval
+    d = m - lev[None, :]
+    z = d / s
+    out[live] = np.sum(width * (s * _INV_SQRT_2PI * np.exp(-0.5 * z * z) + d * ndtr(z)), 1)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# the surrogate
+# ------------------------------------------------------------------------------------------------
+
+
+class PoolGP:
+    """A GP regression of one objective over a fixed candidate pool, updated incrementally.
+
+    ``pool`` holds the candidates' features (N x d). Training points are given as feature rows
+    too (they need not be in the pool). Keeps the Cholesky factor ``L`` of the training kernel
+    (unit output scale) and ``V = L^-1 K(train, pool)``, so that the posterior mean
+    ``m + V^T L^-1 (y - m)`` and the variance ``s2 (1 - colsum(V^2))`` of every candidate cost
+    O(n N), and adding one training point costs O(n N) as well.
+    """
+
+    def __init__(self, pool: np.ndarray, *, length_factors: Sequence[float],
+                 noises: Sequence[float], floor_quantile: float, max_fit: int = 400) -> None:
+        self.max_fit = int(max_fit)
+        self.length_factors = tuple(float(v) for v in length_factors)
+        self.noises = tuple(float(v) for v in noises)
+        self.floor_quantile = float(floor_quantile)
+        self.X = np.zeros((0, pool.shape[1]))
+        self._cap = 0
+        self._L = np.zeros((0, 0))
+        self._V = np.zeros((0, len(pool)))
+        self.set_pool(pool)
+        self.two_l2 = 1.0
+        self.noise = self.noises[0]
+
+    # -- kernel ----------------------------------------------------------------------------------
+    @staticmethod
+    def _d2(a: np.ndarray, b: np.ndarray, b_sq: np.ndarray | None = None) -> np.ndarray:
+        if b_sq is None:
+            b_sq = (b * b).sum(1)
+        d2 = (a * a).sum(1)[:, None] + b_sq[None, :] - 2.0 * a @ b.T
+        return np.maximum(d2, 0.0)
+
+    def _k(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.exp(-self._d2(a, b) / self.two_l2)
+
+    def _k_pool(self, a: np.ndarray) -> np.ndarray:
+        return np.exp(-self._d2(a, self.pool, self._pool_sq) / self.two_l2)
+
+    def set_pool(self, pool: np.ndarray) -> None:
+        """Replace the candidates (the factor is rebuilt by the next :meth:`refit`)."""
+        self.pool = np.asarray(pool, dtype=np.float64)
+        self._pool_sq = (self.pool * self.pool).sum(1)
+        n = len(self.pool)
+        sub = self.pool[:: max(1, n // 400)]
+        d2 = self._d2(sub, sub)
+        positive = d2[d2 > 0]
+        #: typical squared distance between candidates: the unit of the length-scale grid
+        self.d2_scale = float(np.median(positive)) if len(positive) else 1.0
+        self._V = np.zeros((self._cap, n))
+        self._var = np.ones(n)
+
+    @property
+    def n(self) -> int:
+        return len(self.X)
+
+    def transform(self, y: np.ndarray) -> np.ndarray:
+        """The fitted targets: the worst ``floor_quantile`` clipped (values are maximised)."""
+        y = np.asarray(y, float)
+        if self.floor_quantile > 0 and len(y) >= 5:
+            y = np.maximum(y, np.quantile(y, self.floor_quantile))
+        return y
+
+    # -- fitting ---------------------------------------------------------------------------------
+    def refit(self, X: np.ndarray, y: np.ndarray) -> None:
+        """Choose length-scale and noise by marginal likelihood (output scale and constant mean
+        profiled out) and rebuild the factor and the pool cross-covariances for ``X``."""
+        X = np.asarray(X, float)
+        t = self.transform(y)
+        n = len(t)
+        # the grid search looks at an evenly spread subset of at most ``max_fit`` points
+        sub = np.linspace(0, n - 1, min(n, self.max_fit)).round().astype(int)
+        d2 = self._d2(X[sub], X[sub])
+        best: tuple[float, float, float] | None = None
+        r = t[sub] - t[sub].mean()
+        m = len(sub)
+        eye = np.eye(m)
+        for f in self.length_factors:
+            K0 = np.exp(-d2 / (f * self.d2_scale))
+            for lam in self.noises:
+                try:
+                    L = np.linalg.cholesky(K0 + lam * eye)
+                except np.linalg.LinAlgError:
+                    continue
+                w = solve_triangular(L, r, lower=True, check_finite=False)
+                s2 = max(float(w @ w) / m, 1e-300)
+                ml = -0.5 * m * math.log(s2) - float(np.log(np.diag(L)).sum())
+                if best is None or ml > best[0]:
+                    best = (ml, f, lam)
+        if best is None:  # pragma: no cover - the largest noise always factors
+            best = (0.0, self.length_factors[-1], 1.0)
+        self.two_l2, self.noise = best[1] * self.d2_scale, best[2]
+        self._cap = max(n + n // 4 + 16, 64)
+        self.X = X.copy()
+        L = np.linalg.cholesky(self._k(X, X) + self.noise * np.eye(n))
+        self._L = np.zeros((self._cap, self._cap))
+        self._L[:n, :n] = L
+        V = solve_triangular(L, self._k_pool(X), lower=True, check_finite=False)
+        self._V = np.zeros((self._cap, len(self.pool)))
+        self._V[:n] = V
+        self._var = 1.0 - np.einsum("ij,ij->j", V, V)
+
+    def add(self, x: np.ndarray) -> None:
+        """Add one training point with the current hyper-parameters (O(n N))."""
+        x = np.asarray(x, float).reshape(1, -1)
+        n = self.n
+        if n + 1 > self._cap:
+            cap = n + 1 + (n + 1) // 4 + 16
+            L = np.zeros((cap, cap))
+            L[:n, :n] = self._L[:n, :n]
+            V = np.zeros((cap, len(self.pool)))
+            V[:n] = self._V[:n]
+            self._L, self._V, self._cap = L, V, cap
+        kp = self._k_pool(x)[0]
+        if n:
+            kt = self._k(x, self.X)[0]
+            l = solve_triangular(self._L[:n, :n], kt, lower=True, check_finite=False)
+            d = math.sqrt(max(1.0 + self.noise - float(l @ l), 1e-12))
+            v = (kp - l @ self._V[:n]) / d
+            self._L[n, :n] = l
+        else:
+            d = math.sqrt(1.0 + self.noise)
+            v = kp / d
+        self._L[n, n] = d
+        self._V[n] = v
+        self._var -= v * v
+        self.X = np.vstack([self.X, x])
+
+    def predict(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and standard deviation of every pool candidate, given the observed
+        values ``y`` of the training points (in the order they were added)."""
+        t = self.transform(y)
+        n = self.n
+        m = float(t.mean())
+        w = solve_triangular(self._L[:n, :n], t - m, lower=True, check_finite=False)
+        s2 = max(float(w @ w) / n, 1e-300)
+        mu = m + w @ self._V[:n]
+        sd = np.sqrt(np.maximum(self._var, 1e-12) * s2)
+        return mu, sd
+
+
+# ------------------------------------------------------------------------------------------------
+# the sampler
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScreeningConfig:
+    """Settings of :class:`ScreeningSampler` (defaults chosen on NAS-Bench-201 development
+    devices - HELP's validation devices and four of its meta-training phones - see
+    ``benchmarks/search_nb201.md``)."""
+
+    #: completed trials before the surrogate is used (random candidates until then)
+    n_startup_trials: int = 10
+    #: the whole space is the pool when the space enumerates itself and has at most this many
+    max_pool: int = 20_000
+    #: size of the random pool otherwise (refreshed at every refit)
+    pool_size: int = 5_000
+    #: fraction of a refreshed random pool made of mutations of the current front
+    mutation_fraction: float = 0.5
+    #: refit the GP hyper-parameters when the evaluations have grown by this factor
+    refit_growth: float = 1.1
+    #: the worst fraction of observed values is clipped to that quantile before fitting
+    floor_quantile: float = 0.2
+    #: length-scale grid: 2 l^2 = factor x the median squared distance between candidates
+    length_factors: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
+    #: noise grid (variance relative to the output scale)
+    noises: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 0.3)
+    #: confidence multiplier of the optimistic scalarization (3+ objectives)
+    ucb_beta: float = 1.0
+    #: multiplier of the cheap objectives' standard deviations, when the callable gives them.
+    #: 0 (default) trusts the predicted values: on the NAS-Bench-201 benchmark the few-shot
+    #: latency predictor's own standard deviation (scale 1) made the search worse
+    cheap_std_scale: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.n_startup_trials < 1:
+            raise UserError(f"n_startup_trials = {self.n_startup_trials}; expected >= 1")
+        if self.max_pool < 1 or self.pool_size < 2:
+            raise UserError("max_pool and pool_size must be positive (pool_size >= 2)")
+        if not 0.0 <= self.mutation_fraction <= 1.0:
+            raise UserError(f"mutation_fraction = {self.mutation_fraction}; expected 0..1")
+        if self.refit_growth <= 1.0:
+            raise UserError(f"refit_growth = {self.refit_growth}; expected > 1")
+        if not 0.0 <= self.floor_quantile < 1.0:
+            raise UserError(f"floor_quantile = {self.floor_quantile}; expected in [0, 1)")
+        if self.cheap_std_scale < 0:
+            raise UserError(f"cheap_std_scale = {self.cheap_std_scale}; expected >= 0")
+        if not self.length_factors or not self.noises:
+            raise UserError("length_factors and noises must not be empty")
+
+
+@dataclass
+class _Pool:
+    archs: list[Any]
+    keys: list[str]
+    index: dict[str, int]
+    features: np.ndarray
+    cheap: np.ndarray  # N x k (k may be 0)
+    cheap_sd: np.ndarray  # N x k, zeros where the callable gives no uncertainty
+    enumerated: bool = False
+
+
+@dataclass
+class _History:
+    numbers: list[int] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    values: list[list[float]] = field(default_factory=list)
+
+
+class ScreeningSampler(BaseSampler):
+    """Optuna sampler that screens a candidate pool with a GP surrogate (module docstring).
+
+    ``space`` is the search space the objective suggests from (``space.suggest(trial)``);
+    ``cheap`` gives the cheap objectives of any architectures of it, and ``cheap_indices`` says
+    which of the study's objectives they are (in ``cheap``'s column order); every other
+    objective is expensive and learned by a surrogate. ``directions`` (optional) is checked
+    against the study's. For evaluated architectures the values the trials reported are used,
+    for candidates the cheap values.
+    """
+
+    def __init__(self, space: SearchSpace, cheap: CheapObjectives | None = None,
+                 cheap_indices: Sequence[int] = (), *, seed: int,
+                 directions: Sequence[str | StudyDirection] | None = None,
+                 config: ScreeningConfig | None = None) -> None:
+        self.space = space
+        self.cheap = cheap
+        self.cheap_indices = tuple(int(i) for i in cheap_indices)
+        if len(set(self.cheap_indices)) != len(self.cheap_indices):
+            raise UserError(f"cheap_indices {list(self.cheap_indices)} repeat an objective")
+        if self.cheap_indices and cheap is None:
+            raise UserError("cheap_indices given without a cheap-objectives callable")
+        if cheap is not None and not self.cheap_indices:
+            raise UserError("a cheap-objectives callable needs cheap_indices (which of the "
+                            "study's objectives it computes)")
+        self.seed = int(seed)
+        self.directions = None if directions is None else [_direction(d) for d in directions]
+        self.config = config or ScreeningConfig()
+        self._random = RandomSampler(seed=self.seed)
+        self._pool: _Pool | None = None
+        self._gps: list[PoolGP] = []
+        self._hist = _History()
+        self._gp_keys: list[str] = []
+        self._last_refit = 0
+        self._pending: dict[int, dict[str, Any]] = {}
+        self._arch_cache: dict[tuple, tuple[Any, str] | None] = {}
+        self._by_key: dict[str, Any] = {}  # canonical string -> architecture (evaluated ones)
+        self._choices: dict[str, BaseDistribution] = {}
+        self._scale: tuple[np.ndarray, np.ndarray] | None = None
+
+    # -- Optuna interface -----------------------------------------------------------------------
+    def reseed_rng(self) -> None:
+        self._random.reseed_rng()
+
+    def infer_relative_search_space(self, study: optuna.Study,
+                                    trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return {}
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        return {}
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if "fixed_params" in trial.system_attrs:  # enqueued: its parameters are given
+            return
+        arch = self.choose(study, trial.number)
+        self._pending[trial.number] = dict(self.space.to_params(arch))
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        params = self._pending.get(trial.number, {})
+        if param_name in params:
+            value = params[param_name]
+            try:
+                if param_distribution._contains(param_distribution.to_internal_repr(value)):
+                    return value
+            except (ValueError, TypeError):
+                pass
+        # a parameter the chosen architecture does not set (or outside its distribution)
+        return self._random.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: optuna.Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self._pending.pop(trial.number, None)
+
+    # -- the choice -------------------------------------------------------------------------------
+    def choose(self, study: optuna.Study, number: int) -> Any:
+        """The architecture trial ``number`` of ``study`` evaluates next."""
+        directions = list(study.directions)
+        self._check_directions(directions)
+        rng = np.random.default_rng([self.seed, int(number)])
+        trials = study.get_trials(deepcopy=False)
+        complete = [t for t in trials if t.state == TrialState.COMPLETE and t.values is not None]
+        busy = {self._arch_of(t)[1] for t in trials
+                if t.state in (TrialState.RUNNING, TrialState.WAITING) and t.number != number
+                and self._arch_of(t) is not None}
+        self._update_history(complete)
+        self._ensure_pool(rng)
+        startup = len(self._hist.keys) < self.config.n_startup_trials
+        score = None if startup else self._acquisition(directions, rng)  # may renew the pool
+        pool = self._pool
+        taken = set(self._hist.keys) | busy
+        mask = np.ones(len(pool.keys), dtype=bool)
+        for k in taken:
+            i = pool.index.get(k)
+            if i is not None:
+                mask[i] = False
+        free = np.flatnonzero(mask)
+        if len(free) == 0:
+            return self._fallback(rng, taken)
+        if score is None:
+            return pool.archs[int(free[rng.integers(len(free))])]
+        return pool.archs[int(free[int(np.argmax(score[free]))])]
+
+    def _fallback(self, rng: np.random.Generator, taken: set[str]) -> Any:
+        """Every pool member is taken: a random architecture, unseen if one is found."""
+        arch = self.space.sample(rng)
+        for _ in range(100):
+            if self.space.to_string(arch) not in taken:
+                break
+            arch = self.space.sample(rng)
+        return arch
+
+    def _check_directions(self, directions: list[StudyDirection]) -> None:
+        if self.directions is not None and self.directions != directions:
+            raise UserError(f"the screening sampler was built for directions "
+                            f"{[d.name.lower() for d in self.directions]}, the study has "
+                            f"{[d.name.lower() for d in directions]}")
+        bad = [i for i in self.cheap_indices if not 0 <= i < len(directions)]
+        if bad:
+            raise UserError(f"cheap objective index {bad[0]} is outside the study's "
+                            f"{len(directions)} objectives")
+        if len(self.cheap_indices) == len(directions):
+            raise UserError("every objective is cheap; nothing is left for the surrogate "
+                            "(at least one objective must be evaluated)")
+
+    # -- trials -> architectures -----------------------------------------------------------------
+    def _arch_of(self, trial: FrozenTrial) -> tuple[Any, str] | None:
+        params = trial.params or trial.system_attrs.get("fixed_params") or {}
+        if not params:
+            return None
+        key = tuple(sorted((k, repr(v)) for k, v in params.items()))
+        if key not in self._arch_cache:
+            try:
+                arch = self.space.suggest(FixedTrial(dict(params), trial.number))
+                self._arch_cache[key] = (arch, self.space.to_string(arch))
+            except Exception:  # noqa: BLE001 - params of another space: not ours to learn from
+                self._arch_cache[key] = None
+        return self._arch_cache[key]
+
+    def _update_history(self, complete: Sequence[FrozenTrial]) -> None:
+        known = set(self._hist.numbers)
+        for t in sorted(complete, key=lambda t: t.number):
+            if t.number in known:
+                continue
+            got = self._arch_of(t)
+            if got is None or any(not math.isfinite(v) for v in t.values):
+                continue
+            for name, dist in t.distributions.items():  # what mutations may change
+                self._choices.setdefault(name, dist)
+            self._hist.numbers.append(t.number)
+            self._hist.keys.append(got[1])
+            self._hist.values.append([float(v) for v in t.values])
+            self._by_key.setdefault(got[1], got[0])
+
+    # -- pool ------------------------------------------------------------------------------------
+    def _encode(self, archs: Sequence[Any]) -> np.ndarray:
+        F = np.stack([np.asarray(self.space.encode(a), dtype=np.float64) for a in archs])
+        if self._scale is None:
+            lo, hi = F.min(0), F.max(0)
+            span = np.where(hi - lo > 1e-12, hi - lo, 1.0)
+            self._scale = (lo, span)
+        lo, span = self._scale
+        return (F - lo) / span
+
+    def _cheap_values(self, archs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """Cheap objective values and their standard deviations (zeros when not given)."""
+        k = len(self.cheap_indices)
+        if self.cheap is None:
+            return np.zeros((len(archs), 0)), np.zeros((len(archs), 0))
+        got = self.cheap(list(archs))
+        vals, std = (got if isinstance(got, tuple) else (got, None))
+        vals = np.asarray(vals, dtype=np.float64).reshape(len(archs), -1)
+        std = (np.zeros_like(vals) if std is None
+               else np.asarray(std, dtype=np.float64).reshape(len(archs), -1))
+        if vals.shape[1] != k or std.shape != vals.shape:
+            raise UserError(f"the cheap-objectives callable returned {vals.shape[1]} values per "
+                            f"architecture; expected {k} (one per cheap objective), and "
+                            f"standard deviations of the same shape when it returns a pair")
+        if not (np.all(np.isfinite(vals)) and np.all(np.isfinite(std)) and np.all(std >= 0)):
+            raise UserError("the cheap-objectives callable returned NaN, infinite or negative-"
+                            "deviation values")
+        return vals, std
+
+    def _make_pool(self, archs: list[Any], enumerated: bool) -> _Pool:
+        keys = [self.space.to_string(a) for a in archs]
+        vals, std = self._cheap_values(archs)
+        return _Pool(archs, keys, {k: i for i, k in enumerate(keys)}, self._encode(archs),
+                     vals, std, enumerated)
+
+    def _ensure_pool(self, rng: np.random.Generator) -> _Pool:
+        if self._pool is not None:
+            return self._pool
+        enum = getattr(self.space, "all_architectures", None)
+        archs: list[Any] = []
+        if callable(enum):
+            for a in enum():
+                archs.append(a)
+                if len(archs) > self.config.max_pool:
+                    archs = []
+                    break
+        if archs:
+            self._pool = self._make_pool(archs, True)
+        else:
+            self._pool = self._make_pool(self._random_archs(rng, self.config.pool_size, set()),
+                                         False)
+        return self._pool
+
+    def _random_archs(self, rng: np.random.Generator, n: int, seen: set[str]) -> list[Any]:
+        out: list[Any] = []
+        for _ in range(20 * n):
+            if len(out) >= n:
+                break
+            a = self.space.sample(rng)
+            k = self.space.to_string(a)
+            if k not in seen:
+                seen.add(k)
+                out.append(a)
+        return out
+
+    def _mutate(self, rng: np.random.Generator, arch: Any) -> Any | None:
+        """``arch`` with one or two Optuna parameters changed to another value of their
+        distribution; ``None`` when that is not an architecture of the space."""
+        params = dict(self.space.to_params(arch))
+        names = [n for n in params if n in self._choices]
+        if not names:
+            return None
+        for name in rng.choice(names, size=min(len(names), int(rng.integers(1, 3))),
+                               replace=False):
+            params[str(name)] = _other_value(rng, self._choices[str(name)], params[str(name)])
+        try:
+            return self.space.suggest(FixedTrial(params))
+        except Exception:  # noqa: BLE001 - an invalid combination: skip it
+            return None
+
+    def _refresh_pool(self, rng: np.random.Generator, front_keys: list[str]) -> None:
+        """A new random pool: mutations of the current front and fresh random architectures."""
+        pool = self._pool
+        assert pool is not None
+        if pool.enumerated:
+            return
+        seen = set(self._hist.keys)
+        archs: list[Any] = []
+        fronts = [self._key_arch(k) for k in front_keys]
+        fronts = [a for a in fronts if a is not None]
+        n_mut = int(self.config.mutation_fraction * self.config.pool_size) if fronts else 0
+        for _ in range(5 * n_mut):
+            if len(archs) >= n_mut:
+                break
+            a = self._mutate(rng, fronts[int(rng.integers(len(fronts)))])
+            if a is None:
+                continue
+            k = self.space.to_string(a)
+            if k not in seen:
+                seen.add(k)
+                archs.append(a)
+        archs += self._random_archs(rng, self.config.pool_size - len(archs), seen)
+        self._pool = self._make_pool(archs, False)
+        for gp in self._gps:
+            gp.set_pool(self._pool.features)
+
+    def _key_arch(self, key: str) -> Any | None:
+        return self._by_key.get(key)
+
+    # -- surrogate and acquisition ----------------------------------------------------------------
+    def _expensive(self, directions: list[StudyDirection]) -> list[int]:
+        return [i for i in range(len(directions)) if i not in self.cheap_indices]
+
+    def _signed(self, directions: list[StudyDirection]) -> np.ndarray:
+        """+1 for maximised objectives, -1 for minimised: values * sign are maximised."""
+        return np.array([1.0 if d == StudyDirection.MAXIMIZE else -1.0 for d in directions])
+
+    def _fit(self, directions: list[StudyDirection], rng: np.random.Generator) -> list[tuple]:
+        """Bring the surrogates up to date; returns (mu, sd) per expensive objective
+        (maximised form) over the pool."""
+        exp_idx = self._expensive(directions)
+        sign = self._signed(directions)
+        Y = np.array(self._hist.values) * sign
+        n = len(self._hist.keys)
+        refit = (not self._gps or n >= self._last_refit * self.config.refit_growth
+                 or self._gp_keys != self._hist.keys[: len(self._gp_keys)])
+        if refit:
+            if self._gps:
+                self._refresh_pool(rng, self._front_keys(directions))
+            X = self._train_features(self._hist.keys)
+            if not self._gps:
+                cfg = self.config
+                self._gps = [PoolGP(self._pool.features, length_factors=cfg.length_factors,
+                                    noises=cfg.noises, floor_quantile=cfg.floor_quantile)
+                             for _ in exp_idx]
+            for gp, j in zip(self._gps, exp_idx):
+                gp.refit(X, Y[:, j])
+            self._gp_keys = list(self._hist.keys)
+            self._last_refit = n
+        else:
+            new = self._hist.keys[len(self._gp_keys):]
+            if new:
+                X = self._train_features(new)
+                for gp in self._gps:
+                    for x in X:
+                        gp.add(x)
+                self._gp_keys += new
+        return [gp.predict(Y[:, j]) for gp, j in zip(self._gps, exp_idx)]
+
+    def _train_features(self, keys: Sequence[str]) -> np.ndarray:
+        pool = self._pool
+        rows = []
+        for k in keys:
+            i = pool.index.get(k)
+            if i is not None:
+                rows.append(pool.features[i])
+            else:
+                arch = self._key_arch(k)
+                rows.append(self._encode([arch if arch is not None
+                                          else self.space.from_string(k)])[0])
+        return np.array(rows)
+
+    def _front_keys(self, directions: list[StudyDirection]) -> list[str]:
+        Y = np.array(self._hist.values) * self._signed(directions)
+        dominated = np.zeros(len(Y), dtype=bool)
+        for i in range(len(Y)):
+            dominated[i] = bool(np.any(np.all(Y >= Y[i], 1) & np.any(Y > Y[i], 1)))
+        return [k for k, d in zip(self._hist.keys, dominated) if not d]
+
+    def _acquisition(self, directions: list[StudyDirection],
+                     rng: np.random.Generator) -> np.ndarray:
+        preds = self._fit(directions, rng)
+        pool = self._pool
+        sign = self._signed(directions)
+        exp_idx = self._expensive(directions)
+        Y = np.array(self._hist.values) * sign  # observed, maximised form
+        if len(directions) == 1:
+            mu, sd = preds[0]
+            return _expected_improvement(mu, sd, float(Y[:, 0].max()))
+        if len(exp_idx) == 1 and len(self.cheap_indices) == 1:
+            mu, sd = preds[0]
+            e, c = exp_idx[0], self.cheap_indices[0]
+            cost = -sign[c] * pool.cheap[:, 0]  # minimised form
+            obs_gain, obs_cost = Y[:, e], -Y[:, c]
+            f = front_indices_2d(obs_cost, obs_gain)
+            span_c = float(np.ptp(cost)) or 1.0
+            span_g = float(np.ptp(obs_gain)) or 1.0
+            # reference: just beyond the slowest point that is (or is expected to be) on the
+            # front - the most accurate observed one, and the most accurate predicted one
+            ref_cost = max(float(obs_cost[f].max()), float(cost[int(np.argmax(mu))]))
+            ref_cost += 0.01 * span_c
+            ref_gain = float(obs_gain[f].min()) - 0.02 * span_g
+            cost_sd = self.config.cheap_std_scale * pool.cheap_sd[:, 0]
+            return expected_hvi_2d(mu, sd, cost, obs_cost[f], obs_gain[f], ref_cost, ref_gain,
+                                   cost_sd)
+        return self._parego(preds, directions, rng)
+
+    def _parego(self, preds: list[tuple], directions: list[StudyDirection],
+                rng: np.random.Generator) -> np.ndarray:
+        """Optimistic augmented Chebyshev scalarization with random weights (maximised)."""
+        pool = self._pool
+        sign = self._signed(directions)
+        exp_idx = self._expensive(directions)
+        d = len(directions)
+        G = np.zeros((len(pool.keys), d))  # optimistic gains, maximised form
+        for (mu, sd), j in zip(preds, exp_idx):
+            G[:, j] = mu + self.config.ucb_beta * sd
+        for col, j in enumerate(self.cheap_indices):
+            G[:, j] = sign[j] * pool.cheap[:, col]
+        Y = np.array(self._hist.values) * sign
+        lo = np.minimum(Y.min(0), G.min(0))
+        hi = np.maximum(Y.max(0), np.quantile(G, 0.99, axis=0))
+        span = np.where(hi - lo > 1e-12, hi - lo, 1.0)
+        gap = (hi - G) / span  # 0 = ideal
+        w = rng.dirichlet(np.ones(d))
+        return -(np.max(w * gap, 1) + 0.05 * np.sum(w * gap, 1))
+
+
+def _expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
+    sd = np.maximum(sd, 1e-12)
+    d = mu - best
+    z = d / sd
+    return sd * _INV_SQRT_2PI * np.exp(-0.5 * z * z) + d * ndtr(z)
+
+
+def _direction(d: str | StudyDirection) -> StudyDirection:
+    if isinstance(d, StudyDirection):
+        return d
+    text = str(d).lower()
+    if text in ("maximize", "max"):
+        return StudyDirection.MAXIMIZE
+    if text in ("minimize", "min"):
+        return StudyDirection.MINIMIZE
+    raise UserError(f"direction {d!r}; expected 'maximize' or 'minimize'")
+
+
+def _other_value(rng: np.random.Generator, dist: BaseDistribution, value: Any) -> Any:
+    """A value of ``dist`` other than ``value`` where there is one."""
+    if isinstance(dist, CategoricalDistribution):
+        others = [c for c in dist.choices if c != value]
+        return others[int(rng.integers(len(others)))] if others else value
+    if isinstance(dist, IntDistribution):
+        n = (dist.high - dist.low) // dist.step + 1
+        return int(dist.low + dist.step * int(rng.integers(n)))
+    if isinstance(dist, FloatDistribution):
+        if dist.step is not None:
+            n = int(round((dist.high - dist.low) / dist.step)) + 1
+            return float(dist.low + dist.step * int(rng.integers(n)))
+        return float(rng.uniform(dist.low, dist.high))
+    return value
+

@@ -1,0 +1,299 @@
+"""The screening sampler (search/screening.py) and the scoring of benchmarks/search_nb201.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+
+from search.screening import (
+    PoolGP,
+    ScreeningConfig,
+    ScreeningSampler,
+    expected_hvi_2d,
+    front_indices_2d,
+    hypervolume_2d,
+)
+from supernet.errors import UserError
+from supernet.space import SearchSpace
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _bench():
+    """The benchmark script as a module (registered so that its dataclasses resolve)."""
+    name = "search_nb201_benchmark"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "search_nb201.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+# -- scoring ------------------------------------------------------------------------------------
+
+
+def test_hv_ratio_on_a_hand_made_example():
+    bench = _bench()
+    # (latency, accuracy): three front points, one dominated point
+    lat = np.array([1.0, 2.0, 3.0, 2.5, 4.0])
+    acc = np.array([50.0, 60.0, 70.0, 55.0, 40.0])
+    front = bench.true_front(lat, acc)
+    assert front.size == 3
+    assert front.ref_latency == pytest.approx(3.0 * 1.01)   # highest front latency x 1.01
+    assert front.ref_accuracy == pytest.approx(50.0 - 1.0)  # lowest front accuracy - 1
+    # staircase: [1, 2) at 50, [2, 3) at 60, [3, 3.03) at 70, above 49
+    assert front.hypervolume == pytest.approx(1 * 1 + 1 * 11 + 0.03 * 21)
+    assert bench.hv_ratio([1], lat, acc, front) == pytest.approx(1.03 * 11 / 12.63)
+    # the dominated point and one beyond the reference point add nothing
+    assert bench.hv_ratio([1, 3, 4], lat, acc, front) == pytest.approx(1.03 * 11 / 12.63)
+    assert bench.hv_ratio([4], lat, acc, front) == 0.0
+    assert bench.hv_ratio([0, 1, 2], lat, acc, front) == pytest.approx(1.0)
+    # a budget counts evaluations, repeats included
+    traj = [1, 1, 1, 0, 2]
+    got = bench.score_trajectory(traj, [2, 4, 5], lat, acc, front)
+    assert got[2] == pytest.approx(1.03 * 11 / 12.63)
+    assert got[4] == pytest.approx((1 * 1 + 1.03 * 11) / 12.63)
+    assert got[5] == pytest.approx(1.0)
+
+
+def test_front_and_hypervolume_agree_with_brute_force():
+    rng = np.random.default_rng(0)
+    cost, gain = rng.random(300), rng.random(300)
+    idx = front_indices_2d(cost, gain)
+    brute = [i for i in range(300) if not np.any((cost <= cost[i]) & (gain >= gain[i])
+                                                 & ((cost < cost[i]) | (gain > gain[i])))]
+    assert sorted(idx.tolist()) == sorted(brute)
+    # Monte Carlo estimate of the dominated area
+    ref = (0.9, 0.2)
+    u = rng.random((200_000, 2)) * [ref[0], 1 - ref[1]] + [0, ref[1]]
+    dominated = np.zeros(len(u), bool)
+    for i in idx:
+        dominated |= (u[:, 0] >= cost[i]) & (u[:, 1] <= gain[i])
+    area = dominated.mean() * ref[0] * (1 - ref[1])
+    assert hypervolume_2d(cost, gain, *ref) == pytest.approx(area, rel=0.02)
+
+
+@pytest.mark.parametrize("uncertain_cost", [False, True])
+def test_expected_hvi_matches_monte_carlo(uncertain_cost):
+    rng = np.random.default_rng(1)
+    fc, fg = np.array([1.0, 2.0, 3.0]), np.array([0.5, 0.7, 0.9])
+    mu, sd, cost = np.array([0.8, 0.6, 0.95]), np.array([0.1, 0.05, 0.2]), np.array([1.5, 0.5, 3.5])
+    cost_sd = np.array([0.5, 0.3, 0.4]) if uncertain_cost else None
+    ref = (4.0, 0.3)
+    got = expected_hvi_2d(mu, sd, cost, fc, fg, *ref, cost_sd=cost_sd)
+    base = hypervolume_2d(fc, fg, *ref)
+    for j in range(3):
+        g = rng.normal(mu[j], sd[j], 4000)
+        c = rng.normal(cost[j], cost_sd[j], 4000) if uncertain_cost else np.full(4000, cost[j])
+        mc = np.mean([hypervolume_2d(np.r_[fc, cj], np.r_[fg, gj], *ref) - base
+                      for gj, cj in zip(g, c)])
+        assert got[j] == pytest.approx(mc, rel=0.08, abs=2e-3)
+    if uncertain_cost:  # uncertainty about the cost gives a chance to the slow candidate
+        assert got[2] > expected_hvi_2d(mu, sd, cost, fc, fg, *ref)[2]
+
+
+def test_pool_gp_incremental_update_equals_refit():
+    rng = np.random.default_rng(0)
+    pool = rng.random((200, 4))
+    y = np.sin(3 * pool[:, 0]) + pool[:, 1] ** 2
+    gp = PoolGP(pool, length_factors=(0.5,), noises=(1e-2,), floor_quantile=0.0)
+    gp.refit(pool[:20], y[:20])
+    for i in range(20, 30):
+        gp.add(pool[i])
+    mu, sd = gp.predict(y[:30])
+    ref = PoolGP(pool, length_factors=(0.5,), noises=(1e-2,), floor_quantile=0.0)
+    ref.refit(pool[:30], y[:30])
+    mu2, sd2 = ref.predict(y[:30])
+    np.testing.assert_allclose(mu, mu2, atol=1e-8)
+    np.testing.assert_allclose(sd, sd2, atol=1e-8)
+
+
+# -- the sampler on a synthetic problem ---------------------------------------------------------
+
+
+class ToySpace(SearchSpace):
+    """6 categorical choices of 4 values (4,096 architectures): accuracy has interactions,
+    latency is a known additive cost (the cheap objective)."""
+
+    name = "toy"
+    input_shape = (1, 1, 1)
+    num_classes = 2
+    K, V = 6, 4
+
+    def sample(self, rng):
+        return tuple(int(v) for v in rng.integers(0, self.V, self.K))
+
+    def smallest(self):
+        return (0,) * self.K
+
+    def largest(self):
+        return (self.V - 1,) * self.K
+
+    def all_architectures(self):
+        return itertools.product(range(self.V), repeat=self.K)
+
+    def to_string(self, arch):
+        return "-".join(map(str, arch))
+
+    def from_string(self, text):
+        return tuple(int(v) for v in text.split("-"))
+
+    @property
+    def feature_names(self):
+        return [f"x{i}={v}" for i in range(self.K) for v in range(self.V)]
+
+    def encode(self, arch):
+        out = np.zeros((self.K, self.V), np.float32)
+        out[np.arange(self.K), list(arch)] = 1
+        return out.reshape(-1)
+
+    def layers(self, arch):
+        raise NotImplementedError
+
+    def suggest(self, trial):
+        return tuple(int(trial.suggest_categorical(f"x{i}", list(range(self.V))))
+                     for i in range(self.K))
+
+    def to_params(self, arch):
+        return {f"x{i}": int(v) for i, v in enumerate(arch)}
+
+    def build_supernet(self):
+        raise NotImplementedError
+
+
+class SampledToySpace(ToySpace):
+    """The same space without enumeration: the sampler must use a random pool."""
+
+    all_architectures = None
+
+
+def toy_values(arch):
+    x = np.asarray(arch, float)
+    acc = 60 + 4 * np.sqrt(x[:3].sum()) + 3 * np.tanh(x[3] * x[4] - 2) - (x[5] - 1.5) ** 2
+    lat = 1 + x[:3].sum() + 0.5 * x[3] + 0.3 * x[4]
+    return float(acc), float(lat)
+
+
+def run_toy(space, sampler, n):
+    evaluated = []
+
+    def objective(trial):
+        arch = space.suggest(trial)
+        evaluated.append(arch)
+        return toy_values(arch)
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+    study.optimize(objective, n_trials=n)
+    return evaluated
+
+
+def toy_hv_ratio(evaluated):
+    bench = _bench()
+    allv = np.array([toy_values(a) for a in itertools.product(range(4), repeat=6)])
+    front = bench.true_front(allv[:, 1], allv[:, 0])
+    v = np.array([toy_values(a) for a in evaluated])
+    return bench.hv_ratio(np.arange(len(v)), v[:, 1], v[:, 0], front)
+
+
+def cheap_latency(archs):
+    return np.array([toy_values(a)[1] for a in archs])
+
+
+def cheap_latency_with_std(archs):
+    lat = cheap_latency(archs)
+    return lat, 0.05 * lat
+
+
+@pytest.mark.parametrize("space_cls,config,cheap", [
+    (ToySpace, ScreeningConfig(), cheap_latency),
+    (SampledToySpace, ScreeningConfig(pool_size=400, cheap_std_scale=1.0),
+     cheap_latency_with_std),
+])
+def test_screening_is_deterministic_and_beats_random(space_cls, config, cheap):
+    space = space_cls()
+    n = 40
+
+    def screening(seed):
+        return ScreeningSampler(space, cheap, (1,), seed=seed, config=config,
+                                directions=["maximize", "minimize"])
+
+    a = run_toy(space, screening(0), n)
+    assert run_toy(space, screening(0), n) == a
+    assert run_toy(space, screening(1), n) != a
+    assert len(set(a)) == n  # never pays twice for one architecture
+    ours = np.mean([toy_hv_ratio(run_toy(space, screening(s), n)) for s in range(3)])
+    rand = np.mean([toy_hv_ratio(run_toy(space, optuna.samplers.RandomSampler(seed=s), n))
+                    for s in range(3)])
+    assert ours > rand + 0.03, (ours, rand)
+
+
+def test_three_objectives_and_enqueued_trials():
+    space = ToySpace()
+    sampler = ScreeningSampler(space, lambda archs: np.array(
+        [[toy_values(a)[1], float(sum(a))] for a in archs]), (1, 2), seed=0,
+        config=ScreeningConfig(n_startup_trials=5))
+    study = optuna.create_study(directions=["maximize", "minimize", "minimize"],
+                                sampler=sampler)
+    study.enqueue_trial(space.to_params(space.largest()))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study.optimize(lambda t: (*toy_values(space.suggest(t)), float(sum(space.suggest(t)))),
+                   n_trials=15)
+    archs = [space.suggest(optuna.trial.FixedTrial(t.params)) for t in study.trials]
+    assert archs[0] == space.largest()
+    assert len(set(archs)) == 15
+
+
+def test_bad_configuration_is_a_user_error():
+    space = ToySpace()
+    with pytest.raises(UserError, match="cheap_indices"):
+        ScreeningSampler(space, cheap_latency, (), seed=0)
+    with pytest.raises(UserError, match="floor_quantile"):
+        ScreeningConfig(floor_quantile=1.0)
+    sampler = ScreeningSampler(space, cheap_latency, (1,), seed=0,
+                               directions=["maximize", "maximize"])
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(UserError, match="directions"):
+            study.optimize(lambda t: toy_values(space.suggest(t)), n_trials=1)
+
+
+# -- --latency-csv errors -----------------------------------------------------------------------
+
+ARCH = ("|nor_conv_3x3~0|+|nor_conv_3x3~0|avg_pool_3x3~1|"
+        "+|skip_connect~0|nor_conv_3x3~1|skip_connect~2|")
+
+
+@pytest.mark.parametrize("body,device,expected", [
+    (f"arch,dev\n{ARCH},1.5\n", "other", "has no device column 'other'"),
+    (f"arch,dev\n{ARCH},nan\n", "dev", "line 2: dev is nan"),
+])
+def test_latency_csv_errors_are_one_line(tmp_path, capsys, body, device, expected):
+    path = tmp_path / "lat.csv"
+    path.write_text(body)
+    code = _bench().main(["--latency-csv", str(path), "--device", device, "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("search_nb201: error: ") and expected in err
+    assert err.count("\n") == 1
+
+
+def test_incomplete_latency_csv_is_refused(tmp_path, capsys):
+    from supernet.data import shared_data_dir
+
+    if shared_data_dir() is None or not (shared_data_dir() / "nb201").is_dir():
+        pytest.skip("the shared NAS-Bench-201 accuracy table is absent")
+    path = tmp_path / "lat.csv"
+    path.write_text(f"arch,dev\n{ARCH},1.5\n")
+    code = _bench().main(["--latency-csv", str(path), "--device", "dev", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "lacks 15624 of the 15625" in err and err.count("\n") == 1
