@@ -171,7 +171,9 @@ def markdown(doc: dict) -> str:
              "model it implements (fake-quant + int32 biases + requantization) / with the searched "
              "fake-quant model (all layers int8, float biases, no requantization). Accuracy: "
              "top-1 % on the test images of FP32 / the searched fake-quant model / the `best` "
-             "ONNX model.", ""]
+             "ONNX model. FP32 and the int8 variants of a row are timed round-robin, so load from "
+             "other processes hits them alike; across rows and runs on a shared machine the "
+             "absolute times move with that load (2-thread rows on a 2-CPU machine most).", ""]
     for run in doc.get("runs", []):
         lines.append(f"- {run.get('date')}: `{run.get('command')}` on {run.get('machine')}")
     lines.append("")
@@ -216,7 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(HERE / "export_ort.json"))
     p.add_argument("--merge", action="store_true",
                    help="keep the rows of other CPUs/configs already in --out")
+    p.add_argument("--markdown-only", action="store_true",
+                   help="only rewrite the .md report from the JSON at --out")
     args = p.parse_args(argv)
+    if args.markdown_only:
+        out = Path(args.out)
+        write_atomic(out.with_suffix(".md"), markdown(json.loads(out.read_text())))
+        return 0
     roles = [r for r in args.models.split(",") if r]
     if any(r not in ROLES for r in roles):
         raise SystemExit(f"--models: expected a subset of {','.join(ROLES)}")
