@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from search.objectives import Constraint, Metric
+from search.screening import hypervolume_2d
 from supernet.errors import UserError
 
 TRIAL_COLUMNS = ("trial", "arch", "policy", "bits", "seed")
@@ -54,23 +55,6 @@ def pareto_mask(values: np.ndarray, directions: Sequence[str]) -> np.ndarray:
         if dominated.any():
             mask[i] = False
     return mask
-
-
-def hypervolume_2d(acc: np.ndarray, lat: np.ndarray, ref_acc: float, ref_lat: float) -> float:
-    """Area dominated by the points (accuracy up, latency down) and bounded by the reference
-    point (``ref_acc`` below, ``ref_lat`` above); points beyond the reference add nothing."""
-    keep = (acc > ref_acc) & (lat < ref_lat)
-    if not keep.any():
-        return 0.0
-    a, t = acc[keep], lat[keep]
-    order = np.argsort(t, kind="stable")
-    area, best = 0.0, ref_acc
-    t_sorted, a_sorted = t[order], a[order]
-    for i in range(len(t_sorted)):
-        best = max(best, a_sorted[i])
-        nxt = t_sorted[i + 1] if i + 1 < len(t_sorted) else ref_lat
-        area += (best - ref_acc) * (nxt - t_sorted[i])
-    return float(area)
 
 
 def trials_frame(study, devices: Sequence[str], objectives: Sequence[Metric],
@@ -148,7 +132,7 @@ def hypervolume_history(frame: pd.DataFrame, devices: Sequence[str]) -> pd.DataF
         ref_acc, ref_lat = float(np.nanmin(acc)), float(np.nanmax(lat)) * 1.01
         for i in range(len(ordered)):
             sel = feasible[: i + 1]
-            hv = hypervolume_2d(acc[: i + 1][sel], lat[: i + 1][sel], ref_acc, ref_lat)
+            hv = hypervolume_2d(lat[: i + 1][sel], acc[: i + 1][sel], ref_lat, ref_acc)
             rows.append({"device": d, "trials": i + 1, "trial": int(ordered["trial"].iloc[i]),
                          "hypervolume": hv, "ref_accuracy": ref_acc, "ref_latency_ms": ref_lat})
     return pd.DataFrame(rows, columns=["device", "trials", "trial", "hypervolume",

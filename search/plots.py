@@ -18,16 +18,7 @@ import matplotlib.pyplot as plt  # headless: matplotlib picks Agg by itself with
 import numpy as np
 import pandas as pd
 
-
-def front_2d(cost: np.ndarray, acc: np.ndarray) -> np.ndarray:
-    """Indices of the 2-D non-dominated points (min cost, max accuracy), sorted by cost."""
-    order = np.lexsort((-acc, cost))
-    keep, best = [], -np.inf
-    for i in order:
-        if acc[i] > best:
-            keep.append(i)
-            best = acc[i]
-    return np.asarray(keep, dtype=int)
+from search.screening import front_indices_2d
 
 
 def _save(fig, path: Path) -> Path:
@@ -66,7 +57,7 @@ def plot_fronts(trials: pd.DataFrame, fronts: dict[str, pd.DataFrame], path: str
             sc = ax.scatter(fx, fy, s=36, c=front["size_bytes"].to_numpy(float) / 1024,
                             cmap="viridis", vmin=vmin, vmax=vmax, edgecolors="k",
                             linewidths=0.5, zorder=3, label=f"Pareto set ({len(front)})")
-            idx = front_2d(fx, fy)
+            idx = front_indices_2d(fx, fy)
             ax.step(fx[idx], fy[idx], where="post", color="tab:red", lw=1.1, zorder=2)
         ax.set_xlabel(f"latency on {device} (ms)")
         ax.set_ylabel("validation accuracy (%)")

@@ -12,11 +12,11 @@ from search.objectives import parse_constraint, parse_objectives
 from search.outputs import (
     closest_infeasible,
     device_front,
-    hypervolume_2d,
     hypervolume_history,
     pareto_mask,
 )
-from search.plots import front_2d, plot_across_devices, plot_fronts
+from search.plots import plot_across_devices, plot_fronts
+from search.screening import front_indices_2d, hypervolume_2d
 from search.samplers import SAMPLERS, make_sampler
 from search.study import enqueue_once, open_study, recover_interrupted, run_trials, sqlite_url
 from supernet.errors import UserError
@@ -144,9 +144,9 @@ def test_pareto_mask_matches_brute_force():
 
 def test_hypervolume_2d_by_hand():
     # points (acc, lat): (2, 1) and (3, 2); reference (0, 4): area 2*1 + 3*2 = 8
-    assert hypervolume_2d(np.array([2.0, 3.0]), np.array([1.0, 2.0]), 0.0, 4.0) == pytest.approx(8.0)
+    assert hypervolume_2d(np.array([1.0, 2.0]), np.array([2.0, 3.0]), 4.0, 0.0) == pytest.approx(8.0)
     # a point beyond the reference adds nothing
-    assert hypervolume_2d(np.array([5.0]), np.array([9.0]), 0.0, 4.0) == 0.0
+    assert hypervolume_2d(np.array([9.0]), np.array([5.0]), 4.0, 0.0) == 0.0
 
 
 def _frame():
@@ -172,7 +172,7 @@ def test_device_fronts_differ_and_skip_repeats_and_infeasible():
 def test_front_2d_keeps_exactly_the_non_dominated_points():
     rng = np.random.default_rng(0)
     cost, acc = rng.random(200), rng.random(200)
-    idx = front_2d(cost, acc)
+    idx = front_indices_2d(cost, acc)
     brute = [i for i in range(200)
              if not np.any((cost <= cost[i]) & (acc >= acc[i]) & ((cost < cost[i]) | (acc > acc[i])))]
     assert sorted(idx.tolist()) == sorted(brute)
