@@ -211,7 +211,7 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     from quant.policy import QuantPolicy
     from quant.ptq import PTQConfig
     from supernet.data import BatchLoader, load_dataset
-    from supernet.evaluate import calibration_loader, recalibrate_bn
+    from supernet.evaluate import recalibrated_subnet
     from supernet.train import load_checkpoint
 
     start = time.perf_counter()
@@ -279,8 +279,8 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
                         raise UserError(f"policy of trial {row.trial} is not valid JSON: "
                                         f"{exc}") from None
                 torch.manual_seed(seed)
-                model = supernet.extract(arch)
-                recalibrate_bn(model, calibration_loader(data, seed=seed), calib_batches)
+                model = recalibrated_subnet(supernet, arch, data, calib_batches=calib_batches,
+                                            seed=seed)
                 if policy is not None:
                     policy.validate(model)
                 calibration = BatchLoader(data.train, batch_size=128, mean=data.mean,

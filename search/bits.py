@@ -108,14 +108,13 @@ def sensitivity_seeds(space: SearchSpace, supernet: Any, data: Any, choices: Seq
     from quant.cost import weight_bits_budget_bytes
     from quant.policy import apply_to_layers
     from quant.sensitivity import hessian_sensitivity
-    from supernet.evaluate import calibration_loader, evaluate_subnet
+    from supernet.evaluate import calibration_loader, recalibrated_subnet
 
     quantized = [b for b in check_bit_choices(choices) if b < FLOAT_BITS]
     if not quantized:
         return []
     arch = space.largest()
-    _, model = evaluate_subnet(supernet, arch, data, split="val", seed=seed)
-    model = model.cpu()
+    model = recalibrated_subnet(supernet, arch, data, seed=seed).cpu()
     loader = calibration_loader(data, batch_size=128, seed=seed)
     candidates = [(b, ACTIVATION_BITS) for b in quantized]
     table = hessian_sensitivity(model, loader, candidates, max_images=max_images, n_samples=4, seed=seed)

@@ -106,8 +106,7 @@ class SearchConfig:
         if self.calib_batches <= 0 or self.ptq_images <= 0:
             raise UserError("calib_batches and ptq_images must be positive")
         self.bit_choices = list(check_bit_choices(self.bit_choices))
-        self.objective_metrics, self.constraint_list  # noqa: B018 - parse errors surface here
-        if not self.all_devices:
+        if not self.all_devices:  # parses objectives and constraints: their errors surface here
             raise UserError("no device: name one in an objective (latency:DEVICE) or --devices")
 
     def to_dict(self) -> dict[str, Any]:

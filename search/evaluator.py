@@ -33,7 +33,7 @@ from quant.device_rules import DeviceQuantRules, effective_layers, get_device_ru
 from quant.policy import FLOAT_BITS, QuantPolicy, apply_to_layers, average_weight_bits
 from supernet.data import BatchLoader, DatasetSplits
 from supernet.errors import UserError
-from supernet.evaluate import accuracy, calibration_loader, eval_loader, evaluate_subnet
+from supernet.evaluate import accuracy, calibration_loader, eval_loader, recalibrated_subnet
 from supernet.layers import Layer, total_flops, total_params
 from supernet.space import SearchSpace
 
@@ -119,11 +119,20 @@ class TrialEvaluator:
     def _model_of(self, arch: Any) -> nn.Module:
         return self._current[self.space.to_string(arch)]
 
-    def float_model(self, arch: Any) -> tuple[float, nn.Module]:
-        """(validation accuracy %, the BN-recalibrated float subnet) — deterministic per arch."""
+    def float_model(self, arch: Any) -> nn.Module:
+        """The BN-recalibrated float subnet — deterministic per arch."""
         s = self.settings
-        return evaluate_subnet(self.supernet, arch, self.data, split="val",
-                               calib_batches=s.calib_batches, seed=s.seed)
+        return recalibrated_subnet(self.supernet, arch, self.data, calib_batches=s.calib_batches,
+                                   seed=s.seed)
+
+    def scored_model(self, arch: Any, policy: QuantPolicy | None, split: str = "val"
+                     ) -> tuple[float, nn.Module]:
+        """(accuracy % on ``split``, the model as searched: float, or PTQ under ``policy``)."""
+        model = self.float_model(arch)
+        if policy is not None:
+            model = self.quantized_model(model, policy)
+        device = next(model.parameters()).device
+        return accuracy(model, eval_loader(self.data, getattr(self.data, split), device=device)), model
 
     def calibration_batches(self, device: torch.device | str = "cpu") -> BatchLoader:
         return calibration_loader(self.data, batch_size=128, seed=self.settings.seed, device=device)
@@ -144,11 +153,10 @@ class TrialEvaluator:
             acc = self.accuracy_fn(arch, policy)
             model = self.supernet.extract(arch)  # for measured latency; weights do not matter
         else:
-            acc, model = self.float_model(arch)
-            if policy is not None:
-                qmodel = self.quantized_model(model, policy)
-                acc = accuracy(qmodel, eval_loader(self.data, self.data.val,
-                                                   device=next(model.parameters()).device))
+            model = self.float_model(arch)
+            scored = model if policy is None else self.quantized_model(model, policy)
+            acc = accuracy(scored, eval_loader(self.data, self.data.val,
+                                               device=next(model.parameters()).device))
         layers = self.space.layers(arch)
         q_layers = layers if policy is None else apply_to_layers(policy, layers)
         metrics: dict[str, float] = {

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib.pyplot as plt  # headless: matplotlib picks Agg by itself without a display
@@ -116,7 +115,3 @@ def plot_hypervolume(history: pd.DataFrame, path: str | Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
-
-
-def devices_of_frame(frame: pd.DataFrame) -> Sequence[str]:
-    return [c.split(":", 1)[1] for c in frame.columns if c.startswith("latency_ms:")]

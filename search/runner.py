@@ -49,6 +49,7 @@ from search.evaluator import (
     policy_text,
 )
 from search.plots import plot_across_devices, plot_fronts, plot_hypervolume
+from search.samplers import make_sampler
 from search.study import (
     completed,
     enqueue_once,
@@ -337,12 +338,9 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
             fn = accuracy_predictor(cfg, space, evaluator, run_dir, progress=progress, log=log)
             search_evaluator = _evaluator(cfg, space, supernet, data, fn)
         storage, study = _open(cfg, run_dir, 0)
-        if not study.get_trials(deepcopy=False):
-            seeds = seed_trials(space, supernet, data, cfg, log)
-        else:
-            seeds = []
+        seeds = [] if study.get_trials(deepcopy=False) else seed_trials(space, supernet, data, cfg, log)
         n_seeds = enqueue_once(study, seeds)
-        storage, study = _open(cfg, run_dir, n_seeds)  # the sampler's start-up counts the seeds
+        study.sampler = make_sampler(cfg.sampler, cfg.seed, n_seeds=n_seeds)  # start-up counts seeds
         if is_sqlite(storage):
             recovered = recover_interrupted(study)
             if recovered:
@@ -394,14 +392,9 @@ def score_models(rows: pd.DataFrame, evaluator: TrialEvaluator, data: DatasetSpl
     distinct model in ``rows``."""
     out = {}
     for arch_str, ptext in rows[["arch", "policy"]].drop_duplicates().itertuples(index=False):
-        val, model = evaluator.float_model(evaluator.space.from_string(arch_str))
-        policy = policy_from_text(ptext)
-        if policy is not None:
-            model = evaluator.quantized_model(model, policy)
-        device = next(model.parameters()).device
-        if policy is not None:
-            val = accuracy(model, eval_loader(data, data.val, device=device))
-        test = accuracy(model, eval_loader(data, data.test, device=device))
+        val, model = evaluator.scored_model(evaluator.space.from_string(arch_str),
+                                            policy_from_text(ptext))
+        test = accuracy(model, eval_loader(data, data.test, device=next(model.parameters()).device))
         out[(arch_str, ptext if isinstance(ptext, str) else "")] = (val, test)
     return out
 

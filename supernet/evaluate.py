@@ -64,12 +64,21 @@ def eval_loader(data: DatasetSplits, split: ImageSplit, *, batch_size: int = 256
     return BatchLoader(split, batch_size=batch_size, mean=data.mean, std=data.std, device=device)
 
 
-def evaluate_subnet(supernet: nn.Module, arch, data: DatasetSplits, *, split: str = "val",
-                    calib_batches: int = 20, batch_size: int = 256, seed: int = 0) -> tuple[float, nn.Module]:
-    """Extract ``arch`` from ``supernet``, recalibrate its BatchNorm on training images and
-    return (top-1 accuracy in percent on ``split``, the recalibrated standalone model)."""
+def recalibrated_subnet(supernet: nn.Module, arch, data: DatasetSplits, *,
+                        calib_batches: int = 20, seed: int = 0) -> nn.Module:
+    """Extract ``arch`` from ``supernet`` and recalibrate its BatchNorm on ``calib_batches``
+    training batches (shuffled with ``seed``), on the supernet's device."""
     device = next(supernet.parameters()).device
     model = supernet.extract(arch)
     recalibrate_bn(model, calibration_loader(data, seed=seed, device=device), calib_batches)
+    return model
+
+
+def evaluate_subnet(supernet: nn.Module, arch, data: DatasetSplits, *, split: str = "val",
+                    calib_batches: int = 20, batch_size: int = 256, seed: int = 0) -> tuple[float, nn.Module]:
+    """:func:`recalibrated_subnet` and its top-1 accuracy in percent on ``split``:
+    (accuracy, the recalibrated standalone model)."""
+    device = next(supernet.parameters()).device
+    model = recalibrated_subnet(supernet, arch, data, calib_batches=calib_batches, seed=seed)
     acc = accuracy(model, eval_loader(data, getattr(data, split), batch_size=batch_size, device=device))
     return acc, model
