@@ -156,7 +156,7 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "off")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from supernet.train import SCHEDULES
+    from supernet.train import SCHEDULES, SUBNET_LOSSES
 
     p = OneLineParser(prog=f"python -m supernet.{PROG}",
                 description="Train an hwnas supernet (or a standalone subnet) on CIFAR-sized "
@@ -181,10 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "this; 0 = off (default 5)")
     p.add_argument("--num-random", type=int, default=2,
                    help="random subnets per sandwich step (default 2)")
-    p.add_argument("--subnet-loss", choices=("sum", "mean"), default="mean",
+    p.add_argument("--subnet-loss", choices=SUBNET_LOSSES, default="mean",
                    help="combine the losses of a sandwich step's subnets by their mean (the "
                         "step then has one network's scale, so the standalone learning rate "
-                        "applies) or their sum (BigNAS) (default: mean)")
+                        "applies), their sum (BigNAS), or the largest's plus the mean of the "
+                        "others' (largest+mean) (default: mean)")
     p.add_argument("--full-fraction", type=float, default=0.5,
                    help="deps schedule: share of the epochs that train only the full network "
                         "(default 0.5)")
@@ -212,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "largest and smallest subnets (random subnets run eagerly); optional mode: "
                    "default, reduce-overhead, max-autotune, or off. It changes speed only, so on "
                    "--resume it overrides the run's setting")
+    p.add_argument("--cudnn-benchmark", choices=("on", "off"), default="on",
+                   help="let cuDNN time its algorithms for every new convolution shape (CUDA "
+                        "only). Each random subnet of a sandwich step brings new shapes, so in a "
+                        "supernet's first sandwich epochs this tuning can stall the GPU; 'off' "
+                        "uses cuDNN's heuristics instead (default: on)")
     p.add_argument("--bench-steps", type=positive_int, default=None,
                    help="only measure training images/s over this many steps (after warm-up)")
     p.add_argument("--limit-train", type=positive_int, default=None,
@@ -445,9 +451,9 @@ def run(argv: list[str] | None = None, *, started: float | None = None) -> int:
 
     ctx, device = init_from_env(args.device)
     if device.type == "cuda":
-        # autotune convolution algorithms per shape (subnet shapes repeat, so it amortises) and
-        # let fp32 work (evaluation) use TF32 tensor cores
-        torch.backends.cudnn.benchmark = True
+        # --cudnn-benchmark: autotune convolution algorithms per new shape; let fp32 work
+        # (evaluation) use TF32 tensor cores
+        torch.backends.cudnn.benchmark = args.cudnn_benchmark == "on"
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     try:
