@@ -6,12 +6,12 @@
 #   bash benchmarks/results/supernet_cifar10/h200x2_ddp.sh 1 MINUTES   # probes, start the run
 #   bash benchmarks/results/supernet_cifar10/h200x2_ddp.sh 2 MINUTES   # finish, evaluate, nb201
 #
-# Phase 1: two 1-GPU probes of the sandwich step side by side (GPU 0: cuDNN autotuning on,
-# GPU 1: off), the faster setting is kept, then the supernet trains on both GPUs (torchrun,
-# global batch 1024 = 512 per GPU) until MINUTES after the start (checkpointed). Phase 2 (same
-# machine, right after): the run resumed to its end and evaluated; beside it nothing, so its
-# epochs time cleanly; then a 1-GPU probe of the full-network step (GPU 0) and a short nb201
-# supernet training with its Kendall tau (GPU 1). Logs and results -> $OUT/results_x2.tgz, the
+# Phase 1: the supernet trains on both GPUs (torchrun, global batch 1024 = 512 per GPU) until
+# MINUTES after the start (checkpointed); with PROBES=1 first two 1-GPU probes of the sandwich
+# step side by side (cuDNN autotuning on / off) choose BM. Phase 2 (same machine, right after):
+# the run resumed to its end and evaluated, nothing beside it, so its epochs time cleanly; then
+# 1-GPU probes of the same recipe (GPU 0: full-network stage, then sandwich) and a short nb201
+# supernet training with its Kendall tau (GPU 1). COMPILE= (empty) trains eagerly. Logs and results -> $OUT/results_x2.tgz, the
 # float16 supernet -> $OUT/mbv3_cifar10.pt.
 set -u
 PHASE=$1
@@ -53,19 +53,21 @@ else:
 EOF
 }
 
+BM=${BM:-off}  # cuDNN autotuning (see --cudnn-benchmark); phase 1 with PROBES=1 measures both
 if [ "$PHASE" = 1 ]; then
-  CUDA_VISIBLE_DEVICES=0 $T $RECIPE --schedule sandwich --out $R/probe-sandwich-bm-on --overwrite \
-    --cudnn-benchmark on --max-minutes $PROBE_MIN > $R/probe-sandwich-bm-on.log 2>&1 &
-  P1=$!
-  CUDA_VISIBLE_DEVICES=1 $T $RECIPE --schedule sandwich --out $R/probe-sandwich-bm-off --overwrite \
-    --cudnn-benchmark off --max-minutes $PROBE_MIN > $R/probe-sandwich-bm-off.log 2>&1 &
-  P2=$!
-  wait $P1 $P2
-  ON=$(rate $R/probe-sandwich-bm-on)
-  OFF=$(rate $R/probe-sandwich-bm-off)
-  BM=on
-  [ "$OFF" -gt "$ON" ] && BM=off
-  echo "sandwich probe images/s: cudnn benchmark on $ON, off $OFF -> $BM" | tee -a $R/phases.log
+  if [ "${PROBES:-0}" = 1 ]; then
+    CUDA_VISIBLE_DEVICES=0 $T $RECIPE --schedule sandwich --out $R/probe-sandwich-bm-on \
+      --overwrite --cudnn-benchmark on --max-minutes $PROBE_MIN > $R/probe-sandwich-bm-on.log 2>&1 &
+    P1=$!
+    CUDA_VISIBLE_DEVICES=1 $T $RECIPE --schedule sandwich --out $R/probe-sandwich-bm-off \
+      --overwrite --cudnn-benchmark off --max-minutes $PROBE_MIN > $R/probe-sandwich-bm-off.log 2>&1 &
+    P2=$!
+    wait $P1 $P2
+    ON=$(rate $R/probe-sandwich-bm-on)
+    OFF=$(rate $R/probe-sandwich-bm-off)
+    [ "$ON" -gt "$OFF" ] && BM=on || BM=off
+    echo "sandwich probe images/s: cudnn benchmark on $ON, off $OFF -> $BM" | tee -a $R/phases.log
+  fi
   echo $BM > $R/cudnn_benchmark.txt
   TORCH_LOGS=recompiles $TR $RECIPE --out $R/sn --overwrite --cudnn-benchmark $BM --half-weights \
     --eval --max-minutes $(left 0.3) > $R/sn.log 2>&1
@@ -73,8 +75,12 @@ else
   BM=$(cat $R/cudnn_benchmark.txt)
   TORCH_LOGS=recompiles $TR --out $R/sn --resume --cudnn-benchmark $BM --half-weights --eval \
     --quiet --max-minutes $(left 4.5) >> $R/sn.log 2>&1
-  CUDA_VISIBLE_DEVICES=0 $T $RECIPE --out $R/probe-full --overwrite --cudnn-benchmark $BM \
-    --max-minutes 2.0 > $R/probe-full.log 2>&1 &
+  (  # the 1-GPU reference rates of the same recipe: its full-network stage, then a sandwich run
+    CUDA_VISIBLE_DEVICES=0 $T $RECIPE --out $R/probe-full --overwrite --cudnn-benchmark $BM \
+      --max-minutes 1.3 > $R/probe-full.log 2>&1
+    CUDA_VISIBLE_DEVICES=0 $T $RECIPE --schedule sandwich --out $R/probe-sandwich-bm-$BM \
+      --overwrite --cudnn-benchmark $BM --max-minutes 1.8 > $R/probe-sandwich-bm-$BM.log 2>&1
+  ) &
   P1=$!
   (
     CUDA_VISIBLE_DEVICES=1 $T --data $D --space nb201 --epochs ${NB_EPOCHS:-8} --batch-size 256 \
