@@ -11,6 +11,10 @@ The parameters are always suggested for *every* group of the space's largest arc
 (``bits:<group>``), so the search space is static — which Optuna's multivariate TPE and
 NSGA-II need; groups that an architecture does not have are ignored for it.
 
+:class:`ArchBitsSpace` holds the joint candidates (architecture, group widths): their Optuna
+parameters, canonical string and features, for samplers that reason about candidates (the
+screening sampler).
+
 Seeds (:func:`sensitivity_seeds`): HAWQ-V2 Hessian sensitivity of the largest subnet, allocated
 by :func:`quant.allocate.allocate` at a few average weight widths, then mapped to the groups.
 This module imports torch only inside :func:`sensitivity_seeds`.
@@ -19,7 +23,10 @@ This module imports torch only inside :func:`sensitivity_seeds`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from quant.policy import FLOAT_BITS, SUPPORTED_BITS, QuantPolicy
 from supernet.errors import UserError
@@ -88,6 +95,120 @@ def policy_for(space: SearchSpace, arch: Any, group_bits: Mapping[str, int]) -> 
     if all(w == FLOAT_BITS for w, _ in bits.values()):
         return None
     return QuantPolicy(bits)
+
+
+@dataclass(frozen=True)
+class ArchBits:
+    """A candidate of the joint search: an architecture and one weight width per layer group
+    (``bits[i]`` for ``ArchBitsSpace.groups[i]``, every group of the space, used or not)."""
+
+    arch: Any
+    bits: tuple[int, ...]
+
+    def group_bits(self, groups: Sequence[str]) -> dict[str, int]:
+        return dict(zip(groups, self.bits))
+
+
+class ArchBitsSpace:
+    """The joint candidates (architecture x group bit-widths) of a search that searches bits,
+    with the part of the :class:`~supernet.space.SearchSpace` interface that samplers reading
+    candidates use (:class:`search.screening.ScreeningSampler`): ``suggest`` (the very
+    parameters the search's objective suggests: the space's, then ``bits:<group>``),
+    ``to_params``, ``sample``, ``to_string`` / ``from_string`` and ``encode``.
+
+    * ``to_string``: ``<arch string> @ <group>=<bits>,...`` over the groups the architecture
+      has — candidates that differ only in the widths of absent groups are one model.
+    * ``encode``: the space's encoding, then per group its quantization-noise scale
+      ``2^-bits`` (float: 2^-32; a group the architecture lacks: 0, it adds no noise). PTQ error
+      grows like 2^-bits, so 4 -> 6 bits is a larger step than 8 -> float, as in accuracy.
+    * ``sample``: a random architecture; with probability ``uniform_fraction`` one width for
+      every group (uniform policies, int8 above all, are the usual deployments and rare among
+      independent draws: with 4 choices and 12 groups only 3 % of those avoid 4 bits), else
+      an independent width per group.
+    """
+
+    SEPARATOR = " @ "
+
+    def __init__(self, space: SearchSpace, choices: Sequence[int], *,
+                 uniform_fraction: float = 0.25) -> None:
+        self.space = space
+        self.choices = check_bit_choices(choices)
+        self.groups = bit_groups(space)
+        if not 0.0 <= uniform_fraction <= 1.0:
+            raise UserError(f"uniform_fraction = {uniform_fraction}; expected 0..1")
+        self.uniform_fraction = float(uniform_fraction)
+        self.name = f"{space.name}+bits"
+        self._active: dict[str, tuple[bool, ...]] = {}
+
+    # -- the objective's view ----------------------------------------------------------------
+    def suggest(self, trial: Any) -> ArchBits:
+        arch = self.space.suggest(trial)
+        bits = suggest_group_bits(trial, self.groups, self.choices)
+        return ArchBits(arch, tuple(bits[g] for g in self.groups))
+
+    def to_params(self, cand: ArchBits) -> dict[str, Any]:
+        return {**self.space.to_params(cand.arch), **group_params(cand.group_bits(self.groups))}
+
+    def policy(self, cand: ArchBits) -> QuantPolicy | None:
+        """The per-layer policy of the candidate (``None``: a float model)."""
+        return policy_for(self.space, cand.arch, cand.group_bits(self.groups))
+
+    # -- candidates ----------------------------------------------------------------------------
+    def active(self, arch: Any) -> tuple[bool, ...]:
+        """Per group: whether ``arch`` has layers in it (cached by architecture string)."""
+        key = self.space.to_string(arch)
+        got = self._active.get(key)
+        if got is None:
+            present = {layer_group(layer.name) for layer in self.space.layers(arch)
+                       if layer.op in _QUANT_OPS}
+            got = tuple(g in present for g in self.groups)
+            if len(self._active) > 100_000:
+                self._active.clear()
+            self._active[key] = got
+        return got
+
+    def sample(self, rng: Any) -> ArchBits:
+        arch = self.space.sample(rng)
+        n = len(self.choices)
+        if rng.random() < self.uniform_fraction:
+            bits = (self.choices[int(rng.integers(n))],) * len(self.groups)
+        else:
+            bits = tuple(self.choices[int(i)] for i in rng.integers(0, n, len(self.groups)))
+        return ArchBits(arch, bits)
+
+    def to_string(self, cand: ArchBits) -> str:
+        used = ",".join(f"{g}={b}" for g, b, on in zip(self.groups, cand.bits,
+                                                        self.active(cand.arch)) if on)
+        return f"{self.space.to_string(cand.arch)}{self.SEPARATOR}{used}"
+
+    def from_string(self, text: str) -> ArchBits:
+        """Inverse of :meth:`to_string`; groups the architecture lacks get the widest choice."""
+        arch_text, sep, bits_text = str(text).rpartition(self.SEPARATOR)
+        if not sep:
+            raise UserError(f"candidate {text!r} is not '<architecture>{self.SEPARATOR}"
+                            f"<group>=<bits>,...'")
+        arch = self.space.from_string(arch_text)
+        given: dict[str, int] = {}
+        for item in filter(None, bits_text.split(",")):
+            group, _, value = item.partition("=")
+            if group not in self.groups or not value.strip().isdigit():
+                raise UserError(f"candidate {text!r}: {item!r} is not <group>=<bits> for a "
+                                f"group of {self.space.name}")
+            given[group] = int(value)
+        bad = [b for b in given.values() if b not in self.choices]
+        if bad:
+            raise UserError(f"candidate {text!r}: width {bad[0]} is not among the bit choices "
+                            f"{list(self.choices)}")
+        return ArchBits(arch, tuple(given.get(g, self.choices[-1]) for g in self.groups))
+
+    def encode(self, cand: ArchBits) -> np.ndarray:
+        noise = [2.0 ** -b if on else 0.0 for b, on in zip(cand.bits, self.active(cand.arch))]
+        return np.concatenate([np.asarray(self.space.encode(cand.arch), dtype=np.float32),
+                               np.asarray(noise, dtype=np.float32)])
+
+    @property
+    def feature_names(self) -> list[str]:
+        return [*self.space.feature_names, *(f"noise:{g}" for g in self.groups)]
 
 
 def uniform_groups(groups: Sequence[str], bits: int) -> dict[str, int]:

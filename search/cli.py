@@ -62,7 +62,11 @@ def _search_options(p: argparse.ArgumentParser, d) -> None:
                    help=f"weight bit-widths per layer group, 32 = float (default "
                         f"{','.join(map(str, d.bit_choices))})")
     p.add_argument("--sampler", choices=SAMPLERS, default=d.sampler,
-                   help=f"Optuna sampler (default {d.sampler})")
+                   help=f"Optuna sampler, seeded by --seed: tpe (multivariate TPE), nsga2, random, "
+                        f"gp, or screening (a GP surrogate of accuracy picks each trial from a "
+                        f"pool of candidates whose size and estimated/predicted latency are "
+                        f"computed for free; cheap constraints screen the pool) (default "
+                        f"{d.sampler})")
     p.add_argument("--accuracy", choices=("supernet", "predictor"), default=d.accuracy,
                    help="accuracy objective: evaluate every trial on the supernet (default), or "
                         "a predictor fitted on --predictor-samples supernet evaluations")

@@ -16,7 +16,7 @@ from search.objectives import (
     parse_constraints,
     parse_objectives,
 )
-from search.samplers import DEFAULT_SAMPLER, SAMPLERS
+from search.samplers import DEFAULT_SAMPLER, SAMPLERS, check_screening_objectives
 from supernet.errors import UserError
 
 #: objectives of a default search: accuracy, latency on this CPU, model size
@@ -108,6 +108,8 @@ class SearchConfig:
         self.bit_choices = list(check_bit_choices(self.bit_choices))
         if not self.all_devices:  # parses objectives and constraints: their errors surface here
             raise UserError("no device: name one in an objective (latency:DEVICE) or --devices")
+        if self.sampler == "screening":
+            check_screening_objectives(self.objective_metrics)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

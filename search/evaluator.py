@@ -14,12 +14,15 @@
   int8 gain unless a measured speed-up table says otherwise (issue 5: int8 can be slower).
 
 Results are cached by (architecture, policy), so repeats and resumed studies cost nothing.
+:class:`CheapMetrics` gives the metrics that need no model (cost models, latency on devices not
+measured here) for many candidates at once, with the same functions: the screening sampler's
+view of candidates it has not evaluated.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,6 +34,7 @@ from latency.devices import Device, EstimatedDevice, MeasuredDevice, get_device
 from quant.cost import bops, model_size_bytes
 from quant.device_rules import DeviceQuantRules, effective_layers, get_device_rules, speed_factor
 from quant.policy import FLOAT_BITS, QuantPolicy, apply_to_layers, average_weight_bits
+from search.objectives import Metric, is_cheap
 from supernet.data import BatchLoader, DatasetSplits
 from supernet.errors import UserError
 from supernet.evaluate import accuracy, calibration_loader, eval_loader, recalibrated_subnet
@@ -81,18 +85,53 @@ def _mac_weighted_factor(layers: list[Layer], rules: DeviceQuantRules) -> float:
     return float((weights * factors).sum() / weights.sum())
 
 
-def device_latency(device: Device, space: SearchSpace, arch: Any, policy: QuantPolicy | None,
-                   ) -> tuple[float, float | None]:
-    """(latency ms, std or None) of ``arch`` under ``policy`` on ``device``; see the module
-    docstring for how quantization enters."""
+def quantized_layers(space: SearchSpace, arch: Any, policy: QuantPolicy | None
+                     ) -> tuple[list[Layer], list[Layer]]:
+    """(layer list of ``arch``, the same with ``policy``'s bit-widths; the float list when
+    ``policy`` is ``None``)."""
     layers = space.layers(arch)
-    q_layers = layers if policy is None else apply_to_layers(policy, layers)
+    return layers, (layers if policy is None else apply_to_layers(policy, layers))
+
+
+#: metrics priced from the layer list alone (:mod:`quant.cost`): column -> f(layers, quantized
+#: layers, policy). The trial evaluator and the screening sampler's cheap metrics both use it.
+COST_METRICS: dict[str, Callable[[list[Layer], list[Layer], QuantPolicy | None], float]] = {
+    "size_bytes": lambda layers, q_layers, policy: float(model_size_bytes(q_layers)),
+    "bops": lambda layers, q_layers, policy: float(bops(q_layers)),
+    "flops": lambda layers, q_layers, policy: float(total_flops(layers)),
+    "params": lambda layers, q_layers, policy: float(total_params(layers)),
+    "avg_weight_bits": lambda layers, q_layers, policy: float(
+        FLOAT_BITS if policy is None else average_weight_bits(policy, layers)),
+}
+
+
+def device_latencies(device: Device, space: SearchSpace, archs: Sequence[Any],
+                     policies: Sequence[QuantPolicy | None],
+                     q_layers: Sequence[list[Layer]] | None = None,
+                     ) -> tuple[np.ndarray, np.ndarray | None]:
+    """(latency ms, std or None) of each ``archs[i]`` under ``policies[i]`` on ``device`` (see
+    the module docstring for how quantization enters); ``q_layers`` are the candidates'
+    quantized layer lists when already built. Table and adapted devices answer the whole batch
+    in one call."""
+    if q_layers is None:
+        q_layers = [quantized_layers(space, a, p)[1] for a, p in zip(archs, policies)]
     rules = get_device_rules(rules_family(device.name))
     if isinstance(device, EstimatedDevice):
-        return float(device.estimator.estimate(effective_layers(q_layers, rules))), None
-    mean, std = device.latency_with_std(space, [arch])
-    factor = 1.0 if policy is None else _mac_weighted_factor(q_layers, rules)
-    return float(mean[0]) * factor, (None if std is None else float(std[0]) * factor)
+        return np.array([float(device.estimator.estimate(effective_layers(q, rules)))
+                         for q in q_layers], dtype=np.float64), None
+    mean, std = device.latency_with_std(space, list(archs))
+    factor = np.array([1.0 if p is None else _mac_weighted_factor(q, rules)
+                       for p, q in zip(policies, q_layers)])
+    mean = np.asarray(mean, dtype=np.float64) * factor
+    return mean, (None if std is None else np.asarray(std, dtype=np.float64) * factor)
+
+
+def device_latency(device: Device, space: SearchSpace, arch: Any, policy: QuantPolicy | None,
+                   ) -> tuple[float, float | None]:
+    """(latency ms, std or None) of ``arch`` under ``policy`` on ``device``: the one-candidate
+    case of :func:`device_latencies`."""
+    mean, std = device_latencies(device, space, [arch], [policy])
+    return float(mean[0]), (None if std is None else float(std[0]))
 
 
 class TrialEvaluator:
@@ -157,16 +196,9 @@ class TrialEvaluator:
             scored = model if policy is None else self.quantized_model(model, policy)
             acc = accuracy(scored, eval_loader(self.data, self.data.val,
                                                device=next(model.parameters()).device))
-        layers = self.space.layers(arch)
-        q_layers = layers if policy is None else apply_to_layers(policy, layers)
-        metrics: dict[str, float] = {
-            "accuracy": float(acc),
-            "size_bytes": float(model_size_bytes(q_layers)),
-            "bops": float(bops(q_layers)),
-            "flops": float(total_flops(layers)),
-            "params": float(total_params(layers)),
-            "avg_weight_bits": float(FLOAT_BITS if policy is None else average_weight_bits(policy, layers)),
-        }
+        layers, q_layers = quantized_layers(self.space, arch, policy)
+        metrics: dict[str, float] = {"accuracy": float(acc)}
+        metrics.update({col: f(layers, q_layers, policy) for col, f in COST_METRICS.items()})
         self._current = {key[0]: model.cpu().eval()}
         for name, device in self.devices.items():
             mean, std = device_latency(device, self.space, arch, policy)
@@ -180,9 +212,58 @@ class TrialEvaluator:
         return metrics
 
 
+class CheapMetrics:
+    """The metrics of candidates that cost nothing per query (:func:`search.objectives.is_cheap`):
+    the cost-model metrics (:data:`COST_METRICS`) and latency on devices that look it up,
+    estimate or predict it. Computed by the same functions as :class:`TrialEvaluator`, so a
+    candidate's value here is the value its trial reports. What the screening sampler knows of
+    every candidate before it chooses one.
+
+    ``metrics`` fixes the columns of the result; ``devices`` maps device names to devices (the
+    evaluator's). A call takes (architecture, policy) pairs and returns ``(values, std)``, both
+    ``len(candidates) x len(metrics)``; std is 0 where the device gives none.
+    """
+
+    def __init__(self, space: SearchSpace, devices: Mapping[str, Device],
+                 metrics: Sequence[Metric]) -> None:
+        self.space = space
+        self.metrics = list(metrics)
+        for m in self.metrics:
+            if not is_cheap(m):
+                raise UserError(f"metric {m.key!r} needs an evaluation of the model; it is not "
+                                f"a cheap metric")
+            if m.device is not None and m.device not in devices:
+                raise UserError(f"metric {m.key!r}: device {m.device!r} is not among the "
+                                f"search's devices {sorted(devices)}")
+        self.devices = {m.device: devices[m.device] for m in self.metrics if m.device}
+
+    def __call__(self, candidates: Sequence[tuple[Any, QuantPolicy | None]]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        n, k = len(candidates), len(self.metrics)
+        values, std = np.zeros((n, k)), np.zeros((n, k))
+        if n == 0 or k == 0:
+            return values, std
+        archs = [a for a, _ in candidates]
+        policies = [p for _, p in candidates]
+        built = [quantized_layers(self.space, a, p) for a, p in candidates]
+        latency = {name: device_latencies(device, self.space, archs, policies,
+                                          [q for _, q in built])
+                   for name, device in self.devices.items()}
+        for j, m in enumerate(self.metrics):
+            if m.device is not None:
+                mean, sd = latency[m.device]
+                values[:, j] = mean
+                if sd is not None:
+                    std[:, j] = sd
+            else:
+                f = COST_METRICS[m.column]
+                values[:, j] = [f(layers, q, p) for (layers, q), p in zip(built, policies)]
+        return values, std
+
+
 def metric_columns(devices: list[str]) -> list[str]:
     """The metric columns of trials.csv, in order."""
-    cols = ["accuracy", "size_bytes", "bops", "flops", "params", "avg_weight_bits"]
+    cols = ["accuracy", *COST_METRICS]
     for d in devices:
         cols += [f"latency_ms:{d}", f"latency_std_ms:{d}"]
     return cols

@@ -100,6 +100,23 @@ class Constraint:
         return self.violation(value) <= 0
 
 
+#: metrics priced from the layer list alone (quant/ cost models)
+COST_METRIC_NAMES = ("size", "bops", "flops", "params")
+
+
+def is_cheap(metric: Metric) -> bool:
+    """Whether a candidate's value of ``metric`` is known before it is evaluated, at no cost:
+    the cost-model metrics, and latency on a device that looks it up, estimates or predicts it
+    (kinds table, estimated, adapted). Accuracy and latency measured here need the model."""
+    if metric.name in COST_METRIC_NAMES:
+        return True
+    if metric.name == "latency":
+        from latency.devices import get_device
+
+        return get_device(metric.device).kind != "measured"
+    return False
+
+
 def parse_metric(text: str, *, what: str = "objective") -> Metric:
     """``accuracy`` / ``latency:DEVICE`` / ``size`` ... -> :class:`Metric`."""
     text = text.strip()

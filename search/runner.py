@@ -32,11 +32,11 @@ import torch
 
 from search import outputs
 from search.bits import (
+    ArchBitsSpace,
     bit_groups,
     group_params,
     policy_for,
     sensitivity_seeds,
-    suggest_group_bits,
     uniform_groups,
 )
 from search.config import RESUME_KEYS, SearchConfig
@@ -49,7 +49,7 @@ from search.evaluator import (
     policy_text,
 )
 from search.plots import plot_across_devices, plot_fronts, plot_hypervolume
-from search.samplers import make_sampler
+from search.samplers import make_sampler, screening_problem
 from search.study import (
     completed,
     enqueue_once,
@@ -187,12 +187,14 @@ def make_objective(space: SearchSpace, evaluator: TrialEvaluator, cfg: SearchCon
     """The Optuna objective: suggest an architecture (and bit-widths), score it, record every
     metric as a user attribute and every constraint with ``trial.set_constraint``."""
     objectives, constraints = cfg.objective_metrics, cfg.constraint_list
-    groups = bit_groups(space) if cfg.bits else []
+    joint = ArchBitsSpace(space, cfg.bit_choices) if cfg.bits else None
 
     def objective(trial) -> tuple[float, ...]:
-        arch = space.suggest(trial)
-        policy = policy_for(space, arch, suggest_group_bits(trial, groups, cfg.bit_choices)) \
-            if cfg.bits else None
+        if joint is not None:
+            cand = joint.suggest(trial)
+            arch, policy = cand.arch, joint.policy(cand)
+        else:
+            arch, policy = space.suggest(trial), None
         trial.set_user_attr("arch", space.to_string(arch))
         trial.set_user_attr("policy", policy_text(policy))
         metrics = evaluator(arch, policy)
@@ -232,10 +234,21 @@ def seed_trials(space: SearchSpace, supernet, data: DatasetSplits, cfg: SearchCo
     return seeds
 
 
-def _open(cfg: SearchConfig, run_dir: Path, n_seeds: int):
+def build_sampler(cfg: SearchConfig, space: SearchSpace, evaluator: TrialEvaluator,
+                  n_seeds: int):
+    """The search's seeded sampler; ``screening`` gets the search's problem (candidates with
+    their bit policies, cheap objectives and constraints on the evaluator's devices)."""
+    problem = None
+    if cfg.sampler == "screening":
+        problem = screening_problem(space, cfg.objective_metrics, cfg.constraint_list,
+                                    evaluator.devices, bits=cfg.bits, bit_choices=cfg.bit_choices)
+    return make_sampler(cfg.sampler, cfg.seed, n_seeds=n_seeds, problem=problem)
+
+
+def _open(cfg: SearchConfig, run_dir: Path, sampler):
     storage = cfg.storage or sqlite_url(run_dir / "study.db")
-    study = open_study(storage, cfg.study_name or run_dir.name, cfg.sampler, cfg.seed,
-                       cfg.objective_metrics, n_seeds=n_seeds)
+    study = open_study(storage, cfg.study_name or run_dir.name, sampler, cfg.seed,
+                       cfg.objective_metrics)
     return storage, study
 
 
@@ -295,7 +308,7 @@ def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int) -> int:
     if cfg.accuracy == "predictor":
         fn = accuracy_predictor(cfg, space, evaluator, Path(run_dir), log=lambda *a: None)
         evaluator = _evaluator(cfg, space, supernet, data, fn)
-    _, study = _open(cfg, Path(run_dir), n_seeds)
+    _, study = _open(cfg, Path(run_dir), build_sampler(cfg, space, evaluator, n_seeds))
     return run_trials(study, make_objective(space, evaluator, cfg), cfg.trials, progress=False)
 
 
@@ -337,10 +350,10 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
         if cfg.accuracy == "predictor":
             fn = accuracy_predictor(cfg, space, evaluator, run_dir, progress=progress, log=log)
             search_evaluator = _evaluator(cfg, space, supernet, data, fn)
-        storage, study = _open(cfg, run_dir, 0)
+        storage, study = _open(cfg, run_dir, build_sampler(cfg, space, evaluator, 0))
         seeds = [] if study.get_trials(deepcopy=False) else seed_trials(space, supernet, data, cfg, log)
         n_seeds = enqueue_once(study, seeds)
-        study.sampler = make_sampler(cfg.sampler, cfg.seed, n_seeds=n_seeds)  # start-up counts seeds
+        study.sampler = build_sampler(cfg, space, evaluator, n_seeds)  # start-up counts seeds
         if is_sqlite(storage):
             recovered = recover_interrupted(study)
             if recovered:

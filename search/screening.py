@@ -12,14 +12,35 @@ evaluations so far. Each trial evaluates the candidate with the best acquisition
 
 * one expensive + one cheap objective (accuracy vs latency): the exact **expected hypervolume
   improvement** (EHVI) in 2-D; with the cheap objective known, the expectation is a sum of
-  closed-form Gaussian terms over the current front's staircase;
+  closed-form Gaussian terms over the current front's staircase. Two expensive objectives
+  (accuracy vs a latency measured here) get the same exact EHVI with the second one's GP
+  mean and deviation as an uncertain cost (independent of the first: separate GPs);
 * one objective: expected improvement;
-* anything else: an optimistic random Chebyshev scalarization (ParEGO with a confidence bound).
+* three or more objectives, where the exact 2-D EHVI does not apply: an optimistic random
+  augmented Chebyshev scalarization — ParEGO's rule (Knowles 2006) with a confidence bound
+  (Paria et al. 2019): each trial draws its own weights, so successive trials spread over the
+  front, and the cheap objectives enter with their known values.
+
+Constraints (Optuna's ``trial.set_constraint``; <= 0 is feasible): those the caller can compute
+for every candidate (``constraints``, e.g. a latency predicted for free) *screen the pool* —
+a candidate that violates one is never proposed while a free one meets them all (else the
+least violating is). Every other constraint the trials report is learned like an expensive
+objective, by a GP of its value, and multiplies the acquisition by the probability of
+feasibility (Gardner et al. 2014). The front the acquisition improves is that of the feasible
+trials.
+
+Candidates need not be bare architectures: ``space`` is anything with the part of the
+:class:`SearchSpace` interface the sampler reads (:class:`CandidateSpace`), e.g.
+:class:`search.bits.ArchBitsSpace` for architecture x bit-width candidates.
 
 It is an Optuna sampler (:class:`ScreeningSampler`), sequential and free of batches: each trial
 is chosen after the previous ones are told. Architectures of trials still running are not
-chosen again (several workers may share a study). Seeded and deterministic: the choice of a
-trial depends only on the seed, the trial number and the completed (and running) trials.
+chosen again (several workers may share a study). Seeded and deterministic: in one process,
+the choice of a trial depends only on the seed, the trial number and the completed (and
+running) trials. The sampler keeps no state of its own that a study needs: a new process
+(a resumed run, another worker) rebuilds everything from the study's trials (its pool and
+surrogate refits then start from the current trials, so its later choices may differ from
+those an uninterrupted process would have made).
 
 The surrogate (:class:`PoolGP`) is a GP with a squared-exponential kernel on the space's
 encoding (:meth:`SearchSpace.encode`, columns scaled to [0, 1]; for one-hot encodings this is
@@ -38,7 +59,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import optuna
@@ -58,6 +79,8 @@ from supernet.errors import UserError
 from supernet.space import SearchSpace
 
 __all__ = [
+    "CandidateSpace",
+    "CheapConstraints",
     "CheapObjectives",
     "PoolGP",
     "ScreeningConfig",
@@ -71,6 +94,21 @@ __all__ = [
 #: the cheap objectives, in the order of ``cheap_indices``; or a pair ``(values, std)`` where a
 #: predictor knows its uncertainty (``std`` of the same shape, or ``None``).
 CheapObjectives = Callable[[Sequence[Any]], np.ndarray]
+#: ``constraints(archs) -> array (len(archs), m)``: the values of the cheap constraints, in the
+#: order of ``constraint_names``, in Optuna's convention (<= 0 feasible)
+CheapConstraints = Callable[[Sequence[Any]], np.ndarray]
+
+
+class CandidateSpace(Protocol):
+    """What the sampler reads of a space of candidates (every :class:`SearchSpace` has it;
+    ``all_architectures()`` is optional: a space that enumerates itself)."""
+
+    def sample(self, rng: np.random.Generator) -> Any: ...
+    def to_string(self, cand: Any) -> str: ...
+    def from_string(self, text: str) -> Any: ...
+    def encode(self, cand: Any) -> np.ndarray: ...
+    def to_params(self, cand: Any) -> dict[str, Any]: ...
+    def suggest(self, trial: Any) -> Any: ...
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
@@ -363,6 +401,23 @@ class _Pool:
     cheap: np.ndarray  # N x k (k may be 0)
     cheap_sd: np.ndarray  # N x k, zeros where the callable gives no uncertainty
     enumerated: bool = False
+    #: N x m values of the cheap constraints (<= 0 feasible); m may be 0
+    violation: np.ndarray | None = None
+
+    @property
+    def feasible(self) -> np.ndarray:
+        if self.violation is None or self.violation.shape[1] == 0:
+            return np.ones(len(self.keys), dtype=bool)
+        return np.all(self.violation <= 0, axis=1)
+
+    @property
+    def excess(self) -> np.ndarray:
+        """Total violation, each constraint in units of its spread over the pool."""
+        if self.violation is None or self.violation.shape[1] == 0:
+            return np.zeros(len(self.keys))
+        v = self.violation
+        span = np.where(np.ptp(v, axis=0) > 0, np.ptp(v, axis=0), 1.0)
+        return np.sum(np.maximum(v, 0.0) / span, axis=1)
 
 
 @dataclass
@@ -370,6 +425,7 @@ class _History:
     numbers: list[int] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)
     values: list[list[float]] = field(default_factory=list)
+    constraints: list[dict[str, float]] = field(default_factory=list)
 
 
 class ScreeningSampler(BaseSampler):
@@ -380,14 +436,26 @@ class ScreeningSampler(BaseSampler):
     which of the study's objectives they are (in ``cheap``'s column order); every other
     objective is expensive and learned by a surrogate. ``directions`` (optional) is checked
     against the study's. For evaluated architectures the values the trials reported are used,
-    for candidates the cheap values.
+    for candidates the cheap values. ``constraints`` gives the values of the constraints named
+    ``constraint_names`` (as the trials name them in ``trial.set_constraint``) for any
+    candidates; candidates that violate them are screened out. Other constraints the trials
+    report are learned (module docstring).
     """
 
-    def __init__(self, space: SearchSpace, cheap: CheapObjectives | None = None,
+    def __init__(self, space: SearchSpace | CandidateSpace, cheap: CheapObjectives | None = None,
                  cheap_indices: Sequence[int] = (), *, seed: int,
                  directions: Sequence[str | StudyDirection] | None = None,
-                 config: ScreeningConfig | None = None) -> None:
+                 config: ScreeningConfig | None = None,
+                 constraints: CheapConstraints | None = None,
+                 constraint_names: Sequence[str] = ()) -> None:
         self.space = space
+        self.constraints = constraints
+        self.constraint_names = tuple(str(n) for n in constraint_names)
+        if len(set(self.constraint_names)) != len(self.constraint_names):
+            raise UserError(f"constraint_names {list(self.constraint_names)} repeat a name")
+        if (constraints is None) != (not self.constraint_names):
+            raise UserError("a cheap-constraints callable and constraint_names (the names of "
+                            "its columns) go together")
         self.cheap = cheap
         self.cheap_indices = tuple(int(i) for i in cheap_indices)
         if len(set(self.cheap_indices)) != len(self.cheap_indices):
@@ -403,6 +471,7 @@ class ScreeningSampler(BaseSampler):
         self._random = RandomSampler(seed=self.seed)
         self._pool: _Pool | None = None
         self._gps: list[PoolGP] = []
+        self._gp_targets: list[tuple[str, Any]] = []  # what each GP models
         self._hist = _History()
         self._gp_keys: list[str] = []
         self._last_refit = 0
@@ -472,12 +541,23 @@ class ScreeningSampler(BaseSampler):
         free = np.flatnonzero(mask)
         if len(free) == 0:
             return self._fallback(rng, taken)
+        feasible = pool.feasible
+        if not feasible[free].any():  # no free candidate meets the cheap constraints
+            return pool.archs[int(free[int(np.argmin(pool.excess[free]))])]
+        free = free[feasible[free]]
         if score is None:
             return pool.archs[int(free[rng.integers(len(free))])]
         return pool.archs[int(free[int(np.argmax(score[free]))])]
 
     def _fallback(self, rng: np.random.Generator, taken: set[str]) -> Any:
-        """Every pool member is taken: a random architecture, unseen if one is found."""
+        """Every pool member is taken: a random architecture, unseen if one is found (and
+        meeting the cheap constraints if one of 100 draws does)."""
+        if self.constraints is not None:
+            draws = [self.space.sample(rng) for _ in range(100)]
+            unseen = [a for a in draws if self.space.to_string(a) not in taken] or draws
+            v = self._violations(unseen)
+            ok = np.flatnonzero(np.all(v <= 0, axis=1))
+            return unseen[int(ok[0])] if len(ok) else unseen[0]
         arch = self.space.sample(rng)
         for _ in range(100):
             if self.space.to_string(arch) not in taken:
@@ -525,6 +605,7 @@ class ScreeningSampler(BaseSampler):
             self._hist.numbers.append(t.number)
             self._hist.keys.append(got[1])
             self._hist.values.append([float(v) for v in t.values])
+            self._hist.constraints.append({str(k): float(v) for k, v in t.constraints.items()})
             self._by_key.setdefault(got[1], got[0])
 
     # -- pool ------------------------------------------------------------------------------------
@@ -556,11 +637,24 @@ class ScreeningSampler(BaseSampler):
                             "deviation values")
         return vals, std
 
+    def _violations(self, archs: Sequence[Any]) -> np.ndarray:
+        """Values of the cheap constraints (``len(archs) x m``; m = 0 without any)."""
+        m = len(self.constraint_names)
+        if self.constraints is None or not archs:
+            return np.zeros((len(archs), m))
+        v = np.asarray(self.constraints(list(archs)), dtype=np.float64).reshape(len(archs), -1)
+        if v.shape[1] != m:
+            raise UserError(f"the cheap-constraints callable returned {v.shape[1]} values per "
+                            f"architecture; expected {m} (one per constraint name)")
+        if not np.all(np.isfinite(v)):
+            raise UserError("the cheap-constraints callable returned NaN or infinite values")
+        return v
+
     def _make_pool(self, archs: list[Any], enumerated: bool) -> _Pool:
         keys = [self.space.to_string(a) for a in archs]
         vals, std = self._cheap_values(archs)
         return _Pool(archs, keys, {k: i for i, k in enumerate(keys)}, self._encode(archs),
-                     vals, std, enumerated)
+                     vals, std, enumerated, self._violations(archs))
 
     def _ensure_pool(self, rng: np.random.Generator) -> _Pool:
         if self._pool is not None:
@@ -644,25 +738,49 @@ class ScreeningSampler(BaseSampler):
         """+1 for maximised objectives, -1 for minimised: values * sign are maximised."""
         return np.array([1.0 if d == StudyDirection.MAXIMIZE else -1.0 for d in directions])
 
-    def _fit(self, directions: list[StudyDirection], rng: np.random.Generator) -> list[tuple]:
+    def _learned_constraints(self) -> list[str]:
+        """Names of the constraints the trials report that no cheap callable computes."""
+        names: set[str] = set()
+        for c in self._hist.constraints:
+            names.update(c)
+        return sorted(names - set(self.constraint_names))
+
+    def _targets(self, directions: list[StudyDirection]) -> tuple[list[tuple[str, Any]],
+                                                                   np.ndarray]:
+        """What the GPs model — each expensive objective (maximised form), then each learned
+        constraint (its negated value: > 0 feasible) — and the observed values (n x targets)."""
+        targets: list[tuple[str, Any]] = [("objective", j) for j in self._expensive(directions)]
+        cols = [np.array(self._hist.values)[:, j] * self._signed(directions)[j]
+                for _, j in targets]
+        for name in self._learned_constraints():
+            v = np.array([c.get(name, np.nan) for c in self._hist.constraints])
+            if np.isnan(v).any():  # a trial that did not report it: assume the worst seen
+                v = np.where(np.isnan(v), np.nanmax(v), v)
+            targets.append(("constraint", name))
+            cols.append(-v)
+        return targets, np.stack(cols, axis=1)
+
+    def _fit(self, directions: list[StudyDirection], rng: np.random.Generator
+             ) -> tuple[list[tuple], np.ndarray | None]:
         """Bring the surrogates up to date; returns (mu, sd) per expensive objective
-        (maximised form) over the pool."""
-        exp_idx = self._expensive(directions)
-        sign = self._signed(directions)
-        Y = np.array(self._hist.values) * sign
+        (maximised form) over the pool, and the probability that each candidate meets the
+        learned constraints (``None`` without any)."""
+        targets, Y = self._targets(directions)
         n = len(self._hist.keys)
         refit = (not self._gps or n >= self._last_refit * self.config.refit_growth
-                 or self._gp_keys != self._hist.keys[: len(self._gp_keys)])
+                 or self._gp_keys != self._hist.keys[: len(self._gp_keys)]
+                 or targets != self._gp_targets)
         if refit:
             if self._gps:
                 self._refresh_pool(rng, self._front_keys(directions))
             X = self._train_features(self._hist.keys)
-            if not self._gps:
+            if targets != self._gp_targets:
                 cfg = self.config
                 self._gps = [PoolGP(self._pool.features, length_factors=cfg.length_factors,
                                     noises=cfg.noises, floor_quantile=cfg.floor_quantile)
-                             for _ in exp_idx]
-            for gp, j in zip(self._gps, exp_idx):
+                             for _ in targets]
+                self._gp_targets = list(targets)
+            for gp, j in zip(self._gps, range(len(targets))):
                 gp.refit(X, Y[:, j])
             self._gp_keys = list(self._hist.keys)
             self._last_refit = n
@@ -674,7 +792,14 @@ class ScreeningSampler(BaseSampler):
                     for x in X:
                         gp.add(x)
                 self._gp_keys += new
-        return [gp.predict(Y[:, j]) for gp, j in zip(self._gps, exp_idx)]
+        preds = [gp.predict(Y[:, j]) for j, gp in enumerate(self._gps)]
+        objective = [p for p, (kind, _) in zip(preds, targets) if kind == "objective"]
+        pof = None
+        for (mu, sd), (kind, _) in zip(preds, targets):
+            if kind == "constraint":
+                p = ndtr(mu / np.maximum(sd, 1e-12))
+                pof = p if pof is None else pof * p
+        return objective, pof
 
     def _train_features(self, keys: Sequence[str]) -> np.ndarray:
         pool = self._pool
@@ -689,37 +814,75 @@ class ScreeningSampler(BaseSampler):
                                           else self.space.from_string(k)])[0])
         return np.array(rows)
 
+    def _feasible_history(self) -> np.ndarray:
+        """Which evaluated trials meet every constraint they report."""
+        return np.array([all(v <= 0 for v in c.values()) for c in self._hist.constraints],
+                        dtype=bool)
+
     def _front_keys(self, directions: list[StudyDirection]) -> list[str]:
+        """The non-dominated evaluated candidates: of the feasible ones, if there are any."""
         Y = np.array(self._hist.values) * self._signed(directions)
+        keys = list(self._hist.keys)
+        feasible = self._feasible_history()
+        if feasible.any() and not feasible.all():
+            Y, keys = Y[feasible], [k for k, f in zip(keys, feasible) if f]
         dominated = np.zeros(len(Y), dtype=bool)
         for i in range(len(Y)):
             dominated[i] = bool(np.any(np.all(Y >= Y[i], 1) & np.any(Y > Y[i], 1)))
-        return [k for k, d in zip(self._hist.keys, dominated) if not d]
+        return [k for k, d in zip(keys, dominated) if not d]
 
     def _acquisition(self, directions: list[StudyDirection],
                      rng: np.random.Generator) -> np.ndarray:
-        preds = self._fit(directions, rng)
+        preds, pof = self._fit(directions, rng)
+        score = self._improvement(preds, directions, rng)
+        if score is None:  # no evaluated candidate is feasible yet: seek feasibility
+            return pof
+        if pof is None:
+            return score
+        score = score - float(score.min())  # >= 0 (the scalarization is not)
+        weighted = score * pof
+        return weighted if float(weighted.max()) > 0 else pof
+
+    def _improvement(self, preds: list[tuple], directions: list[StudyDirection],
+                     rng: np.random.Generator) -> np.ndarray | None:
+        """The acquisition before constraints: over the front of the feasible evaluated
+        candidates; ``None`` when learned constraints leave none feasible."""
         pool = self._pool
         sign = self._signed(directions)
         exp_idx = self._expensive(directions)
         Y = np.array(self._hist.values) * sign  # observed, maximised form
+        feasible = self._feasible_history()
+        if not feasible.all():
+            if not feasible.any():
+                if self._learned_constraints():
+                    return None
+                feasible[:] = True  # only cheap constraints, all violated: every trial counts
+            Y = Y[feasible]
         if len(directions) == 1:
             mu, sd = preds[0]
             return _expected_improvement(mu, sd, float(Y[:, 0].max()))
-        if len(exp_idx) == 1 and len(self.cheap_indices) == 1:
+        if len(directions) == 2:
             mu, sd = preds[0]
-            e, c = exp_idx[0], self.cheap_indices[0]
-            cost = -sign[c] * pool.cheap[:, 0]  # minimised form
+            if len(exp_idx) == 1:  # the cost is cheap: known (or with the callable's sd)
+                e, c = exp_idx[0], self.cheap_indices[0]
+                cost = -sign[c] * pool.cheap[:, 0]  # minimised form
+                cost_sd = self.config.cheap_std_scale * pool.cheap_sd[:, 0]
+            else:  # both learned: the second is the cost, its GP's mean and sd (independent)
+                e, c = exp_idx
+                cost, cost_sd = -preds[1][0], preds[1][1]
             obs_gain, obs_cost = Y[:, e], -Y[:, c]
             f = front_indices_2d(obs_cost, obs_gain)
             span_c = float(np.ptp(cost)) or 1.0
             span_g = float(np.ptp(obs_gain)) or 1.0
             # reference: just beyond the slowest point that is (or is expected to be) on the
             # front - the most accurate observed one, and the most accurate predicted one
-            ref_cost = max(float(obs_cost[f].max()), float(cost[int(np.argmax(mu))]))
+            # (of the candidates that meet the cheap constraints)
+            ok = pool.feasible
+            best = int(np.argmax(mu)) if ok.all() or not ok.any() else \
+                int(np.flatnonzero(ok)[int(np.argmax(mu[ok]))])
+            ref_cost = max(float(obs_cost[f].max()), float(cost[best]))
             ref_cost += 0.01 * span_c
             ref_gain = float(obs_gain[f].min()) - 0.02 * span_g
-            cost_sd = self.config.cheap_std_scale * pool.cheap_sd[:, 0]
             return expected_hvi_2d(mu, sd, cost, obs_cost[f], obs_gain[f], ref_cost, ref_gain,
                                    cost_sd)
         return self._parego(preds, directions, rng)

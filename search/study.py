@@ -67,15 +67,19 @@ def _redact(url: str) -> str:
     return url
 
 
-def open_study(storage: str | RDBStorage, study_name: str, sampler: str, seed: int,
+def open_study(storage: str | RDBStorage, study_name: str,
+               sampler: str | optuna.samplers.BaseSampler, seed: int,
                objectives: Sequence[Metric], *, n_seeds: int = 0) -> optuna.Study:
-    """Create the study, or load it if it exists (then its objectives must be the same)."""
+    """Create the study, or load it if it exists (then its objectives must be the same).
+    ``sampler`` is a sampler, or a name for :func:`search.samplers.make_sampler` (with
+    ``seed`` and ``n_seeds``)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if isinstance(storage, str):
         storage = make_storage(storage)
+    if isinstance(sampler, str):
+        sampler = make_sampler(sampler, seed, n_seeds=n_seeds)
     study = optuna.create_study(
-        storage=storage, study_name=study_name,
-        sampler=make_sampler(sampler, seed, n_seeds=n_seeds),
+        storage=storage, study_name=study_name, sampler=sampler,
         directions=[m.direction for m in objectives], load_if_exists=True,
     )
     keys = [m.key for m in objectives]
