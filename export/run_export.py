@@ -254,7 +254,10 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
             if d not in devices:
                 devices.append(d)
     tunable = measurable_devices(devices)
-    test_loader = BatchLoader(data.test, batch_size=max_test_images, mean=data.mean, std=data.std)
+    # a seeded random sample of the test split: CIFAR-10's test split is sorted by class, so
+    # its first images are all one class
+    test_loader = BatchLoader(data.test, batch_size=max_test_images, mean=data.mean, std=data.std,
+                              shuffle=True, seed=seed)
     test_images, test_labels = next(iter(test_loader))
     example = test_images[:1]
     report = report or _print_line

@@ -213,11 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "largest and smallest subnets (random subnets run eagerly); optional mode: "
                    "default, reduce-overhead, max-autotune, or off. It changes speed only, so on "
                    "--resume it overrides the run's setting")
-    p.add_argument("--cudnn-benchmark", choices=("on", "off"), default="on",
+    p.add_argument("--cudnn-benchmark", choices=("auto", "on", "off"), default="auto",
                    help="let cuDNN time its algorithms for every new convolution shape (CUDA "
-                        "only). Each random subnet of a sandwich step brings new shapes, so in a "
-                        "supernet's first sandwich epochs this tuning can stall the GPU; 'off' "
-                        "uses cuDNN's heuristics instead (default: on)")
+                        "only). Each random subnet of a sandwich step brings new shapes, so this "
+                        "tuning stalls a supernet's GPU for minutes; a standalone network has "
+                        "one set of shapes and gains. auto = on for --standalone, off for "
+                        "supernets (default: auto)")
     p.add_argument("--bench-steps", type=positive_int, default=None,
                    help="only measure training images/s over this many steps (after warm-up)")
     p.add_argument("--limit-train", type=positive_int, default=None,
@@ -401,6 +402,19 @@ def _eval_archs(space) -> list[tuple[str, Any]]:
     return archs
 
 
+def _is_standalone(args: argparse.Namespace) -> bool:
+    """Whether this command trains a standalone subnet (given, or recorded in a resumed run)."""
+    if args.standalone:
+        return True
+    run_file = Path(args.out) / "run.json" if args.resume and args.out else None
+    if run_file is not None and run_file.is_file():
+        try:
+            return bool(json.loads(run_file.read_text())["settings"].get("standalone"))
+        except (ValueError, KeyError, TypeError):
+            return False  # _main reports a broken run.json
+    return False
+
+
 def _resolve_arch(space, text: str):
     named = dict(_eval_archs(space))
     if text in named:
@@ -453,7 +467,8 @@ def run(argv: list[str] | None = None, *, started: float | None = None) -> int:
     if device.type == "cuda":
         # --cudnn-benchmark: autotune convolution algorithms per new shape; let fp32 work
         # (evaluation) use TF32 tensor cores
-        torch.backends.cudnn.benchmark = args.cudnn_benchmark == "on"
+        torch.backends.cudnn.benchmark = (args.cudnn_benchmark == "on" or (
+            args.cudnn_benchmark == "auto" and _is_standalone(args)))
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     try:

@@ -861,3 +861,16 @@ def test_entry_point_rank(decoded, tmp_path, capsys):
     truth.write_text("arch,acc\nnot-an-arch,1.0\n")
     assert train_cifar.main(args) == 2
     assert "lacks 4 of the sampled architectures" in capsys.readouterr().err
+
+
+def test_cudnn_autotuning_defaults_to_standalone_runs_only(tmp_path):
+    """--cudnn-benchmark auto: on for a standalone network (one set of shapes), off for a
+    supernet (every random subnet brings new shapes to tune), also when a run is resumed."""
+    parse = train_cifar.build_parser().parse_args
+    assert train_cifar._is_standalone(parse(["--standalone", "largest", "--out", str(tmp_path)]))
+    assert not train_cifar._is_standalone(parse(["--out", str(tmp_path)]))
+    (tmp_path / "run.json").write_text(json.dumps({"settings": {"standalone": "smallest"}}))
+    assert train_cifar._is_standalone(parse(["--out", str(tmp_path), "--resume"]))
+    (tmp_path / "run.json").write_text(json.dumps({"settings": {"standalone": None}}))
+    assert not train_cifar._is_standalone(parse(["--out", str(tmp_path), "--resume"]))
+    assert parse(["--out", "x"]).cudnn_benchmark == "auto"
