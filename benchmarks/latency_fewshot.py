@@ -13,10 +13,12 @@ devices and only the architectures outside the query range; measured samples com
 the query range too. "n measurements" is everything measured on the new device: the meta
 predictor measures its first ``n`` reference architectures (chosen at meta-training from a pool
 drawn with the seed) and nothing else; the other predictors measure ``n`` architectures drawn at
-random with the seed (the same ones for every predictor). Two ablations of the meta predictor:
-``meta[random]`` adapts on those random samples instead of its reference architectures, and
-``meta[help-refs]`` (n = 10) on HELP's 10 reference architectures. ``adapt_seconds`` is the wall
-time of ``adapt()`` (mean over seeds). HELP's published numbers are printed beside ours.
+random with the seed (the same ones for every predictor). Three ablations of the meta predictor:
+``meta[random]`` adapts on those random samples instead of its reference architectures,
+``meta[help-refs]`` (n = 10) on HELP's 10 reference architectures, and ``meta[v1]`` is the
+previous version of the meta predictor (no execution variants, Gaussian noise; its own reference
+architectures), kept to show what the current one changes. ``adapt_seconds`` is the wall time of
+``adapt()`` (mean over seeds). HELP's published numbers are printed beside ours.
 
 ``--split validation`` scores the validation devices instead (hyper-parameters were chosen
 there); ``--latency-csv PATH --device COLUMN [--space S]`` scores a table of a device we have
@@ -66,7 +68,9 @@ from supernet.spaces import get_space  # noqa: E402
 
 OUT_JSON = Path(__file__).with_suffix(".json")
 BASELINES = ("flops", "lut", "mlp")
-ALL_PREDICTORS = (*BASELINES, "meta", "meta[random]", "meta[help-refs]")
+ALL_PREDICTORS = (*BASELINES, "meta", "meta[random]", "meta[help-refs]", "meta[v1]")
+#: Options that turn the current meta predictor into the previous version (``meta[v1]``).
+V1_OPTIONS: dict[str, Any] = {"execution": ("raw",), "robust_iterations": 0}
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -108,8 +112,10 @@ def run_one(predictor: Any, task: Task, rows: np.ndarray, seed: int) -> tuple[di
 
 def evaluate(space: Any, tasks: list[Task], metas: list[MetaPredictor | None],
              help_rows: np.ndarray | None, predictors: list[str], ns: list[int],
-             seeds: int) -> dict[tuple, dict[str, list]]:
-    """scores[(predictor, device, n, protocol)] = per-seed values; plus adapt times."""
+             seeds: int, metas_v1: list[MetaPredictor | None] | None = None
+             ) -> dict[tuple, dict[str, list]]:
+    """scores[(predictor, device, n, protocol)] = per-seed values; plus adapt times.
+    ``metas_v1`` (one per seed) are the previous version's predictors, for ``meta[v1]``."""
     from tqdm import tqdm
 
     acc: dict[tuple, dict[str, list]] = defaultdict(lambda: {"rho": [], "sec": []})
@@ -125,6 +131,12 @@ def evaluate(space: Any, tasks: list[Task], metas: list[MetaPredictor | None],
                         pred, rows = get_predictor(name, space), random_rows[:n]
                         if n < pred.min_samples:
                             continue
+                    elif name == "meta[v1]":
+                        old = metas_v1[seed] if metas_v1 else None
+                        refs = old.reference_archs[:n] if old is not None else []
+                        if len(refs) < n or any(a not in task.table for a in refs):
+                            continue
+                        pred, rows = old, task.table.rows(refs)
                     elif meta is None:
                         continue
                     elif name == "meta":
@@ -215,11 +227,11 @@ def summaries(rows: list[dict], devices_by_space: dict[str, list[str]]) -> list[
 
 
 def meta_fit(space: Any, table: LatencyTable, protocol: FewShotProtocol,
-             seed: int) -> MetaPredictor:
+             seed: int, **options: Any) -> MetaPredictor:
     rows = protocol.meta_train_rows(table)
     archs = [table.archs[i] for i in rows]
     tabs = {d: table.column(d)[rows] for d in protocol.meta_train}
-    return MetaPredictor(space).meta_fit(space, archs, tabs, seed=seed)
+    return MetaPredictor(space, **options).meta_fit(space, archs, tabs, seed=seed)
 
 
 def write_json(path: Path, doc: dict) -> None:
@@ -274,10 +286,12 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         devices_by_space[space_name] = devices
         pool = protocol.meta_train_rows(table)
         tasks = [Task(table, d, protocol, pool) for d in devices]
-        need_meta = any(p.startswith("meta") for p in args.predictors)
+        need_meta = any(p.startswith("meta") and p != "meta[v1]" for p in args.predictors)
         t0 = time.time()
         metas = [meta_fit(space, table, protocol, s) if need_meta else None
                  for s in range(args.seeds)]
+        metas_v1 = [meta_fit(space, table, protocol, s, **V1_OPTIONS)
+                    for s in range(args.seeds)] if "meta[v1]" in args.predictors else None
         print(f"{space_name}: meta-trained {args.seeds} predictors in {time.time() - t0:.1f} s "
               f"(features included)", flush=True)
         if args.write_pretrained:
@@ -285,8 +299,11 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             check = load_pretrained(space_name)
             assert check.reference_archs == metas[0].reference_archs
             print(f"{space_name}: wrote {path} ({path.stat().st_size} bytes)")
+        if metas[0] is not None and len(metas[0].variants) > 1:
+            print(f"{space_name}: execution variants {metas[0].variants}, per meta-training "
+                  f"device {dict(zip(metas[0].devices_, metas[0].device_execution_))}")
         acc = evaluate(space, tasks, metas, protocol.reference_rows(table), args.predictors,
-                       args.n, args.seeds)
+                       args.n, args.seeds, metas_v1)
         rows = to_rows(space_name, acc, args.split)
         all_rows += rows
         print_tables(space_name, rows, devices,
@@ -340,7 +357,7 @@ def _custom(args: argparse.Namespace, argv: list[str]) -> int:
             print(f"note: the table lacks {len(missing)} of the meta predictor's first "
                   f"{max(args.n)} reference architectures; 'meta' is scored only for the n "
                   f"whose first n are all present, 'meta[random]' always")
-    predictors = [p for p in args.predictors if p != "meta[help-refs]"]
+    predictors = [p for p in args.predictors if p not in ("meta[help-refs]", "meta[v1]")]
     acc = evaluate(space, [task], [meta] * args.seeds, None, predictors, args.n, args.seeds)
     rows = to_rows(space.name, acc, "custom")
     print_tables(space.name, rows, [args.device], None, args.n)

@@ -9,7 +9,9 @@ Four families behind one interface (:class:`LatencyPredictor`: ``meta_fit``, ``a
            squares to whole-network measurements
 ``mlp``    a small MLP ensemble trained from scratch on the measurements
 ``meta``   the default: a GP prior meta-learned from other devices' latency tables, reference
-           architectures chosen by optimal design, Bayesian model averaging (HELP-style)
+           architectures chosen by optimal design, Bayesian model averaging (HELP-style) over
+           hyper-parameters and execution variants (does the device's runtime drop dead
+           operations?), robust to outlying measurements (Student-t noise)
 ========  =====================================================================================
 
 ``load_pretrained("nb201")`` / ``load_pretrained("fbnet")`` return the meta predictor trained on

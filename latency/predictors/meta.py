@@ -8,22 +8,38 @@ hardware embedding; this predictor instead treats the problem as Bayesian regres
 gives an uncertainty, and ranks better than HELP's published numbers on HELP's own protocol
 (see ``benchmarks/latency_fewshot.md``).
 
+**Execution variants.** A device runs the network its toolchain produces, which need not be the
+architecture as written: runtimes that eliminate dead code drop the operations of a NAS-Bench-201
+cell whose result reaches the output by no path, and fold a cell whose output does not depend on
+its input into a constant (:func:`~latency.predictors.features.executed`; variants ``raw`` and
+``pruned``, only ``raw`` for spaces without dead code). Every feature below is computed on the
+*executed* architecture of a variant, and which variant a device runs is one more unknown of
+the Bayesian model average: a few measured cells with dead operations settle it.
+
 **Meta-training** (:meth:`MetaPredictor.meta_fit`, from the full tables of the meta-training
 devices):
 
 * For every meta-training device ``d`` a *device profile* ``g_d(arch)``: an additive model in
-  milliseconds on the space's encoding (ridge regression of the device's latency on
-  :meth:`SearchSpace.encode`, i.e. a per-edge / per-layer latency table fitted to the whole
-  table). It predicts any architecture of the space, including the ones no table holds (the
-  FBNet tables cover 5,000 of 9**22), and smooths measurement noise (integer-ms phones).
+  milliseconds on the space's encoding of the executed architecture plus the constant-output
+  flag (ridge regression of the device's latency; a per-edge / per-layer latency table fitted to
+  the whole table), under the execution variant that fits the device's table best (two-fold
+  cross-validated error). It predicts any architecture of the space, including the ones no
+  table holds (the FBNet tables cover 5,000 of 9**22), smooths measurement noise (integer-ms
+  phones), and - being a table of per-operation costs - can be evaluated under either variant
+  (what a pruning device would cost if it ran every operation, and vice versa).
 * Which architectures to measure: a greedy I-optimal design under the prior below, from a seeded
   pool of meta-training architectures - each next reference architecture is the one whose
-  measurement most reduces the prior's average predictive variance over the pool. These are
+  measurement most reduces the prior's average predictive variance over the pool. After the
+  first ``design_delta_after`` of them the design also counts the uncertainty about the execution
+  variant (one more prior feature: how much latency the meta-training devices' profiles lose to
+  pruning), so that the next ones include cells that tell the variants apart. These are
   :attr:`reference_archs`; with ``n`` measurements, measure the first ``n``.
 
-**Prior** (a Gaussian process over architectures, written as explicit feature blocks):
+**Prior** (a Gaussian process over architectures, written as explicit feature blocks, all
+evaluated on the executed architecture of the variant ``h``):
 
     f(arch) = c + w_log·z_log(arch) + w_ms·z_ms(arch) + v·x(arch) + u·l(arch) + t·φ(arch)
+              + s·const(arch)
 
 * ``z_log``, ``z_ms``: the device profiles, per device standardized in log space and in ms
   (``w ~ N(0, 1/2D)`` each): the new device is a combination of the devices seen in
@@ -35,16 +51,28 @@ devices):
   accelerator, a memory-bound one), which the meta-training devices may not span;
 * ``φ``: standardized log-FLOPs and FLOPs (``t ~ N(0, gamma)``): the FLOPs proxy as one more
   hypothesis, which wins for accelerators whose latency follows compute (simulated FPGA/ASIC);
+* ``const``: the constant-output flag (``s ~ N(0, disconnected_var)`` under ``pruned``, absent
+  under ``raw``): a folded network costs whatever the runtime's fixed overhead is;
 * ``c``: a free constant.
 
 **Adaptation** (:meth:`adapt`): the target is the measured latency in ms divided by its mean
-(scale-free, additive). For every ``(alpha, beta, gamma, lambda)`` of a small grid (``lambda``
-= noise variance relative to the prior) the exact GP posterior is computed and weighted by its
-marginal likelihood (the overall scale profiled out): Bayesian model averaging, i.e. an
-ensemble whose weights say how much the new device looks like the meta-training devices and
-how noisy it is. The mixture mean is the prediction; the mixture variance its uncertainty.
+(scale-free, additive). For every execution variant and every ``(alpha, beta, gamma, lambda)`` of
+a small grid (``lambda`` = noise variance relative to the prior) the exact GP posterior is
+computed and weighted by its marginal likelihood (the overall scale profiled out) and the
+variant's prior (Laplace's rule over the meta-training devices: ``(k + 1) / (D + V)`` for a
+variant that ``k`` of ``D`` devices run): Bayesian model averaging, i.e. an ensemble whose
+weights say how much the new device looks like the meta-training devices, which network it
+runs and how noisy it is. The noise is heavy-tailed (phones and desktop GPUs alike have
+measurements 10-100 robust standard deviations off, e.g. a light cell measured at 117 ms on a
+phone whose median is 21 ms), so each member is fitted as a Student-t regression (EM:
+iteratively reweighted noise from the residuals, at most ``robust_iterations`` rounds,
+``robust_nu`` degrees of freedom): one wild measurement no longer bends the whole profile
+(with a Gaussian likelihood one 8x glitch among 12 measurements can turn the ranking upside
+down). The mixture mean is the prediction; the mixture variance its
+uncertainty.
 
-Everything is numpy; a meta-trained predictor file is a few kB.
+Everything is numpy; a meta-trained predictor file is a few kB. Files written before execution
+variants and robust fitting existed load and adapt exactly as they did.
 """
 
 from __future__ import annotations
@@ -56,37 +84,51 @@ from typing import Any
 import numpy as np
 
 from latency.predictors.base import LatencyPredictor, check_table, register_predictor_class
-from latency.predictors.features import arch_strings, features
+from latency.predictors.features import arch_strings, execution_variants, executed, features
 from supernet.errors import UserError
 
-__all__ = ["MetaPredictor"]
+__all__ = ["MetaPredictor", "greedy_design"]
 
-_BLOCKS = ("zl", "zm", "x", "l", "f", "c")
+_BLOCKS = ("zl", "zm", "x", "l", "f", "d", "c")
 _CONST = 3.0
 
 
-def greedy_design(F: np.ndarray, n: int, lam: float) -> list[int]:
+def greedy_design(F: np.ndarray, n: int, lam: float,
+                  chosen: Sequence[int] = ()) -> list[int]:
     """Greedy I-optimal design: indices of ``n`` rows of ``F`` (features of a candidate pool;
     prior ``f = F w``, ``w ~ N(0, I)``, noise ``lam``) that minimise the average posterior
-    variance over the pool, chosen one at a time."""
+    variance over the pool, chosen one at a time, continuing after the rows ``chosen``
+    (which are returned first)."""
     m = F.shape[1]
     M = F.T @ F / len(F)
     S = np.eye(m)
-    chosen: list[int] = []
-    for _ in range(min(n, len(F))):
-        A = F @ S
-        gain = np.einsum("ij,jk,ik->i", A, M, A) / (lam + np.einsum("ij,ij->i", A, F))
-        gain[chosen] = -np.inf
-        j = int(np.argmax(gain))
-        chosen.append(j)
+    out = [int(j) for j in chosen]
+    for j in out:
         s = S @ F[j]
         S = S - np.outer(s, s) / (lam + F[j] @ s)
-    return chosen
+    while len(out) < min(n, len(F)):
+        A = F @ S
+        gain = np.einsum("ij,jk,ik->i", A, M, A) / (lam + np.einsum("ij,ij->i", A, F))
+        gain[out] = -np.inf
+        j = int(np.argmax(gain))
+        out.append(j)
+        s = S @ F[j]
+        S = S - np.outer(s, s) / (lam + F[j] @ s)
+    return out
+
+
+def _ridge(X: np.ndarray, y: np.ndarray, ridge: float) -> tuple[np.ndarray, float]:
+    """Ridge regression with a free intercept: ``(coef, intercept)``."""
+    m = X.mean(0)
+    Xc = X - m
+    coef = np.linalg.solve(Xc.T @ Xc + ridge * np.eye(X.shape[1]), Xc.T @ (y - y.mean()))
+    return coef, float(y.mean() - m @ coef)
 
 
 @register_predictor_class
 class MetaPredictor(LatencyPredictor):
-    """Meta-learned GP prior over devices + Bayesian model averaging (see module docstring)."""
+    """Meta-learned GP prior over devices + Bayesian model averaging over hyper-parameters and
+    execution variants, with a robust (Student-t) likelihood (see module docstring)."""
 
     name = "meta"
     min_samples = 2
@@ -103,6 +145,12 @@ class MetaPredictor(LatencyPredictor):
         n_reference: int = 20,
         pool_size: int = 2000,
         surrogate_ridge: float = 1e-2,
+        execution: Sequence[str] | None = None,
+        disconnected_var: float = 1.0,
+        design_delta: float = 1.0,
+        design_delta_after: int = 5,
+        robust_iterations: int = 10,
+        robust_nu: float = 4.0,
     ) -> None:
         super().__init__(space)
         self.alphas = tuple(float(a) for a in alphas)
@@ -113,7 +161,19 @@ class MetaPredictor(LatencyPredictor):
         self.n_reference = int(n_reference)
         self.pool_size = int(pool_size)
         self.surrogate_ridge = float(surrogate_ridge)
+        #: execution variants to consider (None: every variant of the space, at meta-training)
+        self.execution = None if execution is None else tuple(str(v) for v in execution)
+        self.disconnected_var = float(disconnected_var)
+        self.design_delta = float(design_delta)
+        self.design_delta_after = int(design_delta_after)
+        self.robust_iterations = int(robust_iterations)
+        self.robust_nu = float(robust_nu)
+        if self.robust_iterations < 0 or self.robust_nu <= 0:
+            raise UserError(f"robust_iterations must be >= 0 and robust_nu > 0, got "
+                            f"{robust_iterations} and {robust_nu}")
         self.devices_: list[str] = []
+        self.device_execution_: list[str] = []  # the variant each meta-training device runs
+        self.execution_prior_: dict[str, float] = {}
         self._ref: list[str] = []
         self._p: dict[str, np.ndarray] = {}  # meta-trained arrays
         self._post: dict[str, Any] = {}  # adapted posterior
@@ -127,9 +187,20 @@ class MetaPredictor(LatencyPredictor):
     def reference_archs(self) -> list[str] | None:
         return list(self._ref) if self.is_meta_trained else None
 
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The execution variants the predictor weighs (``raw`` first)."""
+        return tuple(self.execution_prior_) or ("raw",)
+
+    def _encoded(self, keys: list[str], variant: str) -> tuple[np.ndarray, list[str], np.ndarray]:
+        """Encoding of the executed architectures, their strings and constant-output flags."""
+        ek, flag = executed(self.space, keys, variant)
+        return features(self.space, ek, "encode"), ek, flag
+
     def meta_fit(self, space: Any, archs: Sequence[Any], table: Mapping[str, np.ndarray], *,
                  seed: int) -> MetaPredictor:
-        """Fit the device profiles and choose the reference architectures (see module)."""
+        """Fit the device profiles, each device's execution variant, and choose the reference
+        architectures (see module)."""
         self.space = space
         table = check_table(archs, table)
         if len(table) < 2:
@@ -140,59 +211,94 @@ class MetaPredictor(LatencyPredictor):
             raise UserError("meta-training architectures repeat; expected each once")
         if len(keys) < 10:
             raise UserError(f"meta-training needs at least 10 architectures, got {len(keys)}")
+        known = execution_variants(space)
+        variants = known if self.execution is None else self.execution
+        bad = [v for v in variants if v not in known]
+        if bad or not variants or variants[0] != "raw":
+            raise UserError(f"execution variants {list(variants)} for space {space.name}; "
+                            f"expected 'raw' first, then some of {list(known)}")
         devices = list(table)
         Y = np.stack([table[d] for d in devices], 1)  # n x D
-        X = features(space, keys, "encode")
-        x_mean = X.mean(0)
-        Xc = X - x_mean
-        x_scale = float(np.sqrt(np.mean(np.sum(Xc ** 2, 1)))) or 1.0
-        ybar = Y.mean(0)
-        gram = Xc.T @ Xc + self.surrogate_ridge * np.eye(X.shape[1])
-        coef = np.linalg.solve(gram, Xc.T @ (Y - ybar)).T  # D x p
+        enc = {v: self._encoded(keys, v) for v in variants}
+        design_x = {v: np.hstack([enc[v][0], enc[v][2][:, None]]) for v in variants}
+        half = np.arange(len(keys)) % 2 == 0
+        p_dim = enc["raw"][0].shape[1]
+        D = len(devices)
+        coef, coef_d, icpt = np.zeros((D, p_dim)), np.zeros(D), np.zeros(D)
+        chosen: list[str] = []
+        for j in range(D):
+            y = Y[:, j]
+            err = {}  # two-fold (even/odd rows) cross-validated error of each variant's profile
+            for v in variants if len(variants) > 1 else ():
+                c, b = _ridge(design_x[v][half], y[half], self.surrogate_ridge)
+                err[v] = float(np.mean((design_x[v][~half] @ c + b - y[~half]) ** 2))
+            chosen.append(min(err, key=err.get) if err else "raw")
+            c, icpt[j] = _ridge(design_x[chosen[j]], y, self.surrogate_ridge)
+            coef[j], coef_d[j] = c[:p_dim], c[p_dim]
         floor = 0.5 * Y.min(0)
-        S = np.maximum(Xc @ coef.T + ybar, floor)
+        S = np.stack([np.maximum(design_x[chosen[j]] @ np.append(coef[j], coef_d[j]) + icpt[j],
+                                 floor[j]) for j in range(D)], 1)
+        X = enc["raw"][0]
+        x_mean = X.mean(0)
+        x_scale = float(np.sqrt(np.mean(np.sum((X - x_mean) ** 2, 1)))) or 1.0
         L = features(space, keys, "layers")
         l_std = L.std(0)
         l_cols = np.flatnonzero(l_std > 1e-9 * (np.abs(L).mean(0) + 1e-30))
         flops = np.maximum(features(space, keys, "flops")[:, 0], 1.0)
         Fl = np.stack([np.log(flops), flops], 1)
         self.devices_ = devices
+        self.device_execution_ = chosen
+        self.execution_prior_ = {v: (chosen.count(v) + 1.0) / (D + len(variants))
+                                 for v in variants}
         self._p = {
-            "coef": coef, "ybar": ybar, "floor": floor,
+            "coef": coef, "coef_d": coef_d, "icpt": icpt, "floor": floor,
             "zl_mean": np.log(S).mean(0), "zl_std": np.log(S).std(0) + 1e-12,
             "zm_mean": S.mean(0), "zm_std": S.std(0) + 1e-12,
             "x_mean": x_mean, "x_scale": np.array(x_scale),
             "l_cols": l_cols, "l_mean": L[:, l_cols].mean(0), "l_std": l_std[l_cols],
             "f_mean": Fl.mean(0), "f_std": Fl.std(0) + 1e-12,
         }
-        rng = np.random.default_rng(seed)
-        pool = rng.choice(len(keys), size=min(self.pool_size, len(keys)), replace=False)
-        pool_keys = [keys[i] for i in pool]
-        a_s, b_s, lam_s = self.design
-        F = self._scaled(self._blocks(pool_keys), {"zl": 0.5, "zm": 0.5, "x": a_s, "l": b_s,
-                                                   "f": 0.0, "c": 1.0})
-        self._ref = [pool_keys[i] for i in greedy_design(F, self.n_reference, lam_s)]
+        self._ref = self._design(keys, seed)
         self._keys = None
         self._post = {}
         return self
 
-    def _blocks(self, keys: list[str]) -> dict[str, np.ndarray]:
-        """Unscaled prior feature blocks of canonical strings."""
+    def _design(self, keys: list[str], seed: int) -> list[str]:
+        rng = np.random.default_rng(seed)
+        pool = rng.choice(len(keys), size=min(self.pool_size, len(keys)), replace=False)
+        pool_keys = [keys[i] for i in pool]
+        a_s, b_s, lam_s = self.design
+        s2 = {"zl": 0.5, "zm": 0.5, "x": a_s, "l": b_s, "f": 0.0, "d": 0.0, "c": 1.0}
+        raw = self._blocks(pool_keys, "raw")
+        F = self._scaled(raw, s2)
+        others = [v for v in self.variants if v != "raw"]
+        if not others or self.design_delta <= 0:
+            return [pool_keys[i] for i in greedy_design(F, self.n_reference, lam_s)]
+        first = greedy_design(F, min(self.design_delta_after, self.n_reference), lam_s)
+        cols = []
+        for v in others:  # latency (profile units) the meta-training devices lose under v
+            delta = (raw["zm"] - self._blocks(pool_keys, v)["zm"]).mean(1)
+            cols.append((delta - delta.mean()) / (delta.std() + 1e-12))
+        F = np.hstack([F, np.sqrt(self.design_delta) * np.stack(cols, 1)])
+        return [pool_keys[i] for i in greedy_design(F, self.n_reference, lam_s, first)]
+
+    def _blocks(self, keys: list[str], variant: str = "raw") -> dict[str, np.ndarray]:
+        """Unscaled prior feature blocks of canonical strings, executed under ``variant``."""
         p = self._p
-        X = features(self.space, keys, "encode")
-        Xc = X - p["x_mean"]
-        S = np.maximum(Xc @ p["coef"].T + p["ybar"], p["floor"])
+        X, ek, flag = self._encoded(keys, variant)
+        S = np.maximum(X @ p["coef"].T + np.outer(flag, p["coef_d"]) + p["icpt"], p["floor"])
         D = len(self.devices_)
-        L = features(self.space, keys, "layers")[:, p["l_cols"]]
+        L = features(self.space, ek, "layers")[:, p["l_cols"]]
         q = max(len(p["l_cols"]), 1)
-        flops = np.maximum(features(self.space, keys, "flops")[:, 0], 1.0)
+        flops = np.maximum(features(self.space, ek, "flops")[:, 0], 1.0)
         Fl = np.stack([np.log(flops), flops], 1)
         return {
             "zl": (np.log(S) - p["zl_mean"]) / p["zl_std"] / np.sqrt(D),
             "zm": (S - p["zm_mean"]) / p["zm_std"] / np.sqrt(D),
-            "x": Xc / float(p["x_scale"]),
+            "x": (X - p["x_mean"]) / float(p["x_scale"]),
             "l": (L - p["l_mean"]) / p["l_std"] / np.sqrt(q),
             "f": (Fl - p["f_mean"]) / p["f_std"] / np.sqrt(2.0),
+            "d": flag[:, None],
             "c": np.full((len(keys), 1), _CONST),
         }
 
@@ -200,12 +306,36 @@ class MetaPredictor(LatencyPredictor):
     def _scaled(blocks: dict[str, np.ndarray], s2: dict[str, float]) -> np.ndarray:
         return np.hstack([np.sqrt(s2[b]) * blocks[b] for b in _BLOCKS])
 
-    def _members(self) -> list[tuple[dict[str, float], float]]:
-        return [({"zl": 0.5, "zm": 0.5, "x": a, "l": b, "f": g, "c": 1.0}, lam)
+    def _members(self, variant: str) -> list[tuple[dict[str, float], float]]:
+        d = self.disconnected_var if variant != "raw" else 0.0
+        return [({"zl": 0.5, "zm": 0.5, "x": a, "l": b, "f": g, "d": d, "c": 1.0}, lam)
                 for a, b, g, lam in itertools.product(self.alphas, self.betas, self.gammas,
                                                       self.lams)]
 
     # -- adaptation --------------------------------------------------------------------------------
+    def _fit_member(self, K0: np.ndarray, lam: float,
+                    y: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
+        """Exact GP fit with noise ``lam``, made robust by EM for a Student-t likelihood (each
+        measurement's noise variance is ``lam / weight``, ``weight = (nu + 1) / (nu + r**2 /
+        (sigma**2 lam))`` from its residual ``r``; at most ``robust_iterations`` rounds, stopped
+        once the weights settle). Returns (log marginal likelihood with the scale profiled out,
+        dual weights, scale, Cholesky factor)."""
+        n = len(y)
+        weight = np.ones(n)
+        for it in range(self.robust_iterations + 1):
+            chol = np.linalg.cholesky(K0 + np.diag(lam / weight))
+            alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y))
+            sig2 = max(float(y @ alpha) / n, 1e-12)
+            if it == self.robust_iterations:
+                break
+            resid = lam / weight * alpha  # y - posterior mean at the measured architectures
+            new = (self.robust_nu + 1.0) / (self.robust_nu + resid ** 2 / (sig2 * lam))
+            if np.max(np.abs(new - weight)) < 1e-3:
+                break
+            weight = new
+        ml = -0.5 * n * np.log(sig2) - float(np.log(np.diag(chol)).sum())
+        return ml, alpha, sig2, chol
+
     def _adapt(self, keys: list[str], latency_ms: np.ndarray, seed: int) -> None:
         if not self.is_meta_trained:
             raise UserError(
@@ -216,20 +346,20 @@ class MetaPredictor(LatencyPredictor):
             )
         scale = float(latency_ms.mean())
         y = latency_ms / scale - 1.0
-        n = len(y)
-        blocks = self._blocks(keys)
-        grams = {b: blocks[b] @ blocks[b].T for b in _BLOCKS}
+        blocks: dict[str, dict[str, np.ndarray]] = {}
         members = []
-        for s2, lam in self._members():
-            K = sum(s2[b] * grams[b] for b in _BLOCKS) + lam * np.eye(n)
-            try:
-                chol = np.linalg.cholesky(K)
-            except np.linalg.LinAlgError:
+        for variant, prior in self.execution_prior_.items():
+            if prior <= 0:
                 continue
-            alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y))
-            sig2 = max(float(y @ alpha) / n, 1e-12)
-            ml = -0.5 * n * np.log(sig2) - float(np.log(np.diag(chol)).sum())
-            members.append((ml, s2, lam, alpha, sig2, chol))
+            bl = blocks[variant] = self._blocks(keys, variant)
+            grams = {b: bl[b] @ bl[b].T for b in _BLOCKS}
+            for s2, lam in self._members(variant):
+                K0 = sum(s2[b] * grams[b] for b in _BLOCKS)
+                try:
+                    ml, alpha, sig2, chol = self._fit_member(K0, lam, y)
+                except np.linalg.LinAlgError:
+                    continue
+                members.append((ml + np.log(prior), variant, s2, lam, alpha, sig2, chol))
         if not members:  # pragma: no cover - K always has lam > 0 on its diagonal
             raise UserError("the meta predictor could not fit these measurements")
         mls = np.array([m[0] for m in members])
@@ -238,37 +368,46 @@ class MetaPredictor(LatencyPredictor):
         keep = [i for i in np.argsort(-w) if w[i] > 1e-4]
         wk = w[keep] / w[keep].sum()
         kept = [members[i] for i in keep]
-        # combined dual weights per block for the mixture mean
-        combo = {b: sum(wi * m[1][b] * m[3] for wi, m in zip(wk, kept)) for b in _BLOCKS}
-        self._post = {"scale": scale, "blocks": blocks, "combo": combo,
-                      "members": [(wi, m[1], m[3], m[4], m[5], m[2]) for wi, m in zip(wk, kept)],
+        # primal weights of the mixture mean, per variant and block: f = sum new[b] @ W[v][b]
+        primal: dict[str, dict[str, np.ndarray]] = {}
+        for wi, (_ml, v, s2, _lam, alpha, _sig2, _chol) in zip(wk, kept):
+            for b in _BLOCKS:
+                term = wi * s2[b] * (blocks[v][b].T @ alpha)
+                primal.setdefault(v, {})[b] = primal.get(v, {}).get(b, 0.0) + term
+        self._post = {"scale": scale, "blocks": blocks, "primal": primal,
+                      "members": [(wi, v, s2, alpha, sig2, chol, lam) for wi, (
+                          _ml, v, s2, lam, alpha, sig2, chol) in zip(wk, kept)],
+                      "execution_posterior": {v: float(sum(wi for wi, m in zip(w, members)
+                                                           if m[1] == v)) for v in blocks},
                       "floor": 0.01 * float(latency_ms.min())}
 
-    def _mean(self, new: dict[str, np.ndarray]) -> np.ndarray:
+    def _mean(self, keys: list[str]) -> tuple[np.ndarray, dict[str, dict[str, np.ndarray]]]:
         post = self._post
-        cross = {b: new[b] @ post["blocks"][b].T for b in _BLOCKS}
-        f = sum(cross[b] @ post["combo"][b] for b in _BLOCKS)
-        return f, cross
+        new = {v: self._blocks(keys, v) for v in post["primal"]}
+        f = np.zeros(len(keys))
+        for v, W in post["primal"].items():
+            f += sum(new[v][b] @ W[b] for b in _BLOCKS)
+        return f, new
 
     def predict(self, archs: Sequence[Any]) -> np.ndarray:
         """Predicted latency (ms); faster than :meth:`predict_with_std` (no variance)."""
         if not self.is_adapted:
             return super().predict(archs)  # raises the not-adapted error
         keys = arch_strings(self.space, archs)
-        f, _ = self._mean(self._blocks(keys))
+        f, _ = self._mean(keys)
         return np.maximum((1.0 + f) * self._post["scale"], self._post["floor"])
 
     def _predict(self, keys: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
         post = self._post
-        new = self._blocks(keys)
-        f, cross = self._mean(new)
-        sq = {b: np.sum(new[b] ** 2, 1) for b in _BLOCKS}
+        f, new = self._mean(keys)
+        cross = {v: {b: new[v][b] @ post["blocks"][v][b].T for b in _BLOCKS} for v in new}
+        sq = {v: {b: np.sum(new[v][b] ** 2, 1) for b in _BLOCKS} for v in new}
         second = np.zeros(len(keys))
-        for wi, s2, alpha, sig2, chol, _lam in post["members"]:
-            k = sum(s2[b] * cross[b] for b in _BLOCKS)  # N x n
+        for wi, v, s2, alpha, sig2, chol, _lam in post["members"]:
+            k = sum(s2[b] * cross[v][b] for b in _BLOCKS)  # N x n
             mu = k @ alpha
-            v = np.linalg.solve(chol, k.T)  # n x N
-            var = sum(s2[b] * sq[b] for b in _BLOCKS) - np.sum(v ** 2, 0)
+            u = np.linalg.solve(chol, k.T)  # n x N
+            var = sum(s2[b] * sq[v][b] for b in _BLOCKS) - np.sum(u ** 2, 0)
             second += wi * (sig2 * np.maximum(var, 0.0) + mu ** 2)
         var = np.maximum(second - f ** 2, 0.0)
         scale = post["scale"]
@@ -276,20 +415,23 @@ class MetaPredictor(LatencyPredictor):
 
     def explain(self) -> dict[str, Any]:
         """What the adaptation concluded: the posterior weight of each hyper-parameter setting
-        (top 5) and how much each meta-training device's profile contributes (relative weight
-        of its log and ms profile in the mixture mean)."""
+        (top 5), of each execution variant (does the device run the network as written, or
+        without its dead operations?), and how much each meta-training device's profile
+        contributes (relative weight of its log and ms profile in the mixture mean)."""
         if not self.is_adapted:
             raise UserError("the meta predictor has not been adapted; nothing to explain")
         post = self._post
-        top = [{"weight": float(m[0]), "alpha": m[1]["x"], "beta": m[1]["l"],
-                "gamma": m[1]["f"], "lambda": m[5]} for m in post["members"][:5]]
-        dev = {}
-        for b in ("zl", "zm"):
-            dev[b] = post["blocks"][b].T @ post["combo"][b]
-        total = np.abs(dev["zl"]) + np.abs(dev["zm"])
+        top = [{"weight": float(m[0]), "execution": m[1], "alpha": m[2]["x"],
+                "beta": m[2]["l"], "gamma": m[2]["f"], "lambda": m[6]}
+               for m in post["members"][:5]]
+        total = np.zeros(len(self.devices_))
+        for W in post["primal"].values():
+            total += np.abs(W["zl"]) + np.abs(W["zm"])
         total = total / (total.sum() or 1.0)
         return {"hyper_posterior": top,
-                "device_weights": {d: float(t) for d, t in zip(self.devices_, total)}}
+                "execution_posterior": dict(post["execution_posterior"]),
+                "device_weights": {d: float(t) for d, t in zip(self.devices_, total)},
+                "device_execution": dict(zip(self.devices_, self.device_execution_))}
 
     # -- files -------------------------------------------------------------------------------------
     def _state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -297,26 +439,55 @@ class MetaPredictor(LatencyPredictor):
                 "gammas": list(self.gammas), "lams": list(self.lams),
                 "design": list(self.design), "n_reference": self.n_reference,
                 "pool_size": self.pool_size, "surrogate_ridge": self.surrogate_ridge,
-                "devices": list(self.devices_), "reference_archs": list(self._ref)}
+                "execution": None if self.execution is None else list(self.execution),
+                "disconnected_var": self.disconnected_var, "design_delta": self.design_delta,
+                "design_delta_after": self.design_delta_after,
+                "robust_iterations": self.robust_iterations, "robust_nu": self.robust_nu,
+                "devices": list(self.devices_), "device_execution": list(self.device_execution_),
+                "execution_prior": dict(self.execution_prior_),
+                "reference_archs": list(self._ref)}
         return meta, dict(self._p)
 
     @classmethod
     def _from_state(cls, space: Any, meta: dict[str, Any],
                     arrays: Mapping[str, np.ndarray]) -> MetaPredictor:
         hyper = {k: meta[k] for k in ("alphas", "betas", "gammas", "lams", "design", "n_reference",
-                                      "pool_size", "surrogate_ridge") if k in meta}
+                                      "pool_size", "surrogate_ridge", "execution",
+                                      "disconnected_var", "design_delta", "design_delta_after",
+                                      "robust_iterations", "robust_nu") if k in meta}
+        legacy = "icpt" not in arrays
+        if legacy:  # written before execution variants and robust fitting: behave as then
+            hyper.setdefault("robust_iterations", 0)
+            hyper.setdefault("execution", ["raw"])
         obj = cls(space, **hyper)
         obj.devices_ = list(meta.get("devices", []))
         obj._ref = list(meta.get("reference_archs", []))
         obj._p = {k: np.asarray(v) for k, v in arrays.items()}
-        if obj.devices_:
-            needed = {"coef", "ybar", "floor", "zl_mean", "zl_std", "zm_mean", "zm_std",
-                      "x_mean", "x_scale", "l_cols", "l_mean", "l_std", "f_mean", "f_std"}
-            if not needed <= set(obj._p):
-                raise UserError(f"meta predictor file lacks {sorted(needed - set(obj._p))}")
-            if obj._p["coef"].shape[1] != space.feature_dim:
-                raise UserError(
-                    f"meta predictor was trained on encodings of {obj._p['coef'].shape[1]} "
-                    f"features; space {space.name} has {space.feature_dim}"
-                )
+        if not obj.devices_:
+            return obj
+        needed = {"coef", "floor", "zl_mean", "zl_std", "zm_mean", "zm_std", "x_mean", "x_scale",
+                  "l_cols", "l_mean", "l_std", "f_mean", "f_std"} | (
+            {"ybar"} if legacy else {"icpt", "coef_d"})
+        if not needed <= set(obj._p):
+            raise UserError(f"meta predictor file lacks {sorted(needed - set(obj._p))}")
+        if obj._p["coef"].shape[1] != space.feature_dim:
+            raise UserError(
+                f"meta predictor was trained on encodings of {obj._p['coef'].shape[1]} "
+                f"features; space {space.name} has {space.feature_dim}"
+            )
+        if legacy:  # S = (X - x_mean) @ coef.T + ybar, as an intercept per device
+            obj._p["icpt"] = obj._p["ybar"] - obj._p["coef"] @ obj._p["x_mean"]
+            obj._p["coef_d"] = np.zeros(len(obj.devices_))
+            obj.device_execution_ = ["raw"] * len(obj.devices_)
+            obj.execution_prior_ = {"raw": 1.0}
+        else:
+            obj.device_execution_ = list(meta.get("device_execution",
+                                                  ["raw"] * len(obj.devices_)))
+            obj.execution_prior_ = {str(k): float(v)
+                                    for k, v in (meta.get("execution_prior") or
+                                                 {"raw": 1.0}).items()}
+            bad = [v for v in obj.execution_prior_ if v not in execution_variants(space)]
+            if bad:
+                raise UserError(f"meta predictor file uses execution variant {bad[0]!r}, which "
+                                f"space {space.name} does not have")
         return obj
