@@ -176,7 +176,8 @@ def markdown(doc: dict) -> str:
              "other processes hits them alike; across rows and runs on a shared machine the "
              "absolute times move with that load (2-thread rows on a 2-CPU machine most).", ""]
     for run in doc.get("runs", []):
-        lines.append(f"- {run.get('date')}: `{run.get('command')}` on {run.get('machine')}")
+        note = f" ({run['note']})" if run.get("note") else ""
+        lines.append(f"- {run.get('date')}: `{run.get('command')}` on {run.get('machine')}{note}")
     lines.append("")
     cpus = list(dict.fromkeys(r["cpu"] for r in doc["results"]))
     for cpu in cpus:
