@@ -46,7 +46,6 @@ Several processes (``torchrun``): pass a :class:`supernet.distributed.DistContex
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import sys
 import time
@@ -847,7 +846,3 @@ def _load_for_resume(path: str | Path, job: _Job, config: TrainConfig, steps_per
         raise UserError(f"checkpoint {path} does not match space {job.space.name}: "
                         f"{str(exc).splitlines()[0]}") from None
     return payload
-
-
-def history_json(result: TrainResult) -> str:
-    return json.dumps(asdict(result), indent=1)

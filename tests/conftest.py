@@ -15,3 +15,21 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def nb201_sample():
+    """``sample(n, seed)`` -> (the nb201 space, ``n`` of its architecture strings drawn without
+    replacement with ``seed``); the space is enumerated once per session."""
+    from supernet.spaces import get_space
+
+    space = get_space("nb201")
+    everything = [space.to_string(a) for a in space.all_architectures()]
+
+    def sample(n: int, seed: int):
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        return space, [everything[i] for i in rng.choice(len(everything), n, replace=False)]
+
+    return sample

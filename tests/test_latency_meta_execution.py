@@ -17,12 +17,8 @@ from supernet.spaces import get_space
 
 
 @pytest.fixture(scope="module")
-def nb201():
-    space = get_space("nb201")
-    everything = [space.to_string(a) for a in space.all_architectures()]
-    rng = np.random.default_rng(5)
-    archs = [everything[i] for i in rng.choice(len(everything), 1500, replace=False)]
-    return space, archs
+def nb201(nb201_sample):
+    return nb201_sample(1500, seed=5)
 
 
 def rho(a: np.ndarray, b: np.ndarray) -> float:

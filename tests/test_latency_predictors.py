@@ -30,12 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def nb201():
-    space = get_space("nb201")
-    everything = [space.to_string(a) for a in space.all_architectures()]
-    rng = np.random.default_rng(0)
-    archs = [everything[i] for i in rng.choice(len(everything), 1200, replace=False)]
-    return space, archs
+def nb201(nb201_sample):
+    return nb201_sample(1200, seed=0)
 
 
 def rho(a: np.ndarray, b: np.ndarray) -> float:
