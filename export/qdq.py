@@ -55,6 +55,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
+from export.integer_ops import HSIG_Q_SCALE, UNIT_SCALE, ElementwiseRewrite, integer_elementwise
 from export.onnx_export import _metadata_value, onnx_bytes
 from quant.fake_quant import QUANT_LAYER_TYPES, SharedAddQuant, quant_layers
 from quant.fold import fold_bn
@@ -244,12 +245,15 @@ class DeployedReference:
     biases of integer layers rounded to int32 on ``input_scale * weight_scale`` (as integer
     kernels add them) and the exporter's requantization points (forward hooks). The model is
     restored on exit. Used to show that an export is exact up to float rounding, beside its
-    agreement with the plain fake-quant model."""
+    agreement with the plain fake-quant model. ``rewrite``: the integer element-wise ops of the
+    graph (:mod:`export.integer_ops`), mirrored by hooks on their modules."""
 
     def __init__(self, qmodel: nn.Module, layers: Mapping[str, LayerQuant],
-                 integer: Iterable[str], requant: Iterable[str]) -> None:
+                 integer: Iterable[str], requant: Iterable[str],
+                 rewrite: ElementwiseRewrite | None = None) -> None:
         self.qmodel, self.layers = qmodel, layers
         self.integer, self.requant = set(integer), set(requant)
+        self.rewrite = rewrite
         self.handles: list[Any] = []
         self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -265,14 +269,28 @@ class DeployedReference:
             with torch.no_grad():
                 module.bias.copy_((torch.round(module.bias.double() / b_scale.double())
                                    * b_scale.double()).to(module.bias.dtype))
+        rw = self.rewrite or ElementwiseRewrite(onnx.ModelProto())
         for name in self.requant:
             lq = self.layers[name]
-            scale, zp = lq.requant
+            scale, zp = rw.requant.get(name, lq.requant)
 
             def hook(_m, _inp, out, scale=scale, zp=zp, relu=lq.requant_after_relu):
                 x = torch.relu(out) if relu else out
-                return torch.fake_quantize_per_tensor_affine(x.float(), scale, zp, 0, 255).to(out.dtype)
+                return _fq8(x, scale, zp)
             self.handles.append(modules[name].register_forward_hook(hook))
+        for name, qparams in rw.hswish.items():
+            def hswish(_m, inp, out, qparams=qparams):
+                x = inp[0].float()
+                hsig = _fq8(x + 3.0, float(HSIG_Q_SCALE), 0) / 6.0  # relu6(x + 3) / 6, 1/255 grid
+                y = x * hsig
+                return (y if qparams is None else _fq8(y, *qparams)).to(out.dtype)
+            self.handles.append(modules[name].register_forward_hook(hswish))
+        for name in rw.gates:
+            self.handles.append(modules[name].register_forward_hook(
+                lambda _m, _inp, out: _fq8(out, float(UNIT_SCALE), 0)))
+        for name, (scale, zp) in rw.residual.items():
+            self.handles.append(modules[name].register_forward_hook(
+                lambda _m, _inp, out, scale=scale, zp=zp: _fq8(out, scale, zp)))
         return self.qmodel
 
     def __exit__(self, *exc: object) -> None:
@@ -283,6 +301,12 @@ class DeployedReference:
             for param, value in self.saved:
                 param.copy_(value)
         self.saved.clear()
+
+
+def _fq8(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
+    """``x`` on the uint8 grid of (scale, zero point), as Q then DQ compute it."""
+    return torch.fake_quantize_per_tensor_affine(x.float(), float(scale), int(zero_point), 0,
+                                                 255).to(x.dtype)
 
 
 # -- assembling the QDQ graph ----------------------------------------------------------------------
@@ -326,8 +350,11 @@ class QdqGraphBuilder:
     search times many variants; numerics do not matter for timing, the graph does)."""
 
     def __init__(self, twin: onnx.ModelProto, node_of: Mapping[str, str],
-                 layers: Mapping[str, LayerQuant]) -> None:
+                 layers: Mapping[str, LayerQuant], modules: Mapping[str, str] | None = None
+                 ) -> None:
         self.twin, self.node_of, self.layers = twin, dict(node_of), dict(layers)
+        #: module name -> "hswish" | "hsigmoid" | "" (for :func:`export.integer_ops`)
+        self.modules = dict(modules or {})
         self.layer_of = {v: k for k, v in self.node_of.items()}
         graph = twin.graph
         self.consumers = _consumers(graph)
@@ -374,7 +401,25 @@ class QdqGraphBuilder:
 
     def build(self, *, float_layers: Iterable[str] = (), requantize: bool = True,
               int4: bool = False) -> onnx.ModelProto:
-        """The QDQ graph with ``float_layers`` left in float (their weights as in the twin)."""
+        """The QDQ graph with ``float_layers`` left in float (their weights as in the twin);
+        with ``requantize``, its element-wise ops in int8 too (:meth:`rewrite`)."""
+        if requantize:
+            return self.rewrite(float_layers=float_layers, int4=int4).proto
+        return self._build(float_layers=float_layers, requantize=False, int4=int4)
+
+    def rewrite(self, *, float_layers: Iterable[str] = (), int4: bool = False
+                ) -> ElementwiseRewrite:
+        """The requantized QDQ graph with its element-wise ops rewritten to run as integer
+        kernels (:func:`export.integer_ops.integer_elementwise`), and what that changed."""
+        proto = self._build(float_layers=float_layers, requantize=True, int4=int4)
+        kinds = self.modules
+        return integer_elementwise(
+            proto, hswish_modules={m for m, k in kinds.items() if k == "hswish"},
+            hsigmoid_modules={m for m, k in kinds.items() if k == "hsigmoid"},
+            modules=set(kinds), requant_layer_of={f"/{n}/requant_q": n for n in self.layers})
+
+    def _build(self, *, float_layers: Iterable[str], requantize: bool, int4: bool
+               ) -> onnx.ModelProto:
         skip = set(float_layers)
         unknown = skip - set(self.layers)
         if unknown:
@@ -562,7 +607,8 @@ class QdqBuild:
         """Context manager: the fake-quant model as the QDQ graph computes it (int32 biases,
         and the requantization points when ``requantize``)."""
         return DeployedReference(self.qmodel, self.layers, self.builder.integer_layers(),
-                                 self.builder.requant_layers() if requantize else ())
+                                 self.builder.requant_layers() if requantize else (),
+                                 self.builder.rewrite() if requantize else None)
 
     def metadata(self, *, requantized: bool = True) -> dict[str, Any]:
         """Quantization facts for ``metadata_props``: effective and searched policy, true weight
@@ -678,7 +724,10 @@ def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
             lq.act_scale = float(scale.reshape(-1)[0])
             lq.act_zero_point = int(zp.reshape(-1)[0])
         layers[name] = lq
-    builder = QdqGraphBuilder(proto, node_of, layers)
+    modules = {name: ("hswish" if isinstance(m, nn.Hardswish) else
+                      "hsigmoid" if isinstance(m, nn.Hardsigmoid) else "")
+               for name, m in qmodel.named_modules() if name}
+    builder = QdqGraphBuilder(proto, node_of, layers, modules)
     from quant.observers import ACT_OBSERVERS
 
     if requant_observer not in ACT_OBSERVERS:

@@ -1,0 +1,108 @@
+"""Where onnxruntime's time goes, per op type, in the FP32 and the all-int8 export of the mbv3
+CIFAR-10 subnets: the evidence behind the per-layer int8/float choice of export/device_policy.py.
+
+For each subnet (largest, middle, smallest of the shipped supernet), batch and thread count it
+profiles with onnxruntime's profiler (:func:`export.ort_profile.profile_model`) the FP32 graph and
+the QDQ graph with every layer int8, and sums the kernel time per op type of the graph
+onnxruntime runs (after its fusions): how much the integer convs gain over the float ones, and
+how much the Quantize/Dequantize, layout and float-activation nodes that int8 brings cost back.
+Calibration uses random images: only the timings matter here.
+
+Needs only torch, onnx, onnxruntime and numpy, so it runs on a GPU machine's host CPU too::
+
+    python benchmarks/export_ort_ops.py --batches 32 --threads 1,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+
+from export_ort import ROLES, integer_dot_product, parse_list, subnet_archs  # noqa: E402
+from export.ort_profile import profile_model  # noqa: E402
+from export.qdq import build_qdq, float_proto  # noqa: E402
+from latency.machine import cpu_model  # noqa: E402
+from quant.policy import uniform  # noqa: E402
+from quant.ptq import PTQConfig  # noqa: E402
+from supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint  # noqa: E402
+from supernet.train import load_checkpoint  # noqa: E402
+
+
+def op_times(model: bytes, *, batch: int, threads: int, runs: int) -> dict:
+    """Profiled wall time and per-op-type kernel time (ms) and node count of one model."""
+    prof = profile_model(model, batch=batch, threads=threads, runs=runs)
+    op_of = {n.name: n.op_type for n in prof.optimized.graph.node}
+    ms: Counter = Counter()
+    count: Counter = Counter()
+    for name, t in prof.node_ms.items():
+        ms[op_of.get(name, "other")] += t
+        count[op_of.get(name, "other")] += 1
+    return {"wall_ms": prof.wall_ms, "kernel_ms": prof.total_ms,
+            "ops": {op: {"ms": round(ms[op], 4), "nodes": count[op]} for op, _ in ms.most_common()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(ROLES))
+    p.add_argument("--batches", default="32")
+    p.add_argument("--threads", default="1")
+    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--checkpoint")
+    p.add_argument("--out", default=str(HERE / "export_ort_ops.json"))
+    args = p.parse_args(argv)
+    import onnxruntime as ort
+
+    roles = [r for r in args.models.split(",") if r]
+    if any(r not in ROLES for r in roles):
+        raise SystemExit(f"--models: expected a subset of {','.join(ROLES)}")
+    batches, threads = parse_list(args.batches), parse_list(args.threads)
+    vnni, flags = integer_dot_product()
+    machine = (f"{cpu_model()}, {os.cpu_count()} logical CPUs, onnxruntime {ort.__version__}, "
+               f"integer dot product: {'yes' if vnni else 'no'} ({' '.join(flags) or 'none'})")
+    print(f"# {machine}", flush=True)
+    space, supernet, _ = load_checkpoint(args.checkpoint or shipped_checkpoint("mbv3",
+                                                                               CIFAR10_CLASSES))
+    calib = [torch.randn(128, 3, 32, 32, generator=torch.Generator().manual_seed(0))]
+    rows = []
+    for role in roles:
+        model = supernet.extract(subnet_archs(space)[role]).eval()
+        example = calib[0][:1]
+        build = build_qdq(model, uniform(model, 8, 8), calib,
+                          config=PTQConfig(max_images=128), example=example)
+        graphs = {"fp32": float_proto(model, example).SerializeToString(),
+                  "int8": build.proto().SerializeToString()}
+        for batch in batches:
+            for t in threads:
+                row = {"model": role, "batch": batch, "threads": t,
+                       **{kind: op_times(g, batch=batch, threads=t, runs=args.runs)
+                          for kind, g in graphs.items()}}
+                rows.append(row)
+                print(f"\n{role} batch {batch} threads {t}: wall fp32 {row['fp32']['wall_ms']:.2f}"
+                      f" ms, int8 {row['int8']['wall_ms']:.2f} ms")
+                for kind in graphs:
+                    ops = row[kind]["ops"]
+                    print(f"  {kind:5s} " + "  ".join(f"{op} {v['ms']:.2f} ({v['nodes']})"
+                                                      for op, v in ops.items()))
+    doc = {"command": "python " + " ".join(shlex.quote(a) for a in
+                                           [sys.argv[0], *(argv or sys.argv[1:])]),
+           "machine": machine, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "results": rows}
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
