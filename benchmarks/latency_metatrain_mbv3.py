@@ -18,11 +18,20 @@ latency tables, so this script builds one here and meta-trains :class:`MetaPredi
 
    The table is written to ``benchmarks/results/latency_mbv3/<space>.csv`` (arch + one column
    per device); ``--from-csv`` reuses it instead of measuring again.
+   * GPU (``--measure-gpu``, run on a machine with a CUDA GPU; needs only torch): the same
+     architectures timed with PyTorch (fp32, CUDA events, median of ``repeats``) at batch 1 and
+     64, eager (``<gpu>-torch-b1``/``-b64``, e.g. ``h200-torch-b1``: launch-bound, host noise
+     included) and as a replayed CUDA graph (``<gpu>-graph-b1``/``-b64``: the GPU's own time),
+     written to ``<space>_gpu.csv``. A later ``--from-csv`` run adds those columns to
+     ``<space>.csv``.
+     onnxruntime's CUDA provider is measured too where the installed onnxruntime has it
+     (``<gpu>-ort-b1``/``-b64``).
 3. Held-out check (HELP's few-shot protocol, scored with ``benchmarks/latency_fewshot.py``'s own
    functions): meta-train on every device except ``cpu-ort-2t``, adapt on 2/5/10/20
    measurements of ``cpu-ort-2t``, Spearman over all sampled architectures, 5 seeds, every
    predictor (FLOPs, layer table, MLP, meta on its reference architectures, meta on random
-   ones). A harder variant also holds out ``cpu-ort-1t`` (meta-training on estimators only).
+   ones). A harder variant also holds out every measured device (meta-training on estimators
+   only); with GPU columns, a third holds out the GPU at batch 64.
 4. Meta-train on every device (the held-out one included) and save the shipped predictor to
    :func:`latency.predictors.pretrained_path` (``latency/data/<space>_meta.npz``).
 
@@ -30,6 +39,7 @@ Writes ``benchmarks/latency_metatrain_mbv3.json``. About 1.5 minutes on 2 CPU co
 
     python benchmarks/latency_metatrain_mbv3.py            # measure, score, ship
     python benchmarks/latency_metatrain_mbv3.py --from-csv # reuse the measured tables
+    python benchmarks/latency_metatrain_mbv3.py --measure-gpu   # on the GPU machine
 """
 
 from __future__ import annotations
@@ -172,11 +182,68 @@ def metas_for(space: Any, table: LatencyTable, devices: list[str], seeds: int) -
             for s in range(seeds)]
 
 
+def gpu_columns(space: Any, archs: list[str], repeats: int, warmup: int
+                ) -> dict[str, np.ndarray]:
+    """PyTorch CUDA latency (median ms) of ``archs`` at batch 1 and 64 on this machine's GPU
+    (and onnxruntime CUDA where available), interleaved per architecture."""
+    import torch
+    from tqdm import tqdm
+
+    from latency.devices import MeasuredDevice, _ort_cuda_available
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--measure-gpu: torch sees no CUDA GPU here")
+    gpu = torch.cuda.get_device_name(0).split()[-1].lower()
+    devices = [MeasuredDevice(f"{gpu}-{kind}-b{b}", threads=1, provider="cuda-torch", batch=b,
+                              cuda_graph=kind == "graph", repeats=repeats, warmup=warmup)
+               for kind in ("torch", "graph") for b in (1, 64)]
+    if _ort_cuda_available():
+        devices += [MeasuredDevice(f"{gpu}-ort-b{b}", threads=1, provider="cuda-ort", batch=b,
+                                   repeats=repeats, warmup=warmup) for b in (1, 64)]
+    torch.manual_seed(0)
+    supernet = space.build_supernet().eval()
+    for d in devices:  # one supernet for all (weights do not change latency)
+        d.model_fn = lambda arch: supernet.extract(arch).eval()
+    out = {d.name: np.empty(len(archs)) for d in devices}
+    for i, a in enumerate(tqdm(archs, desc=f"gpu {space.name}", leave=False)):
+        for d in devices:
+            out[d.name][i] = d.latency(space, [a])[0]
+    return out
+
+
+def untrained(gpu: list[str]) -> list[str]:
+    """GPU columns kept in the table but not meta-trained on: eager PyTorch (``-torch-``). Its
+    times are the host's launch path more than the GPU (H200: batch 1 and 64 agree to Spearman
+    0.80 on mbv3, the same architectures as CUDA graphs 0.81 at a fifth of the time), and with
+    them in the prior the held-out CPU at n = 2 ranked backwards (-0.84)."""
+    return [d for d in gpu if "-torch-" in d]
+
+
+def merge_gpu_csv(space: Any, path: Path) -> list[str]:
+    """Add the columns of ``<space>_gpu.csv`` (if any) that ``<space>.csv`` lacks; returns the
+    GPU columns of the table."""
+    gpu_path = path.with_name(f"{path.stem}_gpu.csv")
+    if not gpu_path.exists():
+        return []
+    base, gpu = load_latency_table(path, space=space), load_latency_table(gpu_path, space=space)
+    if sorted(base.archs) != sorted(gpu.archs):
+        raise SystemExit(f"{gpu_path.relative_to(REPO)} does not hold the architectures of "
+                         f"{path.relative_to(REPO)}; measure it again with --measure-gpu")
+    new = [d for d in gpu.devices if d not in base.devices]
+    if new:
+        cols = {d: base.column(d) for d in base.devices}
+        rows = gpu.rows(base.archs)
+        cols.update({d: gpu.column(d)[rows] for d in new})
+        write_csv(path, list(base.archs), cols)
+    return list(gpu.devices)
+
+
 def run_space(name: str, n: int, repeats: int, warmup: int, seed: int, seeds: int,
               from_csv: bool) -> dict:
     space = get_space(name)
     path = RESULTS_DIR / f"{name}.csv"
     t0 = time.perf_counter()
+    gpu = merge_gpu_csv(space, path) if from_csv else []
     if from_csv:
         table = load_latency_table(path, space=space)
         measure_s = None
@@ -191,31 +258,38 @@ def run_space(name: str, n: int, repeats: int, warmup: int, seed: int, seeds: in
           f"({path.relative_to(REPO)})")
     task = Task(table, HELD_OUT, None, np.arange(len(table)))
     rows, ns = [], [2, 5, 10, 20]
-    for variant, train in (
-            ("holdout-cpu-ort-2t", [d for d in table.devices if d != HELD_OUT]),
-            ("estimators-only", [d for d in table.devices if d not in MEASURED])):
-        acc = evaluate(space, [task], metas_for(space, table, train, seeds), None, PREDICTORS,
+    measured = [*MEASURED, *gpu]
+    usable = [d for d in table.devices if d not in untrained(gpu)]
+    variants = [(f"holdout-{HELD_OUT}", task, [d for d in usable if d != HELD_OUT]),
+                ("estimators-only", task, [d for d in usable if d not in measured])]
+    gpu_b64 = [d for d in gpu if d.endswith("-graph-b64")]
+    if gpu_b64:
+        variants.append((f"holdout-{gpu_b64[0]}",
+                         Task(table, gpu_b64[0], None, np.arange(len(table))),
+                         [d for d in usable if d != gpu_b64[0]]))
+    for variant, vtask, train in variants:
+        acc = evaluate(space, [vtask], metas_for(space, table, train, seeds), None, PREDICTORS,
                        ns, seeds)
         vrows = to_rows(name, acc, variant)
         for r in vrows:
             r["meta_train_devices"] = len(train)
         print(f"\n== {name}, meta-training variant {variant} ({len(train)} devices)")
-        print_tables(name, vrows, [HELD_OUT], None, ns)
+        print_tables(name, vrows, [vtask.device], None, ns)
         rows += vrows
-    shipped = MetaPredictor(space).meta_fit(space, table.archs, table.columns(table.devices),
-                                            seed=0)
+    shipped = MetaPredictor(space).meta_fit(space, table.archs, table.columns(usable), seed=0)
     out = shipped.save(pretrained_path(name))
     check = load_pretrained(name)
     assert check.reference_archs == shipped.reference_archs
     print(f"shipped {out.relative_to(REPO)} ({out.stat().st_size} bytes, "
-          f"{len(table.devices)} devices)")
-    ms = table.columns(list(MEASURED))
+          f"{len(usable)} of the {len(table.devices)} devices)")
+    ms = table.columns(measured)
     return {"space": name, "architectures": len(table), "devices": table.devices,
             "repeats": repeats, "warmup": warmup, "measure_seconds": measure_s,
             "measured_median_ms": {d: round(float(np.median(v)), 5) for d, v in ms.items()},
             "measured_range_ms": {d: [round(float(v.min()), 5), round(float(v.max()), 5)]
                                   for d, v in ms.items()},
             "shipped": str(out.relative_to(REPO)), "shipped_bytes": out.stat().st_size,
+            "meta_trained_devices": usable,
             "results": rows}
 
 
@@ -229,9 +303,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=5, help="seeds of the few-shot protocol")
     ap.add_argument("--from-csv", action="store_true",
                     help=f"reuse {RESULTS_DIR.relative_to(REPO)}/<space>.csv, do not measure")
+    ap.add_argument("--measure-gpu", action="store_true",
+                    help="only time the architectures of <space>.csv on this machine's CUDA GPU "
+                         "(PyTorch, batch 1 and 64) and write <space>_gpu.csv")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
+    if args.measure_gpu:
+        for name in args.spaces:
+            space = get_space(name)
+            archs = list(load_latency_table(RESULTS_DIR / f"{name}.csv", space=space).archs)
+            cols = gpu_columns(space, archs, max(DEFAULTS[name][1], 30), max(args.warmup, 10))
+            write_csv(RESULTS_DIR / f"{name}_gpu.csv", archs, cols)
+            print(f"{name}: {len(archs)} architectures on the GPU: "
+                  + ", ".join(f"{d} {np.median(v):.3f} ms (median)" for d, v in cols.items()))
+        return 0
     spaces = []
     for name in args.spaces:
         n, repeats = DEFAULTS[name]

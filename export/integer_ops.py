@@ -14,16 +14,19 @@ layout of the integer convs:
   6/255 (the uint8 range clamps to [0, 6]: relu6 for free; a QLinearAdd), read back on the scale
   1/255 (so ``t`` *is* ``hsigmoid(x)`` on a 1/255 grid), then ``x * t`` (a QLinearMul) quantized
   with the consumer's parameters, or with ``x``'s own where the consumers differ (h-swish
-  shrinks magnitudes, so ``x``'s range holds it);
+  shrinks magnitudes, so ``x``'s range holds it), or left float where a float layer reads it;
 * **squeeze-excitation**: the gate ``hsigmoid(...)`` (in [0, 1]) quantized on the scale 1/255
   so ``x * gate`` fuses into a QLinearMul; ``ReduceMean`` over H, W becomes
   ``GlobalAveragePool`` (a QLinearGlobalAveragePool between its DQ and Q);
 * **residual adds** whose output feeds an integer layer and other nodes (the next block's skip
-  path): the output is quantized once with that layer's input parameters and every consumer
-  reads it, so both adds fuse into QLinearAdd;
+  path) but no float layer: the output is quantized once with that layer's input parameters and
+  every consumer reads it, so both adds fuse into QLinearAdd;
 * **requantization chains** ``Q(s1) -> DQ(s1) -> Q(s2)`` (a conv output requantized for a float
   op that no longer exists): the first Q takes ``s2`` directly;
 * nodes left without consumers are removed.
+
+No rewrite puts a DequantizeLinear directly in front of a layer kept in float: onnxruntime would
+quantize that conv with scales of its own (see ``QdqGraphBuilder._float_guards``).
 
 Each rewrite changes the numbers slightly (one more rounding to an 8-bit grid, or one fewer).
 :class:`ElementwiseRewrite` records them per module so :class:`export.qdq.DeployedReference`
@@ -43,6 +46,7 @@ from onnx import helper, numpy_helper
 
 __all__ = ["ElementwiseRewrite", "integer_elementwise"]
 
+_LAYER_OPS = ("Conv", "Gemm", "MatMul")
 #: t = Q(x + 3) on this scale saturates at 0 and 6: relu6(x + 3)
 HSIG_Q_SCALE = np.float32(6.0 / 255.0)
 #: ... read back on this one, t is hsigmoid(x) = relu6(x + 3) / 6; also the SE gate's scale
@@ -94,6 +98,10 @@ class _Graph:
         if node is None or node.op_type != "DequantizeLinear" or self.qparams(node) is None:
             return None
         return node
+
+    def feeds_layer(self, tensor: str) -> bool:
+        """Whether a conv/linear node reads ``tensor`` directly (a layer kept in float)."""
+        return any(u.op_type in _LAYER_OPS for u in self.consumers.get(tensor, []))
 
     def common_quantizer(self, tensor: str) -> onnx.NodeProto | None:
         """A QuantizeLinear that every consumer of ``tensor`` is, all with equal parameters."""
@@ -171,7 +179,9 @@ def integer_elementwise(model: onnx.ModelProto, *, hswish_modules: set[str],
                 helper.make_node("DequantizeLinear", [q_in, s_in, z_in], [f"{p}/x_mul"],
                                  name=f"{p}/x_mul_dq"),
             ]
-            if graph.common_quantizer(y) is not None:
+            if graph.common_quantizer(y) is not None or graph.feeds_layer(y):
+                # consumers quantize it themselves, or a float layer reads it (a DQ in front of
+                # a float conv would let onnxruntime quantize that conv with its own scales)
                 nodes.append(helper.make_node("Mul", [f"{p}/x_mul", f"{p}/hsig"], [y],
                                               name=f"{p}/mul"))
                 out.hswish[scope] = None
@@ -211,7 +221,7 @@ def integer_elementwise(model: onnx.ModelProto, *, hswish_modules: set[str],
             y = n.output[0]
             users = graph.consumers.get(y, [])
             quantizers = [u for u in users if u.op_type == "QuantizeLinear" and graph.qparams(u)]
-            if len(users) < 2 or not quantizers or y in graph.outputs:
+            if len(users) < 2 or not quantizers or y in graph.outputs or graph.feeds_layer(y):
                 continue
             q = quantizers[0]
             after[q.name] = [helper.make_node("DequantizeLinear", list(q.output) + list(q.input[1:3]),

@@ -165,16 +165,27 @@ class MeasuredDevice(Device):
     ``model_fn(arch)`` returns the model of an architecture as ONNX bytes or a torch module;
     without it, the subnet is extracted from a fresh supernet of the space (built once per
     space; random weights time the same as trained ones). Each architecture is timed
-    ``repeats`` times after ``warmup`` runs; the median is the latency, ``cv × mean`` its std.
+    ``repeats`` times after ``warmup`` runs on a batch of ``batch`` inputs; the median is the
+    latency, ``cv × mean`` its std. ``cuda_graph`` (PyTorch CUDA only): time replays of a
+    captured CUDA graph of the forward pass, i.e. the GPU's own time without the Python/launch
+    overhead of eager PyTorch (what a compiled deployment approaches).
     """
 
     kind = "measured"
 
     def __init__(self, name: str, *, threads: int, provider: str = "cpu",
                  model_fn: Callable[[Any], Any] | None = None, repeats: int = 30,
-                 warmup: int = 5, description: str = "") -> None:
+                 warmup: int = 5, batch: int = 1, cuda_graph: bool = False,
+                 description: str = "") -> None:
+        if int(batch) < 1:
+            raise UserError(f"device {name!r}: batch must be >= 1, got {batch}")
+        if cuda_graph and provider != "cuda-torch":
+            raise UserError(f"device {name!r}: cuda_graph needs provider 'cuda-torch', got "
+                            f"{provider!r}")
+        self.cuda_graph = bool(cuda_graph)
         self.name = name
         self.threads = threads
+        self.batch = int(batch)
         self.provider = provider
         self.model_fn = model_fn
         self.repeats = repeats
@@ -225,8 +236,9 @@ class MeasuredDevice(Device):
 
         if self.provider == "cpu":
             return measure_onnx(model, threads=self.threads, repeats=self.repeats,
-                                warmup=self.warmup)
-        return _measure_ort_cuda(model, repeats=self.repeats, warmup=self.warmup)
+                                warmup=self.warmup, batch=self.batch)
+        return _measure_ort_cuda(model, repeats=self.repeats, warmup=self.warmup,
+                                 batch=self.batch)
 
     def _time_torch_cuda(self, space: SearchSpace, model: Any) -> tuple[float, float]:
         import torch
@@ -236,16 +248,28 @@ class MeasuredDevice(Device):
         if not isinstance(model, torch.nn.Module):
             raise UserError(f"device {self.name!r} times torch modules; model_fn returned bytes")
         model = model.cuda().eval()
-        x = torch.zeros(1, *space.input_shape, device="cuda")
+        x = torch.zeros(self.batch, *space.input_shape, device="cuda")
         times = []
         with torch.no_grad():
+            run = lambda: model(x)  # noqa: E731
+            if self.cuda_graph:  # warm up on a side stream, then capture (PyTorch's recipe)
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(3):
+                        model(x)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    model(x)
+                run = graph.replay
             for _ in range(self.warmup):
-                model(x)
+                run()
             torch.cuda.synchronize()
             for _ in range(self.repeats):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
-                model(x)
+                run()
                 end.record()
                 torch.cuda.synchronize()
                 times.append(start.elapsed_time(end))
@@ -253,7 +277,7 @@ class MeasuredDevice(Device):
         return float(np.median(t)), float(t.std())
 
 
-def _measure_ort_cuda(model: bytes, *, repeats: int, warmup: int):
+def _measure_ort_cuda(model: bytes, *, repeats: int, warmup: int, batch: int = 1):
     """Median/cv timing of ONNX bytes on onnxruntime's CUDA provider (same statistics as
     :func:`latency.onnx_measure.measure_onnx`)."""
     import time
@@ -265,7 +289,7 @@ def _measure_ort_cuda(model: bytes, *, repeats: int, warmup: int):
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     session = ort.InferenceSession(model, sess_options=opts, providers=["CUDAExecutionProvider"])
-    feeds = random_input(session)
+    feeds = random_input(session, batch=batch)
     for _ in range(warmup):
         session.run(None, feeds)
     times = np.empty(repeats)
@@ -275,7 +299,7 @@ def _measure_ort_cuda(model: bytes, *, repeats: int, warmup: int):
         times[i] = (time.perf_counter() - start) * 1e3
     mean = float(times.mean())
     return LatencyStats(float(np.median(times)), float(np.percentile(times, 95)), mean,
-                        float(times.std() / mean), repeats, warmup, 1, 1)
+                        float(times.std() / mean), repeats, warmup, 1, batch)
 
 
 def _gpu_present() -> bool:
