@@ -234,6 +234,27 @@ def test_measured_device_with_a_model_fn():
         bad.latency(space, sample_archs(1))
 
 
+def test_measured_device_batch_and_cuda_graph_options(monkeypatch):
+    import latency.onnx_measure as onnx_measure
+
+    seen = {}
+    real = onnx_measure.measure_onnx
+
+    def spy(model, **kw):
+        seen.update(kw)
+        return real(model, **kw)
+
+    monkeypatch.setattr(onnx_measure, "measure_onnx", spy)
+    space = get_space(SPACE)
+    device = MeasuredDevice("cpu-b4", threads=1, model_fn=lambda a: tiny_onnx(width=8),
+                            repeats=2, warmup=0, batch=4)
+    assert device.latency(space, sample_archs(1))[0] > 0 and seen["batch"] == 4
+    with pytest.raises(UserError, match="batch must be >= 1"):
+        MeasuredDevice("x", threads=1, batch=0)
+    with pytest.raises(UserError, match="cuda_graph needs provider 'cuda-torch'"):
+        MeasuredDevice("x", threads=1, provider="cpu", cuda_graph=True)
+
+
 def test_measured_device_builds_the_subnet_itself():
     pytest.importorskip("torch")
     device = get_device("cpu-ort-1t", SPACE, repeats=3, warmup=1)
