@@ -28,7 +28,12 @@ from the calibrated fake-quant model of :func:`quant.ptq.ptq`:
   purpose - without it those convs stay float with weights de-quantized at run time, several
   times slower than FP32 - and :class:`DeployedReference` gives the PyTorch model that includes
   it. ``requantize=False`` is the exact form (Q/DQ only where the fake-quant model has them).
-  Gemm/MatMul layers need none (onnxruntime's QGemm / MatMulIntegerToFloat emit float).
+  Gemm/MatMul layers need none (onnxruntime's QGemm / MatMulIntegerToFloat emit float);
+* **integer element-wise ops** (with ``requantize``): h-swish, squeeze-excitation and residual
+  adds between integer layers are rewritten into patterns onnxruntime runs as QLinearAdd /
+  QLinearMul / QLinearGlobalAveragePool (:mod:`export.integer_ops`: on a VNNI/AMX Xeon the
+  float islands cost more than the integer convs gained); :class:`DeployedReference` mirrors
+  each extra rounding.
 
 A layer at 32 bits stays float. A layer with only one side quantized (weights or activation at
 32 bits) cannot run as an integer kernel anywhere; it is exported as simulated quantization
@@ -620,9 +625,17 @@ class QdqBuild:
             "activation_bits": {n: lq.a_bits for n, lq in self.layers.items()},
             "float_for_speed": list(self.float_layers),
             "requantized_layers": self.builder.requant_layers() if requantized else [],
+            "integer_elementwise": self._elementwise_summary() if requantized else {},
             "bias": "int32 on input_scale * weight_scale for integer layers",
             "weight_storage": "int8 containers (values on each layer's w_bits grid)",
         }
+
+
+    def _elementwise_summary(self) -> dict[str, int]:
+        """How many h-swish, SE gates and residual adds the export runs as integer ops."""
+        rw = self.builder.rewrite(float_layers=())
+        return {"hswish": len(rw.hswish), "se_gates": len(rw.gates),
+                "residual_adds": len(rw.residual)}
 
 
 def _on_cpu(model: nn.Module) -> nn.Module:

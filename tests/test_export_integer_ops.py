@@ -11,7 +11,7 @@ from torch import nn
 from export.integer_ops import integer_elementwise
 from export.onnx_export import check_parity
 from export.ort_profile import optimized_model
-from export.qdq import DeployedReference, build_qdq
+from export.qdq import DeployedReference, build_qdq, read_metadata
 from quant.policy import uniform
 
 
@@ -82,6 +82,8 @@ def test_rewrite_records_what_the_reference_mirrors(built) -> None:
     assert sorted(rw.gates) == ["block1.se_gate", "block2.se_gate"]
     assert set(rw.residual) == {"block1"}  # block2's add feeds only the head's pooling
     onnx.checker.check_model(rw.proto)
+    meta = read_metadata(build.proto())
+    assert meta["integer_elementwise"] == {"hswish": 5, "se_gates": 2, "residual_adds": 1}
 
 
 def test_reference_mirrors_the_rewritten_graph(built) -> None:
@@ -113,3 +115,16 @@ def test_rewrite_leaves_graphs_without_those_modules_alone(built) -> None:
     assert after.count("ReduceMean") == before.count("ReduceMean") - 2
     assert after.count("GlobalAveragePool") == before.count("GlobalAveragePool") + 2
     assert after.count("HardSwish") == before.count("HardSwish") == 5
+
+
+def test_a_float_layer_gets_no_dequantize_in_front(built) -> None:
+    build, test = built
+    proto = build.proto(extra_float=["block1.dw"])
+    producers = {o: n for n in proto.graph.node for o in n.output}
+    dw = next(n for n in proto.graph.node if n.name == "/block1/dw/Conv")
+    assert producers[dw.input[0]].op_type != "DequantizeLinear"
+    ops = _ops(proto)
+    # onnxruntime would otherwise quantize the float conv with its own scales
+    assert ops.count("QLinearConv") == 10 and ops.count("Conv") + ops.count("FusedConv") == 1
+    # block1's two h-swish around the float conv and its SE multiply stay float
+    assert ops.count("QLinearMul") == 4
