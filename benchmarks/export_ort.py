@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         example = calib[0][:1]
         build = build_qdq(model, uniform(model, 8, 8), calib, config=config, example=example)
         fp32 = float_proto(model, example)
-        fp32_index = LayerIndex.from_source(fp32, map_layer_nodes(fp32, build.policy.layer_names))
+        fp32_index = LayerIndex.from_source(fp32, map_layer_nodes(fp32, build.builder.node_of))
         uniform_proto = build.proto()
         qdq_index = LayerIndex.from_source(uniform_proto, build.builder.node_of)
         quantized = build.integer_layers()

@@ -485,7 +485,7 @@ def _choose(build: QdqBuild, fp32_proto: onnx.ModelProto, device: str, threads: 
     if not quantized:
         raise UserError("the policy quantizes no layer to integer widths")
     fp32_index = LayerIndex.from_source(fp32_proto,
-                                        map_layer_nodes(fp32_proto, build.policy.layer_names))
+                                        map_layer_nodes(fp32_proto, build.builder.node_of))
     qdq_index = LayerIndex.from_source(build.proto(requantize=s.requantize), build.builder.node_of)
 
     def variant(float_layers: Iterable[str]) -> bytes:

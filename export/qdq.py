@@ -116,12 +116,15 @@ def _weight_axis(node: onnx.NodeProto) -> int:
     return 1  # MatMul: (K, N)
 
 
-def map_layer_nodes(proto: onnx.ModelProto, layer_names: Iterable[str]) -> dict[str, str]:
+def map_layer_nodes(proto: onnx.ModelProto, layer_names: Iterable[str], *,
+                    allow_missing: bool = False) -> dict[str, str]:
     """``{layer name: ONNX node name}`` for every layer of ``layer_names``.
 
     A Conv/Gemm/MatMul node whose weight is an initializer is matched by the initializer name
     (``<layer>.weight``) or, failing that, by its node-name scope. UserError when such a node
-    matches no layer, or a layer matches no node (or several)."""
+    matches no layer, or a layer matches no node (or several). ``allow_missing``: layers
+    without a node are left out instead (dead code the ONNX exporter removed, e.g. a
+    NAS-Bench-201 edge into a node that reaches no output)."""
     names = list(layer_names)
     known = set(names)
     inits = {i.name for i in proto.graph.initializer}
@@ -143,7 +146,7 @@ def map_layer_nodes(proto: onnx.ModelProto, layer_names: Iterable[str]) -> dict[
                             f"{node.name!r}); shared layers cannot be quantized per node")
         out[layer] = node.name
     missing = [n for n in names if n not in out]
-    if missing:
+    if missing and not allow_missing:
         raise UserError(f"layer {missing[0]!r} of the policy has no Conv/Gemm/MatMul node in "
                         f"the ONNX graph ({len(missing)} unmapped); the policy does not match "
                         f"this model")
@@ -586,6 +589,8 @@ class QdqBuild:
     layers: dict[str, LayerQuant]
     float_layers: list[str] = field(default_factory=list)
     kinds: dict[str, str] = field(default_factory=dict)
+    #: policy layers the ONNX graph does not contain (dead code: they never affect the output)
+    dead_layers: list[str] = field(default_factory=list)
 
     def proto(self, *, requantize: bool = True, int4: bool = False,
               extra_float: Iterable[str] = ()) -> onnx.ModelProto:
@@ -624,6 +629,7 @@ class QdqBuild:
             "weight_bits": {n: lq.w_bits for n, lq in self.layers.items()},
             "activation_bits": {n: lq.a_bits for n, lq in self.layers.items()},
             "float_for_speed": list(self.float_layers),
+            "dead_layers": list(self.dead_layers),
             "requantized_layers": self.builder.requant_layers() if requantized else [],
             "integer_elementwise": self._elementwise_summary() if requantized else {},
             "bias": "int32 on input_scale * weight_scale for integer layers",
@@ -712,12 +718,21 @@ def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
     qmodel = ptq(model, effective, xs, config, example_input=example)
     twin = _dequantized_twin(qmodel)
     proto = onnx.load_from_string(onnx_bytes(twin, example[:1], opset=opset))
-    node_of = map_layer_nodes(proto, effective.layer_names)
+    # the policy matches the model (validated above), so a layer without a node is dead code
+    # the exporter removed - unless its weights are in the graph after all
+    node_of = map_layer_nodes(proto, effective.layer_names, allow_missing=True)
     nodes = {n.name: n for n in proto.graph.node}
     inits = {i.name: i for i in proto.graph.initializer}
+    dead = [n for n in effective.layer_names if n not in node_of]
+    unmapped = [n for n in dead if f"{n}.weight" in inits]
+    if unmapped:
+        raise UserError(f"layer {unmapped[0]!r} has weights in the ONNX graph but no "
+                        f"Conv/Gemm/MatMul node that maps to it; cannot quantize it")
     kinds = layer_kinds(model)
     layers: dict[str, LayerQuant] = {}
     for name, module in quant_layers(qmodel):
+        if name not in node_of:
+            continue  # dead: it does not run in the exported graph
         node = nodes[node_of[name]]
         lq = LayerQuant(name, kinds.get(name, "conv"), module.w_bits, module.a_bits)
         if lq.w_bits < FLOAT_BITS:
@@ -747,7 +762,7 @@ def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
         raise UserError(f"unknown requantization observer {requant_observer!r}; expected one of "
                         f"{', '.join(ACT_OBSERVERS)}")
     _calibrate_requant(layers, builder, qmodel, xs, config, requant_observer)
-    return QdqBuild(qmodel, effective, policy, builder, layers, float_layers, kinds)
+    return QdqBuild(qmodel, effective, policy, builder, layers, float_layers, kinds, dead)
 
 
 def set_metadata(proto: onnx.ModelProto, metadata: Mapping[str, Any]) -> onnx.ModelProto:

@@ -14,6 +14,7 @@ from torch import nn
 
 from export.device_policy import DevicePolicy, LayerSpeed, ProfiledLayerTimer
 from export.model_export import ExportSettings, export_model
+from export.onnx_export import check_parity
 from export.ort_profile import (
     INTEGER_OPS,
     LayerIndex,
@@ -364,3 +365,25 @@ def test_export_settings_validation() -> None:
         ExportSettings(min_agreement=1.5).validate()
     with pytest.raises(UserError, match="policy_batch"):
         ExportSettings(policy_batch=0).validate()
+
+
+def test_dead_layers_of_a_nb201_cell_are_left_out() -> None:
+    """Node 2 of this cell reaches no output: the ONNX exporter drops its two convs in every
+    cell, and the export quantizes the rest instead of failing on a policy mismatch."""
+    from supernet.spaces import get_space
+
+    space = get_space("nb201")
+    torch.manual_seed(0)
+    model = space.build_supernet().eval().extract(space.from_string(
+        "|avg_pool_3x3~0|+|nor_conv_3x3~0|nor_conv_1x1~1|+|skip_connect~0|skip_connect~1|none~2|"))
+    x = torch.randn(40, *space.input_shape, generator=torch.Generator().manual_seed(2))
+    build = build_qdq(model.eval(), uniform(model, 8, 8), [x[:32]], example=x[:1])
+    assert len(build.dead_layers) == 30  # 15 cells x (e2_0, e2_1)
+    assert all(n.endswith((".e2_0.conv", ".e2_1.conv")) for n in build.dead_layers)
+    assert not set(build.dead_layers) & set(build.builder.node_of)
+    proto = build.proto()
+    onnx.checker.check_model(proto)
+    assert read_metadata(proto)["dead_layers"] == build.dead_layers
+    with build.reference() as ref:
+        parity = check_parity(proto.SerializeToString(), ref, x[32:], atol=float("inf"))
+    assert parity.top1_agreement == 1.0
