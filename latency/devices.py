@@ -3,9 +3,10 @@
 Four kinds (:data:`KINDS`):
 
 * ``measured`` - timed here with onnxruntime on this CPU: ``cpu-ort-1t`` (one thread) and
-  ``cpu-ort-all`` (every core); ``cuda-ort`` / ``cuda-torch`` only when a GPU is present. The
-  model of an architecture comes from ``model_fn(arch)`` (ONNX bytes or a torch module) or, by
-  default, from a freshly built supernet of the space (latency does not depend on weights).
+  ``cpu-ort-all`` (every core); ``cuda-ort`` / ``cuda-torch`` / ``cuda-graph`` only when a GPU
+  is present. The model of an architecture comes from ``model_fn(arch)`` (ONNX bytes or a torch
+  module) or, by default, from a freshly built supernet of the space (latency does not depend
+  on weights).
 * ``table`` - a column of the shared latency tables (``nb201_latency_ms.csv``,
   ``fbnet_latency_ms.csv``): the measured latency of every architecture the table holds, for
   the table's space (default configuration) only. Named by the column (``pixel3``, ``fpga``,
@@ -330,6 +331,11 @@ def _measured_factories() -> dict[str, tuple[Callable[..., Device], str]]:
                                                provider="cuda-torch",
                                                description="PyTorch on the CUDA GPU, batch 1"),
                              "PyTorch on the CUDA GPU, batch 1")
+        out["cuda-graph"] = (functools.partial(MeasuredDevice, "cuda-graph", threads=1,
+                                               provider="cuda-torch", cuda_graph=True,
+                                               description="PyTorch CUDA graph replay, batch 1"),
+                             "PyTorch on the CUDA GPU as a replayed CUDA graph (the GPU's own "
+                             "time, no launch overhead), batch 1")
     if _ort_cuda_available():
         out["cuda-ort"] = (functools.partial(MeasuredDevice, "cuda-ort", threads=1,
                                              provider="cuda-ort",

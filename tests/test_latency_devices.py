@@ -428,3 +428,15 @@ def test_adapt_with_the_package_predictors(tmp_path, profile_dir):
         assert std is None or std.shape == (6,)
     default = default_predictor(space)
     assert default.min_samples >= 1
+
+
+def test_gpu_devices_are_listed_only_with_a_gpu(monkeypatch):
+    import latency.devices as devices
+
+    monkeypatch.setattr(devices, "_gpu_present", lambda: True)
+    listed = devices._measured_factories()
+    assert {"cuda-torch", "cuda-graph"} <= set(listed)
+    graph = listed["cuda-graph"][0]()
+    assert graph.provider == "cuda-torch" and graph.cuda_graph and graph.batch == 1
+    monkeypatch.setattr(devices, "_gpu_present", lambda: False)
+    assert not {"cuda-torch", "cuda-graph"} & set(devices._measured_factories())
