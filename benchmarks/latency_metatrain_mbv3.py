@@ -213,9 +213,10 @@ def gpu_columns(space: Any, archs: list[str], repeats: int, warmup: int
 
 def untrained(gpu: list[str]) -> list[str]:
     """GPU columns kept in the table but not meta-trained on: eager PyTorch (``-torch-``). Its
-    times are the host's launch path more than the GPU (H200: batch 1 and 64 agree to Spearman
-    0.80 on mbv3, the same architectures as CUDA graphs 0.81 at a fifth of the time), and with
-    them in the prior the held-out CPU at n = 2 ranked backwards (-0.84)."""
+    times are the host's kernel-launch path, not the GPU: on the H200 batch 1 and batch 64 take
+    the same time (mbv3 medians 4.47 and 4.49 ms, ~9x the CUDA-graph time), yet rank the
+    architectures alike only to Spearman 0.80 - two noisy readings of one quantity. With them
+    in the prior the held-out CPU at n = 2 ranked backwards (-0.84)."""
     return [d for d in gpu if "-torch-" in d]
 
 
