@@ -194,16 +194,16 @@ def gpu_columns(space: Any, archs: list[str], repeats: int, warmup: int
     if not torch.cuda.is_available():
         raise SystemExit("--measure-gpu: torch sees no CUDA GPU here")
     gpu = torch.cuda.get_device_name(0).split()[-1].lower()
-    devices = [MeasuredDevice(f"{gpu}-{kind}-b{b}", threads=1, provider="cuda-torch", batch=b,
-                              cuda_graph=kind == "graph", repeats=repeats, warmup=warmup)
+    torch.manual_seed(0)
+    supernet = space.build_supernet().eval()  # one for all devices (weights do not matter)
+    common = dict(threads=1, repeats=repeats, warmup=warmup,
+                  model_fn=lambda arch: supernet.extract(arch).eval())
+    devices = [MeasuredDevice(f"{gpu}-{kind}-b{b}", provider="cuda-torch", batch=b,
+                              cuda_graph=kind == "graph", **common)
                for kind in ("torch", "graph") for b in (1, 64)]
     if _ort_cuda_available():
-        devices += [MeasuredDevice(f"{gpu}-ort-b{b}", threads=1, provider="cuda-ort", batch=b,
-                                   repeats=repeats, warmup=warmup) for b in (1, 64)]
-    torch.manual_seed(0)
-    supernet = space.build_supernet().eval()
-    for d in devices:  # one supernet for all (weights do not change latency)
-        d.model_fn = lambda arch: supernet.extract(arch).eval()
+        devices += [MeasuredDevice(f"{gpu}-ort-b{b}", provider="cuda-ort", batch=b, **common)
+                    for b in (1, 64)]
     out = {d.name: np.empty(len(archs)) for d in devices}
     for i, a in enumerate(tqdm(archs, desc=f"gpu {space.name}", leave=False)):
         for d in devices:

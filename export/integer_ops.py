@@ -240,7 +240,7 @@ def integer_elementwise(model: onnx.ModelProto, *, hswish_modules: set[str],
         nodes += replace.get(n.name, [n])
         nodes += after.get(n.name, [])
     g.initializer.extend(added)
-    nodes = _fold_requant_chains(_toposort(nodes, g), _Graph(nodes, inits, graph.outputs),
+    nodes = _fold_requant_chains(_Graph(_toposort(nodes, g), inits, graph.outputs),
                                  requant_layer_of, out.requant)
     nodes = _drop_dead(nodes, graph.outputs)
     del g.node[:]
@@ -272,11 +272,11 @@ def _toposort(nodes: list[onnx.NodeProto], g: onnx.GraphProto) -> list[onnx.Node
     return order
 
 
-def _fold_requant_chains(nodes: list[onnx.NodeProto], graph: _Graph,
-                         requant_layer_of: Mapping[str, str],
+def _fold_requant_chains(graph: _Graph, requant_layer_of: Mapping[str, str],
                          record: dict[str, tuple[float, int]]) -> list[onnx.NodeProto]:
-    """``Q(s1) -> DQ(s1) -> Q(s2)`` where the DQ feeds only equal Qs: the first Q takes s2."""
-    graph = _Graph(nodes, graph.inits, graph.outputs)
+    """``Q(s1) -> DQ(s1) -> Q(s2)`` where the DQ feeds only equal Qs: the first Q takes s2.
+    Returns the graph's nodes without the folded ones."""
+    nodes = graph.nodes
     drop: set[str] = set()
     rename: dict[str, str] = {}
     for dq in nodes:

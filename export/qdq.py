@@ -597,9 +597,14 @@ class QdqBuild:
         """The QDQ graph, its quantization facts in ``metadata_props`` (:meth:`metadata`).
         ``extra_float``: more layers kept float, for timing variants only (the weights of those
         layers are still the PTQ model's)."""
-        proto = self.builder.build(float_layers=set(extra_float), requantize=requantize, int4=int4)
+        rewrite = None
+        if requantize:  # built once: the graph and what its rewrite changed (for the metadata)
+            rewrite = self.builder.rewrite(float_layers=set(extra_float), int4=int4)
+            proto = rewrite.proto
+        else:
+            proto = self.builder.build(float_layers=set(extra_float), requantize=False, int4=int4)
         if not extra_float:
-            meta = self.metadata(requantized=requantize)
+            meta = self.metadata(requantized=requantize, rewrite=rewrite)
             if int4 and any(self.layers[n].w_bits <= 4 for n in self.integer_layers()):
                 meta["weight_storage"] = ("ONNX INT4 (opset 21) for weights of <= 4 bits, int8 "
                                           "containers for the others")
@@ -620,9 +625,14 @@ class QdqBuild:
                                  self.builder.requant_layers() if requantize else (),
                                  self.builder.rewrite() if requantize else None)
 
-    def metadata(self, *, requantized: bool = True) -> dict[str, Any]:
+    def metadata(self, *, requantized: bool = True,
+                 rewrite: ElementwiseRewrite | None = None) -> dict[str, Any]:
         """Quantization facts for ``metadata_props``: effective and searched policy, true weight
-        widths, the layers kept float for speed and the requantized ones."""
+        widths, the layers kept float for speed and the requantized ones, and how many
+        element-wise ops run as integer kernels (from ``rewrite``, the graph's
+        :meth:`QdqGraphBuilder.rewrite`; built here when not given)."""
+        if requantized and rewrite is None:
+            rewrite = self.builder.rewrite()
         return {
             "policy": self.policy.to_dict(),
             "searched_policy": self.searched_policy.to_dict(),
@@ -631,17 +641,12 @@ class QdqBuild:
             "float_for_speed": list(self.float_layers),
             "dead_layers": list(self.dead_layers),
             "requantized_layers": self.builder.requant_layers() if requantized else [],
-            "integer_elementwise": self._elementwise_summary() if requantized else {},
+            "integer_elementwise": ({"hswish": len(rewrite.hswish), "se_gates": len(rewrite.gates),
+                                     "residual_adds": len(rewrite.residual)}
+                                    if requantized else {}),
             "bias": "int32 on input_scale * weight_scale for integer layers",
             "weight_storage": "int8 containers (values on each layer's w_bits grid)",
         }
-
-
-    def _elementwise_summary(self) -> dict[str, int]:
-        """How many h-swish, SE gates and residual adds the export runs as integer ops."""
-        rw = self.builder.rewrite(float_layers=())
-        return {"hswish": len(rw.hswish), "se_gates": len(rw.gates),
-                "residual_adds": len(rw.residual)}
 
 
 def _on_cpu(model: nn.Module) -> nn.Module:
