@@ -43,7 +43,8 @@ from quant.qat import QATConfig, qat
 from quant.sensitivity import hessian_sensitivity
 from supernet.data import BatchLoader, DatasetSplits
 from supernet.errors import UserError
-from supernet.evaluate import accuracy, calibration_loader, eval_loader, recalibrate_bn
+from supernet.evaluate import (accuracy, bn_calibration_loader, calibration_loader, eval_loader,
+                               recalibrate_bn)
 
 __all__ = [
     "METHODS",
@@ -177,7 +178,7 @@ def run_quant_benchmark(supernet: torch.nn.Module, space, data: DatasetSplits,
         arch_str = space.to_string(arch)
         layers = space.layers(arch)
         model = supernet.extract(arch)
-        recalibrate_bn(model, calibration_loader(data, seed=config.seed, device=device),
+        recalibrate_bn(model, bn_calibration_loader(data, seed=config.seed, device=device),
                        config.bn_calib_batches)
         uniform(model, 8, 8).validate(layers)  # the model's layer names join with the layer list
         done: dict[str, Any] = {}

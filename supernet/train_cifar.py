@@ -205,6 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-unfinished", action="store_true",
                    help="with --eval: evaluate also when this command ends before training is "
                         "complete (eval.json then says training_completed: false)")
+    p.add_argument("--calib-batches", type=positive_int, default=40,
+                   help="with --eval: BatchNorm recalibration batches per supernet subnet, "
+                        "augmented like training (default 40)")
+    p.add_argument("--calib-batch-size", type=positive_int, default=256,
+                   help="with --eval: images per recalibration batch (default 256)")
     p.add_argument("--standalone", metavar="ARCH",
                    help="train this subnet from scratch instead of the supernet: an arch string, "
                         "'largest', 'smallest' or 'random1'..'random3' (the random subnets --eval reports)")
@@ -612,14 +617,16 @@ def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -
                 f"--out {out} --resume")
     else:
         say(f"{out}: training already complete ({log.get('step')} steps)")
-        if args.eval and ctx.is_main:  # weights from the last checkpoint
+        if args.eval and ctx.is_main:  # the final weights, else the last checkpoint
             from supernet.train import load_checkpoint
 
+            final = out / ("model.pt" if arch is not None else "supernet.pt")
+            weights = final if final.is_file() else ckpt
             if arch is not None:
-                _, _, loaded, _ = load_standalone(ckpt, device=device)
+                _, _, loaded, _ = load_standalone(weights, device=device)
                 model = loaded
             else:
-                _, model, _ = load_checkpoint(ckpt, device=device, space=space)
+                _, model, _ = load_checkpoint(weights, device=device, space=space)
 
     if args.eval and (done or args.eval_unfinished) and ctx.is_main:
         t0 = time.perf_counter()
@@ -632,14 +639,18 @@ def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -
                          "flops": space.flops(arch), "params": space.params(arch)})
         else:
             for role, a in _eval_archs(space):
-                acc, _ = evaluate_subnet(model, a, data, split="test", batch_size=500)
+                acc, _ = evaluate_subnet(model, a, data, split="test", batch_size=500,
+                                         calib_batches=args.calib_batches,
+                                         calib_batch_size=args.calib_batch_size)
                 rows.append({"role": role, "arch": space.to_string(a), "top1": acc,
                              "flops": space.flops(a), "params": space.params(a)})
         for r in rows:
             say(f"  {r['role']:9s} test top-1 {r['top1']:6.2f}%  {r['flops'] / 1e6:7.1f} MFLOPs  "
                 f"{r['params'] / 1e6:5.2f} M params  {r['arch']}")
+        recal = ({"batches": args.calib_batches, "batch_size": args.calib_batch_size,
+                  "augmented": True} if arch is None else False)
         _write_json(out / "eval.json", {"split": "test", "images": len(data.test),
-                                        "bn_recalibration": arch is None,
+                                        "bn_recalibration": recal,
                                         "training_completed": done, "subnets": rows,
                                         "seconds": time.perf_counter() - t0,
                                         "settings": settings})

@@ -14,7 +14,8 @@ from torch import nn
 
 from supernet.data import load_dataset
 from supernet.errors import UserError
-from supernet.evaluate import accuracy, evaluate_subnet, recalibrate_bn
+from supernet.evaluate import (accuracy, bn_calibration_loader, calibration_loader, evaluate_subnet,
+                               recalibrate_bn, recalibrated_subnet)
 from supernet.spaces import get_space
 from supernet.train import (
     TrainConfig,
@@ -101,6 +102,26 @@ def test_recalibrate_bn_on_supernet_matches_extracted_subnet():
         assert torch.allclose(net.extract(arch)(x), model(x), atol=1e-4)
 
 
+
+
+def test_bn_recalibration_uses_training_augmentation(digits):
+    """Subnets are recalibrated on augmented training batches (the statistics their weights
+    were trained against); quantization calibration stays on clean images."""
+    assert bn_calibration_loader(digits).augment == digits.augment != "none"
+    assert calibration_loader(digits).augment == "none"
+    space = get_space("mbv3-tiny")
+    torch.manual_seed(0)
+    net = space.build_supernet()
+    arch = space.smallest()
+    got = recalibrated_subnet(net, arch, digits, calib_batches=3, calib_batch_size=32, seed=4)
+    aug = recalibrate_bn(net.extract(arch), bn_calibration_loader(digits, batch_size=32, seed=4), 3)
+    clean = recalibrate_bn(net.extract(arch), calibration_loader(digits, batch_size=32, seed=4), 3)
+
+    def means(m):
+        return torch.cat([b.running_mean for b in m.modules() if isinstance(b, nn.BatchNorm2d)])
+
+    assert torch.equal(means(got), means(aug))
+    assert not torch.allclose(means(got), means(clean))
 # --------------------------------------------------------------------------------------------
 # accuracy
 # --------------------------------------------------------------------------------------------
