@@ -685,9 +685,15 @@ def test_entry_point_train_resume_eval(decoded, tmp_path, capsys):
     assert result["images"] == 100 and result["bn_recalibration"]
     space, net, payload = load_checkpoint(out / "supernet.pt")
     assert space.name == "mbv3-tiny" and "train_state" not in payload
-    # evaluating a finished run again trains nothing
-    assert _cli("--out", str(out), "--resume", "--eval") == 0
+    # evaluating a finished run again trains nothing; it reads the final weights, so the
+    # resumable checkpoint may be gone (a run directory downloaded without it)
+    (out / "checkpoint.pt").unlink()
+    (out / "eval.json").unlink()
+    assert _cli("--out", str(out), "--resume", "--eval", "--calib-batches", "1",
+                "--calib-batch-size", "16") == 0
     assert "already complete" in capsys.readouterr().out
+    again = json.loads((out / "eval.json").read_text())
+    assert again["bn_recalibration"] == {"batches": 1, "batch_size": 16, "augmented": True}
 
 
 def test_entry_point_standalone_and_bench(decoded, tmp_path, capsys):
