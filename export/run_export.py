@@ -2,7 +2,7 @@
 
 Reads the run directory contract (``config.json``, ``supernet.pt``, ``pareto_<device>.csv``),
 rebuilds each selected model exactly as the search scored it - the subnet extracted from the
-supernet with its BatchNorm recalibrated on ``calib_batches`` training batches (seed
+supernet with its BatchNorm recalibrated on ``calib_batches`` augmented training batches (seed
 ``seed``), and, when the row has a policy, PTQ on ``ptq_images`` training images (128 per
 batch, shuffled with ``seed``) - and exports it with :func:`export.model_export.export_model`.
 

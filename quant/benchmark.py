@@ -6,7 +6,7 @@ CIFAR-10), and by the test that runs the table on a tiny budget. Each row report
 test split, the policy's average weight bits and its packed model size
 (:func:`quant.cost.model_size_bytes`). Recipes (also written into each row's ``recipe``):
 
-* ``fp32``: the subnet, BatchNorm recalibrated on training images;
+* ``fp32``: the subnet, BatchNorm recalibrated on augmented training images;
 * ``ptq_int8_{minmax,percentile,mse}``: every layer W8A8, per-channel min-max weights, the
   named activation observer, bias correction;
 * ``ptq_w4a8``: W4A8 with the first and last layer at W8A8, per-channel MSE weights, MSE

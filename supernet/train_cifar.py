@@ -17,7 +17,7 @@ RNG states), ``train_log.json`` (one record per invocation: steps, seconds, imag
 per-epoch losses), and once training is complete ``supernet.pt`` (or ``model.pt`` for
 ``--standalone``: final weights only, ``--half-weights`` for float16) and with ``--eval``
 ``eval.json`` (top-1 of the largest, smallest and three random subnets on the test split,
-each extracted and BatchNorm-recalibrated on training images).
+each extracted and BatchNorm-recalibrated on augmented training images).
 
 ``--max-minutes`` ends training (with a checkpoint) once that much time has passed since the
 command started, so a long training is a series of commands below a per-command limit; each
