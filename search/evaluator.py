@@ -2,7 +2,8 @@
 
 * accuracy: the subnet is extracted from the supernet, its BatchNorm recalibrated on augmented
   training images, and — when a policy is given — quantized by PTQ (:func:`quant.ptq.ptq`,
-  calibrated on clean training images); then scored on the validation split (the test split is kept for reporting).
+  calibrated on clean training images); then scored on the validation split (the test split
+  is kept for reporting).
 * size, BOPs, FLOPs, params, average weight bits: from the layer list with the policy's widths
   (:mod:`quant.cost`; size counts weights at their true width).
 * latency per device (:func:`device_latency`): estimated devices run their estimator on the
