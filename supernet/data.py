@@ -48,7 +48,9 @@ __all__ = [
 ]
 
 #: The augmentation kinds :func:`augment_batch` knows.
-AUGMENT_KINDS: tuple[str, ...] = ("shift", "crop_flip", "none")
+AUGMENT_KINDS: tuple[str, ...] = ("shift", "crop_flip", "crop_flip_cutout", "none")
+#: Side of the square that ``crop_flip_cutout`` blanks (DeVries & Taylor 2017 use 16 on CIFAR-10).
+CUTOUT_SIZE = 16
 
 #: File suffixes (lower case) that count as images in an ImageFolder.
 IMAGE_EXTENSIONS: frozenset[str] = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"})
@@ -845,13 +847,18 @@ def _resize_uint8(images: torch.Tensor, size: int, chunk: int = 4096) -> torch.T
 # --------------------------------------------------------------------------------------------
 
 
-def augment_batch(images: torch.Tensor, kind: str, generator: torch.Generator) -> torch.Tensor:
+def augment_batch(images: torch.Tensor, kind: str, generator: torch.Generator,
+                  fill: Sequence[int] | None = None) -> torch.Tensor:
     """Randomly augment a uint8 ``(B, C, H, W)`` batch on whatever device it lives.
 
     * ``"shift"``: zero-pad 1 and crop back to H x W at a random offset per sample, i.e. shift
       each image by dx, dy in {-1, 0, 1} (no flip: a mirrored digit is another symbol).
     * ``"crop_flip"``: zero-pad 4, random crop per sample, and a horizontal flip for a random
       half of the samples (the standard CIFAR recipe).
+    * ``"crop_flip_cutout"``: ``crop_flip``, then cutout (DeVries & Taylor 2017): a
+      :data:`CUTOUT_SIZE` square at a uniformly random centre per sample (clipped at the
+      border) is set to ``fill`` (per-channel uint8 values; default 0; :class:`BatchLoader`
+      passes the training mean, which normalises to zero as in the paper).
     * ``"none"``: the input, unchanged.
 
     Vectorised: one padded copy and one gather with per-sample row/column indices, no Python
@@ -872,13 +879,25 @@ def augment_batch(images: torch.Tensor, kind: str, generator: torch.Generator) -
     dev = images.device
     rows = dy.to(dev)[:, None] + torch.arange(h, device=dev)  # (B, H) rows of the padded image
     cols = dx.to(dev)[:, None] + torch.arange(w, device=dev)  # (B, W)
-    if kind == "crop_flip":
+    if kind.startswith("crop_flip"):
         flip = torch.rand(b, generator=generator, device=gdev) < 0.5
         cols = torch.where(flip.to(dev)[:, None], cols.flip(1), cols)
     padded = F.pad(images, (pad, pad, pad, pad))
     bi = torch.arange(b, device=dev)[:, None, None, None]
     ci = torch.arange(c, device=dev)[None, :, None, None]
-    return padded[bi, ci, rows[:, None, :, None], cols[:, None, None, :]]
+    out = padded[bi, ci, rows[:, None, :, None], cols[:, None, None, :]]
+    if kind == "crop_flip_cutout":
+        cy = torch.randint(0, h, (b,), generator=generator, device=gdev).to(dev)
+        cx = torch.randint(0, w, (b,), generator=generator, device=gdev).to(dev)
+        half = CUTOUT_SIZE // 2
+        ys = torch.arange(h, device=dev)[None, :] - cy[:, None]  # (B, H) offsets from the centre
+        xs = torch.arange(w, device=dev)[None, :] - cx[:, None]
+        mask = (((ys >= -half) & (ys < half))[:, :, None]
+                & ((xs >= -half) & (xs < half))[:, None, :])  # (B, H, W)
+        value = torch.zeros(c, dtype=out.dtype, device=dev) if fill is None else \
+            torch.as_tensor(list(fill), dtype=out.dtype).to(dev)
+        out = torch.where(mask[:, None], value.view(1, c, 1, 1), out)
+    return out
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:
@@ -941,6 +960,7 @@ class BatchLoader:
         self._labels = split.labels.to(self.device)
         self._mean = mean_t.to(self.device).view(1, -1, 1, 1)
         self._std = std_t.to(self.device).view(1, -1, 1, 1)
+        self._fill = [int(round(255.0 * m)) for m in mean_t.tolist()]  # cutout: the mean pixel
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter`` produce epoch ``epoch`` (0-based) of this seed's sequence."""
@@ -965,6 +985,6 @@ class BatchLoader:
             idx = order[b * self.batch_size:(b + 1) * self.batch_size]
             images = self._images[idx]
             if self.augment != "none":
-                images = augment_batch(images, self.augment, generator)
+                images = augment_batch(images, self.augment, generator, fill=self._fill)
             x = images.float().div_(255.0).sub_(self._mean).div_(self._std)
             yield x, self._labels[idx]

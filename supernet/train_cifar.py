@@ -34,6 +34,7 @@ exit status 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -44,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from supernet.data import DatasetSplits, ImageSplit, load_dataset
+from supernet.data import AUGMENT_KINDS, DatasetSplits, ImageSplit, load_dataset
 from supernet.cli_args import OneLineParser, positive_float, positive_int
 from supernet.errors import UserError
 
@@ -150,7 +151,7 @@ def load_data(spec: str, *, seed: int = 0, limit_train: int | None = None,
 #: Settings that define a training run (stored in run.json; --resume takes them from there).
 RUN_KEYS = ("data", "space", "schedule", "epochs", "batch_size", "lr", "weight_decay",
             "label_smoothing", "warmup_epochs", "grad_clip", "num_random", "full_fraction", "seed",
-            "standalone", "limit_train", "limit_eval", "compile", "subnet_loss")
+            "standalone", "limit_train", "limit_eval", "compile", "subnet_loss", "augment")
 #: torch.compile modes that --compile accepts ("off": none; on --resume it overrides the run's).
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "off")
 
@@ -189,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full-fraction", type=float, default=0.5,
                    help="deps schedule: share of the epochs that train only the full network "
                         "(default 0.5)")
+    p.add_argument("--augment", choices=AUGMENT_KINDS, default=None,
+                   help="training augmentation (default: the dataset's, crop_flip for CIFAR-style "
+                        "images); crop_flip_cutout adds a 16x16 cutout. BatchNorm recalibration "
+                        "for --eval uses the same")
     p.add_argument("--seed", type=int, default=0, help="seed of data order, augmentation, subnets")
     p.add_argument("--out", help="run directory (checkpoint, logs, final weights, eval)")
     g = p.add_mutually_exclusive_group()
@@ -513,6 +518,8 @@ def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -
         settings = _settings(args)
     data = load_data(settings["data"], seed=0, limit_train=settings["limit_train"],
                      limit_eval=settings["limit_eval"])
+    if settings.get("augment"):  # runs from before --augment existed have none
+        data = dataclasses.replace(data, augment=settings["augment"])
     h, w = data.image_size
     if h != w:
         raise UserError(f"space {settings['space']} needs square images; the dataset's are {h}x{w}")

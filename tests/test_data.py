@@ -473,7 +473,7 @@ def _matching_shifts(x: torch.Tensor, y: torch.Tensor, pad: int) -> list[tuple[i
             if torch.equal(_shifted(x, dy, dx), y)]
 
 
-@pytest.mark.parametrize("kind", ["shift", "crop_flip", "none"])
+@pytest.mark.parametrize("kind", ["shift", "crop_flip", "crop_flip_cutout", "none"])
 def test_augment_shapes(kind: str) -> None:
     x = _batch(16, 1, 8, 10)
     y = augment_batch(x, kind, torch.Generator().manual_seed(0))
@@ -506,6 +506,33 @@ def test_augment_crop_flip() -> None:
         assert len(plain) + len(mirrored) == 1, f"sample {i} is not a (flipped) crop"
         flipped += bool(mirrored)
     assert 0 < flipped < x.shape[0]
+
+
+def test_augment_crop_flip_cutout() -> None:
+    """The same crop and flip as crop_flip (same generator), then one square per sample, at
+    most 16 x 16 and clipped at the border, set to the fill value."""
+    x = _batch(64, 3, 32, 32)
+    base = augment_batch(x, "crop_flip", torch.Generator().manual_seed(5))
+    y = augment_batch(x, "crop_flip_cutout", torch.Generator().manual_seed(5), fill=(0, 7, 9))
+    sizes = set()
+    for i in range(x.shape[0]):
+        blank = (y[i] == torch.tensor([0, 7, 9], dtype=torch.uint8).view(3, 1, 1)).all(0)
+        rows, cols = blank.any(1).nonzero().flatten(), blank.any(0).nonzero().flatten()
+        h, w = len(rows), len(cols)
+        assert 8 <= h <= 16 and 8 <= w <= 16, f"sample {i}: blank region {h} x {w}"
+        assert int(blank.sum()) == h * w  # a rectangle (a square clipped at the border)
+        assert rows[-1] - rows[0] + 1 == h and cols[-1] - cols[0] + 1 == w
+        assert torch.equal(y[i][:, ~blank], base[i][:, ~blank])  # untouched elsewhere
+        sizes.add((h, w))
+    assert (16, 16) in sizes and len(sizes) > 1  # mostly whole squares, some clipped
+    zero = augment_batch(x, "crop_flip_cutout", torch.Generator().manual_seed(5))
+    assert int((zero == 0).all(1).sum()) >= 64 * 64  # default fill 0: at least 8 x 8 each
+    # the loader fills with the training mean, which normalises to (about) zero
+    split = ImageSplit(x, torch.arange(64))
+    loader = BatchLoader(split, batch_size=64, mean=(0.2, 0.5, 0.7), std=(0.25,) * 3,
+                         augment="crop_flip_cutout", seed=1)
+    xb, _ = next(iter(loader))
+    assert int((xb.abs() < 0.01).all(1).sum()) >= 64 * 64
 
 
 def test_augment_reproducible_and_unknown_kind() -> None:

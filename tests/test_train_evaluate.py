@@ -901,3 +901,30 @@ def test_cudnn_autotuning_defaults_to_standalone_runs_only(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"settings": {"standalone": None}}))
     assert not train_cifar._is_standalone(parse(["--out", str(tmp_path), "--resume"]))
     assert parse(["--out", "x"]).cudnn_benchmark == "auto"
+
+
+def test_entry_point_augment_override(decoded, tmp_path, capsys, monkeypatch):
+    """--augment replaces the dataset's augmentation for training and BN recalibration, is
+    recorded in run.json, and a resumed run keeps it."""
+    import supernet.data as data_module
+
+    seen = []
+    real = data_module.augment_batch
+    monkeypatch.setattr(data_module, "augment_batch",
+                        lambda images, kind, generator, fill=None:
+                        seen.append(kind) or real(images, kind, generator, fill))
+    out = tmp_path / "cut"
+    base = ("--data", str(decoded), "--space", "mbv3-tiny", "--limit-train", "128",
+            "--limit-eval", "50", "--batch-size", "64", "--out", str(out))
+    assert _cli(*base, "--epochs", "2", "--augment", "crop_flip_cutout",
+                "--max-minutes", "1e-6") == 0
+    settings = json.loads((out / "run.json").read_text())["settings"]
+    assert settings["augment"] == "crop_flip_cutout"
+    assert seen and set(seen) == {"crop_flip_cutout"}
+    seen.clear()
+    assert _cli("--out", str(out), "--resume", "--eval", "--calib-batches", "1") == 0
+    assert seen and set(seen) == {"crop_flip_cutout"}  # training and recalibration alike
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        _cli(*base, "--overwrite", "--augment", "rotate")
+    assert exc.value.code == 2 and "--augment" in capsys.readouterr().err
