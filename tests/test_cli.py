@@ -279,3 +279,13 @@ def test_three_workers_share_one_postgres_study(tmp_path: Path, checkpoint: Path
     front = pd.read_csv(tmp_path / "w" / "pareto_edgetpu-est.csv", keep_default_na=False)
     assert set(front["trial"]) == non_dominated(
         trials, ["accuracy", "latency_ms:edgetpu-est", "size_bytes"], {"accuracy"})
+
+
+def test_calib_batches_flag_reaches_the_search_config():
+    from search.cli import build_parser, config_from_args
+
+    parser = build_parser()
+    assert config_from_args(parser.parse_args(["search"])).calib_batches == 10
+    assert config_from_args(parser.parse_args(["search", "--calib-batches", "40"])).calib_batches == 40
+    with pytest.raises(SystemExit):
+        parser.parse_args(["search", "--calib-batches", "0"])
