@@ -894,8 +894,7 @@ def augment_batch(images: torch.Tensor, kind: str, generator: torch.Generator,
         xs = torch.arange(w, device=dev)[None, :] - cx[:, None]
         mask = (((ys >= -half) & (ys < half))[:, :, None]
                 & ((xs >= -half) & (xs < half))[:, None, :])  # (B, H, W)
-        value = torch.zeros(c, dtype=out.dtype, device=dev) if fill is None else \
-            torch.as_tensor(list(fill), dtype=out.dtype).to(dev)
+        value = torch.tensor([0] * c if fill is None else list(fill), dtype=out.dtype, device=dev)
         out = torch.where(mask[:, None], value.view(1, c, 1, 1), out)
     return out
 
