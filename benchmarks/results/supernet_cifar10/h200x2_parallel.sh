@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 4 of the mbv3 CIFAR-10 supernet (see benchmarks/supernet_cifar10.md): the supernet and its
+# Runs 4 and 5 of the mbv3 CIFAR-10 supernet (see benchmarks/supernet_cifar10.md): the supernet and its
 # three standalone baselines, all with the same number of epochs, trained side by side on the
 # 2-GPU device machine (nvidia-h200-x2) in chunks of one device command each:
 #
@@ -10,12 +10,15 @@
 # GPU 1: the largest and the random1 subnet standalone (compiled). Every job stops MINUTES after
 # the command's start (checkpointed; the machine keeps runs/ while warm), evaluates once
 # finished (--eval-unfinished with LAST=1), and the logs and evaluations go to $OUT each time.
+# Run 4: defaults. Run 5: AUGMENT=crop_flip_cutout RUN=run5 (every job trains with 16x16 cutout).
 # CPU smoke test: SMOKE="--limit-train 256 --limit-eval 128 --batch-size 64" COMPILE= EPOCHS=2
 set -u
 PHASE=$1
 MIN=$2
 EPOCHS=${EPOCHS:-100}
 FULL=${FULL:-0.25}
+RUN=${RUN:-run4}
+AUG=${AUGMENT:+--augment $AUGMENT}
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$PWD/runs/inductor TORCHINDUCTOR_COMPILE_THREADS=4
 T="python3 -m supernet.train_cifar"
 R=runs/c10p
@@ -27,13 +30,13 @@ left() {  # minutes until the stop time, less $1 minutes
 if [ "$PHASE" = 1 ]; then START_ARGS=--overwrite; else START_ARGS=--resume; fi
 EVAL="--eval"
 [ "${LAST:-0}" = 1 ] && EVAL="--eval --eval-unfinished"
-echo "phase $PHASE start $(date -u +%FT%TZ) minutes $MIN epochs $EPOCHS" >> $R/phases.log
+echo "$RUN phase $PHASE start $(date -u +%FT%TZ) minutes $MIN epochs $EPOCHS ${AUGMENT:-}" >> $R/phases.log
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.txt 2>&1
 (while sleep 5; do
   echo "$(date +%s) $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader | tr '\n' ' ')"
 done) >> $R/smi.log 2>&1 &
 SMI=$!
-COMMON="--data data/cifar10-jpeg.npz --space mbv3 --epochs $EPOCHS --batch-size 1024 --quiet ${SMOKE:-}"
+COMMON="--data data/cifar10-jpeg.npz --space mbv3 --epochs $EPOCHS --batch-size 1024 --quiet $AUG ${SMOKE:-}"
 COMPILE=${COMPILE---compile}  # COMPILE= (empty): standalone eager too (CPU smoke test)
 PIDS=""
 CUDA_VISIBLE_DEVICES=0 $T $COMMON --schedule deps --full-fraction $FULL --subnet-loss largest+mean \
@@ -50,7 +53,7 @@ kill $SMI 2>/dev/null
 echo "phase $PHASE end $(date -u +%FT%TZ) after $(( $(date +%s) - START )) s" >> $R/phases.log
 if [ -n "${OUT:-}" ]; then
   [ -f $R/sn/supernet.pt ] && cp $R/sn/supernet.pt $OUT/mbv3_cifar10.pt
-  tar czf $OUT/results_run4.tgz --exclude='*.pt' --exclude=inductor $R
+  tar czf $OUT/results_$RUN.tgz --exclude='*.pt' --exclude=inductor $R
 fi
 tail -n 3 $R/*.log
 cat $R/phases.log
