@@ -33,7 +33,7 @@ from quant.benchmark import (
 )
 from supernet.data import load_dataset
 from supernet.errors import UserError
-from supernet.train import load_checkpoint
+from supernet.train import load_checkpoint, with_training_augment
 
 HERE = Path(__file__).resolve().parent
 
@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cudnn.benchmark = True
     start = time.perf_counter()
     space, supernet, payload = load_checkpoint(args.checkpoint, device=args.device)
-    data = load_dataset(args.data, seed=args.seed)
+    data = with_training_augment(load_dataset(args.data, seed=args.seed),
+                                 payload.get("train_config"))
     if tuple(space.input_shape) != (data.in_channels, *data.image_size) or space.num_classes != data.num_classes:
         raise UserError(f"checkpoint space {space.name} expects inputs {space.input_shape} and "
                         f"{space.num_classes} classes; dataset {args.data} has "

@@ -34,7 +34,8 @@ from quant.benchmark import (
 from supernet.data import load_dataset
 from supernet.errors import UserError
 from supernet.spaces import get_space
-from supernet.train import load_checkpoint, sandwich_config, save_checkpoint, train_supernet
+from supernet.train import (load_checkpoint, sandwich_config, save_checkpoint, train_supernet,
+                            with_training_augment)
 
 HERE = Path(__file__).resolve().parent
 
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     if args.checkpoint:
         space, supernet, payload = load_checkpoint(args.checkpoint)
+        data = with_training_augment(data, payload.get("train_config"))
         train_info = {"checkpoint": args.checkpoint, "epochs": (payload.get("train_config") or {}).get("stages")}
     else:
         space = get_space("mbv3-tiny", in_channels=data.in_channels, image_size=data.image_size[0],

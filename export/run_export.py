@@ -212,7 +212,7 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     from quant.ptq import PTQConfig
     from supernet.data import BatchLoader, load_dataset
     from supernet.evaluate import recalibrated_subnet
-    from supernet.train import load_checkpoint
+    from supernet.train import load_checkpoint, with_training_augment
 
     start = time.perf_counter()
     run_dir = Path(run_dir)
@@ -245,7 +245,8 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
         raise UserError(f"{run_dir / SUPERNET_FILE} holds space {space.name!r} but config.json "
                         f"says {cfg['space']!r}; the run directory is inconsistent")
     seed = int(cfg.get("seed", 0))
-    data = load_dataset(cfg["dataset"], seed=int(cfg.get("data_seed", 0)))
+    data = with_training_augment(load_dataset(cfg["dataset"], seed=int(cfg.get("data_seed", 0))),
+                                 payload.get("train_config"))
     calib_batches = int(cfg.get("calib_batches", 10))
     ptq_config = PTQConfig(max_images=int(cfg.get("ptq_images", 256)), seed=seed)
     devices = [str(d) for d in (cfg.get("devices") or [])]

@@ -65,7 +65,8 @@ from supernet.errors import UserError
 from supernet.evaluate import accuracy, eval_loader
 from supernet.space import SearchSpace
 from supernet.spaces import get_space
-from supernet.train import TrainResult, load_checkpoint, sandwich_config, save_checkpoint, train_supernet
+from supernet.train import (TrainConfig, TrainResult, load_checkpoint, sandwich_config, save_checkpoint,
+                            train_supernet, with_training_augment)
 
 CONFIG_FILE = "config.json"
 
@@ -140,17 +141,19 @@ def _checkpoint_source(cfg: SearchConfig, data: DatasetSplits, run_dir: Path) ->
 
 
 def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, progress: bool,
-                     ) -> tuple[SearchSpace, Any, TrainResult | None, bool]:
-    """(space, supernet, training result or None, trained now?) — from the checkpoint that
-    applies, else trained for the dataset. Checks happen before training starts."""
+                     ) -> tuple[SearchSpace, Any, TrainResult | None, TrainConfig | None]:
+    """(space, supernet, training result or None, the training configuration its checkpoint
+    records or None) — from the checkpoint that applies, else trained for the dataset. Checks
+    happen before training starts."""
     source = _checkpoint_source(cfg, data, run_dir)
     if source:
-        space, supernet, _ = load_checkpoint(source, device=cfg.torch_device)
+        space, supernet, payload = load_checkpoint(source, device=cfg.torch_device)
         if space.name != cfg.space:
             raise UserError(f"checkpoint {source} holds space {space.name!r}, not {cfg.space!r}")
         _check_compatible(space, data, f"checkpoint {source}")
         check_devices(space, cfg.all_devices)
-        return space, supernet, None, False
+        recorded = payload.get("train_config")
+        return space, supernet, None, TrainConfig.from_dict(recorded) if recorded else None
     h, w = data.image_size
     if h != w:
         raise UserError(f"space {cfg.space} needs square images; the dataset's are {h}x{w}")
@@ -158,9 +161,10 @@ def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, prog
                       num_classes=data.num_classes)
     check_devices(space, cfg.all_devices)
     supernet = space.build_supernet()
-    result = train_supernet(supernet, space, data, sandwich_config(cfg.epochs, seed=cfg.seed),
-                            device=cfg.torch_device, progress=progress)
-    return space, supernet, result, True
+    config = sandwich_config(cfg.epochs, seed=cfg.seed)
+    result = train_supernet(supernet, space, data, config, device=cfg.torch_device,
+                            progress=progress)
+    return space, supernet, result, config
 
 
 def _lock_run_dir(run_dir: Path):
@@ -303,7 +307,8 @@ def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int) -> int:
     cfg = SearchConfig(**cfg_dict)
     torch.set_num_threads(1)
     data = load_dataset(cfg.dataset, seed=cfg.data_seed)
-    space, supernet, _ = load_checkpoint(Path(run_dir) / "supernet.pt", device=cfg.torch_device)
+    space, supernet, payload = load_checkpoint(Path(run_dir) / "supernet.pt", device=cfg.torch_device)
+    data = with_training_augment(data, payload.get("train_config"))
     evaluator = _evaluator(cfg, space, supernet, data)
     if cfg.accuracy == "predictor":
         fn = accuracy_predictor(cfg, space, evaluator, Path(run_dir), log=lambda *a: None)
@@ -322,7 +327,8 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
     timings: dict[str, float] = {}
 
     t0 = time.perf_counter()
-    space, supernet, train_result, _ = resolve_supernet(cfg, data, run_dir, progress)
+    space, supernet, train_result, train_config = resolve_supernet(cfg, data, run_dir, progress)
+    data = with_training_augment(data, train_config.to_dict() if train_config else None)
     timings["supernet_s"] = time.perf_counter() - t0
     if train_result:
         log(f"trained supernet {space.name} on {data.name}: {train_result.epochs} epochs in "
@@ -335,7 +341,7 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
             save_checkpoint(staging / "supernet.pt", supernet, space, dataset=data.name,
-                            train_config=sandwich_config(cfg.epochs, seed=cfg.seed) if train_result else None)
+                            train_config=train_config)
             if train_result:
                 outputs.write_json(staging / "train_history.json", train_result.__dict__)
             outputs.write_json(staging / CONFIG_FILE, settings)

@@ -49,7 +49,7 @@ import contextlib
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -58,7 +58,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from supernet.data import BatchLoader, DatasetSplits
+from supernet.data import AUGMENT_KINDS, BatchLoader, DatasetSplits
 from supernet.distributed import (
     DistContext,
     agree,
@@ -123,6 +123,11 @@ class TrainConfig:
     #: the standalone rate, which left the largest subnet 5 points behind its standalone twin).
     #: Steps that train only the largest subnet are the same under all three.
     subnet_loss: str = "sum"
+    #: Training augmentation (one of :data:`supernet.data.AUGMENT_KINDS`); ``None``: the
+    #: dataset's own (``DatasetSplits.augment``). Checkpoints record it, so that BatchNorm
+    #: recalibration of the trained weights later sees batches augmented the same way
+    #: (:func:`with_training_augment`).
+    augment: str | None = None
 
     @property
     def epochs(self) -> int:
@@ -140,6 +145,8 @@ class TrainConfig:
         if self.subnet_loss not in SUBNET_LOSSES:
             raise UserError(f"subnet_loss must be one of {list(SUBNET_LOSSES)}, got "
                             f"{self.subnet_loss!r}")
+        if self.augment is not None and self.augment not in AUGMENT_KINDS:
+            raise UserError(f"augment must be one of {list(AUGMENT_KINDS)}, got {self.augment!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -366,8 +373,8 @@ def _train(job: _Job, data: DatasetSplits, config: TrainConfig, *, device: str |
     if use_cl:
         model.to(memory_format=torch.channels_last)
     loader = BatchLoader(data.train, batch_size=config.batch_size, mean=data.mean, std=data.std,
-                         shuffle=True, augment=data.augment, seed=config.seed, device=device,
-                         drop_last=len(data.train) > config.batch_size)
+                         shuffle=True, augment=config.augment or data.augment, seed=config.seed,
+                         device=device, drop_last=len(data.train) > config.batch_size)
     steps_per_epoch = len(loader)
     total_steps = steps_per_epoch * config.epochs
     warmup_steps = int(config.warmup_epochs * steps_per_epoch)
@@ -776,6 +783,20 @@ def _space_of(payload: dict[str, Any], path: str | Path) -> SearchSpace:
         return get_space(payload["space"], config=payload["space_config"])
     except KeyError:
         raise UserError(f"checkpoint {path} records no space") from None
+
+
+def with_training_augment(data: DatasetSplits, train_config: dict[str, Any] | None) -> DatasetSplits:
+    """``data`` with the augmentation that a checkpoint's weights were trained with, where its
+    ``train_config`` (the checkpoint's dict, as saved) records one.
+
+    BatchNorm recalibration (:func:`supernet.evaluate.bn_calibration_loader`) augments like
+    ``data.augment``, and it must augment like training did: the shipped CIFAR-10 supernet,
+    trained with cutout, scores 93.7 % (largest subnet) and 91.6 % (smallest) on 2,000 test
+    images when recalibrated without cutout, 94.5 % and 93.2 % with it."""
+    augment = (train_config or {}).get("augment")
+    if not augment or augment == data.augment:
+        return data
+    return replace(data, augment=augment)
 
 
 def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",

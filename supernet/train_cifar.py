@@ -34,7 +34,6 @@ exit status 2.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -342,7 +341,7 @@ def build_rank_parser() -> argparse.ArgumentParser:
 
 def cmd_rank(argv: list[str]) -> int:
     from supernet.evaluate import evaluate_subnet
-    from supernet.train import load_checkpoint
+    from supernet.train import load_checkpoint, with_training_augment
 
     args = build_rank_parser().parse_args(argv)
     out = Path(args.out)
@@ -359,7 +358,8 @@ def cmd_rank(argv: list[str]) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     data = load_data(settings["data"], seed=0, limit_train=settings["limit_train"],
                      limit_eval=settings["limit_eval"])
-    space, supernet, _ = load_checkpoint(ckpt, device=device)
+    space, supernet, payload = load_checkpoint(ckpt, device=device)
+    data = with_training_augment(data, payload.get("train_config"))
     rng = np.random.default_rng(args.seed)
     archs: dict[str, Any] = {}
     for _ in range(1000 * args.num):  # distinct architectures
@@ -441,7 +441,7 @@ def _train_config(s: dict[str, Any], space):
     common = dict(batch_size=s["batch_size"], lr=s["lr"], weight_decay=s["weight_decay"],
                   label_smoothing=s["label_smoothing"], warmup_epochs=s["warmup_epochs"],
                   grad_clip=s.get("grad_clip", 5.0), seed=s["seed"],
-                  subnet_loss=s.get("subnet_loss", "sum"))
+                  subnet_loss=s.get("subnet_loss", "sum"), augment=s.get("augment"))
     if s["standalone"]:
         return standalone_config(s["epochs"], **common)
     if s["schedule"] == "sandwich":
@@ -497,6 +497,7 @@ def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -
         save_standalone,
         train_standalone,
         train_supernet,
+        with_training_augment,
     )
 
     say = print if ctx.is_main else (lambda *a, **k: None)
@@ -518,14 +519,13 @@ def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -
         settings = _settings(args)
     data = load_data(settings["data"], seed=0, limit_train=settings["limit_train"],
                      limit_eval=settings["limit_eval"])
-    if settings.get("augment"):  # runs from before --augment existed have none
-        data = dataclasses.replace(data, augment=settings["augment"])
     h, w = data.image_size
     if h != w:
         raise UserError(f"space {settings['space']} needs square images; the dataset's are {h}x{w}")
     space = get_space(settings["space"], in_channels=data.in_channels, image_size=h,
                       num_classes=data.num_classes)
     config = _train_config(settings, space)
+    data = with_training_augment(data, config.to_dict())  # BN recalibration augments like training
     torch.manual_seed(settings["seed"])
     supernet = space.build_supernet()
     arch = None

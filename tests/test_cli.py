@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from search.cli import main
+from supernet.train import load_checkpoint
 
 DEVICES = "cpu-ort-1t,edgetpu-est"
 
@@ -129,6 +130,9 @@ def test_rerun_continues_and_overwrite_replaces(tmp_path: Path, checkpoint: Path
                                   second[["trial", "arch", "accuracy"]].head(6))
     assert main([*args, "--trials", "5", "--overwrite"]) == 0
     assert len(pd.read_csv(tmp_path / "r" / "trials.csv")) == 5
+    # the run's copy of the supernet keeps the training configuration (and so its augmentation)
+    recorded = [load_checkpoint(p)[2]["train_config"] for p in (checkpoint, tmp_path / "r" / "supernet.pt")]
+    assert recorded[0] is not None and recorded[0] == recorded[1]
 
 
 def test_a_trial_interrupted_by_a_kill_is_run_again(tmp_path: Path, checkpoint: Path):

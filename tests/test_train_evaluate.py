@@ -4,6 +4,7 @@ configs, checkpoints)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 
@@ -25,6 +26,7 @@ from supernet.train import (
     save_checkpoint,
     subnet_loss_weights,
     train_supernet,
+    with_training_augment,
 )
 
 
@@ -206,6 +208,8 @@ def test_train_config_validate():
         sandwich_config(1, lr=0.0).validate()
     with pytest.raises(UserError, match="batch size"):
         sandwich_config(1, batch_size=0).validate()
+    with pytest.raises(UserError, match="augment must be one of .*'crop_flip_cutout'.*got 'cutmix'"):
+        sandwich_config(1, augment="cutmix").validate()
 
 
 def test_train_supernet_rejects_bad_config(digits):
@@ -219,7 +223,7 @@ def test_train_config_round_trip():
         stages=[TrainStage("warmup", 3, sandwich=False), TrainStage("shrink", 7, num_random=4,
                                                                    distill=False)],
         batch_size=32, lr=0.01, momentum=0.8, weight_decay=1e-4, label_smoothing=0.0,
-        warmup_epochs=0.5, grad_clip=0.0, seed=7,
+        warmup_epochs=0.5, grad_clip=0.0, seed=7, augment="crop_flip_cutout",
     )
     d = config.to_dict()
     assert TrainConfig.from_dict(d) == config
@@ -457,6 +461,46 @@ def _fresh(space):
 def _same_weights(a: nn.Module, b: nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_config_augment_overrides_the_datasets(small_digits):
+    """TrainConfig.augment replaces the dataset's augmentation for the training batches: the
+    same training as on a copy of the data with that augmentation, unlike the dataset's own."""
+    space = get_space("mbv3-tiny")
+    assert small_digits.augment == "shift"
+    by_config = _fresh(space)
+    train_supernet(by_config, space, small_digits, sandwich_config(1, batch_size=64, augment="none"),
+                   progress=False)
+    by_data = _fresh(space)
+    train_supernet(by_data, space, dataclasses.replace(small_digits, augment="none"),
+                   sandwich_config(1, batch_size=64), progress=False)
+    shifted = _fresh(space)
+    train_supernet(shifted, space, small_digits, sandwich_config(1, batch_size=64), progress=False)
+    assert _same_weights(by_config, by_data)
+    assert not _same_weights(by_config, shifted)
+
+
+def test_with_training_augment(small_digits):
+    """A checkpoint's recorded augmentation replaces the dataset's (for BN recalibration);
+    nothing recorded, or the same one, leaves the data as it is."""
+    d = small_digits
+    for recorded in (None, {}, {"augment": None}, {"augment": d.augment},
+                     sandwich_config(1).to_dict()):
+        assert with_training_augment(d, recorded) is d
+    got = with_training_augment(d, sandwich_config(1, augment="none").to_dict())
+    assert got.augment == "none" and got.train is d.train and got.test is d.test
+    assert bn_calibration_loader(got).augment == "none"
+
+
+def test_shipped_checkpoint_records_its_training_augmentation():
+    """The shipped CIFAR-10 supernet was trained with cutout; its checkpoint must say so, or
+    every search would recalibrate BatchNorm without it (1-2 points lower)."""
+    from supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint
+
+    path = shipped_checkpoint("mbv3", CIFAR10_CLASSES)
+    assert path is not None, "supernet/checkpoints/mbv3_cifar10.pt is not shipped"
+    _, _, payload = load_checkpoint(path)
+    assert TrainConfig.from_dict(payload["train_config"]).augment == "crop_flip_cutout"
 
 
 def test_resume_is_exact(small_digits, tmp_path):

@@ -31,5 +31,5 @@ for v in ["base", "eager", "nocudnn", "autotune"]:
     t = [round(b["seconds"] - a, 1) for a, b in zip([0] + [e["seconds"] for e in h], h)]
     print(f"{v:9s} epoch seconds {t}")
 PY
-[ -n "${OUT:-}" ] && tar czf $OUT/probe.tgz $R
+[ -n "${OUT:-}" ] && tar czf $OUT/probe.tgz --exclude="*.pt" $R
 tail -n 3 $R/*.log
