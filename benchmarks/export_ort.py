@@ -49,7 +49,8 @@ from quant.policy import uniform  # noqa: E402
 from quant.ptq import PTQConfig  # noqa: E402
 from supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint  # noqa: E402
 from supernet.errors import UserError  # noqa: E402
-from supernet.train import load_checkpoint  # noqa: E402
+from supernet.evaluate import recalibrated_subnet  # noqa: E402
+from supernet.train import load_checkpoint, with_training_augment  # noqa: E402
 
 ROLES = ("largest", "middle", "smallest")
 
@@ -82,7 +83,8 @@ def subnet_archs(space):  # noqa: ANN001, ANN201 - an MBV3Space and its archs
 
 
 def images(data_spec: str | None, n_calib: int, n_test: int, seed: int):  # noqa: ANN201
-    """(calibration batches, (test images, labels) or None, source description)."""
+    """(calibration batches, (test images, labels) or None, source description, the dataset or
+    None)."""
     if data_spec:
         try:
             from supernet.data import BatchLoader, load_dataset
@@ -98,12 +100,12 @@ def images(data_spec: str | None, n_calib: int, n_test: int, seed: int):  # noqa
             # a seeded random sample: CIFAR-10's test split is sorted by class
             test = next(iter(BatchLoader(data.test, batch_size=n_test, mean=data.mean,
                                          std=data.std, shuffle=True, seed=seed)))
-            return ([torch.cat(xs)[:n_calib]], test,
-                    f"{data.name} ({n_calib} calibration images, {len(test[0])} test images)")
+            source = f"{data.name} ({n_calib} calibration images, {len(test[0])} test images)"
+            return [torch.cat(xs)[:n_calib]], test, source, data
         except (UserError, ImportError, OSError) as exc:
             print(f"# no real images ({exc}); calibrating on random images", file=sys.stderr)
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(n_calib, 3, 32, 32, generator=g)], None, "random normal images"
+    return [torch.randn(n_calib, 3, 32, 32, generator=g)], None, "random normal images", None
 
 
 def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -167,7 +169,9 @@ def markdown(doc: dict) -> str:
     lines = ["# int8 (QDQ) vs FP32 with onnxruntime: mbv3 CIFAR-10 subnets", "",
              "Written by `benchmarks/export_ort.py`; latencies are medians (ms per batch), timed "
              "round-robin against FP32. `best` keeps in float the layers where int8 loses on that "
-             "CPU/batch/threads; `int8?` is whether hwnas recommends the quantized model there. "
+             "CPU/batch/threads; `int8?` is whether hwnas recommends the quantized model there "
+             "(only when it was faster than FP32 in both of its timings, the candidates' and the "
+             "final one, so a noisy row can say `no` beside a speed-up). "
              "Agreement: top-1 agreement of the `best` ONNX model (onnxruntime) with the PyTorch "
              "model it implements (fake-quant + int32 biases + requantization) / with the searched "
              "fake-quant model (all layers int8, float biases, no requantization). Accuracy: "
@@ -252,25 +256,25 @@ def main(argv: list[str] | None = None) -> int:
     if ckpt is None:
         raise SystemExit("the shipped checkpoint supernet/checkpoints/mbv3_cifar10.pt is missing; "
                          "pass --checkpoint")
-    space, supernet, _ = load_checkpoint(ckpt)
+    space, supernet, payload = load_checkpoint(ckpt)
     if space.name != "mbv3":
         raise SystemExit(f"--checkpoint holds space {space.name!r}; expected an mbv3 supernet")
-    calib, test, source = images(args.data or None, args.calib_images, args.test_images, args.seed)
+    calib, test, source, data = images(args.data or None, args.calib_images, args.test_images,
+                                       args.seed)
     config = PTQConfig(max_images=args.calib_images, seed=args.seed)
     rows = []
     start = time.perf_counter()
     for role in roles:
         arch = subnet_archs(space)[role]
-        model = supernet.extract(arch).eval()
         fp32_acc = None
-        # BatchNorm recalibration on clean real images (the search uses augmented ones, which
-        # score higher; FP32 and int8 here share these statistics, so the gap between them holds)
-        if test is not None:
-            from supernet.evaluate import recalibrate_bn
-
-            recalibrate_bn(model, [(calib[0][i:i + 64], None) for i in range(0, len(calib[0]), 64)],
-                           max_batches=10)
+        if data is not None:
+            # BatchNorm recalibrated as the search does it: 20 batches of 64 training images
+            # with the checkpoint's training augmentation
+            model = recalibrated_subnet(
+                supernet, arch, with_training_augment(data, payload.get("train_config"))).eval()
             fp32_acc = accuracy(model, *test)
+        else:
+            model = supernet.extract(arch).eval()
         example = calib[0][:1]
         build = build_qdq(model, uniform(model, 8, 8), calib, config=config, example=example)
         fp32 = float_proto(model, example)
