@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from supernet.errors import UserError
+from supernet.trivial_augment import trivial_augment
 
 __all__ = [
     "AUGMENT_KINDS",
@@ -48,7 +49,8 @@ __all__ = [
 ]
 
 #: The augmentation kinds :func:`augment_batch` knows.
-AUGMENT_KINDS: tuple[str, ...] = ("shift", "crop_flip", "crop_flip_cutout", "none")
+AUGMENT_KINDS: tuple[str, ...] = ("shift", "crop_flip", "crop_flip_cutout", "trivial_crop_flip_cutout",
+                                   "none")
 #: Side of the square that ``crop_flip_cutout`` blanks (DeVries & Taylor 2017 use 16 on CIFAR-10).
 CUTOUT_SIZE = 16
 
@@ -859,6 +861,9 @@ def augment_batch(images: torch.Tensor, kind: str, generator: torch.Generator,
       :data:`CUTOUT_SIZE` square at a uniformly random centre per sample (clipped at the
       border) is set to ``fill`` (per-channel uint8 values; default 0; :class:`BatchLoader`
       passes the training mean, which normalises to zero as in the paper).
+    * ``"trivial_crop_flip_cutout"``: one TrivialAugment operation per image
+      (:mod:`supernet.trivial_augment`; RGB images only), then ``crop_flip_cutout``: the
+      TrivialAugment paper's CIFAR recipe.
     * ``"none"``: the input, unchanged.
 
     Vectorised: one padded copy and one gather with per-sample row/column indices, no Python
@@ -871,6 +876,12 @@ def augment_batch(images: torch.Tensor, kind: str, generator: torch.Generator,
         raise ValueError(f"augment_batch expects (B, C, H, W) images, got {tuple(images.shape)}")
     if kind == "none" or images.shape[0] == 0:
         return images
+    if kind.startswith("trivial_"):
+        if images.shape[1] != 3:
+            raise UserError(f"augmentation {kind!r} needs RGB images; these have "
+                            f"{images.shape[1]} channel(s) (use crop_flip_cutout)")
+        images = trivial_augment(images, generator)
+        kind = kind.removeprefix("trivial_")
     pad = 1 if kind == "shift" else 4
     b, c, h, w = images.shape
     gdev = generator.device
@@ -939,6 +950,9 @@ class BatchLoader:
                 f"unknown augmentation {augment!r}; expected one of {', '.join(AUGMENT_KINDS)}"
             )
         channels = int(split.images.shape[1])
+        if augment.startswith("trivial_") and channels != 3:
+            raise UserError(f"augmentation {augment!r} needs RGB images; this split has {channels} "
+                            f"channel(s) (use crop_flip_cutout)")
         mean_t = torch.as_tensor(list(mean), dtype=torch.float32).flatten()
         std_t = torch.as_tensor(list(std), dtype=torch.float32).flatten()
         if mean_t.numel() != channels or std_t.numel() != channels:

@@ -191,8 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 0.5)")
     p.add_argument("--augment", choices=AUGMENT_KINDS, default=None,
                    help="training augmentation (default: the dataset's, crop_flip for CIFAR-style "
-                        "images); crop_flip_cutout adds a 16x16 cutout. BatchNorm recalibration "
-                        "for --eval uses the same")
+                        "images); crop_flip_cutout adds a 16x16 cutout, trivial_crop_flip_cutout "
+                        "one TrivialAugment operation per image before that. BatchNorm "
+                        "recalibration for --eval uses the same")
     p.add_argument("--seed", type=int, default=0, help="seed of data order, augmentation, subnets")
     p.add_argument("--out", help="run directory (checkpoint, logs, final weights, eval)")
     g = p.add_mutually_exclusive_group()
