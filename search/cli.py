@@ -12,6 +12,7 @@ from pathlib import Path
 from export.cli import EXIT_SOME_FAILED, add_export_parser, run_export
 from latency.cli import add_latency_parser, run_latency
 from supernet.cli_args import EXIT_USER_ERROR, OneLineParser, positive_int
+from supernet.data import AUGMENT_KINDS
 from supernet.errors import UserError
 
 
@@ -27,6 +28,10 @@ def _common(p: argparse.ArgumentParser, d) -> None:
     p.add_argument("--device", default=d.torch_device,
                    help=f"torch device for training/evaluation (default {d.torch_device})")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--augment", choices=AUGMENT_KINDS, default=d.augment,
+                   help="training augmentation when a supernet is trained (default: the "
+                        "dataset's: shifts for digits, crop and flip for images); a checkpoint "
+                        "trained with another is refused")
 
 
 def _csv_list(text: str) -> list[str]:
@@ -129,7 +134,7 @@ def config_from_args(args: argparse.Namespace):
         trials=args.trials, seed=args.seed, storage=args.storage, study_name=args.study_name,
         workers=args.workers, name=args.name, out=args.out, torch_device=args.device,
         accuracy=args.accuracy, predictor_samples=args.predictor_samples,
-        calib_batches=args.calib_batches)
+        calib_batches=args.calib_batches, augment=args.augment)
 
 
 def _search(args: argparse.Namespace):
@@ -183,7 +188,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     space = get_space(args.space, in_channels=data.in_channels, image_size=h,
                       num_classes=data.num_classes)
     supernet = space.build_supernet()
-    config = sandwich_config(args.epochs, seed=args.seed)
+    config = sandwich_config(args.epochs, seed=args.seed, augment=args.augment)
     result = train_supernet(supernet, space, data, config, device=args.device,
                             progress=not args.quiet)
     save_checkpoint(out, supernet, space, dataset=data.name, train_config=config)

@@ -17,6 +17,7 @@ from search.objectives import (
     parse_objectives,
 )
 from search.samplers import DEFAULT_SAMPLER, SAMPLERS, check_screening_objectives
+from supernet.data import AUGMENT_KINDS
 from supernet.errors import UserError
 
 #: objectives of a default search: accuracy, latency on this CPU, model size
@@ -27,7 +28,7 @@ DEFAULT_DEVICES = ("cpu-ort-1t", "edgetpu-est", "fpga-zcu102-est", "jetson-orin-
 #: settings that must match when a run directory is continued (the budget may grow)
 RESUME_KEYS = ("space", "dataset", "data_seed", "supernet", "epochs", "objectives",
                "constraints", "devices", "bits", "bit_choices", "sampler", "seed", "study_name",
-               "calib_batches", "ptq_images", "accuracy", "predictor_samples")
+               "calib_batches", "ptq_images", "accuracy", "predictor_samples", "augment")
 #: where the accuracy objective comes from
 ACCURACY_SOURCES = ("supernet", "predictor")
 
@@ -60,6 +61,9 @@ class SearchConfig:
     sensitivity_seeds: bool = True
     accuracy: str = "supernet"
     predictor_samples: int = 60
+    #: training augmentation of a supernet trained for the run (None: the dataset's); a
+    #: checkpoint recorded with another is refused
+    augment: str | None = None
 
     # -- parsed views --------------------------------------------------------------------
     @property
@@ -103,6 +107,8 @@ class SearchConfig:
             raise UserError(f"--accuracy {self.accuracy!r}: expected one of {list(ACCURACY_SOURCES)}")
         if self.accuracy == "predictor" and self.predictor_samples < 8:
             raise UserError(f"--predictor-samples must be at least 8, got {self.predictor_samples}")
+        if self.augment is not None and self.augment not in AUGMENT_KINDS:
+            raise UserError(f"--augment {self.augment!r}: expected one of {list(AUGMENT_KINDS)}")
         if self.calib_batches <= 0 or self.ptq_images <= 0:
             raise UserError("calib_batches and ptq_images must be positive")
         self.bit_choices = list(check_bit_choices(self.bit_choices))

@@ -153,6 +153,11 @@ def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, prog
         _check_compatible(space, data, f"checkpoint {source}")
         check_devices(space, cfg.all_devices)
         recorded = payload.get("train_config")
+        trained_with = (recorded or {}).get("augment") or data.augment
+        if cfg.augment is not None and cfg.augment != trained_with:
+            raise UserError(f"--augment {cfg.augment}: checkpoint {source} was trained with "
+                            f"{trained_with}; pass --augment {trained_with}, leave it out, or "
+                            f"train a new supernet (--supernet, --name)")
         return space, supernet, None, TrainConfig.from_dict(recorded) if recorded else None
     h, w = data.image_size
     if h != w:
@@ -161,7 +166,7 @@ def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, prog
                       num_classes=data.num_classes)
     check_devices(space, cfg.all_devices)
     supernet = space.build_supernet()
-    config = sandwich_config(cfg.epochs, seed=cfg.seed)
+    config = sandwich_config(cfg.epochs, seed=cfg.seed, augment=cfg.augment)
     result = train_supernet(supernet, space, data, config, device=cfg.torch_device,
                             progress=progress)
     return space, supernet, result, config

@@ -13,6 +13,7 @@ import numpy as np
 import optuna
 import pandas as pd
 import pytest
+import torch
 
 from search.cli import main
 from supernet.train import load_checkpoint
@@ -214,6 +215,9 @@ def test_an_unmeetable_constraint_is_reported_with_the_closest_trials(tmp_path: 
         (["search", "--storage", "study.db"], "not a database URL"),
         (["search", "--bit-choices", "4,5"], "bit choices"),
         (["train", "--out", "model.txt"], "ending in .pt"),
+        (["train", "--out", "m.pt", "--augment", "trivial_crop_flip_cutout"], "needs RGB images"),
+        (["search", "--augment", "trivial_crop_flip_cutout"], "needs RGB images"),
+        (["search", "--augment", "mixup"], "invalid choice: 'mixup'"),
         ([], "required"),
     ],
 )
@@ -234,6 +238,19 @@ def test_other_settings_are_refused_on_the_same_run(tmp_path: Path, checkpoint: 
     assert main(args) == 0
     proc = hwnas(*args, "--seed", "5")
     assert proc.returncode == 2 and "other settings" in proc.stderr and "seed" in proc.stderr
+
+
+def test_augment_is_recorded_and_a_checkpoint_trained_otherwise_is_refused(tmp_path: Path,
+                                                                          checkpoint: Path):
+    path = tmp_path / "none.pt"
+    assert main(["train", "--epochs", "1", "--augment", "none", "--out", str(path), "--quiet"]) == 0
+    assert torch.load(path, weights_only=False)["train_config"]["augment"] == "none"
+    # the shared fixture was trained with the digits default (shifts)
+    proc = hwnas("search", "--supernet", str(checkpoint), "--augment", "none", "--trials", "2",
+                 "--out", str(tmp_path / "runs"), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "was trained with shift; pass --augment shift" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
 
 
 def test_malformed_checkpoint_is_rejected(tmp_path: Path):

@@ -12,6 +12,7 @@
 # finished (--eval-unfinished with LAST=1), and the logs and evaluations go to $OUT each time.
 # Run 4: defaults. Run 5: AUGMENT=crop_flip_cutout RUN=run5 (every job trains with 16x16 cutout).
 # Run 6: AUGMENT=crop_flip_cutout RUN=run6 EPOCHS=150 FULL=0.4 (150 epochs, 60 of them full-network).
+# Run 7 (planned): run 6 with AUGMENT=trivial_crop_flip_cutout RUN=run7 (TrivialAugment first).
 # CPU smoke test: SMOKE="--limit-train 256 --limit-eval 128 --batch-size 64" COMPILE= EPOCHS=2
 set -u
 PHASE=$1
