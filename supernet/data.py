@@ -49,8 +49,8 @@ __all__ = [
 ]
 
 #: The augmentation kinds :func:`augment_batch` knows.
-AUGMENT_KINDS: tuple[str, ...] = ("shift", "crop_flip", "crop_flip_cutout", "trivial_crop_flip_cutout",
-                                   "none")
+AUGMENT_KINDS: tuple[str, ...] = (
+    "shift", "crop_flip", "crop_flip_cutout", "trivial_crop_flip_cutout", "none")
 #: Side of the square that ``crop_flip_cutout`` blanks (DeVries & Taylor 2017 use 16 on CIFAR-10).
 CUTOUT_SIZE = 16
 
