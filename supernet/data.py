@@ -44,6 +44,7 @@ __all__ = [
     "DatasetSplits",
     "ImageSplit",
     "augment_batch",
+    "check_augment",
     "load_dataset",
     "shared_data_dir",
 ]
@@ -849,6 +850,16 @@ def _resize_uint8(images: torch.Tensor, size: int, chunk: int = 4096) -> torch.T
 # --------------------------------------------------------------------------------------------
 
 
+def check_augment(kind: str, channels: int) -> None:
+    """:class:`UserError` unless ``kind`` is an augmentation of :data:`AUGMENT_KINDS` that
+    applies to images of ``channels`` channels (TrivialAugment's colour operations need RGB)."""
+    if kind not in AUGMENT_KINDS:
+        raise UserError(f"unknown augmentation {kind!r}; expected one of {', '.join(AUGMENT_KINDS)}")
+    if kind.startswith("trivial_") and channels != 3:
+        raise UserError(f"augmentation {kind!r} needs RGB images; this split has {channels} "
+                        f"channel(s) (use crop_flip_cutout)")
+
+
 def augment_batch(images: torch.Tensor, kind: str, generator: torch.Generator,
                   fill: Sequence[int] | None = None) -> torch.Tensor:
     """Randomly augment a uint8 ``(B, C, H, W)`` batch on whatever device it lives.
@@ -870,16 +881,12 @@ def augment_batch(images: torch.Tensor, kind: str, generator: torch.Generator,
     loop over samples. Random numbers come from ``generator`` (normally on the CPU, so runs are
     reproducible across devices) and are then moved to ``images.device``.
     """
-    if kind not in AUGMENT_KINDS:
-        raise UserError(f"unknown augmentation {kind!r}; expected one of {', '.join(AUGMENT_KINDS)}")
     if images.dim() != 4:
         raise ValueError(f"augment_batch expects (B, C, H, W) images, got {tuple(images.shape)}")
+    check_augment(kind, int(images.shape[1]))
     if kind == "none" or images.shape[0] == 0:
         return images
     if kind.startswith("trivial_"):
-        if images.shape[1] != 3:
-            raise UserError(f"augmentation {kind!r} needs RGB images; these have "
-                            f"{images.shape[1]} channel(s) (use crop_flip_cutout)")
         images = trivial_augment(images, generator)
         kind = kind.removeprefix("trivial_")
     pad = 1 if kind == "shift" else 4
@@ -945,14 +952,8 @@ class BatchLoader:
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UserError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if augment not in AUGMENT_KINDS:
-            raise UserError(
-                f"unknown augmentation {augment!r}; expected one of {', '.join(AUGMENT_KINDS)}"
-            )
         channels = int(split.images.shape[1])
-        if augment.startswith("trivial_") and channels != 3:
-            raise UserError(f"augmentation {augment!r} needs RGB images; this split has {channels} "
-                            f"channel(s) (use crop_flip_cutout)")
+        check_augment(augment, channels)  # here, so that training fails before it starts
         mean_t = torch.as_tensor(list(mean), dtype=torch.float32).flatten()
         std_t = torch.as_tensor(list(std), dtype=torch.float32).flatten()
         if mean_t.numel() != channels or std_t.numel() != channels:
