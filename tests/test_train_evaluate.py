@@ -493,14 +493,14 @@ def test_with_training_augment(small_digits):
 
 
 def test_shipped_checkpoint_records_its_training_augmentation():
-    """The shipped CIFAR-10 supernet was trained with cutout; its checkpoint must say so, or
-    every search would recalibrate BatchNorm without it (1-2 points lower)."""
+    """The shipped CIFAR-10 supernet was trained with TrivialAugment and cutout; its checkpoint
+    must say so, or every search would recalibrate BatchNorm without them (1-2 points lower)."""
     from supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint
 
     path = shipped_checkpoint("mbv3", CIFAR10_CLASSES)
     assert path is not None, "supernet/checkpoints/mbv3_cifar10.pt is not shipped"
     _, _, payload = load_checkpoint(path)
-    assert TrainConfig.from_dict(payload["train_config"]).augment == "crop_flip_cutout"
+    assert TrainConfig.from_dict(payload["train_config"]).augment == "trivial_crop_flip_cutout"
 
 
 def test_resume_is_exact(small_digits, tmp_path):

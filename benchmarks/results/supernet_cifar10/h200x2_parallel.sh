@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs 4 to 6 of the mbv3 CIFAR-10 supernet (see benchmarks/supernet_cifar10.md): the supernet and its
+# Runs 4 to 7 of the mbv3 CIFAR-10 supernet (see benchmarks/supernet_cifar10.md): the supernet and its
 # three standalone baselines, all with the same number of epochs, trained side by side on the
 # 2-GPU device machine (nvidia-h200-x2) in chunks of one device command each:
 #
@@ -12,7 +12,7 @@
 # finished (--eval-unfinished with LAST=1), and the logs and evaluations go to $OUT each time.
 # Run 4: defaults. Run 5: AUGMENT=crop_flip_cutout RUN=run5 (every job trains with 16x16 cutout).
 # Run 6: AUGMENT=crop_flip_cutout RUN=run6 EPOCHS=150 FULL=0.4 (150 epochs, 60 of them full-network).
-# Run 7 (planned): run 6 with AUGMENT=trivial_crop_flip_cutout RUN=run7 (TrivialAugment first).
+# Run 7: run 6 with AUGMENT=trivial_crop_flip_cutout RUN=run7 (TrivialAugment first).
 # CPU smoke test: SMOKE="--limit-train 256 --limit-eval 128 --batch-size 64" COMPILE= EPOCHS=2
 set -u
 PHASE=$1
