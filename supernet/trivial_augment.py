@@ -4,6 +4,8 @@ Why: every CIFAR-10 network of ``benchmarks/supernet_cifar10.md`` ends training 
 of its label-smoothed loss (runs 4 to 6), so it is limited by over-fitting; cutout gave 1.2 to
 1.7 points, and 50 more epochs after it almost nothing. TrivialAugment needs no policy search
 and matched or beat the searched policies (AutoAugment, RandAugment) on CIFAR-10 in its paper.
+Run 7 (TrivialAugment before crop, flip and cutout, 150 epochs) took the supernet's largest subnet
+from 92.69 % to 93.24 % and its smallest from 89.07 % to 89.55 %.
 
 Per image it draws one of the 14 operations of TrivialAugment "Wide" (torchvision's
 ``TrivialAugmentWide``) and one of 31 magnitude bins, uniformly, and a random sign for the
