@@ -153,7 +153,7 @@ def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, prog
         _check_compatible(space, data, f"checkpoint {source}")
         check_devices(space, cfg.all_devices)
         recorded = payload.get("train_config")
-        trained_with = (recorded or {}).get("augment") or data.augment
+        trained_with = with_training_augment(data, recorded).augment
         if cfg.augment is not None and cfg.augment != trained_with:
             raise UserError(f"--augment {cfg.augment}: checkpoint {source} was trained with "
                             f"{trained_with}; pass --augment {trained_with}, leave it out, or "
