@@ -11,7 +11,8 @@ test split, the policy's average weight bits and its packed model size
   named activation observer, bias correction;
 * ``ptq_w4a8``: W4A8 with the first and last layer at W8A8, per-channel MSE weights, MSE
   activations, bias correction;
-* ``qat_w4a8``: that PTQ model fine-tuned with LSQ and distillation from the FP32 subnet;
+* ``qat_w4a8``: that PTQ model fine-tuned with LSQ and distillation from the FP32 subnet, the
+  state kept (an epoch or the PTQ start) being the best on the validation split;
 * ``mixed``: per-layer weight bits in {2,3,4,6,8} (activations 8, first/last layer 8/8)
   chosen by integer programming to minimise the HAWQ-V2 Hessian sensitivity at the size of
   ``mixed_avg_bits`` average weight bits, then the same PTQ + QAT as ``qat_w4a8``.
@@ -74,7 +75,7 @@ class QuantBenchConfig:
     qat_epochs: int = 3
     qat_max_steps: int | None = None
     qat_lr: float = 3e-3
-    qat_scale_lr: float = 1e-2
+    qat_scale_lr: float = 3e-3
     qat_batch_size: int = 64
     qat_amp: bool = False
     mixed_avg_bits: float = 5.0
@@ -153,6 +154,20 @@ def _row(role: str, arch_str: str, method: str, policy: QuantPolicy | None, laye
             "recipe": recipe, **extra}
 
 
+def _kept(result: Any, val: Any) -> str:
+    """The recipe's note on which QAT state was kept (by validation accuracy)."""
+    if val is None:
+        return ""
+    return (", PTQ start kept (no epoch validated better)" if result.kept_epoch == 0
+            else f", epoch {result.kept_epoch} kept (best on the validation split)")
+
+
+def _qat_extra(result: Any) -> dict[str, Any]:
+    """A QAT row's extra JSON fields: the kept epoch and the validation accuracy per epoch."""
+    return {"qat_kept_epoch": result.kept_epoch,
+            "qat_val_history": [round(h["val"], 3) for h in result.history if "val" in h]}
+
+
 def run_quant_benchmark(supernet: torch.nn.Module, space, data: DatasetSplits,
                         config: QuantBenchConfig | None = None, *, log=print) -> list[dict[str, Any]]:
     """Run the table; returns one row per (subnet, method). The supernet is not modified."""
@@ -165,6 +180,9 @@ def run_quant_benchmark(supernet: torch.nn.Module, space, data: DatasetSplits,
                         shuffle=True, augment=data.augment, seed=config.seed, device=device,
                         drop_last=len(data.train) > config.qat_batch_size)
     test = eval_loader(data, data.test, batch_size=config.eval_batch_size, device=device)
+    # QAT keeps its best epoch (or its PTQ start) by accuracy on the validation split, never test
+    val = (eval_loader(data, data.val, batch_size=config.eval_batch_size, device=device)
+           if len(data.val) else None)
     ptq_int8 = {m: PTQConfig(act_observer=m.rsplit("_", 1)[1], weight_observer="minmax",
                              max_images=config.calib_images, seed=config.seed)
                 for m in ("ptq_int8_minmax", "ptq_int8_percentile", "ptq_int8_mse")}
@@ -214,11 +232,12 @@ def run_quant_benchmark(supernet: torch.nn.Module, space, data: DatasetSplits,
             if "qat_w4a8" in config.methods:
                 start = time.perf_counter()
                 result = qat(model, w4a8, train, calib, qat_cfg, init=done["ptq_w4a8"],
-                             progress=config.progress)
+                             progress=config.progress, val_batches=val)
                 top1 = accuracy(result.model, test)
                 emit(_row(role, arch_str, "qat_w4a8", w4a8, layers, top1, time.perf_counter() - start,
-                          f"ptq_w4a8 + LSQ/KD fine-tune, {result.steps} steps",
-                          delta_vs_fp32=round(top1 - fp32, 3), top1_ptq_init=round(top1_ptq, 3)))
+                          f"ptq_w4a8 + LSQ/KD fine-tune, {result.steps} steps{_kept(result, val)}",
+                          delta_vs_fp32=round(top1 - fp32, 3), top1_ptq_init=round(top1_ptq, 3),
+                          **_qat_extra(result)))
         if "mixed" in config.methods:
             start = time.perf_counter()
             names = int8.layer_names
@@ -231,7 +250,8 @@ def run_quant_benchmark(supernet: torch.nn.Module, space, data: DatasetSplits,
             alloc = allocate(table, layers, budget, "size", fixed=fixed)
             qmodel = ptq(model, alloc.policy, calib, ptq_low)
             top1_ptq = accuracy(qmodel, test)
-            result = qat(model, alloc.policy, train, calib, qat_cfg, init=qmodel, progress=config.progress)
+            result = qat(model, alloc.policy, train, calib, qat_cfg, init=qmodel,
+                         progress=config.progress, val_batches=val)
             top1 = accuracy(result.model, test)
             bits_hist: dict[int, int] = {}
             for w, _ in alloc.policy.bits.values():
@@ -239,8 +259,9 @@ def run_quant_benchmark(supernet: torch.nn.Module, space, data: DatasetSplits,
             emit(_row(role, arch_str, "mixed", alloc.policy, layers, top1, time.perf_counter() - start,
                       f"HAWQ-V2 Hessian sensitivity ({config.hessian_samples} Hutchinson samples), "
                       f"ILP for {config.mixed_avg_bits} avg weight bits, PTQ (MSE) + LSQ/KD "
-                      f"fine-tune, {result.steps} steps",
+                      f"fine-tune, {result.steps} steps{_kept(result, val)}",
                       delta_vs_fp32=round(top1 - fp32, 3), top1_ptq_init=round(top1_ptq, 3),
+                      **_qat_extra(result),
                       layers_per_weight_bits={str(k): v for k, v in sorted(bits_hist.items())},
                       policy_bits=alloc.policy.to_dict()["layers"]))
     return rows

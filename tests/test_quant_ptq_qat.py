@@ -201,3 +201,22 @@ def test_qat_refuses_empty_data_and_a_mismatched_init(setup):
         qat(model, uniform(model, 8, 8), [], calib, init=q8, progress=False)
     with pytest.raises(UserError, match="another policy"):
         qat(model, uniform(model, 4, 8), setup["train"], calib, init=q8, progress=False)
+
+
+def test_qat_keeps_the_state_that_validates_best(setup):
+    """A fine-tune that wrecks the model (absurd learning rates) must hand back its PTQ start
+    when validation batches are given, and record the validation accuracy of every state."""
+    model, calib, train, held_out = setup["model"], setup["calib"], setup["train"], setup["eval"]
+    policy = first_last_8bit(uniform(model, 4, 8))
+    q4 = ptq(model, policy, calib, PTQConfig(act_observer="mse", weight_observer="mse"))
+    start = accuracy(q4, held_out)
+    wild = QATConfig(epochs=2, lr=5.0, scale_lr=5.0, grad_clip=None, seed=0)
+    wrecked = qat(model, policy, train, calib, wild, init=q4, progress=False)
+    assert accuracy(wrecked.model, held_out) < start - 10.0  # the fine-tune really is harmful
+    kept = qat(model, policy, train, calib, wild, init=q4, progress=False, val_batches=held_out)
+    vals = [h["val"] for h in kept.history]
+    assert [h["epoch"] for h in kept.history] == [0, 1, 2] and vals[0] == start
+    assert kept.kept_epoch == vals.index(max(vals)) == 0
+    assert accuracy(kept.model, held_out) == start
+    assert all(not q.scale.requires_grad for n, q in kept.model.named_modules()
+               if type(q).__name__ == "FakeQuantize")
