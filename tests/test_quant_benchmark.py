@@ -52,6 +52,10 @@ def test_table_on_a_tiny_budget(trained):
     assert by["mixed"]["avg_weight_bits"] <= 5.0 + 1e-6
     quant_layers = {layer.name for layer in space.layers(space.smallest()) if layer.op in ("conv", "linear")}
     assert set(by["mixed"]["policy_bits"]) == quant_layers
+    for method in ("qat_w4a8", "mixed"):  # QAT kept its best state on the validation split
+        vals, kept = by[method]["qat_val_history"], by[method]["qat_kept_epoch"]
+        assert len(vals) == 2 and vals[kept] == max(vals)  # PTQ start + the one (capped) epoch
+        assert ("PTQ start kept" if kept == 0 else f"epoch {kept} kept") in by[method]["recipe"]
     for r in rows:
         assert 0.0 <= r["top1"] <= 100.0 and r["subnet"] == "smallest"
     assert all(torch.equal(v, supernet.state_dict()[k]) for k, v in before.items())
