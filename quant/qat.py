@@ -55,9 +55,9 @@ class QATConfig:
     label_weight * CE``. ``scale_lr`` equals ``lr`` by default, as in LSQ (its gradient scale
     makes step sizes and weights learn at one rate): at 1e-2 the step sizes of 2-bit layers
     drifted and a mixed 2/4/6/8-bit policy of the run-7 CIFAR-10 smallest subnet fell from 93.5
-    to 88.6 % validation top-1 in two epochs; at 3e-3 it stayed at 93.6. ``amp``: bf16 autocast on CUDA (off by default: on an H200 the
-    fake-quantized MobileNetV3 subnets, launch-bound, ran 100 steps in 20.9 s with it and
-    15.1 s without)."""
+    to 88.6 % validation top-1 in two epochs; at 3e-3 it stayed at 93.6. ``amp``: bf16
+    autocast on CUDA (off by default: on an H200 the fake-quantized MobileNetV3 subnets,
+    launch-bound, ran 100 steps in 20.9 s with it and 15.1 s without)."""
 
     epochs: int = 3
     max_steps: int | None = None
