@@ -154,18 +154,15 @@ def _row(role: str, arch_str: str, method: str, policy: QuantPolicy | None, laye
             "recipe": recipe, **extra}
 
 
-def _kept(result: Any, val: Any) -> str:
-    """The recipe's note on which QAT state was kept (by validation accuracy)."""
-    if val is None:
-        return ""
-    return (", PTQ start kept (no epoch validated better)" if result.kept_epoch == 0
-            else f", epoch {result.kept_epoch} kept (best on the validation split)")
-
-
-def _qat_extra(result: Any) -> dict[str, Any]:
-    """A QAT row's extra JSON fields: the kept epoch and the validation accuracy per epoch."""
-    return {"qat_kept_epoch": result.kept_epoch,
-            "qat_val_history": [round(h["val"], 3) for h in result.history if "val" in h]}
+def _qat_fields(result: Any, validated: bool) -> tuple[str, dict[str, Any]]:
+    """A QAT row's note for its recipe (which state was kept, by validation accuracy) and its
+    extra JSON fields (the kept epoch, the validation accuracy of every state)."""
+    note = ""
+    if validated:
+        note = (", PTQ start kept (no epoch validated better)" if result.kept_epoch == 0
+                else f", epoch {result.kept_epoch} kept (best on the validation split)")
+    return note, {"qat_kept_epoch": result.kept_epoch,
+                  "qat_val_history": [round(h["val"], 3) for h in result.history if "val" in h]}
 
 
 def run_quant_benchmark(supernet: torch.nn.Module, space, data: DatasetSplits,
@@ -234,10 +231,11 @@ def run_quant_benchmark(supernet: torch.nn.Module, space, data: DatasetSplits,
                 result = qat(model, w4a8, train, calib, qat_cfg, init=done["ptq_w4a8"],
                              progress=config.progress, val_batches=val)
                 top1 = accuracy(result.model, test)
+                note, extra = _qat_fields(result, val is not None)
                 emit(_row(role, arch_str, "qat_w4a8", w4a8, layers, top1, time.perf_counter() - start,
-                          f"ptq_w4a8 + LSQ/KD fine-tune, {result.steps} steps{_kept(result, val)}",
+                          f"ptq_w4a8 + LSQ/KD fine-tune, {result.steps} steps{note}",
                           delta_vs_fp32=round(top1 - fp32, 3), top1_ptq_init=round(top1_ptq, 3),
-                          **_qat_extra(result)))
+                          **extra))
         if "mixed" in config.methods:
             start = time.perf_counter()
             names = int8.layer_names
@@ -253,15 +251,16 @@ def run_quant_benchmark(supernet: torch.nn.Module, space, data: DatasetSplits,
             result = qat(model, alloc.policy, train, calib, qat_cfg, init=qmodel,
                          progress=config.progress, val_batches=val)
             top1 = accuracy(result.model, test)
+            note, extra = _qat_fields(result, val is not None)
             bits_hist: dict[int, int] = {}
             for w, _ in alloc.policy.bits.values():
                 bits_hist[w] = bits_hist.get(w, 0) + 1
             emit(_row(role, arch_str, "mixed", alloc.policy, layers, top1, time.perf_counter() - start,
                       f"HAWQ-V2 Hessian sensitivity ({config.hessian_samples} Hutchinson samples), "
                       f"ILP for {config.mixed_avg_bits} avg weight bits, PTQ (MSE) + LSQ/KD "
-                      f"fine-tune, {result.steps} steps{_kept(result, val)}",
+                      f"fine-tune, {result.steps} steps{note}",
                       delta_vs_fp32=round(top1 - fp32, 3), top1_ptq_init=round(top1_ptq, 3),
-                      **_qat_extra(result),
+                      **extra,
                       layers_per_weight_bits={str(k): v for k, v in sorted(bits_hist.items())},
                       policy_bits=alloc.policy.to_dict()["layers"]))
     return rows

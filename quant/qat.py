@@ -235,10 +235,10 @@ def qat(model: nn.Module, policy: QuantPolicy, train_batches: Iterable, calib_ba
         if config.max_steps is not None and step >= config.max_steps:
             break
     bar.close()
-    kept = history[-1]["epoch"] if history else 0
+    kept = history[-1]["epoch"]
     if best is not None:
-        qmodel.load_state_dict(best[2])
         kept = best[1]
+        qmodel.load_state_dict(best[2])
     for _, q in quantizers(qmodel):  # scales frozen again: the result is a plain PTQ-style model
         q.grad_scale = None
         q.scale.requires_grad_(False)

@@ -17,7 +17,7 @@ from search.objectives import (
     parse_objectives,
 )
 from search.samplers import DEFAULT_SAMPLER, SAMPLERS, check_screening_objectives
-from supernet.data import AUGMENT_KINDS
+from supernet.data import check_augment
 from supernet.errors import UserError
 
 #: objectives of a default search: accuracy, latency on this CPU, model size
@@ -107,8 +107,8 @@ class SearchConfig:
             raise UserError(f"--accuracy {self.accuracy!r}: expected one of {list(ACCURACY_SOURCES)}")
         if self.accuracy == "predictor" and self.predictor_samples < 8:
             raise UserError(f"--predictor-samples must be at least 8, got {self.predictor_samples}")
-        if self.augment is not None and self.augment not in AUGMENT_KINDS:
-            raise UserError(f"--augment {self.augment!r}: expected one of {list(AUGMENT_KINDS)}")
+        if self.augment is not None:
+            check_augment(self.augment)
         if self.calib_batches <= 0 or self.ptq_images <= 0:
             raise UserError("calib_batches and ptq_images must be positive")
         self.bit_choices = list(check_bit_choices(self.bit_choices))

@@ -850,12 +850,13 @@ def _resize_uint8(images: torch.Tensor, size: int, chunk: int = 4096) -> torch.T
 # --------------------------------------------------------------------------------------------
 
 
-def check_augment(kind: str, channels: int) -> None:
+def check_augment(kind: str, channels: int | None = None) -> None:
     """:class:`UserError` unless ``kind`` is an augmentation of :data:`AUGMENT_KINDS` that
-    applies to images of ``channels`` channels (TrivialAugment's colour operations need RGB)."""
+    applies to images of ``channels`` channels (TrivialAugment's colour operations need RGB;
+    ``None``: the channels are not known yet, only the name is checked)."""
     if kind not in AUGMENT_KINDS:
         raise UserError(f"unknown augmentation {kind!r}; expected one of {', '.join(AUGMENT_KINDS)}")
-    if kind.startswith("trivial_") and channels != 3:
+    if kind.startswith("trivial_") and channels is not None and channels != 3:
         raise UserError(f"augmentation {kind!r} needs RGB images; this split has {channels} "
                         f"channel(s) (use crop_flip_cutout)")
 
