@@ -233,8 +233,8 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
         bar.update()
         cand = Candidate(label, trial, *pair[label])
         candidates.append(cand)
+        blobs[label] = blob  # a rejected step can still be among the finalists below
         if cand.median_ms < pair[best.label][0]:
-            blobs[label] = blob
             best = cand
     # final: FP32, all-int8 and the two best candidates timed together again; the fastest there
     # is chosen, and it counts as faster than FP32 only if it was faster in both timings

@@ -279,6 +279,42 @@ def test_device_policy_properties_and_speedup_table() -> None:
     assert not lucky.quantized_faster  # faster in one timing only
 
 
+
+def test_choice_survives_a_rejected_refinement_among_the_finalists(monkeypatch) -> None:
+    """A greedy step that lost its own timing can still rank among the two fastest candidates
+    when the machine's speed drifts between timings; the final timing must still be able to
+    run it (it once raised KeyError), and the truly fastest model wins there."""
+    import export.device_policy as dp
+
+    def build(float_layers):  # noqa: ANN001, ANN202 - fake model bytes naming the float layers
+        return ("q:" + ",".join(sorted(float_layers))).encode()
+
+    def base_ms(blob: bytes) -> float:  # FP32 10 ms; int8 8 ms + 1 ms per float layer
+        text = blob.decode()
+        return 10.0 if text == "fp32" else 8.0 + len([x for x in text[2:].split(",") if x])
+
+    calls: list[int] = []
+
+    def fake_time(models, **kw):  # noqa: ANN001, ANN202 - the 2nd timing runs at twice the speed
+        calls.append(len(models))
+        factor = 0.5 if len(calls) == 2 else 1.0
+        return {label: (base_ms(b) * factor, base_ms(b) * factor) for label, b in models.items()}
+
+    def fake_per_layer(index, model, **kw):  # noqa: ANN001, ANN202 - layer c loses in int8
+        return ({"a": 1.0, "b": 1.0, "c": 1.0} if model == b"fp32"
+                else {"a": 0.5, "b": 0.5, "c": 2.0})
+
+    monkeypatch.setattr(dp, "time_models", fake_time)
+    monkeypatch.setattr(dp, "_per_layer", fake_per_layer)
+    choice = dp.choose_float_layers(build, b"fp32", ["a", "b", "c"], {}, fp32_index=None,
+                                    qdq_index=None, refine=1)
+    labels = {c.label: c for c in choice.candidates}
+    assert labels["profile"].float_layers == ["c"] and labels["refine-0"].float_layers == ["a"]
+    assert labels["refine-0"].median_ms == 4.5  # rejected (4.5 > all-int8's 4.0 beside it)
+    assert len(calls) == 3 and calls[-1] == 3  # final: fp32, refine-0, all-int8
+    assert choice.chosen_label == "all-int8" and choice.float_layers == []
+    assert choice.chosen_ms == 8.0 and choice.fp32_ms == 10.0 and choice.quantized_faster
+
 def _export(net, data, tmp_path, **kw):
     calib, test = data
     settings = ExportSettings(**FAST, **kw.pop("settings", {}))
