@@ -103,12 +103,18 @@ class Task:
         return out
 
 
-def run_one(predictor: Any, task: Task, rows: np.ndarray, seed: int) -> tuple[dict, float]:
+def run_one(predictor: Any, task: Task, rows: np.ndarray, seed: int
+            ) -> tuple[dict, float, float | None]:
+    """Adapt to the measurements of ``rows``: (Spearman per protocol, adaptation seconds,
+    fraction of all architectures whose table latency lies within 2 predicted standard
+    deviations, or ``None`` for a predictor without an uncertainty)."""
     archs = [task.table.archs[i] for i in rows]
     t0 = time.perf_counter()
     predictor.adapt(archs, task.y[rows], seed=seed)
     dt = time.perf_counter() - t0
-    return task.score(predictor.predict(task.table.archs)), dt
+    mean, std = predictor.predict_with_std(task.table.archs)
+    cover = None if std is None else float(np.mean(np.abs(task.y - mean) <= 2 * std))
+    return task.score(mean), dt, cover
 
 
 #: measurements the shipped predictor is chosen for (what hwnas users are told to take)
@@ -139,7 +145,7 @@ def evaluate(space: Any, tasks: list[Task], metas: list[MetaPredictor | None],
     ``metas_v1`` (one per seed) are the previous version's predictors, for ``meta[v1]``."""
     from tqdm import tqdm
 
-    acc: dict[tuple, dict[str, list]] = defaultdict(lambda: {"rho": [], "sec": []})
+    acc: dict[tuple, dict[str, list]] = defaultdict(lambda: {"rho": [], "sec": [], "cover": []})
     bar = tqdm(total=len(tasks) * seeds, desc=f"{space.name}", leave=False)
     for task in tasks:
         for seed in range(seeds):
@@ -173,10 +179,12 @@ def evaluate(space: Any, tasks: list[Task], metas: list[MetaPredictor | None],
                         pred, rows = meta, help_rows
                     else:
                         raise UserError(f"unknown predictor {name!r}")
-                    scores, dt = run_one(pred, task, rows, seed)
+                    scores, dt, cover = run_one(pred, task, rows, seed)
                     for protocol, rho in scores.items():
                         acc[(name, task.device, n, protocol)]["rho"].append(rho)
                         acc[(name, task.device, n, protocol)]["sec"].append(dt)
+                        if cover is not None:
+                            acc[(name, task.device, n, protocol)]["cover"].append(cover)
             bar.update(1)
     bar.close()
     return acc
@@ -192,6 +200,8 @@ def to_rows(space_name: str, acc: dict, split: str) -> list[dict]:
                      "spearman_mean": round(float(rho.mean()), 4),
                      "spearman_std": round(float(rho.std()), 4), "seeds": len(rho),
                      "adapt_seconds": round(float(np.mean(v["sec"])), 5), "split": split})
+        if v["cover"]:  # all architectures, so the same for every protocol of the row
+            rows[-1]["within_2sd"] = round(float(np.mean(v["cover"])), 3)
     return rows
 
 
@@ -229,6 +239,12 @@ def print_tables(space_name: str, rows: list[dict], devices: list[str],
                 vals.append(f"{np.mean(rs):.3f}" if len(rs) == len(devices) else "  -  ")
             t = [by[k]["adapt_seconds"] for k in by if k[0] == p and k[3] == protocol]
             print(f"    {p:<16}" + "  ".join(vals) + f"   adapt {np.mean(t) * 1e3:.1f} ms")
+    print(f"  table latency within 2 predicted std, 10 measurements (all architectures):")
+    for p in names:
+        cover = [by[(p, d, 10, "all")].get("within_2sd") for d in devices]
+        if any(c is not None for c in cover):
+            print(f"    {p:<16}" + "".join(f"{d}: {c:.2f}  " for d, c in zip(devices, cover)
+                                             if c is not None))
 
 
 def summaries(rows: list[dict], devices_by_space: dict[str, list[str]]) -> list[dict]:

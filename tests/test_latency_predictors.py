@@ -76,6 +76,25 @@ def test_lut_predictor_recovers_layer_costs(nb201) -> None:
     assert pred.table()["network"] >= 0
 
 
+
+def test_meta_predictor_std_covers_noisy_measurements(nb201) -> None:
+    """The deviation is that of a measurement: on a device with 5 % measurement noise, fresh
+    measurements of every cell fall within 2 sigma of the prediction about as often as a normal
+    distribution says (the posterior of the noise-free latency alone is far narrower)."""
+    space, archs = nb201
+    table = additive_devices(space, archs, 9, seed=1)
+    truth = table.pop("dev8")
+    rng = np.random.default_rng(0)
+    meta = MetaPredictor(space, pool_size=500).meta_fit(space, archs, table, seed=0)
+    where = {a: i for i, a in enumerate(archs)}
+    rows = [where[a] for a in meta.reference_archs[:10]]
+    measured = truth[rows] * (1 + 0.05 * rng.standard_normal(10))
+    meta.adapt(meta.reference_archs[:10], measured, seed=0)
+    mean, std = meta.predict_with_std(archs)
+    fresh = truth * (1 + 0.05 * rng.standard_normal(len(truth)))
+    inside = np.mean(np.abs(fresh - mean) < 2 * std)
+    assert 0.88 <= inside <= 0.995, inside
+
 def test_mlp_predictor_learns_an_additive_truth(nb201) -> None:
     space, archs = nb201
     truth = additive_devices(space, archs, 1, seed=3)["dev0"]
