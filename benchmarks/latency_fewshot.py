@@ -239,7 +239,7 @@ def print_tables(space_name: str, rows: list[dict], devices: list[str],
                 vals.append(f"{np.mean(rs):.3f}" if len(rs) == len(devices) else "  -  ")
             t = [by[k]["adapt_seconds"] for k in by if k[0] == p and k[3] == protocol]
             print(f"    {p:<16}" + "  ".join(vals) + f"   adapt {np.mean(t) * 1e3:.1f} ms")
-    print(f"  table latency within 2 predicted std, 10 measurements (all architectures):")
+    print("  table latency within 2 predicted std, 10 measurements (all architectures):")
     for p in names:
         cover = [by[(p, d, 10, "all")].get("within_2sd") for d in devices]
         if any(c is not None for c in cover):

@@ -279,7 +279,6 @@ def test_device_policy_properties_and_speedup_table() -> None:
     assert not lucky.quantized_faster  # faster in one timing only
 
 
-
 def test_choice_survives_a_rejected_refinement_among_the_finalists(monkeypatch) -> None:
     """A greedy step that lost its own timing can still rank among the two fastest candidates
     when the machine's speed drifts between timings; the final timing must still be able to
@@ -314,6 +313,7 @@ def test_choice_survives_a_rejected_refinement_among_the_finalists(monkeypatch) 
     assert len(calls) == 3 and calls[-1] == 3  # final: fp32, refine-0, all-int8
     assert choice.chosen_label == "all-int8" and choice.float_layers == []
     assert choice.chosen_ms == 8.0 and choice.fp32_ms == 10.0 and choice.quantized_faster
+
 
 def _export(net, data, tmp_path, **kw):
     calib, test = data
