@@ -237,8 +237,7 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
         raise UserError(f"no model selected from {', '.join(p.name for p in fronts.values())} "
                         f"(empty front?)")
     out_dir = Path(out) if out is not None else run_dir / "export"
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out {out_dir} exists and is not a directory")
+    check_replaceable(out_dir, run_dir)
 
     space, supernet, payload = load_checkpoint(run_dir / SUPERNET_FILE)
     if space.name != cfg["space"]:
@@ -315,6 +314,42 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return RunExport(out_dir, results, time.perf_counter() - start)
+
+
+MANIFEST_FORMAT = "hwnas-export-manifest-1"
+# what an export writes, relative to its directory: anything else there is the user's
+_EXPORT_FILES = ("manifest.json", "manifest.csv", "int8_speedup_*.json", "*.onnx", "qdq*/*.onnx",
+                 "*.onnx.data", "qdq*/*.onnx.data")
+
+
+def check_replaceable(out_dir: Path, run_dir: Path) -> None:
+    """Raise unless ``out_dir`` is new, empty, or an earlier export holding only files an
+    export writes: a user's directory, the run directory or one holding it is never replaced."""
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise UserError(f"--out {out_dir} exists and is not a directory; choose a new directory")
+    target, run = out_dir.resolve(), run_dir.resolve()
+    if target == run or target in run.parents:
+        raise UserError(f"--out {out_dir} is the run directory or holds it; choose a new directory "
+                        f"(default {run_dir / 'export'})")
+    if not any(out_dir.iterdir()):
+        return
+    try:
+        fmt = json.loads((out_dir / "manifest.json").read_text()).get("format")
+    except (OSError, ValueError, AttributeError):
+        fmt = None
+    if fmt != MANIFEST_FORMAT:
+        raise UserError(f"--out {out_dir} exists and is not an hwnas export (no manifest.json of "
+                        f"one); hwnas never replaces it, choose a new or empty directory")
+    for path in sorted(out_dir.rglob("*")):
+        rel = path.relative_to(out_dir)
+        if path.is_dir() and len(rel.parts) == 1 and rel.name.startswith("qdq"):
+            continue
+        if path.is_symlink() or not any(rel.match(p) and len(rel.parts) == p.count("/") + 1
+                                        for p in _EXPORT_FILES):
+            raise UserError(f"--out {out_dir} holds {rel}, which no hwnas export writes; move it "
+                            f"away or choose another directory")
 
 
 def _info(run_dir: Path, cfg: dict, front: str | None, select: str, settings: Any,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ from supernet.train import (TrainConfig, TrainResult, load_checkpoint, sandwich_
                             train_supernet, with_training_augment)
 
 CONFIG_FILE = "config.json"
+RUN_FORMAT = "hwnas-run-1"  # config.json's "format": what marks a directory as an hwnas run
 
 
 class InfeasibleError(UserError):
@@ -91,31 +93,40 @@ class SearchResult:
 
 def settings_of(cfg: SearchConfig, data: DatasetSplits, run_name: str) -> dict[str, Any]:
     s = cfg.to_dict()
-    s.update(devices=cfg.all_devices, reported_devices=list(cfg.devices),
+    s.update(format=RUN_FORMAT, devices=cfg.all_devices, reported_devices=list(cfg.devices),
              dataset_name=data.name, study_name=cfg.study_name or run_name,
              supernet=str(Path(cfg.supernet).resolve()) if cfg.supernet else None)
     return s
 
 
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` holds a run hwnas wrote: its config.json carries :data:`RUN_FORMAT`
+    (runs of earlier versions: the keys only hwnas writes there)."""
+    try:
+        saved = json.loads((path / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(saved, dict):
+        return False
+    return saved.get("format") == RUN_FORMAT or (
+        "format" not in saved and {"space", "dataset", "study_name", "reported_devices"} <= saved.keys())
+
+
 def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits, overwrite: bool) -> tuple[Path, bool]:
-    """(run directory, continuing?) — raises before anything is written."""
+    """(run directory, continuing?) — raises before anything is written. Nothing is deleted
+    here: with ``overwrite`` an existing run is replaced only once the new one is staged."""
     name = cfg.name or f"{data.name}-{cfg.space}"
     run_dir = Path(cfg.out) / name
     if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"{run_dir} exists and is not a directory")
+        raise UserError(f"{run_dir} exists and is not a directory; choose another --name or --out")
     if not (run_dir.exists() and any(run_dir.iterdir())):
         return run_dir, False
-    marker = run_dir / CONFIG_FILE
-    if not marker.is_file():
-        raise UserError(f"{run_dir} exists and is not an hwnas run directory (no {CONFIG_FILE}); "
-                        f"choose another --name or --out")
+    if not is_run_dir(run_dir):
+        raise UserError(f"{run_dir} exists and is not an hwnas run directory (no {CONFIG_FILE} "
+                        f"written by hwnas); hwnas never replaces it, choose another --name or --out")
     if overwrite:
-        shutil.rmtree(run_dir)
         return run_dir, False
-    try:
-        saved = json.loads(marker.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{marker} is unreadable ({exc}); pass --overwrite to start afresh") from None
+    saved = json.loads((run_dir / CONFIG_FILE).read_text())
     current = settings_of(cfg, data, run_dir.name)
     diff = [k for k in RESUME_KEYS if saved.get(k) != current.get(k)]
     if diff:
@@ -123,6 +134,20 @@ def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits, overwrite: bool) -> 
             f"{k} ({saved.get(k)!r} there, {current.get(k)!r} now)" for k in diff)
             + "; pass --overwrite to replace it or choose another --name")
     return run_dir, True
+
+
+def _replace_dir(run_dir: Path, staging: Path) -> None:
+    """Move ``staging`` to ``run_dir``; an existing run there (checked by
+    :func:`prepare_run_dir`) is moved aside first and deleted only after the rename."""
+    if run_dir.exists() and any(run_dir.iterdir()):
+        old = run_dir.with_name(f".{run_dir.name}.old-{os.getpid()}")
+        run_dir.rename(old)
+        staging.rename(run_dir)
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    if run_dir.exists():
+        run_dir.rmdir()
+    staging.rename(run_dir)
 
 
 def _check_compatible(space: SearchSpace, data: DatasetSplits, source: str) -> None:
@@ -350,9 +375,7 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
             if train_result:
                 outputs.write_json(staging / "train_history.json", train_result.__dict__)
             outputs.write_json(staging / CONFIG_FILE, settings)
-            if run_dir.exists():
-                run_dir.rmdir()
-            staging.rename(run_dir)
+            _replace_dir(run_dir, staging)
         else:
             outputs.write_json(run_dir / CONFIG_FILE, settings)  # trials/workers may have changed
 

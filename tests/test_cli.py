@@ -136,6 +136,28 @@ def test_rerun_continues_and_overwrite_replaces(tmp_path: Path, checkpoint: Path
     assert recorded[0] is not None and recorded[0] == recorded[1]
 
 
+def test_overwrite_never_deletes_a_directory_hwnas_did_not_write(tmp_path: Path,
+                                                                 checkpoint: Path, capsys):
+    """Data loss, issue 26.2: a project folder with a config.json of its own is refused, with
+    or without --overwrite, and left as it was."""
+    proj = tmp_path / "proj"
+    (proj / "src").mkdir(parents=True)
+    (proj / "config.json").write_text('{"lr": 0.1}')
+    (proj / "main.py").write_text("print(1)")
+    (proj / "src" / "a.py").write_text("")
+    before = sorted(p.relative_to(proj) for p in proj.rglob("*"))
+    args = ["search", "--supernet", str(checkpoint), "--devices", "edgetpu-est", "--trials", "2",
+            "--out", str(tmp_path), "--name", "proj", "--quiet"]
+    for extra in ([], ["--overwrite"]):
+        capsys.readouterr()
+        assert main([*args, *extra]) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is not an hwnas run directory" in err[0], err
+        assert "None there" not in err[0]
+    assert sorted(p.relative_to(proj) for p in proj.rglob("*")) == before
+    assert (proj / "main.py").read_text() == "print(1)"
+
+
 def test_a_trial_interrupted_by_a_kill_is_run_again(tmp_path: Path, checkpoint: Path):
     args = ["search", "--supernet", str(checkpoint), "--devices", "edgetpu-est", "--no-bits",
             "--objectives", "accuracy,latency:edgetpu-est", "--out", str(tmp_path), "--name", "k",

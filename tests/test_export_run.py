@@ -230,6 +230,35 @@ def test_interrupted_export_leaves_the_previous_one(run_dir: Path, tmp_path: Pat
     assert not list(tmp_path.glob(".out.*"))
 
 
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_export_never_replaces_a_directory_it_did_not_write(run_dir: Path, tmp_path: Path) -> None:
+    """Data loss, issue 26.1: --out naming a user's directory or the run directory is refused
+    before anything is exported, and both are left byte for byte."""
+    user = tmp_path / "d"
+    user.mkdir()
+    (user / "thesis.txt").write_text("x")
+    run_before = _tree(run_dir)
+    for out, message in ((user, "not an hwnas export"), (run_dir, "is the run directory"),
+                         (run_dir.parent, "is the run directory or holds it")):
+        with pytest.raises(UserError, match=message):
+            export_run(run_dir, select="3", out=out, settings=FAST, progress=False)
+    assert _tree(user) == {"thesis.txt": b"x"}
+    assert _tree(run_dir) == run_before
+
+
+def test_an_earlier_export_with_a_users_file_in_it_is_refused(run_dir: Path, exported,
+                                                              tmp_path: Path) -> None:
+    out = tmp_path / "copy"
+    shutil.copytree(exported[1], out)
+    (out / "qdq" / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="holds qdq/notes.txt, which no hwnas export writes"):
+        export_run(run_dir, select="3", out=out, settings=FAST, progress=False)
+    assert (out / "qdq" / "notes.txt").read_text() == "mine"
+
+
 def test_select_specs(run_dir: Path) -> None:
     from export.run_export import parse_select, read_front
 
