@@ -6,10 +6,10 @@ onnxruntime on this CPU:
 
 * ``fp32``        - the FP32 export (BatchNorm folded);
 * ``uniform``     - every conv/linear layer int8 (uint8 activations, int8 per-channel weights),
-                    QDQ as :mod:`export.qdq` writes it (requantized so every layer is an
+                    QDQ as :mod:`hwnas.export.qdq` writes it (requantized so every layer is an
                     integer kernel);
 * ``best``        - the best per-layer policy for *this* CPU, batch and thread count: the layers
-                    where int8 loses stay float (:func:`export.device_policy.choose_float_layers`).
+                    where int8 loses stay float (:func:`hwnas.export.device_policy.choose_float_layers`).
 
 ``int8_ms`` / ``speedup`` in each row are those of ``best`` (``uniform_*`` beside them), and
 ``int8_recommended`` says whether hwnas would deploy it (only when it measured faster than
@@ -36,21 +36,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
 
 import torch  # noqa: E402
 
-from export.device_policy import choose_float_layers  # noqa: E402
-from export.onnx_export import check_parity  # noqa: E402
-from export.ort_profile import LayerIndex, integer_kernel_check  # noqa: E402
-from export.qdq import build_qdq, float_proto, map_layer_nodes  # noqa: E402
-from latency.machine import cpu_model  # noqa: E402
-from quant.policy import uniform  # noqa: E402
-from quant.ptq import PTQConfig  # noqa: E402
-from supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint  # noqa: E402
-from supernet.errors import UserError  # noqa: E402
-from supernet.evaluate import recalibrated_subnet  # noqa: E402
-from supernet.train import load_checkpoint, with_training_augment  # noqa: E402
+from hwnas.export.device_policy import choose_float_layers  # noqa: E402
+from hwnas.export.onnx_export import check_parity  # noqa: E402
+from hwnas.export.ort_profile import LayerIndex, integer_kernel_check  # noqa: E402
+from hwnas.export.qdq import build_qdq, float_proto, map_layer_nodes  # noqa: E402
+from hwnas.latency.machine import cpu_model  # noqa: E402
+from hwnas.quant.policy import uniform  # noqa: E402
+from hwnas.quant.ptq import PTQConfig  # noqa: E402
+from hwnas.supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint  # noqa: E402
+from hwnas.supernet.errors import UserError  # noqa: E402
+from hwnas.supernet.evaluate import recalibrated_subnet  # noqa: E402
+from hwnas.supernet.train import load_checkpoint, with_training_augment  # noqa: E402
 
 ROLES = ("largest", "middle", "smallest")
 
@@ -73,7 +72,7 @@ def integer_dot_product() -> tuple[bool, list[str]]:
 def subnet_archs(space):  # noqa: ANN001, ANN201 - an MBV3Space and its archs
     """largest, middle (middle depth/kernel/expand everywhere, as quant/benchmark.py) and
     smallest architectures."""
-    from supernet.spaces.mbv3 import MBV3Arch
+    from hwnas.supernet.spaces.mbv3 import MBV3Arch
 
     c = space.cfg
     mid = lambda values: values[len(values) // 2]  # noqa: E731
@@ -87,7 +86,7 @@ def images(data_spec: str | None, n_calib: int, n_test: int, seed: int):  # noqa
     None)."""
     if data_spec:
         try:
-            from supernet.data import BatchLoader, load_dataset
+            from hwnas.supernet.data import BatchLoader, load_dataset
 
             data = load_dataset(data_spec, seed=seed)
             calib = BatchLoader(data.train, batch_size=128, mean=data.mean, std=data.std,

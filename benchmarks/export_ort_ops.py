@@ -2,7 +2,7 @@
 CIFAR-10 subnets: the evidence behind the per-layer int8/float choice of export/device_policy.py.
 
 For each subnet (largest, middle, smallest of the shipped supernet), batch and thread count it
-profiles with onnxruntime's profiler (:func:`export.ort_profile.profile_model`) the FP32 graph and
+profiles with onnxruntime's profiler (:func:`hwnas.export.ort_profile.profile_model`) the FP32 graph and
 the QDQ graph with every layer int8, and sums the kernel time per op type of the graph
 onnxruntime runs (after its fusions): how much the integer convs gain over the float ones, and
 how much the Quantize/Dequantize, layout and float-activation nodes that int8 brings cost back.
@@ -25,19 +25,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 
 from export_ort import ROLES, integer_dot_product, parse_list, subnet_archs  # noqa: E402
-from export.ort_profile import profile_model  # noqa: E402
-from export.qdq import build_qdq, float_proto  # noqa: E402
-from latency.machine import cpu_model  # noqa: E402
-from quant.policy import uniform  # noqa: E402
-from quant.ptq import PTQConfig  # noqa: E402
-from supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint  # noqa: E402
-from supernet.train import load_checkpoint  # noqa: E402
+from hwnas.export.ort_profile import profile_model  # noqa: E402
+from hwnas.export.qdq import build_qdq, float_proto  # noqa: E402
+from hwnas.latency.machine import cpu_model  # noqa: E402
+from hwnas.quant.policy import uniform  # noqa: E402
+from hwnas.quant.ptq import PTQConfig  # noqa: E402
+from hwnas.supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint  # noqa: E402
+from hwnas.supernet.train import load_checkpoint  # noqa: E402
 
 
 def op_times(model: bytes, *, batch: int, threads: int, runs: int) -> dict:

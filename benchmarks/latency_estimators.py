@@ -2,7 +2,7 @@
 
 For the NAS-Bench-201 and FBNet spaces, every architecture of the shared latency tables
 (15,625 and 5,000) is turned into its layer list and estimated by each estimator of
-:mod:`latency.estimators` (plus three FPGA accelerator variants and FLOPs/params baselines).
+:mod:`hwnas.latency.estimators` (plus three FPGA accelerator variants and FLOPs/params baselines).
 The score is the Spearman rank correlation between estimate and the table column, over all
 architectures. Targets: the ``fpga`` and ``eyeriss`` columns (accelerator simulators, from
 HW-NAS-Bench); the others (``raspi4``, ``pixel3``, ``gold_6240``, ``1080ti_1``) for context.
@@ -33,16 +33,16 @@ import pandas as pd
 from scipy.stats import spearmanr
 from tqdm import tqdm
 
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from latency.devices import latency_tables  # noqa: E402
-from latency.estimators import available_estimators, get_estimator  # noqa: E402
-from latency.estimators.fpga import ZCU102, FPGAEstimator  # noqa: E402
-from supernet.layers import total_macs, total_params  # noqa: E402
-from supernet.spaces import get_space  # noqa: E402
+from hwnas.latency.devices import latency_tables  # noqa: E402
+from hwnas.latency.estimators import available_estimators, get_estimator  # noqa: E402
+from hwnas.latency.estimators.fpga import ZCU102, FPGAEstimator  # noqa: E402
+from hwnas.supernet.layers import total_macs, total_params  # noqa: E402
+from hwnas.supernet.spaces import get_space  # noqa: E402
 
-from latency.machine import describe_machine  # noqa: E402
+from hwnas.latency.machine import describe_machine  # noqa: E402
 
 TARGETS = ("fpga", "eyeriss")
 CONTEXT = ("raspi4", "pixel3", "gold_6240", "1080ti_1")

@@ -8,7 +8,7 @@ ranks architectures; the score is Spearman's rho between predicted and measured 
 * ``help800``: over HELP's query set - ``arch_idx`` 900-1899 (nb201) / 4000-4999 (fbnet) without
   the 10% fastest and 10% slowest on the device (HELP's ``loader.py``), i.e. 800 architectures.
 
-Protocol (from ``latency.tables.HELP_PROTOCOLS``): meta-training uses HELP's 9 meta-training
+Protocol (from ``hwnas.latency.tables.HELP_PROTOCOLS``): meta-training uses HELP's 9 meta-training
 devices and only the architectures outside the query range; measured samples come from outside
 the query range too. "n measurements" is everything measured on the new device: the meta
 predictor measures its first ``n`` reference architectures (chosen at meta-training from a pool
@@ -45,27 +45,24 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-from latency.machine import describe_machine
-from latency.predictors import (  # noqa: E402
+from hwnas.latency.machine import describe_machine
+from hwnas.latency.predictors import (  # noqa: E402
     DEFAULT_PREDICTOR,
     MetaPredictor,
     get_predictor,
     load_pretrained,
     pretrained_path,
 )
-from latency.tables import (  # noqa: E402
+from hwnas.latency.tables import (  # noqa: E402
     FewShotProtocol,
     LatencyTable,
     help_protocol,
     load_latency_table,
     load_shared_table,
 )
-from supernet.errors import UserError  # noqa: E402
-from supernet.spaces import get_space  # noqa: E402
+from hwnas.supernet.errors import UserError  # noqa: E402
+from hwnas.supernet.spaces import get_space  # noqa: E402
 
 OUT_JSON = Path(__file__).with_suffix(".json")
 BASELINES = ("flops", "lut", "mlp")

@@ -11,7 +11,7 @@ latency tables, so this script builds one here and meta-trains :class:`MetaPredi
      thread (``cpu-ort-1t``) and with 2 threads (``cpu-ort-2t``), interleaved per architecture
      so that drift of the shared machine hits both alike (median of ``repeats`` after
      ``warmup``);
-   * estimated: every registered estimator of :mod:`latency.estimators` on the layer list;
+   * estimated: every registered estimator of :mod:`hwnas.latency.estimators` on the layer list;
    * synthetic: the same estimators with varied parameters (clock, DSP count, bandwidth,
      efficiency, overheads, on-chip cache) - further plausible devices that widen the set of
      "hardware" the prior learns from (:func:`synthetic_estimators`).
@@ -33,7 +33,7 @@ latency tables, so this script builds one here and meta-trains :class:`MetaPredi
    ones). A harder variant also holds out every measured device (meta-training on estimators
    only); with GPU columns, a third holds out the GPU at batch 64.
 4. Meta-train on every device (the held-out one included) and save the shipped predictor to
-   :func:`latency.predictors.pretrained_path` (``latency/data/<space>_meta.npz``).
+   :func:`hwnas.latency.predictors.pretrained_path` (``latency/data/<space>_meta.npz``).
 
 Writes ``benchmarks/latency_metatrain_mbv3.json``. About 1.5 minutes on 2 CPU cores.
 
@@ -57,11 +57,9 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-from benchmarks.latency_fewshot import (  # noqa: E402
+try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
+    from latency_fewshot import (  # noqa: E402
     Task,
     evaluate,
     machine,
@@ -69,22 +67,33 @@ from benchmarks.latency_fewshot import (  # noqa: E402
     to_rows,
     write_json,
 )
-from latency.estimators import available_estimators, get_estimator  # noqa: E402
-from latency.estimators.edgetpu import (  # noqa: E402
+except ModuleNotFoundError:
+    from benchmarks.latency_fewshot import (  # noqa: E402
+    Task,
+    evaluate,
+    machine,
+    print_tables,
+    to_rows,
+    write_json,
+)
+REPO = Path(__file__).resolve().parent.parent
+
+from hwnas.latency.estimators import available_estimators, get_estimator  # noqa: E402
+from hwnas.latency.estimators.edgetpu import (  # noqa: E402
     PCIE_ACCELERATOR,
     USB_ACCELERATOR,
     EdgeTPUEstimator,
 )
-from latency.estimators.fpga import PYNQ_Z2, ZC706, ZCU102, FPGAEstimator  # noqa: E402
-from latency.estimators.roofline import (  # noqa: E402
+from hwnas.latency.estimators.fpga import PYNQ_Z2, ZC706, ZCU102, FPGAEstimator  # noqa: E402
+from hwnas.latency.estimators.roofline import (  # noqa: E402
     JETSON_ORIN_NANO,
     PIXEL3_CPU,
     RASPI4,
     RooflineEstimator,
 )
-from latency.predictors import MetaPredictor, load_pretrained, pretrained_path  # noqa: E402
-from latency.tables import LatencyTable, load_latency_table  # noqa: E402
-from supernet.spaces import get_space  # noqa: E402
+from hwnas.latency.predictors import MetaPredictor, load_pretrained, pretrained_path  # noqa: E402
+from hwnas.latency.tables import LatencyTable, load_latency_table  # noqa: E402
+from hwnas.supernet.spaces import get_space  # noqa: E402
 
 OUT_JSON = Path(__file__).with_suffix(".json")
 RESULTS_DIR = REPO / "benchmarks" / "results" / "latency_mbv3"
@@ -142,8 +151,8 @@ def measure(space: Any, archs: list[str], repeats: int, warmup: int) -> dict[str
     import torch
     from tqdm import tqdm
 
-    from export.onnx_export import onnx_bytes
-    from latency.onnx_measure import measure_onnx
+    from hwnas.export.onnx_export import onnx_bytes
+    from hwnas.latency.onnx_measure import measure_onnx
 
     torch.manual_seed(0)
     supernet = space.build_supernet().eval()
@@ -189,7 +198,7 @@ def gpu_columns(space: Any, archs: list[str], repeats: int, warmup: int
     import torch
     from tqdm import tqdm
 
-    from latency.devices import MeasuredDevice, _ort_cuda_available
+    from hwnas.latency.devices import MeasuredDevice, _ort_cuda_available
 
     if not torch.cuda.is_available():
         raise SystemExit("--measure-gpu: torch sees no CUDA GPU here")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from quant.benchmark import (
+from hwnas.quant.benchmark import (
     METHODS,
     ROLES,
     QuantBenchConfig,
@@ -31,9 +31,9 @@ from quant.benchmark import (
     run_quant_benchmark,
     write_json,
 )
-from supernet.data import load_dataset
-from supernet.errors import UserError
-from supernet.train import load_checkpoint, with_training_augment
+from hwnas.supernet.data import load_dataset
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.train import load_checkpoint, with_training_augment
 
 HERE = Path(__file__).resolve().parent
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from quant.benchmark import (
+from hwnas.quant.benchmark import (
     METHODS,
     ROLES,
     QuantBenchConfig,
@@ -31,10 +31,10 @@ from quant.benchmark import (
     run_quant_benchmark,
     write_json,
 )
-from supernet.data import load_dataset
-from supernet.errors import UserError
-from supernet.spaces import get_space
-from supernet.train import (load_checkpoint, sandwich_config, save_checkpoint, train_supernet,
+from hwnas.supernet.data import load_dataset
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.spaces import get_space
+from hwnas.supernet.train import (load_checkpoint, sandwich_config, save_checkpoint, train_supernet,
                             with_training_augment)
 
 HERE = Path(__file__).resolve().parent

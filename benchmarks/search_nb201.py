@@ -5,7 +5,7 @@ raspi4, eyeriss``) and each sampler, an in-memory Optuna study maximises accurac
 latency over the 15,625 cells:
 
 * **latency** is seen by the search only through the default few-shot predictor of
-  :mod:`latency.predictors` (the shipped meta-trained ``nb201`` predictor, ``load_pretrained``),
+  :mod:`hwnas.latency.predictors` (the shipped meta-trained ``nb201`` predictor, ``load_pretrained``),
   adapted to the device with ``--n-measurements`` (10) measurements: the device's table latency
   of the predictor's first 10 reference architectures, as ``benchmarks/latency_fewshot.py``
   does. Those 10 table values are everything the search learns from the table; it never reads
@@ -20,8 +20,8 @@ so far, scored with its TRUE accuracy and TRUE latency, / hypervolume of the tru
 latency on the true front x 1.01). Each run is one trajectory of ``max(--budgets)`` evaluations,
 read at every budget (100, 300, 1000); mean ± std over ``--seeds`` seeds (the sampler's seed).
 
-Samplers: ``tpe`` (multivariate TPE), ``nsga2`` and ``random`` from :mod:`search.samplers`, and
-``screening`` (:class:`search.screening.ScreeningSampler`: a GP surrogate of accuracy screens the
+Samplers: ``tpe`` (multivariate TPE), ``nsga2`` and ``random`` from :mod:`hwnas.search.samplers`, and
+``screening`` (:class:`hwnas.search.screening.ScreeningSampler`: a GP surrogate of accuracy screens the
 whole space, whose predicted latency and its uncertainty are free, by expected hypervolume
 improvement). Every sampler sees the predicted latency as the second objective value; the
 screening sampler also gets the predictor's standard deviation, which its default settings
@@ -49,26 +49,26 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
-from benchmarks.latency_fewshot import machine, write_json  # noqa: E402
-from latency.predictors import load_pretrained  # noqa: E402
-from latency.tables import (  # noqa: E402
+try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
+    from latency_fewshot import machine, write_json  # noqa: E402
+except ModuleNotFoundError:
+    from benchmarks.latency_fewshot import machine, write_json  # noqa: E402
+from hwnas.latency.predictors import load_pretrained  # noqa: E402
+from hwnas.latency.tables import (  # noqa: E402
     LatencyTable,
     help_protocol,
     load_latency_table,
     load_shared_table,
 )
-from search.screening import (  # noqa: E402
+from hwnas.search.screening import (  # noqa: E402
     ScreeningConfig,
     ScreeningSampler,
     front_indices_2d,
     hypervolume_2d,
 )
-from supernet.errors import UserError  # noqa: E402
-from supernet.spaces import get_space  # noqa: E402
+from hwnas.supernet.errors import UserError  # noqa: E402
+from hwnas.supernet.spaces import get_space  # noqa: E402
 
 OUT_JSON = Path(__file__).with_suffix(".json")
 SAMPLER_CHOICES = ("tpe", "nsga2", "random", "screening")
@@ -195,7 +195,7 @@ def make_problem(space: Any, table: LatencyTable, device: str, accuracy: dict[st
 
 def make_study_sampler(name: str, seed: int, space: Any, problem: Problem,
                        std_scale: float = 0.0):
-    from search.samplers import make_sampler
+    from hwnas.search.samplers import make_sampler
 
     if name == "screening":
         row = {a: i for i, a in enumerate(problem.archs)}
@@ -373,7 +373,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         devices = list(args.devices or help_protocol("nb201").test)
         table.check_devices(devices)
     if args.accuracy_csv is None:
-        from supernet.data import shared_data_dir
+        from hwnas.supernet.data import shared_data_dir
 
         root = shared_data_dir()
         if root is None:
@@ -402,7 +402,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
                 and args.devices is None and args.latency_std_scale == 0)
     out = args.out or (OUT_JSON if standard else None)
     if out is not None:
-        from search.samplers import DEFAULT_SAMPLER
+        from hwnas.search.samplers import DEFAULT_SAMPLER
 
         write_json(out, {
             "command": "python benchmarks/search_nb201.py " + " ".join(argv),

@@ -1,6 +1,6 @@
-"""``hwnas export RUN_DIR``: the command line of :func:`export.run_export.export_run`.
+"""``hwnas export RUN_DIR``: the command line of :func:`hwnas.export.run_export.export_run`.
 
-Wired into ``hwnas`` by :func:`add_export_parser` (``search/cli.py`` calls it and dispatches
+Wired into ``hwnas`` by :func:`add_export_parser` (``hwnas/cli.py`` calls it and dispatches
 ``export`` to the handler it returns, :func:`run_export`)::
 
     hwnas export RUN_DIR [--front DEVICE] [--select all|3,7|top:K|fastest:K] [--out DIR]
@@ -18,8 +18,8 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from supernet.cli_args import positive_int
-from supernet.errors import UserError
+from hwnas.supernet.cli_args import positive_int
+from hwnas.supernet.errors import UserError
 
 __all__ = ["EXIT_SOME_FAILED", "add_export_parser", "run_export"]
 
@@ -58,8 +58,8 @@ def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
 
 def run_export(args: argparse.Namespace) -> int:
     """Handler of ``hwnas export``."""
-    from export.model_export import ExportSettings
-    from export.run_export import export_run
+    from hwnas.export.model_export import ExportSettings
+    from hwnas.export.run_export import export_run
 
     if args.refine < 0:
         raise UserError(f"--refine must be >= 0, got {args.refine}")

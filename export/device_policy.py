@@ -9,8 +9,8 @@ gains depends on its shape, its neighbours, the CPU (VNNI/AMX or not), the batch
 threads, so it is measured, not assumed:
 
 1. the FP32 graph and the QDQ graph with every policy-quantized layer in int8 are profiled
-   (:func:`export.ort_profile.profile_model`) and each node's time charged to a layer
-   (:class:`export.ort_profile.LayerIndex`): per layer, its float cost and its int8 cost in
+   (:func:`hwnas.export.ort_profile.profile_model`) and each node's time charged to a layer
+   (:class:`hwnas.export.ort_profile.LayerIndex`): per layer, its float cost and its int8 cost in
    context (kernel + the Q/DQ/transposes it causes);
 2. candidates are built: all int8; float where the int8 cost exceeds the float cost; the same
    re-profiled in its own context (boundaries move); all depthwise layers float; every quantized
@@ -23,8 +23,8 @@ threads, so it is measured, not assumed:
    never recommends an int8 model slower than float on the device it measured.
 
 The result also yields a measured ``int8_speedup`` table per layer for
-:meth:`quant.device_rules.DeviceQuantRules.with_speedups` (via
-:func:`quant.device_rules.measure_int8_speedup`), so the next search prices int8 on this CPU
+:meth:`hwnas.quant.device_rules.DeviceQuantRules.with_speedups` (via
+:func:`hwnas.quant.device_rules.measure_int8_speedup`), so the next search prices int8 on this CPU
 by measurement.
 """
 
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from export.ort_profile import LayerIndex, profile_model, session_options
+from hwnas.export.ort_profile import LayerIndex, profile_model, session_options
 
 __all__ = [
     "Candidate",
@@ -106,13 +106,13 @@ class DevicePolicy:
 
     def speedup_table(self, layers: Iterable[Any] | None = None) -> dict[str, float]:
         """Measured int8 speed-up (float / int8 time) per layer name, for
-        :meth:`quant.device_rules.DeviceQuantRules.with_speedups`. With a layer list
-        (:class:`supernet.layers.Layer`), it goes through
-        :func:`quant.device_rules.measure_int8_speedup` (by name)."""
+        :meth:`hwnas.quant.device_rules.DeviceQuantRules.with_speedups`. With a layer list
+        (:class:`hwnas.supernet.layers.Layer`), it goes through
+        :func:`hwnas.quant.device_rules.measure_int8_speedup` (by name)."""
         speeds = {s.layer: s for s in self.layers if s.float_ms > 0 and s.int8_ms > 0}
         if layers is None:
             return {name: s.speedup for name, s in speeds.items()}
-        from quant.device_rules import measure_int8_speedup
+        from hwnas.quant.device_rules import measure_int8_speedup
 
         chosen = [layer for layer in layers if getattr(layer, "name", None) in speeds]
         return measure_int8_speedup(chosen, ProfiledLayerTimer(speeds), by="name")
@@ -126,7 +126,7 @@ class DevicePolicy:
 
 
 class ProfiledLayerTimer:
-    """A ``timer(layer, int8) -> ms`` for :func:`quant.device_rules.measure_int8_speedup` that
+    """A ``timer(layer, int8) -> ms`` for :func:`hwnas.quant.device_rules.measure_int8_speedup` that
     answers from in-context profiles (:class:`LayerSpeed`) instead of timing layers alone."""
 
     def __init__(self, speeds: Mapping[str, LayerSpeed]) -> None:
@@ -145,7 +145,7 @@ def time_models(models: Mapping[str, bytes], *, batch: int = 1, threads: int = 1
     start), so background load drifts affect all models alike."""
     import onnxruntime as ort
 
-    from latency.onnx_measure import random_input
+    from hwnas.latency.onnx_measure import random_input
 
     sessions = {}
     for label, blob in models.items():

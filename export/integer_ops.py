@@ -1,6 +1,6 @@
 """Integer element-wise ops in a QDQ graph: h-swish, squeeze-excitation and residual adds in int8.
 
-Why: after :class:`export.qdq.QdqGraphBuilder` every conv runs as an integer kernel, but the
+Why: after :class:`hwnas.export.qdq.QdqGraphBuilder` every conv runs as an integer kernel, but the
 element-wise ops between them stayed float, each behind a DequantizeLinear and before a
 QuantizeLinear. Profiled on a Xeon with VNNI/AMX (benchmarks/export_ort_ops.py), those islands
 cost more than the integer convs gain: onnxruntime's DequantizeLinear runs on one thread (at 8
@@ -29,7 +29,7 @@ No rewrite puts a DequantizeLinear directly in front of a layer kept in float: o
 quantize that conv with scales of its own (see ``QdqGraphBuilder._float_guards``).
 
 Each rewrite changes the numbers slightly (one more rounding to an 8-bit grid, or one fewer).
-:class:`ElementwiseRewrite` records them per module so :class:`export.qdq.DeployedReference`
+:class:`ElementwiseRewrite` records them per module so :class:`hwnas.export.qdq.DeployedReference`
 computes the same in PyTorch; a rewrite is applied only where the op is a module of that kind
 (``nn.Hardswish``/``nn.Hardsigmoid``) or the add is the last op of its module (its output), so
 that a forward hook can mirror it.
@@ -129,10 +129,10 @@ def integer_elementwise(model: onnx.ModelProto, *, hswish_modules: set[str],
     """Rewrite ``model`` (a QDQ graph, modified in place) as described in the module docstring.
 
     ``hswish_modules`` / ``hsigmoid_modules``: the names of the ``nn.Hardswish`` /
-    ``nn.Hardsigmoid`` modules (node names carry them, :func:`export.qdq.node_scope`);
+    ``nn.Hardsigmoid`` modules (node names carry them, :func:`hwnas.export.qdq.node_scope`);
     ``modules``: every module name (residual adds are rewritten only where they are their
     module's output); ``requant_layer_of``: requantization QuantizeLinear node name -> layer."""
-    from export.qdq import node_scope
+    from hwnas.export.qdq import node_scope
 
     g = model.graph
     inits = {i.name: i for i in g.initializer}

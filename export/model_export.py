@@ -1,8 +1,8 @@
 """Export one model: FP32 ONNX, QDQ ONNX of its policy, per-device QDQ; each verified and timed.
 
-:func:`export_model` is the model-level API (the run-directory glue, :mod:`export.run_export`,
+:func:`export_model` is the model-level API (the run-directory glue, :mod:`hwnas.export.run_export`,
 calls it once per Pareto-optimal model). For a float ``nn.Module`` (BatchNorm not folded), an
-optional :class:`quant.policy.QuantPolicy` and calibration batches it writes, under ``out_dir``:
+optional :class:`hwnas.quant.policy.QuantPolicy` and calibration batches it writes, under ``out_dir``:
 
 ``<name>.onnx``                FP32 (BatchNorm folded, opset 17, dynamic batch)
 ``qdq/<name>.onnx``            QDQ of the searched policy, *exact*: Q/DQ only where the
@@ -12,7 +12,7 @@ optional :class:`quant.policy.QuantPolicy` and calibration batches it writes, un
                                float islands here (reported by name; usually slower than FP32)
 ``qdq-<device>/<name>.onnx``   for each device measurable here (``cpu-ort-*``): the deployment
                                form - the layers where int8 loses on that device kept float
-                               (:mod:`export.device_policy`), 8-bit requantization after the other
+                               (:mod:`hwnas.export.device_policy`), 8-bit requantization after the other
                                integer convs where onnxruntime needs it, no float islands
 ``int4/<name>.onnx``           (``int4=True``, weights of <= 4 bits) the exact form with real ONNX
                                INT4 weights (opset 21), for size
@@ -52,14 +52,14 @@ import onnx
 import torch
 from torch import nn
 
-from export.device_policy import DevicePolicy, choose_float_layers
-from export.onnx_export import _write_atomic, check_parity
-from export.ort_profile import LayerIndex, integer_kernel_check
-from export.qdq import EXPORT_FORMAT, QdqBuild, build_qdq, float_proto, map_layer_nodes, set_metadata
-from latency.onnx_measure import _first_line, measure_onnx
-from quant.policy import QuantPolicy
-from quant.ptq import PTQConfig
-from supernet.errors import UserError
+from hwnas.export.device_policy import DevicePolicy, choose_float_layers
+from hwnas.export.onnx_export import _write_atomic, check_parity
+from hwnas.export.ort_profile import LayerIndex, integer_kernel_check
+from hwnas.export.qdq import EXPORT_FORMAT, QdqBuild, build_qdq, float_proto, map_layer_nodes, set_metadata
+from hwnas.latency.onnx_measure import _first_line, measure_onnx
+from hwnas.quant.policy import QuantPolicy
+from hwnas.quant.ptq import PTQConfig
+from hwnas.supernet.errors import UserError
 
 __all__ = ["DeviceEntry", "ExportSettings", "FileReport", "ModelExport", "export_model",
            "manifest_rows", "measurable_devices", "write_manifest"]
@@ -70,13 +70,13 @@ class ExportSettings:
     """How models are exported, verified and timed.
 
     ``requantize``: add the output requantizations onnxruntime needs for integer kernels
-    (:mod:`export.qdq`); ``require_integer``: a ``qdq-<device>`` file with float islands fails.
+    (:mod:`hwnas.export.qdq`); ``require_integer``: a ``qdq-<device>`` file with float islands fails.
     ``min_agreement``: top-1 agreement a QDQ file needs with the fake-quant model it implements;
     ``max_accuracy_drop``: with labels, the most test accuracy (points) a QDQ file may lose
     against the searched fake-quant model (``None``: report only).
     ``latency_*``: the timing of every file (the manifest's measured latency).
     ``policy_batch`` / ``rounds`` / ``runs`` / ``profile_runs`` / ``refine``: the per-device
-    int8-vs-float search (:func:`export.device_policy.choose_float_layers`)."""
+    int8-vs-float search (:func:`hwnas.export.device_policy.choose_float_layers`)."""
 
     opset: int = 17
     requantize: bool = True
@@ -193,7 +193,7 @@ def measurable_devices(devices: Iterable[str]) -> dict[str, int]:
     out = {}
     for name in devices:
         try:
-            from latency.devices import MeasuredDevice, get_device
+            from hwnas.latency.devices import MeasuredDevice, get_device
 
             device = get_device(name)
         except (UserError, ImportError):
@@ -296,7 +296,7 @@ def _verify_qdq(proto: onnx.ModelProto, build: QdqBuild, images: torch.Tensor, r
 
 def _onnx_accuracy(data: bytes, images: torch.Tensor, labels: torch.Tensor) -> float:
     """Top-1 accuracy (%) of an ONNX model on labelled images."""
-    from latency.onnx_measure import make_session
+    from hwnas.latency.onnx_measure import make_session
 
     session = make_session(data, threads=1)
     name = session.get_inputs()[0].name

@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 import torch
 
-from latency.onnx_measure import _first_line, make_session
-from supernet.errors import UserError
+from hwnas.latency.onnx_measure import _first_line, make_session
+from hwnas.supernet.errors import UserError
 
 __all__ = ["export_onnx", "onnx_bytes", "check_parity", "ParityReport"]
 

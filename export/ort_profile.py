@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from supernet.errors import UserError
+from hwnas.supernet.errors import UserError
 
 __all__ = [
     "CONV_LIKE_OPS",
@@ -64,7 +64,7 @@ _INSERTED = re.compile(r"^/(?P<layer>.+)/(input_q|input_clip|input_dq|weight_dq|
 def session_options(threads: int = 1, *, optimized_path: str | None = None,
                     profile_prefix: str | None = None) -> ort.SessionOptions:
     """The session settings of every measurement in hwnas (see
-    :func:`latency.onnx_measure.make_session`), optionally saving the optimized graph and
+    :func:`hwnas.latency.onnx_measure.make_session`), optionally saving the optimized graph and
     profiling."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = int(threads)
@@ -123,7 +123,7 @@ def profile_model(model: bytes | str | Path, *, batch: int = 1, threads: int = 1
     further optimization disabled (the same kernels run)."""
     import time
 
-    from latency.onnx_measure import random_input
+    from hwnas.latency.onnx_measure import random_input
 
     optimized = optimized_model(model, threads=threads)
     seen: set[str] = set()
@@ -163,7 +163,7 @@ class LayerIndex:
 
     @classmethod
     def from_source(cls, source: onnx.ModelProto, node_of: Mapping[str, str]) -> LayerIndex:
-        """``node_of``: ``{layer: source node name}`` (:func:`export.qdq.map_layer_nodes`)."""
+        """``node_of``: ``{layer: source node name}`` (:func:`hwnas.export.qdq.map_layer_nodes`)."""
         layer_of_node = {v: k for k, v in node_of.items()}
         owner: dict[str, str] = {}
         produced_at: dict[str, int] = {}
@@ -198,7 +198,7 @@ class LayerIndex:
             out = _SUFFIX.sub("", out)
             if out in self.layer_of_node:
                 return self.layer_of_node[out]
-        from export.qdq import node_scope
+        from hwnas.export.qdq import node_scope
 
         scope = node_scope(stripped)
         return scope if scope in self.layers else None

@@ -4,7 +4,7 @@ Why not let torch lower the fake-quant ops: torch's exporter lowers ``fake_quant
 Q/DQ only for 8 bits (it refuses or silently widens lower widths) and names nothing after the
 policy's layers. Here the *float* graph is exported (BatchNorm folded, the legacy exporter,
 ``dynamo=False``, opset 17, dynamic batch) and the Q/DQ nodes are inserted from the policy and
-from the calibrated fake-quant model of :func:`quant.ptq.ptq`:
+from the calibrated fake-quant model of :func:`hwnas.quant.ptq.ptq`:
 
 * **activations** (the input of each quantized layer): uint8, affine per tensor, with the scale
   and zero point the fake-quant model calibrated. Below 8 bits the uint8 tensor passes an
@@ -31,7 +31,7 @@ from the calibrated fake-quant model of :func:`quant.ptq.ptq`:
   Gemm/MatMul layers need none (onnxruntime's QGemm / MatMulIntegerToFloat emit float);
 * **integer element-wise ops** (with ``requantize``): h-swish, squeeze-excitation and residual
   adds between integer layers are rewritten into patterns onnxruntime runs as QLinearAdd /
-  QLinearMul / QLinearGlobalAveragePool (:mod:`export.integer_ops`: on a VNNI/AMX Xeon the
+  QLinearMul / QLinearGlobalAveragePool (:mod:`hwnas.export.integer_ops`: on a VNNI/AMX Xeon the
   float islands cost more than the integer convs gained); :class:`DeployedReference` mirrors
   each extra rounding.
 
@@ -60,13 +60,13 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from export.integer_ops import HSIG_Q_SCALE, UNIT_SCALE, ElementwiseRewrite, integer_elementwise
-from export.onnx_export import _metadata_value, onnx_bytes
-from quant.fake_quant import QUANT_LAYER_TYPES, SharedAddQuant, quant_layers
-from quant.fold import fold_bn
-from quant.policy import FLOAT_BITS, QuantPolicy
-from quant.ptq import PTQConfig, calibration_batches, ptq
-from supernet.errors import UserError
+from hwnas.export.integer_ops import HSIG_Q_SCALE, UNIT_SCALE, ElementwiseRewrite, integer_elementwise
+from hwnas.export.onnx_export import _metadata_value, onnx_bytes
+from hwnas.quant.fake_quant import QUANT_LAYER_TYPES, SharedAddQuant, quant_layers
+from hwnas.quant.fold import fold_bn
+from hwnas.quant.policy import FLOAT_BITS, QuantPolicy
+from hwnas.quant.ptq import PTQConfig, calibration_batches, ptq
+from hwnas.supernet.errors import UserError
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -254,7 +254,7 @@ class DeployedReference:
     kernels add them) and the exporter's requantization points (forward hooks). The model is
     restored on exit. Used to show that an export is exact up to float rounding, beside its
     agreement with the plain fake-quant model. ``rewrite``: the integer element-wise ops of the
-    graph (:mod:`export.integer_ops`), mirrored by hooks on their modules."""
+    graph (:mod:`hwnas.export.integer_ops`), mirrored by hooks on their modules."""
 
     def __init__(self, qmodel: nn.Module, layers: Mapping[str, LayerQuant],
                  integer: Iterable[str], requant: Iterable[str],
@@ -361,7 +361,7 @@ class QdqGraphBuilder:
                  layers: Mapping[str, LayerQuant], modules: Mapping[str, str] | None = None
                  ) -> None:
         self.twin, self.node_of, self.layers = twin, dict(node_of), dict(layers)
-        #: module name -> "hswish" | "hsigmoid" | "" (for :func:`export.integer_ops`)
+        #: module name -> "hswish" | "hsigmoid" | "" (for :func:`hwnas.export.integer_ops`)
         self.modules = dict(modules or {})
         self.layer_of = {v: k for k, v in self.node_of.items()}
         graph = twin.graph
@@ -418,7 +418,7 @@ class QdqGraphBuilder:
     def rewrite(self, *, float_layers: Iterable[str] = (), int4: bool = False
                 ) -> ElementwiseRewrite:
         """The requantized QDQ graph with its element-wise ops rewritten to run as integer
-        kernels (:func:`export.integer_ops.integer_elementwise`), and what that changed."""
+        kernels (:func:`hwnas.export.integer_ops.integer_elementwise`), and what that changed."""
         proto = self._build(float_layers=float_layers, requantize=True, int4=int4)
         kinds = self.modules
         return integer_elementwise(
@@ -576,7 +576,7 @@ class QdqGraphBuilder:
 
 @dataclass
 class QdqBuild:
-    """A float model quantized by :func:`quant.ptq.ptq` under a policy, ready to be written as
+    """A float model quantized by :func:`hwnas.quant.ptq.ptq` under a policy, ready to be written as
     QDQ ONNX (:meth:`proto`) and checked against its fake-quant model (``qmodel``).
 
     ``policy`` is the effective policy (the layers of ``float_layers`` at 32 bits);
@@ -664,7 +664,7 @@ def _calibrate_requant(build_layers: dict[str, LayerQuant], builder: QdqGraphBui
     """8-bit (scale, zero point) of every integer conv's output (after its ReLU where one
     follows), observed on the fake-quant model with ``observer`` (default: the PTQ config's
     activation observer)."""
-    from quant.observers import ActivationObserver
+    from hwnas.quant.observers import ActivationObserver
 
     todo = [n for n in builder.requant_tensor if build_layers[n].category == "int"]
     if not todo:
@@ -761,7 +761,7 @@ def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
                       "hsigmoid" if isinstance(m, nn.Hardsigmoid) else "")
                for name, m in qmodel.named_modules() if name}
     builder = QdqGraphBuilder(proto, node_of, layers, modules)
-    from quant.observers import ACT_OBSERVERS
+    from hwnas.quant.observers import ACT_OBSERVERS
 
     if requant_observer not in ACT_OBSERVERS:
         raise UserError(f"unknown requantization observer {requant_observer!r}; expected one of "

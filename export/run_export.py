@@ -4,7 +4,7 @@ Reads the run directory contract (``config.json``, ``supernet.pt``, ``pareto_<de
 rebuilds each selected model exactly as the search scored it - the subnet extracted from the
 supernet with its BatchNorm recalibrated on ``calib_batches`` augmented training batches (seed
 ``seed``), and, when the row has a policy, PTQ on ``ptq_images`` training images (128 per
-batch, shuffled with ``seed``) - and exports it with :func:`export.model_export.export_model`.
+batch, shuffled with ``seed``) - and exports it with :func:`hwnas.export.model_export.export_model`.
 
 Everything is written to a staging directory beside ``--out`` (default ``RUN_DIR/export``) and
 moved into place at the end, so an interrupted export leaves the previous one intact. Each model
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supernet.errors import UserError
+from hwnas.supernet.errors import UserError
 
 __all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front"]
 
@@ -202,17 +202,17 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     """Export the selected Pareto-optimal models of ``run_dir`` (see the module docstring).
 
     ``front``: one device's front (``pareto_<front>.csv``), default every front (models on
-    several fronts are exported once). ``settings``: :class:`export.model_export.ExportSettings`.
+    several fronts are exported once). ``settings``: :class:`hwnas.export.model_export.ExportSettings`.
     ``report(line)``: called with one line per model (default: print)."""
     import torch
 
-    from export.model_export import ExportSettings, ModelExport, export_model, measurable_devices, \
+    from hwnas.export.model_export import ExportSettings, ModelExport, export_model, measurable_devices, \
         write_manifest
-    from quant.policy import QuantPolicy
-    from quant.ptq import PTQConfig
-    from supernet.data import BatchLoader, load_dataset
-    from supernet.evaluate import recalibrated_subnet
-    from supernet.train import load_checkpoint, with_training_augment
+    from hwnas.quant.policy import QuantPolicy
+    from hwnas.quant.ptq import PTQConfig
+    from hwnas.supernet.data import BatchLoader, load_dataset
+    from hwnas.supernet.evaluate import recalibrated_subnet
+    from hwnas.supernet.train import load_checkpoint, with_training_augment
 
     start = time.perf_counter()
     run_dir = Path(run_dir)
@@ -382,11 +382,11 @@ def _summary_line(result: Any) -> str:
 
 def _write_speedups(out_dir: Path, results: list[Any], space: Any, tunable: dict[str, int]) -> None:
     """``int8_speedup_<device>.json``: measured float/int8 time per layer shape
-    (:func:`quant.device_rules.layer_key`), median over the exported models, for
-    :meth:`quant.device_rules.DeviceQuantRules.with_speedups` in the next search."""
-    from export.device_policy import LayerSpeed, ProfiledLayerTimer
-    from export.onnx_export import _write_atomic
-    from quant.device_rules import measure_int8_speedup
+    (:func:`hwnas.quant.device_rules.layer_key`), median over the exported models, for
+    :meth:`hwnas.quant.device_rules.DeviceQuantRules.with_speedups` in the next search."""
+    from hwnas.export.device_policy import LayerSpeed, ProfiledLayerTimer
+    from hwnas.export.onnx_export import _write_atomic
+    from hwnas.quant.device_rules import measure_int8_speedup
 
     import numpy as np
 

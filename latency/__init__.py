@@ -1,18 +1,18 @@
 """Latency measurement and prediction.
 
-Keep this package importable without torch: ``latency.onnx_measure`` is also used on
+Keep this package importable without torch: ``hwnas.latency.onnx_measure`` is also used on
 target devices that have only onnxruntime and numpy.
 """
 
-from latency.onnx_measure import LatencyStats, measure_onnx
+from hwnas.latency.onnx_measure import LatencyStats, measure_onnx
 
 #: Names re-exported lazily (on first access), so that ``import latency`` stays light.
 _LAZY = {
-    "Device": "latency.devices",
-    "available_devices": "latency.devices",
-    "get_device": "latency.devices",
-    "available_estimators": "latency.estimators",
-    "get_estimator": "latency.estimators",
+    "Device": "hwnas.latency.devices",
+    "available_devices": "hwnas.latency.devices",
+    "get_device": "hwnas.latency.devices",
+    "available_estimators": "hwnas.latency.estimators",
+    "get_estimator": "hwnas.latency.estimators",
 }
 
 __all__ = ["LatencyStats", "measure_onnx", *_LAZY]

@@ -1,7 +1,7 @@
 """``hwnas latency ...``: devices, on-device measurement, adaptation and prediction.
 
-Wired into the ``hwnas`` command line by :func:`add_latency_parser` (``search/cli.py`` calls it);
-a thin layer over :mod:`latency.devices`, :mod:`latency.profiles` and the predictors::
+Wired into the ``hwnas`` command line by :func:`add_latency_parser` (``hwnas/cli.py`` calls it);
+a thin layer over :mod:`hwnas.latency.devices`, :mod:`hwnas.latency.profiles` and the predictors::
 
     hwnas latency devices [--space S]
     hwnas latency measure DIR [--threads N] [--repeats N] [--warmup N] [--max-cv 0.1]
@@ -10,7 +10,7 @@ a thin layer over :mod:`latency.devices`, :mod:`latency.profiles` and the predic
                               [--seed N] [--overwrite]
     hwnas latency predict --device NAME --space SPACE --archs CSV --out CSV [--overwrite]
 
-Bad input raises :class:`supernet.errors.UserError` (one ``hwnas: error: ...`` line, exit 2) and
+Bad input raises :class:`hwnas.supernet.errors.UserError` (one ``hwnas: error: ...`` line, exit 2) and
 writes nothing. ``measure`` leaves out models whose timing varies too much (cv above
 ``--max-cv``, after one re-measurement) and says so; it exits 1 when some were left out and
 2 when all were (nothing written then).
@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from supernet.errors import UserError
+from hwnas.supernet.errors import UserError
 
 __all__ = ["add_latency_parser", "run_latency", "measure_dir", "adapt_device", "predict_csv",
            "default_predictor"]
 
-from supernet.cli_args import non_negative_int, positive_float, positive_int  # noqa: E402
+from hwnas.supernet.cli_args import non_negative_int, positive_float, positive_int  # noqa: E402
 
 EXIT_SOME_UNSTABLE = 1
 
@@ -95,10 +95,10 @@ def run_latency(args: argparse.Namespace) -> int:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
-    from latency.devices import available_devices
+    from hwnas.latency.devices import available_devices
 
     if args.space is not None:
-        from supernet.spaces import available_spaces
+        from hwnas.supernet.spaces import available_spaces
 
         if args.space not in available_spaces():
             raise UserError(f"unknown space {args.space!r}; expected one of {available_spaces()}")
@@ -137,14 +137,14 @@ def measure_dir(
     max_cv: float = 0.1,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[list[dict], list[dict]]:
-    """Measure every ``*.onnx`` of ``models_dir`` with :func:`latency.onnx_measure.measure_onnx`.
+    """Measure every ``*.onnx`` of ``models_dir`` with :func:`hwnas.latency.onnx_measure.measure_onnx`.
 
     Returns ``(stable, unstable)`` rows (keys ``arch, latency_ms, p95_ms, cv, file``): a model
     whose cv exceeds ``max_cv`` is measured once more, and left in ``unstable`` if it still
     does. ``arch`` is the model's ``arch`` metadata (the file stem if absent).
     """
-    from latency.ondevice import model_arch
-    from latency.onnx_measure import make_session, measure_onnx
+    from hwnas.latency.ondevice import model_arch
+    from hwnas.latency.onnx_measure import make_session, measure_onnx
 
     if not (isinstance(max_cv, (int, float)) and max_cv > 0):
         raise UserError(f"max_cv must be a positive number, got {max_cv!r}")
@@ -171,7 +171,7 @@ def measure_dir(
 
 
 def _cmd_measure(args: argparse.Namespace) -> int:
-    from latency.ondevice import CSV_COLUMNS, write_csv_atomic
+    from hwnas.latency.ondevice import CSV_COLUMNS, write_csv_atomic
 
     out = _check_out(args.out, args.overwrite)
     say = None if args.quiet else (lambda line: print(line, file=sys.stderr))
@@ -206,9 +206,9 @@ def _cmd_measure(args: argparse.Namespace) -> int:
 
 def default_predictor(space: Any, name: str | None = None) -> Any:
     """The predictor to adapt for ``space``: the one named ``name``, else the space's
-    pretrained predictor (:func:`latency.predictors.load_pretrained`), else the FLOPs one."""
+    pretrained predictor (:func:`hwnas.latency.predictors.load_pretrained`), else the FLOPs one."""
     try:
-        import latency.predictors as predictors
+        import hwnas.latency.predictors as predictors
     except ImportError as exc:  # pragma: no cover - the package ships predictors
         raise UserError(f"latency predictors are not available: {exc}") from exc
     if name is not None:
@@ -235,8 +235,8 @@ def adapt_device(
     """Validate a measurements CSV, adapt ``predictor`` (default: :func:`default_predictor`)
     to it, and save the profile ``name``. Returns ``(profile, predictor, in-sample Spearman)``.
     Nothing is written unless every step succeeds."""
-    from latency.devices import resolve_space
-    from latency.profiles import check_profile_name, profiles_dir, read_measurements, save_profile
+    from hwnas.latency.devices import resolve_space
+    from hwnas.latency.profiles import check_profile_name, profiles_dir, read_measurements, save_profile
 
     check_profile_name(name)
     space = resolve_space(space)
@@ -270,8 +270,8 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _cmd_adapt(args: argparse.Namespace) -> int:
-    from latency.profiles import check_profile_name, read_measurements
-    from supernet.spaces import get_space
+    from hwnas.latency.profiles import check_profile_name, read_measurements
+    from hwnas.supernet.spaces import get_space
 
     check_profile_name(args.device)
     space = get_space(args.space)
@@ -341,7 +341,7 @@ def predict_csv(device_name: str, space: Any, archs_csv: str | Path, out: str | 
     """Latency of every architecture of ``archs_csv`` on a device, written to ``out``
     (``arch,latency_ms`` plus ``latency_std_ms`` when the device gives one). Returns the
     latencies."""
-    from latency.devices import get_device, resolve_space
+    from hwnas.latency.devices import get_device, resolve_space
 
     space = resolve_space(space)
     out_path = _check_out(out, overwrite)
@@ -373,7 +373,7 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from supernet.spaces import get_space
+    from hwnas.supernet.spaces import get_space
 
     space = get_space(args.space)
     values = predict_csv(args.device, space, args.archs, args.out, overwrite=args.overwrite)

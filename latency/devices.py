@@ -11,15 +11,15 @@ Four kinds (:data:`KINDS`):
   ``fbnet_latency_ms.csv``): the measured latency of every architecture the table holds, for
   the table's space (default configuration) only. Named by the column (``pixel3``, ``fpga``,
   ``1080ti_32`` ...).
-* ``estimated`` - an analytical estimator of :mod:`latency.estimators` (``fpga-zcu102-est``,
+* ``estimated`` - an analytical estimator of :mod:`hwnas.latency.estimators` (``fpga-zcu102-est``,
   ``edgetpu-est``, ``jetson-orin-nano-est`` ...); any space, from its layer list.
-* ``adapted`` - a device profile (:mod:`latency.profiles`): a predictor adapted to a user's own
+* ``adapted`` - a device profile (:mod:`hwnas.latency.profiles`): a predictor adapted to a user's own
   measurements (``hwnas latency adapt``), for the space it was adapted on.
 
 :func:`get_device` finds a device by name (optionally checking that it covers a space),
 :func:`available_devices` lists them. Importing this module does not import torch (only
 measuring with the default supernet does) nor pandas. Tables are read and validated by
-:func:`latency.tables.load_latency_table`, the one table reader of the project.
+:func:`hwnas.latency.tables.load_latency_table`, the one table reader of the project.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from supernet.errors import UserError
-from supernet.space import SearchSpace
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.space import SearchSpace
 
 __all__ = [
     "KINDS",
@@ -71,7 +71,7 @@ def resolve_space(space: SearchSpace | str) -> SearchSpace:
     if isinstance(space, SearchSpace):
         return space
     if isinstance(space, str):
-        from supernet.spaces import get_space
+        from hwnas.supernet.spaces import get_space
 
         return get_space(space)
     raise UserError(f"expected a search space or a space name, got {type(space).__name__}")
@@ -207,7 +207,7 @@ class MeasuredDevice(Device):
             return bytes(model)
         import torch
 
-        from export.onnx_export import onnx_bytes
+        from hwnas.export.onnx_export import onnx_bytes
 
         if not isinstance(model, torch.nn.Module):
             raise UserError(
@@ -233,7 +233,7 @@ class MeasuredDevice(Device):
         return self.latency_with_std(space, archs)[0]
 
     def _time_ort(self, model: bytes):
-        from latency.onnx_measure import measure_onnx
+        from hwnas.latency.onnx_measure import measure_onnx
 
         if self.provider == "cpu":
             return measure_onnx(model, threads=self.threads, repeats=self.repeats,
@@ -280,12 +280,12 @@ class MeasuredDevice(Device):
 
 def _measure_ort_cuda(model: bytes, *, repeats: int, warmup: int, batch: int = 1):
     """Median/cv timing of ONNX bytes on onnxruntime's CUDA provider (same statistics as
-    :func:`latency.onnx_measure.measure_onnx`)."""
+    :func:`hwnas.latency.onnx_measure.measure_onnx`)."""
     import time
 
     import onnxruntime as ort
 
-    from latency.onnx_measure import LatencyStats, random_input
+    from hwnas.latency.onnx_measure import LatencyStats, random_input
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
@@ -351,7 +351,7 @@ def _measured_factories() -> dict[str, tuple[Callable[..., Device], str]]:
 
 def _latency_data_dir() -> Path:
     """``<shared data>/latency``: ``$HWNAS_SHARED_DATA/latency`` when set, else the default
-    beside the checkout (the rule of :func:`supernet.data.shared_data_dir`, repeated here so
+    beside the checkout (the rule of :func:`hwnas.supernet.data.shared_data_dir`, repeated here so
     that listing devices does not import torch)."""
     env = os.environ.get("HWNAS_SHARED_DATA")
     root = Path(env).expanduser() if env else Path(__file__).resolve().parent.parent.parent / "shared" / "data"
@@ -375,10 +375,10 @@ def _table_columns(path: str, mtime: float) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=4)
 def _load_table(path: str, mtime: float, space_name: str):
-    """The validated table (:func:`latency.tables.load_latency_table`, canonical strings of the
+    """The validated table (:func:`hwnas.latency.tables.load_latency_table`, canonical strings of the
     default ``space_name`` space) and the set of its architectures; cached per file version."""
-    from latency.tables import load_latency_table
-    from supernet.spaces import get_space
+    from hwnas.latency.tables import load_latency_table
+    from hwnas.supernet.spaces import get_space
 
     table = load_latency_table(path, space=get_space(space_name))
     return table, frozenset(table.archs)
@@ -404,7 +404,7 @@ class TableDevice(Device):
     def latency(self, space, archs):
         space = resolve_space(space)
         self.check_space(space)
-        from supernet.spaces import get_space
+        from hwnas.supernet.spaces import get_space
 
         if space.config() != get_space(space.name).config():
             raise UserError(
@@ -460,7 +460,7 @@ def _table_entries() -> dict[str, dict[str, Path]]:
 
 
 class EstimatedDevice(Device):
-    """An analytical estimator (:mod:`latency.estimators`) applied to the space's layer list."""
+    """An analytical estimator (:mod:`hwnas.latency.estimators`) applied to the space's layer list."""
 
     kind = "estimated"
 
@@ -480,7 +480,7 @@ class EstimatedDevice(Device):
 
 
 class AdaptedDevice(Device):
-    """A device profile (:mod:`latency.profiles`): a predictor adapted to the user's
+    """A device profile (:mod:`hwnas.latency.profiles`): a predictor adapted to the user's
     measurements, for the space it was adapted on (its configuration included)."""
 
     kind = "adapted"
@@ -496,7 +496,7 @@ class AdaptedDevice(Device):
     @property
     def predictor(self):
         if self._predictor is None:
-            from latency.profiles import load_profile_predictor
+            from hwnas.latency.profiles import load_profile_predictor
 
             self._predictor = load_profile_predictor(self.profile)
         return self._predictor
@@ -542,13 +542,13 @@ def register_device(name: str, factory: Callable[..., Device], *, kind: str,
 
 def builtin_device_names() -> set[str]:
     """Names of the measured, table and estimated devices (profiles may not take them)."""
-    from latency.estimators import available_estimators
+    from hwnas.latency.estimators import available_estimators
 
     return set(_measured_factories()) | set(_table_entries()) | set(available_estimators())
 
 
 def _all_infos() -> list[DeviceInfo]:
-    from latency.estimators import available_estimators, get_estimator
+    from hwnas.latency.estimators import available_estimators, get_estimator
 
     infos: list[DeviceInfo] = []
     for name, (_, description) in _measured_factories().items():
@@ -562,7 +562,7 @@ def _all_infos() -> list[DeviceInfo]:
         if name not in taken:
             infos.append(DeviceInfo(name, kind, spaces, description))
             taken.add(name)
-    from latency.profiles import list_profiles
+    from hwnas.latency.profiles import list_profiles
 
     for profile in list_profiles():
         if profile.name not in taken:
@@ -612,8 +612,8 @@ def _build(name: str, options: dict[str, Any]) -> Device | None:
         except TypeError as exc:  # an option the device does not take
             raise UserError(f"device {name!r}: bad option(s) {sorted(options)}: {exc}") from None
     tables = _table_entries()
-    from latency.estimators import available_estimators, get_estimator
-    from latency.profiles import find_profile
+    from hwnas.latency.estimators import available_estimators, get_estimator
+    from hwnas.latency.profiles import find_profile
 
     device: Device | None = None
     if name in tables:

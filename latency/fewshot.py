@@ -1,6 +1,6 @@
 """Score few-shot latency predictors on a device of a latency table: Spearman vs measurements.
 
-A latency table (:mod:`latency.tables`) holds the true latency of many architectures on a
+A latency table (:mod:`hwnas.latency.tables`) holds the true latency of many architectures on a
 device; this module plays "a new device" with it: pick the ``n`` architectures a user would
 measure, adapt a predictor to their latencies, predict every architecture of the table and
 score the ranking with Spearman's rho. It is the protocol of ``benchmarks/latency_fewshot.py``
@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from latency.predictors import available_predictors, get_predictor
-from latency.predictors.base import LatencyPredictor
-from latency.tables import LatencyTable
-from supernet.errors import UserError
+from hwnas.latency.predictors import available_predictors, get_predictor
+from hwnas.latency.predictors.base import LatencyPredictor
+from hwnas.latency.tables import LatencyTable
+from hwnas.supernet.errors import UserError
 
 __all__ = ["FewShotScore", "choose_measurements", "fewshot_scores", "spearman"]
 

@@ -7,7 +7,7 @@ single timing). The coefficient of variation (``cv``) says how noisy a measureme
 so a caller can re-measure or distrust a noisy one.
 
 This module deliberately imports only the standard library, numpy and onnxruntime
-(and :mod:`supernet.errors`, which is dependency-free) - never torch - because it is
+(and :mod:`hwnas.supernet.errors`, which is dependency-free) - never torch - because it is
 also the seed of a stand-alone measurement script that runs on target devices where
 only onnxruntime and numpy are installed.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from supernet.errors import UserError
+from hwnas.supernet.errors import UserError
 
 __all__ = ["LatencyStats", "make_session", "random_input", "measure_onnx"]
 

@@ -11,7 +11,7 @@ A profile is a directory ``<profiles dir>/<name>/`` (profiles dir: ``$HWNAS_DEVI
 :func:`save_profile` writes everything into a temporary sibling directory and renames it into
 place, so a failure at any point leaves no profile (and an overwritten profile is replaced in
 one step). :func:`read_measurements` validates a measurements CSV; every bad row is reported by
-its line number. Loaded profiles are devices of kind ``adapted`` (:mod:`latency.devices`).
+its line number. Loaded profiles are devices of kind ``adapted`` (:mod:`hwnas.latency.devices`).
 
 No torch and no pandas at import time.
 """
@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from supernet.errors import UserError
-from supernet.space import SearchSpace
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.space import SearchSpace
 
 __all__ = [
     "Measurements",
@@ -63,7 +63,7 @@ ENV_DIR = "HWNAS_DEVICE_DIR"
 
 #: Packages whose predictor classes a profile may name (a profile directory must not be able to
 #: import arbitrary code). Extend it to load profiles of predictors defined elsewhere.
-TRUSTED_PREDICTOR_PACKAGES: list[str] = ["latency"]
+TRUSTED_PREDICTOR_PACKAGES: list[str] = ["hwnas.latency"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -82,7 +82,7 @@ def check_profile_name(name: str) -> str:
             f"device name {name!r} is not a valid profile name; expected letters, digits, '.', "
             f"'_' or '-' (at most 64, starting with a letter or digit)"
         )
-    from latency.devices import builtin_device_names
+    from hwnas.latency.devices import builtin_device_names
 
     if name in builtin_device_names():
         raise UserError(
@@ -361,6 +361,8 @@ def load_profile_predictor(profile: Profile) -> Any:
 
     Only classes of :data:`TRUSTED_PREDICTOR_PACKAGES` are loaded."""
     module_name, _, qualname = profile.predictor_class.partition(":")
+    if module_name == "latency" or module_name.startswith("latency."):  # written before hwnas.*
+        module_name = "hwnas." + module_name
     trusted = any(module_name == p or module_name.startswith(p + ".")
                   for p in TRUSTED_PREDICTOR_PACKAGES)
     if not trusted or not qualname:
@@ -377,6 +379,9 @@ def load_profile_predictor(profile: Profile) -> Any:
             f"device profile {profile.path}: predictor class {profile.predictor_class!r} cannot be "
             f"imported ({exc}); was it made by another hwnas version ({profile.hwnas_version})?"
         ) from exc
+    if not (isinstance(obj, type) and callable(getattr(obj, "load", None))):
+        raise UserError(f"device profile {profile.path}: predictor class {profile.predictor_class!r} "
+                        f"is not a hwnas latency predictor class")
     file = profile.path / profile.predictor_file
     if not file.exists():
         raise UserError(f"device profile {profile.path} lacks its predictor file {profile.predictor_file}")

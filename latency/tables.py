@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from supernet.errors import UserError
+from hwnas.supernet.errors import UserError
 
 __all__ = [
     "LatencyTable",
@@ -226,9 +226,9 @@ def shared_table_path(space_name: str) -> Path:
     """The shared latency table of ``space_name`` (``nb201`` or ``fbnet``).
 
     Found under ``$HWNAS_SHARED_DATA/latency`` or ``<checkout>/../shared/data/latency`` (the
-    rule of :func:`latency.devices.latency_tables`); a :class:`UserError` when it is absent.
+    rule of :func:`hwnas.latency.devices.latency_tables`); a :class:`UserError` when it is absent.
     """
-    from latency.devices import TABLE_FILES, latency_tables
+    from hwnas.latency.devices import TABLE_FILES, latency_tables
 
     if space_name not in TABLE_FILES:
         raise UserError(f"no shared latency table for space {space_name!r}; tables exist for "

@@ -1,13 +1,13 @@
 """Quantization for hwnas: policies, cost models, device rules, PTQ, QAT and mixed precision.
 
 Torch-free (import eagerly, usable by latency predictors and search without torch):
-:mod:`quant.policy` (QuantPolicy and helpers), :mod:`quant.cost` (size, BOPs),
-:mod:`quant.device_rules` (which bit-widths a device runs natively and what it gains),
-:mod:`quant.allocate` (mixed-precision allocation under a budget).
+:mod:`hwnas.quant.policy` (QuantPolicy and helpers), :mod:`hwnas.quant.cost` (size, BOPs),
+:mod:`hwnas.quant.device_rules` (which bit-widths a device runs natively and what it gains),
+:mod:`hwnas.quant.allocate` (mixed-precision allocation under a budget).
 
-Torch-based (imported lazily on first use of a name): :mod:`quant.fake_quant`,
-:mod:`quant.fold`, :mod:`quant.observers`, :mod:`quant.ptq`, :mod:`quant.qat`,
-:mod:`quant.sensitivity`, :mod:`quant.benchmark`. The functions ``ptq`` and ``qat`` share their
+Torch-based (imported lazily on first use of a name): :mod:`hwnas.quant.fake_quant`,
+:mod:`hwnas.quant.fold`, :mod:`hwnas.quant.observers`, :mod:`hwnas.quant.ptq`, :mod:`hwnas.quant.qat`,
+:mod:`hwnas.quant.sensitivity`, :mod:`hwnas.quant.benchmark`. The functions ``ptq`` and ``qat`` share their
 modules' names: import them as ``from quant.ptq import ptq`` and ``from quant.qat import qat``.
 """
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from quant.allocate import Allocation, allocate, greedy_pareto_walk
-from quant.cost import bops, layer_cost, model_size_bytes
-from quant.device_rules import DeviceQuantRules, effective_layers, get_device_rules
-from quant.policy import (
+from hwnas.quant.allocate import Allocation, allocate, greedy_pareto_walk
+from hwnas.quant.cost import bops, layer_cost, model_size_bytes
+from hwnas.quant.device_rules import DeviceQuantRules, effective_layers, get_device_rules
+from hwnas.quant.policy import (
     SUPPORTED_BITS,
     QuantPolicy,
     apply_to_layers,
@@ -29,19 +29,19 @@ from quant.policy import (
 )
 
 _LAZY = {
-    "fold_bn": "quant.fold",
-    "FakeQuantize": "quant.fake_quant",
-    "QuantConv2d": "quant.fake_quant",
-    "QuantLinear": "quant.fake_quant",
-    "SharedAddQuant": "quant.fake_quant",
-    "PTQConfig": "quant.ptq",
-    "quantize_model": "quant.ptq",
-    "calibrate": "quant.ptq",
-    "policy_of": "quant.ptq",
-    "QATConfig": "quant.qat",
-    "hessian_sensitivity": "quant.sensitivity",
-    "measured_sensitivity": "quant.sensitivity",
-    "hutchinson_trace": "quant.sensitivity",
+    "fold_bn": "hwnas.quant.fold",
+    "FakeQuantize": "hwnas.quant.fake_quant",
+    "QuantConv2d": "hwnas.quant.fake_quant",
+    "QuantLinear": "hwnas.quant.fake_quant",
+    "SharedAddQuant": "hwnas.quant.fake_quant",
+    "PTQConfig": "hwnas.quant.ptq",
+    "quantize_model": "hwnas.quant.ptq",
+    "calibrate": "hwnas.quant.ptq",
+    "policy_of": "hwnas.quant.ptq",
+    "QATConfig": "hwnas.quant.qat",
+    "hessian_sensitivity": "hwnas.quant.sensitivity",
+    "measured_sensitivity": "hwnas.quant.sensitivity",
+    "hutchinson_trace": "hwnas.quant.sensitivity",
 }
 
 __all__ = [

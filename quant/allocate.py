@@ -2,7 +2,7 @@
 budget (model size, BOPs or any per-layer cost such as a device latency).
 
 Inputs are a :class:`SensitivityTable` (layer -> {(w_bits, a_bits): sensitivity}, from
-:mod:`quant.sensitivity`; sensitivities are assumed additive over layers, as in HAWQ-V2/V3) and
+:mod:`hwnas.quant.sensitivity`; sensitivities are assumed additive over layers, as in HAWQ-V2/V3) and
 the layer list that prices each choice. Two solvers:
 
 * ``"ilp"``: the exact multiple-choice knapsack as an integer program (one binary per layer and
@@ -23,10 +23,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from quant.cost import COST_KINDS, layer_cost
-from quant.policy import QuantPolicy, check_bits
-from supernet.errors import UserError
-from supernet.layers import Layer
+from hwnas.quant.cost import COST_KINDS, layer_cost
+from hwnas.quant.policy import QuantPolicy, check_bits
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer
 
 __all__ = ["Allocation", "SensitivityTable", "allocate", "greedy_pareto_walk"]
 
@@ -162,7 +162,7 @@ def allocate(table: SensitivityTable, layers: list[Layer], budget: float,
              fixed: Mapping[str, Pair] | None = None) -> Allocation:
     """The policy minimising total sensitivity with total cost (over all ``layers``) <=
     ``budget``. ``cost``: "size" (bytes), "bops", or a function of a Layer with bit-widths set
-    (e.g. :func:`quant.device_rules.layer_latency_fn`). ``fixed``: layers held at given widths
+    (e.g. :func:`hwnas.quant.device_rules.layer_latency_fn`). ``fixed``: layers held at given widths
     (e.g. first and last at (8, 8)). UserError if no policy fits the budget."""
     if method not in ("ilp", "greedy"):
         raise UserError(f"unknown allocation method {method!r}; expected 'ilp' or 'greedy'")

@@ -4,7 +4,7 @@ precision) for the largest, a middle and the smallest subnet of a trained supern
 Shared by ``benchmarks/quant_digits.py`` (CPU, digits) and ``benchmarks/quant_cifar10.py`` (GPU,
 CIFAR-10), and by the test that runs the table on a tiny budget. Each row reports top-1 on the
 test split, the policy's average weight bits and its packed model size
-(:func:`quant.cost.model_size_bytes`). Recipes (also written into each row's ``recipe``):
+(:func:`hwnas.quant.cost.model_size_bytes`). Recipes (also written into each row's ``recipe``):
 
 * ``fp32``: the subnet, BatchNorm recalibrated on augmented training images;
 * ``ptq_int8_{minmax,percentile,mse}``: every layer W8A8, per-channel min-max weights, the
@@ -30,21 +30,21 @@ from typing import Any
 
 import torch
 
-from quant.allocate import allocate
-from quant.cost import model_size_bytes, weight_bits_budget_bytes
-from quant.policy import (
+from hwnas.quant.allocate import allocate
+from hwnas.quant.cost import model_size_bytes, weight_bits_budget_bytes
+from hwnas.quant.policy import (
     QuantPolicy,
     apply_to_layers,
     average_weight_bits,
     first_last_8bit,
     uniform,
 )
-from quant.ptq import PTQConfig, ptq
-from quant.qat import QATConfig, qat
-from quant.sensitivity import hessian_sensitivity
-from supernet.data import BatchLoader, DatasetSplits
-from supernet.errors import UserError
-from supernet.evaluate import (accuracy, bn_calibration_loader, calibration_loader, eval_loader,
+from hwnas.quant.ptq import PTQConfig, ptq
+from hwnas.quant.qat import QATConfig, qat
+from hwnas.quant.sensitivity import hessian_sensitivity
+from hwnas.supernet.data import BatchLoader, DatasetSplits
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.evaluate import (accuracy, bn_calibration_loader, calibration_loader, eval_loader,
                                recalibrate_bn)
 
 __all__ = [
@@ -107,7 +107,7 @@ def subnet_archs(space) -> dict[str, Any]:
     """largest, middle and smallest architectures of ``space``. For an MBV3-style space the
     middle one takes the middle choice of depth, kernel and expand everywhere; for another space,
     the median-FLOPs member of 101 seeded samples."""
-    from supernet.spaces.mbv3 import MBV3Arch, MBV3Space
+    from hwnas.supernet.spaces.mbv3 import MBV3Arch, MBV3Space
 
     if isinstance(space, MBV3Space):
         c = space.cfg
@@ -124,7 +124,7 @@ def subnet_archs(space) -> dict[str, Any]:
 
 
 def machine_description(device: str | torch.device = "cpu") -> str:
-    from latency.machine import cpu_model
+    from hwnas.latency.machine import cpu_model
 
     cpu = cpu_model()
     text = f"{cpu}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"

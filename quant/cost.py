@@ -1,13 +1,13 @@
 """Hardware cost models computed from the layer list (no torch): model size, BOPs, per-layer costs.
 
-Both read the per-layer ``w_bits``/``a_bits`` of :class:`supernet.layers.Layer` (32 = float), so
+Both read the per-layer ``w_bits``/``a_bits`` of :class:`hwnas.supernet.layers.Layer` (32 = float), so
 they price a quantized network as well as a float one. Biases are counted at 32 bits, as
 integer runtimes keep them in int32.
 """
 
 from __future__ import annotations
 
-from supernet.layers import Layer
+from hwnas.supernet.layers import Layer
 
 
 def model_size_bytes(layers: list[Layer]) -> int:

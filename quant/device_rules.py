@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from quant.policy import FLOAT_BITS
-from supernet.errors import UserError
-from supernet.layers import Layer
+from hwnas.quant.policy import FLOAT_BITS
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer
 
 __all__ = [
     "DEVICE_RULES",
@@ -181,7 +181,7 @@ def speed_factor(layer: Layer, rules: DeviceQuantRules) -> float:
 
 def layer_latency_fn(rules: DeviceQuantRules, float_latency: Callable[[Layer], float]
                      ) -> Callable[[Layer], float]:
-    """A per-layer cost for :func:`quant.allocate.allocate`: the layer's float latency on the
+    """A per-layer cost for :func:`hwnas.quant.allocate.allocate`: the layer's float latency on the
     device (from a measured table or an estimator) times its :func:`speed_factor`."""
     def cost(layer: Layer) -> float:
         return float(float_latency(layer)) * speed_factor(layer, rules)
@@ -224,7 +224,7 @@ class OrtLayerTimer:
         import torch
         from torch import nn
 
-        from export.onnx_export import onnx_bytes
+        from hwnas.export.onnx_export import onnx_bytes
 
         torch.manual_seed(self.seed)
         if layer.op == "conv":
@@ -242,7 +242,7 @@ class OrtLayerTimer:
 
         import numpy as np
 
-        from latency.onnx_measure import measure_onnx
+        from hwnas.latency.onnx_measure import measure_onnx
 
         model, shape = self._model_bytes(layer)
         if int8:

@@ -10,20 +10,20 @@ Scheme (the one integer runtimes and accelerators use, Krishnamoorthi 2018):
 
 Rounding uses the straight-through estimator (STE): the gradient of ``round`` is taken as 1,
 the gradient of the clamp is 0 outside the range. The scale is an ``nn.Parameter`` so that LSQ
-(:mod:`quant.qat`) can learn it; its gradient is then scaled by ``g = 1/sqrt(numel * Qp)``
+(:mod:`hwnas.quant.qat`) can learn it; its gradient is then scaled by ``g = 1/sqrt(numel * Qp)``
 (Esser et al., 2020), which this module applies when :attr:`FakeQuantize.grad_scale` is set.
 
 Where the quantizers sit: each ``nn.Conv2d``/``nn.Linear`` is replaced by a
 :class:`QuantConv2d`/:class:`QuantLinear` (a subclass, under the same qualified name, with the same
 parameter names) that quantizes its **input** activation and its weight. So the activation
-bit-width of layer L in a :class:`quant.policy.QuantPolicy` is the bit-width of L's input.
+bit-width of layer L in a :class:`hwnas.quant.policy.QuantPolicy` is the bit-width of L's input.
 
 Residual additions: ``x + y`` in a block's ``forward`` is not a module. An integer runtime either
 requantizes both inputs to the output scale inside the add (onnxruntime's QLinearAdd, TFLite's
 ADD: scales may differ) or needs both inputs on one shared scale (accelerators that add int
 accumulators directly). :class:`SharedAddQuant` simulates the latter: one affine quantizer,
 calibrated on both inputs, applied to both, so ``q(x) + q(y)`` is exactly an integer sum on one
-scale. :func:`quant.ptq.quantize_model` inserts it (``residual="shared"``) by rewriting every
+scale. :func:`hwnas.quant.ptq.quantize_model` inserts it (``residual="shared"``) by rewriting every
 tensor + tensor addition with ``torch.fx`` into a call of a ``SharedAddQuant`` module named
 ``<block>.add``, the name the layer list gives that addition. With ``residual="float"`` (the
 default) adds stay in float, the common simplification of QAT tools.
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quant.policy import FLOAT_BITS, SUPPORTED_BITS
+from hwnas.quant.policy import FLOAT_BITS, SUPPORTED_BITS
 
 __all__ = [
     "FakeQuantize",
@@ -80,7 +80,7 @@ class FakeQuantize(nn.Module):
     activation (affine, per tensor).
 
     ``scale`` (and, for activations, the integer ``zero_point``) are set by calibration
-    (:mod:`quant.ptq`); until then an enabled activation quantizer refuses to run, so an
+    (:mod:`hwnas.quant.ptq`); until then an enabled activation quantizer refuses to run, so an
     uncalibrated model can never be evaluated by mistake. ``enabled=False`` makes it the
     identity (used to observe float activations and to quantize one layer at a time).
     """
@@ -151,7 +151,7 @@ class FakeQuantize(nn.Module):
         if not self._calibrated:
             raise RuntimeError(
                 f"{self.kind} quantizer ({self.bits} bits) used before calibration; run "
-                f"quant.ptq.calibrate (or quant.ptq.ptq) on the quantized model first"
+                f"hwnas.quant.ptq.calibrate (or quant.ptq.ptq) on the quantized model first"
             )
         # computed in float32 even under autocast: bf16 cannot hold the integer grid exactly
         xf = x.float()

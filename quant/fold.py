@@ -4,7 +4,7 @@ Deployed integer networks have no BatchNorm: its affine transform (with the runn
 statistics) is merged into the preceding convolution, ``W' = W * gamma / sqrt(var + eps)``
 per output channel and ``b' = (b - mean) * gamma / sqrt(var + eps) + beta``. Quantizing the
 folded weights is what makes the simulated network match the deployed one, so
-:func:`quant.ptq.quantize_model` folds first.
+:func:`hwnas.quant.ptq.quantize_model` folds first.
 
 Which BN follows which conv is found with ``torch.fx`` (a BN whose only input is a conv output
 that nothing else reads). For a model fx cannot trace, pass ``example_input``: forward hooks
@@ -19,7 +19,7 @@ import copy
 import torch
 from torch import nn
 
-from supernet.errors import UserError
+from hwnas.supernet.errors import UserError
 
 __all__ = ["fold_bn", "find_conv_bn_pairs"]
 

@@ -1,9 +1,9 @@
 """QuantPolicy: layer name -> (weight bits, activation bits), the unit the search optimises.
 
 A policy names the quantizable layers of a network (every ``nn.Conv2d`` and ``nn.Linear``, by
-qualified module name, which is also the :class:`supernet.layers.Layer` name), so the same
-object prices a network through the layer list (:func:`apply_to_layers` + :mod:`quant.cost`)
-and quantizes the torch model (:func:`quant.ptq.quantize_model`). ``a_bits`` of layer L is the
+qualified module name, which is also the :class:`hwnas.supernet.layers.Layer` name), so the same
+object prices a network through the layer list (:func:`apply_to_layers` + :mod:`hwnas.quant.cost`)
+and quantizes the torch model (:func:`hwnas.quant.ptq.quantize_model`). ``a_bits`` of layer L is the
 bit-width of L's *input* activation; 32 means float.
 
 This module does not import torch: search and the latency predictors use policies without it.
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supernet.errors import UserError
+from hwnas.supernet.errors import UserError
 
 #: Bit-widths a layer may use; 32 = float (not quantized).
 SUPPORTED_BITS: tuple[int, ...] = (2, 3, 4, 6, 8, 32)
@@ -161,7 +161,7 @@ def layer_names_of(model_or_names: Any) -> list[str]:
     """Names of the quantizable layers of an ``nn.Module`` (Conv2d/Linear), of a layer list
     (``conv``/``linear`` layers), or a list of names, in order."""
     if hasattr(model_or_names, "named_modules"):
-        from quant.fake_quant import quantizable_layer_names
+        from hwnas.quant.fake_quant import quantizable_layer_names
 
         return quantizable_layer_names(model_or_names)
     if isinstance(model_or_names, QuantPolicy):
@@ -203,7 +203,7 @@ def apply_to_layers(policy: QuantPolicy, layers: list) -> list:
 
     Joins on ``Layer.name``; the policy must cover exactly the conv/linear layers (UserError
     otherwise). Other layers (add, pool) are returned unchanged. The result prices the policy
-    with :mod:`quant.cost`.
+    with :mod:`hwnas.quant.cost`.
     """
     policy.validate(layers)
     return [layer.with_bits(*policy[layer.name]) if layer.op in _QUANT_OPS else layer

@@ -4,7 +4,7 @@
 ``model``:
 
 1. :func:`quantize_model` validates the policy against the model, folds BatchNorm into a copy
-   (:func:`quant.fold.fold_bn`) and replaces each Conv2d/Linear by a QuantConv2d/QuantLinear at
+   (:func:`hwnas.quant.fold.fold_bn`) and replaces each Conv2d/Linear by a QuantConv2d/QuantLinear at
    the policy's bit-widths; weight scales are set per channel right away (they need no data).
 2. :func:`calibrate` runs the float network (quantizers off) over up to ``max_images``
    calibration images, observes the input of every quantized layer and sets its activation
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from quant.fake_quant import (
+from hwnas.quant.fake_quant import (
     QUANT_LAYER_TYPES,
     FakeQuantize,
     QuantConv2d,
@@ -39,10 +39,10 @@ from quant.fake_quant import (
     quant_layers,
     set_quantizers_enabled,
 )
-from quant.fold import fold_bn
-from quant.observers import ACT_OBSERVERS, WEIGHT_OBSERVERS, ActivationObserver, weight_qparams
-from quant.policy import QuantPolicy, check_bits
-from supernet.errors import UserError
+from hwnas.quant.fold import fold_bn
+from hwnas.quant.observers import ACT_OBSERVERS, WEIGHT_OBSERVERS, ActivationObserver, weight_qparams
+from hwnas.quant.policy import QuantPolicy, check_bits
+from hwnas.supernet.errors import UserError
 
 __all__ = [
     "PTQConfig",
@@ -66,7 +66,7 @@ class PTQConfig:
     ``act_observer``: minmax | percentile | mse; ``weight_observer``: minmax | mse (per channel).
     ``max_images``: calibration images used (a few hundred suffice). ``residual``: "float" keeps
     residual additions in float, "shared" quantizes both inputs of each add with one shared
-    quantizer at ``add_bits`` (see :mod:`quant.fake_quant`).
+    quantizer at ``add_bits`` (see :mod:`hwnas.quant.fake_quant`).
     """
 
     act_observer: str = "minmax"

@@ -2,7 +2,7 @@
 
 ``qat(model, policy, train_batches, calib_batches)``:
 
-1. PTQ (:func:`quant.ptq.ptq`) gives the starting point: BN folded, weights and activation
+1. PTQ (:func:`hwnas.quant.ptq.ptq`) gives the starting point: BN folded, weights and activation
    ranges calibrated (LSQ from a good init converges in a few epochs; from scratch it needs
    many).
 2. Every active quantizer's scale becomes trainable (Learned Step Size Quantization, Esser et
@@ -20,7 +20,7 @@
 
 Device-agnostic: the float teacher is copied to the device of the batches; on CUDA the
 forward passes run under bf16 autocast (``amp``), the quantizers themselves in float32 (see
-:class:`quant.fake_quant.FakeQuantize`). ``model`` is never modified.
+:class:`hwnas.quant.fake_quant.FakeQuantize`). ``model`` is never modified.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from quant.fake_quant import lsq_grad_scale, quantizers
-from quant.policy import QuantPolicy
-from quant.ptq import PTQConfig, _model_device, policy_of, ptq
-from supernet.errors import UserError
-from supernet.evaluate import accuracy
+from hwnas.quant.fake_quant import lsq_grad_scale, quantizers
+from hwnas.quant.policy import QuantPolicy
+from hwnas.quant.ptq import PTQConfig, _model_device, policy_of, ptq
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.evaluate import accuracy
 
 __all__ = ["QATConfig", "QATResult", "enable_lsq", "qat"]
 

@@ -1,6 +1,6 @@
 """Per-layer quantization sensitivity, the input of mixed-precision allocation.
 
-Two estimators, both returning a :class:`quant.allocate.SensitivityTable`
+Two estimators, both returning a :class:`hwnas.quant.allocate.SensitivityTable`
 (layer -> {(w_bits, a_bits): sensitivity}):
 
 * :func:`hessian_sensitivity` (HAWQ-V2, Dong et al. 2020): ``Omega_L(b) = Tr(H_L) / n_L *
@@ -26,13 +26,13 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from quant.allocate import SensitivityTable
-from quant.fake_quant import quant_layers, quantizable_layer_names, set_quantizers_enabled
-from quant.fold import fold_bn
-from quant.observers import weight_qparams
-from quant.policy import FLOAT_BITS, check_bits, uniform
-from quant.ptq import PTQConfig, _model_device, calibration_batches, ptq
-from supernet.errors import UserError
+from hwnas.quant.allocate import SensitivityTable
+from hwnas.quant.fake_quant import quant_layers, quantizable_layer_names, set_quantizers_enabled
+from hwnas.quant.fold import fold_bn
+from hwnas.quant.observers import weight_qparams
+from hwnas.quant.policy import FLOAT_BITS, check_bits, uniform
+from hwnas.quant.ptq import PTQConfig, _model_device, calibration_batches, ptq
+from hwnas.supernet.errors import UserError
 
 __all__ = ["hessian_sensitivity", "hutchinson_trace", "measured_sensitivity", "weight_perturbation"]
 

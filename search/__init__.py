@@ -2,17 +2,17 @@
 
 :func:`run` is the API of ``hwnas search``::
 
-    import search
+    from hwnas import search
     result = search.run(space="mbv3-tiny", dataset="digits", trials=60,
                         objectives="accuracy,latency:cpu-ort-1t,size",
                         constraints=["latency:edgetpu-est<=2ms"])
     result.fronts["edgetpu-est"]      # the Pareto front on that device (a DataFrame)
 
-Modules: :mod:`search.config` (settings), :mod:`search.objectives` (objective and constraint
-parsing), :mod:`search.bits` (the bit-width half of the search space), :mod:`search.evaluator`
-(metrics of a candidate), :mod:`search.study` (Optuna storage, budget, recovery),
-:mod:`search.samplers`, :mod:`search.outputs` and :mod:`search.plots` (run directory files),
-:mod:`search.runner` (the whole job), :mod:`search.cli` (the ``hwnas`` command line).
+Modules: :mod:`hwnas.search.config` (settings), :mod:`hwnas.search.objectives` (objective and constraint
+parsing), :mod:`hwnas.search.bits` (the bit-width half of the search space), :mod:`hwnas.search.evaluator`
+(metrics of a candidate), :mod:`hwnas.search.study` (Optuna storage, budget, recovery),
+:mod:`hwnas.search.samplers`, :mod:`hwnas.search.outputs` and :mod:`hwnas.search.plots` (run directory files),
+:mod:`hwnas.search.runner` (the whole job), :mod:`hwnas.cli` (the ``hwnas`` command line).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Any
 
 def run(config: Any = None, *, overwrite: bool = False, progress: bool = True, log=print,
         **settings: Any):
-    """Run (or continue) a search; ``config`` is a :class:`search.config.SearchConfig`, or pass
-    its fields as keyword arguments. Returns a :class:`search.runner.SearchResult`."""
-    from search.config import SearchConfig
-    from search.runner import run_search
+    """Run (or continue) a search; ``config`` is a :class:`hwnas.search.config.SearchConfig`, or pass
+    its fields as keyword arguments. Returns a :class:`hwnas.search.runner.SearchResult`."""
+    from hwnas.search.config import SearchConfig
+    from hwnas.search.runner import run_search
 
     if config is not None and settings:
         raise TypeError("pass either a SearchConfig or keyword settings, not both")

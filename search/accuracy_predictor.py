@@ -22,10 +22,10 @@ import numpy as np
 from scipy.stats import spearmanr
 from sklearn.ensemble import ExtraTreesRegressor
 
-from quant.policy import FLOAT_BITS, QuantPolicy
-from search.bits import layer_group
-from supernet.errors import UserError
-from supernet.space import SearchSpace
+from hwnas.quant.policy import FLOAT_BITS, QuantPolicy
+from hwnas.search.bits import layer_group
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.space import SearchSpace
 
 
 def candidate_features(space: SearchSpace, arch: Any, policy: QuantPolicy | None,

@@ -16,7 +16,7 @@ parameters, canonical string and features, for samplers that reason about candid
 screening sampler).
 
 Seeds (:func:`sensitivity_seeds`): HAWQ-V2 Hessian sensitivity of the largest subnet, allocated
-by :func:`quant.allocate.allocate` at a few average weight widths, then mapped to the groups.
+by :func:`hwnas.quant.allocate.allocate` at a few average weight widths, then mapped to the groups.
 This module imports torch only inside :func:`sensitivity_seeds`.
 """
 
@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from quant.policy import FLOAT_BITS, SUPPORTED_BITS, QuantPolicy
-from supernet.errors import UserError
-from supernet.space import SearchSpace
+from hwnas.quant.policy import FLOAT_BITS, SUPPORTED_BITS, QuantPolicy
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.space import SearchSpace
 
 #: weight widths searched by default (32 = the layer stays float)
 DEFAULT_BIT_CHOICES: tuple[int, ...] = (4, 6, 8, 32)
@@ -112,7 +112,7 @@ class ArchBits:
 class ArchBitsSpace:
     """The joint candidates (architecture x group bit-widths) of a search that searches bits,
     with the part of the :class:`~supernet.space.SearchSpace` interface that samplers reading
-    candidates use (:class:`search.screening.ScreeningSampler`): ``suggest`` (the very
+    candidates use (:class:`hwnas.search.screening.ScreeningSampler`): ``suggest`` (the very
     parameters the search's objective suggests: the space's, then ``bits:<group>``),
     ``to_params``, ``sample``, ``to_string`` / ``from_string`` and ``encode``.
 
@@ -225,11 +225,11 @@ def sensitivity_seeds(space: SearchSpace, supernet: Any, data: Any, choices: Seq
     a group then takes the parameter-weighted mean width of its layers, rounded up to a
     choice. Budgets that no policy meets are skipped.
     """
-    from quant.allocate import allocate
-    from quant.cost import weight_bits_budget_bytes
-    from quant.policy import apply_to_layers
-    from quant.sensitivity import hessian_sensitivity
-    from supernet.evaluate import calibration_loader, recalibrated_subnet
+    from hwnas.quant.allocate import allocate
+    from hwnas.quant.cost import weight_bits_budget_bytes
+    from hwnas.quant.policy import apply_to_layers
+    from hwnas.quant.sensitivity import hessian_sensitivity
+    from hwnas.supernet.evaluate import calibration_loader, recalibrated_subnet
 
     quantized = [b for b in check_bit_choices(choices) if b < FLOAT_BITS]
     if not quantized:

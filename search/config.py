@@ -8,17 +8,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from search.bits import DEFAULT_BIT_CHOICES, check_bit_choices
-from search.objectives import (
+from hwnas.search.bits import DEFAULT_BIT_CHOICES, check_bit_choices
+from hwnas.search.objectives import (
     Constraint,
     Metric,
     devices_of,
     parse_constraints,
     parse_objectives,
 )
-from search.samplers import DEFAULT_SAMPLER, SAMPLERS, check_screening_objectives
-from supernet.data import check_augment
-from supernet.errors import UserError
+from hwnas.search.samplers import DEFAULT_SAMPLER, SAMPLERS, check_screening_objectives
+from hwnas.supernet.data import check_augment
+from hwnas.supernet.errors import UserError
 
 #: objectives of a default search: accuracy, latency on this CPU, model size
 DEFAULT_OBJECTIVES = "accuracy,latency:cpu-ort-1t,size"
@@ -82,7 +82,7 @@ class SearchConfig:
 
     def validate(self) -> None:
         """Raise UserError on the first bad setting (no I/O except the device registry)."""
-        from supernet.spaces import available_spaces
+        from hwnas.supernet.spaces import available_spaces
 
         if self.space not in available_spaces():
             raise UserError(f"unknown space {self.space!r}; expected one of {available_spaces()}")

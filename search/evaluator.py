@@ -1,16 +1,16 @@
 """The metrics of one candidate: an architecture and (optionally) its quantization policy.
 
 * accuracy: the subnet is extracted from the supernet, its BatchNorm recalibrated on augmented
-  training images, and — when a policy is given — quantized by PTQ (:func:`quant.ptq.ptq`,
+  training images, and — when a policy is given — quantized by PTQ (:func:`hwnas.quant.ptq.ptq`,
   calibrated on clean training images); then scored on the validation split (the test split
   is kept for reporting).
 * size, BOPs, FLOPs, params, average weight bits: from the layer list with the policy's widths
-  (:mod:`quant.cost`; size counts weights at their true width).
+  (:mod:`hwnas.quant.cost`; size counts weights at their true width).
 * latency per device (:func:`device_latency`): estimated devices run their estimator on the
-  layer list *as the device executes it* (:func:`quant.device_rules.effective_layers`), so an
+  layer list *as the device executes it* (:func:`hwnas.quant.device_rules.effective_layers`), so an
   Edge TPU sees int8 and host fallbacks, an FPGA sees the bit-widths; measured devices time the
   float subnet here; table, adapted and measured devices scale their float latency by the
-  device family's per-layer speed factors (:func:`quant.device_rules.speed_factor`), weighted by
+  device family's per-layer speed factors (:func:`hwnas.quant.device_rules.speed_factor`), weighted by
   each layer's share of the multiply-accumulates. onnxruntime/GPU-class families assume *no*
   int8 gain unless a measured speed-up table says otherwise (issue 5: int8 can be slower).
 
@@ -31,16 +31,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from latency.devices import Device, EstimatedDevice, MeasuredDevice, get_device
-from quant.cost import bops, model_size_bytes
-from quant.device_rules import DeviceQuantRules, effective_layers, get_device_rules, speed_factor
-from quant.policy import FLOAT_BITS, QuantPolicy, apply_to_layers, average_weight_bits
-from search.objectives import Metric, is_cheap
-from supernet.data import BatchLoader, DatasetSplits
-from supernet.errors import UserError
-from supernet.evaluate import accuracy, calibration_loader, eval_loader, recalibrated_subnet
-from supernet.layers import Layer, total_flops, total_params
-from supernet.space import SearchSpace
+from hwnas.latency.devices import Device, EstimatedDevice, MeasuredDevice, get_device
+from hwnas.quant.cost import bops, model_size_bytes
+from hwnas.quant.device_rules import DeviceQuantRules, effective_layers, get_device_rules, speed_factor
+from hwnas.quant.policy import FLOAT_BITS, QuantPolicy, apply_to_layers, average_weight_bits
+from hwnas.search.objectives import Metric, is_cheap
+from hwnas.supernet.data import BatchLoader, DatasetSplits
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.evaluate import accuracy, calibration_loader, eval_loader, recalibrated_subnet
+from hwnas.supernet.layers import Layer, total_flops, total_params
+from hwnas.supernet.space import SearchSpace
 
 
 @dataclass
@@ -58,7 +58,7 @@ class EvalSettings:
 
 
 def rules_family(device_name: str) -> str:
-    """The quantization-rules family (:mod:`quant.device_rules`) of a latency device."""
+    """The quantization-rules family (:mod:`hwnas.quant.device_rules`) of a latency device."""
     name = device_name.lower()
     if "edgetpu" in name:
         return "edgetpu"
@@ -94,7 +94,7 @@ def quantized_layers(space: SearchSpace, arch: Any, policy: QuantPolicy | None
     return layers, (layers if policy is None else apply_to_layers(policy, layers))
 
 
-#: metrics priced from the layer list alone (:mod:`quant.cost`): column -> f(layers, quantized
+#: metrics priced from the layer list alone (:mod:`hwnas.quant.cost`): column -> f(layers, quantized
 #: layers, policy). The trial evaluator and the screening sampler's cheap metrics both use it.
 COST_METRICS: dict[str, Callable[[list[Layer], list[Layer], QuantPolicy | None], float]] = {
     "size_bytes": lambda layers, q_layers, policy: float(model_size_bytes(q_layers)),
@@ -179,7 +179,7 @@ class TrialEvaluator:
 
     def quantized_model(self, model: nn.Module, policy: QuantPolicy) -> nn.Module:
         """PTQ of a float subnet under ``policy`` (the model export/ rebuilds)."""
-        from quant.ptq import PTQConfig, ptq
+        from hwnas.quant.ptq import PTQConfig, ptq
 
         device = next(model.parameters()).device
         config = PTQConfig(max_images=self.settings.ptq_images, seed=self.settings.seed)
@@ -214,7 +214,7 @@ class TrialEvaluator:
 
 
 class CheapMetrics:
-    """The metrics of candidates that cost nothing per query (:func:`search.objectives.is_cheap`):
+    """The metrics of candidates that cost nothing per query (:func:`hwnas.search.objectives.is_cheap`):
     the cost-model metrics (:data:`COST_METRICS`) and latency on devices that look it up,
     estimate or predict it. Computed by the same functions as :class:`TrialEvaluator`, so a
     candidate's value here is the value its trial reports. What the screening sampler knows of

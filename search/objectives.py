@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from supernet.errors import UserError
+from hwnas.supernet.errors import UserError
 
 #: metric name -> (column, direction, unit)
 METRICS: dict[str, tuple[str, str, str]] = {
@@ -111,7 +111,7 @@ def is_cheap(metric: Metric) -> bool:
     if metric.name in COST_METRIC_NAMES:
         return True
     if metric.name == "latency":
-        from latency.devices import get_device
+        from hwnas.latency.devices import get_device
 
         return get_device(metric.device).kind != "measured"
     return False

@@ -2,7 +2,7 @@
 
 * ``trials.csv`` / ``trials.parquet`` — one row per completed trial: number, arch string,
   policy (JSON, empty = float), a short bit summary, the seed label, every metric
-  (:func:`search.evaluator.metric_columns`: accuracy, size, BOPs, FLOPs, params, average weight
+  (:func:`hwnas.search.evaluator.metric_columns`: accuracy, size, BOPs, FLOPs, params, average weight
   bits, latency and its std on every device), the Optuna parameters (``param:<name>``),
   ``feasible`` (all constraints met) and
   ``pareto`` (non-dominated for the study's own objectives).
@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from search.objectives import Constraint, Metric
-from search.screening import hypervolume_2d
-from supernet.errors import UserError
+from hwnas.search.objectives import Constraint, Metric
+from hwnas.search.screening import hypervolume_2d
+from hwnas.supernet.errors import UserError
 
 TRIAL_COLUMNS = ("trial", "arch", "policy", "bits", "seed")
 
@@ -60,9 +60,9 @@ def pareto_mask(values: np.ndarray, directions: Sequence[str]) -> np.ndarray:
 def trials_frame(study, devices: Sequence[str], objectives: Sequence[Metric],
                  constraints: Sequence[Constraint], metric_columns: Sequence[str]) -> pd.DataFrame:
     """One row per completed trial (see the module docstring)."""
-    from search.bits import describe_bits
-    from search.evaluator import policy_from_text
-    from search.study import completed
+    from hwnas.search.bits import describe_bits
+    from hwnas.search.evaluator import policy_from_text
+    from hwnas.search.study import completed
 
     rows = []
     for t in completed(study):

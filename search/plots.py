@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # headless: matplotlib picks Agg by itself with
 import numpy as np
 import pandas as pd
 
-from search.screening import front_indices_2d
+from hwnas.search.screening import front_indices_2d
 
 
 def _save(fig, path: Path) -> Path:

@@ -8,7 +8,7 @@
    architectures, float and int8, plus Hessian-sensitivity bit policies of the largest), and
    run trials until the budget has completed — with ``--workers N`` on a server database,
    N processes share the study (more machines: run the same command there).
-4. Write the outputs (:mod:`search.outputs`): trials.csv/.parquet, pareto_<device>.csv with
+4. Write the outputs (:mod:`hwnas.search.outputs`): trials.csv/.parquet, pareto_<device>.csv with
    test-split accuracy, hypervolume.csv, fronts.png, devices.png, hypervolume.png.
 
 Rerunning the same command continues the run (settings must match; the budget may grow);
@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from search import outputs
-from search.bits import (
+from hwnas.search import outputs
+from hwnas.search.bits import (
     ArchBitsSpace,
     bit_groups,
     group_params,
@@ -40,8 +40,8 @@ from search.bits import (
     sensitivity_seeds,
     uniform_groups,
 )
-from search.config import RESUME_KEYS, SearchConfig
-from search.evaluator import (
+from hwnas.search.config import RESUME_KEYS, SearchConfig
+from hwnas.search.evaluator import (
     EvalSettings,
     TrialEvaluator,
     check_devices,
@@ -49,9 +49,9 @@ from search.evaluator import (
     policy_from_text,
     policy_text,
 )
-from search.plots import plot_across_devices, plot_fronts, plot_hypervolume
-from search.samplers import make_sampler, screening_problem
-from search.study import (
+from hwnas.search.plots import plot_across_devices, plot_fronts, plot_hypervolume
+from hwnas.search.samplers import make_sampler, screening_problem
+from hwnas.search.study import (
     completed,
     enqueue_once,
     is_sqlite,
@@ -60,13 +60,13 @@ from search.study import (
     run_trials,
     sqlite_url,
 )
-from supernet.checkpoints import shipped_checkpoint
-from supernet.data import DatasetSplits, load_dataset
-from supernet.errors import UserError
-from supernet.evaluate import accuracy, eval_loader
-from supernet.space import SearchSpace
-from supernet.spaces import get_space
-from supernet.train import (TrainConfig, TrainResult, load_checkpoint, sandwich_config, save_checkpoint,
+from hwnas.supernet.checkpoints import shipped_checkpoint
+from hwnas.supernet.data import DatasetSplits, load_dataset
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.evaluate import accuracy, eval_loader
+from hwnas.supernet.space import SearchSpace
+from hwnas.supernet.spaces import get_space
+from hwnas.supernet.train import (TrainConfig, TrainResult, load_checkpoint, sandwich_config, save_checkpoint,
                             train_supernet, with_training_augment)
 
 CONFIG_FILE = "config.json"
@@ -301,7 +301,7 @@ def accuracy_predictor(cfg: SearchConfig, space: SearchSpace, evaluator: TrialEv
     Spearman, and refitted from there when the run continues or another worker joins)."""
     from tqdm.auto import tqdm
 
-    from search.accuracy_predictor import candidate_features, fit_and_report, sample_candidates
+    from hwnas.search.accuracy_predictor import candidate_features, fit_and_report, sample_candidates
 
     groups = bit_groups(space) if cfg.bits else []
     path = run_dir / PREDICTOR_FILE

@@ -2,7 +2,7 @@
 
 The default for categorical architecture spaces and budgets under ~1000 trials is multivariate
 TPE; NSGA-II needs larger budgets to pay off, random is the baseline every method must beat.
-``screening`` (:class:`search.screening.ScreeningSampler`) learns only what is expensive: a GP
+``screening`` (:class:`hwnas.search.screening.ScreeningSampler`) learns only what is expensive: a GP
 surrogate of accuracy (and of latency measured here) screens a pool of candidates whose cheap
 metrics — size, BOPs, latency on estimated, table and adapted devices, under each candidate's
 bit policy — are computed for every candidate before one is chosen (:func:`screening_problem`).
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import optuna
 
-from supernet.errors import UserError
+from hwnas.supernet.errors import UserError
 
 SAMPLERS = ("tpe", "nsga2", "random", "gp", "screening")
 DEFAULT_SAMPLER = "tpe"
@@ -41,7 +41,7 @@ SCREENING_POOL = 1000
 class ScreeningProblem:
     """What the screening sampler must know of a search (:func:`screening_problem` builds it
     from the search's settings): the candidates (``space``: the search space, or
-    :class:`search.bits.ArchBitsSpace` when bit-widths are searched), the study's directions,
+    :class:`hwnas.search.bits.ArchBitsSpace` when bit-widths are searched), the study's directions,
     the cheap objectives (``cheap`` for the objectives at ``cheap_indices``) and the cheap
     constraints (``constraints`` for the constraints named ``constraint_names``)."""
 
@@ -56,7 +56,7 @@ class ScreeningProblem:
 def check_screening_objectives(objectives: Sequence[Any]) -> None:
     """UserError unless some objective needs an evaluation: the screening sampler learns
     those and screens candidates with the cheap ones."""
-    from search.objectives import is_cheap
+    from hwnas.search.objectives import is_cheap
 
     if all(is_cheap(m) for m in objectives):
         raise UserError(f"--sampler screening learns the objectives that need an evaluation "
@@ -69,17 +69,17 @@ def screening_problem(space: Any, objectives: Sequence[Any], constraints: Sequen
                       devices: Mapping[str, Any], *, bits: bool,
                       bit_choices: Sequence[int] = ()) -> ScreeningProblem:
     """The screening problem of a search of ``space`` with these objectives
-    (:class:`search.objectives.Metric`) and constraints (:class:`search.objectives.Constraint`);
-    ``devices`` maps device names to :class:`latency.devices.Device` (the trial evaluator's).
+    (:class:`hwnas.search.objectives.Metric`) and constraints (:class:`hwnas.search.objectives.Constraint`);
+    ``devices`` maps device names to :class:`hwnas.latency.devices.Device` (the trial evaluator's).
 
-    Cheap (:func:`search.objectives.is_cheap`) objectives and constraints are computed for
-    candidates by :class:`search.evaluator.CheapMetrics` — the functions the trial evaluator
+    Cheap (:func:`hwnas.search.objectives.is_cheap`) objectives and constraints are computed for
+    candidates by :class:`hwnas.search.evaluator.CheapMetrics` — the functions the trial evaluator
     uses, with the candidate's bit policy — and cached by candidate; every other objective
     is learned by the sampler's surrogate, every other constraint by a feasibility model.
     """
-    from search.bits import ArchBitsSpace
-    from search.evaluator import CheapMetrics
-    from search.objectives import is_cheap
+    from hwnas.search.bits import ArchBitsSpace
+    from hwnas.search.evaluator import CheapMetrics
+    from hwnas.search.objectives import is_cheap
 
     objectives, constraints = list(objectives), list(constraints)
     check_screening_objectives(objectives)
@@ -150,7 +150,7 @@ def make_sampler(name: str, seed: int, *, n_startup_trials: int = STARTUP_TRIALS
         if problem is None:
             raise UserError("sampler 'screening' needs the search problem (candidates, cheap "
                             "objectives): pass problem=search.samplers.screening_problem(...)")
-        from search.screening import ScreeningConfig, ScreeningSampler
+        from hwnas.search.screening import ScreeningConfig, ScreeningSampler
 
         return ScreeningSampler(
             problem.space, problem.cheap, problem.cheap_indices, seed=seed,

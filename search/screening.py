@@ -31,7 +31,7 @@ trials.
 
 Candidates need not be bare architectures: ``space`` is anything with the part of the
 :class:`SearchSpace` interface the sampler reads (:class:`CandidateSpace`), e.g.
-:class:`search.bits.ArchBitsSpace` for architecture x bit-width candidates.
+:class:`hwnas.search.bits.ArchBitsSpace` for architecture x bit-width candidates.
 
 It is an Optuna sampler (:class:`ScreeningSampler`), sequential and free of batches: each trial
 is chosen after the previous ones are told. Architectures of trials still running are not
@@ -75,8 +75,8 @@ from optuna.trial import FixedTrial, FrozenTrial, TrialState
 from scipy.linalg import solve_triangular
 from scipy.special import ndtr
 
-from supernet.errors import UserError
-from supernet.space import SearchSpace
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.space import SearchSpace
 
 __all__ = [
     "CandidateSpace",

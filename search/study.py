@@ -26,9 +26,9 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 from tqdm.auto import tqdm
 
-from search.objectives import Metric
-from search.samplers import make_sampler
-from supernet.errors import UserError
+from hwnas.search.objectives import Metric
+from hwnas.search.samplers import make_sampler
+from hwnas.supernet.errors import UserError
 
 HEARTBEAT_S = 10
 GRACE_S = 30
@@ -71,7 +71,7 @@ def open_study(storage: str | RDBStorage, study_name: str,
                sampler: str | optuna.samplers.BaseSampler, seed: int,
                objectives: Sequence[Metric], *, n_seeds: int = 0) -> optuna.Study:
     """Create the study, or load it if it exists (then its objectives must be the same).
-    ``sampler`` is a sampler, or a name for :func:`search.samplers.make_sampler` (with
+    ``sampler`` is a sampler, or a name for :func:`hwnas.search.samplers.make_sampler` (with
     ``seed`` and ``n_seeds``)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if isinstance(storage, str):

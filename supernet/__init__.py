@@ -1,13 +1,13 @@
 """Search spaces and weight-sharing supernets.
 
 Importing this package does not import torch: the space declarations and the layer list are
-plain Python, and only the supernet modules (``supernet.nn``) and training need torch.
+plain Python, and only the supernet modules (``hwnas.supernet.nn``) and training need torch.
 """
 
-from supernet.errors import UserError
-from supernet.layers import Layer, total_flops, total_macs, total_params
-from supernet.space import SearchSpace
-from supernet.spaces import available_spaces, get_space, register_space
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer, total_flops, total_macs, total_params
+from hwnas.supernet.space import SearchSpace
+from hwnas.supernet.spaces import available_spaces, get_space, register_space
 
 __all__ = [
     "Layer",

@@ -1,5 +1,5 @@
 """Argument-parsing helpers shared by every hwnas command line (``hwnas``, ``hwnas latency``,
-``python -m supernet.train_cifar``): one-line usage errors with exit status 2, and numeric
+``python -m hwnas.supernet.train_cifar``): one-line usage errors with exit status 2, and numeric
 argument types that reject zero, negative, NaN and infinite values."""
 
 from __future__ import annotations

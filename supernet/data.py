@@ -34,8 +34,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from supernet.errors import UserError
-from supernet.trivial_augment import trivial_augment
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.trivial_augment import trivial_augment
 
 __all__ = [
     "AUGMENT_KINDS",
@@ -874,7 +874,7 @@ def augment_batch(images: torch.Tensor, kind: str, generator: torch.Generator,
       border) is set to ``fill`` (per-channel uint8 values; default 0; :class:`BatchLoader`
       passes the training mean, which normalises to zero as in the paper).
     * ``"trivial_crop_flip_cutout"``: one TrivialAugment operation per image
-      (:mod:`supernet.trivial_augment`; RGB images only), then ``crop_flip_cutout``: the
+      (:mod:`hwnas.supernet.trivial_augment`; RGB images only), then ``crop_flip_cutout``: the
       TrivialAugment paper's CIFAR recipe.
     * ``"none"``: the input, unchanged.
 

@@ -14,7 +14,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from supernet.data import BatchLoader, DatasetSplits, ImageSplit
+from hwnas.supernet.data import BatchLoader, DatasetSplits, ImageSplit
 
 
 @torch.no_grad()

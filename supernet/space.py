@@ -12,8 +12,8 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from supernet.errors import UserError
-from supernet.layers import Layer, total_flops, total_macs, total_params
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer, total_flops, total_macs, total_params
 
 Arch = TypeVar("Arch")
 
@@ -71,7 +71,7 @@ class SearchSpace(ABC, Generic[Arch]):
     # -- description as layers --------------------------------------------------------------------
     @abstractmethod
     def layers(self, arch: Arch) -> list[Layer]:
-        """The architecture as a layer list (see :mod:`supernet.layers`)."""
+        """The architecture as a layer list (see :mod:`hwnas.supernet.layers`)."""
 
     def flops(self, arch: Arch) -> int:
         return total_flops(self.layers(arch))

@@ -24,7 +24,7 @@ are stage lists, not code paths (:func:`schedule_config`):
 One learning-rate schedule (linear warm-up, cosine decay) spans all stages.
 
 Speed on a GPU (``device="cuda"``): bf16 autocast, channels-last tensors, the uint8 training
-split kept on the GPU and augmented there (:class:`supernet.data.BatchLoader`), no per-step
+split kept on the GPU and augmented there (:class:`hwnas.supernet.data.BatchLoader`), no per-step
 host synchronisation (losses are summed on the device and read once per epoch).
 ``torch.compile``: a static subnet (:func:`train_standalone`) has fixed shapes and compiles
 once. Every subnet of a supernet has other channel counts and kernel sizes, so compiling it for
@@ -39,8 +39,8 @@ epoch sums, history), and ``resume_from`` continues bit-exactly where it stopped
 on a GPU up to the nondeterminism of its kernels). ``max_seconds`` / ``max_steps`` stop a call
 early with a checkpoint, so a long training fits any per-command time limit.
 
-Several processes (``torchrun``): pass a :class:`supernet.distributed.DistContext`; see
-:mod:`supernet.distributed`.
+Several processes (``torchrun``): pass a :class:`hwnas.supernet.distributed.DistContext`; see
+:mod:`hwnas.supernet.distributed`.
 """
 
 from __future__ import annotations
@@ -58,16 +58,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from supernet.data import AUGMENT_KINDS, BatchLoader, DatasetSplits
-from supernet.distributed import (
+from hwnas.supernet.data import AUGMENT_KINDS, BatchLoader, DatasetSplits
+from hwnas.supernet.distributed import (
     DistContext,
     agree,
     all_reduce_gradients,
     broadcast_state,
     shard,
 )
-from supernet.errors import UserError
-from supernet.space import SearchSpace
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.space import SearchSpace
 
 #: Format tags of the two checkpoint kinds.
 SUPERNET_FORMAT = "hwnas-supernet-1"
@@ -123,7 +123,7 @@ class TrainConfig:
     #: the standalone rate, which left the largest subnet 5 points behind its standalone twin).
     #: Steps that train only the largest subnet are the same under all three.
     subnet_loss: str = "sum"
-    #: Training augmentation (one of :data:`supernet.data.AUGMENT_KINDS`); ``None``: the
+    #: Training augmentation (one of :data:`hwnas.supernet.data.AUGMENT_KINDS`); ``None``: the
     #: dataset's own (``DatasetSplits.augment``). Checkpoints record it, so that BatchNorm
     #: recalibration of the trained weights later sees batches augmented the same way
     #: (:func:`with_training_augment`).
@@ -777,7 +777,7 @@ def _read_payload(path: str | Path, fmt: str) -> dict[str, Any]:
 
 
 def _space_of(payload: dict[str, Any], path: str | Path) -> SearchSpace:
-    from supernet.spaces import get_space
+    from hwnas.supernet.spaces import get_space
 
     try:
         return get_space(payload["space"], config=payload["space_config"])
@@ -789,7 +789,7 @@ def with_training_augment(data: DatasetSplits, train_config: dict[str, Any] | No
     """``data`` with the augmentation that a checkpoint's weights were trained with, where its
     ``train_config`` (the checkpoint's dict, as saved) records one.
 
-    BatchNorm recalibration (:func:`supernet.evaluate.bn_calibration_loader`) augments like
+    BatchNorm recalibration (:func:`hwnas.supernet.evaluate.bn_calibration_loader`) augments like
     ``data.augment``, and it must augment like training did: run 5's CIFAR-10 supernet, trained
     with cutout, scored 93.7 % (largest subnet) and 91.6 % (smallest) on 2,000 test images when
     recalibrated without cutout, 94.5 % and 93.2 % with it; run 7's (the shipped one, trained

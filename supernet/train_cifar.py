@@ -3,13 +3,13 @@
 The entry point for the GPU machine; it needs only torch and numpy (tqdm is optional; Pillow
 only to decode JPEG datasets, which a pre-decoded ``.npz`` avoids)::
 
-    python -m supernet.train_cifar prepare --out data/cifar10-decoded.npz   # decode once (Pillow)
-    python -m supernet.train_cifar --data data/cifar10-decoded.npz --space mbv3 \\
+    python -m hwnas.supernet.train_cifar prepare --out data/cifar10-decoded.npz   # decode once (Pillow)
+    python -m hwnas.supernet.train_cifar --data data/cifar10-decoded.npz --space mbv3 \\
         --schedule deps --epochs 60 --batch-size 512 --out runs/mbv3 --max-minutes 9
-    python -m supernet.train_cifar --out runs/mbv3 --resume --max-minutes 9 --eval
-    python -m supernet.train_cifar --data ... --standalone largest --epochs 60 --out runs/sa-largest
-    python -m supernet.train_cifar rank --out runs/nb201 --truth nb201_cifar100_accuracy.csv
-    torchrun --nproc_per_node=2 -m supernet.train_cifar --data ... --out runs/mbv3-ddp ...
+    python -m hwnas.supernet.train_cifar --out runs/mbv3 --resume --max-minutes 9 --eval
+    python -m hwnas.supernet.train_cifar --data ... --standalone largest --epochs 60 --out runs/sa-largest
+    python -m hwnas.supernet.train_cifar rank --out runs/nb201 --truth nb201_cifar100_accuracy.csv
+    torchrun --nproc_per_node=2 -m hwnas.supernet.train_cifar --data ... --out runs/mbv3-ddp ...
 
 A run directory (``--out``) holds ``run.json`` (the settings; ``--resume`` reads them back, so
 a resumed chunk needs only ``--out``), ``checkpoint.pt`` (resumable: weights, optimizer, step,
@@ -27,7 +27,7 @@ prints ``not finished`` and the next one continues with ``--resume``.
 writes ``rank.json`` with the Kendall tau between their accuracies and ground-truth ones from
 a CSV (an ``arch`` column of canonical strings and an accuracy column), e.g. NAS-Bench-201's.
 
-Bad input raises :class:`supernet.errors.UserError`: one ``train_cifar: error: ...`` line and
+Bad input raises :class:`hwnas.supernet.errors.UserError`: one ``train_cifar: error: ...`` line and
 exit status 2.
 """
 
@@ -44,12 +44,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from supernet.data import AUGMENT_KINDS, DatasetSplits, ImageSplit, load_dataset
-from supernet.cli_args import OneLineParser, positive_float, positive_int
-from supernet.errors import UserError
+from hwnas.supernet.data import AUGMENT_KINDS, DatasetSplits, ImageSplit, load_dataset
+from hwnas.supernet.cli_args import OneLineParser, positive_float, positive_int
+from hwnas.supernet.errors import UserError
 
 PROG = "train_cifar"
-from supernet.cli_args import EXIT_USER_ERROR  # noqa: E402  (re-exported)
+from hwnas.supernet.cli_args import EXIT_USER_ERROR  # noqa: E402  (re-exported)
 #: Keys of a pre-decoded dataset file written by ``prepare``.
 DECODED_KEYS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test", "classes", "mean", "std")
 #: Seed of the random subnets that ``--eval`` reports (and ``--standalone randomN`` trains).
@@ -124,7 +124,7 @@ def load_decoded(path: str | Path) -> DatasetSplits:
 
 def load_data(spec: str, *, seed: int = 0, limit_train: int | None = None,
               limit_eval: int | None = None) -> DatasetSplits:
-    """A decoded ``.npz`` (fast, numpy only) or anything :func:`supernet.data.load_dataset`
+    """A decoded ``.npz`` (fast, numpy only) or anything :func:`hwnas.supernet.data.load_dataset`
     reads; optionally only ``limit_train`` training and ``limit_eval`` val/test images, a
     random subset drawn with ``seed`` (smoke runs)."""
     data = load_decoded(spec) if is_decoded(spec) else load_dataset(spec, seed=seed)
@@ -156,9 +156,9 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "off")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from supernet.train import SCHEDULES, SUBNET_LOSSES
+    from hwnas.supernet.train import SCHEDULES, SUBNET_LOSSES
 
-    p = OneLineParser(prog=f"python -m supernet.{PROG}",
+    p = OneLineParser(prog=f"python -m hwnas.supernet.{PROG}",
                 description="Train an hwnas supernet (or a standalone subnet) on CIFAR-sized "
                             "images, resumably, on CPU, one GPU or several (torchrun). "
                             "'prepare --out FILE' decodes a dataset into a numpy-only .npz.")
@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_prepare_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog=f"python -m supernet.{PROG} prepare",
+    p = OneLineParser(prog=f"python -m hwnas.supernet.{PROG} prepare",
                 description="Decode a dataset once (needs Pillow for JPEGs) into a numpy-only .npz "
                             "that --data reads without Pillow.")
     p.add_argument("--source", default="cifar10",
@@ -322,7 +322,7 @@ def read_truth(path: str | Path, column: str | None = None) -> tuple[str, dict[s
 
 
 def build_rank_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog=f"python -m supernet.{PROG} rank",
+    p = OneLineParser(prog=f"python -m hwnas.supernet.{PROG} rank",
                       description="Evaluate random subnets of a trained run's supernet (BN "
                                   "recalibrated) and rank them against ground-truth accuracies "
                                   "(Kendall tau) -> rank.json in the run directory.")
@@ -341,8 +341,8 @@ def build_rank_parser() -> argparse.ArgumentParser:
 
 
 def cmd_rank(argv: list[str]) -> int:
-    from supernet.evaluate import evaluate_subnet
-    from supernet.train import load_checkpoint, with_training_augment
+    from hwnas.supernet.evaluate import evaluate_subnet
+    from hwnas.supernet.train import load_checkpoint, with_training_augment
 
     args = build_rank_parser().parse_args(argv)
     out = Path(args.out)
@@ -437,7 +437,7 @@ def _resolve_arch(space, text: str):
 
 
 def _train_config(s: dict[str, Any], space):
-    from supernet.train import schedule_config, standalone_config
+    from hwnas.supernet.train import schedule_config, standalone_config
 
     common = dict(batch_size=s["batch_size"], lr=s["lr"], weight_decay=s["weight_decay"],
                   label_smoothing=s["label_smoothing"], warmup_epochs=s["warmup_epochs"],
@@ -446,7 +446,7 @@ def _train_config(s: dict[str, Any], space):
     if s["standalone"]:
         return standalone_config(s["epochs"], **common)
     if s["schedule"] == "sandwich":
-        from supernet.train import TrainConfig, TrainStage
+        from hwnas.supernet.train import TrainConfig, TrainStage
 
         return TrainConfig(stages=[TrainStage("sandwich", s["epochs"], num_random=s["num_random"])],
                            **common)
@@ -472,7 +472,7 @@ def run(argv: list[str] | None = None, *, started: float | None = None) -> int:
         return cmd_rank(argv[1:])
     args = build_parser().parse_args(argv)
 
-    from supernet.distributed import init_from_env, shutdown
+    from hwnas.supernet.distributed import init_from_env, shutdown
 
     ctx, device = init_from_env(args.device)
     if device.type == "cuda":
@@ -489,9 +489,9 @@ def run(argv: list[str] | None = None, *, started: float | None = None) -> int:
 
 
 def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -> int:
-    from supernet.evaluate import accuracy, eval_loader, evaluate_subnet
-    from supernet.spaces import get_space
-    from supernet.train import (
+    from hwnas.supernet.evaluate import accuracy, eval_loader, evaluate_subnet
+    from hwnas.supernet.spaces import get_space
+    from hwnas.supernet.train import (
         load_standalone,
         reinitialize,
         save_checkpoint,
@@ -581,7 +581,7 @@ def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -
             out.mkdir(parents=True, exist_ok=True)
             _write_json(run_file, {"settings": settings, "train_config": config.to_dict(),
                                    "space_config": space.config()})
-    from supernet.distributed import barrier
+    from hwnas.supernet.distributed import barrier
 
     barrier(ctx)
     resume_from = ckpt if args.resume and ckpt.is_file() else None
@@ -626,7 +626,7 @@ def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -
     else:
         say(f"{out}: training already complete ({log.get('step')} steps)")
         if args.eval and ctx.is_main:  # the final weights, else the last checkpoint
-            from supernet.train import load_checkpoint
+            from hwnas.supernet.train import load_checkpoint
 
             final = out / ("model.pt" if arch is not None else "supernet.pt")
             weights = final if final.is_file() else ckpt

@@ -32,7 +32,7 @@ colour operations compute what torchvision's functional ops compute on uint8 ima
 operation is computed for the whole batch and selected per image with a mask, so there is no
 Python loop over images and no host synchronisation: on a GPU the batch costs a few dozen
 element-wise kernels and one ``grid_sample``. Random numbers come from ``generator`` (on the
-CPU in :class:`supernet.data.BatchLoader`, so a run is reproducible across devices).
+CPU in :class:`hwnas.supernet.data.BatchLoader`, so a run is reproducible across devices).
 """
 
 from __future__ import annotations

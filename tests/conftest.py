@@ -21,7 +21,7 @@ def one_torch_thread():
 def nb201_sample():
     """``sample(n, seed)`` -> (the nb201 space, ``n`` of its architecture strings drawn without
     replacement with ``seed``); the space is enumerated once per session."""
-    from supernet.spaces import get_space
+    from hwnas.supernet.spaces import get_space
 
     space = get_space("nb201")
     everything = [space.to_string(a) for a in space.all_architectures()]

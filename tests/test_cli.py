@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 import torch
 
-from search.cli import main
-from supernet.train import load_checkpoint
+from hwnas.cli import main
+from hwnas.supernet.train import load_checkpoint
 
 DEVICES = "cpu-ort-1t,edgetpu-est"
 
@@ -24,7 +24,7 @@ DEVICES = "cpu-ort-1t,edgetpu-est"
 def hwnas(*args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run the CLI in a subprocess, as a user would."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "search.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hwnas.cli", *args], capture_output=True,
                           text=True, cwd=cwd, timeout=timeout, env=env)
 
 
@@ -166,7 +166,7 @@ def test_a_trial_interrupted_by_a_kill_is_run_again(tmp_path: Path, checkpoint: 
     # a process killed mid-trial leaves a RUNNING trial in the storage
     url = f"sqlite:///{tmp_path / 'k' / 'study.db'}"
     study = optuna.load_study(study_name="k", storage=url)
-    from supernet.spaces import get_space
+    from hwnas.supernet.spaces import get_space
 
     space = get_space("mbv3-tiny")
     killed = study.ask()
@@ -284,8 +284,8 @@ def test_malformed_checkpoint_is_rejected(tmp_path: Path):
 
 
 def test_checkpoint_for_other_data_is_rejected(tmp_path: Path):
-    from supernet.spaces import get_space
-    from supernet.train import save_checkpoint
+    from hwnas.supernet.spaces import get_space
+    from hwnas.supernet.train import save_checkpoint
 
     space = get_space("mbv3-tiny", in_channels=3, image_size=8, num_classes=10)
     path = save_checkpoint(tmp_path / "rgb.pt", space.build_supernet(), space, dataset="x")
@@ -325,7 +325,7 @@ def test_three_workers_share_one_postgres_study(tmp_path: Path, checkpoint: Path
 
 
 def test_calib_batches_flag_reaches_the_search_config():
-    from search.cli import build_parser, config_from_args
+    from hwnas.cli import build_parser, config_from_args
 
     parser = build_parser()
     assert config_from_args(parser.parse_args(["search"])).calib_batches == 10

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from supernet.data import (
+from hwnas.supernet.data import (
     BatchLoader,
     DatasetSplits,
     ImageSplit,
@@ -20,7 +20,7 @@ from supernet.data import (
     load_dataset,
     shared_data_dir,
 )
-from supernet.errors import UserError
+from hwnas.supernet.errors import UserError
 
 # --------------------------------------------------------------------------------------------
 # helpers
@@ -428,7 +428,7 @@ def test_shared_cifar10_via_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 def test_shared_data_dir_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HWNAS_SHARED_DATA", raising=False)
-    import supernet
+    from hwnas import supernet
 
     expected = Path(supernet.__file__).resolve().parent.parent.parent / "shared" / "data"
     assert shared_data_dir() == (expected if expected.is_dir() else None)

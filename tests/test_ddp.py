@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from supernet.distributed import DistContext, all_reduce_gradients, shard
+from hwnas.supernet.distributed import DistContext, all_reduce_gradients, shard
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -22,10 +22,10 @@ WORKER = textwrap.dedent(
     import torch
 
     torch.set_num_threads(1)
-    from supernet.distributed import all_reduce_gradients, init_from_env, shutdown
-    from supernet.spaces import get_space
-    from supernet.train import TrainConfig, TrainStage, train_supernet
-    from supernet.train_cifar import load_data
+    from hwnas.supernet.distributed import all_reduce_gradients, init_from_env, shutdown
+    from hwnas.supernet.spaces import get_space
+    from hwnas.supernet.train import TrainConfig, TrainStage, train_supernet
+    from hwnas.supernet.train_cifar import load_data
 
     out = Path(sys.argv[1])
     ctx, device = init_from_env("cpu")
@@ -53,7 +53,7 @@ WORKER = textwrap.dedent(
 def test_two_processes_train_identically(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(script), str(tmp_path)],

@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from export.integer_ops import integer_elementwise
-from export.onnx_export import check_parity
-from export.ort_profile import optimized_model
-from export.qdq import DeployedReference, build_qdq, read_metadata
-from quant.policy import uniform
+from hwnas.export.integer_ops import integer_elementwise
+from hwnas.export.onnx_export import check_parity
+from hwnas.export.ort_profile import optimized_model
+from hwnas.export.qdq import DeployedReference, build_qdq, read_metadata
+from hwnas.quant.policy import uniform
 
 
 class Block(nn.Module):

@@ -12,19 +12,19 @@ import torch
 from onnx import TensorProto, numpy_helper
 from torch import nn
 
-from export.device_policy import DevicePolicy, LayerSpeed, ProfiledLayerTimer
-from export.model_export import ExportSettings, export_model
-from export.onnx_export import check_parity
-from export.ort_profile import (
+from hwnas.export.device_policy import DevicePolicy, LayerSpeed, ProfiledLayerTimer
+from hwnas.export.model_export import ExportSettings, export_model
+from hwnas.export.onnx_export import check_parity
+from hwnas.export.ort_profile import (
     INTEGER_OPS,
     LayerIndex,
     integer_kernel_check,
     optimized_model,
     profile_model,
 )
-from export.qdq import build_qdq, float_proto, map_layer_nodes, node_scope, read_metadata
-from quant.policy import QuantPolicy, uniform
-from supernet.errors import UserError
+from hwnas.export.qdq import build_qdq, float_proto, map_layer_nodes, node_scope, read_metadata
+from hwnas.quant.policy import QuantPolicy, uniform
+from hwnas.supernet.errors import UserError
 
 FAST = dict(latency_repeats=3, latency_warmup=1, rounds=1)
 
@@ -267,7 +267,7 @@ def test_device_policy_properties_and_speedup_table() -> None:
                           chosen_label="profile", layers=speeds)
     assert not slower.quantized_faster and slower.speedup == pytest.approx(1 / 1.2)
     assert slower.speedup_table() == {"a": 2.0, "b": 0.5}
-    from supernet.layers import Layer
+    from hwnas.supernet.layers import Layer
 
     layers = [Layer("a", "conv", 8, 8, 1, 1, 1, 4, 4), Layer("b", "conv", 8, 8, 3, 1, 8, 4, 4)]
     assert slower.speedup_table(layers) == {"a": 2.0, "b": 0.5}
@@ -283,7 +283,7 @@ def test_choice_survives_a_rejected_refinement_among_the_finalists(monkeypatch) 
     """A greedy step that lost its own timing can still rank among the two fastest candidates
     when the machine's speed drifts between timings; the final timing must still be able to
     run it (it once raised KeyError), and the truly fastest model wins there."""
-    import export.device_policy as dp
+    import hwnas.export.device_policy as dp
 
     def build(float_layers):  # noqa: ANN001, ANN202 - fake model bytes naming the float layers
         return ("q:" + ",".join(sorted(float_layers))).encode()
@@ -351,7 +351,7 @@ def test_export_model_writes_verified_files(net, data, tmp_path) -> None:
 
 
 def test_never_recommends_a_slower_quantized_model(net, data, tmp_path, monkeypatch) -> None:
-    import export.model_export as me
+    import hwnas.export.model_export as me
 
     def fake(fp32_ms: float, chosen_ms: float):
         def choose(build_model, fp32, quantized, kinds, **kw):  # noqa: ANN001, ANN202
@@ -406,7 +406,7 @@ def test_export_settings_validation() -> None:
 def test_dead_layers_of_a_nb201_cell_are_left_out() -> None:
     """Node 2 of this cell reaches no output: the ONNX exporter drops its two convs in every
     cell, and the export quantizes the rest instead of failing on a policy mismatch."""
-    from supernet.spaces import get_space
+    from hwnas.supernet.spaces import get_space
 
     space = get_space("nb201")
     torch.manual_seed(0)

@@ -15,13 +15,13 @@ import onnx
 import pytest
 import torch
 
-from export.cli import add_export_parser, run_export
-from export.model_export import ExportSettings
-from export.qdq import read_metadata
-from export.run_export import export_run
-from quant.policy import first_last_8bit, uniform
-from supernet.cli_args import OneLineParser
-from supernet.errors import UserError
+from hwnas.export.cli import add_export_parser, run_export
+from hwnas.export.model_export import ExportSettings
+from hwnas.export.qdq import read_metadata
+from hwnas.export.run_export import export_run
+from hwnas.quant.policy import first_last_8bit, uniform
+from hwnas.supernet.cli_args import OneLineParser
+from hwnas.supernet.errors import UserError
 
 FAST = ExportSettings(latency_repeats=3, latency_warmup=1, rounds=1, runs=2, profile_runs=2)
 FRONT = "cpu-ort-1t"
@@ -42,7 +42,7 @@ def _fit(supernet: torch.nn.Module, arch) -> None:  # noqa: ANN001 - an MBV3Arch
     """A few hundred SGD steps on the quantized row's subnet (about a second): an untrained
     network's logits are near-ties, and top-1 agreement between any two numerically different
     implementations of it (fake-quant vs integer kernels) is then meaningless."""
-    from supernet.data import BatchLoader, load_dataset
+    from hwnas.supernet.data import BatchLoader, load_dataset
 
     data = load_dataset("digits", seed=0)
     supernet.set_active(arch)
@@ -60,8 +60,8 @@ def _fit(supernet: torch.nn.Module, arch) -> None:  # noqa: ANN001 - an MBV3Arch
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    from supernet.spaces import get_space
-    from supernet.train import save_checkpoint
+    from hwnas.supernet.spaces import get_space
+    from hwnas.supernet.train import save_checkpoint
 
     run = tmp_path_factory.mktemp("run")
     space = get_space("mbv3-tiny", in_channels=1, image_size=8, num_classes=10)
@@ -215,18 +215,19 @@ def test_parity_failure_fails_the_model(run_dir: Path, tmp_path: Path) -> None:
 
 def test_interrupted_export_leaves_the_previous_one(run_dir: Path, tmp_path: Path,
                                                     monkeypatch) -> None:
-    import export.model_export as me
+    import hwnas.export.model_export as me
 
     out = tmp_path / "out"
     out.mkdir()
-    (out / "old.txt").write_text("previous export")
+    (out / "manifest.json").write_text('{"format": "hwnas-export-manifest-1"}')
+    (out / "old.onnx").write_text("previous export")
 
     def boom(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise KeyboardInterrupt
     monkeypatch.setattr(me, "export_model", boom)
     with pytest.raises(KeyboardInterrupt):
         export_run(run_dir, front=FRONT, out=out, settings=FAST, progress=False)
-    assert [p.name for p in out.iterdir()] == ["old.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "old.onnx"]
     assert not list(tmp_path.glob(".out.*"))
 
 
@@ -260,7 +261,7 @@ def test_an_earlier_export_with_a_users_file_in_it_is_refused(run_dir: Path, exp
 
 
 def test_select_specs(run_dir: Path) -> None:
-    from export.run_export import parse_select, read_front
+    from hwnas.export.run_export import parse_select, read_front
 
     rows = read_front(run_dir / f"pareto_{FRONT}.csv", FRONT)
     assert [r.trial for r in parse_select("all", rows, None)] == [3, 7]

@@ -1,7 +1,7 @@
 """End-to-end tests of ``hwnas latency ...`` and of the standalone on-device script.
 
 The happy paths run in real subprocesses, as a user would run them; the many bad-input cases
-run through ``search.cli.main`` in-process (the same code path, minus ~4 s of interpreter and
+run through ``hwnas.cli.main`` in-process (the same code path, minus ~4 s of interpreter and
 torch start-up each), checking exit status 2, one error line and that nothing was written.
 """
 
@@ -20,8 +20,8 @@ import pandas as pd
 import pytest
 from onnx import TensorProto, helper
 
-from search.cli import main
-from supernet.spaces import get_space
+from hwnas.cli import main
+from hwnas.supernet.spaces import get_space
 
 REPO = Path(__file__).resolve().parent.parent
 ONDEVICE = REPO / "latency" / "ondevice.py"
@@ -79,7 +79,7 @@ def profile_dir(tmp_path, monkeypatch) -> Path:
 
 def hwnas(*args: str, env_dir: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, HWNAS_DEVICE_DIR=str(env_dir))
-    return subprocess.run([sys.executable, "-m", "search.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hwnas.cli", *args], capture_output=True,
                           text=True, timeout=300, cwd=REPO, env=env)
 
 
@@ -151,7 +151,7 @@ def test_ondevice_needs_no_hwnas_package(models, tmp_path):
         "import sys, runpy\n"
         "class Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in {'supernet','latency','search','quant','export','torch','pandas'}:\n"
+        "        if name.split('.')[0] in {'hwnas','supernet','latency','search','quant','export','torch','pandas'}:\n"
         "            raise ImportError('blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
         f"sys.argv = ['ondevice.py', {str(d)!r}, '--out', {str(out)!r}, '--repeats', '3',"
@@ -214,7 +214,7 @@ def test_devices_and_predict(tmp_path, profile_dir):
 
 
 def test_adapt_then_predict_with_the_profile(capsys, tmp_path, profile_dir):
-    pytest.importorskip("latency.predictors", reason="latency.predictors not present yet")
+    pytest.importorskip("hwnas.latency.predictors", reason="hwnas.latency.predictors not present yet")
     m = tmp_path / "m.csv"
     write_measurements(m, 12)
     proc = hwnas("latency", "adapt", "--device", "my-pi", "--space", SPACE, "--measurements",
@@ -271,8 +271,8 @@ def test_adapt_bad_measurements(capsys, tmp_path, profile_dir, text, pattern):
 
 
 def test_adapt_too_few_rows(capsys, tmp_path, profile_dir):
-    pytest.importorskip("latency.predictors", reason="latency.predictors not present yet")
-    from latency.cli import default_predictor
+    pytest.importorskip("hwnas.latency.predictors", reason="hwnas.latency.predictors not present yet")
+    from hwnas.latency.cli import default_predictor
 
     need = default_predictor(get_space(SPACE)).min_samples
     m = tmp_path / "m.csv"
@@ -317,7 +317,7 @@ def test_predict_bad_input(capsys, tmp_path, device, space, rows, pattern):
 
 
 def test_predict_table_device_needs_its_space(capsys, tmp_path):
-    from latency.devices import latency_tables
+    from hwnas.latency.devices import latency_tables
 
     if "nb201" not in latency_tables():
         pytest.skip("shared latency tables absent")
@@ -370,7 +370,7 @@ def test_measure_bad_input_and_unstable(capsys, tmp_path, models):
 
 def test_measure_partial_instability_exits_1(capsys, tmp_path, models, monkeypatch):
     """Models whose cv stays above --max-cv are left out and named; the rest are written."""
-    import latency.onnx_measure as om
+    import hwnas.latency.onnx_measure as om
 
     real = om.measure_onnx
 

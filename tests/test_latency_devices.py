@@ -3,6 +3,8 @@ adaptation API (latency.cli.adapt_device), with a FLOPs predictor defined here."
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -12,9 +14,9 @@ import pandas as pd
 import pytest
 from onnx import TensorProto, helper
 
-from latency import profiles
-from latency.cli import adapt_device
-from latency.devices import (
+from hwnas.latency import profiles
+from hwnas.latency.cli import adapt_device
+from hwnas.latency.devices import (
     KINDS,
     AdaptedDevice,
     EstimatedDevice,
@@ -24,8 +26,8 @@ from latency.devices import (
     get_device,
     latency_tables,
 )
-from latency.estimators import get_estimator
-from latency.profiles import (
+from hwnas.latency.estimators import get_estimator
+from hwnas.latency.profiles import (
     PROFILE_FILE,
     check_profile_name,
     list_profiles,
@@ -33,9 +35,9 @@ from latency.profiles import (
     read_measurements,
     save_profile,
 )
-from supernet.data import shared_data_dir
-from supernet.errors import UserError
-from supernet.spaces import get_space
+from hwnas.supernet.data import shared_data_dir
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.spaces import get_space
 
 SPACE = "mbv3-tiny"
 
@@ -235,7 +237,7 @@ def test_measured_device_with_a_model_fn():
 
 
 def test_measured_device_batch_and_cuda_graph_options(monkeypatch):
-    import latency.onnx_measure as onnx_measure
+    import hwnas.latency.onnx_measure as onnx_measure
 
     seen = {}
     real = onnx_measure.measure_onnx
@@ -386,9 +388,13 @@ def test_untrusted_predictor_class_is_refused(tmp_path, profile_dir, monkeypatch
     archs, ms = write_measurements(path, 5)
     space = get_space(SPACE)
     profile = save_profile("board", space, FlopsPredictor().adapt(archs, ms), read_measurements(path, space))
-    monkeypatch.setattr(profiles, "TRUSTED_PREDICTOR_PACKAGES", ["latency"])
+    monkeypatch.setattr(profiles, "TRUSTED_PREDICTOR_PACKAGES", ["hwnas.latency"])
     with pytest.raises(UserError, match="is not a hwnas latency predictor"):
         profiles.load_profile_predictor(profile)
+    # a trusted module's attribute that is not a predictor class is refused before any call
+    tampered = dataclasses.replace(profile, predictor_class="hwnas.latency.profiles:os.system")
+    with pytest.raises(UserError, match="is not a hwnas latency predictor class"):
+        profiles.load_profile_predictor(tampered)
 
 
 def test_adapt_device_validates_then_saves(tmp_path, profile_dir):
@@ -411,8 +417,8 @@ def test_adapt_device_validates_then_saves(tmp_path, profile_dir):
 
 def test_adapt_with_the_package_predictors(tmp_path, profile_dir):
     """The real predictors (latency.predictors) through adapt_device and a saved profile."""
-    predictors = pytest.importorskip("latency.predictors", reason="latency.predictors not present yet")
-    from latency.cli import default_predictor
+    predictors = pytest.importorskip("hwnas.latency.predictors", reason="hwnas.latency.predictors not present yet")
+    from hwnas.latency.cli import default_predictor
 
     path = tmp_path / "m.csv"
     archs, ms = write_measurements(path, 10)
@@ -431,7 +437,7 @@ def test_adapt_with_the_package_predictors(tmp_path, profile_dir):
 
 
 def test_gpu_devices_are_listed_only_with_a_gpu(monkeypatch):
-    import latency.devices as devices
+    import hwnas.latency.devices as devices
 
     monkeypatch.setattr(devices, "_gpu_present", lambda: True)
     listed = devices._measured_factories()

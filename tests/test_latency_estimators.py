@@ -9,13 +9,13 @@ import sys
 import numpy as np
 import pytest
 
-from latency.estimators import available_estimators, get_estimator, layer_kind
-from latency.estimators.edgetpu import USB_ACCELERATOR, EdgeTPUEstimator, param_bytes
-from latency.estimators.fpga import ZCU102, FPGAEstimator, FPGAParams
-from latency.estimators.roofline import PIXEL7_CPU, RooflineEstimator, RooflineParams
-from supernet.errors import UserError
-from supernet.layers import Layer
-from supernet.spaces import available_spaces, get_space
+from hwnas.latency.estimators import available_estimators, get_estimator, layer_kind
+from hwnas.latency.estimators.edgetpu import USB_ACCELERATOR, EdgeTPUEstimator, param_bytes
+from hwnas.latency.estimators.fpga import ZCU102, FPGAEstimator, FPGAParams
+from hwnas.latency.estimators.roofline import PIXEL7_CPU, RooflineEstimator, RooflineParams
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer
+from hwnas.supernet.spaces import available_spaces, get_space
 
 ESTIMATORS = available_estimators()
 
@@ -108,7 +108,7 @@ def test_layer_kind():
 
 
 def test_estimators_import_without_torch():
-    code = ("import sys, latency.estimators, latency.devices, latency.profiles, latency.cli; "
+    code = ("import sys, hwnas.latency.estimators, hwnas.latency.devices, hwnas.latency.profiles, hwnas.latency.cli; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
@@ -226,7 +226,7 @@ def test_edgetpu_unsupported_op_sends_the_rest_to_the_host():
 def test_edgetpu_follows_the_host_placement_of_quant_rules():
     """A float layer in a quantized policy runs on the host with everything after it
     (quant.device_rules.effective_layers marks it; the estimator follows the mark)."""
-    from quant.device_rules import effective_layers, get_device_rules
+    from hwnas.quant.device_rules import effective_layers, get_device_rules
 
     layers = small_net(16, bits=8)
     floated = layers[:2] + [dataclasses.replace(layers[2], w_bits=32, a_bits=32)] + layers[3:]

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from latency.fewshot import FewShotScore, choose_measurements, fewshot_scores, spearman
-from latency.predictors import get_predictor, load_pretrained
-from latency.tables import LatencyTable, help_protocol
-from supernet.data import shared_data_dir
-from supernet.errors import UserError
-from supernet.spaces import get_space
+from hwnas.latency.fewshot import FewShotScore, choose_measurements, fewshot_scores, spearman
+from hwnas.latency.predictors import get_predictor, load_pretrained
+from hwnas.latency.tables import LatencyTable, help_protocol
+from hwnas.supernet.data import shared_data_dir
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.spaces import get_space
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -132,7 +132,7 @@ def test_matches_the_benchmark_on_shared_data() -> None:
         pytest.skip("shared latency data not available (set HWNAS_SHARED_DATA)")
     if not bench.is_file():
         pytest.skip("benchmarks/latency_fewshot.json not present")
-    from latency.tables import load_shared_table
+    from hwnas.latency.tables import load_shared_table
 
     space = get_space("nb201")
     table = load_shared_table("nb201", space=space)

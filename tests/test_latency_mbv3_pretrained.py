@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from latency.predictors import MetaPredictor, load_pretrained, pretrained_path
+from hwnas.latency.predictors import MetaPredictor, load_pretrained, pretrained_path
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results" / "latency_mbv3"
@@ -44,7 +44,7 @@ def test_adapt_on_ten_shipped_rows_ranks_the_rest(space_name: str, device: str) 
     csv_path = RESULTS / f"{space_name}.csv"
     if not csv_path.is_file():
         pytest.skip(f"{csv_path} is absent; run benchmarks/latency_metatrain_mbv3.py")
-    from latency.tables import load_latency_table
+    from hwnas.latency.tables import load_latency_table
 
     pred = load_pretrained(space_name)
     table = load_latency_table(csv_path, space=pred.space, devices=[device])
@@ -60,7 +60,7 @@ def test_adapt_on_ten_shipped_rows_ranks_the_rest(space_name: str, device: str) 
 
 @pytest.mark.parametrize("space_name", sorted(THRESHOLDS))
 def test_cli_adapt_defaults_to_the_meta_predictor(space_name: str) -> None:
-    from latency.cli import default_predictor
-    from supernet.spaces import get_space
+    from hwnas.latency.cli import default_predictor
+    from hwnas.supernet.spaces import get_space
 
     assert default_predictor(get_space(space_name)).name == "meta"

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from latency.predictors import LatencyPredictor, MetaPredictor, load_pretrained
-from latency.predictors.features import execution_variants, executed, features
-from latency.predictors.meta import greedy_design
-from supernet.errors import UserError
-from supernet.spaces import get_space
+from hwnas.latency.predictors import LatencyPredictor, MetaPredictor, load_pretrained
+from hwnas.latency.predictors.features import execution_variants, executed, features
+from hwnas.latency.predictors.meta import greedy_design
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.spaces import get_space
 
 
 @pytest.fixture(scope="module")

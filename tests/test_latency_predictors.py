@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from latency.predictors import (
+from hwnas.latency.predictors import (
     FlopsPredictor,
     LatencyPredictor,
     LayerTablePredictor,
@@ -21,10 +21,10 @@ from latency.predictors import (
     get_predictor,
     load_pretrained,
 )
-from latency.predictors.features import features, layer_feature_names
-from supernet.data import shared_data_dir
-from supernet.errors import UserError
-from supernet.spaces import get_space
+from hwnas.latency.predictors.features import features, layer_feature_names
+from hwnas.supernet.data import shared_data_dir
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.spaces import get_space
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -216,7 +216,7 @@ def test_pretrained_meta_on_a_real_unseen_device() -> None:
     threshold leaves a margin."""
     if shared_data_dir() is None or not (shared_data_dir() / "latency").is_dir():
         pytest.skip("shared latency data not available (set HWNAS_SHARED_DATA)")
-    from latency.tables import load_shared_table
+    from hwnas.latency.tables import load_shared_table
 
     meta = load_pretrained("nb201")
     table = load_shared_table("nb201", space=meta.space)
@@ -231,8 +231,8 @@ def test_pretrained_meta_on_a_real_unseen_device() -> None:
 def test_import_does_not_pull_torch_or_sklearn() -> None:
     code = (
         "import sys\n"
-        "import latency.predictors, latency.tables\n"
-        "p = latency.predictors.load_pretrained('nb201')\n"
+        "import hwnas.latency.predictors, hwnas.latency.tables\n"
+        "p = hwnas.latency.predictors.load_pretrained('nb201')\n"
         "r = p.reference_archs[:5]\n"
         "p.adapt(r, [1.0, 2.0, 3.0, 2.5, 1.5], seed=0)\n"
         "p.predict_with_std(r)\n"

@@ -7,16 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from latency.tables import (
+from hwnas.latency.tables import (
     HELP_PROTOCOLS,
     LatencyTable,
     help_protocol,
     load_latency_table,
     load_shared_table,
 )
-from supernet.data import shared_data_dir
-from supernet.errors import UserError
-from supernet.spaces import get_space
+from hwnas.supernet.data import shared_data_dir
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.spaces import get_space
 
 A1 = ("|nor_conv_3x3~0|+|nor_conv_3x3~0|avg_pool_3x3~1|"
       "+|skip_connect~0|nor_conv_3x3~1|skip_connect~2|")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from quant.cost import bops, model_size_bytes
-from supernet.layers import (
+from hwnas.quant.cost import bops, model_size_bytes
+from hwnas.supernet.layers import (
     Layer,
     load_layers,
     save_layers,

@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from export import ParityReport, check_parity, export_onnx, onnx_bytes
-from latency.onnx_measure import make_session
-from supernet.errors import UserError
+from hwnas.export import ParityReport, check_parity, export_onnx, onnx_bytes
+from hwnas.latency.onnx_measure import make_session
+from hwnas.supernet.errors import UserError
 
 
 def _small_cnn() -> nn.Module:

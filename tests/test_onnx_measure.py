@@ -11,9 +11,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from latency import LatencyStats, measure_onnx
-from latency.onnx_measure import make_session, random_input
-from supernet.errors import UserError
+from hwnas.latency import LatencyStats, measure_onnx
+from hwnas.latency.onnx_measure import make_session, random_input
+from hwnas.supernet.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -140,6 +140,6 @@ def test_fixed_batch_dim_mismatch() -> None:
 
 
 def test_import_does_not_pull_in_torch() -> None:
-    code = "import latency, latency.onnx_measure, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import hwnas.latency, hwnas.latency.onnx_measure, sys; assert 'torch' not in sys.modules, 'torch imported'"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from quant.allocate import SensitivityTable, allocate
-from quant.cost import bops, model_size_bytes
-from quant.device_rules import (
+from hwnas.quant.allocate import SensitivityTable, allocate
+from hwnas.quant.cost import bops, model_size_bytes
+from hwnas.quant.device_rules import (
     DeviceQuantRules,
     OrtLayerTimer,
     device_size_bytes,
@@ -22,10 +22,10 @@ from quant.device_rules import (
     speed_factor,
     storage_w_bits,
 )
-from quant.policy import apply_to_layers, uniform
-from supernet.errors import UserError
-from supernet.layers import Layer
-from supernet.spaces import get_space
+from hwnas.quant.policy import apply_to_layers, uniform
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer
+from hwnas.supernet.spaces import get_space
 
 LAYERS = [
     Layer("stem", "conv", 1, 16, 3, in_h=8, in_w=8, bias=True),

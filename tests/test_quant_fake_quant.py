@@ -8,18 +8,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quant.fake_quant import (
+from hwnas.quant.fake_quant import (
     FakeQuantize,
     QuantConv2d,
     SharedAddQuant,
     quantizers,
     reference_fake_quant,
 )
-from quant.fold import fold_bn
-from quant.policy import uniform
-from quant.ptq import PTQConfig, ptq, quantize_model
-from supernet.errors import UserError
-from supernet.spaces import get_space
+from hwnas.quant.fold import fold_bn
+from hwnas.quant.policy import uniform
+from hwnas.quant.ptq import PTQConfig, ptq, quantize_model
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.spaces import get_space
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -185,7 +185,7 @@ def test_int8_ptq_on_a_subnet_of_every_space(space_name):
     join the space's layer list, and int8 keeps the outputs close."""
     import numpy as np
 
-    from supernet.spaces import available_spaces
+    from hwnas.supernet.spaces import available_spaces
 
     if space_name not in available_spaces():
         pytest.skip(f"space {space_name} is not registered in this checkout")

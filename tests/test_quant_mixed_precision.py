@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quant.allocate import SensitivityTable, allocate, greedy_pareto_walk
-from quant.cost import bops, layer_cost, model_size_bytes, weight_bits_budget_bytes
-from quant.policy import apply_to_layers, average_weight_bits
-from quant.sensitivity import hessian_sensitivity, hutchinson_trace, measured_sensitivity
-from supernet.errors import UserError
-from supernet.layers import Layer
+from hwnas.quant.allocate import SensitivityTable, allocate, greedy_pareto_walk
+from hwnas.quant.cost import bops, layer_cost, model_size_bytes, weight_bits_budget_bytes
+from hwnas.quant.policy import apply_to_layers, average_weight_bits
+from hwnas.quant.sensitivity import hessian_sensitivity, hutchinson_trace, measured_sensitivity
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from quant.cost import bops, layer_cost, model_size_bytes, weight_bits_budget_bytes
-from quant.policy import (
+from hwnas.quant.cost import bops, layer_cost, model_size_bytes, weight_bits_budget_bytes
+from hwnas.quant.policy import (
     SUPPORTED_BITS,
     QuantPolicy,
     apply_to_layers,
@@ -19,10 +19,10 @@ from quant.policy import (
     first_last_8bit,
     uniform,
 )
-from quant.ptq import quantize_model
-from supernet.errors import UserError
-from supernet.layers import Layer
-from supernet.spaces import get_space
+from hwnas.quant.ptq import quantize_model
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer
+from hwnas.supernet.spaces import get_space
 
 
 @pytest.fixture(scope="module")

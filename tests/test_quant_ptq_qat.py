@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quant.observers import ActivationObserver, affine_qparams, fake_quant_affine, weight_qparams
-from quant.policy import first_last_8bit, uniform
-from quant.ptq import PTQConfig, calibrate, policy_of, ptq, quantize_model
-from quant.qat import QATConfig, qat
-from supernet.data import BatchLoader, load_dataset
-from supernet.errors import UserError
-from supernet.evaluate import accuracy
+from hwnas.quant.observers import ActivationObserver, affine_qparams, fake_quant_affine, weight_qparams
+from hwnas.quant.policy import first_last_8bit, uniform
+from hwnas.quant.ptq import PTQConfig, calibrate, policy_of, ptq, quantize_model
+from hwnas.quant.qat import QATConfig, qat
+from hwnas.supernet.data import BatchLoader, load_dataset
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.evaluate import accuracy
 
 
 class _Block(nn.Module):
@@ -165,17 +165,18 @@ def test_percentile_and_mse_observers_clip_heavy_tails():
 
 
 def test_lsq_qat_recovers_low_bit_accuracy(setup):
-    """2-bit weights lose ~10-20 points after PTQ; a short LSQ + KD fine-tune must win most back
-    (measured: PTQ ~77-87 %, QAT ~90-93 %, FP32 ~94 %); W4A8 must not degrade."""
+    """2-bit weights lose ~10-20 points after PTQ; a short LSQ + KD fine-tune must win points
+    back (PTQ ~76-87 %, QAT after 3 epochs 83-93 % depending on the CPU's kernels, FP32 ~94 %);
+    W4A8 must not degrade."""
     model, calib, train, held_out = setup["model"], setup["calib"], setup["train"], setup["eval"]
     ptq_cfg = PTQConfig(act_observer="mse", weight_observer="mse")
     policy = uniform(model, 2, 8)
     q_ptq = ptq(model, policy, calib, ptq_cfg)
     acc_ptq = accuracy(q_ptq, held_out)
-    result = qat(model, policy, train, calib, QATConfig(epochs=2, seed=0), init=q_ptq, progress=False)
+    result = qat(model, policy, train, calib, QATConfig(epochs=3, seed=0), init=q_ptq, progress=False)
     acc_qat = accuracy(result.model, held_out)
-    assert acc_qat > acc_ptq + 2.0
-    assert result.steps == 2 * len(train)
+    assert acc_qat > acc_ptq + 3.0
+    assert result.steps == 3 * len(train)
     assert all(not q.scale.requires_grad for n, q in result.model.named_modules()
                if type(q).__name__ == "FakeQuantize")
     w4 = first_last_8bit(uniform(model, 4, 8))

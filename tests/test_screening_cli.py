@@ -1,7 +1,7 @@
 """The screening sampler in real searches: ``hwnas search --sampler screening`` (architecture
 and bit-widths), its candidates, cheap constraints, determinism and resume.
 
-The sampler-level tests run the search's own objective (:func:`search.runner.make_objective`)
+The sampler-level tests run the search's own objective (:func:`hwnas.search.runner.make_objective`)
 with the real cheap metrics and a synthetic accuracy instead of the supernet, so they take
 seconds; the end-to-end test runs the CLI on the digits default with a 1-epoch supernet.
 """
@@ -17,17 +17,17 @@ import optuna
 import pandas as pd
 import pytest
 
-from latency.devices import get_device
-from search.bits import ArchBits, ArchBitsSpace, bit_groups
-from search.cli import main
-from search.config import SearchConfig
-from search.evaluator import COST_METRICS, CheapMetrics, device_latency, quantized_layers
-from search.objectives import Metric, parse_constraint
-from search.runner import build_sampler, make_objective
-from search.samplers import make_sampler, screening_problem
-from search.screening import ScreeningConfig, ScreeningSampler
-from supernet.errors import UserError
-from supernet.spaces import get_space
+from hwnas.latency.devices import get_device
+from hwnas.search.bits import ArchBits, ArchBitsSpace, bit_groups
+from hwnas.cli import main
+from hwnas.search.config import SearchConfig
+from hwnas.search.evaluator import COST_METRICS, CheapMetrics, device_latency, quantized_layers
+from hwnas.search.objectives import Metric, parse_constraint
+from hwnas.search.runner import build_sampler, make_objective
+from hwnas.search.samplers import make_sampler, screening_problem
+from hwnas.search.screening import ScreeningConfig, ScreeningSampler
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.spaces import get_space
 
 DEVICE = "edgetpu-est"
 
@@ -43,7 +43,7 @@ def checkpoint(tmp_path_factory, one_torch_thread) -> Path:
 
 
 class SyntheticEvaluator:
-    """Stands in for :class:`search.evaluator.TrialEvaluator`: the real cost metrics and
+    """Stands in for :class:`hwnas.search.evaluator.TrialEvaluator`: the real cost metrics and
     latencies (the functions the trial evaluator uses), and an accuracy that grows with the
     FLOPs and loses with low weight widths — no supernet, so a trial takes milliseconds."""
 
@@ -271,7 +271,7 @@ def test_cli_screening_searches_arch_and_bits_writes_outputs_and_resumes(tmp_pat
 
 
 def test_api_accepts_screening(tmp_path: Path, checkpoint: Path, one_torch_thread):
-    import search
+    from hwnas import search
 
     result = search.run(supernet=str(checkpoint), sampler="screening", bits=False, trials=4,
                         objectives=f"accuracy,latency:{DEVICE}", devices=[DEVICE],

@@ -12,7 +12,7 @@ import numpy as np
 import optuna
 import pytest
 
-from search.screening import (
+from hwnas.search.screening import (
     PoolGP,
     ScreeningConfig,
     ScreeningSampler,
@@ -20,8 +20,8 @@ from search.screening import (
     front_indices_2d,
     hypervolume_2d,
 )
-from supernet.errors import UserError
-from supernet.space import SearchSpace
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.space import SearchSpace
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -288,7 +288,7 @@ def test_latency_csv_errors_are_one_line(tmp_path, capsys, body, device, expecte
 
 
 def test_incomplete_latency_csv_is_refused(tmp_path, capsys):
-    from supernet.data import shared_data_dir
+    from hwnas.supernet.data import shared_data_dir
 
     if shared_data_dir() is None or not (shared_data_dir() / "nb201").is_dir():
         pytest.skip("the shared NAS-Bench-201 accuracy table is absent")

@@ -1,6 +1,6 @@
 """Reading a run's fronts: the most accurate model within a latency budget on one device
-(:func:`search.outputs.select_under_budget`) and the models' ranks across devices
-(:func:`search.outputs.device_ranks`). Synthetic frames in the run directory's columns."""
+(:func:`hwnas.search.outputs.select_under_budget`) and the models' ranks across devices
+(:func:`hwnas.search.outputs.device_ranks`). Synthetic frames in the run directory's columns."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from search.objectives import parse_objectives
-from search.outputs import device_front, device_ranks, select_under_budget
-from supernet.errors import UserError
+from hwnas.search.objectives import parse_objectives
+from hwnas.search.outputs import device_front, device_ranks, select_under_budget
+from hwnas.supernet.errors import UserError
 
 
 def _frame(rows: list[tuple]) -> pd.DataFrame:

@@ -7,20 +7,20 @@ import optuna
 import pandas as pd
 import pytest
 
-from search.bits import bit_groups, describe_bits, layer_group, policy_for, suggest_group_bits
-from search.objectives import parse_constraint, parse_objectives
-from search.outputs import (
+from hwnas.search.bits import bit_groups, describe_bits, layer_group, policy_for, suggest_group_bits
+from hwnas.search.objectives import parse_constraint, parse_objectives
+from hwnas.search.outputs import (
     closest_infeasible,
     device_front,
     hypervolume_history,
     pareto_mask,
 )
-from search.plots import plot_across_devices, plot_fronts
-from search.screening import front_indices_2d, hypervolume_2d
-from search.samplers import SAMPLERS, make_sampler
-from search.study import enqueue_once, open_study, recover_interrupted, run_trials, sqlite_url
-from supernet.errors import UserError
-from supernet.spaces import get_space
+from hwnas.search.plots import plot_across_devices, plot_fronts
+from hwnas.search.screening import front_indices_2d, hypervolume_2d
+from hwnas.search.samplers import SAMPLERS, make_sampler
+from hwnas.search.study import enqueue_once, open_study, recover_interrupted, run_trials, sqlite_url
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.spaces import get_space
 
 
 # -- objectives and constraints ----------------------------------------------------------------
@@ -191,7 +191,7 @@ def test_plots_are_written_atomically(tmp_path):
 # -- the accuracy predictor -----------------------------------------------------------------------
 
 def test_accuracy_predictor_ranks_a_learnable_target_and_reports_honestly():
-    from search.accuracy_predictor import candidate_features, fit_and_report, sample_candidates
+    from hwnas.search.accuracy_predictor import candidate_features, fit_and_report, sample_candidates
 
     space = get_space("mbv3-tiny")
     groups = bit_groups(space)
@@ -210,7 +210,7 @@ def test_accuracy_predictor_ranks_a_learnable_target_and_reports_honestly():
 
 
 def test_a_run_directory_is_written_by_one_process_at_a_time(tmp_path):
-    from search.runner import _lock_run_dir
+    from hwnas.search.runner import _lock_run_dir
 
     first = _lock_run_dir(tmp_path / "r")
     with pytest.raises(UserError, match="another hwnas process is writing"):

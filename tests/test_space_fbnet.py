@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from supernet.data import shared_data_dir
-from supernet.errors import UserError
-from supernet.layers import Layer
-from supernet.spaces import FBNetArch, FBNetSpace, available_spaces, get_space
-from supernet.spaces.fbnet import FBNET_BLOCKS, block_spec
+from hwnas.supernet.data import shared_data_dir
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer
+from hwnas.supernet.spaces import FBNetArch, FBNetSpace, available_spaces, get_space
+from hwnas.supernet.spaces.fbnet import FBNET_BLOCKS, block_spec
 
 N_LAYERS = 22
 
@@ -51,8 +51,8 @@ def test_registered_and_configurable():
 
 
 def test_import_does_not_pull_in_torch():
-    code = ("import sys, supernet.spaces.fbnet, supernet.spaces; "
-            "s = supernet.spaces.get_space('fbnet'); s.layers(s.largest()); "
+    code = ("import sys, hwnas.supernet.spaces.fbnet, hwnas.supernet.spaces; "
+            "s = hwnas.supernet.spaces.get_space('fbnet'); s.layers(s.largest()); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -251,7 +251,7 @@ def x(space):
 def test_extract_matches_supernet(trained, space, x):
     import torch
 
-    from supernet.nn.fbnet import FBNetNet
+    from hwnas.supernet.nn.fbnet import FBNetNet
 
     outputs = []
     for arch in _model_check_archs(space):
@@ -328,7 +328,7 @@ def test_only_active_weights_get_gradients(space):
 
 def test_channel_shuffle():
     torch = pytest.importorskip("torch")
-    from supernet.nn.fbnet import channel_shuffle
+    from hwnas.supernet.nn.fbnet import channel_shuffle
 
     x = torch.arange(6.0).reshape(1, 6, 1, 1)
     assert channel_shuffle(x, 2).flatten().tolist() == [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
@@ -390,7 +390,7 @@ def test_layer_flops_match_forward_hooks(trained, space):
 
 def test_onnx_export_parity(trained, space, x):
     pytest.importorskip("onnxruntime")
-    from export.onnx_export import check_parity, onnx_bytes
+    from hwnas.export.onnx_export import check_parity, onnx_bytes
 
     model = trained.extract(space.smallest())  # includes grouped blocks and projecting skips
     report = check_parity(onnx_bytes(model, x[:1]), model, x)
@@ -401,9 +401,9 @@ def test_train_evaluate_checkpoint_smoke(tmp_path):
     """A few sandwich steps on tiny random 16x16 data change the weights, and evaluate_subnet
     runs on the result."""
     torch = pytest.importorskip("torch")
-    from supernet.data import DatasetSplits, ImageSplit
-    from supernet.evaluate import evaluate_subnet
-    from supernet.train import TrainConfig, TrainStage, load_checkpoint, save_checkpoint, train_supernet
+    from hwnas.supernet.data import DatasetSplits, ImageSplit
+    from hwnas.supernet.evaluate import evaluate_subnet
+    from hwnas.supernet.train import TrainConfig, TrainStage, load_checkpoint, save_checkpoint, train_supernet
 
     space = get_space("fbnet", image_size=16, num_classes=10)
     gen = torch.Generator().manual_seed(0)

@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-import supernet
-from supernet.errors import UserError
-from supernet.layers import Layer
-from supernet.spaces import MBV3Arch, MBV3Config, MBV3Space, available_spaces, get_space
+from hwnas import supernet
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer
+from hwnas.supernet.spaces import MBV3Arch, MBV3Config, MBV3Space, available_spaces, get_space
 
 N_SAMPLES = 200
 
@@ -41,7 +41,7 @@ def supernet_model(space):
 
 
 def test_import_does_not_pull_in_torch():
-    code = "import supernet, supernet.spaces, sys; assert 'torch' not in sys.modules"
+    code = "import hwnas.supernet, hwnas.supernet.spaces, sys; assert 'torch' not in sys.modules"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 

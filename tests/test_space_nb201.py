@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from supernet.data import shared_data_dir
-from supernet.errors import UserError
-from supernet.layers import Layer
-from supernet.spaces import NB201Arch, NB201Space, available_spaces, get_space
-from supernet.spaces.nb201 import NB201_EDGES, NB201_OPS
+from hwnas.supernet.data import shared_data_dir
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer
+from hwnas.supernet.spaces import NB201Arch, NB201Space, available_spaces, get_space
+from hwnas.supernet.spaces.nb201 import NB201_EDGES, NB201_OPS
 
 EXAMPLE = "|nor_conv_3x3~0|+|nor_conv_3x3~0|avg_pool_3x3~1|+|skip_connect~0|nor_conv_3x3~1|skip_connect~2|"
 
@@ -63,8 +63,8 @@ def test_registered_and_configurable():
 
 
 def test_import_does_not_pull_in_torch():
-    code = ("import sys, supernet.spaces.nb201, supernet.spaces; "
-            "supernet.spaces.get_space('nb201').layers(supernet.spaces.get_space('nb201').largest()); "
+    code = ("import sys, hwnas.supernet.spaces.nb201, hwnas.supernet.spaces as s; "
+            "s.get_space('nb201').layers(s.get_space('nb201').largest()); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -295,7 +295,7 @@ def x(space):
 def test_extract_matches_supernet(trained, space, x):
     import torch
 
-    from supernet.nn.nb201 import NB201Net
+    from hwnas.supernet.nn.nb201 import NB201Net
 
     outputs = {}
     for arch in _model_check_archs(space):
@@ -411,7 +411,7 @@ def test_layer_flops_match_forward_hooks(trained, space):
 
 def test_onnx_export_parity(trained, space, x):
     pytest.importorskip("onnxruntime")
-    from export.onnx_export import check_parity, onnx_bytes
+    from hwnas.export.onnx_export import check_parity, onnx_bytes
 
     model = trained.extract(ZERO_NODE)
     report = check_parity(onnx_bytes(model, x[:1]), model, x)
@@ -422,9 +422,9 @@ def test_train_evaluate_checkpoint_smoke(tmp_path):
     """A few sandwich steps on tiny random data change the weights, and evaluate_subnet runs on
     the result (a 16x16, 10-class, one-cell-per-stage space keeps it fast)."""
     torch = pytest.importorskip("torch")
-    from supernet.data import DatasetSplits, ImageSplit
-    from supernet.evaluate import evaluate_subnet
-    from supernet.train import TrainConfig, TrainStage, load_checkpoint, save_checkpoint, train_supernet
+    from hwnas.supernet.data import DatasetSplits, ImageSplit
+    from hwnas.supernet.evaluate import evaluate_subnet
+    from hwnas.supernet.train import TrainConfig, TrainStage, load_checkpoint, save_checkpoint, train_supernet
 
     space = get_space("nb201", image_size=16, num_classes=10,
                       config={**get_space("nb201").config(), "cells_per_stage": 1})

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from supernet.errors import UserError
-from supernet.nn.mbv3 import MBV3Net, MBV3Supernet
-from supernet.spaces import get_space
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.nn.mbv3 import MBV3Net, MBV3Supernet
+from hwnas.supernet.spaces import get_space
 
 ATOL = 1e-5
 

@@ -13,12 +13,12 @@ import pytest
 import torch
 from torch import nn
 
-from supernet.data import load_dataset
-from supernet.errors import UserError
-from supernet.evaluate import (accuracy, bn_calibration_loader, calibration_loader, evaluate_subnet,
+from hwnas.supernet.data import load_dataset
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.evaluate import (accuracy, bn_calibration_loader, calibration_loader, evaluate_subnet,
                                recalibrate_bn, recalibrated_subnet)
-from supernet.spaces import get_space
-from supernet.train import (
+from hwnas.supernet.spaces import get_space
+from hwnas.supernet.train import (
     TrainConfig,
     TrainStage,
     load_checkpoint,
@@ -339,7 +339,7 @@ def test_checkpoint_copy_is_independent_of_later_training(tmp_path):
 # schedules: presets, restricted choices, channel sorting
 # --------------------------------------------------------------------------------------------
 
-from supernet.train import (  # noqa: E402
+from hwnas.supernet.train import (  # noqa: E402
     SCHEDULES,
     deps_config,
     load_standalone,
@@ -350,7 +350,7 @@ from supernet.train import (  # noqa: E402
     standalone_config,
     train_standalone,
 )
-from supernet.train_cifar import load_data  # noqa: E402
+from hwnas.supernet.train_cifar import load_data  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -496,7 +496,7 @@ def test_shipped_checkpoint_records_its_training_augmentation():
     """The shipped CIFAR-10 supernet was trained with TrivialAugment and cutout; its checkpoint
     must say so, or every search would recalibrate BatchNorm without them (up to 2 points lower,
     benchmarks/supernet_cifar10.md)."""
-    from supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint
+    from hwnas.supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint
 
     path = shipped_checkpoint("mbv3", CIFAR10_CLASSES)
     assert path is not None, "supernet/checkpoints/mbv3_cifar10.pt is not shipped"
@@ -605,7 +605,7 @@ def test_bad_precision(small_digits):
 def test_progress_without_tqdm(monkeypatch, capsys):
     import builtins
 
-    from supernet import train
+    from hwnas.supernet import train
 
     real_import = builtins.__import__
 
@@ -677,7 +677,7 @@ def test_reinitialize_is_seeded():
 # the entry point supernet.train_cifar (CPU smoke runs)
 # --------------------------------------------------------------------------------------------
 
-from supernet import train_cifar  # noqa: E402
+from hwnas.supernet import train_cifar  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -782,7 +782,7 @@ def test_entry_point_needs_only_torch_and_numpy(decoded, tmp_path):
         "    pass\n"
         "else:\n"
         "    sys.exit(3)\n"
-        "from supernet.train_cifar import main\n"
+        "from hwnas.supernet.train_cifar import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
     repo = Path(__file__).resolve().parent.parent
@@ -951,7 +951,7 @@ def test_cudnn_autotuning_defaults_to_standalone_runs_only(tmp_path):
 def test_entry_point_augment_override(decoded, tmp_path, capsys, monkeypatch):
     """--augment replaces the dataset's augmentation for training and BN recalibration, is
     recorded in run.json, and a resumed run keeps it."""
-    import supernet.data as data_module
+    import hwnas.supernet.data as data_module
 
     seen = []
     real = data_module.augment_batch

@@ -1,4 +1,4 @@
-"""supernet.trivial_augment: each operation does what it names, per image, on a whole batch;
+"""hwnas.supernet.trivial_augment: each operation does what it names, per image, on a whole batch;
 and the ``trivial_crop_flip_cutout`` augmentation of supernet.data."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from supernet.data import BatchLoader, ImageSplit, augment_batch
-from supernet.errors import UserError
-from supernet.train import TrainConfig, TrainStage
-from supernet.trivial_augment import NUM_BINS, OPS, apply_ops, trivial_augment
+from hwnas.supernet.data import BatchLoader, ImageSplit, augment_batch
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.train import TrainConfig, TrainStage
+from hwnas.supernet.trivial_augment import NUM_BINS, OPS, apply_ops, trivial_augment
 
 
 def _images(n: int = 16, seed: int = 0) -> torch.Tensor:

@@ -3,16 +3,16 @@ layer list alone (no torch, no model file).
 
 Three families, each in its own module and each documented with its parameters and sources:
 
-* :mod:`latency.estimators.fpga` - a pipelined (dataflow) FPGA accelerator in the spirit of FINN
+* :mod:`hwnas.latency.estimators.fpga` - a pipelined (dataflow) FPGA accelerator in the spirit of FINN
   and hls4ml: per-layer parallelism folded from a DSP/LUT budget, bit-width aware.
-* :mod:`latency.estimators.edgetpu` - the Coral Edge TPU: an int8 systolic array, an 8 MB
+* :mod:`hwnas.latency.estimators.edgetpu` - the Coral Edge TPU: an int8 systolic array, an 8 MB
   on-chip parameter cache with streaming of what does not fit, unsupported ops on the host CPU.
-* :mod:`latency.estimators.roofline` - a per-layer roofline for GPU/CPU-class devices (Jetson,
+* :mod:`hwnas.latency.estimators.roofline` - a per-layer roofline for GPU/CPU-class devices (Jetson,
   phones, Raspberry Pi) from published compute peaks and memory bandwidths.
 
 An estimate is a model, not a measurement: it ranks architectures by what the modelled
 hardware would do, and its absolute numbers carry the modelling assumptions written in each
-module. Devices built on them have kind ``"estimated"`` (see :mod:`latency.devices`) until a
+module. Devices built on them have kind ``"estimated"`` (see :mod:`hwnas.latency.devices`) until a
 user adapts them with real measurements.
 
 This package holds the shared pieces: the :class:`Estimator` interface, the per-layer
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from supernet.errors import UserError
-from supernet.layers import Layer
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer
 
 __all__ = [
     "Breakdown",
@@ -206,9 +206,9 @@ def get_estimator(name: str) -> Estimator:
 
 # The modules register their presets on import; they import the names above from this
 # (partially initialised) package, which is why these imports come last.
-from latency.estimators import edgetpu as _edgetpu  # noqa: E402
-from latency.estimators import fpga as _fpga  # noqa: E402
-from latency.estimators import roofline as _roofline  # noqa: E402
+from hwnas.latency.estimators import edgetpu as _edgetpu  # noqa: E402
+from hwnas.latency.estimators import fpga as _fpga  # noqa: E402
+from hwnas.latency.estimators import roofline as _roofline  # noqa: E402
 
 for _module in (_fpga, _edgetpu, _roofline):
     for _name, _factory in _module.PRESETS.items():

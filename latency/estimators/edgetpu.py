@@ -33,10 +33,10 @@ swish family, which maps to supported HardSwish or Logistic+Mul ops). Any other 
 (GELU, ELU, ...) or op makes that layer and every later one run on the host. A grouped conv
 followed by a channel shuffle needs a Transpose, which the 2019 op table did not list; newer
 compilers map it, which is our default (``channel_shuffle_on_tpu``). A layer that
-:func:`quant.device_rules.effective_layers` placed on the host (``extra["placement"]``:
+:func:`hwnas.quant.device_rules.effective_layers` placed on the host (``extra["placement"]``:
 a float layer of a quantized policy) counts as unsupported too.
 
-Host part: the host CPU is a roofline device (:mod:`latency.estimators.roofline`, default a
+Host part: the host CPU is a roofline device (:mod:`hwnas.latency.estimators.roofline`, default a
 Raspberry Pi 4, a common Coral host); the activation tensor at the cut crosses the link once.
 
 Not modelled: activation memory limits (large feature maps also spill), the compiler's
@@ -49,10 +49,10 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from supernet.errors import UserError
-from supernet.layers import Layer
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer
 
-from latency.estimators import (
+from hwnas.latency.estimators import (
     Breakdown,
     Estimator,
     LayerCost,
@@ -62,7 +62,7 @@ from latency.estimators import (
     out_elems,
     vector_ops,
 )
-from latency.estimators.roofline import RASPI4, RooflineEstimator, RooflineParams
+from hwnas.latency.estimators.roofline import RASPI4, RooflineEstimator, RooflineParams
 
 __all__ = ["EdgeTPUParams", "EdgeTPUEstimator", "PRESETS", "TPU_ACTIVATIONS", "tpu_supported"]
 

@@ -68,10 +68,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from supernet.errors import UserError
-from supernet.layers import Layer
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer
 
-from latency.estimators import (
+from hwnas.latency.estimators import (
     Breakdown,
     Estimator,
     LayerCost,

@@ -13,7 +13,7 @@ For each layer (batch 1, activations fused into the preceding conv, BatchNorm fo
 and the network's latency is ``invoke_overhead + Σ time``. ``precision`` is the layer's
 ``max(w_bits, a_bits)`` rounded up to a precision the device has a peak for; unquantized
 (32-bit) layers run at ``float_bits`` (16 on the Jetsons: TensorRT FP16, the usual deployment;
-32 on CPUs: XNNPACK/onnxruntime FP32). Op classes (:func:`latency.estimators.layer_kind`):
+32 on CPUs: XNNPACK/onnxruntime FP32). Op classes (:func:`hwnas.latency.estimators.layer_kind`):
 ``conv`` (dense k×k), ``pointwise`` (1×1), ``grouped``, ``depthwise``, ``linear``, ``add``,
 ``pool``, ``global_pool``; a class missing from ``efficiency`` uses ``efficiency["default"]``.
 
@@ -31,10 +31,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from supernet.errors import UserError
-from supernet.layers import Layer
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer
 
-from latency.estimators import (
+from hwnas.latency.estimators import (
     Breakdown,
     Estimator,
     LayerCost,

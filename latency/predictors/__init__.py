@@ -24,12 +24,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from latency.predictors.base import LatencyPredictor, predictor_classes, register_predictor_class
-from latency.predictors.flops import FlopsPredictor
-from latency.predictors.lut import LayerTablePredictor
-from latency.predictors.meta import MetaPredictor
-from latency.predictors.mlp import MLPPredictor
-from supernet.errors import UserError
+from hwnas.latency.predictors.base import LatencyPredictor, predictor_classes, register_predictor_class
+from hwnas.latency.predictors.flops import FlopsPredictor
+from hwnas.latency.predictors.lut import LayerTablePredictor
+from hwnas.latency.predictors.meta import MetaPredictor
+from hwnas.latency.predictors.mlp import MLPPredictor
+from hwnas.supernet.errors import UserError
 
 __all__ = [
     "DEFAULT_PREDICTOR",

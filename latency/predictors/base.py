@@ -33,8 +33,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from latency.predictors.features import arch_strings
-from supernet.errors import UserError
+from hwnas.latency.predictors.features import arch_strings
+from hwnas.supernet.errors import UserError
 
 __all__ = ["FORMAT", "LatencyPredictor", "predictor_classes", "register_predictor_class"]
 
@@ -227,7 +227,7 @@ class LatencyPredictor(ABC):
         if klass is None or not issubclass(klass, cls):
             raise UserError(f"{path} holds a {doc.get('class')!r} predictor; expected "
                             f"{cls.__name__} or one of its subclasses")
-        from supernet.spaces import get_space
+        from hwnas.supernet.spaces import get_space
 
         space = get_space(doc["space"], config=doc.get("space_config") or None)
         state = {k[6:]: v for k, v in arrays.items() if k.startswith("state.")}

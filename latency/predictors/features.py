@@ -37,13 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from supernet.errors import UserError
-from supernet.layers import OPS, Layer
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import OPS, Layer
 
 __all__ = ["LAYER_KINDS", "LAYER_QUANTITIES", "arch_strings", "execution_variants", "executed",
            "features", "layer_features", "layer_feature_names", "clear_cache"]
 
-#: Layer kinds: convolutions split by shape, then every other op of :data:`supernet.layers.OPS`.
+#: Layer kinds: convolutions split by shape, then every other op of :data:`hwnas.supernet.layers.OPS`.
 LAYER_KINDS: tuple[str, ...] = ("conv_kxk", "conv_1x1", "conv_grouped", "conv_dw",
                                 *[op for op in OPS if op != "conv"], "other")
 #: Quantities summed per kind.
@@ -135,7 +135,7 @@ def features(space: Any, keys: Sequence[str], kind: str) -> np.ndarray:
 
 
 def _is_nb201(space: Any) -> bool:
-    from supernet.spaces.nb201 import NB201Space
+    from hwnas.supernet.spaces.nb201 import NB201Space
 
     return isinstance(space, NB201Space)
 
@@ -150,7 +150,7 @@ def execution_variants(space: Any) -> tuple[str, ...]:
 def _pruned_nb201(space: Any, key: str) -> tuple[str, float]:
     """The NAS-Bench-201 cell ``key`` without its dead operations, and 1.0 when the cell output
     does not depend on the cell input (else 0.0)."""
-    from supernet.spaces.nb201 import NB201_EDGES, NUM_NODES, NB201Arch
+    from hwnas.supernet.spaces.nb201 import NB201_EDGES, NUM_NODES, NB201Arch
 
     arch = space.from_string(key)
     live = {NUM_NODES - 1}  # nodes whose value reaches the cell output

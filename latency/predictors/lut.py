@@ -7,7 +7,7 @@ per-layer measurements, so this predictor *fits* the table: each layer's latency
     count_cost[kind] + macs_cost[kind] * MACs + in_cost[kind] * input elements
                      + out_cost[kind] * output elements + param_cost[kind] * parameters
 
-for each layer kind of :data:`latency.predictors.features.LAYER_KINDS` (dense k×k conv, 1×1
+for each layer kind of :data:`hwnas.latency.predictors.features.LAYER_KINDS` (dense k×k conv, 1×1
 conv, grouped conv, depthwise conv, linear, pooling, add, ...), plus a constant per network.
 Summed over the layer list this is linear in the per-kind sums of
 :func:`~latency.predictors.features.layer_features`, and the costs are fitted to the whole-network
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from latency.predictors.base import LatencyPredictor, register_predictor_class
-from latency.predictors.features import features
+from hwnas.latency.predictors.base import LatencyPredictor, register_predictor_class
+from hwnas.latency.predictors.features import features
 
 __all__ = ["LayerTablePredictor"]
 
@@ -73,7 +73,7 @@ class LayerTablePredictor(LatencyPredictor):
 
     def table(self) -> dict[str, float]:
         """The fitted cost coefficients (``kind.quantity -> ms per unit``) that are non-zero."""
-        from latency.predictors.features import layer_feature_names
+        from hwnas.latency.predictors.features import layer_feature_names
 
         names = layer_feature_names()
         out = {names[c]: float(v / s) for c, v, s in zip(self.columns_, self.coef_, self.scale_)

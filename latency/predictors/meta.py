@@ -85,9 +85,9 @@ from typing import Any
 
 import numpy as np
 
-from latency.predictors.base import LatencyPredictor, check_table, register_predictor_class
-from latency.predictors.features import arch_strings, execution_variants, executed, features
-from supernet.errors import UserError
+from hwnas.latency.predictors.base import LatencyPredictor, check_table, register_predictor_class
+from hwnas.latency.predictors.features import arch_strings, execution_variants, executed, features
+from hwnas.supernet.errors import UserError
 
 __all__ = ["MetaPredictor", "greedy_design"]
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from latency.predictors.base import LatencyPredictor, register_predictor_class
-from latency.predictors.features import features
+from hwnas.latency.predictors.base import LatencyPredictor, register_predictor_class
+from hwnas.latency.predictors.features import features
 
 __all__ = ["MLPPredictor"]
 

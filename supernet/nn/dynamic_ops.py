@@ -95,7 +95,7 @@ class DynamicBatchNorm2d(nn.BatchNorm2d):
 
     In training mode the running statistics of the active slice are updated in place (slices are
     views), so the largest subnet's statistics are shared with smaller ones; subnets are
-    recalibrated before evaluation (:func:`supernet.evaluate.recalibrate_bn`).
+    recalibrated before evaluation (:func:`hwnas.supernet.evaluate.recalibrate_bn`).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]

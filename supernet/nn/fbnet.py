@@ -1,4 +1,4 @@
-"""The single-path weight-sharing supernet of :class:`supernet.spaces.fbnet.FBNetSpace` and its
+"""The single-path weight-sharing supernet of :class:`hwnas.supernet.spaces.fbnet.FBNetSpace` and its
 static subnets.
 
 Each searchable layer holds three families of weights, shared the Once-for-All way:
@@ -25,8 +25,8 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from supernet.nn.dynamic_ops import DynamicBatchNorm2d, DynamicConv2d, DynamicDepthwiseConv2d
-from supernet.spaces.fbnet import FBNET_BLOCKS, FBNetArch, FBNetSpace, block_spec
+from hwnas.supernet.nn.dynamic_ops import DynamicBatchNorm2d, DynamicConv2d, DynamicDepthwiseConv2d
+from hwnas.supernet.spaces.fbnet import FBNET_BLOCKS, FBNetArch, FBNetSpace, block_spec
 
 
 def channel_shuffle(x: torch.Tensor, groups: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The elastic MobileNetV3 supernet of :class:`supernet.spaces.mbv3.MBV3Space` and its static
+"""The elastic MobileNetV3 supernet of :class:`hwnas.supernet.spaces.mbv3.MBV3Space` and its static
 subnets.
 
 ``MBV3Supernet.set_active(arch)`` selects a subnet (each block stores its own active kernel and
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from supernet.nn.dynamic_ops import (
+from hwnas.supernet.nn.dynamic_ops import (
     DynamicBatchNorm2d,
     DynamicConv2d,
     DynamicDepthwiseConv2d,
@@ -26,7 +26,7 @@ from supernet.nn.dynamic_ops import (
     SqueezeExcite,
     activation,
 )
-from supernet.spaces.mbv3 import MBV3Arch, MBV3Space
+from hwnas.supernet.spaces.mbv3 import MBV3Arch, MBV3Space
 
 
 class MBConv(nn.Module):

@@ -1,4 +1,4 @@
-"""The single-path weight-sharing supernet of :class:`supernet.spaces.nb201.NB201Space` and its
+"""The single-path weight-sharing supernet of :class:`hwnas.supernet.spaces.nb201.NB201Space` and its
 static subnets.
 
 Every edge of every cell holds all candidate operations (its own ReLU-conv-BN for
@@ -17,7 +17,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from supernet.spaces.nb201 import (
+from hwnas.supernet.spaces.nb201 import (
     CONV_KERNELS,
     NB201_EDGES,
     NUM_NODES,

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from supernet.errors import UserError
-from supernet.space import SearchSpace
-from supernet.spaces.fbnet import FBNetArch, FBNetConfig, FBNetSpace
-from supernet.spaces.nb201 import NB201Arch, NB201Config, NB201Space
-from supernet.spaces.mbv3 import MBV3Arch, MBV3Config, MBV3Space
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.space import SearchSpace
+from hwnas.supernet.spaces.fbnet import FBNetArch, FBNetConfig, FBNetSpace
+from hwnas.supernet.spaces.nb201 import NB201Arch, NB201Config, NB201Space
+from hwnas.supernet.spaces.mbv3 import MBV3Arch, MBV3Config, MBV3Space
 
 #: name -> factory(in_channels, image_size, num_classes, config overrides) -> SearchSpace
 _FACTORIES: dict[str, Callable[..., SearchSpace]] = {}
@@ -62,8 +62,8 @@ register_space("mbv3-tiny", _mbv3_tiny)
 
 def _mbv3(*, in_channels=None, image_size=None, num_classes=None, config=None) -> MBV3Space:
     """Once-for-All's elastic MobileNetV3 for 32×32 images (CIFAR); see
-    :func:`supernet.spaces.mbv3.ofa_cifar_config`."""
-    from supernet.spaces.mbv3 import ofa_cifar_config
+    :func:`hwnas.supernet.spaces.mbv3.ofa_cifar_config`."""
+    from hwnas.supernet.spaces.mbv3 import ofa_cifar_config
 
     cfg = MBV3Config.from_dict(config) if config else ofa_cifar_config()
     overrides = {

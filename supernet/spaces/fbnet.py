@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from supernet.errors import UserError
-from supernet.layers import Layer
-from supernet.space import SearchSpace, check_choice
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer
+from hwnas.supernet.space import SearchSpace, check_choice
 
 #: The candidate blocks of a layer, in HW-NAS-Bench's order (also the one-hot order).
 FBNET_BLOCKS: tuple[str, ...] = (
@@ -212,7 +212,7 @@ class FBNetSpace(SearchSpace[FBNetArch]):
     # -- layers ----------------------------------------------------------------------------------
     def layers(self, arch: FBNetArch) -> list[Layer]:
         """The network as a layer list; names are the module names of the static model of
-        :mod:`supernet.nn.fbnet` (``blocks.{i}.expand_conv`` / ``dw_conv`` / ``project_conv``,
+        :mod:`hwnas.supernet.nn.fbnet` (``blocks.{i}.expand_conv`` / ``dw_conv`` / ``project_conv``,
         ``blocks.{i}.conv`` for a projecting ``skip``). A channel shuffle after a grouped expand
         conv is recorded as ``extra["channel_shuffle"]`` (a permutation, no MACs)."""
         self.validate(arch)
@@ -271,6 +271,6 @@ class FBNetSpace(SearchSpace[FBNetArch]):
 
     # -- torch -----------------------------------------------------------------------------------
     def build_supernet(self):
-        from supernet.nn.fbnet import FBNetSupernet
+        from hwnas.supernet.nn.fbnet import FBNetSupernet
 
         return FBNetSupernet(self)

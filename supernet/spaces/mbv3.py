@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from supernet.errors import UserError
-from supernet.layers import Layer
-from supernet.space import SearchSpace, check_choice
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer
+from hwnas.supernet.space import SearchSpace, check_choice
 
 Block = tuple[int, int]  # (kernel, expand ratio)
 
-#: Activation names the MobileNetV3 spaces use (see :func:`supernet.nn.dynamic_ops.activation`).
+#: Activation names the MobileNetV3 spaces use (see :func:`hwnas.supernet.nn.dynamic_ops.activation`).
 ACTIVATIONS = ("relu", "hswish")
 
 #: The elastic dimensions, in Once-for-All's progressive-shrinking order.
@@ -425,6 +425,6 @@ class MBV3Space(SearchSpace[MBV3Arch]):
 
     # -- torch -----------------------------------------------------------------------------------
     def build_supernet(self):
-        from supernet.nn.mbv3 import MBV3Supernet
+        from hwnas.supernet.nn.mbv3 import MBV3Supernet
 
         return MBV3Supernet(self)

@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 
-from supernet.errors import UserError
-from supernet.layers import Layer
-from supernet.space import SearchSpace, check_choice
+from hwnas.supernet.errors import UserError
+from hwnas.supernet.layers import Layer
+from hwnas.supernet.space import SearchSpace, check_choice
 
 #: The candidate operations of an edge, in NAS-Bench-201's order (also the one-hot order).
 NB201_OPS: tuple[str, ...] = (
@@ -243,7 +243,7 @@ class NB201Space(SearchSpace[NB201Arch]):
     def layers(self, arch: NB201Arch) -> list[Layer]:
         """Stem conv, cells, reduction blocks, global pool and classifier as a layer list.
 
-        Layer names are the module names of the static model of :mod:`supernet.nn.nb201`
+        Layer names are the module names of the static model of :mod:`hwnas.supernet.nn.nb201`
         (``cells.{i}`` counts cells and reduction blocks together, as NAS-Bench-201 does).
         The ReLU *before* each ReLU-conv-BN is recorded as ``extra["pre_activation"]``; a node
         that sums ``n`` active edges adds ``n - 1`` ``add`` layers; the final BN + ReLU is an
@@ -314,6 +314,6 @@ class NB201Space(SearchSpace[NB201Arch]):
 
     # -- torch -----------------------------------------------------------------------------------
     def build_supernet(self):
-        from supernet.nn.nb201 import NB201Supernet
+        from hwnas.supernet.nn.nb201 import NB201Supernet
 
         return NB201Supernet(self)

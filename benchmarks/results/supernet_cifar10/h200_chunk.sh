@@ -19,7 +19,7 @@ EPOCHS=${EPOCHS:-40}
 SMOKE=${SMOKE:-}            # e.g. "--limit-train 64 --limit-eval 64" for a CPU check of this script
 COMPILE=${COMPILE---compile}  # COMPILE= (empty) trains eagerly
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$PWD/runs/inductor TORCHINDUCTOR_COMPILE_THREADS=2
-T="python3 -m supernet.train_cifar"
+T="python3 -m hwnas.supernet.train_cifar"
 D=data/cifar10-jpeg.npz
 R=runs/c10
 mkdir -p $R

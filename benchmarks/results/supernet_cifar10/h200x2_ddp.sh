@@ -17,9 +17,9 @@ set -u
 PHASE=$1
 MIN=$2
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$PWD/runs/inductor TORCHINDUCTOR_COMPILE_THREADS=4
-T="python3 -m supernet.train_cifar"
+T="python3 -m hwnas.supernet.train_cifar"
 NPROC=${NPROC:-2}           # GPUs of the supernet run; NPROC=1: one process, no probes
-TR="torchrun --standalone --nproc_per_node=$NPROC -m supernet.train_cifar"
+TR="torchrun --standalone --nproc_per_node=$NPROC -m hwnas.supernet.train_cifar"
 [ "$NPROC" = 1 ] && TR=$T
 FULL=${FULL:-0.25}          # deps schedule: share of the epochs on the full network
 D=data/cifar10-jpeg.npz

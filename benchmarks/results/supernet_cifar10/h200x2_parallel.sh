@@ -22,7 +22,7 @@ FULL=${FULL:-0.25}
 RUN=${RUN:-run4}
 AUG=${AUGMENT:+--augment $AUGMENT}
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$PWD/runs/inductor TORCHINDUCTOR_COMPILE_THREADS=4
-T="python3 -m supernet.train_cifar"
+T="python3 -m hwnas.supernet.train_cifar"
 R=runs/c10p
 START=$(date +%s)
 mkdir -p $R

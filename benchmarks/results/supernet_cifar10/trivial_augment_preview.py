@@ -8,11 +8,9 @@ training loader makes them (TrivialAugment, then crop, flip and cutout with the 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2]))
 
 import matplotlib  # noqa: E402
 
@@ -20,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from supernet.data import augment_batch, load_dataset  # noqa: E402
+from hwnas.supernet.data import augment_batch, load_dataset  # noqa: E402
 
 
 def main() -> None:

@@ -9,11 +9,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from export.cli import EXIT_SOME_FAILED, add_export_parser, run_export
-from latency.cli import add_latency_parser, run_latency
-from supernet.cli_args import EXIT_USER_ERROR, OneLineParser, positive_int
-from supernet.data import AUGMENT_KINDS
-from supernet.errors import UserError
+from hwnas.export.cli import EXIT_SOME_FAILED, add_export_parser, run_export
+from hwnas.latency.cli import add_latency_parser, run_latency
+from hwnas.supernet.cli_args import EXIT_USER_ERROR, OneLineParser, positive_int
+from hwnas.supernet.data import AUGMENT_KINDS
+from hwnas.supernet.errors import UserError
 
 
 
@@ -46,7 +46,7 @@ def _bit_list(text: str) -> list[int]:
 
 
 def _search_options(p: argparse.ArgumentParser, d) -> None:
-    from search.samplers import SAMPLERS
+    from hwnas.search.samplers import SAMPLERS
 
     _common(p, d)
     p.add_argument("--supernet", help="supernet checkpoint to use (default: the run's own, the one "
@@ -97,7 +97,7 @@ def _search_options(p: argparse.ArgumentParser, d) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from search.config import SearchConfig
+    from hwnas.search.config import SearchConfig
 
     d = SearchConfig()  # one source of defaults for the API and the CLI
 
@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace):
-    from search.config import SearchConfig
+    from hwnas.search.config import SearchConfig
 
     return SearchConfig(
         space=args.space, dataset=args.dataset, supernet=args.supernet, epochs=args.epochs,
@@ -138,8 +138,8 @@ def config_from_args(args: argparse.Namespace):
 
 
 def _search(args: argparse.Namespace):
-    import search
-    from search.runner import summary
+    from hwnas import search
+    from hwnas.search.runner import summary
 
     result = search.run(config_from_args(args), overwrite=args.overwrite, progress=not args.quiet)
     print()
@@ -160,7 +160,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     timed; ``hwnas export`` does the same for any run directory)."""
     import time
 
-    from export.run_export import export_run
+    from hwnas.export.run_export import export_run
 
     start = time.perf_counter()
     result = _search(args)
@@ -173,10 +173,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from supernet.data import load_dataset
-    from supernet.evaluate import evaluate_subnet
-    from supernet.spaces import get_space
-    from supernet.train import sandwich_config, save_checkpoint, train_supernet
+    from hwnas.supernet.data import load_dataset
+    from hwnas.supernet.evaluate import evaluate_subnet
+    from hwnas.supernet.spaces import get_space
+    from hwnas.supernet.train import sandwich_config, save_checkpoint, train_supernet
 
     out = Path(args.out)
     if out.exists() and not args.overwrite:
@@ -201,7 +201,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_spaces(args: argparse.Namespace) -> int:
-    from supernet.spaces import available_spaces, get_space
+    from hwnas.supernet.spaces import available_spaces, get_space
 
     for name in available_spaces():
         print(get_space(name).describe())
