@@ -38,7 +38,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 import torch  # noqa: E402
-
 from hwnas.export.device_policy import choose_float_layers  # noqa: E402
 from hwnas.export.onnx_export import check_parity  # noqa: E402
 from hwnas.export.ort_profile import LayerIndex, integer_kernel_check  # noqa: E402
@@ -47,9 +46,10 @@ from hwnas.latency.machine import cpu_model  # noqa: E402
 from hwnas.quant.policy import uniform  # noqa: E402
 from hwnas.quant.ptq import PTQConfig  # noqa: E402
 from hwnas.supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint  # noqa: E402
-from hwnas.supernet.errors import UserError  # noqa: E402
 from hwnas.supernet.evaluate import recalibrated_subnet  # noqa: E402
 from hwnas.supernet.train import load_checkpoint, with_training_augment  # noqa: E402
+
+from hwnas.core.errors import UserError  # noqa: E402
 
 ROLES = ("largest", "middle", "smallest")
 

@@ -27,7 +27,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 import torch  # noqa: E402
-
 from export_ort import ROLES, integer_dot_product, parse_list, subnet_archs  # noqa: E402
 from hwnas.export.ort_profile import profile_model  # noqa: E402
 from hwnas.export.qdq import build_qdq, float_proto  # noqa: E402

@@ -33,16 +33,14 @@ import pandas as pd
 from scipy.stats import spearmanr
 from tqdm import tqdm
 
-
 ROOT = Path(__file__).resolve().parent.parent
 
 from hwnas.latency.devices import latency_tables  # noqa: E402
 from hwnas.latency.estimators import available_estimators, get_estimator  # noqa: E402
 from hwnas.latency.estimators.fpga import ZCU102, FPGAEstimator  # noqa: E402
+from hwnas.latency.machine import describe_machine  # noqa: E402
 from hwnas.supernet.layers import total_macs, total_params  # noqa: E402
 from hwnas.supernet.spaces import get_space  # noqa: E402
-
-from hwnas.latency.machine import describe_machine  # noqa: E402
 
 TARGETS = ("fpga", "eyeriss")
 CONTEXT = ("raspi4", "pixel3", "gold_6240", "1080ti_1")

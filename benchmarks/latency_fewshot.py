@@ -44,8 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-
 from hwnas.latency.machine import describe_machine
 from hwnas.latency.predictors import (  # noqa: E402
     DEFAULT_PREDICTOR,
@@ -61,8 +59,9 @@ from hwnas.latency.tables import (  # noqa: E402
     load_latency_table,
     load_shared_table,
 )
-from hwnas.supernet.errors import UserError  # noqa: E402
 from hwnas.supernet.spaces import get_space  # noqa: E402
+
+from hwnas.core.errors import UserError  # noqa: E402
 
 OUT_JSON = Path(__file__).with_suffix(".json")
 BASELINES = ("flops", "lut", "mlp")

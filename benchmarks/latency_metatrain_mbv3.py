@@ -57,7 +57,6 @@ from typing import Any
 
 import numpy as np
 
-
 try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
     from latency_fewshot import (  # noqa: E402
     Task,
@@ -149,10 +148,9 @@ def sample_archs(space: Any, n: int, seed: int) -> list[str]:
 def measure(space: Any, archs: list[str], repeats: int, warmup: int) -> dict[str, np.ndarray]:
     """onnxruntime CPU latency (median ms) with 1 and 2 threads, interleaved per architecture."""
     import torch
-    from tqdm import tqdm
-
     from hwnas.export.onnx_export import onnx_bytes
     from hwnas.latency.onnx_measure import measure_onnx
+    from tqdm import tqdm
 
     torch.manual_seed(0)
     supernet = space.build_supernet().eval()
@@ -196,9 +194,8 @@ def gpu_columns(space: Any, archs: list[str], repeats: int, warmup: int
     """PyTorch CUDA latency (median ms) of ``archs`` at batch 1 and 64 on this machine's GPU
     (and onnxruntime CUDA where available), interleaved per architecture."""
     import torch
-    from tqdm import tqdm
-
     from hwnas.latency.devices import MeasuredDevice, _ort_cuda_available
+    from tqdm import tqdm
 
     if not torch.cuda.is_available():
         raise SystemExit("--measure-gpu: torch sees no CUDA GPU here")

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from hwnas.quant.benchmark import (
     METHODS,
     ROLES,
@@ -32,8 +31,9 @@ from hwnas.quant.benchmark import (
     write_json,
 )
 from hwnas.supernet.data import load_dataset
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.train import load_checkpoint, with_training_augment
+
+from hwnas.core.errors import UserError
 
 HERE = Path(__file__).resolve().parent
 

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from hwnas.quant.benchmark import (
     METHODS,
     ROLES,
@@ -32,10 +31,16 @@ from hwnas.quant.benchmark import (
     write_json,
 )
 from hwnas.supernet.data import load_dataset
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.spaces import get_space
-from hwnas.supernet.train import (load_checkpoint, sandwich_config, save_checkpoint, train_supernet,
-                            with_training_augment)
+from hwnas.supernet.train import (
+    load_checkpoint,
+    sandwich_config,
+    save_checkpoint,
+    train_supernet,
+    with_training_augment,
+)
+
+from hwnas.core.errors import UserError
 
 HERE = Path(__file__).resolve().parent
 

@@ -49,7 +49,6 @@ from typing import Any
 
 import numpy as np
 
-
 try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
     from latency_fewshot import machine, write_json  # noqa: E402
 except ModuleNotFoundError:
@@ -67,8 +66,9 @@ from hwnas.search.screening import (  # noqa: E402
     front_indices_2d,
     hypervolume_2d,
 )
-from hwnas.supernet.errors import UserError  # noqa: E402
 from hwnas.supernet.spaces import get_space  # noqa: E402
+
+from hwnas.core.errors import UserError  # noqa: E402
 
 OUT_JSON = Path(__file__).with_suffix(".json")
 SAMPLER_CHOICES = ("tpe", "nsga2", "random", "screening")

@@ -18,8 +18,8 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from hwnas.supernet.cli_args import positive_int
-from hwnas.supernet.errors import UserError
+from hwnas.core.cli_args import positive_int
+from hwnas.core.errors import UserError
 
 __all__ = ["EXIT_SOME_FAILED", "add_export_parser", "run_export"]
 

@@ -36,7 +36,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-
 from hwnas.export.ort_profile import LayerIndex, profile_model, session_options
 
 __all__ = [
@@ -144,7 +143,6 @@ def time_models(models: Mapping[str, bytes], *, batch: int = 1, threads: int = 1
     which every model runs ``runs`` timed calls (after ``warmup`` untimed calls each at the
     start), so background load drifts affect all models alike."""
     import onnxruntime as ort
-
     from hwnas.latency.onnx_measure import random_input
 
     sessions = {}

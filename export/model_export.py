@@ -50,16 +50,24 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
-from torch import nn
-
 from hwnas.export.device_policy import DevicePolicy, choose_float_layers
-from hwnas.export.onnx_export import _write_atomic, check_parity
+from hwnas.export.onnx_export import check_parity
 from hwnas.export.ort_profile import LayerIndex, integer_kernel_check
-from hwnas.export.qdq import EXPORT_FORMAT, QdqBuild, build_qdq, float_proto, map_layer_nodes, set_metadata
-from hwnas.latency.onnx_measure import _first_line, measure_onnx
+from hwnas.export.qdq import (
+    EXPORT_FORMAT,
+    QdqBuild,
+    build_qdq,
+    float_proto,
+    map_layer_nodes,
+    set_metadata,
+)
+from hwnas.latency.onnx_measure import measure_onnx
 from hwnas.quant.policy import QuantPolicy
 from hwnas.quant.ptq import PTQConfig
-from hwnas.supernet.errors import UserError
+from torch import nn
+
+from hwnas.core.errors import UserError
+from hwnas.core.io import first_line, write_atomic
 
 __all__ = ["DeviceEntry", "ExportSettings", "FileReport", "ModelExport", "export_model",
            "manifest_rows", "measurable_devices", "write_manifest"]
@@ -212,7 +220,7 @@ def _write(out_dir: Path, rel: str, proto: onnx.ModelProto, report: FileReport) 
     report.size_bytes = len(data)
     path = out_dir / rel
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, data)
+    write_atomic(path, data)
     report.written = True
 
 
@@ -314,7 +322,7 @@ def _attempt(model_export: ModelExport, report: FileReport, fn) -> bool:  # noqa
     try:
         fn()
     except (UserError, onnx.checker.ValidationError, RuntimeError) as exc:
-        report.status, report.error = "failed", _first_line(exc)
+        report.status, report.error = "failed", first_line(exc)
         model_export.fail(f"{report.path}: {report.error}")
         return False
     report.status = "ok"
@@ -439,7 +447,7 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
         try:
             choice = _choose(build, fp32["proto"], device, threads, s, progress)
         except UserError as exc:
-            entry.note = f"int8-vs-float measurement failed: {_first_line(exc)}"
+            entry.note = f"int8-vs-float measurement failed: {first_line(exc)}"
             continue
         result.info.setdefault("device_choice", {})[device] = choice.as_dict()
         entry.fp32_ms, entry.all_int8_ms = choice.fp32_ms, choice.uniform_ms
@@ -527,7 +535,7 @@ def write_manifest(out_dir: str | Path, models: list[ModelExport], info: Mapping
     doc = {"format": "hwnas-export-manifest-1", **dict(info),
            "models": [m.as_dict() for m in models],
            "failed": [m.name for m in models if m.status != "ok"]}
-    _write_atomic(out_dir / "manifest.json", (json.dumps(doc, indent=1, default=str) + "\n").encode())
+    write_atomic(out_dir / "manifest.json", (json.dumps(doc, indent=1, default=str) + "\n").encode())
     rows = manifest_rows(models)
     columns: list[str] = []
     for row in rows:
@@ -537,5 +545,5 @@ def write_manifest(out_dir: str | Path, models: list[ModelExport], info: Mapping
     writer.writeheader()
     for row in rows:
         writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
-    _write_atomic(out_dir / "manifest.csv", buf.getvalue().encode())
+    write_atomic(out_dir / "manifest.csv", buf.getvalue().encode())
     return out_dir / "manifest.json"

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import uuid
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,9 +20,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
+from hwnas.latency.onnx_measure import make_session
 
-from hwnas.latency.onnx_measure import _first_line, make_session
-from hwnas.supernet.errors import UserError
+from hwnas.core.errors import UserError
+from hwnas.core.io import first_line, write_atomic
 
 __all__ = ["export_onnx", "onnx_bytes", "check_parity", "ParityReport"]
 
@@ -79,27 +78,6 @@ def _metadata_value(value: object) -> str:
     return str(value)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old file or the new one.
-
-    The bytes go to a uniquely named temp file in the same directory (same filesystem,
-    so ``os.replace`` is atomic) and are moved into place only once fully written; on any
-    failure the temp file is removed and ``path`` is left untouched.
-    """
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    # os.open with 0o666 honours the umask, unlike tempfile's private 0o600 files.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def export_onnx(
     model: torch.nn.Module,
     example: torch.Tensor,
@@ -132,7 +110,7 @@ def export_onnx(
     onnx.checker.check_model(proto)
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, proto.SerializeToString())
+    write_atomic(path, proto.SerializeToString())
     return path
 
 
@@ -199,7 +177,7 @@ def check_parity(
                     got = session.run(None, {input_name: chunk.numpy()})[0]
                 except Exception as exc:
                     raise UserError(
-                        f"onnxruntime failed on inputs of shape {list(chunk.shape)}: {_first_line(exc)}"
+                        f"onnxruntime failed on inputs of shape {list(chunk.shape)}: {first_line(exc)}"
                     ) from exc
                 if got.shape != expected.shape:
                     raise UserError(

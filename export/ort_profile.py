@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from hwnas.supernet.errors import UserError
+from hwnas.core.errors import UserError
 
 __all__ = [
     "CONV_LIKE_OPS",

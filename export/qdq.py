@@ -57,16 +57,21 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
-from onnx import TensorProto, helper, numpy_helper
-from torch import nn
-
-from hwnas.export.integer_ops import HSIG_Q_SCALE, UNIT_SCALE, ElementwiseRewrite, integer_elementwise
+from hwnas.export.integer_ops import (
+    HSIG_Q_SCALE,
+    UNIT_SCALE,
+    ElementwiseRewrite,
+    integer_elementwise,
+)
 from hwnas.export.onnx_export import _metadata_value, onnx_bytes
 from hwnas.quant.fake_quant import QUANT_LAYER_TYPES, SharedAddQuant, quant_layers
 from hwnas.quant.fold import fold_bn
 from hwnas.quant.policy import FLOAT_BITS, QuantPolicy
 from hwnas.quant.ptq import PTQConfig, calibration_batches, ptq
-from hwnas.supernet.errors import UserError
+from onnx import TensorProto, helper, numpy_helper
+from torch import nn
+
+from hwnas.core.errors import UserError
 
 __all__ = [
     "EXPORT_FORMAT",

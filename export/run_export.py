@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hwnas.supernet.errors import UserError
+from hwnas.core.errors import UserError
 
 __all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front"]
 
@@ -205,9 +205,13 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     several fronts are exported once). ``settings``: :class:`hwnas.export.model_export.ExportSettings`.
     ``report(line)``: called with one line per model (default: print)."""
     import torch
-
-    from hwnas.export.model_export import ExportSettings, ModelExport, export_model, measurable_devices, \
-        write_manifest
+    from hwnas.export.model_export import (
+        ExportSettings,
+        ModelExport,
+        export_model,
+        measurable_devices,
+        write_manifest,
+    )
     from hwnas.quant.policy import QuantPolicy
     from hwnas.quant.ptq import PTQConfig
     from hwnas.supernet.data import BatchLoader, load_dataset
@@ -384,11 +388,11 @@ def _write_speedups(out_dir: Path, results: list[Any], space: Any, tunable: dict
     """``int8_speedup_<device>.json``: measured float/int8 time per layer shape
     (:func:`hwnas.quant.device_rules.layer_key`), median over the exported models, for
     :meth:`hwnas.quant.device_rules.DeviceQuantRules.with_speedups` in the next search."""
+    import numpy as np
     from hwnas.export.device_policy import LayerSpeed, ProfiledLayerTimer
-    from hwnas.export.onnx_export import _write_atomic
     from hwnas.quant.device_rules import measure_int8_speedup
 
-    import numpy as np
+    from hwnas.core.io import write_atomic
 
     for device in tunable:
         table: dict[str, list[float]] = {}
@@ -407,5 +411,5 @@ def _write_speedups(out_dir: Path, results: list[Any], space: Any, tunable: dict
         if table:
             doc = {"device": device, "threads": tunable[device],
                    "int8_speedup": {k: float(np.median(v)) for k, v in sorted(table.items())}}
-            _write_atomic(out_dir / f"int8_speedup_{device}.json",
+            write_atomic(out_dir / f"int8_speedup_{device}.json",
                           (json.dumps(doc, indent=1) + "\n").encode())

@@ -9,14 +9,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from hwnas.core.cli_args import EXIT_USER_ERROR, OneLineParser, positive_int
+from hwnas.core.errors import UserError
 from hwnas.export.cli import EXIT_SOME_FAILED, add_export_parser, run_export
 from hwnas.latency.cli import add_latency_parser, run_latency
-from hwnas.supernet.cli_args import EXIT_USER_ERROR, OneLineParser, positive_int
 from hwnas.supernet.data import AUGMENT_KINDS
-from hwnas.supernet.errors import UserError
-
-
-
 
 
 def _common(p: argparse.ArgumentParser, d) -> None:

@@ -10,7 +10,7 @@ a thin layer over :mod:`hwnas.latency.devices`, :mod:`hwnas.latency.profiles` an
                               [--seed N] [--overwrite]
     hwnas latency predict --device NAME --space SPACE --archs CSV --out CSV [--overwrite]
 
-Bad input raises :class:`hwnas.supernet.errors.UserError` (one ``hwnas: error: ...`` line, exit 2) and
+Bad input raises :class:`hwnas.core.errors.UserError` (one ``hwnas: error: ...`` line, exit 2) and
 writes nothing. ``measure`` leaves out models whose timing varies too much (cv above
 ``--max-cv``, after one re-measurement) and says so; it exits 1 when some were left out and
 2 when all were (nothing written then).
@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,12 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from hwnas.supernet.errors import UserError
+from hwnas.core.errors import UserError
+from hwnas.core.io import write_atomic
 
 __all__ = ["add_latency_parser", "run_latency", "measure_dir", "adapt_device", "predict_csv",
            "default_predictor"]
 
-from hwnas.supernet.cli_args import non_negative_int, positive_float, positive_int  # noqa: E402
+from hwnas.core.cli_args import non_negative_int, positive_float, positive_int  # noqa: E402
 
 EXIT_SOME_UNSTABLE = 1
 
@@ -236,7 +235,12 @@ def adapt_device(
     to it, and save the profile ``name``. Returns ``(profile, predictor, in-sample Spearman)``.
     Nothing is written unless every step succeeds."""
     from hwnas.latency.devices import resolve_space
-    from hwnas.latency.profiles import check_profile_name, profiles_dir, read_measurements, save_profile
+    from hwnas.latency.profiles import (
+        check_profile_name,
+        profiles_dir,
+        read_measurements,
+        save_profile,
+    )
 
     check_profile_name(name)
     space = resolve_space(space)
@@ -356,20 +360,8 @@ def predict_csv(device_name: str, space: Any, archs_csv: str | Path, out: str | 
     for i, arch in enumerate(archs):
         row = [arch, f"{mean[i]:.6g}"] + ([f"{float(std[i]):.6g}"] if std is not None else [])
         writer.writerow(row)
-    _write_text_atomic(out_path, buffer.getvalue())
+    write_atomic(out_path, buffer.getvalue())
     return mean
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w", newline="") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.space import SearchSpace
+
+from hwnas.core.errors import UserError
 
 __all__ = [
     "KINDS",
@@ -206,7 +206,6 @@ class MeasuredDevice(Device):
         if isinstance(model, (bytes, bytearray, memoryview)):
             return bytes(model)
         import torch
-
         from hwnas.export.onnx_export import onnx_bytes
 
         if not isinstance(model, torch.nn.Module):
@@ -284,7 +283,6 @@ def _measure_ort_cuda(model: bytes, *, repeats: int, warmup: int, batch: int = 1
     import time
 
     import onnxruntime as ort
-
     from hwnas.latency.onnx_measure import LatencyStats, random_input
 
     opts = ort.SessionOptions()

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from hwnas.latency.predictors import available_predictors, get_predictor
 from hwnas.latency.predictors.base import LatencyPredictor
 from hwnas.latency.tables import LatencyTable
-from hwnas.supernet.errors import UserError
+
+from hwnas.core.errors import UserError
 
 __all__ = ["FewShotScore", "choose_measurements", "fewshot_scores", "spearman"]
 

@@ -7,7 +7,7 @@ single timing). The coefficient of variation (``cv``) says how noisy a measureme
 so a caller can re-measure or distrust a noisy one.
 
 This module deliberately imports only the standard library, numpy and onnxruntime
-(and :mod:`hwnas.supernet.errors`, which is dependency-free) - never torch - because it is
+(and :mod:`hwnas.core.errors`, which is dependency-free) - never torch - because it is
 also the seed of a stand-alone measurement script that runs on target devices where
 only onnxruntime and numpy are installed.
 """
@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from hwnas.supernet.errors import UserError
+from hwnas.core.errors import UserError
+from hwnas.core.io import first_line
 
 __all__ = ["LatencyStats", "make_session", "random_input", "measure_onnx"]
 
@@ -49,14 +50,6 @@ class LatencyStats:
     def as_dict(self) -> dict:
         """Plain ``dict`` of all fields, ready for JSON/CSV output."""
         return asdict(self)
-
-
-def _first_line(exc: BaseException) -> str:
-    """The first non-empty line of an exception's message (onnxruntime's are long)."""
-    for line in str(exc).splitlines():
-        if line.strip():
-            return line.strip()
-    return type(exc).__name__
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -102,7 +95,7 @@ def make_session(model: str | Path | bytes, *, threads: int = 1) -> ort.Inferenc
         return ort.InferenceSession(source, sess_options=opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises several unrelated exception types
         raise UserError(
-            f"onnxruntime cannot load {what} (expected a valid ONNX model): {_first_line(exc)}"
+            f"onnxruntime cannot load {what} (expected a valid ONNX model): {first_line(exc)}"
         ) from exc
 
 
@@ -179,7 +172,7 @@ def measure_onnx(
             times[i] = time.perf_counter() - start
     except Exception as exc:
         shapes = {name: list(a.shape) for name, a in feeds.items()}
-        raise UserError(f"onnxruntime failed to run the model on inputs {shapes}: {_first_line(exc)}") from exc
+        raise UserError(f"onnxruntime failed to run the model on inputs {shapes}: {first_line(exc)}") from exc
 
     times_ms = times * 1e3
     mean = float(times_ms.mean())

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.space import SearchSpace
+
+from hwnas.core.errors import UserError
 
 __all__ = [
     "Measurements",

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from hwnas.supernet.errors import UserError
+from hwnas.core.errors import UserError
 
 __all__ = [
     "LatencyTable",

@@ -18,7 +18,11 @@ from typing import Any
 
 from hwnas.quant.allocate import Allocation, allocate, greedy_pareto_walk
 from hwnas.quant.cost import bops, layer_cost, model_size_bytes
-from hwnas.quant.device_rules import DeviceQuantRules, effective_layers, get_device_rules
+from hwnas.quant.device_rules import (
+    DeviceQuantRules,
+    effective_layers,
+    get_device_rules,
+)
 from hwnas.quant.policy import (
     SUPPORTED_BITS,
     QuantPolicy,

@@ -25,8 +25,9 @@ from typing import Any
 
 from hwnas.quant.cost import COST_KINDS, layer_cost
 from hwnas.quant.policy import QuantPolicy, check_bits
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.layers import Layer
+
+from hwnas.core.errors import UserError
 
 __all__ = ["Allocation", "SensitivityTable", "allocate", "greedy_pareto_walk"]
 

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from hwnas.quant.allocate import allocate
 from hwnas.quant.cost import model_size_bytes, weight_bits_budget_bytes
 from hwnas.quant.policy import (
@@ -43,9 +42,15 @@ from hwnas.quant.ptq import PTQConfig, ptq
 from hwnas.quant.qat import QATConfig, qat
 from hwnas.quant.sensitivity import hessian_sensitivity
 from hwnas.supernet.data import BatchLoader, DatasetSplits
-from hwnas.supernet.errors import UserError
-from hwnas.supernet.evaluate import (accuracy, bn_calibration_loader, calibration_loader, eval_loader,
-                               recalibrate_bn)
+from hwnas.supernet.evaluate import (
+    accuracy,
+    bn_calibration_loader,
+    calibration_loader,
+    eval_loader,
+    recalibrate_bn,
+)
+
+from hwnas.core.errors import UserError
 
 __all__ = [
     "METHODS",

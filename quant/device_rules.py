@@ -29,8 +29,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from hwnas.quant.policy import FLOAT_BITS
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.layers import Layer
+
+from hwnas.core.errors import UserError
 
 __all__ = [
     "DEVICE_RULES",
@@ -222,9 +223,8 @@ class OrtLayerTimer:
 
     def _model_bytes(self, layer: Layer) -> tuple[bytes, tuple[int, ...]]:
         import torch
-        from torch import nn
-
         from hwnas.export.onnx_export import onnx_bytes
+        from torch import nn
 
         torch.manual_seed(self.seed)
         if layer.op == "conv":
@@ -241,7 +241,6 @@ class OrtLayerTimer:
         import tempfile
 
         import numpy as np
-
         from hwnas.latency.onnx_measure import measure_onnx
 
         model, shape = self._model_bytes(layer)

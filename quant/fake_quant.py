@@ -35,9 +35,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from hwnas.quant.policy import FLOAT_BITS, SUPPORTED_BITS
+from torch import nn
 
 __all__ = [
     "FakeQuantize",

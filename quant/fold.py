@@ -19,7 +19,7 @@ import copy
 import torch
 from torch import nn
 
-from hwnas.supernet.errors import UserError
+from hwnas.core.errors import UserError
 
 __all__ = ["fold_bn", "find_conv_bn_pairs"]
 

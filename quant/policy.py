@@ -12,13 +12,12 @@ This module does not import torch: search and the latency predictors use policie
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hwnas.supernet.errors import UserError
+from hwnas.core.errors import UserError
 
 #: Bit-widths a layer may use; 32 = float (not quantized).
 SUPPORTED_BITS: tuple[int, ...] = (2, 3, 4, 6, 8, 32)
@@ -137,12 +136,9 @@ class QuantPolicy:
 
     def to_json(self, path: str | Path) -> Path:
         """Write the policy as JSON to ``path`` (atomically: tmp file + rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        os.replace(tmp, path)
-        return path
+        from hwnas.core.io import write_atomic
+
+        return write_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
     def from_json(cls, path: str | Path) -> QuantPolicy:

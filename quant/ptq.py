@@ -28,8 +28,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
-from torch import nn
-
 from hwnas.quant.fake_quant import (
     QUANT_LAYER_TYPES,
     FakeQuantize,
@@ -40,9 +38,16 @@ from hwnas.quant.fake_quant import (
     set_quantizers_enabled,
 )
 from hwnas.quant.fold import fold_bn
-from hwnas.quant.observers import ACT_OBSERVERS, WEIGHT_OBSERVERS, ActivationObserver, weight_qparams
+from hwnas.quant.observers import (
+    ACT_OBSERVERS,
+    WEIGHT_OBSERVERS,
+    ActivationObserver,
+    weight_qparams,
+)
 from hwnas.quant.policy import QuantPolicy, check_bits
-from hwnas.supernet.errors import UserError
+from torch import nn
+
+from hwnas.core.errors import UserError
 
 __all__ = [
     "PTQConfig",

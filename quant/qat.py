@@ -33,14 +33,14 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from tqdm.auto import tqdm
-
 from hwnas.quant.fake_quant import lsq_grad_scale, quantizers
 from hwnas.quant.policy import QuantPolicy
 from hwnas.quant.ptq import PTQConfig, _model_device, policy_of, ptq
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.evaluate import accuracy
+from torch import nn
+from tqdm.auto import tqdm
+
+from hwnas.core.errors import UserError
 
 __all__ = ["QATConfig", "QATResult", "enable_lsq", "qat"]
 

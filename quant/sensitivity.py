@@ -23,16 +23,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from tqdm.auto import tqdm
-
 from hwnas.quant.allocate import SensitivityTable
-from hwnas.quant.fake_quant import quant_layers, quantizable_layer_names, set_quantizers_enabled
+from hwnas.quant.fake_quant import (
+    quant_layers,
+    quantizable_layer_names,
+    set_quantizers_enabled,
+)
 from hwnas.quant.fold import fold_bn
 from hwnas.quant.observers import weight_qparams
 from hwnas.quant.policy import FLOAT_BITS, check_bits, uniform
 from hwnas.quant.ptq import PTQConfig, _model_device, calibration_batches, ptq
-from hwnas.supernet.errors import UserError
+from torch import nn
+from tqdm.auto import tqdm
+
+from hwnas.core.errors import UserError
 
 __all__ = ["hessian_sensitivity", "hutchinson_trace", "measured_sensitivity", "weight_perturbation"]
 

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from hwnas.quant.policy import FLOAT_BITS, QuantPolicy
+from hwnas.search.bits import layer_group
+from hwnas.supernet.space import SearchSpace
 from scipy.stats import spearmanr
 from sklearn.ensemble import ExtraTreesRegressor
 
-from hwnas.quant.policy import FLOAT_BITS, QuantPolicy
-from hwnas.search.bits import layer_group
-from hwnas.supernet.errors import UserError
-from hwnas.supernet.space import SearchSpace
+from hwnas.core.errors import UserError
 
 
 def candidate_features(space: SearchSpace, arch: Any, policy: QuantPolicy | None,

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from hwnas.quant.policy import FLOAT_BITS, SUPPORTED_BITS, QuantPolicy
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.space import SearchSpace
+
+from hwnas.core.errors import UserError
 
 #: weight widths searched by default (32 = the layer stays float)
 DEFAULT_BIT_CHOICES: tuple[int, ...] = (4, 6, 8, 32)

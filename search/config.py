@@ -18,7 +18,8 @@ from hwnas.search.objectives import (
 )
 from hwnas.search.samplers import DEFAULT_SAMPLER, SAMPLERS, check_screening_objectives
 from hwnas.supernet.data import check_augment
-from hwnas.supernet.errors import UserError
+
+from hwnas.core.errors import UserError
 
 #: objectives of a default search: accuracy, latency on this CPU, model size
 DEFAULT_OBJECTIVES = "accuracy,latency:cpu-ort-1t,size"

@@ -29,18 +29,33 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-
 from hwnas.latency.devices import Device, EstimatedDevice, MeasuredDevice, get_device
 from hwnas.quant.cost import bops, model_size_bytes
-from hwnas.quant.device_rules import DeviceQuantRules, effective_layers, get_device_rules, speed_factor
-from hwnas.quant.policy import FLOAT_BITS, QuantPolicy, apply_to_layers, average_weight_bits
+from hwnas.quant.device_rules import (
+    DeviceQuantRules,
+    effective_layers,
+    get_device_rules,
+    speed_factor,
+)
+from hwnas.quant.policy import (
+    FLOAT_BITS,
+    QuantPolicy,
+    apply_to_layers,
+    average_weight_bits,
+)
 from hwnas.search.objectives import Metric, is_cheap
 from hwnas.supernet.data import BatchLoader, DatasetSplits
-from hwnas.supernet.errors import UserError
-from hwnas.supernet.evaluate import accuracy, calibration_loader, eval_loader, recalibrated_subnet
+from hwnas.supernet.evaluate import (
+    accuracy,
+    calibration_loader,
+    eval_loader,
+    recalibrated_subnet,
+)
 from hwnas.supernet.layers import Layer, total_flops, total_params
 from hwnas.supernet.space import SearchSpace
+from torch import nn
+
+from hwnas.core.errors import UserError
 
 
 @dataclass

@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from hwnas.supernet.errors import UserError
+from hwnas.core.errors import UserError
 
 #: metric name -> (column, direction, unit)
 METRICS: dict[str, tuple[str, str, str]] = {

@@ -24,17 +24,17 @@ No torch here.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
 from hwnas.search.objectives import Constraint, Metric
 from hwnas.search.screening import hypervolume_2d
-from hwnas.supernet.errors import UserError
+
+from hwnas.core.errors import UserError
+from hwnas.core.io import write_atomic
 
 TRIAL_COLUMNS = ("trial", "arch", "policy", "bits", "seed")
 
@@ -153,20 +153,11 @@ def closest_infeasible(frame: pd.DataFrame, constraints: Sequence[Constraint], n
 
 def write_frame(path: Path, frame: pd.DataFrame) -> Path:
     """Atomic CSV (or Parquet, by suffix) write."""
-    tmp = path.with_name(f".{path.name}.tmp")
     if path.suffix == ".parquet":
-        frame.to_parquet(tmp, index=False)
-    else:
-        frame.to_csv(tmp, index=False)
-    tmp.replace(path)
-    return path
+        return write_atomic(path, lambda tmp: frame.to_parquet(tmp, index=False))
+    return write_atomic(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
-def write_json(path: Path, obj) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    tmp.replace(path)
-    return path
 
 
 def summary_table(front: pd.DataFrame, device: str, max_rows: int = 12) -> str:

@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-
 from hwnas.search import outputs
 from hwnas.search.bits import (
     ArchBitsSpace,
@@ -62,12 +61,21 @@ from hwnas.search.study import (
 )
 from hwnas.supernet.checkpoints import shipped_checkpoint
 from hwnas.supernet.data import DatasetSplits, load_dataset
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.evaluate import accuracy, eval_loader
 from hwnas.supernet.space import SearchSpace
 from hwnas.supernet.spaces import get_space
-from hwnas.supernet.train import (TrainConfig, TrainResult, load_checkpoint, sandwich_config, save_checkpoint,
-                            train_supernet, with_training_augment)
+from hwnas.supernet.train import (
+    TrainConfig,
+    TrainResult,
+    load_checkpoint,
+    sandwich_config,
+    save_checkpoint,
+    train_supernet,
+    with_training_augment,
+)
+
+from hwnas.core.errors import UserError
+from hwnas.core.io import write_json
 
 CONFIG_FILE = "config.json"
 RUN_FORMAT = "hwnas-run-1"  # config.json's "format": what marks a directory as an hwnas run
@@ -299,9 +307,12 @@ def accuracy_predictor(cfg: SearchConfig, space: SearchSpace, evaluator: TrialEv
     """``accuracy_fn`` for ``--accuracy predictor``: fitted on ``predictor_samples`` random
     candidates evaluated on the supernet (saved in accuracy_predictor.json with the held-out
     Spearman, and refitted from there when the run continues or another worker joins)."""
+    from hwnas.search.accuracy_predictor import (
+        candidate_features,
+        fit_and_report,
+        sample_candidates,
+    )
     from tqdm.auto import tqdm
-
-    from hwnas.search.accuracy_predictor import candidate_features, fit_and_report, sample_candidates
 
     groups = bit_groups(space) if cfg.bits else []
     path = run_dir / PREDICTOR_FILE
@@ -319,7 +330,7 @@ def accuracy_predictor(cfg: SearchConfig, space: SearchSpace, evaluator: TrialEv
     y = np.array([acc for _, _, acc in samples])
     predictor, report = fit_and_report(x, y, seed=cfg.seed)
     if not path.is_file():
-        outputs.write_json(path, {"report": report.as_dict(), "samples": [
+        write_json(path, {"report": report.as_dict(), "samples": [
             {"arch": space.to_string(a), "policy": policy_text(p), "accuracy": acc}
             for a, p, acc in samples]})
         log(f"accuracy predictor: {len(samples)} supernet evaluations; Spearman on "
@@ -373,11 +384,11 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
             save_checkpoint(staging / "supernet.pt", supernet, space, dataset=data.name,
                             train_config=train_config)
             if train_result:
-                outputs.write_json(staging / "train_history.json", train_result.__dict__)
-            outputs.write_json(staging / CONFIG_FILE, settings)
+                write_json(staging / "train_history.json", train_result.__dict__)
+            write_json(staging / CONFIG_FILE, settings)
             _replace_dir(run_dir, staging)
         else:
-            outputs.write_json(run_dir / CONFIG_FILE, settings)  # trials/workers may have changed
+            write_json(run_dir / CONFIG_FILE, settings)  # trials/workers may have changed
 
         evaluator = _evaluator(cfg, space, supernet, data)
         search_evaluator = evaluator

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import optuna
 
-from hwnas.supernet.errors import UserError
+from hwnas.core.errors import UserError
 
 SAMPLERS = ("tpe", "nsga2", "random", "gp", "screening")
 DEFAULT_SAMPLER = "tpe"

@@ -63,6 +63,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import optuna
+from hwnas.supernet.space import SearchSpace
 from optuna.distributions import (
     BaseDistribution,
     CategoricalDistribution,
@@ -75,8 +76,7 @@ from optuna.trial import FixedTrial, FrozenTrial, TrialState
 from scipy.linalg import solve_triangular
 from scipy.special import ndtr
 
-from hwnas.supernet.errors import UserError
-from hwnas.supernet.space import SearchSpace
+from hwnas.core.errors import UserError
 
 __all__ = [
     "CandidateSpace",

@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from hwnas.search.objectives import Metric
+from hwnas.search.samplers import make_sampler
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 from tqdm.auto import tqdm
 
-from hwnas.search.objectives import Metric
-from hwnas.search.samplers import make_sampler
-from hwnas.supernet.errors import UserError
+from hwnas.core.errors import UserError
 
 HEARTBEAT_S = 10
 GRACE_S = 30

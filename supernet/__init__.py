@@ -4,10 +4,11 @@ Importing this package does not import torch: the space declarations and the lay
 plain Python, and only the supernet modules (``hwnas.supernet.nn``) and training need torch.
 """
 
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.layers import Layer, total_flops, total_macs, total_params
 from hwnas.supernet.space import SearchSpace
 from hwnas.supernet.spaces import available_spaces, get_space, register_space
+
+from hwnas.core.errors import UserError
 
 __all__ = [
     "Layer",

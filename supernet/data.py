@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.trivial_augment import trivial_augment
+
+from hwnas.core.errors import UserError
 
 __all__ = [
     "AUGMENT_KINDS",

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hwnas.supernet.errors import UserError
+from hwnas.core.errors import UserError
 
 
 @dataclass(frozen=True)

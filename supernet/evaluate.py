@@ -12,9 +12,8 @@ from __future__ import annotations
 from typing import Iterable
 
 import torch
-from torch import nn
-
 from hwnas.supernet.data import BatchLoader, DatasetSplits, ImageSplit
+from torch import nn
 
 
 @torch.no_grad()

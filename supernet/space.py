@@ -11,9 +11,9 @@ from abc import ABC, abstractmethod
 from typing import Any, Generic, TypeVar
 
 import numpy as np
-
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.layers import Layer, total_flops, total_macs, total_params
+
+from hwnas.core.errors import UserError
 
 Arch = TypeVar("Arch")
 

@@ -56,8 +56,6 @@ from typing import Any, Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from hwnas.supernet.data import AUGMENT_KINDS, BatchLoader, DatasetSplits
 from hwnas.supernet.distributed import (
     DistContext,
@@ -66,8 +64,10 @@ from hwnas.supernet.distributed import (
     broadcast_state,
     shard,
 )
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.space import SearchSpace
+from torch import nn
+
+from hwnas.core.errors import UserError
 
 #: Format tags of the two checkpoint kinds.
 SUPERNET_FORMAT = "hwnas-supernet-1"

@@ -27,7 +27,7 @@ prints ``not finished`` and the next one continues with ``--resume``.
 writes ``rank.json`` with the Kendall tau between their accuracies and ground-truth ones from
 a CSV (an ``arch`` column of canonical strings and an accuracy column), e.g. NAS-Bench-201's.
 
-Bad input raises :class:`hwnas.supernet.errors.UserError`: one ``train_cifar: error: ...`` line and
+Bad input raises :class:`hwnas.core.errors.UserError`: one ``train_cifar: error: ...`` line and
 exit status 2.
 """
 
@@ -43,13 +43,15 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from hwnas.supernet.data import AUGMENT_KINDS, DatasetSplits, ImageSplit, load_dataset
-from hwnas.supernet.cli_args import OneLineParser, positive_float, positive_int
-from hwnas.supernet.errors import UserError
+
+from hwnas.core.cli_args import OneLineParser, positive_float, positive_int
+from hwnas.core.errors import UserError
+from hwnas.core.io import write_json
 
 PROG = "train_cifar"
-from hwnas.supernet.cli_args import EXIT_USER_ERROR  # noqa: E402  (re-exported)
+from hwnas.core.cli_args import EXIT_USER_ERROR  # noqa: E402  (re-exported)
+
 #: Keys of a pre-decoded dataset file written by ``prepare``.
 DECODED_KEYS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test", "classes", "mean", "std")
 #: Seed of the random subnets that ``--eval`` reports (and ``--standalone randomN`` trains).
@@ -383,19 +385,13 @@ def cmd_rank(argv: list[str]) -> int:
               "truth": str(args.truth), "truth_column": column, "num": len(rows),
               "seed": args.seed, "kendall_tau": tau, "seconds": time.perf_counter() - t0,
               "subnets": rows}
-    _write_json(out / "rank.json", report)
+    write_json(out / "rank.json", report)
     print(f"rank: {len(rows)} subnets of {space.name} ({args.split} split) vs {column}: "
           f"Kendall tau {tau:.3f} -> {out / 'rank.json'}")
     return 0
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
-
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     s = {k: getattr(args, k) for k in RUN_KEYS}
@@ -562,7 +558,7 @@ def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -
             f"{'standalone' if arch is not None else config.stages[0].name} step)")
         if out is not None and ctx.is_main:
             out.mkdir(parents=True, exist_ok=True)
-            _write_json(out / "bench.json", {"steps": result.step, "seconds": result.seconds,
+            write_json(out / "bench.json", {"steps": result.step, "seconds": result.seconds,
                                             "images_per_s": result.images_per_s,
                                             "batch_size": config.batch_size,
                                             "world_size": ctx.world_size, "device": str(device),
@@ -579,7 +575,7 @@ def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -
                              "eval.json", "run.json"):
                     (out / name).unlink(missing_ok=True)
             out.mkdir(parents=True, exist_ok=True)
-            _write_json(run_file, {"settings": settings, "train_config": config.to_dict(),
+            write_json(run_file, {"settings": settings, "train_config": config.to_dict(),
                                    "space_config": space.config()})
     from hwnas.supernet.distributed import barrier
 
@@ -611,7 +607,7 @@ def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -
                        step=result.step, total_steps=result.total_steps,
                        train_seconds=secs, images_per_s=images / max(secs, 1e-9),
                        history=result.history)
-            _write_json(log_file, log)
+            write_json(log_file, log)
             if done:
                 if arch is not None:
                     save_standalone(out / "model.pt", model, space, arch, dataset=data.name,
@@ -657,7 +653,7 @@ def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -
                 f"{r['params'] / 1e6:5.2f} M params  {r['arch']}")
         recal = ({"batches": args.calib_batches, "batch_size": args.calib_batch_size,
                   "augmented": True} if arch is None else False)
-        _write_json(out / "eval.json", {"split": "test", "images": len(data.test),
+        write_json(out / "eval.json", {"split": "test", "images": len(data.test),
                                         "bn_recalibration": recal,
                                         "training_completed": done, "subnets": rows,
                                         "seconds": time.perf_counter() - t0,

@@ -14,9 +14,9 @@ import optuna
 import pandas as pd
 import pytest
 import torch
+from hwnas.supernet.train import load_checkpoint
 
 from hwnas.cli import main
-from hwnas.supernet.train import load_checkpoint
 
 DEVICES = "cpu-ort-1t,edgetpu-est"
 

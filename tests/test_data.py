@@ -10,8 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from hwnas.supernet.data import (
     BatchLoader,
     DatasetSplits,
@@ -20,7 +18,9 @@ from hwnas.supernet.data import (
     load_dataset,
     shared_data_dir,
 )
-from hwnas.supernet.errors import UserError
+from PIL import Image
+
+from hwnas.core.errors import UserError
 
 # --------------------------------------------------------------------------------------------
 # helpers

@@ -9,7 +9,6 @@ import textwrap
 from pathlib import Path
 
 import torch
-
 from hwnas.supernet.distributed import DistContext, all_reduce_gradients, shard
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,13 +6,12 @@ from __future__ import annotations
 import onnx
 import pytest
 import torch
-from torch import nn
-
 from hwnas.export.integer_ops import integer_elementwise
 from hwnas.export.onnx_export import check_parity
 from hwnas.export.ort_profile import optimized_model
 from hwnas.export.qdq import DeployedReference, build_qdq, read_metadata
 from hwnas.quant.policy import uniform
+from torch import nn
 
 
 class Block(nn.Module):

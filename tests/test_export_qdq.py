@@ -9,9 +9,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from onnx import TensorProto, numpy_helper
-from torch import nn
-
 from hwnas.export.device_policy import DevicePolicy, LayerSpeed, ProfiledLayerTimer
 from hwnas.export.model_export import ExportSettings, export_model
 from hwnas.export.onnx_export import check_parity
@@ -22,9 +19,18 @@ from hwnas.export.ort_profile import (
     optimized_model,
     profile_model,
 )
-from hwnas.export.qdq import build_qdq, float_proto, map_layer_nodes, node_scope, read_metadata
+from hwnas.export.qdq import (
+    build_qdq,
+    float_proto,
+    map_layer_nodes,
+    node_scope,
+    read_metadata,
+)
 from hwnas.quant.policy import QuantPolicy, uniform
-from hwnas.supernet.errors import UserError
+from onnx import TensorProto, numpy_helper
+from torch import nn
+
+from hwnas.core.errors import UserError
 
 FAST = dict(latency_repeats=3, latency_warmup=1, rounds=1)
 

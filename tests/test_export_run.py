@@ -14,14 +14,14 @@ from pathlib import Path
 import onnx
 import pytest
 import torch
-
 from hwnas.export.cli import add_export_parser, run_export
 from hwnas.export.model_export import ExportSettings
 from hwnas.export.qdq import read_metadata
 from hwnas.export.run_export import export_run
 from hwnas.quant.policy import first_last_8bit, uniform
-from hwnas.supernet.cli_args import OneLineParser
-from hwnas.supernet.errors import UserError
+
+from hwnas.core.cli_args import OneLineParser
+from hwnas.core.errors import UserError
 
 FAST = ExportSettings(latency_repeats=3, latency_warmup=1, rounds=1, runs=2, profile_runs=2)
 FRONT = "cpu-ort-1t"

@@ -18,10 +18,10 @@ import numpy as np
 import onnx
 import pandas as pd
 import pytest
+from hwnas.supernet.spaces import get_space
 from onnx import TensorProto, helper
 
 from hwnas.cli import main
-from hwnas.supernet.spaces import get_space
 
 REPO = Path(__file__).resolve().parent.parent
 ONDEVICE = REPO / "latency" / "ondevice.py"

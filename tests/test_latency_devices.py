@@ -4,7 +4,6 @@ adaptation API (latency.cli.adapt_device), with a FLOPs predictor defined here."
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from pathlib import Path
 
@@ -12,8 +11,6 @@ import numpy as np
 import onnx
 import pandas as pd
 import pytest
-from onnx import TensorProto, helper
-
 from hwnas.latency import profiles
 from hwnas.latency.cli import adapt_device
 from hwnas.latency.devices import (
@@ -36,8 +33,10 @@ from hwnas.latency.profiles import (
     save_profile,
 )
 from hwnas.supernet.data import shared_data_dir
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.spaces import get_space
+from onnx import TensorProto, helper
+
+from hwnas.core.errors import UserError
 
 SPACE = "mbv3-tiny"
 

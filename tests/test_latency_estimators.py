@@ -8,14 +8,22 @@ import sys
 
 import numpy as np
 import pytest
-
 from hwnas.latency.estimators import available_estimators, get_estimator, layer_kind
-from hwnas.latency.estimators.edgetpu import USB_ACCELERATOR, EdgeTPUEstimator, param_bytes
+from hwnas.latency.estimators.edgetpu import (
+    USB_ACCELERATOR,
+    EdgeTPUEstimator,
+    param_bytes,
+)
 from hwnas.latency.estimators.fpga import ZCU102, FPGAEstimator, FPGAParams
-from hwnas.latency.estimators.roofline import PIXEL7_CPU, RooflineEstimator, RooflineParams
-from hwnas.supernet.errors import UserError
+from hwnas.latency.estimators.roofline import (
+    PIXEL7_CPU,
+    RooflineEstimator,
+    RooflineParams,
+)
 from hwnas.supernet.layers import Layer
 from hwnas.supernet.spaces import available_spaces, get_space
+
+from hwnas.core.errors import UserError
 
 ESTIMATORS = available_estimators()
 

@@ -7,13 +7,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from hwnas.latency.fewshot import FewShotScore, choose_measurements, fewshot_scores, spearman
+from hwnas.latency.fewshot import (
+    FewShotScore,
+    choose_measurements,
+    fewshot_scores,
+    spearman,
+)
 from hwnas.latency.predictors import get_predictor, load_pretrained
 from hwnas.latency.tables import LatencyTable, help_protocol
 from hwnas.supernet.data import shared_data_dir
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.spaces import get_space
+
+from hwnas.core.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
 

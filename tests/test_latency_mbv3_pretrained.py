@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from hwnas.latency.predictors import MetaPredictor, load_pretrained, pretrained_path
 
 REPO = Path(__file__).resolve().parent.parent

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hwnas.latency.predictors import LatencyPredictor, MetaPredictor, load_pretrained
+from hwnas.latency.predictors.features import executed, execution_variants, features
+from hwnas.latency.predictors.meta import greedy_design
+from hwnas.supernet.spaces import get_space
 from scipy.stats import spearmanr
 
-from hwnas.latency.predictors import LatencyPredictor, MetaPredictor, load_pretrained
-from hwnas.latency.predictors.features import execution_variants, executed, features
-from hwnas.latency.predictors.meta import greedy_design
-from hwnas.supernet.errors import UserError
-from hwnas.supernet.spaces import get_space
+from hwnas.core.errors import UserError
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy.stats import spearmanr
-
 from hwnas.latency.predictors import (
     FlopsPredictor,
     LatencyPredictor,
@@ -23,8 +21,10 @@ from hwnas.latency.predictors import (
 )
 from hwnas.latency.predictors.features import features, layer_feature_names
 from hwnas.supernet.data import shared_data_dir
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.spaces import get_space
+from scipy.stats import spearmanr
+
+from hwnas.core.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from hwnas.latency.tables import (
     HELP_PROTOCOLS,
     LatencyTable,
@@ -15,8 +14,9 @@ from hwnas.latency.tables import (
     load_shared_table,
 )
 from hwnas.supernet.data import shared_data_dir
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.spaces import get_space
+
+from hwnas.core.errors import UserError
 
 A1 = ("|nor_conv_3x3~0|+|nor_conv_3x3~0|avg_pool_3x3~1|"
       "+|skip_connect~0|nor_conv_3x3~1|skip_connect~2|")

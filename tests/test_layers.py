@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from hwnas.quant.cost import bops, model_size_bytes
 from hwnas.supernet.layers import (
     Layer,

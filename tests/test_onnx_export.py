@@ -11,11 +11,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from torch import nn
-
 from hwnas.export import ParityReport, check_parity, export_onnx, onnx_bytes
 from hwnas.latency.onnx_measure import make_session
-from hwnas.supernet.errors import UserError
+from torch import nn
+
+from hwnas.core.errors import UserError
 
 
 def _small_cnn() -> nn.Module:

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
 from hwnas.latency import LatencyStats, measure_onnx
 from hwnas.latency.onnx_measure import make_session, random_input
-from hwnas.supernet.errors import UserError
+from onnx import TensorProto, helper, numpy_helper
+
+from hwnas.core.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,12 +9,23 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from hwnas.quant.benchmark import METHODS, QuantBenchConfig, format_table, run_quant_benchmark, subnet_archs
+from hwnas.quant.benchmark import (
+    METHODS,
+    QuantBenchConfig,
+    format_table,
+    run_quant_benchmark,
+    subnet_archs,
+)
 from hwnas.supernet.data import load_dataset
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.spaces import get_space
-from hwnas.supernet.train import TrainConfig, TrainStage, save_checkpoint, train_supernet
+from hwnas.supernet.train import (
+    TrainConfig,
+    TrainStage,
+    save_checkpoint,
+    train_supernet,
+)
+
+from hwnas.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 

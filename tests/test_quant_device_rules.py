@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-
 from hwnas.quant.allocate import SensitivityTable, allocate
 from hwnas.quant.cost import bops, model_size_bytes
 from hwnas.quant.device_rules import (
@@ -23,9 +22,10 @@ from hwnas.quant.device_rules import (
     storage_w_bits,
 )
 from hwnas.quant.policy import apply_to_layers, uniform
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.layers import Layer
 from hwnas.supernet.spaces import get_space
+
+from hwnas.core.errors import UserError
 
 LAYERS = [
     Layer("stem", "conv", 1, 16, 3, in_h=8, in_w=8, bias=True),

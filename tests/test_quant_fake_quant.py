@@ -6,8 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from hwnas.quant.fake_quant import (
     FakeQuantize,
     QuantConv2d,
@@ -18,9 +16,10 @@ from hwnas.quant.fake_quant import (
 from hwnas.quant.fold import fold_bn
 from hwnas.quant.policy import uniform
 from hwnas.quant.ptq import PTQConfig, ptq, quantize_model
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.spaces import get_space
+from torch import nn
 
+from hwnas.core.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -184,7 +183,6 @@ def test_int8_ptq_on_a_subnet_of_every_space(space_name):
     """Works on any nn.Module: the subnets of every registered space quantize, their policies
     join the space's layer list, and int8 keeps the outputs close."""
     import numpy as np
-
     from hwnas.supernet.spaces import available_spaces
 
     if space_name not in available_spaces():

@@ -8,15 +8,23 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from hwnas.quant.allocate import SensitivityTable, allocate, greedy_pareto_walk
+from hwnas.quant.cost import (
+    bops,
+    layer_cost,
+    model_size_bytes,
+    weight_bits_budget_bytes,
+)
+from hwnas.quant.policy import apply_to_layers, average_weight_bits
+from hwnas.quant.sensitivity import (
+    hessian_sensitivity,
+    hutchinson_trace,
+    measured_sensitivity,
+)
+from hwnas.supernet.layers import Layer
 from torch import nn
 
-from hwnas.quant.allocate import SensitivityTable, allocate, greedy_pareto_walk
-from hwnas.quant.cost import bops, layer_cost, model_size_bytes, weight_bits_budget_bytes
-from hwnas.quant.policy import apply_to_layers, average_weight_bits
-from hwnas.quant.sensitivity import hessian_sensitivity, hutchinson_trace, measured_sensitivity
-from hwnas.supernet.errors import UserError
-from hwnas.supernet.layers import Layer
-
+from hwnas.core.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

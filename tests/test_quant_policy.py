@@ -8,9 +8,12 @@ import json
 
 import pytest
 import torch
-from torch import nn
-
-from hwnas.quant.cost import bops, layer_cost, model_size_bytes, weight_bits_budget_bytes
+from hwnas.quant.cost import (
+    bops,
+    layer_cost,
+    model_size_bytes,
+    weight_bits_budget_bytes,
+)
 from hwnas.quant.policy import (
     SUPPORTED_BITS,
     QuantPolicy,
@@ -20,9 +23,11 @@ from hwnas.quant.policy import (
     uniform,
 )
 from hwnas.quant.ptq import quantize_model
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.layers import Layer
 from hwnas.supernet.spaces import get_space
+from torch import nn
+
+from hwnas.core.errors import UserError
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,20 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-
-from hwnas.quant.observers import ActivationObserver, affine_qparams, fake_quant_affine, weight_qparams
+from hwnas.quant.observers import (
+    ActivationObserver,
+    affine_qparams,
+    fake_quant_affine,
+    weight_qparams,
+)
 from hwnas.quant.policy import first_last_8bit, uniform
 from hwnas.quant.ptq import PTQConfig, calibrate, policy_of, ptq, quantize_model
 from hwnas.quant.qat import QATConfig, qat
 from hwnas.supernet.data import BatchLoader, load_dataset
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.evaluate import accuracy
+from torch import nn
+
+from hwnas.core.errors import UserError
 
 
 class _Block(nn.Module):

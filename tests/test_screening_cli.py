@@ -16,18 +16,23 @@ import numpy as np
 import optuna
 import pandas as pd
 import pytest
-
 from hwnas.latency.devices import get_device
 from hwnas.search.bits import ArchBits, ArchBitsSpace, bit_groups
-from hwnas.cli import main
 from hwnas.search.config import SearchConfig
-from hwnas.search.evaluator import COST_METRICS, CheapMetrics, device_latency, quantized_layers
+from hwnas.search.evaluator import (
+    COST_METRICS,
+    CheapMetrics,
+    device_latency,
+    quantized_layers,
+)
 from hwnas.search.objectives import Metric, parse_constraint
 from hwnas.search.runner import build_sampler, make_objective
 from hwnas.search.samplers import make_sampler, screening_problem
 from hwnas.search.screening import ScreeningConfig, ScreeningSampler
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.spaces import get_space
+
+from hwnas.cli import main
+from hwnas.core.errors import UserError
 
 DEVICE = "edgetpu-est"
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import optuna
 import pytest
-
 from hwnas.search.screening import (
     PoolGP,
     ScreeningConfig,
@@ -20,8 +19,9 @@ from hwnas.search.screening import (
     front_indices_2d,
     hypervolume_2d,
 )
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.space import SearchSpace
+
+from hwnas.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 

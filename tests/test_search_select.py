@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-
 from hwnas.search.objectives import parse_objectives
 from hwnas.search.outputs import device_front, device_ranks, select_under_budget
-from hwnas.supernet.errors import UserError
+
+from hwnas.core.errors import UserError
 
 
 def _frame(rows: list[tuple]) -> pd.DataFrame:

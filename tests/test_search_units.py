@@ -6,8 +6,13 @@ import numpy as np
 import optuna
 import pandas as pd
 import pytest
-
-from hwnas.search.bits import bit_groups, describe_bits, layer_group, policy_for, suggest_group_bits
+from hwnas.search.bits import (
+    bit_groups,
+    describe_bits,
+    layer_group,
+    policy_for,
+    suggest_group_bits,
+)
 from hwnas.search.objectives import parse_constraint, parse_objectives
 from hwnas.search.outputs import (
     closest_infeasible,
@@ -16,12 +21,18 @@ from hwnas.search.outputs import (
     pareto_mask,
 )
 from hwnas.search.plots import plot_across_devices, plot_fronts
-from hwnas.search.screening import front_indices_2d, hypervolume_2d
 from hwnas.search.samplers import SAMPLERS, make_sampler
-from hwnas.search.study import enqueue_once, open_study, recover_interrupted, run_trials, sqlite_url
-from hwnas.supernet.errors import UserError
+from hwnas.search.screening import front_indices_2d, hypervolume_2d
+from hwnas.search.study import (
+    enqueue_once,
+    open_study,
+    recover_interrupted,
+    run_trials,
+    sqlite_url,
+)
 from hwnas.supernet.spaces import get_space
 
+from hwnas.core.errors import UserError
 
 # -- objectives and constraints ----------------------------------------------------------------
 
@@ -191,7 +202,11 @@ def test_plots_are_written_atomically(tmp_path):
 # -- the accuracy predictor -----------------------------------------------------------------------
 
 def test_accuracy_predictor_ranks_a_learnable_target_and_reports_honestly():
-    from hwnas.search.accuracy_predictor import candidate_features, fit_and_report, sample_candidates
+    from hwnas.search.accuracy_predictor import (
+        candidate_features,
+        fit_and_report,
+        sample_candidates,
+    )
 
     space = get_space("mbv3-tiny")
     groups = bit_groups(space)

@@ -9,12 +9,12 @@ import sys
 
 import numpy as np
 import pytest
-
 from hwnas.supernet.data import shared_data_dir
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.layers import Layer
 from hwnas.supernet.spaces import FBNetArch, FBNetSpace, available_spaces, get_space
 from hwnas.supernet.spaces.fbnet import FBNET_BLOCKS, block_spec
+
+from hwnas.core.errors import UserError
 
 N_LAYERS = 22
 
@@ -250,7 +250,6 @@ def x(space):
 
 def test_extract_matches_supernet(trained, space, x):
     import torch
-
     from hwnas.supernet.nn.fbnet import FBNetNet
 
     outputs = []
@@ -403,7 +402,13 @@ def test_train_evaluate_checkpoint_smoke(tmp_path):
     torch = pytest.importorskip("torch")
     from hwnas.supernet.data import DatasetSplits, ImageSplit
     from hwnas.supernet.evaluate import evaluate_subnet
-    from hwnas.supernet.train import TrainConfig, TrainStage, load_checkpoint, save_checkpoint, train_supernet
+    from hwnas.supernet.train import (
+        TrainConfig,
+        TrainStage,
+        load_checkpoint,
+        save_checkpoint,
+        train_supernet,
+    )
 
     space = get_space("fbnet", image_size=16, num_classes=10)
     gen = torch.Generator().manual_seed(0)

@@ -8,11 +8,17 @@ import sys
 
 import numpy as np
 import pytest
+from hwnas.supernet.layers import Layer
+from hwnas.supernet.spaces import (
+    MBV3Arch,
+    MBV3Config,
+    MBV3Space,
+    available_spaces,
+    get_space,
+)
 
 from hwnas import supernet
-from hwnas.supernet.errors import UserError
-from hwnas.supernet.layers import Layer
-from hwnas.supernet.spaces import MBV3Arch, MBV3Config, MBV3Space, available_spaces, get_space
+from hwnas.core.errors import UserError
 
 N_SAMPLES = 200
 

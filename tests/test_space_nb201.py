@@ -9,12 +9,12 @@ import sys
 
 import numpy as np
 import pytest
-
 from hwnas.supernet.data import shared_data_dir
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.layers import Layer
 from hwnas.supernet.spaces import NB201Arch, NB201Space, available_spaces, get_space
 from hwnas.supernet.spaces.nb201 import NB201_EDGES, NB201_OPS
+
+from hwnas.core.errors import UserError
 
 EXAMPLE = "|nor_conv_3x3~0|+|nor_conv_3x3~0|avg_pool_3x3~1|+|skip_connect~0|nor_conv_3x3~1|skip_connect~2|"
 
@@ -294,7 +294,6 @@ def x(space):
 
 def test_extract_matches_supernet(trained, space, x):
     import torch
-
     from hwnas.supernet.nn.nb201 import NB201Net
 
     outputs = {}
@@ -424,7 +423,13 @@ def test_train_evaluate_checkpoint_smoke(tmp_path):
     torch = pytest.importorskip("torch")
     from hwnas.supernet.data import DatasetSplits, ImageSplit
     from hwnas.supernet.evaluate import evaluate_subnet
-    from hwnas.supernet.train import TrainConfig, TrainStage, load_checkpoint, save_checkpoint, train_supernet
+    from hwnas.supernet.train import (
+        TrainConfig,
+        TrainStage,
+        load_checkpoint,
+        save_checkpoint,
+        train_supernet,
+    )
 
     space = get_space("nb201", image_size=16, num_classes=10,
                       config={**get_space("nb201").config(), "cells_per_stage": 1})

@@ -7,11 +7,11 @@ import copy
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.nn.mbv3 import MBV3Net, MBV3Supernet
 from hwnas.supernet.spaces import get_space
+from torch import nn
+
+from hwnas.core.errors import UserError
 
 ATOL = 1e-5
 

@@ -11,12 +11,15 @@ import math
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
 from hwnas.supernet.data import load_dataset
-from hwnas.supernet.errors import UserError
-from hwnas.supernet.evaluate import (accuracy, bn_calibration_loader, calibration_loader, evaluate_subnet,
-                               recalibrate_bn, recalibrated_subnet)
+from hwnas.supernet.evaluate import (
+    accuracy,
+    bn_calibration_loader,
+    calibration_loader,
+    evaluate_subnet,
+    recalibrate_bn,
+    recalibrated_subnet,
+)
 from hwnas.supernet.spaces import get_space
 from hwnas.supernet.train import (
     TrainConfig,
@@ -28,6 +31,9 @@ from hwnas.supernet.train import (
     train_supernet,
     with_training_augment,
 )
+from torch import nn
+
+from hwnas.core.errors import UserError
 
 
 @pytest.fixture(scope="module")

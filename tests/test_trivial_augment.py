@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from hwnas.supernet.data import BatchLoader, ImageSplit, augment_batch
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.train import TrainConfig, TrainStage
 from hwnas.supernet.trivial_augment import NUM_BINS, OPS, apply_ops, trivial_augment
+
+from hwnas.core.errors import UserError
 
 
 def _images(n: int = 16, seed: int = 0) -> torch.Tensor:

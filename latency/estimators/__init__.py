@@ -28,9 +28,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.layers import Layer
+
+from hwnas.core.errors import UserError
 
 __all__ = [
     "Breakdown",

@@ -49,9 +49,6 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from hwnas.supernet.errors import UserError
-from hwnas.supernet.layers import Layer
-
 from hwnas.latency.estimators import (
     Breakdown,
     Estimator,
@@ -63,6 +60,9 @@ from hwnas.latency.estimators import (
     vector_ops,
 )
 from hwnas.latency.estimators.roofline import RASPI4, RooflineEstimator, RooflineParams
+from hwnas.supernet.layers import Layer
+
+from hwnas.core.errors import UserError
 
 __all__ = ["EdgeTPUParams", "EdgeTPUEstimator", "PRESETS", "TPU_ACTIVATIONS", "tpu_supported"]
 

@@ -67,10 +67,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from hwnas.supernet.errors import UserError
-from hwnas.supernet.layers import Layer
-
 from hwnas.latency.estimators import (
     Breakdown,
     Estimator,
@@ -80,6 +76,9 @@ from hwnas.latency.estimators import (
     in_elems,
     out_elems,
 )
+from hwnas.supernet.layers import Layer
+
+from hwnas.core.errors import UserError
 
 __all__ = ["FPGAParams", "FPGAEstimator", "PRESETS", "mac_unit_cost"]
 

@@ -31,9 +31,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from hwnas.supernet.errors import UserError
-from hwnas.supernet.layers import Layer
-
 from hwnas.latency.estimators import (
     Breakdown,
     Estimator,
@@ -45,6 +42,9 @@ from hwnas.latency.estimators import (
     out_elems,
     vector_ops,
 )
+from hwnas.supernet.layers import Layer
+
+from hwnas.core.errors import UserError
 
 __all__ = ["RooflineParams", "RooflineEstimator", "PRESETS", "precision_bits"]
 

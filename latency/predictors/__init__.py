@@ -24,12 +24,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hwnas.latency.predictors.base import LatencyPredictor, predictor_classes, register_predictor_class
+from hwnas.latency.predictors.base import (
+    LatencyPredictor,
+    predictor_classes,
+    register_predictor_class,
+)
 from hwnas.latency.predictors.flops import FlopsPredictor
 from hwnas.latency.predictors.lut import LayerTablePredictor
 from hwnas.latency.predictors.meta import MetaPredictor
 from hwnas.latency.predictors.mlp import MLPPredictor
-from hwnas.supernet.errors import UserError
+
+from hwnas.core.errors import UserError
 
 __all__ = [
     "DEFAULT_PREDICTOR",

@@ -24,17 +24,16 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-
 from hwnas.latency.predictors.features import arch_strings
-from hwnas.supernet.errors import UserError
+
+from hwnas.core.errors import UserError
+from hwnas.core.io import write_atomic
 
 __all__ = ["FORMAT", "LatencyPredictor", "predictor_classes", "register_predictor_class"]
 
@@ -196,17 +195,7 @@ class LatencyPredictor(ABC):
         arrays["__meta__"] = np.frombuffer(json.dumps(doc).encode("utf-8"), dtype=np.uint8)
         buf = io.BytesIO()
         np.savez_compressed(buf, **arrays)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(buf.getvalue())
-            os.chmod(tmp, 0o644)  # mkstemp creates 0600; predictor files are shareable data
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_atomic(path, buf.getvalue())
 
     @classmethod
     def load(cls, path: str | Path) -> LatencyPredictor:

@@ -36,9 +36,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.layers import OPS, Layer
+
+from hwnas.core.errors import UserError
 
 __all__ = ["LAYER_KINDS", "LAYER_QUANTITIES", "arch_strings", "execution_variants", "executed",
            "features", "layer_features", "layer_feature_names", "clear_cache"]

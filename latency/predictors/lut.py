@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-
 from hwnas.latency.predictors.base import LatencyPredictor, register_predictor_class
 from hwnas.latency.predictors.features import features
 

@@ -84,10 +84,19 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from hwnas.latency.predictors.base import (
+    LatencyPredictor,
+    check_table,
+    register_predictor_class,
+)
+from hwnas.latency.predictors.features import (
+    arch_strings,
+    executed,
+    execution_variants,
+    features,
+)
 
-from hwnas.latency.predictors.base import LatencyPredictor, check_table, register_predictor_class
-from hwnas.latency.predictors.features import arch_strings, execution_variants, executed, features
-from hwnas.supernet.errors import UserError
+from hwnas.core.errors import UserError
 
 __all__ = ["MetaPredictor", "greedy_design"]
 

@@ -23,10 +23,13 @@ import copy
 from collections import OrderedDict
 
 import torch
-from torch import nn
-
-from hwnas.supernet.nn.dynamic_ops import DynamicBatchNorm2d, DynamicConv2d, DynamicDepthwiseConv2d
+from hwnas.supernet.nn.dynamic_ops import (
+    DynamicBatchNorm2d,
+    DynamicConv2d,
+    DynamicDepthwiseConv2d,
+)
 from hwnas.supernet.spaces.fbnet import FBNET_BLOCKS, FBNetArch, FBNetSpace, block_spec
+from torch import nn
 
 
 def channel_shuffle(x: torch.Tensor, groups: int) -> torch.Tensor:

@@ -16,8 +16,6 @@ import copy
 from typing import Any
 
 import torch
-from torch import nn
-
 from hwnas.supernet.nn.dynamic_ops import (
     DynamicBatchNorm2d,
     DynamicConv2d,
@@ -27,6 +25,7 @@ from hwnas.supernet.nn.dynamic_ops import (
     activation,
 )
 from hwnas.supernet.spaces.mbv3 import MBV3Arch, MBV3Space
+from torch import nn
 
 
 class MBConv(nn.Module):

@@ -15,8 +15,6 @@ import copy
 from collections import OrderedDict
 
 import torch
-from torch import nn
-
 from hwnas.supernet.spaces.nb201 import (
     CONV_KERNELS,
     NB201_EDGES,
@@ -25,6 +23,7 @@ from hwnas.supernet.spaces.nb201 import (
     NB201Space,
     edge_key,
 )
+from torch import nn
 
 
 class ReLUConvBN(nn.Module):

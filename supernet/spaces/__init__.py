@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.space import SearchSpace
 from hwnas.supernet.spaces.fbnet import FBNetArch, FBNetConfig, FBNetSpace
-from hwnas.supernet.spaces.nb201 import NB201Arch, NB201Config, NB201Space
 from hwnas.supernet.spaces.mbv3 import MBV3Arch, MBV3Config, MBV3Space
+from hwnas.supernet.spaces.nb201 import NB201Arch, NB201Config, NB201Space
+
+from hwnas.core.errors import UserError
 
 #: name -> factory(in_channels, image_size, num_classes, config overrides) -> SearchSpace
 _FACTORIES: dict[str, Callable[..., SearchSpace]] = {}

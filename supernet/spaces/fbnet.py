@@ -29,10 +29,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.layers import Layer
 from hwnas.supernet.space import SearchSpace, check_choice
+
+from hwnas.core.errors import UserError
 
 #: The candidate blocks of a layer, in HW-NAS-Bench's order (also the one-hot order).
 FBNET_BLOCKS: tuple[str, ...] = (

@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import numpy as np
-
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.layers import Layer
 from hwnas.supernet.space import SearchSpace, check_choice
+
+from hwnas.core.errors import UserError
 
 Block = tuple[int, int]  # (kernel, expand ratio)
 

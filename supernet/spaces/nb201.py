@@ -38,10 +38,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-
-from hwnas.supernet.errors import UserError
 from hwnas.supernet.layers import Layer
 from hwnas.supernet.space import SearchSpace, check_choice
+
+from hwnas.core.errors import UserError
 
 #: The candidate operations of an edge, in NAS-Bench-201's order (also the one-hot order).
 NB201_OPS: tuple[str, ...] = (

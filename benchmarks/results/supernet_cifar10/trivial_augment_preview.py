@@ -17,7 +17,6 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
-
 from hwnas.supernet.data import augment_batch, load_dataset  # noqa: E402
 
 

@@ -1,0 +1,47 @@
+"""Atomic file writes: readers see the old file or the whole new one, never a part."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+
+def write_atomic(path: str | Path, data: bytes | str | Callable[[Path], Any]) -> Path:
+    """Write ``data`` (bytes, text, or a function that writes the given temporary path) to
+    ``path``. The temporary file sits in the same directory (so ``os.replace`` is atomic), is
+    created with the umask's permissions and removed on any failure, leaving ``path`` as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        if callable(data):
+            data(tmp)
+        else:
+            # os.open with 0o666 honours the umask, unlike tempfile's private 0o600 files.
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data.encode() if isinstance(data, str) else data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    """``obj`` as indented JSON (anything else as ``str``), atomically."""
+    return write_atomic(path, json.dumps(obj, indent=1, default=str) + "\n")
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-empty line of an exception's message, else the exception's type name
+    (some libraries raise with long or empty messages)."""
+    for line in str(exc).splitlines():
+        if line.strip():
+            return line.strip()
+    return type(exc).__name__
