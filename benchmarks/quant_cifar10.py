@@ -6,7 +6,7 @@ largest, middle and smallest subnets.
 
 Prints a table and writes benchmarks/quant_cifar10.json (keys of /work/shared/BENCHMARKS.md).
 Targets (issue 5): int8 PTQ within 0.5 points of FP32, W4A8 QAT within 1.5, mixed within 1.
-The recipes are in quant/benchmark.py. Imports only torch, numpy and hwnas packages.
+The recipes are in benchmarks/quant_recipes.py. Imports only torch, numpy and hwnas packages.
 """
 
 from __future__ import annotations
@@ -19,7 +19,20 @@ import time
 from pathlib import Path
 
 import torch
-from hwnas.quant.benchmark import (
+try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
+    from quant_recipes import (
+    METHODS,
+    ROLES,
+    QuantBenchConfig,
+    format_table,
+    machine_description,
+    merge_rows,
+    now_iso,
+    run_quant_benchmark,
+    write_json,
+)
+except ModuleNotFoundError:
+    from benchmarks.quant_recipes import (
     METHODS,
     ROLES,
     QuantBenchConfig,

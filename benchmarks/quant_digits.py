@@ -6,7 +6,7 @@ smallest subnets of the mbv3-tiny supernet. Runs on the CPU in minutes.
     python benchmarks/quant_digits.py --checkpoint runs/digits-mbv3-tiny/supernet.pt
 
 Prints a table and writes benchmarks/quant_digits.json (keys of /work/shared/BENCHMARKS.md,
-quant_cifar10.json). The recipes are in quant/benchmark.py.
+quant_cifar10.json). The recipes are in benchmarks/quant_recipes.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,20 @@ import time
 from pathlib import Path
 
 import torch
-from hwnas.quant.benchmark import (
+try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
+    from quant_recipes import (
+    METHODS,
+    ROLES,
+    QuantBenchConfig,
+    format_table,
+    machine_description,
+    merge_rows,
+    now_iso,
+    run_quant_benchmark,
+    write_json,
+)
+except ModuleNotFoundError:
+    from benchmarks.quant_recipes import (
     METHODS,
     ROLES,
     QuantBenchConfig,

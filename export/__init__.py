@@ -7,15 +7,15 @@
 * :mod:`hwnas.export.model_export` - one model's files, verified and timed, and the manifest;
 * :mod:`hwnas.export.run_export` / :mod:`hwnas.export.cli` - ``hwnas export RUN_DIR``.
 
-The heavier names are imported on first use.
+Names are imported on first use, so the command line can load this package without torch.
 """
-
-from hwnas.export.onnx_export import ParityReport, check_parity, export_onnx, onnx_bytes
 
 __all__ = ["export_onnx", "onnx_bytes", "check_parity", "ParityReport", "build_qdq",
            "export_model", "export_run", "ExportSettings"]
 
-_LAZY = {"build_qdq": "hwnas.export.qdq", "export_model": "hwnas.export.model_export",
+_LAZY = {"export_onnx": "hwnas.export.onnx_export", "onnx_bytes": "hwnas.export.onnx_export",
+         "check_parity": "hwnas.export.onnx_export", "ParityReport": "hwnas.export.onnx_export",
+         "build_qdq": "hwnas.export.qdq", "export_model": "hwnas.export.model_export",
          "ExportSettings": "hwnas.export.model_export", "export_run": "hwnas.export.run_export"}
 
 
@@ -24,4 +24,4 @@ def __getattr__(name: str):  # noqa: ANN202 - module-level lazy import
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'export' has no attribute {name!r}")
+    raise AttributeError(f"module 'hwnas.export' has no attribute {name!r}")

@@ -11,9 +11,7 @@ candidates) and it does not need onnxscript.
 
 from __future__ import annotations
 
-import io
 import json
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,53 +19,12 @@ import numpy as np
 import onnx
 import torch
 from hwnas.latency.onnx_measure import make_session
+from hwnas.supernet.onnx import onnx_bytes
 
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line, write_atomic
 
 __all__ = ["export_onnx", "onnx_bytes", "check_parity", "ParityReport"]
-
-INPUT_NAME = "input"
-OUTPUT_NAME = "logits"
-
-
-def onnx_bytes(model: torch.nn.Module, example: torch.Tensor, *, opset: int = 17) -> bytes:
-    """Export ``model`` (traced on ``example``) to serialized ONNX bytes, in memory.
-
-    The graph has one input ``"input"`` and one output ``"logits"``, both with a dynamic
-    batch dimension (axis 0), and constant folding applied. The model is traced in eval
-    mode (BatchNorm uses running statistics, dropout is off); its previous train/eval
-    mode is restored afterwards. Useful to measure latency without touching the disk.
-    """
-    if not isinstance(model, torch.nn.Module):
-        raise UserError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if not isinstance(example, torch.Tensor):
-        raise UserError(f"example must be a torch.Tensor (one example input batch), got {type(example).__name__}")
-    if example.dim() < 1:
-        raise UserError("example must have a batch dimension (at least 1-D), got a scalar tensor")
-
-    was_training = model.training
-    model.eval()
-    buffer = io.BytesIO()
-    try:
-        with warnings.catch_warnings():
-            # The legacy exporter warns that it is deprecated; we choose it on purpose.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            torch.onnx.export(
-                model,
-                (example,),
-                buffer,
-                dynamo=False,
-                opset_version=opset,
-                input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME],
-                dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
-                do_constant_folding=True,
-            )
-    finally:
-        model.train(was_training)
-    return buffer.getvalue()
-
 
 def _metadata_value(value: object) -> str:
     """ONNX metadata values are strings: keep strings, JSON-encode dicts/lists, str() the rest."""

@@ -13,7 +13,7 @@ from hwnas.core.cli_args import EXIT_USER_ERROR, OneLineParser, positive_int
 from hwnas.core.errors import UserError
 from hwnas.export.cli import EXIT_SOME_FAILED, add_export_parser, run_export
 from hwnas.latency.cli import add_latency_parser, run_latency
-from hwnas.supernet.data import AUGMENT_KINDS
+from hwnas.supernet.augment_kinds import AUGMENT_KINDS
 
 
 def _common(p: argparse.ArgumentParser, d) -> None:

@@ -206,7 +206,7 @@ class MeasuredDevice(Device):
         if isinstance(model, (bytes, bytearray, memoryview)):
             return bytes(model)
         import torch
-        from hwnas.export.onnx_export import onnx_bytes
+        from hwnas.supernet.onnx import onnx_bytes
 
         if not isinstance(model, torch.nn.Module):
             raise UserError(

@@ -7,7 +7,7 @@ Torch-free (import eagerly, usable by latency predictors and search without torc
 
 Torch-based (imported lazily on first use of a name): :mod:`hwnas.quant.fake_quant`,
 :mod:`hwnas.quant.fold`, :mod:`hwnas.quant.observers`, :mod:`hwnas.quant.ptq`, :mod:`hwnas.quant.qat`,
-:mod:`hwnas.quant.sensitivity`, :mod:`hwnas.quant.benchmark`. The functions ``ptq`` and ``qat`` share their
+:mod:`hwnas.quant.sensitivity`. The functions ``ptq`` and ``qat`` share their
 modules' names: import them as ``from quant.ptq import ptq`` and ``from quant.qat import qat``.
 """
 

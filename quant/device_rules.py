@@ -15,12 +15,12 @@ A policy's bit-widths are what the network *asks* for; what a device *does* with
   per-layer quantity: onnxruntime's int8 ran a MobileNetV3-style network slower than FP32 both
   on an AVX2 CPU and on a VNNI/AMX Xeon (issue 5). So the speed factor of an int8 layer comes
   from ``int8_speedup`` (filled by :func:`measure_int8_speedup`, e.g. with
-  :class:`OrtLayerTimer`); without a measurement it is ``default_int8_speedup`` = 1.0 (no gain
+  :class:`hwnas.export.layer_timer.OrtLayerTimer`); without a measurement it is ``default_int8_speedup`` = 1.0 (no gain
   assumed), and float stays a valid per-layer choice.
 * **FPGA** (``fpga``): every width 2–8 is native (bit-serial or LUT arithmetic) and compute
   cost scales with ``w_bits * a_bits`` (BOPs); weights are stored packed at their true width.
 
-This module does not import torch (except :class:`OrtLayerTimer`, lazily).
+This module does not import torch.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from hwnas.core.errors import UserError
 __all__ = [
     "DEVICE_RULES",
     "DeviceQuantRules",
-    "OrtLayerTimer",
     "available_device_rules",
     "device_size_bytes",
     "effective_layers",
@@ -210,70 +209,6 @@ def measure_int8_speedup(layers: Iterable[Layer], timer: Callable[[Layer, bool],
             by_shape[key] = t_float / t_int8
         table[layer.name if by == "name" else key] = by_shape[key]
     return table
-
-
-class OrtLayerTimer:
-    """Times one conv/linear layer alone with onnxruntime on this CPU, in float and as int8
-    (static QDQ quantization, per-channel int8 weights, uint8 activations), for
-    :func:`measure_int8_speedup`. Needs torch and onnxruntime.quantization."""
-
-    def __init__(self, *, batch: int = 1, threads: int = 1, repeats: int = 50, warmup: int = 10,
-                 seed: int = 0) -> None:
-        self.batch, self.threads, self.repeats, self.warmup, self.seed = batch, threads, repeats, warmup, seed
-
-    def _model_bytes(self, layer: Layer) -> tuple[bytes, tuple[int, ...]]:
-        import torch
-        from hwnas.export.onnx_export import onnx_bytes
-        from torch import nn
-
-        torch.manual_seed(self.seed)
-        if layer.op == "conv":
-            module = nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel, layer.stride,
-                               layer.kernel // 2, groups=layer.groups, bias=layer.bias)
-            shape = (self.batch, layer.in_channels, layer.in_h, layer.in_w)
-        else:
-            module = nn.Linear(layer.in_channels, layer.out_channels, bias=layer.bias)
-            shape = (self.batch, layer.in_channels)
-        return onnx_bytes(module.eval(), torch.randn(*shape)), shape
-
-    def __call__(self, layer: Layer, int8: bool) -> float:
-        import os
-        import tempfile
-
-        import numpy as np
-        from hwnas.latency.onnx_measure import measure_onnx
-
-        model, shape = self._model_bytes(layer)
-        if int8:
-            from onnxruntime.quantization import (
-                CalibrationDataReader,
-                QuantFormat,
-                QuantType,
-                quantize_static,
-            )
-
-            rng = np.random.default_rng(self.seed)
-
-            class _Reader(CalibrationDataReader):
-                def __init__(self) -> None:
-                    self.items = iter([{"input": rng.standard_normal(shape).astype(np.float32)}
-                                       for _ in range(4)])
-
-                def get_next(self):  # noqa: ANN201 - onnxruntime protocol
-                    return next(self.items, None)
-
-            with tempfile.TemporaryDirectory() as tmp:
-                src, dst = os.path.join(tmp, "f.onnx"), os.path.join(tmp, "q.onnx")
-                with open(src, "wb") as f:
-                    f.write(model)
-                quantize_static(src, dst, _Reader(), quant_format=QuantFormat.QDQ,
-                                per_channel=True, weight_type=QuantType.QInt8,
-                                activation_type=QuantType.QUInt8)
-                with open(dst, "rb") as f:
-                    model = f.read()
-        stats = measure_onnx(model, batch=self.batch, warmup=self.warmup, repeats=self.repeats,
-                             threads=self.threads, seed=self.seed)
-        return stats.median_ms
 
 
 DEVICE_RULES: dict[str, DeviceQuantRules] = {

@@ -17,7 +17,7 @@ from hwnas.search.objectives import (
     parse_objectives,
 )
 from hwnas.search.samplers import DEFAULT_SAMPLER, SAMPLERS, check_screening_objectives
-from hwnas.supernet.data import check_augment
+from hwnas.supernet.augment_kinds import check_augment
 
 from hwnas.core.errors import UserError
 

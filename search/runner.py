@@ -18,6 +18,7 @@ with its first complete files (config.json, supernet.pt) in one rename.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -475,7 +476,8 @@ def write_outputs(study, cfg: SearchConfig, space: SearchSpace, evaluator: Trial
             f.insert(at, "accuracy_supernet", [scores[k][0] for k in keys])
         outputs.write_frame(run_dir / f"pareto_{d}.csv", f)
     outputs.write_frame(run_dir / "trials.csv", trials)
-    outputs.write_frame(run_dir / "trials.parquet", trials)
+    if importlib.util.find_spec("pyarrow") is not None:  # the optional `parquet` extra
+        outputs.write_frame(run_dir / "trials.parquet", trials)
     history = outputs.hypervolume_history(trials, devices)
     outputs.write_frame(run_dir / "hypervolume.csv", history)
     title = (f"{space.name} on {data.name}: {len(trials)} trials ({cfg.sampler}), "

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from hwnas.supernet.trivial_augment import trivial_augment
 
 from hwnas.core.errors import UserError
+from hwnas.supernet.augment_kinds import AUGMENT_KINDS, check_augment
 
 __all__ = [
     "AUGMENT_KINDS",
@@ -49,9 +50,6 @@ __all__ = [
     "shared_data_dir",
 ]
 
-#: The augmentation kinds :func:`augment_batch` knows.
-AUGMENT_KINDS: tuple[str, ...] = (
-    "shift", "crop_flip", "crop_flip_cutout", "trivial_crop_flip_cutout", "none")
 #: Side of the square that ``crop_flip_cutout`` blanks (DeVries & Taylor 2017 use 16 on CIFAR-10).
 CUTOUT_SIZE = 16
 
@@ -848,17 +846,6 @@ def _resize_uint8(images: torch.Tensor, size: int, chunk: int = 4096) -> torch.T
 # --------------------------------------------------------------------------------------------
 # Augmentation and batching
 # --------------------------------------------------------------------------------------------
-
-
-def check_augment(kind: str, channels: int | None = None) -> None:
-    """:class:`UserError` unless ``kind`` is an augmentation of :data:`AUGMENT_KINDS` that
-    applies to images of ``channels`` channels (TrivialAugment's colour operations need RGB;
-    ``None``: the channels are not known yet, only the name is checked)."""
-    if kind not in AUGMENT_KINDS:
-        raise UserError(f"unknown augmentation {kind!r}; expected one of {', '.join(AUGMENT_KINDS)}")
-    if kind.startswith("trivial_") and channels is not None and channels != 3:
-        raise UserError(f"augmentation {kind!r} needs RGB images; this split has {channels} "
-                        f"channel(s) (use crop_flip_cutout)")
 
 
 def augment_batch(images: torch.Tensor, kind: str, generator: torch.Generator,

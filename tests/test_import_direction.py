@@ -30,9 +30,14 @@ LAYERS = [
 #: Packages of one layer that must not import each other (side by side).
 SIDEWAYS = {3: ("hwnas.latency", "hwnas.quant")}
 
-#: (importer, imported) arrows that break the layering on purpose: empty by default, and each
-#: entry says why it is there.
-ALLOWED: dict[tuple[str, str], str] = {}
+#: (importer, imported) arrows that break the layering on purpose, each with its reason.
+_BUILDS = ("a space builds its own supernet on demand: the import sits inside build_supernet(), "
+           "so the declaration itself stays torch-free")
+ALLOWED: dict[tuple[str, str], str] = {
+    ("hwnas.supernet.spaces.mbv3", "hwnas.supernet.nn.mbv3"): _BUILDS,
+    ("hwnas.supernet.spaces.fbnet", "hwnas.supernet.nn.fbnet"): _BUILDS,
+    ("hwnas.supernet.spaces.nb201", "hwnas.supernet.nn.nb201"): _BUILDS,
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -41,8 +46,6 @@ def _modules() -> dict[str, Path]:
         for path in folder.rglob("*.py"):
             rel = path.relative_to(folder).with_suffix("")
             parts = [p for p in rel.parts if p != "__init__"]
-            if package == "hwnas" and parts and parts[0] == "core":
-                pass
             out[".".join([package, *parts])] = path
     return out
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hwnas.quant.benchmark import (
+from benchmarks.quant_recipes import (
     METHODS,
     QuantBenchConfig,
     format_table,

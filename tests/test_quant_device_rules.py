@@ -10,7 +10,6 @@ from hwnas.quant.allocate import SensitivityTable, allocate
 from hwnas.quant.cost import bops, model_size_bytes
 from hwnas.quant.device_rules import (
     DeviceQuantRules,
-    OrtLayerTimer,
     device_size_bytes,
     effective_layers,
     execution_bits,
@@ -139,6 +138,8 @@ def test_measure_int8_speedup_with_a_timer_hook():
 
 def test_ort_layer_timer_measures_float_and_int8():
     pytest.importorskip("onnxruntime.quantization")
+    from hwnas.export.layer_timer import OrtLayerTimer
+
     timer = OrtLayerTimer(repeats=5, warmup=1)
     layer = Layer("c", "conv", 8, 16, 3, in_h=8, in_w=8, bias=True)
     t_float, t_int8 = timer(layer, False), timer(layer, True)

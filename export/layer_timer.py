@@ -1,0 +1,75 @@
+"""One conv/linear layer timed alone with onnxruntime, in float and as int8, for
+:func:`hwnas.quant.device_rules.measure_int8_speedup` (the per-layer speed table of a CPU).
+
+It lives in ``export`` because it builds and runs ONNX; ``quant`` only consumes the timings.
+"""
+
+from __future__ import annotations
+
+from hwnas.supernet.layers import Layer
+
+__all__ = ["OrtLayerTimer"]
+
+
+class OrtLayerTimer:
+    """Times one conv/linear layer alone with onnxruntime on this CPU, in float and as int8
+    (static QDQ quantization, per-channel int8 weights, uint8 activations), for
+    :func:`measure_int8_speedup`. Needs torch and onnxruntime.quantization."""
+
+    def __init__(self, *, batch: int = 1, threads: int = 1, repeats: int = 50, warmup: int = 10,
+                 seed: int = 0) -> None:
+        self.batch, self.threads, self.repeats, self.warmup, self.seed = batch, threads, repeats, warmup, seed
+
+    def _model_bytes(self, layer: Layer) -> tuple[bytes, tuple[int, ...]]:
+        import torch
+        from hwnas.supernet.onnx import onnx_bytes
+        from torch import nn
+
+        torch.manual_seed(self.seed)
+        if layer.op == "conv":
+            module = nn.Conv2d(layer.in_channels, layer.out_channels, layer.kernel, layer.stride,
+                               layer.kernel // 2, groups=layer.groups, bias=layer.bias)
+            shape = (self.batch, layer.in_channels, layer.in_h, layer.in_w)
+        else:
+            module = nn.Linear(layer.in_channels, layer.out_channels, bias=layer.bias)
+            shape = (self.batch, layer.in_channels)
+        return onnx_bytes(module.eval(), torch.randn(*shape)), shape
+
+    def __call__(self, layer: Layer, int8: bool) -> float:
+        import os
+        import tempfile
+
+        import numpy as np
+        from hwnas.latency.onnx_measure import measure_onnx
+
+        model, shape = self._model_bytes(layer)
+        if int8:
+            from onnxruntime.quantization import (
+                CalibrationDataReader,
+                QuantFormat,
+                QuantType,
+                quantize_static,
+            )
+
+            rng = np.random.default_rng(self.seed)
+
+            class _Reader(CalibrationDataReader):
+                def __init__(self) -> None:
+                    self.items = iter([{"input": rng.standard_normal(shape).astype(np.float32)}
+                                       for _ in range(4)])
+
+                def get_next(self):  # noqa: ANN201 - onnxruntime protocol
+                    return next(self.items, None)
+
+            with tempfile.TemporaryDirectory() as tmp:
+                src, dst = os.path.join(tmp, "f.onnx"), os.path.join(tmp, "q.onnx")
+                with open(src, "wb") as f:
+                    f.write(model)
+                quantize_static(src, dst, _Reader(), quant_format=QuantFormat.QDQ,
+                                per_channel=True, weight_type=QuantType.QInt8,
+                                activation_type=QuantType.QUInt8)
+                with open(dst, "rb") as f:
+                    model = f.read()
+        stats = measure_onnx(model, batch=self.batch, warmup=self.warmup, repeats=self.repeats,
+                             threads=self.threads, seed=self.seed)
+        return stats.median_ms

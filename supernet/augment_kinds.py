@@ -1,0 +1,22 @@
+"""The names of the training augmentations and their check, without torch: the command line
+and the search settings validate ``--augment`` before anything heavy is imported."""
+
+from __future__ import annotations
+
+from hwnas.core.errors import UserError
+
+__all__ = ["AUGMENT_KINDS", "check_augment"]
+
+#: The augmentation kinds :func:`hwnas.supernet.data.augment_batch` knows.
+AUGMENT_KINDS: tuple[str, ...] = (
+    "shift", "crop_flip", "crop_flip_cutout", "trivial_crop_flip_cutout", "none")
+
+def check_augment(kind: str, channels: int | None = None) -> None:
+    """:class:`UserError` unless ``kind`` is an augmentation of :data:`AUGMENT_KINDS` that
+    applies to images of ``channels`` channels (TrivialAugment's colour operations need RGB;
+    ``None``: the channels are not known yet, only the name is checked)."""
+    if kind not in AUGMENT_KINDS:
+        raise UserError(f"unknown augmentation {kind!r}; expected one of {', '.join(AUGMENT_KINDS)}")
+    if kind.startswith("trivial_") and channels is not None and channels != 3:
+        raise UserError(f"augmentation {kind!r} needs RGB images; this split has {channels} "
+                        f"channel(s) (use crop_flip_cutout)")
