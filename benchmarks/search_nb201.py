@@ -60,12 +60,8 @@ from hwnas.latency.tables import (  # noqa: E402
     load_latency_table,
     load_shared_table,
 )
-from hwnas.search.screening import (  # noqa: E402
-    ScreeningConfig,
-    ScreeningSampler,
-    front_indices_2d,
-    hypervolume_2d,
-)
+from hwnas.search.pareto import front_indices_2d, hypervolume_2d  # noqa: E402
+from hwnas.search.screening import ScreeningConfig, ScreeningSampler  # noqa: E402
 from hwnas.supernet.spaces import get_space  # noqa: E402
 
 from hwnas.core.errors import UserError  # noqa: E402

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from hwnas.search.objectives import Constraint, Metric
-from hwnas.search.screening import hypervolume_2d
+from hwnas.search.pareto import hypervolume_2d
 
 from hwnas.core.errors import UserError
 from hwnas.core.io import write_atomic

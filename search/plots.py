@@ -16,7 +16,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt  # headless: matplotlib picks Agg by itself without a display
 import numpy as np
 import pandas as pd
-from hwnas.search.screening import front_indices_2d
+from hwnas.search.pareto import front_indices_2d
 
 
 def _save(fig, path: Path) -> Path:

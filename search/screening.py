@@ -42,16 +42,8 @@ running) trials. The sampler keeps no state of its own that a study needs: a new
 surrogate refits then start from the current trials, so its later choices may differ from
 those an uninterrupted process would have made).
 
-The surrogate (:class:`PoolGP`) is a GP with a squared-exponential kernel on the space's
-encoding (:meth:`SearchSpace.encode`, columns scaled to [0, 1]; for one-hot encodings this is
-an exponentiated Hamming kernel), a constant mean, the output scale profiled out and the
-length-scale and noise chosen by marginal likelihood on a small grid. The worst ``floor_quantile``
-of the observed values is clipped to that quantile before fitting: what matters is the good
-region, and a few broken architectures (1 % accuracy) would otherwise dominate a stationary
-kernel. Hyper-parameters are refitted whenever the number of evaluations has grown by
-``refit_growth``; in between, each new evaluation is added to the Cholesky factor and to the
-pool's cross-covariances in O(n·N) (n evaluations, N candidates), so a step stays in the tens of
-milliseconds at n = 1000, N = 15,625.
+The Pareto maths is in :mod:`hwnas.search.pareto`, the acquisition functions in
+:mod:`hwnas.search.acquisition`, the surrogate in :mod:`hwnas.search.gp`.
 """
 
 from __future__ import annotations
@@ -63,6 +55,9 @@ from typing import Any, Protocol
 
 import numpy as np
 import optuna
+from hwnas.search.acquisition import expected_hvi_2d, expected_improvement
+from hwnas.search.gp import PoolGP
+from hwnas.search.pareto import front_indices_2d
 from hwnas.supernet.space import SearchSpace
 from optuna.distributions import (
     BaseDistribution,
@@ -73,7 +68,6 @@ from optuna.distributions import (
 from optuna.samplers import BaseSampler, RandomSampler
 from optuna.study import StudyDirection
 from optuna.trial import FixedTrial, FrozenTrial, TrialState
-from scipy.linalg import solve_triangular
 from scipy.special import ndtr
 
 from hwnas.core.errors import UserError
@@ -82,12 +76,8 @@ __all__ = [
     "CandidateSpace",
     "CheapConstraints",
     "CheapObjectives",
-    "PoolGP",
     "ScreeningConfig",
     "ScreeningSampler",
-    "expected_hvi_2d",
-    "front_indices_2d",
-    "hypervolume_2d",
 ]
 
 #: ``cheap(archs) -> array (len(archs), k)`` (or ``(len(archs),)`` when k = 1): the values of
@@ -110,235 +100,9 @@ class CandidateSpace(Protocol):
     def to_params(self, cand: Any) -> dict[str, Any]: ...
     def suggest(self, trial: Any) -> Any: ...
 
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
-# ------------------------------------------------------------------------------------------------
-# 2-D fronts and hypervolume (cost minimised, gain maximised)
-# ------------------------------------------------------------------------------------------------
 
-
-def front_indices_2d(cost: np.ndarray, gain: np.ndarray) -> np.ndarray:
-    """Indices of the non-dominated points (min ``cost``, max ``gain``), sorted by cost
-    ascending (so gain ascends too). Of identical points the first is kept."""
-    cost, gain = np.asarray(cost, float), np.asarray(gain, float)
-    if len(cost) == 0:
-        return np.zeros(0, dtype=int)
-    order = np.lexsort((-gain, cost))  # by cost, then best gain first
-    g = gain[order]
-    prev_best = np.concatenate([[-np.inf], np.maximum.accumulate(g)[:-1]])
-    return order[g > prev_best]
-
-
-def hypervolume_2d(cost: np.ndarray, gain: np.ndarray, ref_cost: float,
-                   ref_gain: float) -> float:
-    """Area dominated by the points (min ``cost``, max ``gain``) and bounded by the reference
-    point ``(ref_cost, ref_gain)``; points not strictly better than the reference in both
-    objectives add nothing."""
-    cost, gain = np.asarray(cost, float), np.asarray(gain, float)
-    keep = (cost < ref_cost) & (gain > ref_gain)
-    cost, gain = cost[keep], gain[keep]
-    if len(cost) == 0:
-        return 0.0
-    idx = front_indices_2d(cost, gain)
-    c, g = cost[idx], gain[idx]
-    widths = np.diff(np.concatenate([c, [ref_cost]]))
-    return float(np.sum(widths * (g - ref_gain)))
-
-
-def _lower_partial(b: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
-    """``E[max(0, b - X)]`` for ``X ~ N(mu, sd^2)`` (``sd`` may be 0; ``b`` may be -inf)."""
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        d = b - mu
-        z = d / sd
-        out = sd * _INV_SQRT_2PI * np.exp(-0.5 * z * z) + d * ndtr(z)
-        exact = np.maximum(d, 0.0)
-    out = np.where(sd > 0, out, exact)
-    return np.where(np.isneginf(b), 0.0, out)
-
-
-def expected_hvi_2d(mu: np.ndarray, sd: np.ndarray, cost: np.ndarray, front_cost: np.ndarray,
-                    front_gain: np.ndarray, ref_cost: float, ref_gain: float,
-                    cost_sd: np.ndarray | None = None) -> np.ndarray:
-    """Exact expected hypervolume improvement of candidates whose gain is ``N(mu, sd^2)``
-    (maximised) and whose cost is ``N(cost, cost_sd^2)`` (minimised; known exactly when
-    ``cost_sd`` is ``None``), independent, over a front given by :func:`front_indices_2d`
-    (cost ascending) and a reference point.
-
-    The front's staircase stands at level ``y_k`` on the cost interval ``[b_{k-1}, b_k)``; a
-    candidate ``(G, C)`` adds ``max(0, b_k - max(b_{k-1}, C)) * max(0, G - y_k)`` there. With G
-    and C independent the expectation factorizes per interval:
-    ``(P(b_k) - P(b_{k-1})) * E[max(0, G - y_k)]`` with ``P(b) = E[max(0, b - C)]``, and both
-    factors have the closed form ``s phi(z) + d Phi(z)``.
-    """
-    mu, sd, cost = (np.asarray(v, float) for v in (mu, sd, cost))
-    sd = np.maximum(sd, 1e-12)
-    csd = np.zeros(len(cost)) if cost_sd is None else np.maximum(np.asarray(cost_sd, float), 0)
-    fc = np.asarray(front_cost, float)
-    fg = np.asarray(front_gain, float)
-    keep = (fc < ref_cost) & (fg > ref_gain)
-    fc, fg = fc[keep], fg[keep]
-    bounds = np.concatenate([[-np.inf], fc, [ref_cost]])  # interval k: [bounds_k, bounds_k+1)
-    lev = np.concatenate([[ref_gain], fg])
-    out = np.zeros(len(mu))
-    # only candidates that can beat the staircase where they may stand can improve anything
-    optimistic_cost = cost - 6.0 * csd
-    level_here = lev[np.searchsorted(fc, optimistic_cost, side="right")]
-    live = np.flatnonzero((optimistic_cost < ref_cost) & (mu + 6.0 * sd > level_here))
-    if len(live) == 0:
-        return out
-    m, s = mu[live, None], sd[live, None]
-    P = _lower_partial(bounds[None, :], cost[live, None], csd[live, None])  # live x (K + 2)
-    width = np.maximum(np.diff(P, axis=1), 0.0)  # expected width of each interval
-    d = m - lev[None, :]
-    z = d / s
-    out[live] = np.sum(width * (s * _INV_SQRT_2PI * np.exp(-0.5 * z * z) + d * ndtr(z)), 1)
-    return out
-
-
-# ------------------------------------------------------------------------------------------------
-# the surrogate
-# ------------------------------------------------------------------------------------------------
-
-
-class PoolGP:
-    """A GP regression of one objective over a fixed candidate pool, updated incrementally.
-
-    ``pool`` holds the candidates' features (N x d). Training points are given as feature rows
-    too (they need not be in the pool). Keeps the Cholesky factor ``L`` of the training kernel
-    (unit output scale) and ``V = L^-1 K(train, pool)``, so that the posterior mean
-    ``m + V^T L^-1 (y - m)`` and the variance ``s2 (1 - colsum(V^2))`` of every candidate cost
-    O(n N), and adding one training point costs O(n N) as well.
-    """
-
-    def __init__(self, pool: np.ndarray, *, length_factors: Sequence[float],
-                 noises: Sequence[float], floor_quantile: float, max_fit: int = 400) -> None:
-        self.max_fit = int(max_fit)
-        self.length_factors = tuple(float(v) for v in length_factors)
-        self.noises = tuple(float(v) for v in noises)
-        self.floor_quantile = float(floor_quantile)
-        self.X = np.zeros((0, pool.shape[1]))
-        self._cap = 0
-        self._L = np.zeros((0, 0))
-        self._V = np.zeros((0, len(pool)))
-        self.set_pool(pool)
-        self.two_l2 = 1.0
-        self.noise = self.noises[0]
-
-    # -- kernel ----------------------------------------------------------------------------------
-    @staticmethod
-    def _d2(a: np.ndarray, b: np.ndarray, b_sq: np.ndarray | None = None) -> np.ndarray:
-        if b_sq is None:
-            b_sq = (b * b).sum(1)
-        d2 = (a * a).sum(1)[:, None] + b_sq[None, :] - 2.0 * a @ b.T
-        return np.maximum(d2, 0.0)
-
-    def _k(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return np.exp(-self._d2(a, b) / self.two_l2)
-
-    def _k_pool(self, a: np.ndarray) -> np.ndarray:
-        return np.exp(-self._d2(a, self.pool, self._pool_sq) / self.two_l2)
-
-    def set_pool(self, pool: np.ndarray) -> None:
-        """Replace the candidates (the factor is rebuilt by the next :meth:`refit`)."""
-        self.pool = np.asarray(pool, dtype=np.float64)
-        self._pool_sq = (self.pool * self.pool).sum(1)
-        n = len(self.pool)
-        sub = self.pool[:: max(1, n // 400)]
-        d2 = self._d2(sub, sub)
-        positive = d2[d2 > 0]
-        #: typical squared distance between candidates: the unit of the length-scale grid
-        self.d2_scale = float(np.median(positive)) if len(positive) else 1.0
-        self._V = np.zeros((self._cap, n))
-        self._var = np.ones(n)
-
-    @property
-    def n(self) -> int:
-        return len(self.X)
-
-    def transform(self, y: np.ndarray) -> np.ndarray:
-        """The fitted targets: the worst ``floor_quantile`` clipped (values are maximised)."""
-        y = np.asarray(y, float)
-        if self.floor_quantile > 0 and len(y) >= 5:
-            y = np.maximum(y, np.quantile(y, self.floor_quantile))
-        return y
-
-    # -- fitting ---------------------------------------------------------------------------------
-    def refit(self, X: np.ndarray, y: np.ndarray) -> None:
-        """Choose length-scale and noise by marginal likelihood (output scale and constant mean
-        profiled out) and rebuild the factor and the pool cross-covariances for ``X``."""
-        X = np.asarray(X, float)
-        t = self.transform(y)
-        n = len(t)
-        # the grid search looks at an evenly spread subset of at most ``max_fit`` points
-        sub = np.linspace(0, n - 1, min(n, self.max_fit)).round().astype(int)
-        d2 = self._d2(X[sub], X[sub])
-        best: tuple[float, float, float] | None = None
-        r = t[sub] - t[sub].mean()
-        m = len(sub)
-        eye = np.eye(m)
-        for f in self.length_factors:
-            K0 = np.exp(-d2 / (f * self.d2_scale))
-            for lam in self.noises:
-                try:
-                    L = np.linalg.cholesky(K0 + lam * eye)
-                except np.linalg.LinAlgError:
-                    continue
-                w = solve_triangular(L, r, lower=True, check_finite=False)
-                s2 = max(float(w @ w) / m, 1e-300)
-                ml = -0.5 * m * math.log(s2) - float(np.log(np.diag(L)).sum())
-                if best is None or ml > best[0]:
-                    best = (ml, f, lam)
-        if best is None:  # pragma: no cover - the largest noise always factors
-            best = (0.0, self.length_factors[-1], 1.0)
-        self.two_l2, self.noise = best[1] * self.d2_scale, best[2]
-        self._cap = max(n + n // 4 + 16, 64)
-        self.X = X.copy()
-        L = np.linalg.cholesky(self._k(X, X) + self.noise * np.eye(n))
-        self._L = np.zeros((self._cap, self._cap))
-        self._L[:n, :n] = L
-        V = solve_triangular(L, self._k_pool(X), lower=True, check_finite=False)
-        self._V = np.zeros((self._cap, len(self.pool)))
-        self._V[:n] = V
-        self._var = 1.0 - np.einsum("ij,ij->j", V, V)
-
-    def add(self, x: np.ndarray) -> None:
-        """Add one training point with the current hyper-parameters (O(n N))."""
-        x = np.asarray(x, float).reshape(1, -1)
-        n = self.n
-        if n + 1 > self._cap:
-            cap = n + 1 + (n + 1) // 4 + 16
-            L = np.zeros((cap, cap))
-            L[:n, :n] = self._L[:n, :n]
-            V = np.zeros((cap, len(self.pool)))
-            V[:n] = self._V[:n]
-            self._L, self._V, self._cap = L, V, cap
-        kp = self._k_pool(x)[0]
-        if n:
-            kt = self._k(x, self.X)[0]
-            l = solve_triangular(self._L[:n, :n], kt, lower=True, check_finite=False)
-            d = math.sqrt(max(1.0 + self.noise - float(l @ l), 1e-12))
-            v = (kp - l @ self._V[:n]) / d
-            self._L[n, :n] = l
-        else:
-            d = math.sqrt(1.0 + self.noise)
-            v = kp / d
-        self._L[n, n] = d
-        self._V[n] = v
-        self._var -= v * v
-        self.X = np.vstack([self.X, x])
-
-    def predict(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Posterior mean and standard deviation of every pool candidate, given the observed
-        values ``y`` of the training points (in the order they were added)."""
-        t = self.transform(y)
-        n = self.n
-        m = float(t.mean())
-        w = solve_triangular(self._L[:n, :n], t - m, lower=True, check_finite=False)
-        s2 = max(float(w @ w) / n, 1e-300)
-        mu = m + w @ self._V[:n]
-        sd = np.sqrt(np.maximum(self._var, 1e-12) * s2)
-        return mu, sd
 
 
 # ------------------------------------------------------------------------------------------------
@@ -860,7 +624,7 @@ class ScreeningSampler(BaseSampler):
             Y = Y[feasible]
         if len(directions) == 1:
             mu, sd = preds[0]
-            return _expected_improvement(mu, sd, float(Y[:, 0].max()))
+            return expected_improvement(mu, sd, float(Y[:, 0].max()))
         if len(directions) == 2:
             mu, sd = preds[0]
             if len(exp_idx) == 1:  # the cost is cheap: known (or with the callable's sd)
@@ -906,13 +670,6 @@ class ScreeningSampler(BaseSampler):
         gap = (hi - G) / span  # 0 = ideal
         w = rng.dirichlet(np.ones(d))
         return -(np.max(w * gap, 1) + 0.05 * np.sum(w * gap, 1))
-
-
-def _expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
-    sd = np.maximum(sd, 1e-12)
-    d = mu - best
-    z = d / sd
-    return sd * _INV_SQRT_2PI * np.exp(-0.5 * z * z) + d * ndtr(z)
 
 
 def _direction(d: str | StudyDirection) -> StudyDirection:

@@ -11,14 +11,10 @@ from pathlib import Path
 import numpy as np
 import optuna
 import pytest
-from hwnas.search.screening import (
-    PoolGP,
-    ScreeningConfig,
-    ScreeningSampler,
-    expected_hvi_2d,
-    front_indices_2d,
-    hypervolume_2d,
-)
+from hwnas.search.acquisition import expected_hvi_2d
+from hwnas.search.gp import PoolGP
+from hwnas.search.pareto import front_indices_2d, hypervolume_2d
+from hwnas.search.screening import ScreeningConfig, ScreeningSampler
 from hwnas.supernet.space import SearchSpace
 
 from hwnas.core.errors import UserError

@@ -20,9 +20,9 @@ from hwnas.search.outputs import (
     hypervolume_history,
     pareto_mask,
 )
+from hwnas.search.pareto import front_indices_2d, hypervolume_2d
 from hwnas.search.plots import plot_across_devices, plot_fronts
 from hwnas.search.samplers import SAMPLERS, make_sampler
-from hwnas.search.screening import front_indices_2d, hypervolume_2d
 from hwnas.search.study import (
     enqueue_once,
     open_study,
