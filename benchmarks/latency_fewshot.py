@@ -62,20 +62,13 @@ from hwnas.latency.tables import (  # noqa: E402
 from hwnas.supernet.spaces import get_space  # noqa: E402
 
 from hwnas.core.errors import UserError  # noqa: E402
+from hwnas.core.maths import spearman  # noqa: F401 - the benchmarks import it from here
 
 OUT_JSON = Path(__file__).with_suffix(".json")
 BASELINES = ("flops", "lut", "mlp")
 ALL_PREDICTORS = (*BASELINES, "meta", "meta[random]", "meta[help-refs]", "meta[v1]")
 #: Options that turn the current meta predictor into the previous version (``meta[v1]``).
 V1_OPTIONS: dict[str, Any] = {"execution": ("raw",), "robust_iterations": 0}
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    from scipy.stats import spearmanr
-
-    if np.ptp(a) == 0 or np.ptp(b) == 0:
-        return 0.0
-    return float(spearmanr(a, b)[0])
 
 
 def machine() -> str:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+
 try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
     from quant_recipes import (
     METHODS,

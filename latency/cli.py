@@ -31,6 +31,7 @@ import numpy as np
 
 from hwnas.core.errors import UserError
 from hwnas.core.io import write_atomic
+from hwnas.core.maths import spearman
 
 __all__ = ["add_latency_parser", "run_latency", "measure_dir", "adapt_device", "predict_csv",
            "default_predictor"]
@@ -260,17 +261,9 @@ def adapt_device(
     archs = [space.from_string(a) for a in data.archs]
     predictor.adapt(archs, data.latency_ms, seed=seed)
     fitted = np.asarray(predictor.predict(archs), dtype=np.float64)
-    rho = _spearman(fitted, data.latency_ms)
+    rho = spearman(fitted, data.latency_ms) if len(fitted) >= 2 else float("nan")
     profile = save_profile(name, space, predictor, data, overwrite=overwrite, base=base)
     return profile, predictor, rho
-
-
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    if len(a) < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
-        return float("nan")
-    from scipy.stats import spearmanr
-
-    return float(spearmanr(a, b)[0])
 
 
 def _cmd_adapt(args: argparse.Namespace) -> int:

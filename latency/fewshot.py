@@ -32,6 +32,7 @@ from hwnas.latency.predictors.base import LatencyPredictor
 from hwnas.latency.tables import LatencyTable
 
 from hwnas.core.errors import UserError
+from hwnas.core.maths import spearman
 
 __all__ = ["FewShotScore", "choose_measurements", "fewshot_scores", "spearman"]
 
@@ -52,19 +53,6 @@ class FewShotScore:
     seed: int
     spearman: float
     adapt_seconds: float
-
-
-def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
-    """Spearman's rank correlation of ``a`` and ``b`` (0.0 when either is constant)."""
-    from scipy.stats import spearmanr
-
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 1 or len(a) < 2:
-        raise UserError(f"spearman needs two 1-d arrays of equal length >= 2, got shapes "
-                        f"{a.shape} and {b.shape}")
-    if np.ptp(a) == 0 or np.ptp(b) == 0:
-        return 0.0
-    return float(spearmanr(a, b)[0])
 
 
 def _uses_reference(predictor: LatencyPredictor, reference: bool) -> bool:

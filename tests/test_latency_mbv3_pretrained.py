@@ -10,20 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hwnas.latency.predictors import MetaPredictor, load_pretrained, pretrained_path
+
+from hwnas.core.maths import spearman
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results" / "latency_mbv3"
 #: space -> lowest accepted Spearman on the architectures not measured
 THRESHOLDS = {"mbv3-tiny": 0.93, "mbv3": 0.78}
-
-
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    from scipy.stats import spearmanr
-
-    return float(spearmanr(a, b)[0])
 
 
 @pytest.mark.parametrize("space_name", sorted(THRESHOLDS))
@@ -53,7 +48,7 @@ def test_adapt_on_ten_shipped_rows_ranks_the_rest(space_name: str, device: str) 
     pred.adapt(refs, y[table.rows(refs)], seed=0)
     ref_set = set(refs)
     rest = [a for a in table.archs if a not in ref_set]
-    rho = _spearman(pred.predict(rest), y[table.rows(rest)])
+    rho = spearman(pred.predict(rest), y[table.rows(rest)])
     assert rho > THRESHOLDS[space_name], f"{space_name} {device}: Spearman {rho:.3f}"
 
 

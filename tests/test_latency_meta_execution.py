@@ -11,18 +11,14 @@ from hwnas.latency.predictors import LatencyPredictor, MetaPredictor, load_pretr
 from hwnas.latency.predictors.features import executed, execution_variants, features
 from hwnas.latency.predictors.meta import greedy_design
 from hwnas.supernet.spaces import get_space
-from scipy.stats import spearmanr
 
 from hwnas.core.errors import UserError
+from hwnas.core.maths import spearman as rho
 
 
 @pytest.fixture(scope="module")
 def nb201(nb201_sample):
     return nb201_sample(1500, seed=5)
-
-
-def rho(a: np.ndarray, b: np.ndarray) -> float:
-    return float(spearmanr(a, b)[0])
 
 
 def synthetic_devices(space, archs, pruning: list[bool], seed: int) -> dict[str, np.ndarray]:

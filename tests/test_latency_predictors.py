@@ -22,9 +22,9 @@ from hwnas.latency.predictors import (
 from hwnas.latency.predictors.features import features, layer_feature_names
 from hwnas.supernet.data import shared_data_dir
 from hwnas.supernet.spaces import get_space
-from scipy.stats import spearmanr
 
 from hwnas.core.errors import UserError
+from hwnas.core.maths import spearman as rho
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,10 +32,6 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def nb201(nb201_sample):
     return nb201_sample(1200, seed=0)
-
-
-def rho(a: np.ndarray, b: np.ndarray) -> float:
-    return float(spearmanr(a, b)[0])
 
 
 def additive_devices(space, archs, n_devices: int, seed: int) -> dict[str, np.ndarray]:

@@ -9,13 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from benchmarks.quant_recipes import (
-    METHODS,
-    QuantBenchConfig,
-    format_table,
-    run_quant_benchmark,
-    subnet_archs,
-)
 from hwnas.supernet.data import load_dataset
 from hwnas.supernet.spaces import get_space
 from hwnas.supernet.train import (
@@ -25,6 +18,13 @@ from hwnas.supernet.train import (
     train_supernet,
 )
 
+from benchmarks.quant_recipes import (
+    METHODS,
+    QuantBenchConfig,
+    format_table,
+    run_quant_benchmark,
+    subnet_archs,
+)
 from hwnas.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
