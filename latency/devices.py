@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from hwnas.latency.tables import KEY_COLUMNS
 from hwnas.supernet.space import SearchSpace
 
 from hwnas.core.errors import UserError
@@ -60,8 +61,6 @@ KINDS = ("measured", "table", "estimated", "adapted")
 
 #: Latency tables of the shared data: space name -> file name under ``<shared data>/latency``.
 TABLE_FILES = {"nb201": "nb201_latency_ms.csv", "fbnet": "fbnet_latency_ms.csv"}
-#: Columns of a latency table that are not devices.
-TABLE_KEY_COLUMNS = ("arch_idx", "arch")
 
 ArchLike = Any  # an architecture of the space, or its canonical string
 
@@ -368,7 +367,7 @@ def _table_columns(path: str, mtime: float) -> tuple[str, ...]:
 
     with open(path, newline="") as fh:
         header = next(csv.reader(fh), [])
-    return tuple(c for c in header if c not in TABLE_KEY_COLUMNS)
+    return tuple(c for c in header if c not in KEY_COLUMNS)
 
 
 @functools.lru_cache(maxsize=4)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
-from hwnas.latency.predictors import LatencyPredictor, MetaPredictor, load_pretrained
+from hwnas.latency.predictors import MetaPredictor, load_pretrained
 from hwnas.latency.predictors.features import executed, execution_variants, features
 from hwnas.latency.predictors.meta import greedy_design
 from hwnas.supernet.spaces import get_space
@@ -124,38 +121,6 @@ def test_bad_options(nb201) -> None:
                                                                    seed=0)
     with pytest.raises(UserError, match="robust_iterations"):
         MetaPredictor(space, robust_iterations=-1)
-
-
-def test_files_written_before_execution_variants_load_and_adapt_as_then(
-        nb201, tmp_path: Path) -> None:
-    """A file in the earlier layout (``ybar`` instead of ``icpt``/``coef_d``, no execution or
-    robust settings) loads as a raw-only, Gaussian-noise predictor with the same predictions."""
-    space, archs = nb201
-    table = synthetic_devices(space, archs, [False, False, True, False], seed=2)
-    new = table.pop("dev3")
-    meta = MetaPredictor(space, pool_size=300, execution=["raw"], robust_iterations=0).meta_fit(
-        space, archs, table, seed=0)
-    path = meta.save(tmp_path / "new.npz")
-    with np.load(path) as z:
-        arrays = {k: z[k] for k in z.files}
-    doc = json.loads(arrays.pop("__meta__").tobytes().decode())
-    for key in ("execution", "disconnected_var", "design_delta", "design_delta_after",
-                "robust_iterations", "robust_nu", "device_execution", "execution_prior"):
-        doc["state"].pop(key)
-    icpt, coef = arrays.pop("state.icpt"), arrays["state.coef"]
-    arrays.pop("state.coef_d")
-    arrays["state.ybar"] = icpt + coef @ arrays["state.x_mean"]
-    arrays["__meta__"] = np.frombuffer(json.dumps(doc).encode(), dtype=np.uint8)
-    legacy = tmp_path / "legacy.npz"
-    np.savez_compressed(legacy, **arrays)
-    old = LatencyPredictor.load(legacy)
-    assert isinstance(old, MetaPredictor) and old.variants == ("raw",)
-    assert old.robust_iterations == 0 and old.reference_archs == meta.reference_archs
-    where = {a: i for i, a in enumerate(archs)}
-    refs = meta.reference_archs[:10]
-    for p in (meta, old):
-        p.adapt(refs, new[[where[a] for a in refs]], seed=0)
-    np.testing.assert_allclose(old.predict(archs), meta.predict(archs), rtol=1e-9)
 
 
 def test_shipped_nb201_predictor_knows_the_pruning_device() -> None:

@@ -115,10 +115,6 @@ class EdgeTPUParams:
         if self.invoke_overhead_ms < 0 or self.layer_overhead_us < 0:
             raise UserError(f"{owner}: overheads must be >= 0")
 
-    @property
-    def peak_tops(self) -> float:
-        return 2 * self.rows * self.cols * self.clock_mhz * 1e6 / 1e12
-
 
 def tpu_supported(layer: Layer, params: EdgeTPUParams) -> tuple[bool, str]:
     """Whether ``layer`` runs on the Edge TPU, and if not, why (see the module docstring)."""

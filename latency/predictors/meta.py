@@ -468,10 +468,6 @@ class MetaPredictor(LatencyPredictor):
                                       "pool_size", "surrogate_ridge", "execution",
                                       "disconnected_var", "design_delta", "design_delta_after",
                                       "robust_iterations", "robust_nu") if k in meta}
-        legacy = "icpt" not in arrays
-        if legacy:  # written before execution variants and robust fitting: behave as then
-            hyper.setdefault("robust_iterations", 0)
-            hyper.setdefault("execution", ["raw"])
         obj = cls(space, **hyper)
         obj.devices_ = list(meta.get("devices", []))
         obj._ref = list(meta.get("reference_archs", []))
@@ -479,8 +475,7 @@ class MetaPredictor(LatencyPredictor):
         if not obj.devices_:
             return obj
         needed = {"coef", "floor", "zl_mean", "zl_std", "zm_mean", "zm_std", "x_mean", "x_scale",
-                  "l_cols", "l_mean", "l_std", "f_mean", "f_std"} | (
-            {"ybar"} if legacy else {"icpt", "coef_d"})
+                  "l_cols", "l_mean", "l_std", "f_mean", "f_std", "icpt", "coef_d"}
         if not needed <= set(obj._p):
             raise UserError(f"meta predictor file lacks {sorted(needed - set(obj._p))}")
         if obj._p["coef"].shape[1] != space.feature_dim:
@@ -488,19 +483,13 @@ class MetaPredictor(LatencyPredictor):
                 f"meta predictor was trained on encodings of {obj._p['coef'].shape[1]} "
                 f"features; space {space.name} has {space.feature_dim}"
             )
-        if legacy:  # S = (X - x_mean) @ coef.T + ybar, as an intercept per device
-            obj._p["icpt"] = obj._p["ybar"] - obj._p["coef"] @ obj._p["x_mean"]
-            obj._p["coef_d"] = np.zeros(len(obj.devices_))
-            obj.device_execution_ = ["raw"] * len(obj.devices_)
-            obj.execution_prior_ = {"raw": 1.0}
-        else:
-            obj.device_execution_ = list(meta.get("device_execution",
-                                                  ["raw"] * len(obj.devices_)))
-            obj.execution_prior_ = {str(k): float(v)
-                                    for k, v in (meta.get("execution_prior") or
-                                                 {"raw": 1.0}).items()}
-            bad = [v for v in obj.execution_prior_ if v not in execution_variants(space)]
-            if bad:
-                raise UserError(f"meta predictor file uses execution variant {bad[0]!r}, which "
-                                f"space {space.name} does not have")
+        obj.device_execution_ = list(meta.get("device_execution",
+                                              ["raw"] * len(obj.devices_)))
+        obj.execution_prior_ = {str(k): float(v)
+                                for k, v in (meta.get("execution_prior") or
+                                             {"raw": 1.0}).items()}
+        bad = [v for v in obj.execution_prior_ if v not in execution_variants(space)]
+        if bad:
+            raise UserError(f"meta predictor file uses execution variant {bad[0]!r}, which "
+                            f"space {space.name} does not have")
         return obj

@@ -120,11 +120,6 @@ class NB201Arch:
         return NUM_NODES - 1 in reached
 
 
-def _edge_cost_key(arch: NB201Arch) -> tuple[int, int]:
-    """Tie-breakers after MACs: number of active edges, then number of pooling edges."""
-    return sum(op != "none" for op in arch.ops), sum(op == "avg_pool_3x3" for op in arch.ops)
-
-
 class NB201Space(SearchSpace[NB201Arch]):
     """The NAS-Bench-201 cell space; see the module docstring."""
 
