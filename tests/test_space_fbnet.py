@@ -4,8 +4,6 @@ against the real latency table, layer list) and its weight-sharing supernet."""
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -50,14 +48,6 @@ def test_registered_and_configurable():
     assert small.input_shape == (1, 16, 16) and small.layers(small.smallest())[0].in_channels == 1
 
 
-def test_import_does_not_pull_in_torch():
-    code = ("import sys, hwnas.supernet.spaces.fbnet, hwnas.supernet.spaces; "
-            "s = hwnas.supernet.spaces.get_space('fbnet'); s.layers(s.largest()); "
-            "assert 'torch' not in sys.modules, 'torch imported'")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-
-
 def test_block_specs():
     assert block_spec("skip") is None
     assert (block_spec("k5_e1_g2").kernel, block_spec("k5_e1_g2").expand,
@@ -69,14 +59,6 @@ def test_block_specs():
 # --------------------------------------------------------------------------------------------
 # string form
 # --------------------------------------------------------------------------------------------
-
-
-def test_round_trip(space, samples):
-    for arch in [*samples, space.smallest(), space.largest()]:
-        text = space.to_string(arch)
-        assert text.count("-") == N_LAYERS - 1
-        assert space.from_string(text) == arch
-        assert space.parse(text) == arch and space.parse(arch) == arch
 
 
 def test_joins_every_string_of_the_latency_table(space):

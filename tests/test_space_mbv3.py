@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from hwnas.supernet.layers import Layer
 from hwnas.supernet.spaces import (
     MBV3Arch,
     MBV3Config,
@@ -46,24 +43,9 @@ def supernet_model(space):
 # --------------------------------------------------------------------------------------------
 
 
-def test_import_does_not_pull_in_torch():
-    code = "import hwnas.supernet, hwnas.supernet.spaces, sys; assert 'torch' not in sys.modules"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-
-
 # --------------------------------------------------------------------------------------------
 # string form
 # --------------------------------------------------------------------------------------------
-
-
-def test_string_round_trip(space, samples):
-    for arch in [*samples, space.smallest(), space.largest()]:
-        text = space.to_string(arch)
-        assert space.from_string(text) == arch
-        assert space.to_string(space.from_string(text)) == text
-        assert space.parse(text) == arch
-        assert space.parse(arch) == arch
 
 
 def test_string_format_example(space):
@@ -71,15 +53,6 @@ def test_string_format_example(space):
     assert space.to_string(arch) == "k3e4-k5e6_k3e2_k7e6-k3e2-k5e4"
     assert space.to_string(space.smallest()) == "k3e2_k3e2_k3e2"
     assert space.to_string(space.largest()) == "_".join(["-".join(["k7e6"] * 3)] * 3)
-
-
-def test_canonical_strings_are_unique(space, samples):
-    by_string: dict[str, MBV3Arch] = {}
-    for arch in samples:
-        text = space.to_string(arch)
-        assert by_string.setdefault(text, arch) == arch  # one string -> one arch
-    assert len(by_string) == len(set(samples))  # distinct archs -> distinct strings
-    assert len(set(samples)) > 150  # the sampler really does produce variety
 
 
 @pytest.mark.parametrize(
@@ -165,27 +138,9 @@ def test_encode_one_hot_blocks(space, samples):
         assert vec.sum() == c.num_stages + 2 * sum(arch.depths)
 
 
-def test_distinct_archs_have_distinct_encodings(space, samples):
-    codes = {arch: space.encode(arch).tobytes() for arch in samples}
-    assert len(set(codes.values())) == len(codes)
-
-
 # --------------------------------------------------------------------------------------------
 # cost ordering
 # --------------------------------------------------------------------------------------------
-
-
-def test_smallest_and_largest_bound_the_space(space, samples):
-    small, large = space.smallest(), space.largest()
-    flops = [space.flops(a) for a in samples]
-    params = [space.params(a) for a in samples]
-    assert space.flops(small) <= min(flops)
-    assert space.params(small) <= min(params)
-    assert space.flops(large) >= max(flops)
-    assert space.params(large) >= max(params)
-    assert space.flops(small) < space.flops(large)
-    assert space.params(small) < space.params(large)
-    assert space.flops(small) == 2 * space.macs(small)
 
 
 # --------------------------------------------------------------------------------------------
@@ -307,14 +262,6 @@ def test_layer_params_match_static_model_with_bn_folded(space_and_net):
 # --------------------------------------------------------------------------------------------
 
 
-def test_suggest_with_fixed_trial_returns_arch(space, samples):
-    from optuna.trial import FixedTrial
-
-    for arch in [*samples[:50], space.smallest(), space.largest()]:
-        params = space.to_params(arch)
-        assert space.suggest(FixedTrial(params)) == arch
-
-
 def test_to_params_covers_inactive_slots(space):
     """Every trial has the same parameter set (needed by multivariate samplers)."""
     small, large = space.to_params(space.smallest()), space.to_params(space.largest())
@@ -382,12 +329,6 @@ def test_default_config_is_the_digits_preset(space):
     assert space.input_shape == (1, 8, 8)
     assert space.num_classes == 10
     assert get_space("mbv3-tiny", config=space.config()).cfg == MBV3Config()
-
-
-def test_layers_are_layer_records(space):
-    layers = space.layers(space.smallest())
-    assert all(isinstance(layer, Layer) for layer in layers)
-    assert layers[0].name == "stem_conv" and layers[-1].name == "classifier"
 
 
 # --------------------------------------------------------------------------------------------

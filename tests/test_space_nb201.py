@@ -4,8 +4,6 @@ layer list) and its weight-sharing supernet."""
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -62,14 +60,6 @@ def test_registered_and_configurable():
         get_space("nb201", image_size=30)
 
 
-def test_import_does_not_pull_in_torch():
-    code = ("import sys, hwnas.supernet.spaces.nb201, hwnas.supernet.spaces as s; "
-            "s.get_space('nb201').layers(s.get_space('nb201').largest()); "
-            "assert 'torch' not in sys.modules, 'torch imported'")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-
-
 # --------------------------------------------------------------------------------------------
 # string form
 # --------------------------------------------------------------------------------------------
@@ -86,13 +76,6 @@ def test_example_string(space):
     assert space.to_string(space.largest()) == (
         "|nor_conv_3x3~0|+|nor_conv_3x3~0|nor_conv_3x3~1|+|nor_conv_3x3~0|nor_conv_3x3~1|nor_conv_3x3~2|"
     )
-
-
-def test_round_trip(space, samples):
-    for arch in [*samples, space.smallest(), space.largest()]:
-        text = space.to_string(arch)
-        assert space.from_string(text) == arch
-        assert space.parse(text) == arch and space.parse(arch) == arch
 
 
 def test_all_members_have_distinct_strings(space):
