@@ -13,7 +13,7 @@ A policy's bit-widths are what the network *asks* for; what a device *does* with
   ``replace(rules, storage_bits=(4, 8))`` for a packed export: size then counts the packed
   width, speed still counts 8. Whether int8 is *faster* than float is a measured, per-CPU and
   per-layer quantity: onnxruntime's int8 ran a MobileNetV3-style network slower than FP32 both
-  on an AVX2 CPU and on a VNNI/AMX Xeon (issue 5). So the speed factor of an int8 layer comes
+  on an AVX2 CPU and on a VNNI/AMX Xeon (``benchmarks/export_ort.md``). So the speed factor of an int8 layer comes
   from ``int8_speedup`` (filled by :func:`measure_int8_speedup`, e.g. with
   :class:`hwnas.export.layer_timer.OrtLayerTimer`); without a measurement it is ``default_int8_speedup`` = 1.0 (no gain
   assumed), and float stays a valid per-layer choice.

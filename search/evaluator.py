@@ -12,7 +12,7 @@
   float subnet here; table, adapted and measured devices scale their float latency by the
   device family's per-layer speed factors (:func:`hwnas.quant.device_rules.speed_factor`), weighted by
   each layer's share of the multiply-accumulates. onnxruntime/GPU-class families assume *no*
-  int8 gain unless a measured speed-up table says otherwise (issue 5: int8 can be slower).
+  int8 gain unless a measured speed-up table says otherwise (int8 can be slower).
 
 Results are cached by (architecture, policy), so repeats and resumed studies cost nothing.
 :class:`CheapMetrics` gives the metrics that need no model (cost models, latency on devices not

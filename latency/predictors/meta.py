@@ -1,80 +1,13 @@
 """The meta-learned few-shot latency predictor (default).
 
-In the spirit of HELP (Lee et al., NeurIPS 2021) a new device is described by its measured
-latencies on a few reference architectures, and what was learned from many other devices turns
-those few numbers into a predictor for the whole space. HELP meta-learns an MLP with MAML and a
-hardware embedding; this predictor instead treats the problem as Bayesian regression with a
-*learned prior*, which is exact, needs no gradient steps at adaptation (milliseconds on a CPU),
-gives an uncertainty, and ranks better than HELP's published numbers on HELP's own protocol
-(see ``benchmarks/latency_fewshot.md``).
-
-**Execution variants.** A device runs the network its toolchain produces, which need not be the
-architecture as written: runtimes that eliminate dead code drop the operations of a NAS-Bench-201
-cell whose result reaches the output by no path, and fold a cell whose output does not depend on
-its input into a constant (:func:`~latency.predictors.features.executed`; variants ``raw`` and
-``pruned``, only ``raw`` for spaces without dead code). Every feature below is computed on the
-*executed* architecture of a variant, and which variant a device runs is one more unknown of
-the Bayesian model average: a few measured cells with dead operations settle it.
-
-**Meta-training** (:meth:`MetaPredictor.meta_fit`, from the full tables of the meta-training
-devices):
-
-* For every meta-training device ``d`` a *device profile* ``g_d(arch)``: an additive model in
-  milliseconds on the space's encoding of the executed architecture plus the constant-output
-  flag (ridge regression of the device's latency; a per-edge / per-layer latency table fitted to
-  the whole table), under the execution variant that fits the device's table best (two-fold
-  cross-validated error). It predicts any architecture of the space, including the ones no
-  table holds (the FBNet tables cover 5,000 of 9**22), smooths measurement noise (integer-ms
-  phones), and - being a table of per-operation costs - can be evaluated under either variant
-  (what a pruning device would cost if it ran every operation, and vice versa).
-* Which architectures to measure: a greedy I-optimal design under the prior below, from a seeded
-  pool of meta-training architectures - each next reference architecture is the one whose
-  measurement most reduces the prior's average predictive variance over the pool. After the
-  first ``design_delta_after`` of them the design also counts the uncertainty about the execution
-  variant (one more prior feature: how much latency the meta-training devices' profiles lose to
-  pruning), so that the next ones include cells that tell the variants apart. These are
-  :attr:`reference_archs`; with ``n`` measurements, measure the first ``n``.
-
-**Prior** (a Gaussian process over architectures, written as explicit feature blocks, all
-evaluated on the executed architecture of the variant ``h``):
-
-    f(arch) = c + w_log·z_log(arch) + w_ms·z_ms(arch) + v·x(arch) + u·l(arch) + t·φ(arch)
-              + s·const(arch)
-
-* ``z_log``, ``z_ms``: the device profiles, per device standardized in log space and in ms
-  (``w ~ N(0, 1/2D)`` each): the new device is a combination of the devices seen in
-  meta-training - which captures batch size, compute vs launch bound, CPU vs GPU vs phone;
-* ``x``: the centred encoding (``v ~ N(0, alpha)``): per-edge / per-layer costs that no
-  meta-training device has;
-* ``l``: standardized per-layer-kind sums of the layer list (MACs, activations, parameters,
-  layer counts by kind; ``u ~ N(0, beta)``): the physics of a new device (a compute-bound
-  accelerator, a memory-bound one), which the meta-training devices may not span;
-* ``φ``: standardized log-FLOPs and FLOPs (``t ~ N(0, gamma)``): the FLOPs proxy as one more
-  hypothesis, which wins for accelerators whose latency follows compute (simulated FPGA/ASIC);
-* ``const``: the constant-output flag (``s ~ N(0, disconnected_var)`` under ``pruned``, absent
-  under ``raw``): a folded network costs whatever the runtime's fixed overhead is;
-* ``c``: a free constant.
-
-**Adaptation** (:meth:`adapt`): the target is the measured latency in ms divided by its mean
-(scale-free, additive). For every execution variant and every ``(alpha, beta, gamma, lambda)`` of
-a small grid (``lambda`` = noise variance relative to the prior) the exact GP posterior is
-computed and weighted by its marginal likelihood (the overall scale profiled out) and the
-variant's prior (Laplace's rule over the meta-training devices: ``(k + 1) / (D + V)`` for a
-variant that ``k`` of ``D`` devices run): Bayesian model averaging, i.e. an ensemble whose
-weights say how much the new device looks like the meta-training devices, which network it
-runs and how noisy it is. The noise is heavy-tailed (phones and desktop GPUs alike have
-measurements 10-100 robust standard deviations off, e.g. a light cell measured at 117 ms on a
-phone whose median is 21 ms), so each member is fitted as a Student-t regression (EM:
-iteratively reweighted noise from the residuals, at most ``robust_iterations`` rounds,
-``robust_nu`` degrees of freedom): one wild measurement no longer bends the whole profile
-(with a Gaussian likelihood one 8x glitch among 12 measurements can turn the ranking upside
-down). The mixture mean is the prediction; the mixture variance of a *measurement* (the
-posterior variance of the latency plus each member's fitted measurement noise) its uncertainty:
-without the noise the deviation was too narrow on the noisy phones (on leave-one-device-out
-phones 59-92 % of all cells within 2 sigma, 73-96 % with it; see ``latency_fewshot.md``).
-
-Everything is numpy; a meta-trained predictor file is a few kB. Files written before execution
-variants and robust fitting existed load and adapt exactly as they did.
+As in HELP (Lee et al., NeurIPS 2021), a new device is described by its latencies on a few
+reference architectures, and what was learned from many other devices turns them into a
+predictor for the whole space. Here the learning is Bayesian regression with a *learned prior*
+(a GP over architectures whose features are the meta-training devices' additive profiles, the
+encoding, per-layer-kind sums and FLOPs), averaged over hyper-parameters and over the network a
+device really runs (execution variants): exact, no gradient steps at adaptation, with an
+uncertainty, and robust to wild measurements (Student-t noise). The full method is written
+up in ``benchmarks/latency_fewshot.md`` ("Method"), with its figures.
 """
 
 from __future__ import annotations
