@@ -96,6 +96,10 @@ class Device(ABC):
     description: str = ""
     #: Names of the spaces this device has latencies for; ``None`` means every space.
     spaces: tuple[str, ...] | None = None
+    #: Name of the device's quantization rules (:data:`hwnas.quant.device_rules.DEVICE_RULES`):
+    #: which precisions run on it, what falls back, how int8 changes the speed. The rules are
+    #: data of ``quant``; a device only names them, so latency and quant stay side by side.
+    quant_rules: str = "cpu-ort"
 
     def supports(self, space: SearchSpace | str) -> bool:
         """Whether this device gives latencies for ``space`` (an object or a name)."""
@@ -397,6 +401,8 @@ class TableDevice(Device):
         self.tables = dict(tables)
         self.spaces = tuple(sorted(self.tables))
         self.description = table_description(name)
+        if name.startswith("fpga"):  # the tables' simulated FPGA accelerator
+            self.quant_rules = "fpga"
 
     def latency(self, space, archs):
         space = resolve_space(space)
@@ -465,6 +471,7 @@ class EstimatedDevice(Device):
         self.estimator = estimator
         self.name = name or estimator.name
         self.description = estimator.description
+        self.quant_rules = getattr(estimator, "quant_rules", Device.quant_rules)
 
     def latency(self, space, archs):
         space = resolve_space(space)

@@ -72,16 +72,6 @@ class EvalSettings:
         return asdict(self)
 
 
-def rules_family(device_name: str) -> str:
-    """The quantization-rules family (:mod:`hwnas.quant.device_rules`) of a latency device."""
-    name = device_name.lower()
-    if "edgetpu" in name:
-        return "edgetpu"
-    if name.startswith("fpga"):
-        return "fpga"
-    return "cpu-ort"
-
-
 def policy_text(policy: QuantPolicy | None) -> str:
     """The policy as stored in trials.csv: JSON of ``to_dict()``, or empty for a float model."""
     return "" if policy is None else json.dumps(policy.to_dict(), sort_keys=True)
@@ -131,7 +121,7 @@ def device_latencies(device: Device, space: SearchSpace, archs: Sequence[Any],
     in one call."""
     if q_layers is None:
         q_layers = [quantized_layers(space, a, p)[1] for a, p in zip(archs, policies)]
-    rules = get_device_rules(rules_family(device.name))
+    rules = get_device_rules(device.quant_rules)
     if isinstance(device, EstimatedDevice):
         return np.array([float(device.estimator.estimate(effective_layers(q, rules)))
                          for q in q_layers], dtype=np.float64), None

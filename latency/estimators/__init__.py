@@ -159,6 +159,8 @@ class Estimator(ABC):
     name: str
     #: One line saying what is modelled.
     description: str
+    #: Name of the device's quantization rules (:data:`hwnas.quant.device_rules.DEVICE_RULES`).
+    quant_rules: str = "cpu-ort"
 
     @abstractmethod
     def breakdown(self, layers: Sequence[Layer]) -> Breakdown:

@@ -138,6 +138,8 @@ def param_bytes(layers: Sequence[Layer]) -> int:
 class EdgeTPUEstimator(Estimator):
     """Coral Edge TPU latency; see the module docstring."""
 
+    quant_rules = "edgetpu"
+
     def __init__(self, params: EdgeTPUParams, name: str | None = None) -> None:
         self.params = params
         self.name = name or params.name

@@ -271,6 +271,8 @@ def _allocate_sequential(macs: np.ndarray, unit_cost: np.ndarray, count: np.ndar
 class FPGAEstimator(Estimator):
     """Dataflow FPGA accelerator latency; see the module docstring."""
 
+    quant_rules = "fpga"
+
     def __init__(self, params: FPGAParams, name: str | None = None) -> None:
         self.params = params
         self.name = name or params.name
