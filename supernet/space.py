@@ -91,6 +91,22 @@ class SearchSpace(ABC, Generic[Arch]):
     def to_params(self, arch: Arch) -> dict[str, Any]:
         """The Optuna parameters that make :meth:`suggest` return ``arch`` (for enqueueing)."""
 
+    # -- what a device runs ---------------------------------------------------------------------
+    def execution_variants(self) -> tuple[str, ...]:
+        """Names of the networks a deployment toolchain may run for an architecture: ``raw``
+        (as written) and, for a space whose architectures can contain dead code, variants
+        without it (a runtime that eliminates dead code runs a smaller network). Latency
+        predictors let the measurements decide which one a device runs."""
+        return ("raw",)
+
+    def executed(self, arch: Arch, variant: str) -> tuple[Arch, bool]:
+        """The architecture a device runs under ``variant``, and whether its output is then a
+        constant (a runtime may fold the whole network away)."""
+        if variant != "raw":
+            raise UserError(f"execution variant {variant!r} does not exist for space "
+                            f"{self.name}; expected one of {list(self.execution_variants())}")
+        return arch, False
+
     # -- torch -----------------------------------------------------------------------------------
     @abstractmethod
     def build_supernet(self) -> Any:

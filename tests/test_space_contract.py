@@ -119,3 +119,16 @@ def test_extracted_subnet_computes_what_the_supernet_computes(space) -> None:
             got = net.extract(arch).eval()(x)
         assert got.shape == (2, space.num_classes)
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_execution_variants_give_architectures_of_the_space(space, samples) -> None:
+    variants = space.execution_variants()
+    assert variants[0] == "raw"
+    for arch in samples[:10]:
+        assert space.executed(arch, "raw") == (arch, False)
+        for variant in variants:
+            ran, constant = space.executed(arch, variant)
+            assert space.parse(space.to_string(ran)) == ran and isinstance(constant, bool)
+            assert space.flops(ran) <= space.flops(arch)
+    with pytest.raises(UserError, match="execution variant"):
+        space.executed(samples[0], "no-such-variant")

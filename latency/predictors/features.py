@@ -16,17 +16,10 @@ Three kinds, all from the space declaration (no second encoder lives here):
 Computing ``space.layers`` for the 15,625 NAS-Bench-201 cells takes seconds, so features are
 cached per space (name and configuration) and canonical architecture string.
 
-**Execution variants** (:func:`execution_variants`, :func:`executed`): what a device actually
-runs need not be the architecture as written. In a NAS-Bench-201 cell a ``none`` edge can leave a
-node whose value reaches the cell output by no path; the operations computing that node are dead
-code, and a deployment toolchain that eliminates dead code (the TFLite-style runtimes of
-HW-NAS-Bench's ``pixel3``, whose table shows it: dead convolutions cost nothing there, and a cell
-whose output does not depend on its input makes the whole network a constant that runs in
-~0.05 ms) runs a smaller network than a PyTorch/cuDNN runtime that executes every op. Variant
-``raw`` is the architecture as written; ``pruned`` (NAS-Bench-201 only) is the cell with the
-dead operations replaced by ``none``, plus a flag for cells whose output is constant. A device's
-latency is a function of the network it executes, so predictors evaluate their features on the
-executed architecture of each variant and let the measurements decide which one a device runs.
+**Execution variants** (:func:`execution_variants`, :func:`executed`): what a device runs need
+not be the architecture as written (:meth:`SearchSpace.executed`: a runtime that eliminates dead
+code runs a smaller network). Predictors evaluate their features on the executed architecture of
+each variant and let the measurements decide which one a device runs.
 """
 
 from __future__ import annotations
@@ -134,32 +127,11 @@ def features(space: Any, keys: Sequence[str], kind: str) -> np.ndarray:
     return np.stack([cache[k] for k in keys])
 
 
-def _is_nb201(space: Any) -> bool:
-    from hwnas.supernet.spaces.nb201 import NB201Space
-
-    return isinstance(space, NB201Space)
-
-
 def execution_variants(space: Any) -> tuple[str, ...]:
-    """The execution variants of ``space`` (see the module docstring): ``("raw", "pruned")`` for
-    NAS-Bench-201 cell spaces, ``("raw",)`` for spaces without dead code (FBNet, MobileNetV3:
-    every block's output is used)."""
-    return ("raw", "pruned") if _is_nb201(space) else ("raw",)
-
-
-def _pruned_nb201(space: Any, key: str) -> tuple[str, float]:
-    """The NAS-Bench-201 cell ``key`` without its dead operations, and 1.0 when the cell output
-    does not depend on the cell input (else 0.0)."""
-    from hwnas.supernet.spaces.nb201 import NB201_EDGES, NUM_NODES, NB201Arch
-
-    arch = space.from_string(key)
-    live = {NUM_NODES - 1}  # nodes whose value reaches the cell output
-    for node in range(NUM_NODES - 2, -1, -1):
-        if any(op != "none" and f == node and t in live
-               for (t, f), op in zip(NB201_EDGES, arch.ops)):
-            live.add(node)
-    ops = tuple(op if t in live else "none" for (t, _f), op in zip(NB201_EDGES, arch.ops))
-    return space.to_string(NB201Arch(ops)), 0.0 if arch.is_connected() else 1.0
+    """The execution variants of ``space`` (:meth:`SearchSpace.execution_variants`; ``("raw",)``
+    for a candidate space without the capability)."""
+    own = getattr(space, "execution_variants", None)
+    return tuple(own()) if callable(own) else ("raw",)
 
 
 def executed(space: Any, keys: Sequence[str], variant: str) -> tuple[list[str], np.ndarray]:
@@ -179,7 +151,8 @@ def executed(space: Any, keys: Sequence[str], variant: str) -> tuple[list[str], 
     for i, k in enumerate(keys):
         hit = cache.get(k)
         if hit is None:
-            hit = cache[k] = _pruned_nb201(space, k)
+            arch, constant = space.executed(space.from_string(k), variant)
+            hit = cache[k] = (space.to_string(arch), 1.0 if constant else 0.0)
         out.append(hit[0])
         flags[i] = hit[1]
     return out, flags

@@ -130,6 +130,28 @@ class NB201Space(SearchSpace[NB201Arch]):
         return (f"{self.name}: NAS-Bench-201 cells (6 edges x {len(NB201_OPS)} ops), input "
                 f"{self.input_shape}, {self.num_classes} classes")
 
+    # -- what a device runs ---------------------------------------------------------------------
+    def execution_variants(self) -> tuple[str, ...]:
+        """``raw`` and ``pruned``: a ``none`` edge can leave a node whose value reaches the cell
+        output by no path, and a runtime that eliminates dead code skips the operations
+        computing it (HW-NAS-Bench's TFLite phone does; a cuDNN runtime does not)."""
+        return ("raw", "pruned")
+
+    def executed(self, arch: NB201Arch, variant: str) -> tuple[NB201Arch, bool]:
+        """Under ``pruned``: the cell with its dead operations replaced by ``none``, and whether
+        the cell output no longer depends on the cell input (a constant network)."""
+        if variant == "raw":
+            return arch, False
+        if variant != "pruned":
+            return super().executed(arch, variant)
+        live = {NUM_NODES - 1}  # nodes whose value reaches the cell output
+        for node in range(NUM_NODES - 2, -1, -1):
+            if any(op != "none" and f == node and t in live
+                   for (t, f), op in zip(NB201_EDGES, arch.ops)):
+                live.add(node)
+        ops = tuple(op if t in live else "none" for (t, _f), op in zip(NB201_EDGES, arch.ops))
+        return NB201Arch(ops), not arch.is_connected()
+
     # -- members ---------------------------------------------------------------------------------
     def sample(self, rng: np.random.Generator) -> NB201Arch:
         """Uniform over all 15,625 cells (each edge drawn independently), unconnected ones
