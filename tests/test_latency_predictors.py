@@ -190,7 +190,7 @@ def test_save_load_round_trip(nb201, tmp_path: Path) -> None:
 
 
 def test_registry_and_pretrained() -> None:
-    assert available_predictors() == ["flops", "lut", "mlp", "meta"]
+    assert available_predictors() == ["flops", "lut", "mlp", "meta", "opcount"]
     assert {"nb201", "fbnet"} <= set(available_pretrained())
     with pytest.raises(UserError, match="unknown latency predictor 'gbdt'"):
         get_predictor("gbdt", get_space("nb201"))
@@ -238,3 +238,32 @@ def test_import_does_not_pull_torch_or_sklearn() -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_opcount_counts_operations_and_fits_nonnegative_costs():
+    """Op counts come from the one-hot encoding; NNLS recovers known non-negative costs."""
+    from hwnas.latency.predictors import OpCountPredictor
+    from hwnas.latency.predictors.opcount import op_count_matrix
+    from hwnas.supernet.spaces import get_space
+
+    space = get_space("nb201")
+    arch = "|nor_conv_3x3~0|+|none~0|skip_connect~1|+|nor_conv_3x3~0|avg_pool_3x3~1|nor_conv_3x3~2|"
+    counts, names = op_count_matrix(space, [arch])
+    got = dict(zip(names, counts[0]))
+    assert got == {"none": 1, "skip_connect": 1, "nor_conv_1x1": 0, "nor_conv_3x3": 3,
+                   "avg_pool_3x3": 1}
+    rng = np.random.default_rng(0)
+    archs = [space.to_string(space.sample(rng)) for _ in range(40)]
+    cost = {"none": 0.0, "skip_connect": 0.1, "nor_conv_1x1": 0.5, "nor_conv_3x3": 2.0,
+            "avg_pool_3x3": 0.3}
+    C, names = op_count_matrix(space, archs)
+    y = 1.0 + C @ np.array([cost[n] for n in names])
+    p = OpCountPredictor(space).adapt(archs[:10], y[:10], seed=0)
+    assert np.allclose(p.predict(archs), y, rtol=1e-6)
+    assert (p.coef_ >= 0).all() and len(p.coef_) == 6
+    # a cost that would have to be negative is clipped to zero, not fitted negative
+    q = OpCountPredictor(space).adapt(archs[:10], 5.0 - C[:10, names.index("nor_conv_3x3")] * 0.2,
+                                      seed=0)
+    assert (q.coef_ >= 0).all()
+    fb = get_space("fbnet")
+    assert op_count_matrix(fb, [fb.to_string(fb.smallest())])[0].sum() == 22

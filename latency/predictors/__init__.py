@@ -1,18 +1,20 @@
 """Latency predictors: a few measurements on a new device -> the latency of any architecture.
 
-Four families behind one interface (:class:`LatencyPredictor`: ``meta_fit``, ``adapt``,
+Five families behind one interface (:class:`LatencyPredictor`: ``meta_fit``, ``adapt``,
 ``predict``, ``predict_with_std``, ``save``/``load``):
 
-========  =====================================================================================
-``flops``  FLOPs proxy: a power law of FLOPs fitted to the measurements (rank = FLOPs rank)
-``lut``    layer-wise lookup table whose per-layer-kind costs are fitted by non-negative least
-           squares to whole-network measurements
-``mlp``    a small MLP ensemble trained from scratch on the measurements
-``meta``   the default: a GP prior meta-learned from other devices' latency tables, reference
-           architectures chosen by optimal design, Bayesian model averaging (HELP-style) over
-           hyper-parameters and execution variants (does the device's runtime drop dead
-           operations?), robust to outlying measurements (Student-t noise)
-========  =====================================================================================
+===========  =====================================================================================
+``flops``    FLOPs proxy: a power law of FLOPs fitted to the measurements (rank = FLOPs rank)
+``lut``      layer-wise lookup table whose per-layer-kind costs are fitted by non-negative least
+             squares to whole-network measurements
+``mlp``      a small MLP ensemble trained from scratch on the measurements
+``opcount``  a constant plus a non-negative cost per candidate operation times its count
+             (6 parameters on NB-201), fitted by NNLS: the baseline of issue 23
+``meta``     the default: a GP prior meta-learned from other devices' latency tables, reference
+             architectures chosen by optimal design, Bayesian model averaging (HELP-style) over
+             hyper-parameters and execution variants (does the device's runtime drop dead
+             operations?), robust to outlying measurements (Student-t noise)
+===========  =====================================================================================
 
 ``load_pretrained("nb201")`` / ``load_pretrained("fbnet")`` return the meta predictor trained on
 HELP's meta-training devices, shipped in ``latency/data/`` so that adaptation works offline.
@@ -33,6 +35,7 @@ from hwnas.latency.predictors.flops import FlopsPredictor
 from hwnas.latency.predictors.lut import LayerTablePredictor
 from hwnas.latency.predictors.meta import MetaPredictor
 from hwnas.latency.predictors.mlp import MLPPredictor
+from hwnas.latency.predictors.opcount import OpCountPredictor
 
 from hwnas.core.errors import UserError
 
@@ -43,6 +46,7 @@ __all__ = [
     "LayerTablePredictor",
     "MLPPredictor",
     "MetaPredictor",
+    "OpCountPredictor",
     "available_predictors",
     "available_pretrained",
     "get_predictor",
@@ -64,6 +68,7 @@ _REGISTRY: dict[str, type[LatencyPredictor]] = {
     "lut": LayerTablePredictor,
     "mlp": MLPPredictor,
     "meta": MetaPredictor,
+    "opcount": OpCountPredictor,
 }
 
 

@@ -1,0 +1,269 @@
+"""Leave-one-family-out (LOFO): the development protocol for latency predictors (issue 23.2).
+
+A user's new device is, by definition, not of a family the meta-training set has seen, so every
+device is grouped by family (:func:`family`: desktop GPU, server CPU, phone, single-board
+computer, simulated accelerator, and for the tables of ``benchmarks/results/latency_tables``
+each runtime on each machine, e.g. ``xeon-ort`` or ``h200-cudagraph``). One family at a time is
+held out; the meta predictor is meta-trained on every other device and adapted to 10
+measurements of each held-out device, and ranks ALL architectures of that device's table
+(Spearman). Measurements are either the meta predictor's first 10 reference architectures
+(``ref``: what ``hwnas latency reference`` hands a user; one draw per fold, the same 10 for
+every predictor) or 10 random architectures of the device's table (``random``, ``--seeds``
+draws). A family's score is the mean over its devices; the summary is the mean over families
+and the worst family. HELP's split stays the published comparison
+(``benchmarks/latency_fewshot.py``); this is the number to develop on.
+
+Rows (predictors): ``meta`` (the project's default, default settings), ``flops``, ``opcount``
+(a constant plus a non-negative cost per operation, NNLS: 6 parameters on NB-201, 10 on FBNet)
+and ``meta+opcount`` (a candidate: the mean of the two predictions after scaling each to the
+measured mean, see ``latency_lofo.md``). Meta-training uses the architectures every table
+holds (all of HELP's when only HELP's tables are there) and one seed per fold.
+
+    OMP_NUM_THREADS=1 python benchmarks/latency_lofo.py --spaces nb201 fbnet
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gzip
+import io
+import re
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hwnas.core.io import write_atomic, write_json
+from hwnas.latency.machine import describe_machine
+from hwnas.latency.predictors import FlopsPredictor, MetaPredictor, OpCountPredictor
+from hwnas.latency.tables import load_shared_table
+from hwnas.supernet.spaces import get_space
+
+REPO = Path(__file__).resolve().parent.parent
+TABLES_DIR = REPO / "benchmarks" / "results" / "latency_tables"
+OUT_JSON = Path(__file__).with_suffix(".json")
+PREDICTORS = ("meta", "flops", "opcount", "meta+opcount")
+N = 10
+
+#: HELP's device columns -> family (regular expressions, first match wins)
+HELP_FAMILIES = (
+    (r"^(1080ti|2080ti|titan_rtx|titanxp|titanx)_\d+$", "desktop-gpu"),
+    (r"^(gold|silver)_\d+\w*$", "server-cpu"),
+    (r"^(pixel\d|samsung_\w+|essential_ph_1)$", "phone"),
+    (r"^raspi\d$", "single-board"),
+    (r"^(eyeriss|fpga)$", "simulated-accel"),
+)
+
+
+def family(device: str) -> str:
+    """The family of a device column: HELP's by :data:`HELP_FAMILIES`; a measured table's
+    ``<machine>-<runtime>-<setting>`` by ``<machine>-<runtime>`` (each runtime on each machine
+    is its own family); anything else is its own family."""
+    for pattern, fam in HELP_FAMILIES:
+        if re.match(pattern, device):
+            return fam
+    parts = device.split("-")
+    return "-".join(parts[:2]) if len(parts) >= 3 else device
+
+
+def read_gz_table(path: Path, space: Any) -> dict[str, dict[str, float]]:
+    """``device -> {canonical arch: ms}`` of a ``.csv.gz`` table of measure_latency_tables.py."""
+    import csv
+
+    rows = list(csv.reader(io.StringIO(gzip.decompress(path.read_bytes()).decode())))
+    head, body = rows[0], rows[1:]
+    out: dict[str, dict[str, float]] = {d: {} for d in head[1:]}
+    for r in body:
+        a = space.to_string(space.from_string(r[0]))
+        for d, v in zip(head[1:], r[1:]):
+            if v and np.isfinite(float(v)) and float(v) > 0:
+                out[d][a] = float(v)
+    return out
+
+
+def load_devices(space: Any, tables_dir: Path = TABLES_DIR) -> tuple[dict, list[str]]:
+    """Every device of the space: ``device -> (archs, latency array)``; and the sources read.
+    HELP's table first, then ``<space>_*.csv.gz`` (not the ``_cv`` ones) of ``tables_dir``."""
+    help_table = load_shared_table(space.name, space=space)
+    devices = {d: (list(help_table.archs), help_table.column(d)) for d in help_table.devices}
+    sources = [f"HELP {space.name} table ({len(help_table)} architectures)"]
+    for path in sorted(tables_dir.glob(f"{space.name}_*.csv.gz")):
+        if path.name.endswith("_cv.csv.gz"):
+            continue
+        for d, cells in read_gz_table(path, space).items():
+            archs = list(cells)
+            devices[d] = (archs, np.array([cells[a] for a in archs]))
+        sources.append(f"{path.relative_to(REPO)} ({len(archs)} architectures)")
+    return devices, sources
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    from scipy.stats import spearmanr
+
+    if np.ptp(a) == 0 or np.ptp(b) == 0:
+        return 0.0
+    return float(spearmanr(a, b)[0])
+
+
+def combined(meta: MetaPredictor, space: Any, archs: list[str], y: np.ndarray,
+             query: list[str], m: np.ndarray, seed: int) -> np.ndarray:
+    """``meta+opcount``: mean of the meta (``m``, its prediction on ``query``) and op-count
+    predictions, each divided by its mean over the measured architectures (so both are on the
+    measurements' scale)."""
+    oc = OpCountPredictor(space).adapt(archs, y, seed=seed)
+    o = oc.predict(query)
+    m_fit, o_fit = meta.predict(archs), oc.predict(archs)
+    return 0.5 * (m / max(np.mean(m_fit), 1e-12) + o / max(np.mean(o_fit), 1e-12))
+
+
+def score_device(space: Any, meta: MetaPredictor, archs: list[str], y: np.ndarray,
+                 rows: np.ndarray, seed: int, predictors: tuple[str, ...]) -> dict[str, float]:
+    """Spearman over all ``archs`` of each predictor adapted to ``rows``."""
+    m_archs, m_y = [archs[i] for i in rows], y[rows]
+    out = {}
+    if "meta" in predictors or "meta+opcount" in predictors:
+        meta.adapt(m_archs, m_y, seed=seed)
+        pm = meta.predict(archs)
+        if "meta" in predictors:
+            out["meta"] = spearman(pm, y)
+        if "meta+opcount" in predictors:
+            out["meta+opcount"] = spearman(combined(meta, space, m_archs, m_y, archs, pm, seed), y)
+    if "flops" in predictors:
+        out["flops"] = spearman(FlopsPredictor(space).adapt(m_archs, m_y, seed=seed)
+                                .predict(archs), y)
+    if "opcount" in predictors:
+        out["opcount"] = spearman(OpCountPredictor(space).adapt(m_archs, m_y, seed=seed)
+                                  .predict(archs), y)
+    return out
+
+
+def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list[str] | None,
+              meta_options: dict, log: Any) -> tuple[list[dict], dict]:
+    space = get_space(name)
+    devices, sources = load_devices(space)
+    fams: dict[str, list[str]] = defaultdict(list)
+    for d in devices:
+        fams[family(d)].append(d)
+    common = set.intersection(*(set(a) for a, _ in devices.values()))
+    train_archs = [a for a in devices[next(iter(devices))][0] if a in common]
+    log(f"{name}: {len(devices)} devices in {len(fams)} families; meta-training on the "
+        f"{len(train_archs)} architectures every table holds")
+    rows: list[dict] = []
+    for fam in sorted(fams):
+        if families and fam not in families:
+            continue
+        held = fams[fam]
+        train = [d for d in devices if d not in held]
+        t0 = time.perf_counter()
+        cols = {}
+        for d in train:
+            a, y = devices[d]
+            idx = {x: i for i, x in enumerate(a)}
+            cols[d] = y[[idx[x] for x in train_archs]]
+        meta = MetaPredictor(space, **meta_options).meta_fit(space, train_archs, cols, seed=0)
+        fit_s = time.perf_counter() - t0
+        refs = meta.reference_archs[:N]
+        acc: dict[tuple, list[float]] = defaultdict(list)
+        for d in held:
+            archs, y = devices[d]
+            idx = {x: i for i, x in enumerate(archs)}
+            ref_rows = np.array([idx[a] for a in refs])
+            for p, v in score_device(space, meta, archs, y, ref_rows, 0, predictors).items():
+                acc[(p, "ref", d)].append(v)
+            for s in range(seeds):
+                rnd = np.random.default_rng(1000 + s).choice(len(archs), N, replace=False)
+                for p, v in score_device(space, meta, archs, y, rnd, s, predictors).items():
+                    acc[(p, "random", d)].append(v)
+        for (p, meas, d), v in sorted(acc.items()):
+            rows.append({"space": name, "predictor": p, "measurements": meas,
+                         "n_measurements": N, "family": fam, "device": d,
+                         "architectures": len(devices[d][0]),
+                         "spearman_mean": round(float(np.mean(v)), 4),
+                         "spearman_std": round(float(np.std(v)), 4), "seeds": len(v)})
+        fam_rows = {(r["predictor"], r["measurements"]): [] for r in rows if r["family"] == fam}
+        for r in rows:
+            if r["family"] == fam:
+                fam_rows[(r["predictor"], r["measurements"])].append(r["spearman_mean"])
+        log(f"  held out {fam} ({len(held)} devices; meta-fit {fit_s:.0f} s): "
+            + ", ".join(f"{p}[{m}] {np.mean(v):.3f}" for (p, m), v in sorted(fam_rows.items())))
+    info = {"space": name, "sources": sources, "families": {f: sorted(v) for f, v in fams.items()},
+            "meta_training_architectures": len(train_archs)}
+    return rows, info
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per (space, predictor, measurements): each family's mean over its devices, then the mean
+    over families and the worst family."""
+    out = []
+    keys = sorted({(r["space"], r["predictor"], r["measurements"]) for r in rows})
+    for space, p, m in keys:
+        by_fam: dict[str, list[float]] = defaultdict(list)
+        for r in rows:
+            if (r["space"], r["predictor"], r["measurements"]) == (space, p, m):
+                by_fam[r["family"]].append(r["spearman_mean"])
+        fam_means = {f: float(np.mean(v)) for f, v in by_fam.items()}
+        worst = min(fam_means, key=fam_means.get)
+        out.append({"space": space, "predictor": p, "measurements": m, "n_measurements": N,
+                    "family": "mean", "spearman_mean": round(float(np.mean(list(
+                        fam_means.values()))), 4),
+                    "per_family": {f: round(v, 4) for f, v in sorted(fam_means.items())},
+                    "worst_family": worst, "worst_spearman": round(fam_means[worst], 4)})
+    return out
+
+
+def print_table(summary: list[dict]) -> None:
+    for space in sorted({s["space"] for s in summary}):
+        sel = [s for s in summary if s["space"] == space]
+        fams = sorted(sel[0]["per_family"])
+        print(f"\n{space} - leave-one-family-out, 10-shot Spearman over all architectures "
+              f"(family = mean over its devices)")
+        print(f"{'predictor':<22}" + "".join(f"{f[:15]:>16}" for f in fams)
+              + f"{'mean':>8}{'worst':>8}")
+        for s in sorted(sel, key=lambda s: (s["measurements"], PREDICTORS.index(s["predictor"])
+                                            if s["predictor"] in PREDICTORS else 99)):
+            label = f"{s['predictor']}[{s['measurements']}]"
+            print(f"{label:<22}" + "".join(f"{s['per_family'].get(f, float('nan')):>16.3f}"
+                                           for f in fams)
+                  + f"{s['spearman_mean']:>8.3f}{s['worst_spearman']:>8.3f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--spaces", nargs="+", default=["nb201"], choices=["nb201", "fbnet"])
+    ap.add_argument("--seeds", type=int, default=5, help="draws of the random measurements")
+    ap.add_argument("--predictors", nargs="+", default=list(PREDICTORS), choices=PREDICTORS)
+    ap.add_argument("--families", nargs="+", default=None, help="hold out only these")
+    ap.add_argument("--pool-size", type=int, default=None,
+                    help="MetaPredictor pool_size (the design's candidate pool; default its own)")
+    ap.add_argument("--out", type=Path, default=OUT_JSON)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    log = lambda msg: print(f"[{time.perf_counter() - t0:6.0f} s] {msg}", flush=True)  # noqa: E731
+    meta_options = {} if args.pool_size is None else {"pool_size": args.pool_size}
+    rows, spaces = [], []
+    for name in args.spaces:
+        r, info = run_space(name, args.seeds, tuple(args.predictors), args.families,
+                            meta_options, log)
+        rows += r
+        spaces.append(info)
+    summary = summarize(rows)
+    print_table(summary)
+    write_json(args.out, {
+        "command": "OMP_NUM_THREADS=1 python benchmarks/latency_lofo.py "
+                   + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": describe_machine("no GPU used"),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "n_measurements": N, "seeds": args.seeds,
+        "meta_training": {"seeds_per_fold": 1, "options": meta_options or "defaults"},
+        "seconds": round(time.perf_counter() - t0, 1),
+        "spaces": spaces, "summary": summary, "results": rows})
+    log(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

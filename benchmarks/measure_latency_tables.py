@@ -1,0 +1,636 @@
+"""Measure latency tables of the nb201, fbnet and mbv3 spaces on every runtime this machine has.
+
+One command, one time budget (issue 23.1). The architectures come from committed sample files
+(``benchmarks/results/latency_tables/archs_<space>.txt.gz``, written by ``--write-samples``
+from HELP's tables): nb201 2,000 (HELP's 10 reference architectures and the shipped meta
+predictor's 20 first), fbnet 1,000 drawn from HELP's 5,000 (so new columns join HELP's table),
+mbv3 the 150 of ``benchmarks/results/latency_mbv3/mbv3.csv`` and more, each list in a seeded
+random order. Devices (``<tag>-<runtime>-<threads>t`` / ``<gpu>-<runtime>-b<batch>``):
+
+* CPU (``--runtimes cpu``), at each of ``--threads``: onnxruntime (``ort``, intra-op threads),
+  PyTorch eager (``torch``) and frozen TorchScript (``ts``) with ``torch.set_num_threads``, and
+  OpenVINO (``ov``, ``INFERENCE_NUM_THREADS``, f32) when it imports;
+* GPU (``--runtimes gpu``, when CUDA is present): PyTorch eager (``torch``) and a replayed
+  CUDA graph (``cudagraph``) at batch 1 and 64 (``hwnas.latency.devices.MeasuredDevice``).
+
+Method, as ``hwnas latency measure``: untimed warm-up, median of ``--repeats`` timed calls,
+coefficient of variation; above ``--max-cv`` measured once more (the cv of every cell is kept
+in ``<space>_<tag>_cv.csv.gz`` and summarised in the JSON). Each architecture is exported to
+ONNX once (and traced to TorchScript once); its runtimes run in a seeded random order, and the
+spaces and thread counts alternate round by round, so drift does not sort the table. With
+``--workers N`` a thread count ``t`` runs in ``min(N, cores // t)`` processes, each pinned
+(``os.sched_setaffinity``) to its own ``t`` cores (distinct physical cores first); thread
+counts never run at the same time. ``--max-minutes`` stops before a round that would not fit
+and writes what it has (tables hold only architectures measured on every device).
+
+Writes under ``--out``: ``<space>_<tag>.csv.gz`` (arch + one column per device, ms),
+``<space>_<tag>_cv.csv.gz`` and ``machine_<tag>.json`` (CPU model and flags, cores, library
+versions, settings, coverage). ``<tag>`` is the CPU's family (``xeon``, ``epyc`` ...) for CPU
+runtimes and the GPU's name (``h200``) for GPU ones. See results/latency_tables/DEVICE_COMMAND.md.
+
+    python benchmarks/measure_latency_tables.py --out OUT --runtimes cpu --threads 1 4 16 \\
+        --workers 16 --max-minutes 8.5
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import gzip
+import io
+import json
+import multiprocessing as mp
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hwnas.core.io import write_atomic, write_json
+
+REPO = Path(__file__).resolve().parent.parent
+TABLES_DIR = REPO / "benchmarks" / "results" / "latency_tables"
+MBV3_CSV = REPO / "benchmarks" / "results" / "latency_mbv3" / "mbv3.csv"
+#: space -> default number of architectures
+DEFAULT_N = {"nb201": 2000, "fbnet": 1000, "mbv3": 400}
+CPU_RUNTIMES = ("ort", "torch", "ts", "ov")
+GPU_RUNTIMES = ("torch", "cudagraph")
+GPU_BATCHES = (1, 64)
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni",
+             "amx_tile", "amx_bf16", "amx_int8", "neon", "asimd")
+
+
+# --------------------------------------------------------------------------------------------
+# samples
+# --------------------------------------------------------------------------------------------
+
+
+def required_archs(space_name: str, help_table: Any | None) -> list[str]:
+    """Architectures every sample of the space holds: HELP's 10 reference ones (from the shared
+    table's ``arch_idx``), the shipped meta predictor's reference ones, and for mbv3 the
+    architectures of the existing mbv3 table (so its new columns extend that table)."""
+    from hwnas.latency.predictors import load_pretrained
+    from hwnas.latency.tables import HELP_PROTOCOLS
+
+    out: list[str] = []
+    if space_name in HELP_PROTOCOLS and help_table is not None:
+        rows = HELP_PROTOCOLS[space_name].reference_rows(help_table)
+        out += [help_table.archs[r] for r in rows]
+    try:
+        out += list(load_pretrained(space_name).reference_archs)
+    except Exception:  # noqa: BLE001 - a space without a shipped predictor has none
+        pass
+    if space_name == "mbv3" and MBV3_CSV.is_file():
+        with open(MBV3_CSV, newline="") as fh:
+            out += [r["arch"] for r in csv.DictReader(fh)]
+    return list(dict.fromkeys(out))
+
+
+def make_sample(space: Any, n: int, seed: int, required: list[str],
+                pool: list[str] | None = None) -> list[str]:
+    """``n`` distinct canonical strings (at least the required ones), drawn from ``pool`` (a
+    table's architectures) or from the space's sampler, returned in a seeded random order."""
+    rng = np.random.default_rng(seed)
+    chosen = list(dict.fromkeys(space.to_string(space.parse(a)) for a in required))
+    seen = set(chosen)
+    if pool is not None:
+        for i in rng.permutation(len(pool)):
+            if len(chosen) >= n:
+                break
+            if pool[i] not in seen:
+                seen.add(pool[i])
+                chosen.append(pool[i])
+    else:
+        tries = 0
+        while len(chosen) < n and tries < 100 * n:
+            tries += 1
+            s = space.to_string(space.sample(rng))
+            if s not in seen:
+                seen.add(s)
+                chosen.append(s)
+    return [chosen[i] for i in rng.permutation(len(chosen))]
+
+
+def sample_path(space_name: str) -> Path:
+    return TABLES_DIR / f"archs_{space_name}.txt.gz"
+
+
+def write_samples(seed: int, sizes: dict[str, int]) -> None:
+    """Write the committed sample files from HELP's tables (needs the shared data)."""
+    from hwnas.latency.tables import load_shared_table
+    from hwnas.supernet.spaces import get_space
+
+    for name, n in sizes.items():
+        space = get_space(name)
+        table = load_shared_table(name, space=space) if name in ("nb201", "fbnet") else None
+        pool = list(table.archs) if name == "fbnet" else None
+        archs = make_sample(space, n, seed, required_archs(name, table), pool)
+        write_atomic(sample_path(name), gzip.compress(("\n".join(archs) + "\n").encode(), mtime=0))
+        print(f"{name}: {len(archs)} architectures -> {sample_path(name).relative_to(REPO)}")
+
+
+def read_sample(space_name: str, n: int) -> list[str]:
+    """The first ``n`` architectures of the committed sample (its order is the random one)."""
+    path = sample_path(space_name)
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing; run --write-samples where the shared data is")
+    archs = [a for a in gzip.decompress(path.read_bytes()).decode().splitlines() if a]
+    return archs[:n]
+
+
+# --------------------------------------------------------------------------------------------
+# cores and machine
+# --------------------------------------------------------------------------------------------
+
+
+def physical_order(cpus: list[int]) -> list[int]:
+    """``cpus`` ordered so that one logical CPU of every physical core comes first (SMT
+    siblings after), from ``/sys/devices/system/cpu/cpuN/topology/thread_siblings_list``."""
+    first, second, seen = [], [], set()
+    for c in sorted(cpus):
+        try:
+            sib = Path(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list").read_text()
+            key = sib.strip()
+        except OSError:
+            key = str(c)
+        (second if key in seen else first).append(c)
+        seen.add(key)
+    return first + second
+
+
+def core_sets(cpus: list[int], threads: int, workers: int) -> list[list[int]]:
+    """Disjoint sets of ``threads`` CPUs, at most ``workers`` of them (at least one: with
+    fewer CPUs than ``threads`` the one set is every CPU)."""
+    order = physical_order(cpus)
+    n = max(1, min(workers, len(order) // threads))
+    if len(order) < threads:
+        return [order]
+    # one set per worker, taken across physical cores first, sorted for readability
+    return [sorted(order[i * threads:(i + 1) * threads]) for i in range(n)]
+
+
+def cpu_info() -> dict:
+    """CPU model, the flags that matter for inference, logical/physical cores."""
+    from hwnas.latency.machine import cpu_model
+
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    physical = len({Path(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list")
+                    .read_text().strip() for c in cpus
+                    if Path(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list")
+                    .exists()}) or None
+    return {"cpu_model": cpu_model(), "logical_cpus": os.cpu_count(), "usable_cpus": len(cpus),
+            "physical_cores": physical, "flags": {f: f in flags for f in CPU_FLAGS},
+            "machine": platform.machine(), "python": platform.python_version()}
+
+
+def cpu_tag(model: str) -> str:
+    """Short CPU family name for device columns: ``xeon``, ``epyc``, ``core``, ``ryzen`` ...
+    or the first word of the model."""
+    low = model.lower()
+    for fam in ("xeon", "epyc", "ryzen", "threadripper", "core", "graviton", "neoverse",
+                "cortex", "apple"):
+        if fam in low:
+            return fam
+    word = "".join(ch for ch in (low.split() or ["cpu"])[0] if ch.isalnum())
+    return word or "cpu"
+
+
+def gpu_tag(name: str) -> str:
+    """Short GPU name for device columns: ``NVIDIA H200`` -> ``h200``, ``NVIDIA GeForce RTX
+    4090`` -> ``4090`` (the first word with a digit, else the last word)."""
+    words = [w for w in name.lower().split() if w not in ("nvidia", "geforce", "tesla", "rtx")]
+    digit = [w for w in words if any(ch.isdigit() for ch in w)]
+    word = (digit or words or ["gpu"])[0]
+    return "".join(ch for ch in word if ch.isalnum() or ch == "-") or "gpu"
+
+
+def versions() -> dict:
+    out = {"numpy": np.__version__}
+    for mod in ("torch", "onnx", "onnxruntime", "openvino"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - an absent runtime is recorded as absent
+            out[mod] = None
+    return out
+
+
+def openvino_available() -> bool:
+    try:
+        import openvino  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# timing (one process)
+# --------------------------------------------------------------------------------------------
+
+
+def time_calls(fn: Any, warmup: int, repeats: int) -> tuple[float, float]:
+    """Median (ms) and coefficient of variation of ``repeats`` timed calls after ``warmup``."""
+    for _ in range(warmup):
+        fn()
+    t = np.empty(repeats)
+    for i in range(repeats):
+        s = time.perf_counter()
+        fn()
+        t[i] = time.perf_counter() - s
+    t *= 1e3
+    mean = float(t.mean())
+    return float(np.median(t)), float(t.std() / mean) if mean > 0 else 0.0
+
+
+class CpuRunner:
+    """Times one architecture's runtimes in this process (models cached per architecture)."""
+
+    def __init__(self, warmup: int, repeats: int, max_cv: float) -> None:
+        self.warmup, self.repeats, self.max_cv = warmup, repeats, max_cv
+        self.supernets: dict[str, Any] = {}
+
+    def module(self, space_name: str, arch: str) -> Any:
+        from hwnas.supernet.spaces import get_space
+
+        if space_name not in self.supernets:
+            import torch
+
+            torch.manual_seed(0)
+            self.supernets[space_name] = get_space(space_name).build_supernet().eval()
+        space = get_space(space_name)
+        return self.supernets[space_name].extract(space.from_string(arch)).eval()
+
+    def prepare(self, space_name: str, arch: str, onnx_path: Path, ts_path: Path) -> None:
+        """Export the architecture once: ONNX file and frozen TorchScript file."""
+        import torch
+        from hwnas.supernet.onnx import onnx_bytes
+        from hwnas.supernet.spaces import get_space
+
+        model = self.module(space_name, arch)
+        x = torch.zeros(1, *get_space(space_name).input_shape)
+        write_atomic(onnx_path, onnx_bytes(model, x))
+        with torch.inference_mode():
+            ts = torch.jit.freeze(torch.jit.trace(model, x))
+        buf = io.BytesIO()
+        torch.jit.save(ts, buf)
+        write_atomic(ts_path, buf.getvalue())
+
+    def measure(self, runtime: str, threads: int, space_name: str, arch: str, onnx_path: Path,
+                ts_path: Path) -> tuple[float, float]:
+        """(median ms, cv) of one runtime at ``threads``; re-measured once above ``max_cv``."""
+        med, cv = self._once(runtime, threads, space_name, arch, onnx_path, ts_path)
+        if cv > self.max_cv:
+            med, cv = self._once(runtime, threads, space_name, arch, onnx_path, ts_path)
+        return med, cv
+
+    def _once(self, runtime, threads, space_name, arch, onnx_path, ts_path):
+        import torch
+        from hwnas.supernet.spaces import get_space
+
+        shape = (1, *get_space(space_name).input_shape)
+        if runtime == "ort":
+            from hwnas.latency.onnx_measure import measure_onnx
+
+            s = measure_onnx(onnx_path, threads=threads, warmup=self.warmup,
+                             repeats=self.repeats)
+            return s.median_ms, s.cv
+        if runtime == "ov":
+            import openvino as ov
+
+            core = ov.Core()
+            compiled = core.compile_model(core.read_model(str(onnx_path)), "CPU", {
+                "INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1,
+                "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"})
+            req = compiled.create_infer_request()
+            x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
+            return time_calls(lambda: req.infer({0: x}), self.warmup, self.repeats)
+        torch.set_num_threads(threads)
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+        if runtime == "torch":
+            model = self.module(space_name, arch)
+        elif runtime == "ts":
+            model = torch.jit.load(str(ts_path))
+        else:
+            raise ValueError(f"unknown CPU runtime {runtime!r}")
+        # TorchScript's profiling executor optimises the graph during its first calls
+        warmup = max(self.warmup, 3) if runtime == "ts" else self.warmup
+        with torch.inference_mode():
+            return time_calls(lambda: model(x), warmup, self.repeats)
+
+
+_RUNNER: CpuRunner | None = None
+
+
+def _init_worker(cores_q: Any, warmup: int, repeats: int, max_cv: float) -> None:
+    """Pool initializer: pin this process to its own core set, one runner per process."""
+    global _RUNNER
+    cores = cores_q.get()
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
+    _RUNNER = CpuRunner(warmup, repeats, max_cv)
+
+
+def run_job(job: tuple) -> tuple:
+    """One architecture in one worker: export if asked, then each (runtime, threads) in the
+    job's (shuffled) order. Returns ``(key, {device: (median, cv)})``."""
+    key, space_name, arch, onnx_path, ts_path, export, measures = job
+    runner = _RUNNER if _RUNNER is not None else CpuRunner(3, 10, 0.1)
+    if export:
+        runner.prepare(space_name, arch, Path(onnx_path), Path(ts_path))
+    out = {}
+    for device, runtime, threads in measures:
+        if runtime == "ov" and not Path(onnx_path).exists():
+            continue
+        out[device] = runner.measure(runtime, threads, space_name, arch, Path(onnx_path),
+                                     Path(ts_path))
+    return key, out
+
+
+# --------------------------------------------------------------------------------------------
+# the measurement loop
+# --------------------------------------------------------------------------------------------
+
+
+def cpu_devices(tag: str, threads: list[int], with_ov: bool) -> list[tuple[str, str, int]]:
+    """(device name, runtime, threads) of every CPU device, threads ascending."""
+    runtimes = [r for r in CPU_RUNTIMES if r != "ov" or with_ov]
+    return [(f"{tag}-{r}-{t}t", r, t) for t in sorted(set(threads)) for r in runtimes]
+
+
+def rounds(sizes: dict[str, int], per_round: int) -> list[list[tuple[str, int]]]:
+    """Round-robin schedule: each round takes from every space a share proportional to its
+    size, so a budget that stops early leaves every space covered in proportion."""
+    total = sum(sizes.values())
+    step = {s: max(1, round(per_round * n / total)) for s, n in sizes.items() if n > 0}
+    pos = {s: 0 for s in step}
+    out = []
+    while any(pos[s] < sizes[s] for s in step):
+        rnd = []
+        for s in step:
+            hi = min(sizes[s], pos[s] + step[s])
+            rnd += [(s, i) for i in range(pos[s], hi)]
+            pos[s] = hi
+        out.append(rnd)
+    return out
+
+
+class Tables:
+    """Per-space results: ``arch -> {device: (median, cv)}``, written as complete rows only."""
+
+    def __init__(self, archs: dict[str, list[str]], devices: list[str]) -> None:
+        self.archs, self.devices = archs, devices
+        self.cells: dict[str, dict[str, dict[str, tuple[float, float]]]] = {s: {} for s in archs}
+
+    def add(self, space: str, arch: str, cells: dict[str, tuple[float, float]]) -> None:
+        self.cells[space].setdefault(arch, {}).update(cells)
+
+    def complete(self, space: str) -> list[str]:
+        return [a for a in self.archs[space]
+                if all(d in self.cells[space].get(a, {}) for d in self.devices)]
+
+    def write(self, out: Path, tag: str) -> dict:
+        summary = {}
+        for space in self.archs:
+            done = self.complete(space)
+            if not done:
+                continue
+            for suffix, k in (("", 0), ("_cv", 1)):
+                buf = io.StringIO()
+                w = csv.writer(buf)
+                w.writerow(["arch", *self.devices])
+                for a in done:
+                    w.writerow([a, *(f"{self.cells[space][a][d][k]:.6g}" for d in self.devices)])
+                write_atomic(out / f"{space}_{tag}{suffix}.csv.gz",
+                             gzip.compress(buf.getvalue().encode(), mtime=0))
+            med = {d: np.array([self.cells[space][a][d][0] for a in done]) for d in self.devices}
+            cv = {d: np.array([self.cells[space][a][d][1] for a in done]) for d in self.devices}
+            summary[space] = {
+                "architectures": len(done), "target": len(self.archs[space]),
+                "median_ms": {d: round(float(np.median(v)), 5) for d, v in med.items()},
+                "median_cv": {d: round(float(np.median(v)), 4) for d, v in cv.items()},
+                "cells_above_max_cv": {d: int((v > MAX_CV[0]).sum()) for d, v in cv.items()},
+            }
+        return summary
+
+
+MAX_CV = [0.1]  # set from --max-cv (read by Tables.write)
+
+
+def measure_cpu(args: argparse.Namespace, archs: dict[str, list[str]], tag: str,
+                deadline: float, log: Any, save: Any) -> tuple[Tables, dict]:
+    """All CPU devices on ``archs`` until ``deadline`` (``time.monotonic``)."""
+    with_ov = openvino_available() and not args.no_openvino
+    devices = cpu_devices(tag, args.threads, with_ov)
+    tables = Tables(archs, [d for d, _, _ in devices])
+    by_threads: dict[int, list[tuple[str, str, int]]] = {}
+    for d in devices:
+        by_threads.setdefault(d[2], []).append(d)
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    pools: dict[int, Any] = {}
+    layout: dict[int, list[list[int]]] = {}
+    ctx = mp.get_context("spawn")
+    if args.workers:
+        for t in by_threads:
+            sets = core_sets(cpus, t, args.workers)
+            layout[t] = sets
+            q = ctx.Queue()
+            for s in sets:
+                q.put(s)
+            pools[t] = ctx.Pool(len(sets), _init_worker, (q, args.warmup, args.repeats,
+                                                          args.max_cv))
+    else:
+        _init_worker(_EmptyQueue(), args.warmup, args.repeats, args.max_cv)
+    rng = np.random.default_rng(args.seed)
+    cache = Path(tempfile.mkdtemp(prefix="hwnas_tables_"))
+    per_round = args.round or (max(8, 4 * max(len(v) for v in layout.values())) if layout else 8)
+    schedule = rounds({s: len(a) for s, a in archs.items()}, per_round)
+    durations: list[float] = []
+    stopped = False
+    try:
+        for r, rnd in enumerate(schedule):
+            est = max(durations[-3:]) if durations else 0.0
+            if time.monotonic() + est > deadline:
+                stopped = True
+                break
+            t0 = time.monotonic()
+            paths = {(s, i): (str(cache / f"{s}_{i}.onnx"), str(cache / f"{s}_{i}.pt"))
+                     for s, i in rnd}
+            first = True
+            for t in sorted(by_threads):
+                jobs = []
+                for s, i in rnd:
+                    order = rng.permutation(len(by_threads[t]))
+                    jobs.append(((s, i), s, archs[s][i], *paths[(s, i)], first,
+                                 [by_threads[t][k] for k in order]))
+                results = (pools[t].imap_unordered(run_job, jobs) if t in pools
+                           else map(run_job, jobs))
+                for (s, i), cells in results:
+                    tables.add(s, archs[s][i], cells)
+                first = False
+            for on, tp in paths.values():
+                for p in (on, tp):
+                    Path(p).unlink(missing_ok=True)
+            durations.append(time.monotonic() - t0)
+            summary = save(tag, tables, {"devices": devices, "rounds_done": len(durations)})
+            log(f"round {r + 1}/{len(schedule)} {durations[-1]:.1f} s: "
+                + ", ".join(f"{s} {v['architectures']}" for s, v in summary.items()))
+    finally:
+        for p in pools.values():
+            p.terminate()
+        for p in cache.iterdir():
+            p.unlink(missing_ok=True)
+        cache.rmdir()
+    return tables, {"devices": devices, "openvino": with_ov, "stopped_by_budget": stopped,
+                    "core_sets": {str(t): v for t, v in layout.items()},
+                    "rounds_done": len(durations), "rounds_planned": len(schedule),
+                    "round_seconds_median": round(float(np.median(durations)), 2)
+                    if durations else None}
+
+
+class _EmptyQueue:
+    def get(self) -> list:
+        return []
+
+
+def measure_gpu(args: argparse.Namespace, archs: dict[str, list[str]], deadline: float,
+                log: Any, save: Any) -> tuple[Tables, dict, str]:
+    """PyTorch eager and CUDA-graph latency at batch 1 and 64, runtimes in random order."""
+    import torch
+    from hwnas.latency.devices import MeasuredDevice
+    from hwnas.supernet.spaces import get_space
+
+    name = torch.cuda.get_device_name(0)
+    tag = gpu_tag(name)
+    current: dict[str, Any] = {}
+    devices = [MeasuredDevice(f"{tag}-{kind}-b{b}", threads=1, provider="cuda-torch", batch=b,
+                              cuda_graph=kind == "cudagraph", repeats=args.gpu_repeats,
+                              warmup=args.warmup, model_fn=lambda a: current["m"])
+               for kind in GPU_RUNTIMES for b in GPU_BATCHES]
+    tables = Tables(archs, [d.name for d in devices])
+    rng = np.random.default_rng(args.seed)
+    torch.manual_seed(0)
+    supernets = {s: get_space(s).build_supernet().eval() for s in archs}
+    schedule = rounds({s: len(a) for s, a in archs.items()}, args.round or 32)
+    durations: list[float] = []
+    stopped = False
+    for r, rnd in enumerate(schedule):
+        est = max(durations[-3:]) if durations else 0.0
+        if time.monotonic() + est > deadline:
+            stopped = True
+            break
+        t0 = time.monotonic()
+        for s, i in rnd:
+            space = get_space(s)
+            arch = archs[s][i]
+            current["m"] = supernets[s].extract(space.from_string(arch)).eval().cuda()
+            cells = {}
+            for k in rng.permutation(len(devices)):
+                d = devices[k]
+                med, std = d.latency_with_std(space, [arch])
+                cv = float(std[0] / med[0]) if med[0] > 0 else 0.0
+                if cv > args.max_cv:
+                    med, std = d.latency_with_std(space, [arch])
+                    cv = float(std[0] / med[0]) if med[0] > 0 else 0.0
+                cells[d.name] = (float(med[0]), cv)
+            tables.add(s, arch, cells)
+        durations.append(time.monotonic() - t0)
+        summary = save(tag, tables, {"gpu": name, "rounds_done": len(durations)})
+        log(f"gpu round {r + 1}/{len(schedule)} {durations[-1]:.1f} s: "
+            + ", ".join(f"{s} {v['architectures']}" for s, v in summary.items()))
+    return tables, {"gpu": name, "cuda": torch.version.cuda, "stopped_by_budget": stopped,
+                    "devices": [d.name for d in devices], "repeats": args.gpu_repeats,
+                    "rounds_done": len(durations), "rounds_planned": len(schedule)}, tag
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, help="output directory")
+    ap.add_argument("--spaces", nargs="+", default=list(DEFAULT_N), choices=list(DEFAULT_N))
+    ap.add_argument("--n", nargs="+", type=int, default=None,
+                    help="architectures per space, in --spaces order (default "
+                    + ", ".join(f"{k} {v}" for k, v in DEFAULT_N.items()) + ")")
+    ap.add_argument("--runtimes", nargs="+", default=["cpu", "gpu"], choices=["cpu", "gpu"],
+                    help="cpu: ort/torch/ts/ov at --threads; gpu: torch/cudagraph b1/b64 "
+                         "(skipped without CUDA)")
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 4, 16])
+    ap.add_argument("--workers", type=int, default=0,
+                    help="parallel pinned processes per thread count (0: one process, no pinning)")
+    ap.add_argument("--max-minutes", type=float, default=8.5)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=15, help="timed calls per CPU cell")
+    ap.add_argument("--gpu-repeats", type=int, default=15, help="timed calls per GPU cell")
+    ap.add_argument("--max-cv", type=float, default=0.1)
+    ap.add_argument("--round", type=int, default=0, help="architectures per round (0: auto)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tag", default=None, help="CPU tag of device names (default: CPU family)")
+    ap.add_argument("--no-openvino", action="store_true")
+    ap.add_argument("--write-samples", action="store_true",
+                    help="write the committed sample files from HELP's tables and exit")
+    args = ap.parse_args(argv)
+    start = time.monotonic()
+    deadline = start + args.max_minutes * 60
+    sizes = dict(zip(args.spaces, args.n or [DEFAULT_N[s] for s in args.spaces]))
+    if args.write_samples:
+        write_samples(args.seed, sizes)
+        return 0
+    if args.out is None:
+        ap.error("--out is required")
+    MAX_CV[0] = args.max_cv
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = lambda msg: print(f"[{time.monotonic() - start:6.1f} s] {msg}", flush=True)  # noqa: E731
+    archs = {s: read_sample(s, n) for s, n in sizes.items()}
+    info = cpu_info()
+    base = {"command": "python benchmarks/measure_latency_tables.py "
+                       + " ".join(argv if argv is not None else sys.argv[1:]),
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "cpu": info, "versions": versions(),
+            "settings": {"warmup": args.warmup, "repeats": args.repeats,
+                         "gpu_repeats": args.gpu_repeats, "max_cv": args.max_cv,
+                         "threads": sorted(set(args.threads)), "workers": args.workers,
+                         "max_minutes": args.max_minutes, "seed": args.seed,
+                         "statistic": "median of repeats after warm-up, ms per batch"}}
+    do_gpu = "gpu" in args.runtimes
+    if do_gpu:
+        try:
+            import torch
+
+            do_gpu = torch.cuda.is_available()
+        except Exception:  # noqa: BLE001
+            do_gpu = False
+        if not do_gpu:
+            log("no CUDA GPU: GPU runtimes skipped")
+    def save(tag: str, tables: Tables, meta: dict) -> dict:
+        """Tables and machine JSON as they stand (after every round: a killed run keeps them)."""
+        spaces = tables.write(args.out, tag)
+        write_json(args.out / f"machine_{tag}.json",
+                   {**base, "machine_tag": tag, **meta, "spaces": spaces,
+                    "seconds": round(time.monotonic() - start, 1)})
+        return spaces
+
+    if "cpu" in args.runtimes:
+        tag = args.tag or cpu_tag(info["cpu_model"])
+        part_deadline = start + (deadline - start) / 2 if do_gpu else deadline
+        tables, meta = measure_cpu(args, archs, tag, part_deadline, log, save)
+        save(tag, tables, meta)
+        log(f"wrote {args.out}/machine_{tag}.json")
+    if do_gpu:
+        tables, meta, tag = measure_gpu(args, archs, deadline, log, save)
+        save(tag, tables, meta)
+        log(f"wrote {args.out}/machine_{tag}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
