@@ -291,3 +291,47 @@ def test_search_with_a_supernet_of_another_dataset_is_refused(small, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("hwnas: error: checkpoint ") and "fingerprint" in err[0]
     assert not (small["root"] / "refused").exists()
+
+
+# -- what writes a record --------------------------------------------------------------------
+
+def test_training_writes_the_record_of_its_training_split(tmp_path: Path, one_torch_thread):
+    from hwnas.supernet.spaces import get_space
+    from hwnas.supernet.train import load_checkpoint, sandwich_config, train_supernet
+
+    data = load_dataset("digits", seed=0)
+    space = get_space("mbv3-tiny")
+    train_supernet(space.build_supernet(), space, data, sandwich_config(1, batch_size=64),
+                   progress=False, checkpoint_path=tmp_path / "sn.pt", max_steps=1)
+    _, _, payload = load_checkpoint(tmp_path / "sn.pt")
+    record = read_record(payload, "sn.pt")
+    assert np.array_equal(record.train_hashes, _all_hashes(data, "train"))
+    assert record.fingerprint == dataset_fingerprint(data) and record.dataset == "digits"
+
+
+def test_shipped_cifar10_supernet_records_its_seed0_split():
+    """The shipped checkpoint's record is the seed-0 split of the shared npz it was trained on:
+    a sample of that split's training images is in it, of its validation images is not."""
+    from hwnas.supernet import data as data_module
+    from hwnas.supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint
+
+    path = shipped_checkpoint("mbv3", CIFAR10_CLASSES)
+    assert path is not None and path.stat().st_size < 20 * 2**20
+    record = read_record(torch.load(path, map_location="cpu", weights_only=True), str(path))
+    assert record is not None and record.classes == CIFAR10_CLASSES
+    assert record.train_hashes.shape == (45000,) and np.unique(record.train_hashes).size == 45000
+    base = data_module.shared_data_dir()
+    npz = base / "cifar10" / "cifar10-jpeg.npz" if base else None
+    if npz is None or not npz.is_file():
+        pytest.skip("shared data (cifar10/cifar10-jpeg.npz) not found: set HWNAS_SHARED_DATA")
+    with np.load(npz) as z:
+        jpeg, offsets = z["train_jpeg"], z["train_offsets"]
+        labels = z["train_labels"].astype(np.int64)
+    # the split load_dataset(npz, seed=0) makes, from the labels alone
+    rest, val = data_module._stratified_take(labels, 5000, data_module._rng(0, 1))
+    rng = np.random.default_rng(0)
+    for idx, inside in ((rng.choice(rest, 100, replace=False), True),
+                        (rng.choice(val, 100, replace=False), False)):
+        blobs = [jpeg[offsets[i]:offsets[i + 1]].tobytes() for i in idx]
+        assert np.isin(_decoded_hashes(blobs), record.train_hashes).all() == inside
+        assert np.isin(_decoded_hashes(blobs), record.train_hashes).any() == inside
