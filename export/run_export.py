@@ -216,6 +216,7 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     from hwnas.quant.ptq import PTQConfig
     from hwnas.supernet.data import BatchLoader, load_dataset
     from hwnas.supernet.evaluate import recalibrated_subnet
+    from hwnas.supernet.fingerprint import disjoint_validation
     from hwnas.supernet.train import load_checkpoint, with_training_augment
 
     start = time.perf_counter()
@@ -248,8 +249,10 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
         raise UserError(f"{run_dir / SUPERNET_FILE} holds space {space.name!r} but config.json "
                         f"says {cfg['space']!r}; the run directory is inconsistent")
     seed = int(cfg.get("seed", 0))
-    data = with_training_augment(load_dataset(cfg["dataset"], seed=int(cfg.get("data_seed", 0))),
-                                 payload.get("train_config"))
+    data = load_dataset(cfg["dataset"], seed=int(cfg.get("data_seed", 0)))
+    data = disjoint_validation(data, payload, str(run_dir / SUPERNET_FILE),  # the run's splits
+                               seed=int(cfg.get("data_seed", 0)), log=lambda _: None)
+    data = with_training_augment(data, payload.get("train_config"))
     calib_batches = int(cfg.get("calib_batches", 10))
     ptq_config = PTQConfig(max_images=int(cfg.get("ptq_images", 256)), seed=seed)
     devices = [str(d) for d in (cfg.get("devices") or [])]

@@ -172,6 +172,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from hwnas.supernet.data import load_dataset
     from hwnas.supernet.evaluate import evaluate_subnet
+    from hwnas.supernet.fingerprint import training_record
     from hwnas.supernet.spaces import get_space
     from hwnas.supernet.train import sandwich_config, save_checkpoint, train_supernet
 
@@ -188,7 +189,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = sandwich_config(args.epochs, seed=args.seed, augment=args.augment)
     result = train_supernet(supernet, space, data, config, device=args.device,
                             progress=not args.quiet)
-    save_checkpoint(out, supernet, space, dataset=data.name, train_config=config)
+    save_checkpoint(out, supernet, space, dataset=data.name, train_config=config,
+                    data_record=training_record(data))
     print(f"trained {space.name} on {data.name}: {result.epochs} epochs, {result.seconds:.0f} s, "
           f"{result.images_per_s:.0f} images/s -> {out}")
     for role, arch in (("largest", space.largest()), ("smallest", space.smallest())):

@@ -63,6 +63,7 @@ from hwnas.search.study import (
 from hwnas.supernet.checkpoints import shipped_checkpoint
 from hwnas.supernet.data import DatasetSplits, load_dataset
 from hwnas.supernet.evaluate import accuracy, eval_loader
+from hwnas.supernet.fingerprint import disjoint_validation, training_record
 from hwnas.supernet.space import SearchSpace
 from hwnas.supernet.spaces import get_space
 from hwnas.supernet.train import (
@@ -175,10 +176,11 @@ def _checkpoint_source(cfg: SearchConfig, data: DatasetSplits, run_dir: Path) ->
 
 
 def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, progress: bool,
-                     ) -> tuple[SearchSpace, Any, TrainResult | None, TrainConfig | None]:
+                     ) -> tuple[SearchSpace, Any, TrainResult | None, TrainConfig | None,
+                                dict[str, Any] | None]:
     """(space, supernet, training result or None, the training configuration its checkpoint
-    records or None) — from the checkpoint that applies, else trained for the dataset. Checks
-    happen before training starts."""
+    records or None, the record of its training images or None) — from the checkpoint that
+    applies, else trained for the dataset. Checks happen before training starts."""
     source = _checkpoint_source(cfg, data, run_dir)
     if source:
         space, supernet, payload = load_checkpoint(source, device=cfg.torch_device)
@@ -192,7 +194,8 @@ def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, prog
             raise UserError(f"--augment {cfg.augment}: checkpoint {source} was trained with "
                             f"{trained_with}; pass --augment {trained_with}, leave it out, or "
                             f"train a new supernet (--supernet, --name)")
-        return space, supernet, None, TrainConfig.from_dict(recorded) if recorded else None
+        return (space, supernet, None, TrainConfig.from_dict(recorded) if recorded else None,
+                payload.get("data_record"))
     h, w = data.image_size
     if h != w:
         raise UserError(f"space {cfg.space} needs square images; the dataset's are {h}x{w}")
@@ -203,7 +206,7 @@ def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, prog
     config = sandwich_config(cfg.epochs, seed=cfg.seed, augment=cfg.augment)
     result = train_supernet(supernet, space, data, config, device=cfg.torch_device,
                             progress=progress)
-    return space, supernet, result, config
+    return space, supernet, result, config, training_record(data)
 
 
 def _lock_run_dir(run_dir: Path):
@@ -350,6 +353,8 @@ def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int) -> int:
     torch.set_num_threads(1)
     data = load_dataset(cfg.dataset, seed=cfg.data_seed)
     space, supernet, payload = load_checkpoint(Path(run_dir) / "supernet.pt", device=cfg.torch_device)
+    data = disjoint_validation(data, payload, str(Path(run_dir) / "supernet.pt"),
+                               seed=cfg.data_seed, log=lambda *a: None)  # as the main process
     data = with_training_augment(data, payload.get("train_config"))
     evaluator = _evaluator(cfg, space, supernet, data)
     if cfg.accuracy == "predictor":
@@ -369,7 +374,12 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
     timings: dict[str, float] = {}
 
     t0 = time.perf_counter()
-    space, supernet, train_result, train_config = resolve_supernet(cfg, data, run_dir, progress)
+    space, supernet, train_result, train_config, record = resolve_supernet(cfg, data, run_dir,
+                                                                           progress)
+    if train_result is None:  # a checkpoint's training images stay out of validation
+        data = disjoint_validation(data, {"data_record": record},
+                                   str(_checkpoint_source(cfg, data, run_dir)),
+                                   seed=cfg.data_seed, log=log)
     data = with_training_augment(data, train_config.to_dict() if train_config else None)
     timings["supernet_s"] = time.perf_counter() - t0
     if train_result:
@@ -383,7 +393,7 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
             save_checkpoint(staging / "supernet.pt", supernet, space, dataset=data.name,
-                            train_config=train_config)
+                            train_config=train_config, data_record=record)
             if train_result:
                 write_json(staging / "train_history.json", train_result.__dict__)
             write_json(staging / CONFIG_FILE, settings)

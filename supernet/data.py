@@ -46,7 +46,9 @@ __all__ = [
     "ImageSplit",
     "augment_batch",
     "check_augment",
+    "check_class_names",
     "load_dataset",
+    "require_every_class",
     "shared_data_dir",
 ]
 
@@ -303,6 +305,8 @@ def _load_npz(path: Path, *, name: str, seed: int, val_fraction: float | None,
     for prefix in ("train", "test"):
         jpeg, offsets, labels = (arrays[f"{prefix}_{k}"] for k in ("jpeg", "offsets", "labels"))
         labels = _check_npz_part(path, prefix, jpeg, offsets, labels, len(classes))
+        if prefix == "train":  # before decoding: a subset lacking classes fails at once
+            require_every_class(labels, classes, f"{path}: the train part")
         images = _decode_jpegs(jpeg, offsets, path=path, prefix=prefix, image_size=image_size)
         parts[prefix] = (images, labels)
     train_images, train_labels = parts["train"]
@@ -355,7 +359,43 @@ def _npz_classes(classes: np.ndarray, path: Path) -> list[str]:
             f"{path}: 'classes' must be a non-empty 1-D array of strings, got dtype "
             f"{classes.dtype} shape {classes.shape}"
         )
-    return [c.decode() if isinstance(c, bytes) else str(c) for c in classes.tolist()]
+    names = [c.decode() if isinstance(c, bytes) else str(c) for c in classes.tolist()]
+    check_class_names(names, f"{path}: 'classes'")
+    return names
+
+
+def check_class_names(classes: Sequence[str], where: str) -> None:
+    """:class:`UserError` unless there are at least two classes with distinct names.
+
+    One class makes every accuracy 100 %; two classes of one name (case and surrounding
+    spaces aside) cannot be told apart by whoever reads the labels."""
+    if len(classes) < 2:
+        raise UserError(f"{where} names {len(classes)} class(es) ({', '.join(classes)}); "
+                        "a classification dataset needs at least 2 classes")
+    seen: dict[str, str] = {}
+    for name in classes:
+        key = name.strip().lower()
+        if key in seen:
+            raise UserError(f"{where} names class {name!r} twice"
+                            + ("" if seen[key] == name else f" (as {seen[key]!r} and {name!r})")
+                            + "; expected distinct class names")
+        seen[key] = name
+
+
+def require_every_class(labels: np.ndarray | torch.Tensor, classes: Sequence[str], where: str,
+                        hint: str = "every class needs at least one training image") -> None:
+    """:class:`UserError` naming the classes of ``classes`` that ``labels`` never uses.
+
+    A class without training images cannot be learned, yet still counts in the head and in
+    accuracy (a class-sorted subset holding 4 of 10 classes scores far too low in silence)."""
+    labels = labels.numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    counts = np.bincount(labels.astype(np.int64), minlength=len(classes))
+    missing = [classes[i] for i in np.flatnonzero(counts[:len(classes)] == 0)]
+    if missing:
+        shown = ", ".join(missing[:10]) + (f" and {len(missing) - 10} more" if len(missing) > 10
+                                           else "")
+        raise UserError(f"{where} has no images of {len(missing)} of the {len(classes)} "
+                        f"classes ({shown}); {hint}")
 
 
 def _check_npz_part(path: Path, prefix: str, jpeg: np.ndarray, offsets: np.ndarray,
@@ -564,14 +604,14 @@ def _load_cifar_pickle(path: Path, *, name: str, seed: int, val_fraction: float 
         classes = [n.decode() if isinstance(n, bytes) else str(n) for n in raw_names]
     except (TypeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path / 'batches.meta'}: malformed label_names ({exc})") from exc
-    if not classes:
-        raise UserError(f"{path / 'batches.meta'}: label_names is empty")
+    check_class_names(classes, f"{path / 'batches.meta'}: label_names")
     batches = [_read_pickle_batch(path / b, len(classes)) for b in _PICKLE_TRAIN_BATCHES]
     train_images = np.concatenate([b[0] for b in batches])
     train_labels = np.concatenate([b[1] for b in batches])
     test_images, test_labels = _read_pickle_batch(path / "test_batch", len(classes))
     if len(train_labels) == 0 or len(test_labels) == 0:
         raise UserError(f"CIFAR-10 pickle directory {path} has no train or no test images")
+    require_every_class(train_labels, classes, f"CIFAR-10 pickle directory {path} (data_batch_1..5)")
     return _split_from_train(
         torch.from_numpy(train_images), train_labels,
         torch.from_numpy(test_images), test_labels,
@@ -618,6 +658,7 @@ def _scan_image_folder(root: Path, classes: list[str] | None = None,
         )
     if classes is None:
         classes = [d.name for d in dirs]
+        check_class_names(classes, f"ImageFolder {root}: the class folders")
     else:
         extra = [d.name for d in dirs if d.name not in classes]
         if extra:
@@ -641,11 +682,10 @@ def _scan_image_folder(root: Path, classes: list[str] | None = None,
             f"ImageFolder {root} has class sub-folders but no images in them; expected image "
             f"files ({exts}) directly inside each class folder"
         )
-    if empty and fixed_classes is None:
-        raise UserError(
-            f"ImageFolder {root}: class folder(s) {', '.join(empty)} hold no images ({exts}); "
-            "every class needs at least one image (remove the folder or add images)"
-        )
+    if fixed_classes is None:
+        require_every_class(labels, classes, f"ImageFolder {root}",
+                            f"class folder(s) {', '.join(empty)} hold no images ({exts}); every "
+                            "class needs at least one image (remove the folder or add images)")
     return classes, files, np.asarray(labels, dtype=np.int64)
 
 
@@ -803,6 +843,9 @@ def _split_single_pool(images: torch.Tensor, labels: np.ndarray, *, name: str,
 
 def _finish(name: str, classes: list[str], augment: str, train: ImageSplit, val: ImageSplit,
             test: ImageSplit) -> DatasetSplits:
+    require_every_class(train.labels, classes, f"the training split of {name!r}",
+                        "a class needs at least two images, so that one stays in training "
+                        "when validation takes its share")
     mean, std = _channel_stats(train.images)
     return DatasetSplits(name=name, train=train, val=val, test=test, classes=list(classes),
                          mean=mean, std=std, augment=augment)

@@ -64,6 +64,7 @@ from hwnas.supernet.distributed import (
     broadcast_state,
     shard,
 )
+from hwnas.supernet.fingerprint import training_record
 from hwnas.supernet.space import SearchSpace
 from torch import nn
 
@@ -413,6 +414,8 @@ def _train(job: _Job, data: DatasetSplits, config: TrainConfig, *, device: str |
     stop = max_steps is not None and step >= max_steps
     sums = torch.zeros(n_losses, dtype=torch.float64, device=device)
 
+    record = training_record(data) if checkpoint_path is not None and ctx.is_main else None
+
     def save() -> None:
         nonlocal last_save
         if checkpoint_path is not None and ctx.is_main:
@@ -424,7 +427,7 @@ def _train(job: _Job, data: DatasetSplits, config: TrainConfig, *, device: str |
                 "history": history, "seconds": prior_seconds + elapsed,
                 "partial_sums": [float(v) for v in sums.tolist()],
             }
-            _save(checkpoint_path, job, dataset or data.name, config, train_state)
+            _save(checkpoint_path, job, dataset or data.name, config, train_state, record)
         last_save = time.perf_counter()
 
     while step < total_steps and not stop:
@@ -707,11 +710,14 @@ def _write(path: str | Path, payload: dict[str, Any]) -> Path:
 def save_checkpoint(path: str | Path, supernet: nn.Module, space: SearchSpace, *,
                     dataset: str, train_config: TrainConfig | None = None,
                     extra: dict[str, Any] | None = None,
-                    train_state: dict[str, Any] | None = None, half: bool = False) -> Path:
+                    train_state: dict[str, Any] | None = None, half: bool = False,
+                    data_record: dict[str, Any] | None = None) -> Path:
     """Save the supernet's weights with everything needed to rebuild it (written atomically).
 
     ``train_state`` (from the training loop) makes it resumable. ``half``: store floating
-    tensors as float16 (half the size, for shipping; loading converts back to float32)."""
+    tensors as float16 (half the size, for shipping; loading converts back to float32).
+    ``data_record`` (:func:`hwnas.supernet.fingerprint.training_record`) says which images it
+    trained on, so that a search can keep them out of validation."""
     payload = {
         "format": SUPERNET_FORMAT,
         "space": space.name,
@@ -723,14 +729,18 @@ def save_checkpoint(path: str | Path, supernet: nn.Module, space: SearchSpace, *
     }
     if train_state is not None:
         payload["train_state"] = train_state
+    if data_record is not None:
+        payload["data_record"] = data_record
     return _write(path, payload)
 
 
 def save_standalone(path: str | Path, model: nn.Module, space: SearchSpace, arch: Any, *,
                     dataset: str, train_config: TrainConfig | None = None,
                     extra: dict[str, Any] | None = None,
-                    train_state: dict[str, Any] | None = None) -> Path:
-    """Save a standalone subnet: its space, architecture string and weights."""
+                    train_state: dict[str, Any] | None = None,
+                    data_record: dict[str, Any] | None = None) -> Path:
+    """Save a standalone subnet: its space, architecture string, weights and (``data_record``)
+    the images it trained on."""
     payload = {
         "format": STANDALONE_FORMAT,
         "space": space.name,
@@ -743,17 +753,19 @@ def save_standalone(path: str | Path, model: nn.Module, space: SearchSpace, arch
     }
     if train_state is not None:
         payload["train_state"] = train_state
+    if data_record is not None:
+        payload["data_record"] = data_record
     return _write(path, payload)
 
 
 def _save(path: str | Path, job: _Job, dataset: str, config: TrainConfig,
-          train_state: dict[str, Any]) -> None:
+          train_state: dict[str, Any], data_record: dict[str, Any] | None) -> None:
     if job.kind == SUPERNET_FORMAT:
         save_checkpoint(path, job.model, job.space, dataset=dataset, train_config=config,
-                        train_state=train_state)
+                        train_state=train_state, data_record=data_record)
     else:
         save_standalone(path, job.model, job.space, job.arch, dataset=dataset,
-                        train_config=config, train_state=train_state)
+                        train_config=config, train_state=train_state, data_record=data_record)
 
 
 def _read_payload(path: str | Path, fmt: str) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 from hwnas.supernet.data import AUGMENT_KINDS, DatasetSplits, ImageSplit, load_dataset
+from hwnas.supernet.fingerprint import training_record
 
 from hwnas.core.cli_args import OneLineParser, positive_float, positive_int
 from hwnas.core.errors import UserError
@@ -609,13 +610,15 @@ def _main(args: argparse.Namespace, ctx, device: torch.device, started: float) -
                        history=result.history)
             write_json(log_file, log)
             if done:
+                record = training_record(data)
                 if arch is not None:
                     save_standalone(out / "model.pt", model, space, arch, dataset=data.name,
-                                    train_config=config)
+                                    train_config=config, data_record=record)
                 else:
                     save_checkpoint(out / "supernet.pt", model, space, dataset=data.name,
                                     train_config=config, half=args.half_weights,
-                                    extra={"train_seconds": secs, "history": result.history})
+                                    extra={"train_seconds": secs, "history": result.history},
+                                    data_record=record)
         if not done:
             say(f"not finished: step {result.step} of {result.total_steps}; continue with "
                 f"--out {out} --resume")

@@ -341,7 +341,7 @@ def test_image_folder_train_test(tmp_path: Path) -> None:
 
 def test_image_folder_test_class_unknown(tmp_path: Path) -> None:
     root = tmp_path / "split"
-    _write_folder(root / "train", {"cat": 4})
+    _write_folder(root / "train", {"cat": 4, "dog": 4})
     _write_folder(root / "test", {"cow": 2})
     with pytest.raises(UserError, match="cow"):
         load_dataset(str(root))
