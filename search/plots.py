@@ -18,14 +18,14 @@ import numpy as np
 import pandas as pd
 from hwnas.search.pareto import front_indices_2d
 
+from hwnas.core.io import write_atomic
+
 
 def _save(fig, path: Path) -> Path:
-    path = Path(path)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    try:
+        return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    finally:
+        plt.close(fig)
 
 
 def plot_fronts(trials: pd.DataFrame, fronts: dict[str, pd.DataFrame], path: str | Path, *,

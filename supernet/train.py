@@ -69,6 +69,7 @@ from hwnas.supernet.space import SearchSpace
 from torch import nn
 
 from hwnas.core.errors import UserError
+from hwnas.core.io import write_atomic
 
 #: Format tags of the two checkpoint kinds.
 SUPERNET_FORMAT = "hwnas-supernet-1"
@@ -699,12 +700,7 @@ def _state_dict(module: nn.Module, half: bool) -> dict[str, torch.Tensor]:
 
 
 def _write(path: str | Path, payload: dict[str, Any]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)
-    return path
+    return write_atomic(path, lambda tmp: torch.save(payload, tmp))
 
 
 def save_checkpoint(path: str | Path, supernet: nn.Module, space: SearchSpace, *,

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -48,7 +47,7 @@ from hwnas.supernet.fingerprint import training_record
 
 from hwnas.core.cli_args import OneLineParser, positive_float, positive_int
 from hwnas.core.errors import UserError
-from hwnas.core.io import write_json
+from hwnas.core.io import write_atomic, write_json
 
 PROG = "train_cifar"
 from hwnas.core.cli_args import EXIT_USER_ERROR  # noqa: E402  (re-exported)
@@ -65,20 +64,19 @@ NUM_RANDOM_EVAL = 3
 def save_decoded(data: DatasetSplits, path: str | Path) -> Path:
     """Write a dataset's splits as raw uint8 arrays (NCHW) with labels, class names and the
     train statistics, so that a machine without Pillow can load it (:func:`load_decoded`)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.npz")
-    np.savez(
-        tmp,
-        x_train=data.train.images.numpy(), y_train=data.train.labels.numpy(),
-        x_val=data.val.images.numpy(), y_val=data.val.labels.numpy(),
-        x_test=data.test.images.numpy(), y_test=data.test.labels.numpy(),
-        classes=np.asarray(data.classes), mean=np.asarray(data.mean, dtype=np.float64),
-        std=np.asarray(data.std, dtype=np.float64), name=np.asarray(data.name),
-        augment=np.asarray(data.augment),
-    )
-    os.replace(tmp, path)
-    return path
+    def save(tmp: Path) -> None:
+        with open(tmp, "wb") as fh:
+            np.savez(
+                fh,
+                x_train=data.train.images.numpy(), y_train=data.train.labels.numpy(),
+                x_val=data.val.images.numpy(), y_val=data.val.labels.numpy(),
+                x_test=data.test.images.numpy(), y_test=data.test.labels.numpy(),
+                classes=np.asarray(data.classes), mean=np.asarray(data.mean, dtype=np.float64),
+                std=np.asarray(data.std, dtype=np.float64), name=np.asarray(data.name),
+                augment=np.asarray(data.augment),
+            )
+
+    return write_atomic(path, save)
 
 
 def is_decoded(path: str | Path) -> bool:
