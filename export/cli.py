@@ -4,7 +4,7 @@ Wired into ``hwnas`` by :func:`add_export_parser` (``hwnas/cli.py`` calls it and
 ``export`` to the handler it returns, :func:`run_export`)::
 
     hwnas export RUN_DIR [--front DEVICE] [--select all|3,7|top:K|fastest:K] [--out DIR]
-                         [--int4] [--batch N] [--threads N] [--max-images N] [--refine N]
+                         [--int4] [--batch N] [--max-images N] [--refine N]
                          [--no-requantize] [--quiet]
 
 Exit status: 0 when every selected model was exported and verified, 1 when some failed (one
@@ -41,9 +41,8 @@ def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     p.add_argument("--int4", action="store_true",
                    help="also write ONNX INT4 weights (opset 21) for layers of <= 4 bits (size)")
     p.add_argument("--batch", type=positive_int, default=1,
-                   help="batch size the per-device int8-vs-float choice is made for (default 1)")
-    p.add_argument("--threads", type=positive_int, default=1,
-                   help="onnxruntime threads for the latency of every file (default 1)")
+                   help="batch size each device's files are timed and chosen at, unless the "
+                        "device's name gives one (cpu-ov-8t-b32) (default 1)")
     p.add_argument("--max-images", type=positive_int, default=1000,
                    help="test images for the parity checks (default 1000)")
     p.add_argument("--refine", type=int, default=0,
@@ -64,7 +63,7 @@ def run_export(args: argparse.Namespace) -> int:
     if args.refine < 0:
         raise UserError(f"--refine must be >= 0, got {args.refine}")
     settings = ExportSettings(requantize=not args.no_requantize, int4=args.int4,
-                              policy_batch=args.batch, latency_threads=args.threads,
+                              policy_batch=args.batch,
                               refine=args.refine)
     result = export_run(args.run_dir, front=args.front, select=args.select, out=args.out,
                         settings=settings, max_test_images=args.max_images,

@@ -371,17 +371,24 @@ def _info(run_dir: Path, cfg: dict, front: str | None, select: str, settings: An
 
 
 def _summary_line(result: Any) -> str:
+    """One line per model: per measured device, the file to deploy and its time beside FP32's,
+    both from that device's one paired measurement (so the two never contradict)."""
     if result.status != "ok":
         return f"{result.name}: failed: {result.errors[0] if result.errors else 'unknown error'}"
     parts = []
-    for f in result.files:
-        if f.latency_median_ms is not None:
-            parts.append(f"{f.path} {f.latency_median_ms:.3f} ms")
     for d in result.devices:
-        if d.measured and d.quantized_faster is not None:
-            parts.append(f"{d.device}: {'int8' if d.quantized_faster else 'fp32'} "
-                         f"({d.speedup:.2f}x)" if d.speedup else f"{d.device}: fp32")
-    return f"{result.name}: ok: " + "; ".join(parts)
+        if not d.measured:
+            continue
+        if d.recommended is None or d.fp32_ms is None:
+            parts.append(f"{d.device}: no verified file")
+        elif d.recommended_ms is None or d.recommended_ms >= d.fp32_ms or not d.speedup:
+            parts.append(f"{d.device}: {d.recommended} fp32 {d.fp32_ms:.3f} ms")
+        else:
+            hint = "".join(f" {k}={v}" for k, v in d.settings.items())
+            parts.append(f"{d.device}: {d.recommended} {d.precision}{hint} {d.recommended_ms:.3f} ms "
+                         f"vs fp32 {d.fp32_ms:.3f} ms ({d.speedup:.2f}x)")
+    written = sum(1 for f in result.files if f.written)
+    return f"{result.name}: ok: {written} file(s)" + "".join(f"; {p}" for p in parts)
 
 
 def _write_speedups(out_dir: Path, results: list[Any], space: Any, tunable: dict[str, int]) -> None:
