@@ -394,6 +394,7 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
     result.files.append(fp32_report)
     fp32: dict[str, onnx.ModelProto] = {}
     candidates: list[CandidateFile] = []  # verified files, FP32 first: what devices choose from
+    references: dict[str, np.ndarray] = {}  # logits of the PyTorch models they implement
 
     def do_fp32() -> None:
         proto = float_proto(model, example[:1], opset=s.opset)
@@ -410,7 +411,8 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
     if policy is None:
         for entry in entries.values():
             entry.recommended, entry.note = fp32_ok, "float model (no quantization policy)"
-        _recommend(result, entries, devices, candidates, model, None, test_images, test_labels, s)
+        _recommend(result, entries, devices, candidates, references, model, None, test_images,
+                   test_labels, s)
         return result
 
     # -- QDQ of the searched policy: exact (Q/DQ where the fake-quant model has them) ----------
@@ -429,13 +431,16 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
         _verify_qdq(proto, build, test_images, qdq_report, s, requantize=False,
                     require_integer=False, labels=test_labels)
         _write(out_dir, qdq_rel, proto, qdq_report)
+        with build.reference(requantize=False) as exact:
+            references[qdq_rel] = _logits(exact, test_images)
         candidates.append(CandidateFile(qdq_rel, proto.SerializeToString(),
-                                        _policy_kind(policy, ()), "searched"))
+                                        _policy_kind(policy, ()), qdq_rel, baseline="searched"))
     if not _attempt(result, qdq_report, do_qdq):
         for entry in entries.values():
             entry.recommended = fp32_ok
             entry.note = "quantized export failed" + ("" if entry.measured else "; " + entry.note)
-        _recommend(result, entries, devices, candidates, model, None, test_images, test_labels, s)
+        _recommend(result, entries, devices, candidates, references, model, None, test_images,
+                   test_labels, s)
         return result
     build: QdqBuild = holder["build"]
     result.info["integer_layers"] = build.integer_layers()
@@ -491,12 +496,15 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
                         require_integer=s.require_integer, labels=test_labels,
                         searched=build.qmodel)
             _write(out_dir, dev_rel, proto, dev_report)
+            with dbuild.reference(requantize=s.requantize) as deployed:
+                references[dev_rel] = _logits(deployed, test_images)
             candidates.append(CandidateFile(dev_rel, proto.SerializeToString(),
-                                            _policy_kind(policy, choice.float_layers), "searched"))
+                                            _policy_kind(policy, choice.float_layers), dev_rel,
+                                            baseline="searched"))
         if not _attempt(result, dev_report, do_device):
             entry.note = "the device's quantized model failed verification"
-    _recommend(result, entries, devices, candidates, model, build.qmodel, test_images,
-               test_labels, s)
+    _recommend(result, entries, devices, candidates, references, model, build.qmodel,
+               test_images, test_labels, s)
     return result
 
 
@@ -507,22 +515,25 @@ def _policy_kind(policy: QuantPolicy, float_layers: Iterable[str]) -> str:
 
 
 def _logits(model: nn.Module, images: torch.Tensor) -> np.ndarray:
+    x = images.detach().cpu().float()
     with torch.no_grad():
-        return torch.cat([model(images[i:i + 256]) for i in range(0, len(images), 256)]).numpy()
+        return torch.cat([model(x[i:i + 256]) for i in range(0, len(x), 256)]).numpy()
 
 
 def _recommend(result: ModelExport, entries: Mapping[str, DeviceEntry], devices: Mapping[str, int],
-               candidates: list[CandidateFile], model: nn.Module, searched: nn.Module | None,
-               images: torch.Tensor, labels: torch.Tensor | None, s: ExportSettings) -> None:
+               candidates: list[CandidateFile], references: dict[str, np.ndarray],
+               model: nn.Module, searched: nn.Module | None, images: torch.Tensor,
+               labels: torch.Tensor | None, s: ExportSettings) -> None:
     """For each measurable device: verify the candidates on its runtime, time them in one
-    paired measurement and record the file to deploy (:func:`hwnas.export.recommend.recommend_file`)."""
+    paired measurement and record the file to deploy (:func:`hwnas.export.recommend.recommend_file`).
+    ``references``: logits of the models files implement, beside the float and searched ones."""
     if not devices or not candidates or candidates[0].kind != "fp32":
         return
     x = images.detach().cpu().float()
-    refs = {"float": _logits(model, x)}
+    refs = {**references, "float": _logits(model, x)}
     if searched is not None:
         refs["searched"] = _logits(searched, x)
-    usable = [c for c in candidates if c.reference in refs]
+    usable = [c for c in candidates if c.reference in refs and c.accuracy_baseline in refs]
     np_images, np_labels = x.numpy(), None if labels is None else labels.cpu().numpy()
     cache: dict = {}
     reports = {f.path: f for f in result.files}

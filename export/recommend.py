@@ -8,8 +8,9 @@ CPU without BF16 it falls back to f32; the candidate is then dropped and the fal
 
 Each candidate is verified on the test images with the device's runtime: top-1 agreement with
 the PyTorch model the file implements (the float model for FP32 and reduced precision, the
-searched fake-quant model for quantized files) of at least ``min_agreement`` and, with labels,
-test accuracy no more than ``max_drop`` points below that model's. Then all candidates are
+fake-quant model - with its requantization points, if any - for quantized files) of at least
+``min_agreement`` and, with labels, test accuracy no more than ``max_drop`` points below the
+model that was searched (the float one, or the searched fake-quant one). Then all candidates are
 timed together in one paired, interleaved measurement (:func:`time_candidates`); the
 recommendation, the speed-up printed and the timings written all come from that measurement
 (:func:`choose_fastest`): the fastest verified candidate, and only if it beat FP32 overall and
@@ -47,13 +48,20 @@ def reduced_precisions(runtime: str) -> tuple[str, ...]:
 @dataclass
 class CandidateFile:
     """An exported, verified file: its path in the export, bytes, what it computes in
-    (``fp32``, ``int8``, ``mixed``) and which PyTorch model it implements (``float`` or
-    ``searched``)."""
+    (``fp32``, ``int8``, ``mixed``), the key of the PyTorch model it implements exactly
+    (``reference``: top-1 agreement) and of the one it must not lose accuracy against
+    (``baseline``, default the reference: the searched fake-quant model for a quantized file
+    that adds requantization points)."""
 
     path: str
     data: bytes
     kind: str
     reference: str
+    baseline: str = ""
+
+    @property
+    def accuracy_baseline(self) -> str:
+        return self.baseline or self.reference
 
 
 @dataclass
@@ -142,6 +150,11 @@ def choose_fastest(candidates: Sequence[DeviceCandidate], times: Mapping[str, np
     return best
 
 
+def _model_text(key: str) -> str:
+    return {"float": "the float PyTorch model",
+            "searched": "the searched fake-quant model"}.get(key, "the fake-quant model it implements")
+
+
 def _agreement(runner: Runner, data: np.ndarray, reference: np.ndarray,
                labels: np.ndarray | None) -> tuple[float, float | None]:
     name = runner.get_inputs()[0].name
@@ -201,15 +214,15 @@ def recommend_file(device: str, *, runtime: str, threads: int, batch: int,
                 c.note = f"failed to run: {result}"
             else:
                 c.top1_agreement, c.test_accuracy = result
-                c.reference_accuracy = ref_acc[f.reference]
+                c.reference_accuracy = ref_acc[f.accuracy_baseline]
                 c.verified = c.top1_agreement >= min_agreement
                 if not c.verified:
-                    c.note = (f"top-1 agreement {100 * c.top1_agreement:.2f}% with the "
-                              f"{f.reference} PyTorch model < {100 * min_agreement:.0f}%")
+                    c.note = (f"top-1 agreement {100 * c.top1_agreement:.2f}% with "
+                              f"{_model_text(f.reference)} < {100 * min_agreement:.0f}%")
                 elif c.test_accuracy is not None and c.test_accuracy < c.reference_accuracy - max_drop:
                     c.verified = False
                     c.note = (f"test accuracy {c.test_accuracy:.2f}% is more than {max_drop:g} "
-                              f"point(s) below the {f.reference} PyTorch model's "
+                              f"point(s) below {_model_text(f.accuracy_baseline)}'s "
                               f"{c.reference_accuracy:.2f}%")
             candidates.append(c)
             if c.verified or c.label == files[0].path:

@@ -192,8 +192,13 @@ def _machine() -> dict[str, Any]:
         pass
     import onnxruntime as ort
 
+    try:
+        import openvino
+        ov_version = openvino.__version__
+    except ImportError:
+        ov_version = None
     return {"cpu": cpu, "cores": os.cpu_count(), "onnxruntime": ort.__version__,
-            "python": platform.python_version()}
+            "openvino": ov_version, "python": platform.python_version()}
 
 
 def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "all",
@@ -366,7 +371,10 @@ def _info(run_dir: Path, cfg: dict, front: str | None, select: str, settings: An
             "layout": {"<name>.onnx": "FP32 (latency/ondevice.py DIR times these)",
                        "qdq/<name>.onnx": "QDQ of the searched policy",
                        "qdq-<device>/<name>.onnx": "QDQ with the layers that lose on <device> "
-                                                   "kept float",
+                                                   "kept float (onnxruntime devices)",
+                       "recommended": "per device: the fastest file verified on its runtime, "
+                                      "with the runtime settings it needs, from one paired "
+                                      "timing of every candidate",
                        "int4/<name>.onnx": "QDQ with ONNX INT4 weights (size)"}}
 
 

@@ -286,9 +286,10 @@ def time_interleaved(runners: Mapping[str, Runner], *, batch: int = 1, rounds: i
     """Paired timing of several runners: ``{label: ms array of shape (rounds, runs)}``.
 
     Each runner first gets ``warmup`` untimed calls; then, ``rounds`` times, every runner in
-    turn makes ``runs`` timed calls (:func:`timed_runs`) on its own random input of batch
-    ``batch``, so a drift of the machine's speed (background load, frequency) hits all of them
-    alike and their ratios stay fair."""
+    turn makes one untimed call (caches go cold while the others run) and ``runs`` timed calls
+    (:func:`timed_runs`) on its own random input of batch ``batch``, so a drift of the
+    machine's speed (background load, frequency) hits all of them alike and their ratios stay
+    fair. The order is reversed every other round, so no runner always follows the same one."""
     batch = _check_int("batch", batch, 1)
     rounds, runs = _check_int("rounds", rounds, 1), _check_int("runs", runs, 1)
     warmup = _check_int("warmup", warmup, 0)
@@ -299,9 +300,11 @@ def time_interleaved(runners: Mapping[str, Runner], *, batch: int = 1, rounds: i
         for label, r in runners.items():
             for _ in range(warmup):
                 r.run(feeds[label])
+        order = list(runners)
         for i in range(rounds):
-            for label, r in runners.items():
-                out[label][i] = timed_runs(r, feeds[label], runs)
+            for label in (order if i % 2 == 0 else order[::-1]):
+                runners[label].run(feeds[label])
+                out[label][i] = timed_runs(runners[label], feeds[label], runs)
     except UserError:
         raise
     except Exception as exc:

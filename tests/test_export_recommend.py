@@ -165,7 +165,7 @@ def test_a_candidate_losing_accuracy_is_not_verified(monkeypatch) -> None:
                                      "searched": reference}, images=x, labels=labels)
     q = {c.label: c for c in out.candidates}["q.onnx"]
     assert q.top1_agreement == pytest.approx(0.99) and not q.verified
-    assert "more than 0.3 point(s) below" in q.note and out.chosen.label == "fp32.onnx"
+    assert "more than 0.3 point(s) below the searched fake-quant model's 100.00%" in q.note and out.chosen.label == "fp32.onnx"
     with pytest.raises(UserError, match="start with the FP32 file"):
         recommend_file("cpu-ort-1t", runtime="onnxruntime", threads=1, batch=1, files=files[1:],
                        references={}, images=x, labels=None)

@@ -118,7 +118,7 @@ def test_manifest_json_and_csv(exported) -> None:
     assert files["trial_0007.onnx"]["max_abs_diff"] <= 1e-4
     for rel in ("qdq/trial_0007.onnx", f"qdq-{FRONT}/trial_0007.onnx"):
         assert files[rel]["top1_agreement"] >= 0.99 and files[rel]["searched_agreement"] > 0
-        assert files[rel]["latency_ms"][FRONT] > 0 and files[rel]["test_accuracy"] is not None
+        assert files[rel]["test_accuracy"] is not None
     assert files[f"qdq-{FRONT}/trial_0007.onnx"]["float_islands"] == []
     devices = {d["device"]: d for d in quantized["devices"]}
     cpu = devices[FRONT]
@@ -126,6 +126,10 @@ def test_manifest_json_and_csv(exported) -> None:
     assert isinstance(cpu["quantized_faster"], bool)
     assert (cpu["recommended"] != "trial_0007.onnx") == cpu["quantized_faster"]
     assert cpu["recommended_ms"] <= cpu["fp32_ms"] and cpu["recommended"] in files
+    for c in cpu["candidates"]:  # verified ones were timed, in the paired timing of the device
+        assert (c["median_ms"] is not None) == c["verified"], c
+        if c["verified"]:
+            assert files[c["path"]]["latency_ms"][FRONT] == c["median_ms"]
     fpga = devices["fpga-zcu102-est"]
     assert not fpga["measured"] and fpga["quantized_faster"] is None
     with open(out / "manifest.csv", newline="") as fh:

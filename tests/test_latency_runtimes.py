@@ -75,8 +75,9 @@ def test_time_interleaved_shapes_and_order() -> None:
 
     times = time_interleaved({"a": Fake("a"), "b": Fake("b")}, rounds=3, runs=2, warmup=1)
     assert times["a"].shape == (3, 2) and (times["b"] >= 0).all()
-    # warm-up of each, then rounds alternate a a b b a a b b ...
-    assert calls == ["a", "b"] + ["a", "a", "b", "b"] * 3
+    # warm-up of each, then per round one untimed + 2 timed calls each, the order reversed
+    # every other round
+    assert calls == ["a", "b"] + ["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3 + ["a"] * 3 + ["b"] * 3
 
 
 @needs_ov
