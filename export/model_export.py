@@ -1,4 +1,5 @@
-"""Export one model: FP32 ONNX, QDQ ONNX of its policy, per-device QDQ; each verified and timed.
+"""Export one model: FP32 ONNX, QDQ ONNX of its policy, per-device QDQ; each verified, and the
+fastest verified one recommended per measured device.
 
 :func:`export_model` is the model-level API (the run-directory glue, :mod:`hwnas.export.run_export`,
 calls it once per Pareto-optimal model). For a float ``nn.Module`` (BatchNorm not folded), an
@@ -10,7 +11,7 @@ optional :class:`hwnas.quant.policy.QuantPolicy` and calibration batches it writ
                                runs a conv as an integer kernel only when its output is
                                requantized, so convs followed by h-swish, residual adds or SE stay
                                float islands here (reported by name; usually slower than FP32)
-``qdq-<device>/<name>.onnx``   for each device measurable here (``cpu-ort-*``): the deployment
+``qdq-<device>/<name>.onnx``   for each onnxruntime device measurable here (``cpu-ort-*``): the deployment
                                form - the layers where int8 loses on that device kept float
                                (:mod:`hwnas.export.device_policy`), 8-bit requantization after the other
                                integer convs where onnxruntime needs it, no float islands
@@ -33,9 +34,13 @@ for ``qdq-<device>`` files, the requantization points. This is exact up to float
 kept float) is reported - top-1 agreement, max difference and, with labels, both test
 accuracies - and a file losing more than ``max_accuracy_drop`` points of test accuracy fails.
 After onnxruntime's optimizations every integer layer of a ``qdq-<device>`` file must run as an
-integer kernel; float islands are reported by name for every file. Each file's latency (median,
-p95) is measured here, beside the predicted latencies passed in; per device the manifest says
-whether the quantized model measured faster than FP32 and recommends the faster one.
+integer kernel; float islands are reported by name for every file.
+
+Per device measurable here (onnxruntime or OpenVINO, see :mod:`hwnas.export.recommend`) the
+files are candidates - on OpenVINO also under its bf16/f16 precision hints - verified again on
+that runtime and timed together in one paired measurement; the manifest recommends the fastest
+verified one with the runtime settings it needs, and every time it shows for the device (and
+for each file on it) comes from that measurement.
 """
 
 from __future__ import annotations
@@ -53,7 +58,6 @@ import torch
 from hwnas.export.device_policy import DevicePolicy, choose_float_layers
 from hwnas.export.onnx_export import check_parity
 from hwnas.export.ort_profile import LayerIndex, integer_kernel_check
-from hwnas.export.recommend import CandidateFile, Recommendation, recommend_file
 from hwnas.export.qdq import (
     EXPORT_FORMAT,
     QdqBuild,
@@ -62,6 +66,7 @@ from hwnas.export.qdq import (
     map_layer_nodes,
     set_metadata,
 )
+from hwnas.export.recommend import CandidateFile, Recommendation, recommend_file
 from hwnas.quant.policy import QuantPolicy
 from hwnas.quant.ptq import PTQConfig
 from torch import nn
@@ -83,10 +88,10 @@ class ExportSettings:
     ``max_accuracy_drop``: with labels, the most test accuracy (points) a QDQ file may lose
     against the searched fake-quant model (``None``: report only).
     ``max_candidate_drop``: the most test accuracy (points) a file may lose on a device's
-    runtime against the PyTorch model it implements and still be recommended there.
+    runtime against the searched model (float or fake-quant) and still be recommended there.
     ``policy_batch``: the batch every device is timed at unless its name gives one
-    (``cpu-ov-8t-b32``); ``rounds`` / ``runs``: the paired timing of a device's candidates
-    (:mod:`hwnas.export.recommend`) and of the int8-vs-float search
+    (``cpu-ov-8t-b32``); ``warmup`` / ``rounds`` / ``runs``: the paired timing of a device's
+    candidates (:mod:`hwnas.export.recommend`) and of the int8-vs-float search
     (:func:`hwnas.export.device_policy.choose_float_layers`), with ``profile_runs`` / ``refine``."""
 
     opset: int = 17
@@ -551,7 +556,10 @@ def _recommend(result: ModelExport, entries: Mapping[str, DeviceEntry], devices:
             entry.recommended = None
             entry.note = f"no file could be verified and timed on {runtime}: {first_line(exc)}"
             continue
+        prior = entry.note  # e.g. why a quantized file is missing
         _fill_entry(entry, rec)
+        if prior:
+            entry.note = f"{prior}; {entry.note}"
         for c in rec.candidates:
             if c.median_ms is not None and c.label == c.path and c.path in reports:
                 reports[c.path].latency_ms[device] = c.median_ms
