@@ -199,3 +199,28 @@ def test_ondevice_refuses_openvino_settings_without_the_runtime(tmp_path) -> Non
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "add --runtime openvino" in proc.stderr
 
+
+
+def test_missing_openvino_is_one_line(tmp_path, monkeypatch, capsys) -> None:
+    """Without OpenVINO: one error line from the CLI and from the copied script."""
+    from hwnas.cli import main
+
+    d = tmp_path / "models"
+    d.mkdir()
+    (d / "a.onnx").write_bytes(conv_model())
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino -> ImportError
+    code = main(["latency", "measure", str(d), "--runtime", "openvino"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "pip install 'hwnas[openvino]'" in err[0]
+    blocker = (
+        "import sys, runpy\n"
+        "sys.modules['openvino'] = None\n"
+        f"sys.argv = ['ondevice.py', {str(d)!r}, '--runtime', 'openvino', '--out', "
+        f"{str(tmp_path / 'm.csv')!r}]\n"
+        f"runpy.run_path({str(ONDEVICE)!r}, run_name='__main__')\n"
+    )
+    proc = subprocess.run([sys.executable, "-I", "-c", blocker], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "needs OpenVINO: pip install openvino" in proc.stderr
+    assert not (tmp_path / "m.csv").exists()
