@@ -27,7 +27,7 @@ import platform
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,12 +203,15 @@ def _machine() -> dict[str, Any]:
 
 def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "all",
                out: str | Path | None = None, settings: Any = None, max_test_images: int = 1000,
-               progress: bool = True, report: Callable[[str], None] | None = None) -> RunExport:
+               progress: bool = True, report: Callable[[str], None] | None = None,
+               devices: Sequence[str] = ()) -> RunExport:
     """Export the selected Pareto-optimal models of ``run_dir`` (see the module docstring).
 
     ``front``: one device's front (``pareto_<front>.csv``), default every front (models on
     several fronts are exported once). ``settings``: :class:`hwnas.export.model_export.ExportSettings`.
-    ``report(line)``: called with one line per model (default: print)."""
+    ``devices``: devices measurable on this CPU to recommend a file for beside the run's own
+    (``cpu-ov-2t``, ``cpu-ort-1t-b32`` ...). ``report(line)``: called with one line per model
+    (default: print)."""
     import torch
     from hwnas.export.model_export import (
         ExportSettings,
@@ -225,6 +228,12 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
 
     start = time.perf_counter()
     run_dir = Path(run_dir)
+    extra = measurable_devices(devices)
+    wrong = [d for d in devices if d not in extra]
+    if wrong:
+        raise UserError(f"device {wrong[0]!r} cannot be measured on this CPU; expected "
+                        f"cpu-ort-<N>t or cpu-ov-<N>t (OpenVINO installed), optionally with "
+                        f"-b<batch>")
     settings = settings or ExportSettings()
     settings.validate()
     if isinstance(max_test_images, bool) or not isinstance(max_test_images, int) or max_test_images < 1:
@@ -262,7 +271,7 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
         for d in row.predicted:
             if d not in devices:
                 devices.append(d)
-    tunable = measurable_devices(devices)
+    tunable = {**measurable_devices(devices), **extra}
     # a seeded random sample of the test split: CIFAR-10's test split is sorted by class, so
     # its first images are all one class
     test_loader = BatchLoader(data.test, batch_size=max_test_images, mean=data.mean, std=data.std,

@@ -192,3 +192,12 @@ def test_openvino_device_gets_precision_candidates(net, data, tmp_path) -> None:
     assert chosen["verified"] and chosen["median_ms"] == ov.recommended_ms <= ov.fp32_ms
     assert all(c["test_accuracy"] >= c["reference_accuracy"] - 0.3 for c in ov.candidates
                if c["verified"])
+
+
+def test_export_refuses_a_device_it_cannot_measure(tmp_path) -> None:
+    from hwnas.export.run_export import export_run
+
+    for name in ("edgetpu-est", "cpu-ort-0t", "no-such-device"):
+        with pytest.raises(UserError, match=f"device '{name}' cannot be measured on this CPU"):
+            export_run(tmp_path / "run", devices=[name], progress=False)
+    assert not list(tmp_path.iterdir())

@@ -275,3 +275,19 @@ def test_select_specs(run_dir: Path) -> None:
         parse_select("fastest:1", rows, None)
     with pytest.raises(UserError, match="positive count"):
         parse_select("top:0", rows, None)
+
+
+def test_extra_openvino_device_gets_a_recommendation(run_dir: Path, tmp_path: Path) -> None:
+    from hwnas.latency.onnx_measure import openvino_available
+
+    if not openvino_available():
+        pytest.skip("OpenVINO is not installed (pip install -e '.[openvino]')")
+    lines: list[str] = []
+    result = export_run(run_dir, front=FRONT, select="7", out=tmp_path / "out", settings=FAST,
+                        progress=False, report=lines.append, devices=["cpu-ov-1t"])
+    doc = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert doc["tuned_devices"] == {FRONT: 1, "cpu-ov-1t": 1}
+    entry = {d.device: d for d in result.models[0].devices}["cpu-ov-1t"]
+    assert entry.runtime == "openvino" and entry.recommended_ms <= entry.fp32_ms
+    assert "INFERENCE_PRECISION_HINT" in entry.settings
+    assert f"cpu-ov-1t: {entry.recommended}" in lines[0]
