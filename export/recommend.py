@@ -144,7 +144,8 @@ def choose_fastest(candidates: Sequence[DeviceCandidate], times: Mapping[str, np
         beats = c.median_ms < fp32.median_ms and all(
             a < b for a, b in zip(c.halves_ms, fp32.halves_ms))
         if not beats:
-            c.note = c.note or "not faster than FP32 in every half of the paired timing"
+            c.note = c.note or ("not faster than FP32 overall and in both halves of the "
+                                "paired timing")
         elif c.median_ms < best.median_ms:
             best = c
     return best
