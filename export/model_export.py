@@ -489,7 +489,8 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
                                 float_layers_for_speed=list(choice.float_layers))
         result.files.append(dev_report)
 
-        def do_device(choice=choice, dev_report=dev_report, device=device) -> None:
+        def do_device(choice=choice, dev_report=dev_report, device=device,
+                      dev_rel=dev_rel) -> None:
             dbuild = build if not choice.float_layers else build_qdq(
                 model, policy, calibration, config=ptq_config, example=example[:1],
                 float_layers=choice.float_layers, opset=s.opset)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from hwnas.latency.onnx_measure import PRECISIONS, RUNTIMES
 
 from hwnas.core.errors import UserError
 from hwnas.core.io import write_atomic
@@ -37,7 +38,6 @@ __all__ = ["add_latency_parser", "run_latency", "measure_dir", "adapt_device", "
            "default_predictor"]
 
 from hwnas.core.cli_args import non_negative_int, positive_float, positive_int  # noqa: E402
-from hwnas.latency.onnx_measure import PRECISIONS, RUNTIMES  # noqa: E402
 
 EXIT_SOME_UNSTABLE = 1
 

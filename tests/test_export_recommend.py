@@ -11,7 +11,12 @@ import torch
 from hwnas.export import recommend as rec
 from hwnas.export.device_policy import DevicePolicy
 from hwnas.export.model_export import ExportSettings, export_model
-from hwnas.export.recommend import CandidateFile, DeviceCandidate, choose_fastest, recommend_file
+from hwnas.export.recommend import (
+    CandidateFile,
+    DeviceCandidate,
+    choose_fastest,
+    recommend_file,
+)
 from hwnas.export.run_export import _summary_line
 from hwnas.latency.onnx_measure import openvino_available
 from hwnas.quant.policy import uniform

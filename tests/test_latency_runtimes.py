@@ -11,9 +11,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
-from hwnas.core.errors import UserError
 from hwnas.latency.devices import MeasuredDevice, get_device, parse_cpu_device
 from hwnas.latency.onnx_measure import (
     make_runner,
@@ -22,6 +19,9 @@ from hwnas.latency.onnx_measure import (
     random_input,
     time_interleaved,
 )
+from onnx import TensorProto, helper, numpy_helper
+
+from hwnas.core.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 ONDEVICE = REPO / "latency" / "ondevice.py"
