@@ -4,7 +4,7 @@ Wired into ``hwnas`` by :func:`add_export_parser` (``hwnas/cli.py`` calls it and
 ``export`` to the handler it returns, :func:`run_export`)::
 
     hwnas export RUN_DIR [--front DEVICE] [--select all|3,7|top:K|fastest:K] [--out DIR]
-                         [--int4] [--batch N] [--threads N] [--max-images N] [--refine N]
+                         [--devices cpu-ov-2t,...] [--int4] [--batch N] [--max-images N] [--refine N]
                          [--no-requantize] [--quiet]
 
 Exit status: 0 when every selected model was exported and verified, 1 when some failed (one
@@ -30,7 +30,7 @@ def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     """Add the ``export`` command to ``sub`` (an ``add_subparsers`` object); return its
     handler."""
     p = sub.add_parser("export", help="export a run's Pareto-optimal models to ONNX (FP32 and "
-                                      "QDQ), verified and timed with onnxruntime")
+                                      "QDQ), verified, and the fastest file per measured device")
     p.add_argument("run_dir", help="run directory written by 'hwnas search' / 'hwnas run'")
     p.add_argument("--front", metavar="DEVICE",
                    help="export this device's front (pareto_DEVICE.csv); default: every front")
@@ -38,12 +38,14 @@ def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
                    help="'all' (default), trial numbers '3,7,12', 'top:K' (most accurate) or "
                         "'fastest:K' (fastest on --front)")
     p.add_argument("--out", help="export directory (default RUN_DIR/export; replaced atomically)")
+    p.add_argument("--devices", default="",
+                   help="more devices measurable here to recommend a file for, comma-separated "
+                        "(e.g. cpu-ov-2t,cpu-ort-1t-b32); the run's own measured devices always")
     p.add_argument("--int4", action="store_true",
                    help="also write ONNX INT4 weights (opset 21) for layers of <= 4 bits (size)")
     p.add_argument("--batch", type=positive_int, default=1,
-                   help="batch size the per-device int8-vs-float choice is made for (default 1)")
-    p.add_argument("--threads", type=positive_int, default=1,
-                   help="onnxruntime threads for the latency of every file (default 1)")
+                   help="batch size each device's files are timed and chosen at, unless the "
+                        "device's name gives one (cpu-ov-8t-b32) (default 1)")
     p.add_argument("--max-images", type=positive_int, default=1000,
                    help="test images for the parity checks (default 1000)")
     p.add_argument("--refine", type=int, default=0,
@@ -64,11 +66,12 @@ def run_export(args: argparse.Namespace) -> int:
     if args.refine < 0:
         raise UserError(f"--refine must be >= 0, got {args.refine}")
     settings = ExportSettings(requantize=not args.no_requantize, int4=args.int4,
-                              policy_batch=args.batch, latency_threads=args.threads,
+                              policy_batch=args.batch,
                               refine=args.refine)
     result = export_run(args.run_dir, front=args.front, select=args.select, out=args.out,
                         settings=settings, max_test_images=args.max_images,
-                        progress=not args.quiet)
+                        progress=not args.quiet,
+                        devices=[d.strip() for d in args.devices.split(",") if d.strip()])
     n, failed = len(result.models), len(result.failed)
     print(f"exported {n - failed} of {n} models to {result.out_dir} "
           f"(manifest.json, manifest.csv) in {result.seconds:.0f} s")

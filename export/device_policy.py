@@ -18,9 +18,11 @@ threads, so it is measured, not assumed:
    (``refine``), each step a whole-model measurement;
 3. FP32 and all candidates are timed *interleaved* (round-robin, so drifting background load
    hits all alike) at the device's threads and batch; FP32, all-int8 and the two fastest
-   candidates are timed together once more and the fastest there is chosen. It is recommended
-   only if it beat FP32 in both timings (:attr:`DevicePolicy.quantized_faster`), so hwnas
-   never recommends an int8 model slower than float on the device it measured.
+   candidates are timed together once more and the fastest there is chosen
+   (:attr:`DevicePolicy.quantized_faster` says whether it beat FP32 in both timings).
+
+The chosen variant becomes the ``qdq-<device>`` file, one candidate among the others of
+:mod:`hwnas.export.recommend`, whose one paired timing decides what is recommended.
 
 The result also yields a measured ``int8_speedup`` table per layer for
 :meth:`hwnas.quant.device_rules.DeviceQuantRules.with_speedups` (via
@@ -30,13 +32,12 @@ by measurement.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from hwnas.export.ort_profile import LayerIndex, profile_model, session_options
+from hwnas.export.ort_profile import LayerIndex, profile_model
 
 __all__ = [
     "Candidate",
@@ -139,27 +140,15 @@ class ProfiledLayerTimer:
 def time_models(models: Mapping[str, bytes], *, batch: int = 1, threads: int = 1,
                 rounds: int = 5, runs: int = 5, warmup: int = 3, seed: int = 0
                 ) -> dict[str, tuple[float, float]]:
-    """``{label: (median ms, p95 ms)}`` of each model, timed round-robin: ``rounds`` rounds in
-    which every model runs ``runs`` timed calls (after ``warmup`` untimed calls each at the
-    start), so background load drifts affect all models alike."""
-    import onnxruntime as ort
-    from hwnas.latency.onnx_measure import random_input
+    """``{label: (median ms, p95 ms)}`` of each model on onnxruntime, timed round-robin
+    (:func:`hwnas.latency.onnx_measure.time_interleaved`): ``rounds`` rounds in which every
+    model runs ``runs`` timed calls (after ``warmup`` untimed calls each at the start), so
+    background load drifts affect all models alike."""
+    from hwnas.latency.onnx_measure import make_runner, time_interleaved
 
-    sessions = {}
-    for label, blob in models.items():
-        sessions[label] = ort.InferenceSession(bytes(blob), sess_options=session_options(threads),
-                                               providers=["CPUExecutionProvider"])
-    feeds = {label: random_input(s, batch=batch, seed=seed) for label, s in sessions.items()}
-    for label, s in sessions.items():
-        for _ in range(warmup):
-            s.run(None, feeds[label])
-    times: dict[str, list[float]] = {label: [] for label in sessions}
-    for _ in range(rounds):
-        for label, s in sessions.items():
-            for _ in range(runs):
-                start = time.perf_counter()
-                s.run(None, feeds[label])
-                times[label].append((time.perf_counter() - start) * 1e3)
+    runners = {label: make_runner(bytes(blob), threads=threads) for label, blob in models.items()}
+    times = time_interleaved(runners, batch=batch, rounds=rounds, runs=runs, warmup=warmup,
+                             seed=seed)
     return {label: (float(np.median(t)), float(np.percentile(t, 95))) for label, t in times.items()}
 
 

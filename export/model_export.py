@@ -1,4 +1,5 @@
-"""Export one model: FP32 ONNX, QDQ ONNX of its policy, per-device QDQ; each verified and timed.
+"""Export one model: FP32 ONNX, QDQ ONNX of its policy, per-device QDQ; each verified, and the
+fastest verified one recommended per measured device.
 
 :func:`export_model` is the model-level API (the run-directory glue, :mod:`hwnas.export.run_export`,
 calls it once per Pareto-optimal model). For a float ``nn.Module`` (BatchNorm not folded), an
@@ -10,7 +11,7 @@ optional :class:`hwnas.quant.policy.QuantPolicy` and calibration batches it writ
                                runs a conv as an integer kernel only when its output is
                                requantized, so convs followed by h-swish, residual adds or SE stay
                                float islands here (reported by name; usually slower than FP32)
-``qdq-<device>/<name>.onnx``   for each device measurable here (``cpu-ort-*``): the deployment
+``qdq-<device>/<name>.onnx``   for each onnxruntime device measurable here (``cpu-ort-*``): the deployment
                                form - the layers where int8 loses on that device kept float
                                (:mod:`hwnas.export.device_policy`), 8-bit requantization after the other
                                integer convs where onnxruntime needs it, no float islands
@@ -33,9 +34,13 @@ for ``qdq-<device>`` files, the requantization points. This is exact up to float
 kept float) is reported - top-1 agreement, max difference and, with labels, both test
 accuracies - and a file losing more than ``max_accuracy_drop`` points of test accuracy fails.
 After onnxruntime's optimizations every integer layer of a ``qdq-<device>`` file must run as an
-integer kernel; float islands are reported by name for every file. Each file's latency (median,
-p95) is measured here, beside the predicted latencies passed in; per device the manifest says
-whether the quantized model measured faster than FP32 and recommends the faster one.
+integer kernel; float islands are reported by name for every file.
+
+Per device measurable here (onnxruntime or OpenVINO, see :mod:`hwnas.export.recommend`) the
+files are candidates - on OpenVINO also under its bf16/f16 precision hints - verified again on
+that runtime and timed together in one paired measurement; the manifest recommends the fastest
+verified one with the runtime settings it needs, and every time it shows for the device (and
+for each file on it) comes from that measurement.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ from hwnas.export.qdq import (
     map_layer_nodes,
     set_metadata,
 )
-from hwnas.latency.onnx_measure import measure_onnx
+from hwnas.export.recommend import CandidateFile, Recommendation, recommend_file
 from hwnas.quant.policy import QuantPolicy
 from hwnas.quant.ptq import PTQConfig
 from torch import nn
@@ -82,9 +87,12 @@ class ExportSettings:
     ``min_agreement``: top-1 agreement a QDQ file needs with the fake-quant model it implements;
     ``max_accuracy_drop``: with labels, the most test accuracy (points) a QDQ file may lose
     against the searched fake-quant model (``None``: report only).
-    ``latency_*``: the timing of every file (the manifest's measured latency).
-    ``policy_batch`` / ``rounds`` / ``runs`` / ``profile_runs`` / ``refine``: the per-device
-    int8-vs-float search (:func:`hwnas.export.device_policy.choose_float_layers`)."""
+    ``max_candidate_drop``: the most test accuracy (points) a file may lose on a device's
+    runtime against the searched model (float or fake-quant) and still be recommended there.
+    ``policy_batch``: the batch every device is timed at unless its name gives one
+    (``cpu-ov-8t-b32``); ``warmup`` / ``rounds`` / ``runs``: the paired timing of a device's
+    candidates (:mod:`hwnas.export.recommend`) and of the int8-vs-float search
+    (:func:`hwnas.export.device_policy.choose_float_layers`), with ``profile_runs`` / ``refine``."""
 
     opset: int = 17
     requantize: bool = True
@@ -93,10 +101,8 @@ class ExportSettings:
     min_agreement: float = 0.99
     max_accuracy_drop: float | None = 2.0
     require_integer: bool = True
-    latency_threads: int = 1
-    latency_batch: int = 1
-    latency_repeats: int = 30
-    latency_warmup: int = 5
+    max_candidate_drop: float = 0.3
+    warmup: int = 3
     policy_batch: int = 1
     rounds: int = 5
     runs: int = 5
@@ -105,7 +111,7 @@ class ExportSettings:
     seed: int = 0
 
     def validate(self) -> None:
-        for name in ("opset", "latency_threads", "latency_batch", "latency_repeats", "policy_batch",
+        for name in ("opset", "policy_batch",
                      "rounds", "runs", "profile_runs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -116,6 +122,10 @@ class ExportSettings:
             raise UserError(f"max_accuracy_drop must be >= 0 points, got {self.max_accuracy_drop}")
         if not 0.0 <= self.min_agreement <= 1.0:
             raise UserError(f"min_agreement must be a fraction in [0, 1], got {self.min_agreement}")
+        if not self.max_candidate_drop >= 0:
+            raise UserError(f"max_candidate_drop must be >= 0 points, got {self.max_candidate_drop}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise UserError(f"export setting warmup must be an integer >= 0, got {self.warmup!r}")
         if not self.atol >= 0:
             raise UserError(f"atol must be >= 0, got {self.atol}")
 
@@ -143,9 +153,7 @@ class FileReport:
     integer_layers: int = 0
     float_islands: list[str] = field(default_factory=list)
     float_layers_for_speed: list[str] = field(default_factory=list)
-    latency_median_ms: float | None = None
-    latency_p95_ms: float | None = None
-    latency_cv: float | None = None
+    latency_ms: dict[str, float] = field(default_factory=dict)  # device -> paired median
     size_bytes: int = 0
 
     @property
@@ -156,20 +164,29 @@ class FileReport:
 @dataclass
 class DeviceEntry:
     """What the manifest says about one device: predicted latency, and - where it can be
-    measured here - whether the quantized model beats FP32 and which file to deploy."""
+    measured here - which file to deploy with which runtime settings.
+
+    ``fp32_ms``, ``recommended_ms``, ``quantized_ms`` (the fastest verified quantized
+    candidate), ``speedup`` and every entry of ``candidates`` come from one paired measurement
+    (:mod:`hwnas.export.recommend`), so the figures beside a recommendation never contradict
+    it."""
 
     device: str
     predicted_latency_ms: float | None
     measured: bool
+    runtime: str | None = None
     threads: int | None = None
     batch: int | None = None
     fp32_ms: float | None = None
+    recommended_ms: float | None = None
     quantized_ms: float | None = None
-    all_int8_ms: float | None = None
     quantized_faster: bool | None = None
     speedup: float | None = None
     recommended: str | None = None
+    precision: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
     float_layers: list[str] = field(default_factory=list)
+    candidates: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""
 
 
@@ -196,8 +213,8 @@ class ModelExport:
 
 
 def measurable_devices(devices: Iterable[str]) -> dict[str, int]:
-    """``{device: threads}`` of the devices that are onnxruntime on this CPU (``cpu-ort-*``
-    of the latency registry), which the export can time and tune for."""
+    """``{device: threads}`` of the devices that run on this CPU (``cpu-ort-*``, and
+    ``cpu-ov-*`` with OpenVINO installed), which the export can time and tune for."""
     out = {}
     for name in devices:
         try:
@@ -224,11 +241,16 @@ def _write(out_dir: Path, rel: str, proto: onnx.ModelProto, report: FileReport) 
     report.written = True
 
 
-def _measure(data: bytes, report: FileReport, s: ExportSettings) -> None:
-    stats = measure_onnx(data, batch=s.latency_batch, threads=s.latency_threads,
-                         repeats=s.latency_repeats, warmup=s.latency_warmup, seed=s.seed)
-    report.latency_median_ms, report.latency_p95_ms, report.latency_cv = (
-        stats.median_ms, stats.p95_ms, stats.cv)
+def _device_setup(device: str, threads: int, s: ExportSettings) -> tuple[str, int, int]:
+    """``(runtime, threads, batch)`` of a measurable device: the runtime its name says
+    (onnxruntime by default), the batch its name gives (``-b32``), else ``policy_batch``."""
+    from hwnas.latency.devices import parse_cpu_device
+
+    parsed = parse_cpu_device(device)
+    if parsed is None:
+        return "onnxruntime", threads, s.policy_batch
+    runtime, _, batch = parsed
+    return runtime, threads, batch if "-b" in device else s.policy_batch
 
 
 def _verify_fp32(proto: onnx.ModelProto, model: nn.Module, images: torch.Tensor,
@@ -376,6 +398,8 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
     fp32_report = FileReport(fp32_rel, "fp32", "", reference="PyTorch float model")
     result.files.append(fp32_report)
     fp32: dict[str, onnx.ModelProto] = {}
+    candidates: list[CandidateFile] = []  # verified files, FP32 first: what devices choose from
+    references: dict[str, np.ndarray] = {}  # logits of the PyTorch models they implement
 
     def do_fp32() -> None:
         proto = float_proto(model, example[:1], opset=s.opset)
@@ -384,14 +408,16 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
         data = proto.SerializeToString()
         if test_labels is not None:
             fp32_report.test_accuracy = _onnx_accuracy(data, test_images, test_labels)
-        _measure(data, fp32_report, s)
         _write(out_dir, fp32_rel, proto, fp32_report)
         fp32["proto"] = proto
+        candidates.append(CandidateFile(fp32_rel, data, "fp32", "float"))
     _attempt(result, fp32_report, do_fp32)
     fp32_ok = fp32_rel if fp32_report.ok else None
     if policy is None:
         for entry in entries.values():
             entry.recommended, entry.note = fp32_ok, "float model (no quantization policy)"
+        _recommend(result, entries, devices, candidates, references, model, None, test_images,
+                   test_labels, s)
         return result
 
     # -- QDQ of the searched policy: exact (Q/DQ where the fake-quant model has them) ----------
@@ -409,12 +435,17 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
         # exact but not every conv can be an integer kernel: islands are reported, not fatal
         _verify_qdq(proto, build, test_images, qdq_report, s, requantize=False,
                     require_integer=False, labels=test_labels)
-        _measure(proto.SerializeToString(), qdq_report, s)
         _write(out_dir, qdq_rel, proto, qdq_report)
+        with build.reference(requantize=False) as exact:
+            references[qdq_rel] = _logits(exact, test_images)
+        candidates.append(CandidateFile(qdq_rel, proto.SerializeToString(),
+                                        _policy_kind(policy, ()), qdq_rel, baseline="searched"))
     if not _attempt(result, qdq_report, do_qdq):
         for entry in entries.values():
             entry.recommended = fp32_ok
             entry.note = "quantized export failed" + ("" if entry.measured else "; " + entry.note)
+        _recommend(result, entries, devices, candidates, references, model, None, test_images,
+                   test_labels, s)
         return result
     build: QdqBuild = holder["build"]
     result.info["integer_layers"] = build.integer_layers()
@@ -433,62 +464,132 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
             set_metadata(proto, {**base_meta, "precision": "qdq-int4", "target_device": ""})
             _verify_qdq(proto, build, test_images, int4_report, s, requantize=False,
                         require_integer=False, labels=test_labels)
-            _measure(proto.SerializeToString(), int4_report, s)
             _write(out_dir, int4_rel, proto, int4_report)
         _attempt(result, int4_report, do_int4)
 
-    # -- per device: the fastest int8/float mix, requantized for integer kernels ---------------
+    # -- per onnxruntime device: the fastest int8/float mix, requantized for integer kernels ----
     for device, threads in devices.items():
         entry = entries[device]
-        entry.threads, entry.batch, entry.recommended = threads, s.policy_batch, fp32_ok
-        if "proto" not in fp32:
-            entry.note = "FP32 export failed; nothing to compare with"
-            continue
+        runtime, threads, batch = _device_setup(device, threads, s)
+        if runtime != "onnxruntime" or "proto" not in fp32:
+            continue  # the per-layer choice reads onnxruntime's profiler
         try:
-            choice = _choose(build, fp32["proto"], device, threads, s, progress)
+            choice = _choose(build, fp32["proto"], device, threads, batch, s, progress)
         except UserError as exc:
             entry.note = f"int8-vs-float measurement failed: {first_line(exc)}"
             continue
-        result.info.setdefault("device_choice", {})[device] = choice.as_dict()
-        entry.fp32_ms, entry.all_int8_ms = choice.fp32_ms, choice.uniform_ms
+        evidence = choice.as_dict()
+        for key in ("fp32_ms", "fp32_p95_ms", "uniform_ms", "chosen_ms", "chosen_p95_ms",
+                    "speedup", "quantized_faster", "faster_twice"):
+            evidence.pop(key, None)  # the device's figures are those of its paired timing
+        result.info.setdefault("device_choice", {})[device] = evidence
         entry.float_layers = list(choice.float_layers)
-        entry.quantized_ms, entry.speedup = choice.chosen_ms, choice.speedup
         dev_rel = f"qdq-{device}/{name}.onnx"
         dev_report = FileReport(dev_rel, "qdq", device,
                                 float_layers_for_speed=list(choice.float_layers))
         result.files.append(dev_report)
 
-        def do_device(choice=choice, dev_report=dev_report, device=device) -> None:
+        def do_device(choice=choice, dev_report=dev_report, device=device,
+                      dev_rel=dev_rel) -> None:
             dbuild = build if not choice.float_layers else build_qdq(
                 model, policy, calibration, config=ptq_config, example=example[:1],
                 float_layers=choice.float_layers, opset=s.opset)
             proto = dbuild.proto(requantize=s.requantize)
             set_metadata(proto, {**base_meta, "precision": "qdq", "target_device": device,
                                  "device_choice": {"threads": choice.threads, "batch": choice.batch,
-                                                   "fp32_ms": choice.fp32_ms,
-                                                   "quantized_ms": choice.chosen_ms,
-                                                   "quantized_faster": choice.quantized_faster}})
+                                                   "float_layers": len(choice.float_layers)}})
             _verify_qdq(proto, dbuild, test_images, dev_report, s, requantize=s.requantize,
                         require_integer=s.require_integer, labels=test_labels,
                         searched=build.qmodel)
-            _measure(proto.SerializeToString(), dev_report, s)
             _write(out_dir, dev_rel, proto, dev_report)
+            with dbuild.reference(requantize=s.requantize) as deployed:
+                references[dev_rel] = _logits(deployed, test_images)
+            candidates.append(CandidateFile(dev_rel, proto.SerializeToString(),
+                                            _policy_kind(policy, choice.float_layers), dev_rel,
+                                            baseline="searched"))
         if not _attempt(result, dev_report, do_device):
-            entry.note = "the device's quantized model failed verification; deploy FP32"
-            continue
-        entry.quantized_faster = choice.quantized_faster
-        if choice.quantized_faster:
-            entry.recommended = dev_rel
-            entry.note = (f"int8 {choice.speedup:.2f}x faster than FP32 at batch {choice.batch}, "
-                          f"{threads} thread(s); {len(choice.float_layers)} layer(s) kept float")
-        else:
-            entry.note = (f"no quantized variant beat FP32 here (best {choice.speedup:.2f}x); "
-                          f"deploy FP32")
+            entry.note = "the device's quantized model failed verification"
+    _recommend(result, entries, devices, candidates, references, model, build.qmodel,
+               test_images, test_labels, s)
     return result
 
 
+def _policy_kind(policy: QuantPolicy, float_layers: Iterable[str]) -> str:
+    """``int8`` when every quantized layer is 8-bit and none is kept float, else ``mixed``."""
+    bits = {pair for pair in policy.bits.values() if pair != (32, 32)}
+    return "int8" if bits <= {(8, 8)} and not list(float_layers) else "mixed"
+
+
+def _logits(model: nn.Module, images: torch.Tensor) -> np.ndarray:
+    x = images.detach().cpu().float()
+    with torch.no_grad():
+        return torch.cat([model(x[i:i + 256]) for i in range(0, len(x), 256)]).numpy()
+
+
+def _recommend(result: ModelExport, entries: Mapping[str, DeviceEntry], devices: Mapping[str, int],
+               candidates: list[CandidateFile], references: dict[str, np.ndarray],
+               model: nn.Module, searched: nn.Module | None, images: torch.Tensor,
+               labels: torch.Tensor | None, s: ExportSettings) -> None:
+    """For each measurable device: verify the candidates on its runtime, time them in one
+    paired measurement and record the file to deploy (:func:`hwnas.export.recommend.recommend_file`).
+    ``references``: logits of the models files implement, beside the float and searched ones."""
+    if not devices or not candidates or candidates[0].kind != "fp32":
+        return
+    x = images.detach().cpu().float()
+    refs = {**references, "float": _logits(model, x)}
+    if searched is not None:
+        refs["searched"] = _logits(searched, x)
+    usable = [c for c in candidates if c.reference in refs and c.accuracy_baseline in refs]
+    np_images, np_labels = x.numpy(), None if labels is None else labels.cpu().numpy()
+    cache: dict = {}
+    reports = {f.path: f for f in result.files}
+    for device, threads in devices.items():
+        entry = entries[device]
+        runtime, threads, batch = _device_setup(device, threads, s)
+        entry.runtime, entry.threads, entry.batch = runtime, threads, batch
+        try:
+            rec = recommend_file(device, runtime=runtime, threads=threads, batch=batch,
+                                 files=usable, references=refs, images=np_images,
+                                 labels=np_labels, min_agreement=s.min_agreement,
+                                 max_drop=s.max_candidate_drop, rounds=s.rounds, runs=s.runs,
+                                 warmup=s.warmup, seed=s.seed, cache=cache)
+        except UserError as exc:
+            entry.recommended = None
+            entry.note = f"no file could be verified and timed on {runtime}: {first_line(exc)}"
+            continue
+        prior = entry.note  # e.g. why a quantized file is missing
+        _fill_entry(entry, rec)
+        if prior:
+            entry.note = f"{prior}; {entry.note}"
+        for c in rec.candidates:
+            if c.median_ms is not None and c.label == c.path and c.path in reports:
+                reports[c.path].latency_ms[device] = c.median_ms
+
+
+def _fill_entry(entry: DeviceEntry, rec: Recommendation) -> None:
+    """The device's verdict, every figure from the one paired measurement of ``rec``."""
+    chosen, fp32 = rec.chosen, rec.fp32
+    quantized = [c for c in rec.candidates if c.verified and c.median_ms is not None
+                 and c.precision.startswith(("int8", "mixed"))]
+    entry.candidates = [asdict(c) for c in rec.candidates]
+    entry.fp32_ms, entry.recommended_ms, entry.speedup = fp32.median_ms, chosen.median_ms, rec.speedup
+    entry.quantized_ms = min((c.median_ms for c in quantized), default=None)
+    entry.recommended, entry.precision, entry.settings = chosen.path, chosen.precision, chosen.settings
+    entry.quantized_faster = chosen.precision.startswith(("int8", "mixed"))
+    if chosen is fp32:
+        verified = sum(c.verified for c in rec.candidates)
+        entry.note = (f"FP32 is the fastest of {verified} verified candidate(s) at batch "
+                      f"{rec.batch}, {rec.threads} thread(s) on {rec.runtime}; deploy FP32")
+    else:
+        hint = "".join(f"; set {k}={v}" for k, v in chosen.settings.items() if v != "f32")
+        entry.note = (f"{chosen.precision} {rec.speedup:.2f}x faster than FP32 at batch "
+                      f"{rec.batch}, {rec.threads} thread(s) on {rec.runtime}{hint}")
+    if rec.notes:
+        entry.note += " (" + "; ".join(rec.notes) + ")"
+
+
 def _choose(build: QdqBuild, fp32_proto: onnx.ModelProto, device: str, threads: int,
-            s: ExportSettings, progress: bool) -> DevicePolicy:
+            batch: int, s: ExportSettings, progress: bool) -> DevicePolicy:
     quantized = build.integer_layers()
     if not quantized:
         raise UserError("the policy quantizes no layer to integer widths")
@@ -500,7 +601,7 @@ def _choose(build: QdqBuild, fp32_proto: onnx.ModelProto, device: str, threads: 
         return build.proto(requantize=s.requantize, extra_float=float_layers).SerializeToString()
     return choose_float_layers(variant, fp32_proto.SerializeToString(), quantized, build.kinds,
                                fp32_index=fp32_index, qdq_index=qdq_index, device=device,
-                               threads=threads, batch=s.policy_batch, rounds=s.rounds,
+                               threads=threads, batch=batch, rounds=s.rounds,
                                runs=s.runs, profile_runs=s.profile_runs, refine=s.refine,
                                progress=progress)
 
@@ -514,10 +615,14 @@ def manifest_rows(models: Iterable[ModelExport]) -> list[dict[str, Any]]:
                                    "accuracy": m.accuracy, **{k: v for k, v in asdict(f).items()}}
             row["float_islands"] = "; ".join(f.float_islands)
             row["float_layers_for_speed"] = " ".join(f.float_layers_for_speed)
+            del row["latency_ms"]
             for d in m.devices:
                 row[f"predicted_ms:{d.device}"] = d.predicted_latency_ms
+                row[f"latency_ms:{d.device}"] = f.latency_ms.get(d.device)
                 row[f"quantized_faster:{d.device}"] = d.quantized_faster
                 row[f"recommended:{d.device}"] = d.recommended
+                row[f"settings:{d.device}"] = (" ".join(f"{k}={v}" for k, v in d.settings.items())
+                                               if d.recommended == f.path else None)
             rows.append(row)
         if not m.files:
             rows.append({"model": m.name, "arch": m.arch or "", "model_status": m.status,

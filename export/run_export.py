@@ -27,7 +27,7 @@ import platform
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,18 +192,26 @@ def _machine() -> dict[str, Any]:
         pass
     import onnxruntime as ort
 
+    try:
+        import openvino
+        ov_version = openvino.__version__
+    except ImportError:
+        ov_version = None
     return {"cpu": cpu, "cores": os.cpu_count(), "onnxruntime": ort.__version__,
-            "python": platform.python_version()}
+            "openvino": ov_version, "python": platform.python_version()}
 
 
 def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "all",
                out: str | Path | None = None, settings: Any = None, max_test_images: int = 1000,
-               progress: bool = True, report: Callable[[str], None] | None = None) -> RunExport:
+               progress: bool = True, report: Callable[[str], None] | None = None,
+               devices: Sequence[str] = ()) -> RunExport:
     """Export the selected Pareto-optimal models of ``run_dir`` (see the module docstring).
 
     ``front``: one device's front (``pareto_<front>.csv``), default every front (models on
     several fronts are exported once). ``settings``: :class:`hwnas.export.model_export.ExportSettings`.
-    ``report(line)``: called with one line per model (default: print)."""
+    ``devices``: devices measurable on this CPU to recommend a file for beside the run's own
+    (``cpu-ov-2t``, ``cpu-ort-1t-b32`` ...). ``report(line)``: called with one line per model
+    (default: print)."""
     import torch
     from hwnas.export.model_export import (
         ExportSettings,
@@ -221,6 +229,12 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
 
     start = time.perf_counter()
     run_dir = Path(run_dir)
+    extra = measurable_devices(devices)
+    wrong = [d for d in devices if d not in extra]
+    if wrong:
+        raise UserError(f"device {wrong[0]!r} cannot be measured on this CPU; expected "
+                        f"cpu-ort-<N>t or cpu-ov-<N>t (OpenVINO installed), optionally with "
+                        f"-b<batch>")
     settings = settings or ExportSettings()
     settings.validate()
     if isinstance(max_test_images, bool) or not isinstance(max_test_images, int) or max_test_images < 1:
@@ -260,7 +274,7 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
         for d in row.predicted:
             if d not in devices:
                 devices.append(d)
-    tunable = measurable_devices(devices)
+    tunable = {**measurable_devices(devices), **extra}
     # a seeded random sample of the test split: CIFAR-10's test split is sorted by class, so
     # its first images are all one class
     test_loader = BatchLoader(data.test, batch_size=max_test_images, mean=data.mean, std=data.std,
@@ -369,22 +383,32 @@ def _info(run_dir: Path, cfg: dict, front: str | None, select: str, settings: An
             "layout": {"<name>.onnx": "FP32 (latency/ondevice.py DIR times these)",
                        "qdq/<name>.onnx": "QDQ of the searched policy",
                        "qdq-<device>/<name>.onnx": "QDQ with the layers that lose on <device> "
-                                                   "kept float",
+                                                   "kept float (onnxruntime devices)",
+                       "recommended": "per device: the fastest file verified on its runtime, "
+                                      "with the runtime settings it needs, from one paired "
+                                      "timing of every candidate",
                        "int4/<name>.onnx": "QDQ with ONNX INT4 weights (size)"}}
 
 
 def _summary_line(result: Any) -> str:
+    """One line per model: per measured device, the file to deploy and its time beside FP32's,
+    both from that device's one paired measurement (so the two never contradict)."""
     if result.status != "ok":
         return f"{result.name}: failed: {result.errors[0] if result.errors else 'unknown error'}"
     parts = []
-    for f in result.files:
-        if f.latency_median_ms is not None:
-            parts.append(f"{f.path} {f.latency_median_ms:.3f} ms")
     for d in result.devices:
-        if d.measured and d.quantized_faster is not None:
-            parts.append(f"{d.device}: {'int8' if d.quantized_faster else 'fp32'} "
-                         f"({d.speedup:.2f}x)" if d.speedup else f"{d.device}: fp32")
-    return f"{result.name}: ok: " + "; ".join(parts)
+        if not d.measured:
+            continue
+        if d.recommended is None or d.fp32_ms is None:
+            parts.append(f"{d.device}: no verified file")
+        elif d.recommended_ms is None or d.recommended_ms >= d.fp32_ms or not d.speedup:
+            parts.append(f"{d.device}: {d.recommended} fp32 {d.fp32_ms:.3f} ms")
+        else:
+            hint = "".join(f" {k}={v}" for k, v in d.settings.items())
+            parts.append(f"{d.device}: {d.recommended} {d.precision}{hint} {d.recommended_ms:.3f} ms "
+                         f"vs fp32 {d.fp32_ms:.3f} ms ({d.speedup:.2f}x)")
+    written = sum(1 for f in result.files if f.written)
+    return f"{result.name}: ok: {written} file(s)" + "".join(f"; {p}" for p in parts)
 
 
 def _write_speedups(out_dir: Path, results: list[Any], space: Any, tunable: dict[str, int]) -> None:

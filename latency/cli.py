@@ -4,7 +4,8 @@ Wired into the ``hwnas`` command line by :func:`add_latency_parser` (``hwnas/cli
 a thin layer over :mod:`hwnas.latency.devices`, :mod:`hwnas.latency.profiles` and the predictors::
 
     hwnas latency devices [--space S]
-    hwnas latency measure DIR [--threads N] [--repeats N] [--warmup N] [--max-cv 0.1]
+    hwnas latency measure DIR [--runtime onnxruntime|openvino] [--precision f32|bf16|f16]
+                              [--threads N] [--repeats N] [--warmup N] [--max-cv 0.1]
                               [--out CSV] [--overwrite]
     hwnas latency adapt   --device NAME --space SPACE --measurements CSV [--predictor NAME]
                               [--seed N] [--overwrite]
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from hwnas.latency.onnx_measure import PRECISIONS, RUNTIMES
 
 from hwnas.core.errors import UserError
 from hwnas.core.io import write_atomic
@@ -53,9 +55,15 @@ def add_latency_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     d = lsub.add_parser("devices", help="list the latency devices and their kind")
     d.add_argument("--space", help="only devices that cover this space")
 
-    m = lsub.add_parser("measure", help="measure every .onnx model of a directory with onnxruntime")
+    m = lsub.add_parser("measure", help="measure every .onnx model of a directory with onnxruntime "
+                                        "or OpenVINO")
     m.add_argument("dir", help="directory of .onnx models (e.g. a run's models/)")
-    m.add_argument("--threads", type=positive_int, default=1, help="onnxruntime threads (default 1)")
+    m.add_argument("--runtime", choices=RUNTIMES, default="onnxruntime",
+                   help="runtime to time the models with (default onnxruntime; openvino needs "
+                        "pip install 'hwnas[openvino]')")
+    m.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="OpenVINO's inference precision hint (default f32)")
+    m.add_argument("--threads", type=positive_int, default=1, help="runtime threads (default 1)")
     m.add_argument("--repeats", type=positive_int, default=50, help="timed runs per model (default 50)")
     m.add_argument("--warmup", type=non_negative_int, default=10, help="untimed runs first (default 10)")
     m.add_argument("--max-cv", type=positive_float, default=0.1,
@@ -136,8 +144,11 @@ def measure_dir(
     warmup: int = 10,
     max_cv: float = 0.1,
     progress: Callable[[str], None] | None = None,
+    runtime: str = "onnxruntime",
+    precision: str | None = None,
 ) -> tuple[list[dict], list[dict]]:
-    """Measure every ``*.onnx`` of ``models_dir`` with :func:`hwnas.latency.onnx_measure.measure_onnx`.
+    """Measure every ``*.onnx`` of ``models_dir`` with :func:`hwnas.latency.onnx_measure.measure_onnx`
+    on ``runtime`` (OpenVINO: with its ``precision`` hint, default f32).
 
     Returns ``(stable, unstable)`` rows (keys ``arch, latency_ms, p95_ms, cv, file``): a model
     whose cv exceeds ``max_cv`` is measured once more, and left in ``unstable`` if it still
@@ -157,9 +168,11 @@ def measure_dir(
     stable, unstable = [], []
     for path in files:
         arch = model_arch(make_session(path, threads=threads), path)
-        stats = measure_onnx(path, threads=threads, repeats=repeats, warmup=warmup)
+        stats = measure_onnx(path, threads=threads, repeats=repeats, warmup=warmup,
+                             runtime=runtime, precision=precision)
         if stats.cv > max_cv:  # one retry: noise is often a passing background task
-            stats = measure_onnx(path, threads=threads, repeats=repeats, warmup=warmup)
+            stats = measure_onnx(path, threads=threads, repeats=repeats, warmup=warmup,
+                                 runtime=runtime, precision=precision)
         row = {"arch": arch, "latency_ms": stats.median_ms, "p95_ms": stats.p95_ms,
                "cv": stats.cv, "file": path.name}
         (unstable if stats.cv > max_cv else stable).append(row)
@@ -175,8 +188,12 @@ def _cmd_measure(args: argparse.Namespace) -> int:
 
     out = _check_out(args.out, args.overwrite)
     say = None if args.quiet else (lambda line: print(line, file=sys.stderr))
+    if args.precision not in (None, "f32") and args.runtime != "openvino":
+        raise UserError(f"--precision {args.precision} needs --runtime openvino; onnxruntime's "
+                        f"CPU provider runs the files as written")
     stable, unstable = measure_dir(args.dir, threads=args.threads, repeats=args.repeats,
-                                   warmup=args.warmup, max_cv=args.max_cv, progress=say)
+                                   warmup=args.warmup, max_cv=args.max_cv, progress=say,
+                                   runtime=args.runtime, precision=args.precision)
     if not stable:
         raise UserError(
             f"all {len(unstable)} models were unstable (cv > {args.max_cv} twice); nothing "

@@ -2,9 +2,11 @@
 
 Four kinds (:data:`KINDS`):
 
-* ``measured`` - timed here with onnxruntime on this CPU: ``cpu-ort-1t`` (one thread) and
-  ``cpu-ort-all`` (every core); ``cuda-ort`` / ``cuda-torch`` / ``cuda-graph`` only when a GPU
-  is present. The model of an architecture comes from ``model_fn(arch)`` (ONNX bytes or a torch
+* ``measured`` - timed here on this CPU, the name saying runtime, threads and batch:
+  ``cpu-ort-1t`` (onnxruntime, one thread), ``cpu-ort-all`` (every core), and with OpenVINO
+  installed ``cpu-ov-1t`` and ``cpu-ov-<cores>t``; any ``cpu-ort-<N>t`` / ``cpu-ov-<N>t``, with
+  ``-b<B>`` for batch B (``cpu-ov-8t-b32``), is built on request. ``cuda-ort`` / ``cuda-torch``
+  / ``cuda-graph`` only when a GPU is present. The model of an architecture comes from ``model_fn(arch)`` (ONNX bytes or a torch
   module) or, by default, from a freshly built supernet of the space (latency does not depend
   on weights).
 * ``table`` - a column of the shared latency tables (``nb201_latency_ms.csv``,
@@ -27,6 +29,7 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -53,6 +56,7 @@ __all__ = [
     "register_device",
     "builtin_device_names",
     "latency_tables",
+    "parse_cpu_device",
     "resolve_space",
 ]
 
@@ -163,8 +167,9 @@ def _parse_all(space: SearchSpace, archs: Sequence[ArchLike]) -> list:
 
 
 class MeasuredDevice(Device):
-    """Latency measured here: onnxruntime on the CPU (``provider="cpu"``), onnxruntime CUDA
-    (``"cuda-ort"``) or PyTorch CUDA (``"cuda-torch"``).
+    """Latency measured here: on the CPU (``provider="cpu"``) with ``runtime`` onnxruntime or
+    openvino (FP32: OpenVINO's ``f32`` precision hint), onnxruntime CUDA (``"cuda-ort"``) or
+    PyTorch CUDA (``"cuda-torch"``).
 
     ``model_fn(arch)`` returns the model of an architecture as ONNX bytes or a torch module;
     without it, the subnet is extracted from a fresh supernet of the space (built once per
@@ -180,7 +185,16 @@ class MeasuredDevice(Device):
     def __init__(self, name: str, *, threads: int, provider: str = "cpu",
                  model_fn: Callable[[Any], Any] | None = None, repeats: int = 30,
                  warmup: int = 5, batch: int = 1, cuda_graph: bool = False,
-                 description: str = "") -> None:
+                 runtime: str = "onnxruntime", description: str = "") -> None:
+        from hwnas.latency.onnx_measure import RUNTIMES
+
+        if runtime not in RUNTIMES:
+            raise UserError(f"device {name!r}: runtime {runtime!r}; expected one of "
+                            f"{', '.join(RUNTIMES)}")
+        if runtime != "onnxruntime" and provider != "cpu":
+            raise UserError(f"device {name!r}: runtime {runtime!r} runs on provider 'cpu', got "
+                            f"{provider!r}")
+        self.runtime = runtime
         if int(batch) < 1:
             raise UserError(f"device {name!r}: batch must be >= 1, got {batch}")
         if cuda_graph and provider != "cuda-torch":
@@ -239,7 +253,7 @@ class MeasuredDevice(Device):
 
         if self.provider == "cpu":
             return measure_onnx(model, threads=self.threads, repeats=self.repeats,
-                                warmup=self.warmup, batch=self.batch)
+                                warmup=self.warmup, batch=self.batch, runtime=self.runtime)
         return _measure_ort_cuda(model, repeats=self.repeats, warmup=self.warmup,
                                  batch=self.batch)
 
@@ -317,16 +331,44 @@ def _ort_cuda_available() -> bool:
     return "CUDAExecutionProvider" in ort.get_available_providers()
 
 
+#: Short names of the CPU runtimes in device names.
+RUNTIME_TAGS = {"ort": "onnxruntime", "ov": "openvino"}
+_CPU_NAME = re.compile(r"^cpu-(?P<rt>ort|ov)-(?P<threads>[1-9][0-9]*)t(?:-b(?P<batch>[1-9][0-9]*))?$")
+
+
+def _cpu_device(name: str, tag: str, threads: int, batch: int = 1
+                ) -> tuple[Callable[..., Device], str]:
+    runtime = RUNTIME_TAGS[tag]
+    text = f"{runtime} on this CPU, {threads} thread{'s' if threads > 1 else ''}" + (
+        f", batch {batch}" if batch > 1 else "")
+    return (functools.partial(MeasuredDevice, name, threads=threads, batch=batch,
+                              runtime=runtime, description=text), text)
+
+
+def parse_cpu_device(name: str) -> tuple[str, int, int] | None:
+    """``(runtime, threads, batch)`` of a CPU device name ``cpu-<ort|ov>-<N>t[-b<B>]``
+    (``cpu-ort-all``: onnxruntime on every core), else ``None``."""
+    if name == "cpu-ort-all":
+        return "onnxruntime", os.cpu_count() or 1, 1
+    m = _CPU_NAME.match(name)
+    if m is None:
+        return None
+    return RUNTIME_TAGS[m["rt"]], int(m["threads"]), int(m["batch"] or 1)
+
+
 def _measured_factories() -> dict[str, tuple[Callable[..., Device], str]]:
+    from hwnas.latency.onnx_measure import openvino_available
+
     cores = os.cpu_count() or 1
     out: dict[str, tuple[Callable[..., Device], str]] = {
-        "cpu-ort-1t": (functools.partial(MeasuredDevice, "cpu-ort-1t", threads=1,
-                                         description="onnxruntime on this CPU, 1 thread"),
-                       "onnxruntime on this CPU, 1 thread"),
+        "cpu-ort-1t": _cpu_device("cpu-ort-1t", "ort", 1),
         "cpu-ort-all": (functools.partial(MeasuredDevice, "cpu-ort-all", threads=cores,
                                           description=f"onnxruntime on this CPU, {cores} threads"),
                         f"onnxruntime on this CPU, all {cores} threads"),
     }
+    if openvino_available():
+        for threads in dict.fromkeys((1, cores)):
+            out[f"cpu-ov-{threads}t"] = _cpu_device(f"cpu-ov-{threads}t", "ov", threads)
     if _gpu_present():
         out["cuda-torch"] = (functools.partial(MeasuredDevice, "cuda-torch", threads=1,
                                                provider="cuda-torch",
@@ -610,6 +652,14 @@ def get_device(name: str, space: SearchSpace | str | None = None, **options: Any
 def _build(name: str, options: dict[str, Any]) -> Device | None:
     measured = _measured_factories()
     factory = measured[name][0] if name in measured else _USER[name][0] if name in _USER else None
+    cpu = parse_cpu_device(name) if factory is None else None
+    if cpu is not None:  # any thread count and batch, on request
+        if cpu[0] == "openvino":
+            from hwnas.latency.onnx_measure import openvino_available
+
+            if not openvino_available():
+                raise UserError(f"device {name!r} needs OpenVINO: pip install 'hwnas[openvino]'")
+        factory = _cpu_device(name, name.split("-")[1], cpu[1], cpu[2])[0]
     if factory is not None:
         try:
             return factory(**options)

@@ -7,6 +7,12 @@ it can be copied to a Jetson, a Raspberry Pi or a phone (Termux) and run there::
     pip install numpy onnxruntime          # on the device
     python ondevice.py MODELS_DIR --out measurements.csv [--threads N] [--repeats 50]
 
+On an Intel CPU, GPU or NPU time the models with OpenVINO instead (``pip install openvino``;
+only then is it imported): ``--runtime openvino [--ov-device CPU] [--precision f32|bf16|f16]``.
+The timing is the same (the model is read by onnxruntime for its inputs and metadata, then
+run by OpenVINO); the precision OpenVINO reports it used is printed, since a CPU without
+BF16/FP16 support falls back to f32.
+
 Every ``*.onnx`` file of MODELS_DIR (as ``hwnas run`` exports them: ``models/trial_NNNN.onnx``)
 is run with random input at batch 1: ``--warmup`` untimed runs, then ``--repeats`` timed ones.
 The CSV has one row per model::
@@ -107,6 +113,33 @@ def time_session(session: ort.InferenceSession, feeds: dict, warmup: int, repeat
             "cv": float(times.std() / mean) if mean > 0 else 0.0}
 
 
+class OpenVinoSession:
+    """An OpenVINO compiled model behind the ``run(None, feeds)`` call of an onnxruntime
+    session, so that :func:`time_session` times both runtimes the same way."""
+
+    def __init__(self, path: Path, threads: int, device: str = "CPU", precision: str = "f32"):
+        try:
+            import openvino as ov
+        except ImportError:
+            raise MeasureError("--runtime openvino needs OpenVINO: pip install openvino") from None
+        config = {"INFERENCE_PRECISION_HINT": precision}
+        if device == "CPU":
+            config["INFERENCE_NUM_THREADS"] = threads
+        try:
+            core = ov.Core()
+            self.compiled = core.compile_model(core.read_model(str(path)), device, config)
+        except Exception as exc:
+            first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()),
+                         type(exc).__name__)
+            raise MeasureError(f"OpenVINO cannot load {path.name} on {device}: {first}") from exc
+        self.precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        self.request = self.compiled.create_infer_request()
+
+    def run(self, output_names, feeds: dict) -> list:
+        result = self.request.infer(feeds)
+        return [result[port] for port in self.compiled.outputs]
+
+
 def list_models(models_dir: Path) -> list[Path]:
     """The ``*.onnx`` files of a directory, sorted by name."""
     if not models_dir.is_dir():
@@ -172,11 +205,21 @@ def main(argv: list | None = None) -> int:
                         help="leave out models whose timing varies more than this (default 0.1)")
     parser.add_argument("--provider", default="CPUExecutionProvider",
                         help="onnxruntime execution provider (default CPUExecutionProvider)")
+    parser.add_argument("--runtime", choices=("onnxruntime", "openvino"), default="onnxruntime",
+                        help="runtime that runs the models (default onnxruntime; openvino needs "
+                             "pip install openvino)")
+    parser.add_argument("--ov-device", default="CPU",
+                        help="OpenVINO device: CPU, GPU, NPU ... (default CPU)")
+    parser.add_argument("--precision", choices=("f32", "bf16", "f16"), default="f32",
+                        help="OpenVINO inference precision hint (default f32)")
     parser.add_argument("--quiet", action="store_true", help="no per-model lines")
     args = parser.parse_args(argv)
 
     prog = parser.prog
     try:
+        if args.runtime != "openvino" and (args.precision != "f32" or args.ov_device != "CPU"):
+            raise MeasureError("--precision and --ov-device are OpenVINO settings; add "
+                               "--runtime openvino")
         if args.provider not in ort.get_available_providers():
             raise MeasureError(f"provider {args.provider} is not available here; available: "
                                f"{', '.join(ort.get_available_providers())}")
@@ -184,18 +227,29 @@ def main(argv: list | None = None) -> int:
         out = Path(args.out)
         if out.is_dir():
             raise MeasureError(f"--out {out} is a directory; expected a CSV file name")
+        runtime = f"onnxruntime {ort.__version__}"
+        if args.runtime == "openvino":
+            try:
+                import openvino as ov
+            except ImportError:
+                raise MeasureError("--runtime openvino needs OpenVINO: pip install openvino") from None
+            runtime = f"OpenVINO {ov.__version__} on {args.ov_device}, precision hint {args.precision}"
         if not args.quiet:
             print(f"# {platform.machine()} {platform.processor() or platform.platform()}, "
-                  f"onnxruntime {ort.__version__}, {args.threads} thread(s), {len(files)} models",
-                  file=sys.stderr)
+                  f"{runtime}, {args.threads} thread(s), {len(files)} models", file=sys.stderr)
         rows, unstable = [], []
         for path in files:
             session = session_for(path, args.threads, args.provider)
             feeds = random_feeds(session)
+            arch = model_arch(session, path)
+            used = ""
+            if args.runtime == "openvino":
+                session = OpenVinoSession(path, args.threads, args.ov_device, args.precision)
+                used = f", precision {session.precision}"
             stats = time_session(session, feeds, args.warmup, args.repeats)
             if stats["cv"] > args.max_cv:  # one retry: noise is often a passing background task
                 stats = time_session(session, feeds, args.warmup, args.repeats)
-            row = {"arch": model_arch(session, path), "file": path.name, **stats}
+            row = {"arch": arch, "file": path.name, **stats}
             if stats["cv"] > args.max_cv:
                 unstable.append(row)
                 print(f"{prog}: unstable: {path.name} cv {stats['cv']:.3f} > --max-cv "
@@ -204,7 +258,7 @@ def main(argv: list | None = None) -> int:
             rows.append(row)
             if not args.quiet:
                 print(f"{path.name}: {stats['latency_ms']:.4f} ms (p95 {stats['p95_ms']:.4f}, "
-                      f"cv {stats['cv']:.3f})", file=sys.stderr)
+                      f"cv {stats['cv']:.3f}{used})", file=sys.stderr)
         if not rows:
             raise MeasureError(f"all {len(files)} models were unstable (cv > {args.max_cv}); "
                                f"nothing written - close other programs or raise --max-cv")

@@ -1,10 +1,17 @@
-"""Measure the inference latency of an ONNX model with onnxruntime on the CPU.
+"""Measure the inference latency of an ONNX model on the CPU, with onnxruntime or OpenVINO.
 
 The search ranks architectures by latency, so the numbers must be comparable between
 runs: one fixed execution provider (CPU), a fixed thread count, sequential execution,
 warm-up calls that are not timed, and robust statistics (median and p95 rather than a
 single timing). The coefficient of variation (``cv``) says how noisy a measurement was,
 so a caller can re-measure or distrust a noisy one.
+
+Two runtimes (:data:`RUNTIMES`) run the same ONNX file: onnxruntime (the default, always
+installed) and OpenVINO (the ``openvino`` extra, imported only when asked for), which reads
+ONNX directly and takes an inference precision hint (``f32``, ``bf16``, ``f16``; the CPU
+plugin may fall back to another precision, so a runner records the one it reports). Both are
+wrapped as a :class:`Runner`, and every timing of hwnas - one model here, several interleaved
+in :func:`time_interleaved` - goes through the same timed call (:func:`timed_runs`).
 
 This module deliberately imports only the standard library, numpy and onnxruntime
 (and :mod:`hwnas.core.errors`, which is dependency-free) - never torch - because it is
@@ -15,8 +22,10 @@ only onnxruntime and numpy are installed.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -24,7 +33,14 @@ import onnxruntime as ort
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
 
-__all__ = ["LatencyStats", "make_session", "random_input", "measure_onnx"]
+__all__ = ["LatencyStats", "PRECISIONS", "RUNTIMES", "Runner", "make_runner", "make_session",
+           "measure_onnx", "openvino_available", "random_input", "time_interleaved",
+           "timed_runs"]
+
+#: Runtimes that run an ONNX file here: onnxruntime (always), OpenVINO (the ``openvino`` extra).
+RUNTIMES = ("onnxruntime", "openvino")
+#: OpenVINO inference precision hints (its ``INFERENCE_PRECISION_HINT``).
+PRECISIONS = ("f32", "bf16", "f16")
 
 
 @dataclass(frozen=True)
@@ -46,6 +62,8 @@ class LatencyStats:
     warmup: int
     threads: int
     batch: int
+    runtime: str = "onnxruntime"
+    precision: str = "f32"
 
     def as_dict(self) -> dict:
         """Plain ``dict`` of all fields, ready for JSON/CSV output."""
@@ -61,6 +79,21 @@ def _check_int(name: str, value: object, minimum: int) -> int:
     return int(value)
 
 
+def _source(model: str | Path | bytes) -> tuple[str | bytes, str]:
+    """The model as a path string or bytes, and how to name it in an error."""
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return bytes(model), "the ONNX model bytes"
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        if not path.is_file():
+            kind = "is a directory" if path.is_dir() else "does not exist"
+            raise UserError(f"ONNX model file {str(path)!r} {kind}; expected a path to an .onnx file")
+        return str(path), f"ONNX model file {str(path)!r}"
+    raise UserError(
+        f"model must be a path to an .onnx file or ONNX model bytes, got {type(model).__name__}"
+    )
+
+
 def make_session(model: str | Path | bytes, *, threads: int = 1) -> ort.InferenceSession:
     """Create a CPU onnxruntime session configured for reproducible latency measurement.
 
@@ -70,21 +103,7 @@ def make_session(model: str | Path | bytes, *, threads: int = 1) -> ort.Inferenc
     use). Raises :class:`UserError` if the file is missing or onnxruntime cannot load it.
     """
     threads = _check_int("threads", threads, 1)
-    if isinstance(model, (bytes, bytearray, memoryview)):
-        source: str | bytes = bytes(model)
-        what = "the ONNX model bytes"
-    elif isinstance(model, (str, Path)):
-        path = Path(model)
-        if not path.is_file():
-            kind = "is a directory" if path.is_dir() else "does not exist"
-            raise UserError(f"ONNX model file {str(path)!r} {kind}; expected a path to an .onnx file")
-        source = str(path)
-        what = f"ONNX model file {str(path)!r}"
-    else:
-        raise UserError(
-            f"model must be a path to an .onnx file or ONNX model bytes, got {type(model).__name__}"
-        )
-
+    source, what = _source(model)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
@@ -99,7 +118,7 @@ def make_session(model: str | Path | bytes, *, threads: int = 1) -> ort.Inferenc
         ) from exc
 
 
-def random_input(session: ort.InferenceSession, *, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
+def random_input(session: ort.InferenceSession | Runner, *, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
     """Random float32 feeds (standard normal) for every input of ``session``.
 
     Latency does not depend on the values, only on the shapes, so random data is enough.
@@ -138,6 +157,179 @@ def random_input(session: ort.InferenceSession, *, batch: int = 1, seed: int = 0
     return feeds
 
 
+@dataclass(frozen=True)
+class InputArg:
+    """An input as :func:`random_input` reads it (onnxruntime's ``NodeArg`` has the same fields)."""
+
+    name: str
+    type: str
+    shape: list
+
+
+class Runner:
+    """One ONNX model compiled by one runtime: ``run(feeds)`` returns the outputs in order.
+
+    ``runtime``, ``threads`` and ``precision`` (what the runtime reports it computes in:
+    ``f32`` for onnxruntime, the OpenVINO CPU plugin's ``INFERENCE_PRECISION_HINT`` after
+    compilation) travel with every timing, so a number is never separated from its settings.
+    """
+
+    runtime: str
+    threads: int
+    precision: str
+
+    def get_inputs(self) -> list:
+        raise NotImplementedError
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        raise NotImplementedError
+
+
+class _OrtRunner(Runner):
+    runtime = "onnxruntime"
+
+    def __init__(self, session: ort.InferenceSession, threads: int) -> None:
+        self.session, self.threads, self.precision = session, threads, "f32"
+
+    def get_inputs(self) -> list:
+        return self.session.get_inputs()
+
+    def run(self, feeds):
+        return self.session.run(None, dict(feeds))
+
+
+class _OvRunner(Runner):
+    runtime = "openvino"
+
+    def __init__(self, compiled: Any, threads: int) -> None:
+        self.compiled, self.threads = compiled, threads
+        self.precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        self.request = compiled.create_infer_request()
+        self.inputs = []
+        for port in compiled.inputs:
+            shape = [d.get_length() if d.is_static else "?" for d in port.get_partial_shape()]
+            kind = "tensor(float)" if port.get_element_type().get_type_name() == "f32" \
+                else f"tensor({port.get_element_type().get_type_name()})"
+            self.inputs.append(InputArg(port.get_any_name(), kind, shape))
+
+    def get_inputs(self) -> list:
+        return list(self.inputs)
+
+    def run(self, feeds):
+        result = self.request.infer(dict(feeds))
+        return [result[port] for port in self.compiled.outputs]
+
+
+def openvino_available() -> bool:
+    """Whether OpenVINO imports here (the ``openvino`` extra is installed)."""
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def make_runner(model: str | Path | bytes, *, runtime: str = "onnxruntime", threads: int = 1,
+                precision: str | None = None) -> Runner:
+    """A :class:`Runner` of ``model`` (path or bytes) on this CPU with ``threads`` threads.
+
+    onnxruntime: the session of :func:`make_session` (it has one precision, ``f32``; asking
+    for another raises). OpenVINO: ``Core().compile_model`` on the CPU with
+    ``INFERENCE_NUM_THREADS`` and ``INFERENCE_PRECISION_HINT`` (default ``f32``: the FP32 figure,
+    not the plugin's own default, which is bf16 on AMX CPUs). Errors are :class:`UserError`.
+    """
+    threads = _check_int("threads", threads, 1)
+    if runtime not in RUNTIMES:
+        raise UserError(f"runtime {runtime!r}; expected one of {', '.join(RUNTIMES)}")
+    if precision is not None and precision not in PRECISIONS:
+        raise UserError(f"precision {precision!r}; expected one of {', '.join(PRECISIONS)}")
+    if runtime == "onnxruntime":
+        if precision not in (None, "f32"):
+            raise UserError(f"onnxruntime's CPU provider runs ONNX files as written; precision "
+                            f"{precision!r} needs runtime 'openvino'")
+        return _OrtRunner(make_session(model, threads=threads), threads)
+    try:
+        import openvino as ov
+    except ImportError:
+        raise UserError("runtime 'openvino' needs OpenVINO: pip install 'hwnas[openvino]'") from None
+    source, what = _source(model)
+    try:
+        core = ov.Core()
+        compiled = core.compile_model(core.read_model(source), "CPU",
+                                      {"INFERENCE_NUM_THREADS": threads,
+                                       "INFERENCE_PRECISION_HINT": precision or "f32"})
+    except Exception as exc:  # OpenVINO raises RuntimeError and friends
+        raise UserError(f"OpenVINO cannot load {what} (expected a valid ONNX model): "
+                        f"{first_line(exc)}") from exc
+    return _OvRunner(compiled, threads)
+
+
+def timed_runs(runner: Runner, feeds: Mapping[str, np.ndarray], runs: int) -> np.ndarray:
+    """Milliseconds of ``runs`` calls of ``runner``, each timed on its own with
+    ``time.perf_counter``: the one timed call of every measurement in hwnas."""
+    times = np.empty(runs, dtype=np.float64)
+    for i in range(runs):
+        start = time.perf_counter()
+        runner.run(feeds)
+        times[i] = (time.perf_counter() - start) * 1e3
+    return times
+
+
+def _run_error(runner: Runner, feeds: Mapping[str, np.ndarray], exc: Exception) -> UserError:
+    shapes = {name: list(a.shape) for name, a in feeds.items()}
+    return UserError(f"{runner.runtime} failed to run the model on inputs {shapes}: "
+                     f"{first_line(exc)}")
+
+
+def time_interleaved(runners: Mapping[str, Runner], *, batch: int = 1, rounds: int = 5,
+                     runs: int = 5, warmup: int = 3, seed: int = 0) -> dict[str, np.ndarray]:
+    """Paired timing of several runners: ``{label: ms array of shape (rounds, runs)}``.
+
+    Each runner first gets ``warmup`` untimed calls; then, ``rounds`` times, every runner in
+    turn makes one untimed call (caches go cold while the others run) and ``runs`` timed calls
+    (:func:`timed_runs`) on its own random input of batch ``batch``, so a drift of the
+    machine's speed (background load, frequency) hits all of them alike and their ratios stay
+    fair. The order is reversed every other round, so no runner always follows the same one."""
+    batch = _check_int("batch", batch, 1)
+    rounds, runs = _check_int("rounds", rounds, 1), _check_int("runs", runs, 1)
+    warmup = _check_int("warmup", warmup, 0)
+    feeds = {label: random_input(r, batch=batch, seed=seed) for label, r in runners.items()}
+    out = {label: np.empty((rounds, runs)) for label in runners}
+    label = next(iter(runners), "")
+    try:
+        for label, r in runners.items():
+            for _ in range(warmup):
+                r.run(feeds[label])
+        order = list(runners)
+        for i in range(rounds):
+            for label in (order if i % 2 == 0 else order[::-1]):
+                runners[label].run(feeds[label])
+                out[label][i] = timed_runs(runners[label], feeds[label], runs)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise _run_error(runners[label], feeds[label], exc) from exc
+    return out
+
+
+def _stats(times_ms: np.ndarray, *, warmup: int, threads: int, batch: int, runtime: str,
+           precision: str) -> LatencyStats:
+    times_ms = np.asarray(times_ms, dtype=np.float64).ravel()
+    mean = float(times_ms.mean())
+    return LatencyStats(
+        median_ms=float(np.median(times_ms)),
+        p95_ms=float(np.percentile(times_ms, 95)),
+        mean_ms=mean,
+        cv=float(times_ms.std() / mean) if mean > 0 else 0.0,
+        repeats=int(times_ms.size),
+        warmup=warmup,
+        threads=threads,
+        batch=batch,
+        runtime=runtime,
+        precision=precision,
+    )
+
+
 def measure_onnx(
     model: str | Path | bytes,
     *,
@@ -146,43 +338,24 @@ def measure_onnx(
     repeats: int = 50,
     threads: int = 1,
     seed: int = 0,
+    runtime: str = "onnxruntime",
+    precision: str | None = None,
 ) -> LatencyStats:
     """Measure the CPU latency of one ONNX model (a path or serialized bytes).
 
     Runs ``warmup`` untimed calls (to let allocators, caches and lazy initialisation
-    settle), then ``repeats`` calls each timed on its own with ``time.perf_counter``, on
-    the same random input of batch size ``batch``. Returns median, p95, mean (ms per
-    call) and the coefficient of variation. Bad arguments and unloadable models raise
-    :class:`UserError`.
+    settle), then ``repeats`` calls each timed on its own (:func:`timed_runs`), on the same
+    random input of batch size ``batch``, with ``runtime`` (and OpenVINO's ``precision``
+    hint, see :func:`make_runner`). Returns median, p95, mean (ms per call) and the
+    coefficient of variation. Bad arguments and unloadable models raise :class:`UserError`.
     """
     batch = _check_int("batch", batch, 1)
     warmup = _check_int("warmup", warmup, 0)
     repeats = _check_int("repeats", repeats, 1)
     threads = _check_int("threads", threads, 1)
 
-    session = make_session(model, threads=threads)
-    feeds = random_input(session, batch=batch, seed=seed)
-    try:
-        for _ in range(warmup):
-            session.run(None, feeds)
-        times = np.empty(repeats, dtype=np.float64)
-        for i in range(repeats):
-            start = time.perf_counter()
-            session.run(None, feeds)
-            times[i] = time.perf_counter() - start
-    except Exception as exc:
-        shapes = {name: list(a.shape) for name, a in feeds.items()}
-        raise UserError(f"onnxruntime failed to run the model on inputs {shapes}: {first_line(exc)}") from exc
-
-    times_ms = times * 1e3
-    mean = float(times_ms.mean())
-    return LatencyStats(
-        median_ms=float(np.median(times_ms)),
-        p95_ms=float(np.percentile(times_ms, 95)),
-        mean_ms=mean,
-        cv=float(times_ms.std() / mean) if mean > 0 else 0.0,
-        repeats=repeats,
-        warmup=warmup,
-        threads=threads,
-        batch=batch,
-    )
+    runner = make_runner(model, runtime=runtime, threads=threads, precision=precision)
+    times = time_interleaved({"model": runner}, batch=batch, rounds=1, runs=repeats,
+                             warmup=warmup, seed=seed)["model"]
+    return _stats(times, warmup=warmup, threads=threads, batch=batch, runtime=runtime,
+                  precision=runner.precision)

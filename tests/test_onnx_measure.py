@@ -58,7 +58,9 @@ def test_measure_from_file(model_file: Path) -> None:
     assert stats.cv >= 0
     assert (stats.repeats, stats.warmup, stats.threads, stats.batch) == (7, 2, 1, 1)
     d = stats.as_dict()
-    assert set(d) == {"median_ms", "p95_ms", "mean_ms", "cv", "repeats", "warmup", "threads", "batch"}
+    assert set(d) == {"median_ms", "p95_ms", "mean_ms", "cv", "repeats", "warmup", "threads", "batch",
+                      "runtime", "precision"}
+    assert (d["runtime"], d["precision"]) == ("onnxruntime", "f32")
     assert d["repeats"] == 7
 
 

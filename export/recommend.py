@@ -1,0 +1,238 @@
+"""Which exported file to deploy on each measured device, with the runtime settings it needs.
+
+For a device measurable here (runtime, threads, batch: ``cpu-ort-1t``, ``cpu-ov-8t`` ...) the
+candidates are every exported file the device's runtime can run - FP32, the searched QDQ
+policy, the per-device int8/float variants - and, on OpenVINO, the same files under a reduced
+inference precision hint (``bf16``, ``f16``) where the CPU plugin reports that it uses it (on a
+CPU without BF16 it falls back to f32; the candidate is then dropped and the fall-back noted).
+
+Each candidate is verified on the test images with the device's runtime: top-1 agreement with
+the PyTorch model the file implements (the float model for FP32 and reduced precision, the
+fake-quant model - with its requantization points, if any - for quantized files) of at least
+``min_agreement`` and, with labels, test accuracy no more than ``max_drop`` points below the
+model that was searched (the float one, or the searched fake-quant one). Then all candidates are
+timed together in one paired, interleaved measurement (:func:`time_candidates`); the
+recommendation, the speed-up printed and the timings written all come from that measurement
+(:func:`choose_fastest`): the fastest verified candidate, and only if it beat FP32 overall and
+in both halves of the measurement, so a lucky stretch of timing never recommends a file that
+is slower than FP32.
+
+Torch-free: reference logits come in as arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from hwnas.latency.onnx_measure import Runner, make_runner, time_interleaved
+
+from hwnas.core.errors import UserError
+from hwnas.core.io import first_line
+
+__all__ = ["CandidateFile", "DeviceCandidate", "Recommendation", "choose_fastest",
+           "recommend_file", "reduced_precisions", "time_candidates"]
+
+#: Reduced inference precisions a runtime can be asked for (beyond running the file as written).
+_REDUCED = {"onnxruntime": (), "openvino": ("bf16", "f16")}
+
+
+def reduced_precisions(runtime: str) -> tuple[str, ...]:
+    """The precision hints tried on ``runtime`` beyond f32 (onnxruntime's CPU provider has no
+    BF16/FP16 mode: none)."""
+    return _REDUCED.get(runtime, ())
+
+
+@dataclass
+class CandidateFile:
+    """An exported, verified file: its path in the export, bytes, what it computes in
+    (``fp32``, ``int8``, ``mixed``), the key of the PyTorch model it implements exactly
+    (``reference``: top-1 agreement) and of the one it must not lose accuracy against
+    (``baseline``, default the reference: the searched fake-quant model for a quantized file
+    that adds requantization points)."""
+
+    path: str
+    data: bytes
+    kind: str
+    reference: str
+    baseline: str = ""
+
+    @property
+    def accuracy_baseline(self) -> str:
+        return self.baseline or self.reference
+
+
+@dataclass
+class DeviceCandidate:
+    """One file under one runtime setting, its verification and its paired timing."""
+
+    label: str
+    path: str
+    precision: str  # fp32 | bf16 | f16 | int8 | mixed: what runs
+    settings: dict[str, Any] = field(default_factory=dict)  # runtime settings it needs
+    runtime_precision: str = "f32"  # the inference precision the runtime reports it used
+    verified: bool = False
+    top1_agreement: float | None = None
+    test_accuracy: float | None = None
+    reference_accuracy: float | None = None
+    note: str = ""
+    median_ms: float | None = None
+    p95_ms: float | None = None
+    halves_ms: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Recommendation:
+    """The verdict for one device: every candidate with its figures, the FP32 baseline and the
+    chosen candidate, all from one paired measurement."""
+
+    device: str
+    runtime: str
+    threads: int
+    batch: int
+    fp32: DeviceCandidate
+    chosen: DeviceCandidate
+    candidates: list[DeviceCandidate]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def speedup(self) -> float:
+        """FP32 time / chosen time, in the same measurement."""
+        return self.fp32.median_ms / self.chosen.median_ms
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "runtime": self.runtime, "threads": self.threads,
+                "batch": self.batch, "fp32": self.fp32.label, "chosen": self.chosen.label,
+                "speedup": self.speedup, "notes": list(self.notes),
+                "candidates": [asdict(c) for c in self.candidates]}
+
+
+def time_candidates(runners: Mapping[str, Runner], *, batch: int, rounds: int, runs: int,
+                    warmup: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """``{label: ms array (rounds, runs)}``: the candidates timed together, interleaved
+    (:func:`hwnas.latency.onnx_measure.time_interleaved`)."""
+    return time_interleaved(runners, batch=batch, rounds=rounds, runs=runs, warmup=warmup,
+                            seed=seed)
+
+
+def _halves(times: np.ndarray) -> list[float]:
+    flat = np.asarray(times, dtype=np.float64).ravel()  # in time order: round by round
+    if flat.size < 2:
+        return [float(np.median(flat))] * 2
+    mid = flat.size // 2
+    return [float(np.median(flat[:mid])), float(np.median(flat[mid:]))]
+
+
+def choose_fastest(candidates: Sequence[DeviceCandidate], times: Mapping[str, np.ndarray],
+                   fp32_label: str) -> DeviceCandidate:
+    """Fill each timed candidate's figures from ``times`` (one paired measurement) and return
+    the one to deploy: the fastest verified candidate that beat FP32 in the whole measurement
+    and in each of its halves; FP32 otherwise."""
+    by_label = {c.label: c for c in candidates}
+    for label, t in times.items():
+        c = by_label[label]
+        flat = np.asarray(t, dtype=np.float64).ravel()
+        c.median_ms, c.p95_ms = float(np.median(flat)), float(np.percentile(flat, 95))
+        c.halves_ms = _halves(flat)
+    fp32 = by_label[fp32_label]
+    best = fp32
+    for c in candidates:
+        if c.label == fp32_label or not c.verified or c.median_ms is None:
+            continue
+        beats = c.median_ms < fp32.median_ms and all(
+            a < b for a, b in zip(c.halves_ms, fp32.halves_ms))
+        if not beats:
+            c.note = c.note or ("not faster than FP32 overall and in both halves of the "
+                                "paired timing")
+        elif c.median_ms < best.median_ms:
+            best = c
+    return best
+
+
+def _model_text(key: str) -> str:
+    return {"float": "the float PyTorch model",
+            "searched": "the searched fake-quant model"}.get(key, "the fake-quant model it implements")
+
+
+def _agreement(runner: Runner, data: np.ndarray, reference: np.ndarray,
+               labels: np.ndarray | None) -> tuple[float, float | None]:
+    name = runner.get_inputs()[0].name
+    preds = np.concatenate([np.asarray(runner.run({name: data[i:i + 256]})[0]).argmax(1)
+                            for i in range(0, len(data), 256)])
+    agreement = float((preds == reference.argmax(1)).mean())
+    accuracy = None if labels is None else float(100.0 * (preds == labels).mean())
+    return agreement, accuracy
+
+
+def recommend_file(device: str, *, runtime: str, threads: int, batch: int,
+                   files: Sequence[CandidateFile], references: Mapping[str, np.ndarray],
+                   images: np.ndarray, labels: np.ndarray | None, min_agreement: float = 0.99,
+                   max_drop: float = 0.3, rounds: int = 5, runs: int = 5, warmup: int = 3,
+                   seed: int = 0, cache: dict | None = None) -> Recommendation:
+    """Verify and time every candidate of ``files`` on ``device`` (see the module docstring).
+
+    ``files[0]`` is the FP32 file, the baseline. ``references``: logits of the PyTorch models
+    on ``images`` (``"float"``, ``"searched"``). ``cache``: verification results shared between
+    devices of the same runtime (they do not depend on threads or batch). Raises
+    :class:`UserError` when the FP32 file does not verify on this runtime."""
+    if not files or files[0].kind != "fp32":
+        raise UserError("the candidates must start with the FP32 file")
+    cache = {} if cache is None else cache
+    notes: list[str] = []
+    ref_acc = {k: (None if labels is None else float(100.0 * (v.argmax(1) == labels).mean()))
+               for k, v in references.items()}
+    candidates: list[DeviceCandidate] = []
+    runners: dict[str, Runner] = {}
+    for f in files:
+        seen: set[str] = set()
+        for hint in ("f32", *reduced_precisions(runtime)):
+            label = f.path if hint == "f32" else f"{f.path}@{hint}"
+            try:
+                runner = make_runner(f.data, runtime=runtime, threads=threads,
+                                     precision=None if runtime == "onnxruntime" else hint)
+            except UserError as exc:
+                notes.append(f"{label}: {first_line(exc)}")
+                continue
+            if runner.precision in seen:  # the runtime fell back to a precision already tried
+                notes.append(f"{label}: the {hint} hint ran in {runner.precision} on this CPU; "
+                             f"not a separate candidate")
+                continue
+            seen.add(runner.precision)
+            precision = f.kind if hint == "f32" else (hint if f.kind == "fp32"
+                                                       else f"{f.kind}+{hint}")
+            settings = {} if runtime == "onnxruntime" else {"INFERENCE_PRECISION_HINT": hint}
+            c = DeviceCandidate(label, f.path, precision, settings, runner.precision)
+            key = (runtime, f.path, runner.precision)
+            if key not in cache:
+                try:
+                    cache[key] = _agreement(runner, images, references[f.reference], labels)
+                except Exception as exc:  # a runtime that cannot run the file
+                    cache[key] = first_line(exc)
+            result = cache[key]
+            if isinstance(result, str):
+                c.note = f"failed to run: {result}"
+            else:
+                c.top1_agreement, c.test_accuracy = result
+                c.reference_accuracy = ref_acc[f.accuracy_baseline]
+                c.verified = c.top1_agreement >= min_agreement
+                if not c.verified:
+                    c.note = (f"top-1 agreement {100 * c.top1_agreement:.2f}% with "
+                              f"{_model_text(f.reference)} < {100 * min_agreement:.0f}%")
+                elif c.test_accuracy is not None and c.test_accuracy < c.reference_accuracy - max_drop:
+                    c.verified = False
+                    c.note = (f"test accuracy {c.test_accuracy:.2f}% is more than {max_drop:g} "
+                              f"point(s) below {_model_text(f.accuracy_baseline)}'s "
+                              f"{c.reference_accuracy:.2f}%")
+            candidates.append(c)
+            if c.verified or c.label == files[0].path:
+                runners[c.label] = runner
+    fp32 = next((c for c in candidates if c.label == files[0].path), None)
+    if fp32 is None or not fp32.verified:
+        raise UserError(f"the FP32 file does not verify on {runtime}: "
+                        f"{fp32.note if fp32 else '; '.join(notes)}")
+    times = time_candidates(runners, batch=batch, rounds=rounds, runs=runs, warmup=warmup,
+                            seed=seed)
+    chosen = choose_fastest(candidates, times, fp32.label)
+    return Recommendation(device, runtime, threads, batch, fp32, chosen, candidates, notes)
