@@ -37,9 +37,7 @@ class Layer:
     ``pool`` a local ``kernel``×``kernel`` pool with ``stride`` (average unless
     ``extra["mode"] == "max"``; zero MACs; 'same' output size ``ceil(in / stride)``) and
     ``add`` a residual addition of two tensors of ``in_channels`` channels and ``mul`` the
-    product of an ``in_channels``×H×W tensor with a per-channel scale (squeeze-and-excitation);
-    an ``add`` with ``bias=True`` adds a learned ``in_channels``×H×W tensor (a positional
-    embedding), whose elements are its parameters.
+    product of an ``in_channels``×H×W tensor with a per-channel scale (squeeze-and-excitation).
 
     ``matmul``: ``groups`` independent products (attention heads) of an ``in_h × K`` by a
     ``K × N`` activation, ``K = in_channels / groups`` and ``N = out_channels / groups``; so the
@@ -127,8 +125,6 @@ class Layer:
             return self.in_channels * self.out_channels + (self.out_channels if self.bias else 0)
         if self.op == "layernorm":
             return 2 * self.in_channels if self.bias else self.in_channels
-        if self.op == "add" and self.bias:
-            return self.in_channels * self.in_h * self.in_w
         return 0
 
     @property

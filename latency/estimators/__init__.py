@@ -109,7 +109,7 @@ def in_elems(layer: Layer) -> int:
     """Elements read from the layer's input tensor(s) per image (an ``add`` of two tensors
     reads two, a ``matmul`` reads both of its activation operands)."""
     n = layer.in_channels * layer.in_h * layer.in_w
-    if layer.op == "add" and not layer.bias:
+    if layer.op == "add":
         return 2 * n
     return n + layer.second_operand
 

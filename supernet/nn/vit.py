@@ -8,8 +8,7 @@ active configuration is passed in: input widths follow the incoming tensor, outp
 arguments, each block stores its own heads and MLP ratio (``set_active``); no global flags.
 
 ``extract(arch)`` returns a plain :class:`ViTNet` of ``nn.Conv2d`` / ``nn.LayerNorm`` /
-``nn.Linear`` / ``nn.Softmax`` / ``nn.GELU`` and the two small modules below (:class:`MatMul`,
-:class:`PositionalEmbedding`), with copies of the active slices. It computes what the supernet
+``nn.Linear`` / ``nn.Softmax`` / ``nn.GELU`` and :class:`MatMul`, with copies of the active slices. It computes what the supernet
 computes, exports to ONNX as is, and its module names are the layer names of
 :meth:`ViTSpace.layers` -- the attention products are modules too, so forward hooks see every
 layer of the layer list, and its ``Conv2d``/``Linear`` modules are exactly the list's
@@ -24,7 +23,7 @@ from hwnas.supernet.nn.dynamic_ops import DynamicConv2d
 from hwnas.supernet.spaces.vit import ViTArch, ViTSpace
 from torch import nn
 
-_INIT_STD = 0.02  # ViT/timm: truncated normal weights for linear layers and the embedding
+_INIT_STD = 0.02  # ViT/timm: truncated normal weights for the linear layers
 
 
 class MatMul(nn.Module):
@@ -39,22 +38,6 @@ class MatMul(nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         out = torch.matmul(a, b.transpose(-2, -1) if self.transpose_b else b)
         return out * self.scale if self.scale != 1.0 else out
-
-
-class PositionalEmbedding(nn.Module):
-    """A learned ``(tokens, channels)`` tensor added to the token sequence."""
-
-    def __init__(self, tokens: int, channels: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(1, tokens, channels))
-        self.reset_parameters()
-
-    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        with torch.no_grad():
-            self.weight.copy_(torch.randn(self.weight.shape, generator=generator) * _INIT_STD)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.weight[..., : x.size(-1)]
 
 
 # -- static modules ------------------------------------------------------------------------------
@@ -113,22 +96,18 @@ class TokenizerStage(nn.Module):
 
 
 class ViTNet(nn.Module):
-    """A standalone subnet: tokenizer, positional embedding, blocks, norm, token mean,
-    classifier."""
+    """A standalone subnet: tokenizer, blocks, norm, token mean, classifier."""
 
-    def __init__(self, tokenizer: list[TokenizerStage], pos_embed: PositionalEmbedding | None,
-                 blocks: list[ViTBlock], norm: nn.LayerNorm, classifier: nn.Linear) -> None:
+    def __init__(self, tokenizer: list[TokenizerStage], blocks: list[ViTBlock],
+                 norm: nn.LayerNorm, classifier: nn.Linear) -> None:
         super().__init__()
         self.tokenizer = nn.Sequential(*tokenizer)
-        self.pos_embed = pos_embed
         self.blocks = nn.Sequential(*blocks)
         self.norm = norm
         self.classifier = classifier
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.tokenizer(x).flatten(2).transpose(1, 2)  # (B, C, H, W) -> (B, H·W, C)
-        if self.pos_embed is not None:
-            x = self.pos_embed(x)
         x = self.norm(self.blocks(x))
         return self.classifier(x.mean(1))
 
@@ -248,7 +227,6 @@ class ViTSupernet(nn.Module):
             self.tokenizer.append(DynamicConv2d(in_ch, ch, c.tokenizer_kernel))
             in_ch = ch
         self.tokenizer.append(DynamicConv2d(in_ch, max_e, c.tokenizer_kernel))
-        self.pos_embed = PositionalEmbedding(c.num_tokens, max_e) if c.pos_embed else None
         self.blocks = nn.ModuleList(DynamicViTBlock(space) for _ in range(c.max_depth))
         self.norm = DynamicLayerNorm(max_e, eps=c.ln_eps)
         self.classifier = DynamicLinear(max_e, c.num_classes)
@@ -272,8 +250,6 @@ class ViTSupernet(nn.Module):
         for conv, width in zip(self.tokenizer, widths):
             x = F.max_pool2d(F.relu(conv(x, width)), 3, 2, 1)
         x = x.flatten(2).transpose(1, 2)
-        if self.pos_embed is not None:
-            x = self.pos_embed(x)
         for block in self.blocks[: self.active_depth]:
             x = block(x)
         x = self.norm(x)
@@ -294,11 +270,7 @@ class ViTSupernet(nn.Module):
             for conv, width in zip(self.tokenizer, widths):
                 tokenizer.append(TokenizerStage(conv.static(in_ch, width)))
                 in_ch = width
-            pos = None
-            if self.pos_embed is not None:
-                pos = PositionalEmbedding(c.num_tokens, e)
-                pos.weight.copy_(self.pos_embed.weight[..., :e])
-            net = ViTNet(tokenizer, pos, [b.static(e) for b in self.blocks[: self.active_depth]],
+            net = ViTNet(tokenizer, [b.static(e) for b in self.blocks[: self.active_depth]],
                          self.norm.static(e), self.classifier.static(e, c.num_classes))
         finally:
             self.set_active(previous)

@@ -4,9 +4,12 @@ The network is a compact-transformer one (Hassani et al., "Escaping the Big Data
 Compact Transformers", 2021): a convolutional tokenizer -- ``len(tokenizer_channels) + 1``
 3×3 convolutions, each followed by ReLU and a 3×3 max pool of stride 2, the last one producing
 ``embed`` channels, so a 32×32 image becomes 8×8 = 64 tokens with the default two stages --
-a learned positional embedding, ``depth`` pre-norm transformer blocks (LayerNorm, multi-head
+``depth`` pre-norm transformer blocks (LayerNorm, multi-head
 self-attention, residual; LayerNorm, MLP with GELU, residual), a final LayerNorm, the mean over
-the tokens and a linear classifier.
+the tokens and a linear classifier. There is no positional embedding: the zero-padded
+convolutions of the tokenizer carry position information (CCT's implementation makes the
+embedding optional, ``positional_embedding='none'``), and the layer list has no op for a
+learned additive tensor; adding one would be a new op.
 
 The choices are AutoFormer's (Chen et al., ICCV 2021): the embedding dimension (one for the
 whole network: the residual stream's width), the depth, and per block the number of heads
@@ -46,7 +49,7 @@ class ViTConfig:
 
     ``tokenizer_channels``: the widths of the tokenizer's convolutions before the last one
     (which outputs ``embed`` channels); each convolution is followed by ReLU and a stride-2
-    max pool. ``pos_embed``: a learned positional embedding added to the tokens.
+    max pool.
     """
 
     in_channels: int = 3
@@ -59,7 +62,6 @@ class ViTConfig:
     heads_choices: tuple[int, ...] = (2, 3, 4)
     mlp_ratio_choices: tuple[float, ...] = (1.0, 1.5, 2.0)
     head_dim: int = 64
-    pos_embed: bool = True
     ln_eps: float = 1e-5
 
     def __post_init__(self) -> None:
@@ -299,8 +301,6 @@ class ViTSpace(SearchSpace[ViTArch]):
             layers += [conv, pool]
             size, in_ch = pool.out_h, out_ch
         n, e = c.num_tokens, arch.embed
-        if c.pos_embed:
-            layers.append(Layer("pos_embed", "add", e, e, in_h=n, in_w=1, bias=True))
         for b, (heads, ratio) in enumerate(arch.blocks):
             layers += self.block_layers(f"blocks.{b}", e, heads, ratio)
         layers += [
