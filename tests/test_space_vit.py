@@ -319,3 +319,26 @@ def test_hwnas_train_space_vit_one_epoch(tmp_path, monkeypatch) -> None:
     for arch in (space.smallest(), space.largest()):
         supernet.set_active(arch)
         assert torch.isfinite(supernet.eval()(x)).all()
+
+
+def test_reinitialize_resets_layernorm_of_a_vit_subnet(tiny) -> None:
+    from hwnas.supernet.train import reinitialize
+
+    torch.manual_seed(0)
+    model = tiny.build_supernet().extract(tiny.largest())
+    with torch.no_grad():
+        model.norm.weight.mul_(3.0).add_(1.0)
+    reinitialize(model, seed=0)
+    assert torch.equal(model.norm.weight, torch.ones_like(model.norm.weight))
+    assert torch.equal(model.blocks[0].norm1.bias, torch.zeros_like(model.blocks[0].norm1.bias))
+
+
+def test_layer_timer_runs_a_token_wise_linear_layer(tiny) -> None:
+    pytest.importorskip("onnxruntime")
+    from hwnas.export.layer_timer import OrtLayerTimer
+
+    fc1 = next(la for la in tiny.layers(tiny.largest()) if la.name == "blocks.0.mlp.fc1")
+    timer = OrtLayerTimer(repeats=3, warmup=1)
+    _, shape = timer._model_bytes(fc1)
+    assert shape == (1, fc1.in_h, fc1.in_channels)
+    assert timer(fc1, False) > 0 and timer(fc1, True) > 0
