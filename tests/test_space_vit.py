@@ -252,7 +252,8 @@ def test_int8_ptq_quantizes_linear_layers_and_keeps_the_rest_float(tiny) -> None
     policy = uniform(layers, 8, 8)
     policy.validate(model)  # the layer list names the model's quantizable layers
     x = torch.randn(16, *tiny.input_shape, generator=torch.Generator().manual_seed(0))
-    qmodel = ptq(model, policy, [(x, None)], PTQConfig(bias_correction=False, residual="shared"))
+    # default PTQ (bias correction on: per output feature, on the last axis of token sequences)
+    qmodel = ptq(model, policy, [(x, None)], PTQConfig(residual="shared"))
     q = dict(qmodel.named_modules())
     for la in layers:
         if la.op == "linear":
@@ -271,6 +272,35 @@ def test_int8_ptq_quantizes_linear_layers_and_keeps_the_rest_float(tiny) -> None
     priced = apply_to_layers(policy, layers)
     assert all(la.w_bits == 8 for la in priced if la.op == "linear")
     assert all(la.w_bits == 32 for la in priced if la.op in ("matmul", "layernorm"))
+
+
+def test_qdq_export_runs_the_linear_layers_as_integer_kernels(tiny) -> None:
+    """QDQ ONNX of an int8 vit subnet: onnxruntime computes what the deployed reference
+    computes, and every linear layer runs as an integer kernel (the attention products of two
+    activations and LayerNorm/Softmax/GELU stay float)."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+    from hwnas.export.ort_profile import LayerIndex, integer_kernel_check
+    from hwnas.export.qdq import build_qdq
+    from hwnas.latency.onnx_measure import make_session
+    from hwnas.quant.policy import uniform
+
+    torch.manual_seed(0)
+    model = tiny.build_supernet().extract(tiny.largest())
+    x = torch.randn(16, *tiny.input_shape, generator=torch.Generator().manual_seed(2))
+    build = build_qdq(model, uniform(model, 8, 8), [x])
+    proto = build.proto(requantize=True)
+    onnx.checker.check_model(proto, full_check=True)
+    session = make_session(proto.SerializeToString(), threads=1)
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    with build.reference(requantize=True) as ref, torch.no_grad():
+        want = ref(x).numpy()
+    assert np.abs(got - want).max() < 1e-5
+    index = LayerIndex.from_source(proto, build.builder.node_of)
+    integer, islands = integer_kernel_check(proto.SerializeToString(), index, build.integer_layers())
+    linear = {la.name for la in tiny.layers(tiny.largest()) if la.op == "linear"}
+    assert islands == [] and linear <= set(integer)
+    assert {"Softmax", "LayerNormalization"} <= {n.op_type for n in proto.graph.node}
 
 
 # -- training ------------------------------------------------------------------------------------
