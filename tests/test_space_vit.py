@@ -274,6 +274,30 @@ def test_int8_ptq_quantizes_linear_layers_and_keeps_the_rest_float(tiny) -> None
     assert all(la.w_bits == 32 for la in priced if la.op in ("matmul", "layernorm"))
 
 
+def test_lsq_qat_and_hessian_sensitivity_on_a_vit_subnet(tiny) -> None:
+    """W4A8 LSQ fine-tuning lowers the loss of a vit subnet; the Hessian sensitivity has one
+    entry per conv/linear layer, larger at 4 bits than at 8."""
+    from hwnas.quant.fake_quant import QuantLinear
+    from hwnas.quant.policy import uniform
+    from hwnas.quant.qat import QATConfig, qat
+    from hwnas.quant.sensitivity import hessian_sensitivity
+
+    torch.manual_seed(0)
+    model = tiny.build_supernet().extract(tiny.largest())
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randn(32, *tiny.input_shape, generator=gen), torch.randint(0, 10, (32,), generator=gen)
+    result = qat(model, uniform(model, 4, 8), [(x, y)], [(x, y)],
+                 QATConfig(epochs=4, lr=0.05, scale_lr=0.05, kd_weight=0.0, label_weight=1.0),
+                 progress=False)
+    losses = [h["loss"] for h in result.history]
+    assert losses[-1] < losses[0]
+    assert isinstance(result.model.get_submodule("blocks.0.attn.qkv"), QuantLinear)
+    table = hessian_sensitivity(model, [(x, y)], [(4, 8), (8, 8)], n_samples=4)
+    names = {la.name for la in tiny.layers(tiny.largest()) if la.op in ("conv", "linear")}
+    assert set(table.values) == names
+    assert all(v[(4, 8)] > v[(8, 8)] > 0 for v in table.values.values())
+
+
 def test_qdq_export_runs_the_linear_layers_as_integer_kernels(tiny) -> None:
     """QDQ ONNX of an int8 vit subnet: onnxruntime computes what the deployed reference
     computes, and every linear layer runs as an integer kernel (the attention products of two
