@@ -78,6 +78,18 @@ def test_restrict_gives_a_sub_space(space) -> None:
         space.restrict({"kernel": [3]})
 
 
+def test_progressive_schedule_opens_the_vit_dimensions(space) -> None:
+    from hwnas.supernet.train import progressive_config
+
+    config = progressive_config(space, 14)
+    assert [s.name for s in config.stages][:2] == ["full", "mlp_ratio"]
+    assert not any(s.sort_channels for s in config.stages)
+    last = space.restrict(config.stages[-1].choices)
+    assert last.elastic_choices() == space.elastic_choices()  # the whole space at the end
+    first = space.restrict(config.stages[0].choices)
+    assert first.smallest() == first.largest() == space.largest()
+
+
 def test_attention_layers_by_hand(space) -> None:
     """Q·Kᵀ of h heads of width d over n tokens: n·n·d·h MACs; its second operand is K."""
     arch = space.from_string("e192_h3m1.5-h2m1-h2m1-h2m1-h2m1")

@@ -38,8 +38,9 @@ from hwnas.core.errors import UserError
 
 Block = tuple[int, float]  # (heads, mlp ratio)
 
-#: The elastic dimensions (the order a progressive schedule opens them in: AutoFormer trains
-#: them all at once; this order shrinks the cheapest-to-recover first).
+#: The elastic dimensions, in the order a progressive schedule opens them (our choice: the
+#: per-block widths first, then the depth, then the embedding dimension that every layer
+#: shares; AutoFormer itself trains all of them at once, which the sandwich schedule does).
 ELASTIC_DIMS = ("mlp_ratio", "heads", "depth", "embed")
 
 
