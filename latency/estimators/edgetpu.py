@@ -50,9 +50,10 @@ Transformer ops (ours, from the same op table and TFLite's lowering of them):
   over attention scores (``in_h`` > 1 rows) is not mapped.
 * ``gelu``: not in the op table (neither GELU nor Erf), so it runs on the host.
 
-So a vision transformer leaves the TPU at its first attention: the tokenizer convolutions, the
-positional embedding, the first LayerNorm and the first QKV projection run on the TPU, the
-rest on the host, which is what ViTs compiled for the Coral do without rewriting attention.
+So under these rules a vision transformer leaves the TPU at its first attention product: the
+tokenizer convolutions, the first LayerNorm and the first QKV projection run on the TPU, the
+rest on the host (a model whose attention is rewritten without BatchMatMul, or a compiler
+that maps it, keeps more on the TPU: ``batch_matmul_on_tpu``).
 
 Host part: the host CPU is a roofline device (:mod:`hwnas.latency.estimators.roofline`, default a
 Raspberry Pi 4, a common Coral host); the activation tensor at the cut crosses the link once.
