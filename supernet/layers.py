@@ -23,9 +23,6 @@ from pathlib import Path
 #: store feature columns per op kind (:mod:`hwnas.latency.predictors.features`) rely on the order.
 OPS = ("conv", "linear", "avgpool", "add", "pool", "mul", "matmul", "layernorm", "softmax", "gelu")
 
-#: Ops without weights that a network has per token in a transformer (vector work, no MACs).
-VECTOR_OPS = ("layernorm", "softmax", "gelu")
-
 
 @dataclass(frozen=True)
 class Layer:
@@ -151,7 +148,9 @@ def total_macs(layers: list[Layer]) -> int:
 
 
 def total_flops(layers: list[Layer]) -> int:
-    """FLOPs counted as 2 × MACs (one multiply and one add), the convention of most profilers."""
+    """FLOPs counted as 2 × MACs (one multiply and one add), the convention of most profilers:
+    attention's ``matmul`` counts, the element-wise ops (add, pooling, LayerNorm, softmax, GELU)
+    do not; the estimators price those by their element counts."""
     return 2 * total_macs(layers)
 
 
