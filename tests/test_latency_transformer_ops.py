@@ -139,6 +139,7 @@ def test_edgetpu_leaves_the_tpu_at_the_first_attention_product() -> None:
 def test_edgetpu_op_rules() -> None:
     p = USB_ACCELERATOR
     assert tpu_supported(Layer("ln", "layernorm", 64, 64, bias=True, in_h=8), p)[0]
+    assert not tpu_supported(Layer("ln", "layernorm", 30, 30, bias=True, in_h=8), p)[0]
     assert not tpu_supported(Layer("g", "gelu", 64, 64, in_h=8), p)[0]
     assert not tpu_supported(Layer("s", "softmax", 64, 64, in_h=8), p)[0]  # rows: not 1-D
     assert tpu_supported(Layer("s", "softmax", 1000, 1000), p)[0]  # a classifier's softmax

@@ -40,7 +40,9 @@ Transformer ops (ours, from the same op table and TFLite's lowering of them):
 
 * ``layernorm`` runs on the TPU: TFLite has no LayerNorm kernel, the converter writes it as
   Mean, SquaredDifference, Rsqrt, Mul, Sub and Add, all in the op table; the vector unit does
-  :data:`hwnas.latency.estimators.ELEMENTWISE_OPS` work per element.
+  :data:`hwnas.latency.estimators.ELEMENTWISE_OPS` work per element. The table allows a Mean
+  over the channel (z) axis only when the channels are a multiple of 4; otherwise it is not
+  mapped.
 * a token-wise ``linear`` runs on the TPU (FullyConnected, or a 1×1 Conv2d over the tokens:
   ``tokens`` pixels streamed through the array).
 * ``matmul`` (attention's product of two activations, TFLite BatchMatMul) is not in the op
@@ -147,6 +149,8 @@ def tpu_supported(layer: Layer, params: EdgeTPUParams) -> tuple[bool, str]:
         return False, f"op {layer.op!r} is not in the Edge TPU op table"
     if layer.op == "matmul" and not params.batch_matmul_on_tpu:
         return False, "a product of two activations (BatchMatMul) is not in the Edge TPU op table"
+    if layer.op == "layernorm" and layer.in_channels % 4:
+        return False, "the Edge TPU maps a Mean over channels only for a multiple of 4 channels"
     if layer.op == "softmax" and (layer.in_h * layer.in_w > 1
                                   or layer.in_channels > SOFTMAX_MAX_ELEMENTS):
         return False, ("the Edge TPU maps Softmax only on a 1-D input of at most "
