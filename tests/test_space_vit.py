@@ -201,6 +201,17 @@ def test_subnets_share_the_leading_slices(space, supernet) -> None:
     torch.testing.assert_close(small.blocks[1].mlp.fc1.weight, big.blocks[1].mlp.fc1.weight[:288, :192])
     torch.testing.assert_close(small.tokenizer[1].conv.weight, big.tokenizer[1].conv.weight[:192])
     torch.testing.assert_close(small.norm.weight, big.norm.weight[:192])
+    qkv = supernet.blocks[1].qkv
+    saved = qkv.bias.detach().clone()
+    with torch.no_grad():
+        qkv.bias.copy_(torch.arange(saved.numel(), dtype=saved.dtype))
+    try:
+        bias = supernet.extract("e192_h2m1-h3m1.5-h2m1-h2m1-h2m1").blocks[1].attn.qkv.bias
+        want = torch.arange(3 * 4 * d, dtype=saved.dtype).view(3, 4 * d)[:, : 3 * d]
+        assert torch.equal(bias.view(3, 3 * d), want)
+    finally:
+        with torch.no_grad():
+            qkv.bias.copy_(saved)
     # one shared parameter: changing it changes every subnet that uses its slice
     x = torch.randn(1, *space.input_shape)
     supernet.set_active(space.smallest())

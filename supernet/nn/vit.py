@@ -145,12 +145,13 @@ class DynamicQKV(nn.Module):
         self.head_dim = head_dim
         self.weight = nn.Parameter(torch.empty(3, max_heads * head_dim, max_in))
         nn.init.trunc_normal_(self.weight, std=_INIT_STD)
-        self.bias = nn.Parameter(torch.zeros(3, max_heads * head_dim))
+        # 1-D like every bias (training exempts 1-D parameters from weight decay)
+        self.bias = nn.Parameter(torch.zeros(3 * max_heads * head_dim))
 
     def active(self, in_features: int, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
         width = heads * self.head_dim
         return (self.weight[:, :width, :in_features].reshape(3 * width, in_features),
-                self.bias[:, :width].reshape(3 * width))
+                self.bias.view(3, -1)[:, :width].reshape(3 * width))
 
     def forward(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         return F.linear(x, *self.active(x.size(-1), heads))
