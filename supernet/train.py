@@ -225,6 +225,15 @@ def _split_epochs(epochs: int, weights: list[float]) -> list[int]:
     return counts
 
 
+def default_config(space: SearchSpace, epochs: int, **kwargs: Any) -> TrainConfig:
+    """The training a space asks for (:meth:`SearchSpace.training_defaults`: its schedule
+    preset, default ``sandwich``, and settings), with ``kwargs`` overriding its settings; what
+    ``hwnas train`` and a search that trains its own supernet use."""
+    settings = dict(space.training_defaults())
+    schedule = settings.pop("schedule", "sandwich")
+    return schedule_config(schedule, space, epochs, **{**settings, **kwargs})
+
+
 def schedule_config(name: str, space: SearchSpace, epochs: int, **kwargs: Any) -> TrainConfig:
     """The named preset schedule (one of :data:`SCHEDULES`) for ``epochs`` epochs."""
     if name == "sandwich":

@@ -9,15 +9,29 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hwnas.latency.estimators import ELEMENTWISE_OPS, in_elems, layer_kind, out_elems, vector_ops
+from hwnas.latency.estimators import (
+    ELEMENTWISE_OPS,
+    in_elems,
+    layer_kind,
+    out_elems,
+    vector_ops,
+)
 from hwnas.latency.estimators.edgetpu import (
     USB_ACCELERATOR,
     EdgeTPUEstimator,
     tpu_supported,
 )
 from hwnas.latency.estimators.fpga import ZCU102, FPGAEstimator
-from hwnas.latency.estimators.roofline import JETSON_ORIN_NANO, PIXEL7_CPU, RooflineEstimator
-from hwnas.latency.predictors.features import LAYER_KINDS, LAYER_QUANTITIES, layer_features
+from hwnas.latency.estimators.roofline import (
+    JETSON_ORIN_NANO,
+    PIXEL7_CPU,
+    RooflineEstimator,
+)
+from hwnas.latency.predictors.features import (
+    LAYER_KINDS,
+    LAYER_QUANTITIES,
+    layer_features,
+)
 from hwnas.quant.cost import bops, model_size_bytes
 from hwnas.quant.device_rules import effective_layers, get_device_rules
 from hwnas.quant.policy import apply_to_layers, uniform
@@ -31,7 +45,7 @@ KINDS_BEFORE = ("conv_kxk", "conv_1x1", "conv_grouped", "conv_dw", "linear", "av
 
 def attention(n: int = 64, heads: int = 4, d: int = 32, e: int = 128) -> list[Layer]:
     """One attention half-block on n tokens (names as the vit space writes them)."""
-    t = dict(in_h=n, in_w=1)
+    t = {"in_h": n, "in_w": 1}
     return [
         Layer("ln", "layernorm", e, e, bias=True, **t),
         Layer("qkv", "linear", e, 3 * heads * d, bias=True, **t),

@@ -90,6 +90,18 @@ def test_progressive_schedule_opens_the_vit_dimensions(space) -> None:
     assert first.smallest() == first.largest() == space.largest()
 
 
+def test_the_space_asks_for_delayed_shrinking(space) -> None:
+    from hwnas.supernet.train import default_config, sandwich_config
+
+    config = default_config(space, 10, seed=3)
+    assert [(s.name, s.epochs, s.sandwich) for s in config.stages] == [
+        ("full", 5, False), ("shrink", 5, True)]
+    assert config.lr == 0.01 and config.seed == 3
+    assert default_config(space, 10, lr=0.02).lr == 0.02  # the caller's setting wins
+    mbv3 = get_space("mbv3-tiny")  # the convolutional spaces keep the plain sandwich
+    assert default_config(mbv3, 4, seed=1) == sandwich_config(4, seed=1)
+
+
 def test_attention_layers_by_hand(space) -> None:
     """Q·Kᵀ of h heads of width d over n tokens: n·n·d·h MACs; its second operand is K."""
     arch = space.from_string("e192_h3m1.5-h2m1-h2m1-h2m1-h2m1")
@@ -368,22 +380,23 @@ def _digits_folder(root) -> None:
 
 
 def test_hwnas_train_space_vit_one_epoch(tmp_path, monkeypatch) -> None:
-    from hwnas.cli import main
     from hwnas.supernet.train import load_checkpoint
+
+    from hwnas.cli import main
 
     _digits_folder(tmp_path / "digits32")
     # the registered vit preset, shrunk through its config so that one CPU epoch is quick
     small = ViTConfig(tokenizer_channels=(8,), embed_choices=(16, 32), depth_choices=(1, 2),
                       heads_choices=(1, 2), mlp_ratio_choices=(1.0, 2.0), head_dim=8)
-    import hwnas.supernet.spaces as spaces
+    from hwnas.supernet import spaces
 
     def factory(*, in_channels=None, image_size=None, num_classes=None, config=None):
         from dataclasses import replace
 
         cfg = ViTConfig.from_dict(config) if config else small
-        over = {k: v for k, v in dict(in_channels=in_channels, image_size=image_size,
-                                      num_classes=num_classes).items() if v is not None}
-        return ViTSpace(replace(cfg, **over), name="vit")
+        given = {"in_channels": in_channels, "image_size": image_size, "num_classes": num_classes}
+        return ViTSpace(replace(cfg, **{k: v for k, v in given.items() if v is not None}),
+                        name="vit")
 
     monkeypatch.setitem(spaces._FACTORIES, "vit", factory)
     out = tmp_path / "vit.pt"
@@ -392,6 +405,8 @@ def test_hwnas_train_space_vit_one_epoch(tmp_path, monkeypatch) -> None:
     space, supernet, payload = load_checkpoint(out)
     assert space.name == "vit" and payload["space_config"]["embed_choices"] == [16, 32]
     assert space.input_shape == (3, 32, 32) and space.num_classes == 3
+    trained = payload["train_config"]  # the space's own recipe: delayed shrinking at lr 0.01
+    assert [s["name"] for s in trained["stages"]] == ["full", "shrink"] and trained["lr"] == 0.01
     x = torch.randn(2, 3, 32, 32)
     for arch in (space.smallest(), space.largest()):
         supernet.set_active(arch)
