@@ -122,9 +122,10 @@ def out_elems(layer: Layer) -> int:
 
 #: Arithmetic operations per element of the transformer's element-wise ops, counting one
 #: transcendental function (exp, erf) as :data:`TRANSCENDENTAL_OPS` operations (our assumption:
-#: roughly a range reduction plus a degree-5 polynomial, the usual vectorised evaluation). ``layernorm``: mean (1), variance (3), normalise (2), scale and shift
-#: (2); ``softmax``: max, subtract, exp, sum, scale by the reciprocal; ``gelu``
-#: (``x/2 · (1 + erf(x/√2))``): 3 multiplies, 1 add and the erf. Our own counts.
+#: roughly a range reduction plus a degree-5 polynomial, the usual vectorised evaluation).
+#: ``layernorm``: mean (1), variance (3), normalise (2), scale and shift (2); ``softmax``: max,
+#: subtract, exp, sum, scale by the reciprocal; ``gelu`` (``x/2 · (1 + erf(x/√2))``): 3
+#: multiplies, 1 add and the erf. Our own counts.
 TRANSCENDENTAL_OPS = 10
 ELEMENTWISE_OPS = {"layernorm": 8, "softmax": 4 + TRANSCENDENTAL_OPS,
                    "gelu": 4 + TRANSCENDENTAL_OPS}

@@ -8,8 +8,9 @@ active configuration is passed in: input widths follow the incoming tensor, outp
 arguments, each block stores its own heads and MLP ratio (``set_active``); no global flags.
 
 ``extract(arch)`` returns a plain :class:`ViTNet` of ``nn.Conv2d`` / ``nn.LayerNorm`` /
-``nn.Linear`` / ``nn.Softmax`` / ``nn.GELU`` and :class:`MatMul`, with copies of the active slices. It computes what the supernet
-computes, exports to ONNX as is, and its module names are the layer names of
+``nn.Linear`` / ``nn.Softmax`` / ``nn.GELU`` and :class:`MatMul`, with copies of the active
+slices. It computes what the supernet computes, exports to ONNX as is, and its module names
+are the layer names of
 :meth:`ViTSpace.layers` -- the attention products are modules too, so forward hooks see every
 layer of the layer list, and its ``Conv2d``/``Linear`` modules are exactly the list's
 ``conv``/``linear`` layers (what a quantization policy names).

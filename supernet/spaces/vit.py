@@ -112,7 +112,8 @@ class ViTConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise UserError(f"unknown ViT space setting(s) {unknown}; expected some of {sorted(known)}")
+            raise UserError(f"unknown ViT space setting(s) {unknown}; expected some of "
+                            f"{sorted(known)}")
         try:
             return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
         except (TypeError, ValueError) as exc:
@@ -179,7 +180,8 @@ class ViTSpace(SearchSpace[ViTArch]):
             try:
                 vals = tuple(sorted({float(v) if dim == "mlp_ratio" else int(v) for v in values}))
             except (TypeError, ValueError):
-                raise UserError(f"choices for {dim!r} must be a list of numbers, got {values!r}") from None
+                raise UserError(f"choices for {dim!r} must be a list of numbers, "
+                                f"got {values!r}") from None
             if not vals or any(v not in full[dim] for v in vals):
                 raise UserError(f"choices {list(values)} for {dim!r} are not a non-empty subset of "
                                 f"{list(full[dim])} (space {self.name})")
@@ -197,13 +199,13 @@ class ViTSpace(SearchSpace[ViTArch]):
 
     def smallest(self) -> ViTArch:
         c = self.cfg
-        return ViTArch(c.embed_choices[0],
-                       ((c.heads_choices[0], float(c.mlp_ratio_choices[0])),) * c.depth_choices[0])
+        block = (c.heads_choices[0], float(c.mlp_ratio_choices[0]))
+        return ViTArch(c.embed_choices[0], (block,) * c.depth_choices[0])
 
     def largest(self) -> ViTArch:
         c = self.cfg
-        return ViTArch(c.embed_choices[-1],
-                       ((c.heads_choices[-1], float(c.mlp_ratio_choices[-1])),) * c.depth_choices[-1])
+        block = (c.heads_choices[-1], float(c.mlp_ratio_choices[-1]))
+        return ViTArch(c.embed_choices[-1], (block,) * c.depth_choices[-1])
 
     def validate(self, arch: ViTArch) -> ViTArch:
         c = self.cfg
@@ -321,7 +323,8 @@ class ViTSpace(SearchSpace[ViTArch]):
         blocks = []
         for b in range(c.max_depth):
             heads = trial.suggest_categorical(f"b{b}_heads", list(c.heads_choices))
-            ratio = trial.suggest_categorical(f"b{b}_mlp_ratio", [float(r) for r in c.mlp_ratio_choices])
+            ratio = trial.suggest_categorical(f"b{b}_mlp_ratio",
+                                              [float(r) for r in c.mlp_ratio_choices])
             blocks.append((int(heads), float(ratio)))
         return ViTArch(embed, tuple(blocks[:depth]))
 
