@@ -32,7 +32,9 @@ class OrtLayerTimer:
             shape = (self.batch, layer.in_channels, layer.in_h, layer.in_w)
         else:
             module = nn.Linear(layer.in_channels, layer.out_channels, bias=layer.bias)
-            shape = (self.batch, layer.in_channels)
+            tokens = layer.in_h * layer.in_w  # a transformer's linear layer runs on every token
+            shape = ((self.batch, tokens, layer.in_channels) if tokens > 1
+                     else (self.batch, layer.in_channels))
         return onnx_bytes(module.eval(), torch.randn(*shape)), shape
 
     def __call__(self, layer: Layer, int8: bool) -> float:

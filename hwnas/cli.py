@@ -174,7 +174,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from hwnas.supernet.evaluate import evaluate_subnet
     from hwnas.supernet.fingerprint import training_record
     from hwnas.supernet.spaces import get_space
-    from hwnas.supernet.train import sandwich_config, save_checkpoint, train_supernet
+    from hwnas.supernet.train import default_config, save_checkpoint, train_supernet
 
     out = Path(args.out)
     if out.exists() and not args.overwrite:
@@ -186,7 +186,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     space = get_space(args.space, in_channels=data.in_channels, image_size=h,
                       num_classes=data.num_classes)
     supernet = space.build_supernet()
-    config = sandwich_config(args.epochs, seed=args.seed, augment=args.augment)
+    config = default_config(space, args.epochs, seed=args.seed, augment=args.augment)
     result = train_supernet(supernet, space, data, config, device=args.device,
                             progress=not args.quiet)
     save_checkpoint(out, supernet, space, dataset=data.name, train_config=config,

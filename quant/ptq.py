@@ -321,9 +321,15 @@ def calibrate(qmodel: nn.Module, batches: Iterable, config: PTQConfig | None = N
     return qmodel
 
 
-def _channel_mean(out: torch.Tensor) -> torch.Tensor:
-    dims = [d for d in range(out.dim()) if d != 1] if out.dim() > 2 else [0]
-    return out.float().mean(dim=dims)
+def _channel_axis(module: nn.Module, out: torch.Tensor) -> int:
+    """The output channel axis of a layer: features are last for a linear layer (also on a
+    token sequence, ``(B, N, C)``), axis 1 for a convolution."""
+    return out.dim() - 1 if isinstance(module, nn.Linear) or out.dim() == 1 else 1
+
+
+def _channel_mean(module: nn.Module, out: torch.Tensor) -> torch.Tensor:
+    axis = _channel_axis(module, out)
+    return out.float().mean(dim=[d for d in range(out.dim()) if d != axis])
 
 
 @torch.no_grad()
@@ -342,8 +348,8 @@ def bias_correct(qmodel: nn.Module, xs: list[torch.Tensor]) -> None:
     corrected: set[str] = set()
 
     def record(name):
-        def hook(_m, _inp, out):
-            float_means.setdefault(name, _channel_mean(out))
+        def hook(module, _inp, out):
+            float_means.setdefault(name, _channel_mean(module, out))
         return hook
 
     def correct(name):
@@ -351,10 +357,10 @@ def bias_correct(qmodel: nn.Module, xs: list[torch.Tensor]) -> None:
             if name in corrected or name not in float_means:
                 return None
             corrected.add(name)
-            delta = float_means[name] - _channel_mean(out)
+            delta = float_means[name] - _channel_mean(module, out)
             module.bias.add_(delta.to(module.bias.dtype))
             shape = [1] * out.dim()
-            shape[1 if out.dim() > 1 else 0] = -1
+            shape[_channel_axis(module, out)] = -1
             return out + delta.view(shape).to(out.dtype)
         return hook
 

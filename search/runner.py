@@ -69,8 +69,8 @@ from hwnas.supernet.spaces import get_space
 from hwnas.supernet.train import (
     TrainConfig,
     TrainResult,
+    default_config,
     load_checkpoint,
-    sandwich_config,
     save_checkpoint,
     train_supernet,
     with_training_augment,
@@ -203,7 +203,7 @@ def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, prog
                       num_classes=data.num_classes)
     check_devices(space, cfg.all_devices)
     supernet = space.build_supernet()
-    config = sandwich_config(cfg.epochs, seed=cfg.seed, augment=cfg.augment)
+    config = default_config(space, cfg.epochs, seed=cfg.seed, augment=cfg.augment)
     result = train_supernet(supernet, space, data, config, device=cfg.torch_device,
                             progress=progress)
     return space, supernet, result, config, training_record(data)

@@ -4,6 +4,13 @@ A search space describes an architecture as a list of :class:`Layer` records. FL
 counts, model size, BOPs, lookup-table latency predictors and the analytical device estimators
 all read this list, so none of them needs torch. Convolutions are described as deployed: a
 BatchNorm that follows a convolution is folded into it, which gives the convolution a bias.
+
+Transformers are described on token sequences: a layer that works per token has ``in_h`` = the
+number of tokens and ``in_w`` = 1, and its channels are the features of one token. ``linear``
+applies to each of its ``in_h × in_w`` positions (1 × 1 for a classifier on a pooled vector).
+``matmul`` is a product of two activations (attention scores Q·Kᵀ, attention × V), ``layernorm``
+a per-token LayerNorm, ``softmax`` a row softmax and ``gelu`` the GELU activation as its own op
+(not a fused activation: integer runtimes and accelerators treat it apart).
 """
 
 from __future__ import annotations
@@ -12,8 +19,9 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-#: Operation types a layer may have.
-OPS = ("conv", "linear", "avgpool", "add", "pool", "mul")
+#: Operation types a layer may have. New ops are appended (never inserted): predictors that
+#: store feature columns per op kind (:mod:`hwnas.latency.predictors.features`) rely on the order.
+OPS = ("conv", "linear", "avgpool", "add", "pool", "mul", "matmul", "layernorm", "softmax", "gelu")
 
 
 @dataclass(frozen=True)
@@ -27,6 +35,16 @@ class Layer:
     ``extra["mode"] == "max"``; zero MACs; 'same' output size ``ceil(in / stride)``) and
     ``add`` a residual addition of two tensors of ``in_channels`` channels and ``mul`` the
     product of an ``in_channels``×H×W tensor with a per-channel scale (squeeze-and-excitation).
+
+    ``matmul``: ``groups`` independent products (attention heads) of an ``in_h × K`` by a
+    ``K × N`` activation, ``K = in_channels / groups`` and ``N = out_channels / groups``; so the
+    first operand and the output are ``in_h`` rows of ``in_channels`` and ``out_channels``
+    features, like any token-wise layer, and the second operand has
+    ``in_channels × out_channels / groups`` elements (:attr:`second_operand`). Q·Kᵀ of ``h``
+    heads of width ``d`` over ``n`` tokens is ``matmul(h·d → h·n, groups=h, in_h=n)``,
+    attention × V is ``matmul(h·n → h·d, groups=h, in_h=n)``. Both operands are activations:
+    a matmul has no weights. ``layernorm`` has ``2 × in_channels`` parameters (scale, shift;
+    ``bias=True``), ``softmax`` and ``gelu`` none; all three are element-wise work without MACs.
     """
 
     name: str
@@ -47,7 +65,8 @@ class Layer:
     def __post_init__(self) -> None:
         if self.op not in OPS:
             raise ValueError(f"layer {self.name!r}: unknown op {self.op!r}; expected one of {OPS}")
-        if self.op == "conv" and (self.in_channels % self.groups or self.out_channels % self.groups):
+        if self.op in ("conv", "matmul") and (self.in_channels % self.groups
+                                               or self.out_channels % self.groups):
             raise ValueError(
                 f"layer {self.name!r}: channels {self.in_channels}->{self.out_channels} "
                 f"are not divisible by groups={self.groups}"
@@ -81,7 +100,16 @@ class Layer:
             per_out = (self.in_channels // self.groups) * self.kernel * self.kernel
             return self.out_h * self.out_w * self.out_channels * per_out
         if self.op == "linear":
-            return self.in_channels * self.out_channels
+            return self.in_h * self.in_w * self.in_channels * self.out_channels
+        if self.op == "matmul":
+            return self.in_h * self.in_w * (self.in_channels // self.groups) * self.out_channels
+        return 0
+
+    @property
+    def second_operand(self) -> int:
+        """Elements of a ``matmul``'s second (activation) operand per image; 0 for other ops."""
+        if self.op == "matmul":
+            return self.in_channels * self.out_channels // self.groups
         return 0
 
     @property
@@ -92,12 +120,17 @@ class Layer:
             return w + (self.out_channels if self.bias else 0)
         if self.op == "linear":
             return self.in_channels * self.out_channels + (self.out_channels if self.bias else 0)
+        if self.op == "layernorm":
+            return 2 * self.in_channels if self.bias else self.in_channels
         return 0
 
     @property
     def weight_count(self) -> int:
-        """Number of weights without biases (biases stay at 32 bits when quantized)."""
-        return self.params - (self.out_channels if self.bias and self.op in ("conv", "linear") else 0)
+        """Number of weights without biases (biases stay at 32 bits when quantized; a
+        LayerNorm's shift counts as a bias)."""
+        if self.bias and self.op in ("conv", "linear", "layernorm"):
+            return self.params - self.out_channels
+        return self.params
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -115,7 +148,9 @@ def total_macs(layers: list[Layer]) -> int:
 
 
 def total_flops(layers: list[Layer]) -> int:
-    """FLOPs counted as 2 × MACs (one multiply and one add), the convention of most profilers."""
+    """FLOPs counted as 2 × MACs (one multiply and one add), the convention of most profilers:
+    attention's ``matmul`` counts, the element-wise ops (add, pooling, LayerNorm, softmax, GELU)
+    do not; the estimators price those by their element counts."""
     return 2 * total_macs(layers)
 
 

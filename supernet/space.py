@@ -107,6 +107,15 @@ class SearchSpace(ABC, Generic[Arch]):
                             f"{self.name}; expected one of {list(self.execution_variants())}")
         return arch, False
 
+    # -- training --------------------------------------------------------------------------------
+    def training_defaults(self) -> dict[str, Any]:
+        """How this space's supernet should be trained where it differs from the toolkit's
+        defaults: ``"schedule"`` (a preset name of :func:`hwnas.supernet.train.schedule_config`)
+        and :class:`hwnas.supernet.train.TrainConfig` settings (e.g. a transformer's lower
+        learning rate). Settings a caller passes explicitly win
+        (:func:`hwnas.supernet.train.default_config`). Empty for the convolutional spaces."""
+        return {}
+
     # -- torch -----------------------------------------------------------------------------------
     @abstractmethod
     def build_supernet(self) -> Any:

@@ -227,6 +227,15 @@ def _split_epochs(epochs: int, weights: list[float]) -> list[int]:
     return counts
 
 
+def default_config(space: SearchSpace, epochs: int, **kwargs: Any) -> TrainConfig:
+    """The training a space asks for (:meth:`SearchSpace.training_defaults`: its schedule
+    preset, default ``sandwich``, and settings), with ``kwargs`` overriding its settings; what
+    ``hwnas train`` and a search that trains its own supernet use."""
+    settings = dict(space.training_defaults())
+    schedule = settings.pop("schedule", "sandwich")
+    return schedule_config(schedule, space, epochs, **{**settings, **kwargs})
+
+
 def schedule_config(name: str, space: SearchSpace, epochs: int, **kwargs: Any) -> TrainConfig:
     """The named preset schedule (one of :data:`SCHEDULES`) for ``epochs`` epochs."""
     if name == "sandwich":
@@ -609,7 +618,8 @@ def _restricted(space: SearchSpace, choices: dict | None) -> SearchSpace:
 @torch.no_grad()
 def reinitialize(model: nn.Module, seed: int = 0) -> nn.Module:
     """Fresh weights for training from scratch: convolutions He-normal (fan-out), BatchNorm
-    1 and 0, linear layers N(0, 0.01) with zero bias (the usual MobileNet initialisation)."""
+    and LayerNorm 1 and 0, linear layers N(0, 0.01) with zero bias (the usual MobileNet
+    initialisation)."""
     gen = torch.Generator().manual_seed(seed)
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
@@ -617,7 +627,7 @@ def reinitialize(model: nn.Module, seed: int = 0) -> nn.Module:
             m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * math.sqrt(2.0 / fan_out))
             if m.bias is not None:
                 m.bias.zero_()
-        elif isinstance(m, nn.modules.batchnorm._BatchNorm):
+        elif isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.LayerNorm)):
             m.reset_parameters()
         elif isinstance(m, nn.Linear):
             m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * 0.01)

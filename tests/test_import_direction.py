@@ -37,6 +37,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("hwnas.supernet.spaces.mbv3", "hwnas.supernet.nn.mbv3"): _BUILDS,
     ("hwnas.supernet.spaces.fbnet", "hwnas.supernet.nn.fbnet"): _BUILDS,
     ("hwnas.supernet.spaces.nb201", "hwnas.supernet.nn.nb201"): _BUILDS,
+    ("hwnas.supernet.spaces.vit", "hwnas.supernet.nn.vit"): _BUILDS,
 }
 
 

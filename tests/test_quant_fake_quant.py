@@ -178,7 +178,7 @@ def test_quantize_model_refuses_an_already_quantized_model(mbv3_subnet):
         quantize_model(qmodel, uniform(qmodel, 8, 8))
 
 
-@pytest.mark.parametrize("space_name", ["mbv3-tiny", "mbv3", "nb201", "fbnet"])
+@pytest.mark.parametrize("space_name", ["mbv3-tiny", "mbv3", "nb201", "fbnet", "vit"])
 def test_int8_ptq_on_a_subnet_of_every_space(space_name):
     """Works on any nn.Module: the subnets of every registered space quantize, their policies
     join the space's layer list, and int8 keeps the outputs close."""

@@ -42,6 +42,7 @@ __all__ = [
     "in_elems",
     "out_elems",
     "vector_ops",
+    "ELEMENTWISE_OPS",
     "register_estimator",
 ]
 
@@ -87,7 +88,9 @@ def layer_kind(layer: Layer) -> str:
 
     ``conv`` splits into ``depthwise`` (groups == in == out channels), ``grouped`` (other
     groups > 1), ``pointwise`` (1×1) and ``conv`` (dense k×k); ``avgpool`` is ``global_pool``;
-    the other ops (``linear``, ``add``, ``pool``) keep their name.
+    the other ops (``linear``, ``add``, ``pool``, ``mul``, ``matmul``, ``layernorm``,
+    ``softmax``, ``gelu``) keep their name, except a ``linear`` layer applied to several
+    tokens, which is ``pointwise`` (the same matrix product as a 1×1 convolution).
     """
     if layer.op == "conv":
         if layer.groups > 1 and layer.groups == layer.in_channels == layer.out_channels:
@@ -97,31 +100,50 @@ def layer_kind(layer: Layer) -> str:
         return "pointwise" if layer.kernel == 1 else "conv"
     if layer.op == "avgpool":
         return "global_pool"
+    if layer.op == "linear" and layer.in_h * layer.in_w > 1:
+        return "pointwise"  # a linear layer applied to every token is a 1×1 convolution's GEMM
     return layer.op
 
 
 def in_elems(layer: Layer) -> int:
-    """Elements read from the layer's input tensor(s) per image (an ``add`` reads two)."""
+    """Elements read from the layer's input tensor(s) per image (an ``add`` of two tensors
+    reads two, a ``matmul`` reads both of its activation operands)."""
     n = layer.in_channels * layer.in_h * layer.in_w
-    return 2 * n if layer.op == "add" else n
+    if layer.op == "add":
+        return 2 * n
+    return n + layer.second_operand
 
 
 def out_elems(layer: Layer) -> int:
-    """Elements of the layer's output tensor per image."""
-    if layer.op == "linear":
-        return layer.out_channels
+    """Elements of the layer's output tensor per image (a ``linear`` layer has one output
+    vector per token, ``in_h × in_w`` of them; 1 for a classifier)."""
     return layer.out_channels * layer.out_h * layer.out_w
+
+
+#: Arithmetic operations per element of the transformer's element-wise ops, counting one
+#: transcendental function (exp, erf) as :data:`TRANSCENDENTAL_OPS` operations (our assumption:
+#: roughly a range reduction plus a degree-5 polynomial, the usual vectorised evaluation).
+#: ``layernorm``: mean (1), variance (3), normalise (2), scale and shift (2); ``softmax``: max,
+#: subtract, exp, sum, scale by the reciprocal; ``gelu`` (``x/2 · (1 + erf(x/√2))``): 3
+#: multiplies, 1 add and the erf. Our own counts.
+TRANSCENDENTAL_OPS = 10
+ELEMENTWISE_OPS = {"layernorm": 8, "softmax": 4 + TRANSCENDENTAL_OPS,
+                   "gelu": 4 + TRANSCENDENTAL_OPS}
 
 
 def vector_ops(layer: Layer) -> int:
     """Arithmetic of the layers without MACs: one add per output element for ``add``, k² per
-    output element for a local ``pool``, one per input element for a global pool; 0 otherwise."""
+    output element for a local ``pool``, one per input element for a global pool, and
+    :data:`ELEMENTWISE_OPS` per element for ``layernorm``, ``softmax`` and ``gelu``; 0 otherwise
+    (``mul``, and the layers with MACs, whose cost is 2 × MACs)."""
     if layer.op == "add":
         return out_elems(layer)
     if layer.op == "pool":
         return out_elems(layer) * layer.kernel * layer.kernel
     if layer.op == "avgpool":
         return layer.in_channels * layer.in_h * layer.in_w
+    if layer.op in ELEMENTWISE_OPS:
+        return ELEMENTWISE_OPS[layer.op] * out_elems(layer)
     return 0
 
 

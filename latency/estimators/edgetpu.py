@@ -36,6 +36,27 @@ compilers map it, which is our default (``channel_shuffle_on_tpu``). A layer tha
 :func:`hwnas.quant.device_rules.effective_layers` placed on the host (``extra["placement"]``:
 a float layer of a quantized policy) counts as unsupported too.
 
+Transformer ops (ours, from the same op table and TFLite's lowering of them):
+
+* ``layernorm`` runs on the TPU: TFLite has no LayerNorm kernel, the converter writes it as
+  Mean, SquaredDifference, Rsqrt, Mul, Sub and Add, all in the op table; the vector unit does
+  :data:`hwnas.latency.estimators.ELEMENTWISE_OPS` work per element. The table allows a Mean
+  over the channel (z) axis only when the channels are a multiple of 4; otherwise it is not
+  mapped.
+* a token-wise ``linear`` runs on the TPU (FullyConnected, or a 1×1 Conv2d over the tokens:
+  ``tokens`` pixels streamed through the array).
+* ``matmul`` (attention's product of two activations, TFLite BatchMatMul) is not in the op
+  table: attention starts the host part, unless ``batch_matmul_on_tpu`` is set (to model a
+  compiler that maps it; it then runs as a weight-less matrix product on the array).
+* ``softmax``: the table limits Softmax to a 1-D input (the classifier's output); a row softmax
+  over attention scores (``in_h`` > 1 rows) is not mapped.
+* ``gelu``: not in the op table (neither GELU nor Erf), so it runs on the host.
+
+So under these rules a vision transformer leaves the TPU at its first attention product: the
+tokenizer convolutions, the first LayerNorm and the first QKV projection run on the TPU, the
+rest on the host (a model whose attention is rewritten without BatchMatMul, or a compiler
+that maps it, keeps more on the TPU: ``batch_matmul_on_tpu``).
+
 Host part: the host CPU is a roofline device (:mod:`hwnas.latency.estimators.roofline`, default a
 Raspberry Pi 4, a common Coral host); the activation tensor at the cut crosses the link once.
 
@@ -70,7 +91,10 @@ __all__ = ["EdgeTPUParams", "EdgeTPUEstimator", "PRESETS", "TPU_ACTIVATIONS", "t
 TPU_ACTIVATIONS = frozenset({None, "relu", "relu6", "sigmoid", "logistic", "tanh", "hswish",
                              "hardswish", "hsigmoid", "hardsigmoid", "swish", "silu", "identity"})
 
-_TPU_OPS = frozenset({"conv", "linear", "add", "pool", "avgpool"})
+_TPU_OPS = frozenset({"conv", "linear", "add", "pool", "avgpool", "layernorm", "matmul",
+                      "softmax"})
+#: Most elements of a Softmax input the Edge TPU maps (Coral op table: 1-D input, <= 16,000).
+SOFTMAX_MAX_ELEMENTS = 16_000
 
 MIB = 1024 * 1024
 
@@ -89,6 +113,8 @@ class EdgeTPUParams:
         invoke_overhead_ms: fixed cost of one inference call (driver, link round trip).
         layer_overhead_us: fixed cost per layer on the TPU.
         channel_shuffle_on_tpu: whether a channel shuffle (Transpose) maps to the TPU.
+        batch_matmul_on_tpu: whether a product of two activations (attention's BatchMatMul)
+            maps to the TPU (not in the Coral op table: False).
         host: the host CPU, for layers that fall back to it.
         sources: where the numbers come from.
     """
@@ -103,6 +129,7 @@ class EdgeTPUParams:
     invoke_overhead_ms: float = 0.3
     layer_overhead_us: float = 2.0
     channel_shuffle_on_tpu: bool = True
+    batch_matmul_on_tpu: bool = False
     host: RooflineParams = field(default=RASPI4)
     sources: str = ""
 
@@ -120,6 +147,14 @@ def tpu_supported(layer: Layer, params: EdgeTPUParams) -> tuple[bool, str]:
     """Whether ``layer`` runs on the Edge TPU, and if not, why (see the module docstring)."""
     if layer.op not in _TPU_OPS:
         return False, f"op {layer.op!r} is not in the Edge TPU op table"
+    if layer.op == "matmul" and not params.batch_matmul_on_tpu:
+        return False, "a product of two activations (BatchMatMul) is not in the Edge TPU op table"
+    if layer.op == "layernorm" and layer.in_channels % 4:
+        return False, "the Edge TPU maps a Mean over channels only for a multiple of 4 channels"
+    if layer.op == "softmax" and (layer.in_h * layer.in_w > 1
+                                  or layer.in_channels > SOFTMAX_MAX_ELEMENTS):
+        return False, ("the Edge TPU maps Softmax only on a 1-D input of at most "
+                       f"{SOFTMAX_MAX_ELEMENTS} elements")
     if layer.extra.get("placement") == "host":
         return False, "placed on the host by quant.device_rules.effective_layers (a float layer)"
     for act in (layer.activation, layer.extra.get("pre_activation")):
@@ -151,8 +186,12 @@ class EdgeTPUEstimator(Estimator):
         p = self.params
         fill = p.rows + p.cols
         kind = layer_kind(layer)
+        if layer.op == "matmul":  # per head: (in_h × K) by (K × N), K and N tiled on the array
+            k, n = layer.in_channels // layer.groups, layer.out_channels // layer.groups
+            tiles = layer.groups * math.ceil(k / p.rows) * math.ceil(n / p.cols)
+            return tiles * (layer.in_h * layer.in_w + fill)
         if layer.op in ("conv", "linear"):
-            pixels = 1 if layer.op == "linear" else layer.out_h * layer.out_w
+            pixels = layer.in_h * layer.in_w if layer.op == "linear" else layer.out_h * layer.out_w
             if kind == "depthwise":
                 tiles = math.ceil(layer.out_channels / p.cols) * math.ceil(layer.kernel**2 / p.rows)
             else:

@@ -53,6 +53,17 @@ Latency (``mode``)
 Layers without MACs (add, pooling) stream one input pixel per clock with all channels in
 parallel (cheap LUT logic, not charged to the budget).
 
+Transformer ops: a token-wise ``linear`` layer is a matrix-vector product per token (``pixels`` =
+tokens). Attention's ``matmul`` (Q·Kᵀ, attention × V) gets an engine like any MAC layer, per
+head a matrix-vector product per query row (``pixels`` = rows × heads, ``MH`` = columns of the
+second operand, ``MW`` = the reduction length), at its activations' width (unquantized: the
+fixed-point ``float_bits``); its second operand (K or V, ``Layer.second_operand`` elements) is
+an activation that must be held on chip whole before the first row can be computed, so it is
+charged to on-chip memory with the weights (a spill beyond BRAM goes over DDR like weights),
+and the engine's fill delay is its whole input. LayerNorm, softmax and GELU need exp / erf /
+rsqrt units: ``special_lanes`` elements per clock (our assumption; LUT/DSP logic not charged
+to the MAC budget), at least one token per clock.
+
 Memory: weights live in on-chip BRAM when they fit in ``bram_weight_fraction`` of it (the rest
 holds FIFOs and line buffers); weights beyond that are re-read from DDR every image at
 ``ddr_gbs`` (a spill term added to the latency: no overlap, conservative). The input image and
@@ -68,6 +79,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from hwnas.latency.estimators import (
+    ELEMENTWISE_OPS,
     Breakdown,
     Estimator,
     LayerCost,
@@ -83,6 +95,8 @@ from hwnas.core.errors import UserError
 __all__ = ["FPGAParams", "FPGAEstimator", "PRESETS", "mac_unit_cost"]
 
 MODES = ("latency", "throughput", "sequential")
+#: Ops that get a MAC engine.
+_MAC_OPS = ("conv", "linear", "matmul")
 
 
 @dataclass(frozen=True)
@@ -102,6 +116,7 @@ class FPGAParams:
         lut_mac_max_bits: weights of at most this many bits use LUT MACs.
         luts_per_bit_product / lut_mac_base: LUT cost of a LUT MAC, ``base + k × w × a``.
         float_bits: fixed-point width assumed for unquantized (32-bit) layers.
+        special_lanes: elements per clock of the LayerNorm / softmax / GELU units.
         mode: ``"latency"``, ``"throughput"`` or ``"sequential"`` (module docstring).
         sources: where the numbers come from.
     """
@@ -121,6 +136,7 @@ class FPGAParams:
     luts_per_bit_product: float = 1.0
     lut_mac_base: float = 8.0
     float_bits: int = 16
+    special_lanes: int = 32
     mode: str = "latency"
     sources: str = ""
 
@@ -130,6 +146,7 @@ class FPGAParams:
                        clock_mhz=self.clock_mhz, ddr_gbs=self.ddr_gbs,
                        int8_macs_per_dsp=self.int8_macs_per_dsp,
                        int4_macs_per_dsp=self.int4_macs_per_dsp, float_bits=self.float_bits,
+                       special_lanes=self.special_lanes,
                        luts_per_bit_product=self.luts_per_bit_product)
         check_fraction(owner, dsp_fraction=self.dsp_fraction, lut_fraction=self.lut_fraction,
                        bram_weight_fraction=self.bram_weight_fraction)
@@ -177,16 +194,21 @@ def _unit_options(mh: int, mw: int) -> np.ndarray:
 
 def _fill_fraction(layer: Layer) -> float:
     """Fraction of its input a streaming layer consumes before its first output row."""
-    if layer.op in ("linear", "avgpool") or layer.in_h <= 1:
+    if layer.op in ("avgpool", "matmul") or layer.in_h <= 1:
         return 1.0
+    if layer.op == "linear":  # one token
+        return 1.0 / layer.in_h
     rows = layer.kernel // 2 + 1 if layer.op in ("conv", "pool") else 1
     return min(1.0, rows / layer.in_h)
 
 
 def _matrix_shape(layer: Layer) -> tuple[int, int, int]:
-    """``(pixels, MH, MW)`` of a conv/linear layer (see the module docstring)."""
+    """``(pixels, MH, MW)`` of a conv/linear/matmul layer (see the module docstring)."""
     if layer.op == "linear":
-        return 1, layer.out_channels, layer.in_channels
+        return layer.in_h * layer.in_w, layer.out_channels, layer.in_channels
+    if layer.op == "matmul":
+        return (layer.in_h * layer.in_w * layer.groups, layer.out_channels // layer.groups,
+                layer.in_channels // layer.groups)
     return (layer.out_h * layer.out_w, layer.out_channels,
             (layer.in_channels // layer.groups) * layer.kernel * layer.kernel)
 
@@ -292,10 +314,12 @@ class FPGAEstimator(Estimator):
         # identical MAC layers are folded alike: search over distinct shapes only
         groups: dict[tuple, list[int]] = {}
         for i, layer in enumerate(layers):
-            if layer.macs > 0 and layer.op in ("conv", "linear"):
+            if layer.macs > 0 and layer.op in _MAC_OPS:
                 _, mh, mw = _matrix_shape(layer)
                 resource, cost = mac_unit_cost(layer, p)
                 groups.setdefault((resource, layer.macs, mh, mw, cost), []).append(i)
+            elif layer.op in ELEMENTWISE_OPS:
+                cycles[i] = max(layer.in_h * layer.in_w, -(-out_elems(layer) // p.special_lanes))
             else:
                 cycles[i] = layer.in_h * layer.in_w  # one input pixel per clock, all channels
         used = {"dsp": 0.0, "lut": 0.0}
@@ -326,10 +350,12 @@ class FPGAEstimator(Estimator):
                 "dsp": used["dsp"], "lut": used["lut"]}
 
     def weight_bits(self, layers: Sequence[Layer]) -> int:
-        """Bits of all weights (at their fixed-point width) and 32-bit biases."""
+        """Bits held on chip: all weights (at their fixed-point width), 32-bit biases, and each
+        ``matmul``'s second operand (at its activation width; see the module docstring)."""
         p = self.params
         return sum(layer.weight_count * _bits(layer.w_bits, p.float_bits)
-                   + 32 * (layer.params - layer.weight_count) for layer in layers)
+                   + 32 * (layer.params - layer.weight_count)
+                   + layer.second_operand * _bits(layer.a_bits, p.float_bits) for layer in layers)
 
     def breakdown(self, layers: Sequence[Layer]) -> Breakdown:
         p = self.params

@@ -15,7 +15,16 @@ and the network's latency is ``invoke_overhead + Σ time``. ``precision`` is the
 (32-bit) layers run at ``float_bits`` (16 on the Jetsons: TensorRT FP16, the usual deployment;
 32 on CPUs: XNNPACK/onnxruntime FP32). Op classes (:func:`hwnas.latency.estimators.layer_kind`):
 ``conv`` (dense k×k), ``pointwise`` (1×1), ``grouped``, ``depthwise``, ``linear``, ``add``,
-``pool``, ``global_pool``; a class missing from ``efficiency`` uses ``efficiency["default"]``.
+``pool``, ``global_pool``, and the transformer ops ``matmul``, ``layernorm``, ``softmax``,
+``gelu``; a class missing from ``efficiency`` uses ``efficiency["default"]``.
+
+Transformer ops: a ``matmul`` (Q·Kᵀ, attention × V) is priced like a layer with weights, by its
+MACs, but both of its operands are activations read from memory (:func:`in_elems`) and it has
+no weights; its efficiency ``"matmul"`` is below a linear layer's on a GPU (many small batched
+products per head, the shape attention kernels without fusion run at batch 1). LayerNorm,
+softmax and GELU have no MACs: their arithmetic is
+:data:`hwnas.latency.estimators.ELEMENTWISE_OPS` per element (exp and erf counted as 10
+operations), at the ``default`` efficiency, and they are usually memory-bound.
 
 What it ignores: caches (every tensor is charged once from DRAM, the pessimistic roofline for
 the small-batch case), operator fusion beyond conv+activation, kernel selection, DVFS and
@@ -145,11 +154,13 @@ class RooflineEstimator(Estimator):
 #: Efficiencies for a GPU running TensorRT FP16 at batch 1: dense convs use the tensor cores at
 #: a modest fraction of peak; depthwise convs have no tensor-core path (CUDA cores at 1/4 of the
 #: tensor peak, poorly used); element-wise layers are memory-bound anyway.
+#: Attention's batched matmuls (``matmul``) are small per head: a fifth of a dense conv's share.
 _GPU_EFF = {"conv": 0.30, "pointwise": 0.25, "grouped": 0.10, "depthwise": 0.02,
-            "linear": 0.05, "default": 0.05}
+            "linear": 0.05, "matmul": 0.06, "default": 0.05}
 #: Efficiencies for one CPU core running XNNPACK/onnxruntime FP32 NEON kernels.
+#: A ``matmul`` runs the same GEMM micro-kernels as a linear layer (per head).
 _CPU_EFF = {"conv": 0.55, "pointwise": 0.65, "grouped": 0.40, "depthwise": 0.25,
-            "linear": 0.30, "default": 0.20}
+            "linear": 0.30, "matmul": 0.30, "default": 0.20}
 
 JETSON_ORIN_NANO = RooflineParams(
     name="NVIDIA Jetson Orin Nano 8GB (GPU, TensorRT FP16)",

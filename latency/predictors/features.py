@@ -7,7 +7,8 @@ Three kinds, all from the space declaration (no second encoder lives here):
 * ``flops`` - :meth:`SearchSpace.flops` of the layer list;
 * ``layers`` - per *layer kind* sums over the layer list (:func:`layer_features`): for each kind
   (dense k×k conv, 1×1 conv, grouped conv, depthwise conv, linear, local pool, global pool,
-  add, mul) the number of layers, MACs, input and output activation elements and parameters.
+  add, mul, and the transformer ops matmul, layernorm, softmax, gelu) the number of layers,
+  MACs, input and output activation elements and parameters.
   Latency is close to additive over layers and each layer's cost is close to linear in these
   quantities (compute, memory traffic, a fixed per-layer overhead), so a device's latency is
   close to linear in these sums; they are what the layer-wise lookup-table predictor fits and a
@@ -37,8 +38,16 @@ __all__ = ["LAYER_KINDS", "LAYER_QUANTITIES", "arch_strings", "execution_variant
            "features", "layer_features", "layer_feature_names", "clear_cache"]
 
 #: Layer kinds: convolutions split by shape, then every other op of :data:`hwnas.supernet.layers.OPS`.
-LAYER_KINDS: tuple[str, ...] = ("conv_kxk", "conv_1x1", "conv_grouped", "conv_dw",
-                                *[op for op in OPS if op != "conv"], "other")
+#: The list is fixed and only ever appended to: shipped meta predictors store the indices of
+#: their layer-feature columns (``l_cols``), so a kind inserted before ``other`` would shift the
+#: columns of every existing space. The transformer ops came after ``other``.
+LAYER_KINDS: tuple[str, ...] = ("conv_kxk", "conv_1x1", "conv_grouped", "conv_dw", "linear",
+                                "avgpool", "add", "pool", "mul", "other",
+                                "matmul", "layernorm", "softmax", "gelu")
+_CONV_KINDS = {"conv_kxk", "conv_1x1", "conv_grouped", "conv_dw"}
+if set(LAYER_KINDS) - _CONV_KINDS - {"other"} != set(OPS) - {"conv"}:
+    raise ImportError("LAYER_KINDS must list every op of hwnas.supernet.layers.OPS once: append "
+                      "the new op at the end of LAYER_KINDS")
 #: Quantities summed per kind.
 LAYER_QUANTITIES: tuple[str, ...] = ("count", "macs", "in_act", "out_act", "params")
 
@@ -68,7 +77,7 @@ def layer_features(layers: Sequence[Layer]) -> np.ndarray:
     out = np.zeros((len(LAYER_KINDS), len(LAYER_QUANTITIES)))
     for la in layers:
         k = LAYER_KINDS.index(layer_kind(la))
-        out[k] += (1.0, la.macs, la.in_channels * la.in_h * la.in_w,
+        out[k] += (1.0, la.macs, la.in_channels * la.in_h * la.in_w + la.second_operand,
                    la.out_channels * la.out_h * la.out_w, la.params)
     return out.reshape(-1)
 

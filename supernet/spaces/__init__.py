@@ -13,6 +13,7 @@ from hwnas.supernet.space import SearchSpace
 from hwnas.supernet.spaces.fbnet import FBNetArch, FBNetConfig, FBNetSpace
 from hwnas.supernet.spaces.mbv3 import MBV3Arch, MBV3Config, MBV3Space
 from hwnas.supernet.spaces.nb201 import NB201Arch, NB201Config, NB201Space
+from hwnas.supernet.spaces.vit import ViTArch, ViTConfig, ViTSpace
 
 from hwnas.core.errors import UserError
 
@@ -102,6 +103,16 @@ def _fbnet(*, in_channels=None, image_size=None, num_classes=None, config=None) 
 register_space("nb201", _nb201)
 register_space("fbnet", _fbnet)
 
+
+def _vit(*, in_channels=None, image_size=None, num_classes=None, config=None) -> ViTSpace:
+    """An elastic compact vision transformer for 32×32 images (AutoFormer-style weight
+    entanglement, convolutional tokenizer); see :mod:`hwnas.supernet.spaces.vit`."""
+    cfg = ViTConfig.from_dict(config) if config else ViTConfig()
+    return ViTSpace(replace(cfg, **_overrides(in_channels, image_size, num_classes)), name="vit")
+
+
+register_space("vit", _vit)
+
 __all__ = [
     "MBV3Arch",
     "MBV3Config",
@@ -112,6 +123,9 @@ __all__ = [
     "NB201Arch",
     "NB201Config",
     "NB201Space",
+    "ViTArch",
+    "ViTConfig",
+    "ViTSpace",
     "available_spaces",
     "get_space",
     "register_space",

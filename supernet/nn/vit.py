@@ -1,0 +1,280 @@
+"""The elastic vision-transformer supernet of :class:`hwnas.supernet.spaces.vit.ViTSpace` and its
+static subnets.
+
+Weight entanglement (AutoFormer): every layer keeps one max-size weight and a subnet uses its
+leading slice -- the first ``embed`` channels of the residual stream, the first ``heads`` heads
+of Q, K and V (each of the three sliced on its own), the first ``hidden`` MLP units. The
+active configuration is passed in: input widths follow the incoming tensor, output widths are
+arguments, each block stores its own heads and MLP ratio (``set_active``); no global flags.
+
+``extract(arch)`` returns a plain :class:`ViTNet` of ``nn.Conv2d`` / ``nn.LayerNorm`` /
+``nn.Linear`` / ``nn.Softmax`` / ``nn.GELU`` and :class:`MatMul`, with copies of the active
+slices. It computes what the supernet computes, exports to ONNX as is, and its module names
+are the layer names of
+:meth:`ViTSpace.layers` -- the attention products are modules too, so forward hooks see every
+layer of the layer list, and its ``Conv2d``/``Linear`` modules are exactly the list's
+``conv``/``linear`` layers (what a quantization policy names).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from hwnas.supernet.nn.dynamic_ops import DynamicConv2d
+from hwnas.supernet.spaces.vit import ViTArch, ViTSpace
+from torch import nn
+
+_INIT_STD = 0.02  # ViT/timm: truncated normal weights for the linear layers
+
+
+class MatMul(nn.Module):
+    """``scale · a @ bᵀ`` (``transpose_b``) or ``scale · a @ b`` over the last two axes: a
+    product of two activations (attention scores, attention × values), a module so that it
+    has a name in the layer list and forward hooks see it."""
+
+    def __init__(self, transpose_b: bool = False, scale: float = 1.0) -> None:
+        super().__init__()
+        self.transpose_b, self.scale = transpose_b, float(scale)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out = torch.matmul(a, b.transpose(-2, -1) if self.transpose_b else b)
+        return out * self.scale if self.scale != 1.0 else out
+
+
+# -- static modules ------------------------------------------------------------------------------
+
+class Attention(nn.Module):
+    """Static multi-head self-attention: qkv projection, scaled Q·Kᵀ, softmax, × V, projection."""
+
+    def __init__(self, qkv: nn.Linear, proj: nn.Linear, heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.qkv = qkv
+        self.qk = MatMul(transpose_b=True, scale=head_dim**-0.5)
+        self.softmax = nn.Softmax(dim=-1)
+        self.av = MatMul()
+        self.proj = proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (B, N, 3·h·d) -> (3, B, h, N, d)
+        qkv = self.qkv(x).unflatten(-1, (3, self.heads, self.head_dim)).permute(2, 0, 3, 1, 4)
+        attn = self.softmax(self.qk(qkv[0], qkv[1]))
+        out = self.av(attn, qkv[2]).transpose(1, 2).flatten(2)
+        return self.proj(out)
+
+
+class Mlp(nn.Module):
+    def __init__(self, fc1: nn.Linear, fc2: nn.Linear) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = fc1, nn.GELU(), fc2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class ViTBlock(nn.Module):
+    """Static pre-norm transformer block (names match :meth:`ViTSpace.block_layers`)."""
+
+    def __init__(self, norm1: nn.LayerNorm, attn: Attention, norm2: nn.LayerNorm, mlp: Mlp) -> None:
+        super().__init__()
+        self.norm1, self.attn, self.norm2, self.mlp = norm1, attn, norm2, mlp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class TokenizerStage(nn.Module):
+    """3×3 convolution, ReLU, 3×3 max pool of stride 2."""
+
+    def __init__(self, conv: nn.Conv2d) -> None:
+        super().__init__()
+        self.conv, self.act = conv, nn.ReLU()
+        self.pool = nn.MaxPool2d(3, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.act(self.conv(x)))
+
+
+class ViTNet(nn.Module):
+    """A standalone subnet: tokenizer, blocks, norm, token mean, classifier."""
+
+    def __init__(self, tokenizer: list[TokenizerStage], blocks: list[ViTBlock],
+                 norm: nn.LayerNorm, classifier: nn.Linear) -> None:
+        super().__init__()
+        self.tokenizer = nn.Sequential(*tokenizer)
+        self.blocks = nn.Sequential(*blocks)
+        self.norm = norm
+        self.classifier = classifier
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.tokenizer(x).flatten(2).transpose(1, 2)  # (B, C, H, W) -> (B, H·W, C)
+        x = self.norm(self.blocks(x))
+        return self.classifier(x.mean(1))
+
+
+# -- weight-sharing operators ----------------------------------------------------------------------
+
+class DynamicLinear(nn.Module):
+    """A linear layer whose input and output features can shrink (leading slices)."""
+
+    def __init__(self, max_in: int, max_out: int, bias: bool = True) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(max_out, max_in))
+        nn.init.trunc_normal_(self.weight, std=_INIT_STD)
+        self.bias = nn.Parameter(torch.zeros(max_out)) if bias else None
+
+    def forward(self, x: torch.Tensor, out_features: int) -> torch.Tensor:
+        b = self.bias[:out_features] if self.bias is not None else None
+        return F.linear(x, self.weight[:out_features, : x.size(-1)], b)
+
+    def static(self, in_features: int, out_features: int) -> nn.Linear:
+        lin = nn.Linear(in_features, out_features, bias=self.bias is not None)
+        lin.weight.data.copy_(self.weight[:out_features, :in_features])
+        if self.bias is not None:
+            lin.bias.data.copy_(self.bias[:out_features])
+        return lin
+
+
+class DynamicQKV(nn.Module):
+    """The fused Q/K/V projection with elastic heads: one max-size weight per Q, K and V, each
+    sliced to its first ``heads × head_dim`` rows (so a subnet's heads are the first heads of
+    the supernet's, in Q, K and V alike)."""
+
+    def __init__(self, max_in: int, max_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.weight = nn.Parameter(torch.empty(3, max_heads * head_dim, max_in))
+        nn.init.trunc_normal_(self.weight, std=_INIT_STD)
+        # 1-D like every bias (training exempts 1-D parameters from weight decay)
+        self.bias = nn.Parameter(torch.zeros(3 * max_heads * head_dim))
+
+    def active(self, in_features: int, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        width = heads * self.head_dim
+        return (self.weight[:, :width, :in_features].reshape(3 * width, in_features),
+                self.bias.view(3, -1)[:, :width].reshape(3 * width))
+
+    def forward(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        return F.linear(x, *self.active(x.size(-1), heads))
+
+    def static(self, in_features: int, heads: int) -> nn.Linear:
+        w, b = self.active(in_features, heads)
+        lin = nn.Linear(in_features, w.size(0))
+        lin.weight.data.copy_(w)
+        lin.bias.data.copy_(b)
+        return lin
+
+
+class DynamicLayerNorm(nn.LayerNorm):
+    """LayerNorm over the active (leading) channels, with the leading slices of its affine
+    terms; the statistics are those of the active channels only, as in AutoFormer."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        c = x.size(-1)
+        return F.layer_norm(x, (c,), self.weight[:c], self.bias[:c], self.eps)
+
+    def static(self, channels: int) -> nn.LayerNorm:
+        ln = nn.LayerNorm(channels, eps=self.eps)
+        ln.weight.data.copy_(self.weight[:channels])
+        ln.bias.data.copy_(self.bias[:channels])
+        return ln
+
+
+class DynamicViTBlock(nn.Module):
+    """A pre-norm block with elastic heads and MLP ratio; the embedding width follows the input."""
+
+    def __init__(self, space: ViTSpace) -> None:
+        super().__init__()
+        c = space.cfg
+        max_e, max_h = c.embed_choices[-1], c.heads_choices[-1]
+        self.space, self.head_dim = space, c.head_dim
+        self.norm1 = DynamicLayerNorm(max_e, eps=c.ln_eps)
+        self.qkv = DynamicQKV(max_e, max_h, c.head_dim)
+        self.proj = DynamicLinear(max_h * c.head_dim, max_e)
+        self.norm2 = DynamicLayerNorm(max_e, eps=c.ln_eps)
+        self.fc1 = DynamicLinear(max_e, c.hidden(max_e, c.mlp_ratio_choices[-1]))
+        self.fc2 = DynamicLinear(c.hidden(max_e, c.mlp_ratio_choices[-1]), max_e)
+        self.active_heads = max_h
+        self.active_ratio = float(c.mlp_ratio_choices[-1])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e, h, d = x.size(-1), self.active_heads, self.head_dim
+        y = self.qkv(self.norm1(x), h).unflatten(-1, (3, h, d)).permute(2, 0, 3, 1, 4)
+        attn = torch.softmax(torch.matmul(y[0], y[1].transpose(-2, -1)) * d**-0.5, dim=-1)
+        y = torch.matmul(attn, y[2]).transpose(1, 2).flatten(2)
+        x = x + self.proj(y, e)
+        y = F.gelu(self.fc1(self.norm2(x), self.space.cfg.hidden(e, self.active_ratio)))
+        return x + self.fc2(y, e)
+
+    def static(self, embed: int) -> ViTBlock:
+        c, h = self.space.cfg, self.active_heads
+        hidden = c.hidden(embed, self.active_ratio)
+        attn = Attention(self.qkv.static(embed, h), self.proj.static(h * self.head_dim, embed),
+                         h, self.head_dim)
+        mlp = Mlp(self.fc1.static(embed, hidden), self.fc2.static(hidden, embed))
+        return ViTBlock(self.norm1.static(embed), attn, self.norm2.static(embed), mlp)
+
+
+class ViTSupernet(nn.Module):
+    """Weight-sharing supernet of a :class:`ViTSpace`; starts with the largest subnet active."""
+
+    def __init__(self, space: ViTSpace) -> None:
+        super().__init__()
+        c = space.cfg
+        self.space = space
+        max_e = c.embed_choices[-1]
+        self.tokenizer = nn.ModuleList()
+        in_ch = c.in_channels
+        for ch in c.tokenizer_channels:
+            self.tokenizer.append(DynamicConv2d(in_ch, ch, c.tokenizer_kernel))
+            in_ch = ch
+        self.tokenizer.append(DynamicConv2d(in_ch, max_e, c.tokenizer_kernel))
+        self.blocks = nn.ModuleList(DynamicViTBlock(space) for _ in range(c.max_depth))
+        self.norm = DynamicLayerNorm(max_e, eps=c.ln_eps)
+        self.classifier = DynamicLinear(max_e, c.num_classes)
+        self.active_embed, self.active_depth = max_e, c.max_depth
+        self.set_active(space.largest())
+
+    def set_active(self, arch: ViTArch | str) -> ViTArch:
+        """Select the subnet ``arch`` (an architecture or its string) for later forward passes."""
+        arch = self.space.parse(arch)
+        self.active_embed, self.active_depth = arch.embed, arch.depth
+        for block, (heads, ratio) in zip(self.blocks, arch.blocks):
+            block.active_heads, block.active_ratio = heads, float(ratio)
+        return arch
+
+    def active_arch(self) -> ViTArch:
+        return ViTArch(self.active_embed, tuple((b.active_heads, b.active_ratio)
+                                                for b in self.blocks[: self.active_depth]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        widths = [*self.space.cfg.tokenizer_channels, self.active_embed]
+        for conv, width in zip(self.tokenizer, widths):
+            x = F.max_pool2d(F.relu(conv(x, width)), 3, 2, 1)
+        x = x.flatten(2).transpose(1, 2)
+        for block in self.blocks[: self.active_depth]:
+            x = block(x)
+        x = self.norm(x)
+        return self.classifier(x.mean(1), self.space.cfg.num_classes)
+
+    @torch.no_grad()
+    def extract(self, arch: ViTArch | str | None = None) -> ViTNet:
+        """A standalone copy of the subnet ``arch`` (default: the active one), in eval mode.
+
+        The active subnet is left as it was."""
+        previous = self.active_arch()
+        if arch is not None:
+            self.set_active(arch)
+        try:
+            c, e = self.space.cfg, self.active_embed
+            widths = [*c.tokenizer_channels, e]
+            tokenizer, in_ch = [], c.in_channels
+            for conv, width in zip(self.tokenizer, widths):
+                tokenizer.append(TokenizerStage(conv.static(in_ch, width)))
+                in_ch = width
+            net = ViTNet(tokenizer, [b.static(e) for b in self.blocks[: self.active_depth]],
+                         self.norm.static(e), self.classifier.static(e, c.num_classes))
+        finally:
+            self.set_active(previous)
+        device = next(self.parameters()).device
+        return net.to(device).eval()
