@@ -15,8 +15,9 @@ and the worst family. HELP's split stays the published comparison
 
 Rows (predictors): ``meta`` (the project's default, default settings), ``flops``, ``opcount``
 (a constant plus a non-negative cost per operation, NNLS: 6 parameters on NB-201, 10 on FBNet)
-and ``meta+opcount`` (a candidate: the mean of the two predictions after scaling each to the
-measured mean, see ``latency_lofo.md``). Meta-training uses the architectures every table
+and two candidates (see ``latency_lofo.md``): ``meta+opcount``, the mean of the two predictions
+after scaling each to the measured mean, and ``meta|opcount``, whichever of the two has the lower
+leave-one-out log error on the 10 measurements. Meta-training uses the architectures every table
 holds (all of HELP's when only HELP's tables are there) and one seed per fold.
 
     OMP_NUM_THREADS=1 python benchmarks/latency_lofo.py --spaces nb201 fbnet
@@ -46,7 +47,7 @@ from hwnas.supernet.spaces import get_space
 REPO = Path(__file__).resolve().parent.parent
 TABLES_DIR = REPO / "benchmarks" / "results" / "latency_tables"
 OUT_JSON = Path(__file__).with_suffix(".json")
-PREDICTORS = ("meta", "flops", "opcount", "meta+opcount")
+PREDICTORS = ("meta", "flops", "opcount", "meta+opcount", "meta|opcount")
 N = 10
 
 #: HELP's device columns -> family (regular expressions, first match wins)
@@ -120,6 +121,16 @@ def combined(meta: MetaPredictor, space: Any, archs: list[str], y: np.ndarray,
     return 0.5 * (m / max(np.mean(m_fit), 1e-12) + o / max(np.mean(o_fit), 1e-12))
 
 
+def loo_log_error(make: Any, archs: list[str], y: np.ndarray, seed: int) -> float:
+    """Mean absolute log error of leave-one-out predictions on the measurements themselves."""
+    errs = []
+    for i in range(len(archs)):
+        keep = [j for j in range(len(archs)) if j != i]
+        p = make().adapt([archs[j] for j in keep], y[keep], seed=seed).predict([archs[i]])[0]
+        errs.append(abs(np.log(max(p, 1e-12) / y[i])))
+    return float(np.mean(errs))
+
+
 def score_device(space: Any, meta: MetaPredictor, archs: list[str], y: np.ndarray,
                  rows: np.ndarray, seed: int, predictors: tuple[str, ...]) -> dict[str, float]:
     """Spearman over all ``archs`` of each predictor adapted to ``rows``."""
@@ -132,6 +143,16 @@ def score_device(space: Any, meta: MetaPredictor, archs: list[str], y: np.ndarra
             out["meta"] = spearman(pm, y)
         if "meta+opcount" in predictors:
             out["meta+opcount"] = spearman(combined(meta, space, m_archs, m_y, archs, pm, seed), y)
+    if "meta|opcount" in predictors:
+        import copy
+
+        e_meta = loo_log_error(lambda: copy.deepcopy(meta), m_archs, m_y, seed)
+        e_oc = loo_log_error(lambda: OpCountPredictor(space), m_archs, m_y, seed)
+        if e_oc < e_meta:
+            p = OpCountPredictor(space).adapt(m_archs, m_y, seed=seed).predict(archs)
+        else:
+            p = meta.adapt(m_archs, m_y, seed=seed).predict(archs)
+        out["meta|opcount"] = spearman(p, y)
     if "flops" in predictors:
         out["flops"] = spearman(FlopsPredictor(space).adapt(m_archs, m_y, seed=seed)
                                 .predict(archs), y)
