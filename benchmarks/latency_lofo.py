@@ -17,8 +17,10 @@ Rows (predictors): ``meta`` (the project's default, default settings), ``flops``
 (a constant plus a non-negative cost per operation, NNLS: 6 parameters on NB-201, 10 on FBNet)
 and two candidates (see ``latency_lofo.md``): ``meta+opcount``, the mean of the two predictions
 after scaling each to the measured mean, and ``meta|opcount``, whichever of the two has the lower
-leave-one-out log error on the 10 measurements. Meta-training uses the architectures every table
-holds (all of HELP's when only HELP's tables are there) and one seed per fold.
+leave-one-out log error on the 10 measurements. Meta-training uses every architecture some table
+holds (a device measured on a sample is fitted on its sample) and one seed per fold; when a
+held-out table lacks a reference architecture, the references are chosen again among the
+architectures every held-out table holds (``MetaPredictor.redesign``).
 
     OMP_NUM_THREADS=1 python benchmarks/latency_lofo.py --spaces nb201 fbnet
 """
@@ -169,10 +171,10 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
     fams: dict[str, list[str]] = defaultdict(list)
     for d in devices:
         fams[family(d)].append(d)
-    common = set.intersection(*(set(a) for a, _ in devices.values()))
-    train_archs = [a for a in devices[next(iter(devices))][0] if a in common]
-    log(f"{name}: {len(devices)} devices in {len(fams)} families; meta-training on the "
-        f"{len(train_archs)} architectures every table holds")
+    # meta-training architectures: every architecture some table holds (a device's profile is
+    # fitted on the ones it was measured on, NaN elsewhere)
+    all_archs = list(dict.fromkeys(a for archs, _ in devices.values() for a in archs))
+    log(f"{name}: {len(devices)} devices in {len(fams)} families, {len(all_archs)} architectures")
     rows: list[dict] = []
     for fam in sorted(fams):
         if families and fam not in families:
@@ -180,13 +182,21 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
         held = fams[fam]
         train = [d for d in devices if d not in held]
         t0 = time.perf_counter()
+        train_set = {a for d in train for a in devices[d][0]}
+        train_archs = [a for a in all_archs if a in train_set]
+        pos = {a: i for i, a in enumerate(train_archs)}
         cols = {}
         for d in train:
             a, y = devices[d]
-            idx = {x: i for i, x in enumerate(a)}
-            cols[d] = y[[idx[x] for x in train_archs]]
+            col = np.full(len(train_archs), np.nan)
+            col[[pos[x] for x in a]] = y
+            cols[d] = col
         meta = MetaPredictor(space, **meta_options).meta_fit(space, train_archs, cols, seed=0)
         fit_s = time.perf_counter() - t0
+        # the reference architectures must be ones every held-out table holds
+        common = set.intersection(*(set(devices[d][0]) for d in held))
+        if not set(meta.reference_archs[:N]) <= common:
+            meta.redesign([a for a in train_archs if a in common], seed=0)
         refs = meta.reference_archs[:N]
         acc: dict[tuple, list[float]] = defaultdict(list)
         for d in held:
@@ -212,7 +222,7 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
         log(f"  held out {fam} ({len(held)} devices; meta-fit {fit_s:.0f} s): "
             + ", ".join(f"{p}[{m}] {np.mean(v):.3f}" for (p, m), v in sorted(fam_rows.items())))
     info = {"space": name, "sources": sources, "families": {f: sorted(v) for f, v in fams.items()},
-            "meta_training_architectures": len(train_archs)}
+            "architectures": len(all_archs)}
     return rows, info
 
 

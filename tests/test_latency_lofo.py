@@ -79,3 +79,33 @@ def test_meta_opcount_block_changes_nothing_at_zero_and_round_trips(tmp_path):
     back = LatencyPredictor.load(path)
     assert back.opcounts == (0.0, 1.0)
     assert np.allclose(back.adapt(refs, y[rows], seed=0).predict(archs), p1)
+
+
+def test_meta_fit_with_missing_cells_and_redesign():
+    """A device measured on a sample (NaN elsewhere) is meta-trained on its sample; redesign
+    chooses reference architectures among given ones."""
+    from hwnas.core.errors import UserError
+    from hwnas.latency.predictors import MetaPredictor
+    from hwnas.supernet.spaces import get_space
+
+    space = get_space("nb201")
+    rng = np.random.default_rng(2)
+    archs = list(dict.fromkeys(space.to_string(space.sample(rng)) for _ in range(300)))
+    enc = np.stack([space.encode(space.from_string(a)) for a in archs])
+    w = rng.uniform(0, 1, enc.shape[1])
+    full = 1.0 + enc @ w
+    part = full.copy()
+    part[100:] = np.nan  # measured on the first 100 only
+    m = MetaPredictor(space, pool_size=200).meta_fit(
+        space, archs, {"a": 1.0 + enc @ rng.uniform(0, 1, enc.shape[1]), "b": part}, seed=0)
+    # b's profile learned from its 100 cells predicts its other 200
+    j = m.devices_.index("b")
+    prof = enc @ m._p["coef"][j] + m._p["icpt"][j]
+    assert np.corrcoef(prof[100:], full[100:])[0, 1] > 0.99
+    subset = archs[:40]
+    refs = m.redesign(subset, seed=0)
+    assert set(refs) <= set(subset) and m.reference_archs == refs
+    with pytest.raises(UserError):
+        MetaPredictor(space).meta_fit(space, archs, {"a": full, "b": np.r_[part[:5],
+                                                                           np.full(295, np.nan)]},
+                                      seed=0)

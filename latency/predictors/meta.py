@@ -214,9 +214,10 @@ class MetaPredictor(LatencyPredictor):
     def meta_fit(self, space: Any, archs: Sequence[Any], table: Mapping[str, np.ndarray], *,
                  seed: int) -> MetaPredictor:
         """Fit the device profiles, each device's execution variant, and choose the reference
-        architectures (see module)."""
+        architectures (see module). A NaN in ``table`` is an architecture the device was not
+        measured on: its profile is fitted on the ones it was (tables of different samples)."""
         self.space = space
-        table = check_table(archs, table)
+        table = check_table(archs, table, allow_missing=True)
         if len(table) < 2:
             raise UserError(f"meta-training needs the latency tables of at least 2 devices, got "
                             f"{len(table)}")
@@ -241,15 +242,18 @@ class MetaPredictor(LatencyPredictor):
         coef, coef_d, icpt = np.zeros((D, p_dim)), np.zeros(D), np.zeros(D)
         chosen: list[str] = []
         for j in range(D):
-            y = Y[:, j]
+            has = ~np.isnan(Y[:, j])  # a device measured on a sample: its profile fits those
+            y = Y[has, j]
+            tr = half[has]
             err = {}  # two-fold (even/odd rows) cross-validated error of each variant's profile
             for v in variants if len(variants) > 1 else ():
-                c, b = _ridge(design_x[v][half], y[half], self.surrogate_ridge)
-                err[v] = float(np.mean((design_x[v][~half] @ c + b - y[~half]) ** 2))
+                xv = design_x[v][has]
+                c, b = _ridge(xv[tr], y[tr], self.surrogate_ridge)
+                err[v] = float(np.mean((xv[~tr] @ c + b - y[~tr]) ** 2))
             chosen.append(min(err, key=err.get) if err else "raw")
-            c, icpt[j] = _ridge(design_x[chosen[j]], y, self.surrogate_ridge)
+            c, icpt[j] = _ridge(design_x[chosen[j]][has], y, self.surrogate_ridge)
             coef[j], coef_d[j] = c[:p_dim], c[p_dim]
-        floor = 0.5 * Y.min(0)
+        floor = 0.5 * np.nanmin(Y, 0)
         S = np.stack([np.maximum(design_x[chosen[j]] @ np.append(coef[j], coef_d[j]) + icpt[j],
                                  floor[j]) for j in range(D)], 1)
         X = enc["raw"][0]
@@ -276,6 +280,17 @@ class MetaPredictor(LatencyPredictor):
         self._keys = None
         self._post = {}
         return self
+
+    def redesign(self, archs: Sequence[Any], seed: int) -> list[str]:
+        """Choose the reference architectures again, among ``archs`` only (e.g. the ones a
+        latency table holds, or the models a user can run); returns and keeps them."""
+        if not self.is_meta_trained:
+            raise UserError("the meta predictor has not been meta-trained; nothing to redesign")
+        keys = list(dict.fromkeys(arch_strings(self.space, archs)))
+        if len(keys) < 2:
+            raise UserError(f"redesign needs at least 2 architectures, got {len(keys)}")
+        self._ref = self._design(keys, seed)
+        return list(self._ref)
 
     def _design(self, keys: list[str], seed: int) -> list[str]:
         rng = np.random.default_rng(seed)
