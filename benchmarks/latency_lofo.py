@@ -15,9 +15,12 @@ and the worst family. HELP's split stays the published comparison
 
 Rows (predictors): ``meta`` (the project's default, default settings), ``flops``, ``opcount``
 (a constant plus a non-negative cost per operation, NNLS: 6 parameters on NB-201, 10 on FBNet)
-and ``meta+opcount`` (a candidate: the mean of the two predictions after scaling each to the
-measured mean, see ``latency_lofo.md``). Meta-training uses the architectures every table
-holds (all of HELP's when only HELP's tables are there) and one seed per fold.
+and two candidates (see ``latency_lofo.md``): ``meta+opcount``, the mean of the two predictions
+after scaling each to the measured mean, and ``meta|opcount``, whichever of the two has the lower
+leave-one-out log error on the 10 measurements. Meta-training uses every architecture some table
+holds (a device measured on a sample is fitted on its sample) and one seed per fold; when a
+held-out table lacks a reference architecture, the references are chosen again among the
+architectures every held-out table holds (``MetaPredictor.redesign``).
 
     OMP_NUM_THREADS=1 python benchmarks/latency_lofo.py --spaces nb201 fbnet
 """
@@ -46,7 +49,7 @@ from hwnas.supernet.spaces import get_space
 REPO = Path(__file__).resolve().parent.parent
 TABLES_DIR = REPO / "benchmarks" / "results" / "latency_tables"
 OUT_JSON = Path(__file__).with_suffix(".json")
-PREDICTORS = ("meta", "flops", "opcount", "meta+opcount")
+PREDICTORS = ("meta", "flops", "opcount", "meta+opcount", "meta|opcount")
 N = 10
 
 #: HELP's device columns -> family (regular expressions, first match wins)
@@ -120,6 +123,16 @@ def combined(meta: MetaPredictor, space: Any, archs: list[str], y: np.ndarray,
     return 0.5 * (m / max(np.mean(m_fit), 1e-12) + o / max(np.mean(o_fit), 1e-12))
 
 
+def loo_log_error(make: Any, archs: list[str], y: np.ndarray, seed: int) -> float:
+    """Mean absolute log error of leave-one-out predictions on the measurements themselves."""
+    errs = []
+    for i in range(len(archs)):
+        keep = [j for j in range(len(archs)) if j != i]
+        p = make().adapt([archs[j] for j in keep], y[keep], seed=seed).predict([archs[i]])[0]
+        errs.append(abs(np.log(max(p, 1e-12) / y[i])))
+    return float(np.mean(errs))
+
+
 def score_device(space: Any, meta: MetaPredictor, archs: list[str], y: np.ndarray,
                  rows: np.ndarray, seed: int, predictors: tuple[str, ...]) -> dict[str, float]:
     """Spearman over all ``archs`` of each predictor adapted to ``rows``."""
@@ -132,6 +145,16 @@ def score_device(space: Any, meta: MetaPredictor, archs: list[str], y: np.ndarra
             out["meta"] = spearman(pm, y)
         if "meta+opcount" in predictors:
             out["meta+opcount"] = spearman(combined(meta, space, m_archs, m_y, archs, pm, seed), y)
+    if "meta|opcount" in predictors:
+        import copy
+
+        e_meta = loo_log_error(lambda: copy.deepcopy(meta), m_archs, m_y, seed)
+        e_oc = loo_log_error(lambda: OpCountPredictor(space), m_archs, m_y, seed)
+        if e_oc < e_meta:
+            p = OpCountPredictor(space).adapt(m_archs, m_y, seed=seed).predict(archs)
+        else:
+            p = meta.adapt(m_archs, m_y, seed=seed).predict(archs)
+        out["meta|opcount"] = spearman(p, y)
     if "flops" in predictors:
         out["flops"] = spearman(FlopsPredictor(space).adapt(m_archs, m_y, seed=seed)
                                 .predict(archs), y)
@@ -148,10 +171,10 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
     fams: dict[str, list[str]] = defaultdict(list)
     for d in devices:
         fams[family(d)].append(d)
-    common = set.intersection(*(set(a) for a, _ in devices.values()))
-    train_archs = [a for a in devices[next(iter(devices))][0] if a in common]
-    log(f"{name}: {len(devices)} devices in {len(fams)} families; meta-training on the "
-        f"{len(train_archs)} architectures every table holds")
+    # meta-training architectures: every architecture some table holds (a device's profile is
+    # fitted on the ones it was measured on, NaN elsewhere)
+    all_archs = list(dict.fromkeys(a for archs, _ in devices.values() for a in archs))
+    log(f"{name}: {len(devices)} devices in {len(fams)} families, {len(all_archs)} architectures")
     rows: list[dict] = []
     for fam in sorted(fams):
         if families and fam not in families:
@@ -159,13 +182,21 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
         held = fams[fam]
         train = [d for d in devices if d not in held]
         t0 = time.perf_counter()
+        train_set = {a for d in train for a in devices[d][0]}
+        train_archs = [a for a in all_archs if a in train_set]
+        pos = {a: i for i, a in enumerate(train_archs)}
         cols = {}
         for d in train:
             a, y = devices[d]
-            idx = {x: i for i, x in enumerate(a)}
-            cols[d] = y[[idx[x] for x in train_archs]]
+            col = np.full(len(train_archs), np.nan)
+            col[[pos[x] for x in a]] = y
+            cols[d] = col
         meta = MetaPredictor(space, **meta_options).meta_fit(space, train_archs, cols, seed=0)
         fit_s = time.perf_counter() - t0
+        # the reference architectures must be ones every held-out table holds
+        common = set.intersection(*(set(devices[d][0]) for d in held))
+        if not set(meta.reference_archs[:N]) <= common:
+            meta.redesign([a for a in train_archs if a in common], seed=0)
         refs = meta.reference_archs[:N]
         acc: dict[tuple, list[float]] = defaultdict(list)
         for d in held:
@@ -191,7 +222,7 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
         log(f"  held out {fam} ({len(held)} devices; meta-fit {fit_s:.0f} s): "
             + ", ".join(f"{p}[{m}] {np.mean(v):.3f}" for (p, m), v in sorted(fam_rows.items())))
     info = {"space": name, "sources": sources, "families": {f: sorted(v) for f, v in fams.items()},
-            "meta_training_architectures": len(train_archs)}
+            "architectures": len(all_archs)}
     return rows, info
 
 
@@ -239,11 +270,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", nargs="+", default=None, help="hold out only these")
     ap.add_argument("--pool-size", type=int, default=None,
                     help="MetaPredictor pool_size (the design's candidate pool; default its own)")
+    ap.add_argument("--meta-option", action="append", default=[], metavar="KEY=V1[,V2...]",
+                    help="a MetaPredictor option (a float list), e.g. opcounts=0,0.3,1")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     log = lambda msg: print(f"[{time.perf_counter() - t0:6.0f} s] {msg}", flush=True)  # noqa: E731
-    meta_options = {} if args.pool_size is None else {"pool_size": args.pool_size}
+    meta_options: dict[str, Any] = {} if args.pool_size is None else {"pool_size": args.pool_size}
+    for opt in args.meta_option:
+        key, _, vals = opt.partition("=")
+        meta_options[key] = tuple(float(v) for v in vals.split(","))
     rows, spaces = [], []
     for name in args.spaces:
         r, info = run_space(name, args.seeds, tuple(args.predictors), args.families,

@@ -396,6 +396,33 @@ class Tables:
     def add(self, space: str, arch: str, cells: dict[str, tuple[float, float]]) -> None:
         self.cells[space].setdefault(arch, {}).update(cells)
 
+    def preload(self, folder: Path, tag: str) -> int:
+        """Cells of an earlier run's ``<space>_<tag>.csv.gz`` (and ``_cv``) in ``folder`` with the
+        same devices; returns how many architectures were loaded."""
+        n = 0
+        for space in self.archs:
+            paths = [folder / f"{space}_{tag}{x}.csv.gz" for x in ("", "_cv")]
+            if not all(p.is_file() for p in paths):
+                continue
+            med, cv = (list(csv.reader(io.StringIO(gzip.decompress(p.read_bytes()).decode())))
+                       for p in paths)
+            if med[0] != ["arch", *self.devices] or cv[0] != med[0]:
+                raise SystemExit(f"{paths[0]} has devices {med[0][1:]}, this run {self.devices}; "
+                                 f"resume with the same runtimes and threads")
+            for m, c in zip(med[1:], cv[1:]):
+                self.add(space, m[0], {d: (float(a), float(b))
+                                       for d, a, b in zip(self.devices, m[1:], c[1:])})
+                n += 1
+        return n
+
+    def pending(self) -> dict[str, list[str]]:
+        """Per space, the architectures not yet measured on every device (sample order)."""
+        out = {}
+        for s in self.archs:
+            done = set(self.complete(s))
+            out[s] = [a for a in self.archs[s] if a not in done]
+        return out
+
     def complete(self, space: str) -> list[str]:
         return [a for a in self.archs[space]
                 if all(d in self.cells[space].get(a, {}) for d in self.devices)]
@@ -404,6 +431,10 @@ class Tables:
         summary = {}
         for space in self.archs:
             done = self.complete(space)
+            listed = set(self.archs[space])
+            extra = [a for a in self.cells[space] if a not in listed
+                     and all(d in self.cells[space][a] for d in self.devices)]
+            done += extra  # resumed cells of architectures beyond this run's --n
             if not done:
                 continue
             for suffix, k in (("", 0), ("_cv", 1)):
@@ -434,6 +465,7 @@ def measure_cpu(args: argparse.Namespace, archs: dict[str, list[str]], tag: str,
     with_ov = openvino_available() and not args.no_openvino
     devices = cpu_devices(tag, args.threads, with_ov)
     tables = Tables(archs, [d for d, _, _ in devices])
+    todo = resume(args, tables, tag, log)
     by_threads: dict[int, list[tuple[str, str, int]]] = {}
     for d in devices:
         by_threads.setdefault(d[2], []).append(d)
@@ -455,8 +487,9 @@ def measure_cpu(args: argparse.Namespace, archs: dict[str, list[str]], tag: str,
     rng = np.random.default_rng(args.seed)
     cache = Path(tempfile.mkdtemp(prefix="hwnas_tables_"))
     per_round = args.round or (max(8, 4 * max(len(v) for v in layout.values())) if layout else 8)
-    schedule = rounds({s: len(a) for s, a in archs.items()}, per_round)
+    schedule = rounds({s: len(a) for s, a in todo.items()}, per_round)
     durations: list[float] = []
+    phase_s: dict[int, float] = {}  # seconds spent per thread count (export in the first)
     stopped = False
     try:
         for r, rnd in enumerate(schedule):
@@ -469,22 +502,25 @@ def measure_cpu(args: argparse.Namespace, archs: dict[str, list[str]], tag: str,
                      for s, i in rnd}
             first = True
             for t in sorted(by_threads):
+                t_phase = time.monotonic()
                 jobs = []
                 for s, i in rnd:
                     order = rng.permutation(len(by_threads[t]))
-                    jobs.append(((s, i), s, archs[s][i], *paths[(s, i)], first,
+                    jobs.append(((s, i), s, todo[s][i], *paths[(s, i)], first,
                                  [by_threads[t][k] for k in order]))
                 results = (pools[t].imap_unordered(run_job, jobs) if t in pools
                            else map(run_job, jobs))
                 for (s, i), cells in results:
-                    tables.add(s, archs[s][i], cells)
+                    tables.add(s, todo[s][i], cells)
                 first = False
+                phase_s[t] = phase_s.get(t, 0.0) + time.monotonic() - t_phase
             for on, tp in paths.values():
                 for p in (on, tp):
                     Path(p).unlink(missing_ok=True)
             durations.append(time.monotonic() - t0)
             summary = save(tag, tables, {"devices": devices, "rounds_done": len(durations)})
-            log(f"round {r + 1}/{len(schedule)} {durations[-1]:.1f} s: "
+            log(f"round {r + 1}/{len(schedule)} {durations[-1]:.1f} s ("
+                + ", ".join(f"{t}t {v:.0f} s" for t, v in phase_s.items()) + " so far): "
                 + ", ".join(f"{s} {v['architectures']}" for s, v in summary.items()))
     finally:
         for p in pools.values():
@@ -495,8 +531,30 @@ def measure_cpu(args: argparse.Namespace, archs: dict[str, list[str]], tag: str,
     return tables, {"devices": devices, "openvino": with_ov, "stopped_by_budget": stopped,
                     "core_sets": {str(t): v for t, v in layout.items()},
                     "rounds_done": len(durations), "rounds_planned": len(schedule),
+                    "seconds_per_thread_count": {str(t): round(v, 1) for t, v in phase_s.items()},
                     "round_seconds_median": round(float(np.median(durations)), 2)
                     if durations else None}
+
+
+def resume(args: argparse.Namespace, tables: Tables, tag: str, log: Any) -> dict[str, list[str]]:
+    """With ``--resume DIR``: load DIR's tables of ``tag`` (after checking that DIR's machine
+    JSON describes this CPU and these library versions) and return what is left to measure."""
+    if args.resume is None:
+        return tables.pending()
+    prev_path = args.resume / f"machine_{tag}.json"
+    if prev_path.is_file():
+        prev = json.loads(prev_path.read_text())
+        now = {"cpu": cpu_info(), "versions": versions()}
+        keys = [("cpu", "cpu_model"), ("cpu", "flags"), ("cpu", "usable_cpus"),
+                ("versions", "torch"), ("versions", "onnxruntime"), ("versions", "openvino")]
+        diff = [f"{a}.{b}: {prev.get(a, {}).get(b)!r} -> {now[a].get(b)!r}" for a, b in keys
+                if prev.get(a, {}).get(b) != now[a].get(b)]
+        if diff:
+            raise SystemExit(f"--resume {args.resume}: another machine or software measured "
+                             f"those tables ({'; '.join(diff)}); measure into a new table")
+    n = tables.preload(args.resume, tag)
+    log(f"resumed {n} architectures of {tag} from {args.resume}")
+    return tables.pending()
 
 
 class _EmptyQueue:
@@ -522,7 +580,8 @@ def measure_gpu(args: argparse.Namespace, archs: dict[str, list[str]], deadline:
     rng = np.random.default_rng(args.seed)
     torch.manual_seed(0)
     supernets = {s: get_space(s).build_supernet().eval() for s in archs}
-    schedule = rounds({s: len(a) for s, a in archs.items()}, args.round or 32)
+    todo = resume(args, tables, tag, log)
+    schedule = rounds({s: len(a) for s, a in todo.items()}, args.round or 32)
     durations: list[float] = []
     stopped = False
     for r, rnd in enumerate(schedule):
@@ -533,7 +592,7 @@ def measure_gpu(args: argparse.Namespace, archs: dict[str, list[str]], deadline:
         t0 = time.monotonic()
         for s, i in rnd:
             space = get_space(s)
-            arch = archs[s][i]
+            arch = todo[s][i]
             current["m"] = supernets[s].extract(space.from_string(arch)).eval().cuda()
             cells = {}
             for k in rng.permutation(len(devices)):
@@ -576,6 +635,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default=None, help="CPU tag of device names (default: CPU family)")
     ap.add_argument("--no-openvino", action="store_true")
+    ap.add_argument("--resume", type=Path, default=None,
+                    help="continue the tables of an earlier run in this folder (same machine, "
+                         "libraries, runtimes and threads): measure only what they lack, write "
+                         "old and new rows to --out")
     ap.add_argument("--write-samples", action="store_true",
                     help="write the committed sample files from HELP's tables and exit")
     args = ap.parse_args(argv)

@@ -150,3 +150,21 @@ def test_gpu_loop_with_a_stand_in_device(tmp_path, monkeypatch):
     assert len(set(orders)) > 1
     doc = json.loads((out / "machine_h200.json").read_text())
     assert doc["gpu"] == "NVIDIA H200" and doc["spaces"]["fbnet"]["architectures"] == 1
+
+
+def test_resume_measures_only_what_is_missing(tmp_path, one_torch_thread):
+    first, second = tmp_path / "a", tmp_path / "b"
+    common = ["--spaces", "nb201", "--threads", "1", "--repeats", "1", "--warmup", "0",
+              "--runtimes", "cpu", "--no-openvino", "--tag", "t"]
+    assert mlt.main(["--out", str(first), "--n", "1", *common]) == 0
+    assert mlt.main(["--out", str(second), "--n", "2", "--resume", str(first), *common]) == 0
+    read = lambda p: list(csv.reader(io.StringIO(gzip.decompress(  # noqa: E731
+        p.read_bytes()).decode())))
+    a, b = read(first / "nb201_t.csv.gz"), read(second / "nb201_t.csv.gz")
+    assert len(b) == 3 and b[1] == a[1]  # the first row is the earlier run's, unchanged
+    # another machine's tables are refused
+    doc = json.loads((first / "machine_t.json").read_text())
+    doc["cpu"]["cpu_model"] = "Some Other CPU"
+    (first / "machine_t.json").write_text(json.dumps(doc))
+    with pytest.raises(SystemExit, match="another machine"):
+        mlt.main(["--out", str(second), "--n", "2", "--resume", str(first), *common])

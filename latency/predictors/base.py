@@ -236,8 +236,11 @@ class LatencyPredictor(ABC):
         return f"<{type(self).__name__} {self.name!r} space={self.space.name} {what}>"
 
 
-def check_table(archs: Sequence[Any], table: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Validate a meta-training table (device -> latencies aligned with ``archs``)."""
+def check_table(archs: Sequence[Any], table: Mapping[str, np.ndarray], *,
+                allow_missing: bool = False) -> dict[str, np.ndarray]:
+    """Validate a meta-training table (device -> latencies aligned with ``archs``).
+    ``allow_missing``: NaN marks an architecture a device was not measured on (devices measured
+    on different samples of a space); each device still needs 10 measured ones."""
     if not table:
         raise UserError("meta-training needs latency tables of at least one device")
     out: dict[str, np.ndarray] = {}
@@ -246,7 +249,11 @@ def check_table(archs: Sequence[Any], table: Mapping[str, np.ndarray]) -> dict[s
         if len(v) != len(archs):
             raise UserError(f"device {device!r} has {len(v)} latencies for {len(archs)} "
                             f"architectures; expected one per architecture")
-        if not np.all(np.isfinite(v) & (v > 0)):
+        measured = ~np.isnan(v) if allow_missing else np.ones(len(v), dtype=bool)
+        if not np.all(np.isfinite(v[measured]) & (v[measured] > 0)):
             raise UserError(f"device {device!r} has a latency that is not a finite number > 0")
+        if allow_missing and measured.sum() < 10:
+            raise UserError(f"device {device!r} has {int(measured.sum())} measured "
+                            f"architectures; expected at least 10")
         out[str(device)] = v
     return out

@@ -33,7 +33,7 @@ from hwnas.core.errors import UserError
 
 __all__ = ["MetaPredictor", "greedy_design"]
 
-_BLOCKS = ("zl", "zm", "x", "l", "f", "d", "c")
+_BLOCKS = ("zl", "zm", "x", "o", "l", "f", "d", "c")
 _CONST = 3.0
 
 
@@ -95,6 +95,7 @@ class MetaPredictor(LatencyPredictor):
         design_delta_after: int = 5,
         robust_iterations: int = 10,
         robust_nu: float = 4.0,
+        opcounts: Sequence[float] = (0.0,),
     ) -> None:
         super().__init__(space)
         self.alphas = tuple(float(a) for a in alphas)
@@ -112,6 +113,8 @@ class MetaPredictor(LatencyPredictor):
         self.design_delta_after = int(design_delta_after)
         self.robust_iterations = int(robust_iterations)
         self.robust_nu = float(robust_nu)
+        #: prior variances of the operation-count block (0: no such block)
+        self.opcounts = tuple(float(o) for o in opcounts)
         if self.robust_iterations < 0 or self.robust_nu <= 0:
             raise UserError(f"robust_iterations must be >= 0 and robust_nu > 0, got "
                             f"{robust_iterations} and {robust_nu}")
@@ -144,9 +147,10 @@ class MetaPredictor(LatencyPredictor):
     def meta_fit(self, space: Any, archs: Sequence[Any], table: Mapping[str, np.ndarray], *,
                  seed: int) -> MetaPredictor:
         """Fit the device profiles, each device's execution variant, and choose the reference
-        architectures (see module)."""
+        architectures (see module). A NaN in ``table`` is an architecture the device was not
+        measured on: its profile is fitted on the ones it was (tables of different samples)."""
         self.space = space
-        table = check_table(archs, table)
+        table = check_table(archs, table, allow_missing=True)
         if len(table) < 2:
             raise UserError(f"meta-training needs the latency tables of at least 2 devices, got "
                             f"{len(table)}")
@@ -171,15 +175,18 @@ class MetaPredictor(LatencyPredictor):
         coef, coef_d, icpt = np.zeros((D, p_dim)), np.zeros(D), np.zeros(D)
         chosen: list[str] = []
         for j in range(D):
-            y = Y[:, j]
+            has = ~np.isnan(Y[:, j])  # a device measured on a sample: its profile fits those
+            y = Y[has, j]
+            tr = half[has]
             err = {}  # two-fold (even/odd rows) cross-validated error of each variant's profile
             for v in variants if len(variants) > 1 else ():
-                c, b = _ridge(design_x[v][half], y[half], self.surrogate_ridge)
-                err[v] = float(np.mean((design_x[v][~half] @ c + b - y[~half]) ** 2))
+                xv = design_x[v][has]
+                c, b = _ridge(xv[tr], y[tr], self.surrogate_ridge)
+                err[v] = float(np.mean((xv[~tr] @ c + b - y[~tr]) ** 2))
             chosen.append(min(err, key=err.get) if err else "raw")
-            c, icpt[j] = _ridge(design_x[chosen[j]], y, self.surrogate_ridge)
+            c, icpt[j] = _ridge(design_x[chosen[j]][has], y, self.surrogate_ridge)
             coef[j], coef_d[j] = c[:p_dim], c[p_dim]
-        floor = 0.5 * Y.min(0)
+        floor = 0.5 * np.nanmin(Y, 0)
         S = np.stack([np.maximum(design_x[chosen[j]] @ np.append(coef[j], coef_d[j]) + icpt[j],
                                  floor[j]) for j in range(D)], 1)
         X = enc["raw"][0]
@@ -207,12 +214,23 @@ class MetaPredictor(LatencyPredictor):
         self._post = {}
         return self
 
+    def redesign(self, archs: Sequence[Any], seed: int) -> list[str]:
+        """Choose the reference architectures again, among ``archs`` only (e.g. the ones a
+        latency table holds, or the models a user can run); returns and keeps them."""
+        if not self.is_meta_trained:
+            raise UserError("the meta predictor has not been meta-trained; nothing to redesign")
+        keys = list(dict.fromkeys(arch_strings(self.space, archs)))
+        if len(keys) < 2:
+            raise UserError(f"redesign needs at least 2 architectures, got {len(keys)}")
+        self._ref = self._design(keys, seed)
+        return list(self._ref)
+
     def _design(self, keys: list[str], seed: int) -> list[str]:
         rng = np.random.default_rng(seed)
         pool = rng.choice(len(keys), size=min(self.pool_size, len(keys)), replace=False)
         pool_keys = [keys[i] for i in pool]
         a_s, b_s, lam_s = self.design
-        s2 = {"zl": 0.5, "zm": 0.5, "x": a_s, "l": b_s, "f": 0.0, "d": 0.0, "c": 1.0}
+        s2 = {"zl": 0.5, "zm": 0.5, "x": a_s, "o": 0.0, "l": b_s, "f": 0.0, "d": 0.0, "c": 1.0}
         raw = self._blocks(pool_keys, "raw")
         F = self._scaled(raw, s2)
         others = [v for v in self.variants if v != "raw"]
@@ -240,11 +258,22 @@ class MetaPredictor(LatencyPredictor):
             "zl": (np.log(S) - p["zl_mean"]) / p["zl_std"] / np.sqrt(D),
             "zm": (S - p["zm_mean"]) / p["zm_std"] / np.sqrt(D),
             "x": (X - p["x_mean"]) / float(p["x_scale"]),
+            "o": self._op_block(X),
             "l": (L - p["l_mean"]) / p["l_std"] / np.sqrt(q),
             "f": (Fl - p["f_mean"]) / p["f_std"] / np.sqrt(2.0),
             "d": flag[:, None],
             "c": np.full((len(keys), 1), _CONST),
         }
+
+    def _op_block(self, X: np.ndarray) -> np.ndarray:
+        """Centred operation counts (the encoding summed over positions per choice), in the
+        units of the ``x`` block; zero columns for a space without a one-hot encoding."""
+        from hwnas.latency.predictors.opcount import op_groups
+
+        groups = op_groups(self.space)
+        if groups is None:
+            return np.zeros((len(X), 0))
+        return (X - self._p["x_mean"]) @ groups[0] / float(self._p["x_scale"])
 
     @staticmethod
     def _scaled(blocks: dict[str, np.ndarray], s2: dict[str, float]) -> np.ndarray:
@@ -252,9 +281,9 @@ class MetaPredictor(LatencyPredictor):
 
     def _members(self, variant: str) -> list[tuple[dict[str, float], float]]:
         d = self.disconnected_var if variant != "raw" else 0.0
-        return [({"zl": 0.5, "zm": 0.5, "x": a, "l": b, "f": g, "d": d, "c": 1.0}, lam)
-                for a, b, g, lam in itertools.product(self.alphas, self.betas, self.gammas,
-                                                      self.lams)]
+        return [({"zl": 0.5, "zm": 0.5, "x": a, "o": o, "l": b, "f": g, "d": d, "c": 1.0}, lam)
+                for a, o, b, g, lam in itertools.product(self.alphas, self.opcounts, self.betas,
+                                                         self.gammas, self.lams)]
 
     # -- adaptation --------------------------------------------------------------------------------
     def _fit_member(self, K0: np.ndarray, lam: float,
@@ -368,7 +397,7 @@ class MetaPredictor(LatencyPredictor):
             raise UserError("the meta predictor has not been adapted; nothing to explain")
         post = self._post
         top = [{"weight": float(m[0]), "execution": m[1], "alpha": m[2]["x"],
-                "beta": m[2]["l"], "gamma": m[2]["f"], "lambda": m[6]}
+                "beta": m[2]["l"], "gamma": m[2]["f"], "opcount": m[2]["o"], "lambda": m[6]}
                for m in post["members"][:5]]
         total = np.zeros(len(self.devices_))
         for W in post["primal"].values():
@@ -389,6 +418,7 @@ class MetaPredictor(LatencyPredictor):
                 "disconnected_var": self.disconnected_var, "design_delta": self.design_delta,
                 "design_delta_after": self.design_delta_after,
                 "robust_iterations": self.robust_iterations, "robust_nu": self.robust_nu,
+                "opcounts": list(self.opcounts),
                 "devices": list(self.devices_), "device_execution": list(self.device_execution_),
                 "execution_prior": dict(self.execution_prior_),
                 "reference_archs": list(self._ref)}
@@ -400,7 +430,8 @@ class MetaPredictor(LatencyPredictor):
         hyper = {k: meta[k] for k in ("alphas", "betas", "gammas", "lams", "design", "n_reference",
                                       "pool_size", "surrogate_ridge", "execution",
                                       "disconnected_var", "design_delta", "design_delta_after",
-                                      "robust_iterations", "robust_nu") if k in meta}
+                                      "robust_iterations", "robust_nu", "opcounts")
+                 if k in meta}
         obj = cls(space, **hyper)
         obj.devices_ = list(meta.get("devices", []))
         obj._ref = list(meta.get("reference_archs", []))

@@ -21,20 +21,29 @@ from hwnas.latency.predictors.features import features
 
 from hwnas.core.errors import UserError
 
-__all__ = ["OpCountPredictor", "op_count_matrix"]
+__all__ = ["OpCountPredictor", "op_count_matrix", "op_groups"]
 
 
-def op_count_matrix(space: Any, keys: list[str]) -> tuple[np.ndarray, list[str]]:
-    """(count of each choice per architecture, the choice names), summing the one-hot
-    encoding over positions (feature names ``position=choice``)."""
+def op_groups(space: Any) -> tuple[np.ndarray, list[str]] | None:
+    """The matrix that sums the one-hot encoding (feature names ``position=choice``) into
+    counts per choice, and the choice names; ``None`` for a space without such an encoding."""
     names = list(space.feature_names)
     if not names or any("=" not in n for n in names):
-        raise UserError(f"space {space.name!r} has no one-hot 'position=choice' encoding; "
-                        f"operation counts need one")
+        return None
     choices = list(dict.fromkeys(n.split("=", 1)[1] for n in names))
     group = np.zeros((len(names), len(choices)))
     for i, n in enumerate(names):
         group[i, choices.index(n.split("=", 1)[1])] = 1.0
+    return group, choices
+
+
+def op_count_matrix(space: Any, keys: list[str]) -> tuple[np.ndarray, list[str]]:
+    """(count of each choice per architecture, the choice names)."""
+    groups = op_groups(space)
+    if groups is None:
+        raise UserError(f"space {space.name!r} has no one-hot 'position=choice' encoding; "
+                        f"operation counts need one")
+    group, choices = groups
     return features(space, keys, "encode") @ group, choices
 
 

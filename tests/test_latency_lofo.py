@@ -1,0 +1,111 @@
+"""Pieces of benchmarks/latency_lofo.py (families, the summary) and the meta predictor's
+operation-count prior block (issue 23.2)."""
+
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pytest
+from benchmarks import latency_lofo as lofo
+
+
+def test_families_of_help_and_measured_devices():
+    fam = {d: lofo.family(d) for d in (
+        "1080ti_1", "titan_rtx_256", "titanx_32", "titanxp_1", "gold_6226", "silver_4210r",
+        "pixel2", "samsung_s7", "essential_ph_1", "raspi4", "eyeriss", "fpga",
+        "xeon-ort-1t", "xeon-ort-16t", "xeon-ov-4t", "h200-cudagraph-b64", "oddball")}
+    assert {d for d, f in fam.items() if f == "desktop-gpu"} == {
+        "1080ti_1", "titan_rtx_256", "titanx_32", "titanxp_1"}
+    assert fam["gold_6226"] == fam["silver_4210r"] == "server-cpu"
+    assert fam["pixel2"] == fam["samsung_s7"] == fam["essential_ph_1"] == "phone"
+    assert fam["raspi4"] == "single-board" and fam["fpga"] == fam["eyeriss"] == "simulated-accel"
+    assert fam["xeon-ort-1t"] == fam["xeon-ort-16t"] == "xeon-ort"
+    assert fam["xeon-ov-4t"] == "xeon-ov" and fam["h200-cudagraph-b64"] == "h200-cudagraph"
+    assert fam["oddball"] == "oddball"
+
+
+def test_summary_means_families_not_devices_and_finds_the_worst():
+    rows = [{"space": "s", "predictor": "p", "measurements": "ref", "family": f, "device": d,
+             "spearman_mean": v}
+            for f, d, v in (("a", "a1", 0.9), ("a", "a2", 0.7), ("b", "b1", 1.0))]
+    (s,) = lofo.summarize(rows)
+    assert s["per_family"] == {"a": 0.8, "b": 1.0}
+    assert s["spearman_mean"] == pytest.approx(0.9)
+    assert s["worst_family"] == "a" and s["worst_spearman"] == pytest.approx(0.8)
+
+
+def test_read_gz_table_canonicalises_and_skips_empty(tmp_path):
+    from hwnas.supernet.spaces import get_space
+
+    space = get_space("nb201")
+    rng = np.random.default_rng(0)
+    a, b = (space.to_string(space.sample(rng)) for _ in range(2))
+    path = tmp_path / "nb201_x.csv.gz"
+    path.write_bytes(gzip.compress(f"arch,x-ort-1t,x-ov-1t\n{a},1.5,\n{b},2.5,3\n".encode()))
+    t = lofo.read_gz_table(path, space)
+    assert t["x-ort-1t"] == {a: 1.5, b: 2.5} and t["x-ov-1t"] == {b: 3.0}
+
+
+def test_meta_opcount_block_changes_nothing_at_zero_and_round_trips(tmp_path):
+    from hwnas.latency.predictors import MetaPredictor
+    from hwnas.latency.predictors.base import LatencyPredictor
+    from hwnas.supernet.spaces import get_space
+
+    space = get_space("nb201")
+    rng = np.random.default_rng(1)
+    archs = list(dict.fromkeys(space.to_string(space.sample(rng)) for _ in range(300)))
+    enc = np.stack([space.encode(space.from_string(a)) for a in archs])
+    tables = {f"d{i}": 1.0 + enc @ rng.uniform(0, 1, enc.shape[1]) for i in range(3)}
+    # a new device: op counts matter, positions do not
+    from hwnas.latency.predictors.opcount import op_count_matrix
+
+    counts, _ = op_count_matrix(space, archs)
+    y = 0.5 + counts @ np.array([0.0, 0.05, 0.3, 1.0, 0.2])
+    base = MetaPredictor(space, pool_size=200).meta_fit(space, archs, tables, seed=0)
+    zero = MetaPredictor(space, pool_size=200, opcounts=(0.0,)).meta_fit(space, archs, tables,
+                                                                      seed=0)
+    oc = MetaPredictor(space, pool_size=200, opcounts=(0.0, 1.0)).meta_fit(space, archs, tables,
+                                                                        seed=0)
+    assert base.reference_archs == oc.reference_archs  # the design does not use the block
+    refs = base.reference_archs[:10]
+    rows = [archs.index(r) for r in refs]
+    p0 = base.adapt(refs, y[rows], seed=0).predict(archs)
+    assert np.allclose(p0, zero.adapt(refs, y[rows], seed=0).predict(archs))
+    p1 = oc.adapt(refs, y[rows], seed=0).predict(archs)
+    err = lambda p: float(np.mean(np.abs(p - y)))  # noqa: E731
+    assert err(p1) < err(p0)
+    path = oc.save(tmp_path / "m.npz")
+    back = LatencyPredictor.load(path)
+    assert back.opcounts == (0.0, 1.0)
+    assert np.allclose(back.adapt(refs, y[rows], seed=0).predict(archs), p1)
+
+
+def test_meta_fit_with_missing_cells_and_redesign():
+    """A device measured on a sample (NaN elsewhere) is meta-trained on its sample; redesign
+    chooses reference architectures among given ones."""
+    from hwnas.core.errors import UserError
+    from hwnas.latency.predictors import MetaPredictor
+    from hwnas.supernet.spaces import get_space
+
+    space = get_space("nb201")
+    rng = np.random.default_rng(2)
+    archs = list(dict.fromkeys(space.to_string(space.sample(rng)) for _ in range(300)))
+    enc = np.stack([space.encode(space.from_string(a)) for a in archs])
+    w = rng.uniform(0, 1, enc.shape[1])
+    full = 1.0 + enc @ w
+    part = full.copy()
+    part[100:] = np.nan  # measured on the first 100 only
+    m = MetaPredictor(space, pool_size=200).meta_fit(
+        space, archs, {"a": 1.0 + enc @ rng.uniform(0, 1, enc.shape[1]), "b": part}, seed=0)
+    # b's profile learned from its 100 cells predicts its other 200
+    j = m.devices_.index("b")
+    prof = enc @ m._p["coef"][j] + m._p["icpt"][j]
+    assert np.corrcoef(prof[100:], full[100:])[0, 1] > 0.99
+    subset = archs[:40]
+    refs = m.redesign(subset, seed=0)
+    assert set(refs) <= set(subset) and m.reference_archs == refs
+    with pytest.raises(UserError):
+        MetaPredictor(space).meta_fit(space, archs, {"a": full, "b": np.r_[part[:5],
+                                                                           np.full(295, np.nan)]},
+                                      seed=0)
