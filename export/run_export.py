@@ -50,6 +50,7 @@ class ModelRow:
     accuracy: float | None
     predicted: dict[str, float | None]
     fronts: list[str] = field(default_factory=list)
+    test_accuracy: float | None = None
 
     @property
     def name(self) -> str:
@@ -98,7 +99,8 @@ def read_front(path: Path, device: str) -> list[ModelRow]:
         predicted = {k.split(":", 1)[1]: _float_or_none(v) for k, v in row.items()
                      if k and k.startswith("latency_ms:")}
         out.append(ModelRow(trial, (row.get("arch") or "").strip(), (row.get("policy") or "").strip(),
-                            _float_or_none(row.get("accuracy")), predicted, [device]))
+                            _float_or_none(row.get("accuracy")), predicted, [device],
+                            _float_or_none(row.get("test_accuracy"))))
     return out
 
 
@@ -212,6 +214,7 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
         measurable_devices,
         write_manifest,
     )
+    from hwnas.export.onnx_export import InputSpec
     from hwnas.quant.policy import QuantPolicy
     from hwnas.quant.ptq import PTQConfig
     from hwnas.supernet.data import BatchLoader, load_dataset
@@ -298,8 +301,9 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
                     ptq_config=ptq_config, arch=space.to_string(arch), accuracy=row.accuracy,
                     predicted_latency={d: row.predicted.get(d) for d in devices},
                     devices=tunable, settings=settings, progress=progress,
+                    input_spec=InputSpec(tuple(data.mean), tuple(data.std), tuple(data.classes)),
                     metadata={"trial": row.trial, "fronts": row.fronts, "space": space.name,
-                              "dataset": cfg["dataset"]})
+                              "dataset": cfg["dataset"], "test_accuracy": row.test_accuracy})
             except UserError as exc:
                 result.fail(str(exc))
             results.append(result)
@@ -323,7 +327,7 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
 MANIFEST_FORMAT = "hwnas-export-manifest-1"
 # what an export writes, relative to its directory: anything else there is the user's
 _EXPORT_FILES = ("manifest.json", "manifest.csv", "int8_speedup_*.json", "*.onnx", "qdq*/*.onnx",
-                 "*.onnx.data", "qdq*/*.onnx.data")
+                 "*.onnx.data", "qdq*/*.onnx.data", "uint8*/*.onnx", "uint8*/*.onnx.data")
 
 
 def check_replaceable(out_dir: Path, run_dir: Path) -> None:
@@ -348,7 +352,7 @@ def check_replaceable(out_dir: Path, run_dir: Path) -> None:
                         f"one); hwnas never replaces it, choose a new or empty directory")
     for path in sorted(out_dir.rglob("*")):
         rel = path.relative_to(out_dir)
-        if path.is_dir() and len(rel.parts) == 1 and rel.name.startswith("qdq"):
+        if path.is_dir() and len(rel.parts) == 1 and rel.name.startswith(("qdq", "uint8")):
             continue
         if path.is_symlink() or not any(rel.match(p) and len(rel.parts) == p.count("/") + 1
                                         for p in _EXPORT_FILES):
@@ -367,7 +371,9 @@ def _info(run_dir: Path, cfg: dict, front: str | None, select: str, settings: An
                        "qdq/<name>.onnx": "QDQ of the searched policy",
                        "qdq-<device>/<name>.onnx": "QDQ with the layers that lose on <device> "
                                                    "kept float",
-                       "int4/<name>.onnx": "QDQ with ONNX INT4 weights (size)"}}
+                       "int4/<name>.onnx": "QDQ with ONNX INT4 weights (size)",
+                       "uint8[-qdq-<device>]/<name>.onnx": "the same with uint8 NHWC images in, "
+                                                            "normalised inside the graph"}}
 
 
 def _summary_line(result: Any) -> str:

@@ -11,7 +11,12 @@ from pathlib import Path
 
 from hwnas.core.cli_args import EXIT_USER_ERROR, OneLineParser, positive_int
 from hwnas.core.errors import UserError
-from hwnas.export.cli import EXIT_SOME_FAILED, add_export_parser, run_export
+from hwnas.export.cli import (
+    EXIT_SOME_FAILED,
+    add_export_parser,
+    add_preprocessing_flag,
+    run_export,
+)
 from hwnas.latency.cli import add_latency_parser, run_latency
 from hwnas.supernet.data import AUGMENT_KINDS
 
@@ -105,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="the whole job on defaults: supernet, joint architecture + "
                                    "bit-width search for several devices, Pareto fronts, ONNX export")
     _search_options(r, d)
+    add_preprocessing_flag(r)
     s = sub.add_parser("search", help="multi-objective search of architectures and bit-widths "
                                       "(resumable; several workers on a server database)")
     _search_options(s, d)
@@ -157,11 +163,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     timed; ``hwnas export`` does the same for any run directory)."""
     import time
 
+    from hwnas.export.model_export import ExportSettings
     from hwnas.export.run_export import export_run
 
     start = time.perf_counter()
     result = _search(args)
-    exported = export_run(result.run_dir, progress=not args.quiet)
+    exported = export_run(result.run_dir, progress=not args.quiet,
+                          settings=ExportSettings(uint8_input=args.with_preprocessing))
     n, failed = len(exported.models), len(exported.failed)
     print(f"exported {n - failed} of {n} Pareto-optimal models to {exported.out_dir} "
           f"(FP32 and QDQ ONNX, manifest.json, manifest.csv)")
