@@ -32,6 +32,7 @@ def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     p = sub.add_parser("export", help="export a run's Pareto-optimal models to ONNX (FP32 and "
                                       "QDQ), verified and timed with onnxruntime")
     p.add_argument("run_dir", help="run directory written by 'hwnas search' / 'hwnas run'")
+    add_config_flag(p)
     p.add_argument("--front", metavar="DEVICE",
                    help="export this device's front (pareto_DEVICE.csv); default: every front")
     p.add_argument("--select", default="all",
@@ -55,6 +56,14 @@ def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     add_preprocessing_flag(p)
     p.add_argument("--quiet", action="store_true", help="only the per-model lines")
     return run_export
+
+
+def add_config_flag(p: argparse.ArgumentParser) -> None:
+    """``--config FILE`` (every command that takes settings; read by ``hwnas.cli.main``)."""
+    p.add_argument("--config", metavar="FILE",
+                   help="settings from a TOML file (keys: the flags' names; a table named after "
+                        "the command adds to the top-level keys) or a run's config.json; flags "
+                        "given here override it (--constraint adds to its constraints)")
 
 
 def add_preprocessing_flag(p: argparse.ArgumentParser) -> None:

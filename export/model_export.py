@@ -51,7 +51,12 @@ import numpy as np
 import onnx
 import torch
 from hwnas.export.device_policy import DevicePolicy, choose_float_layers
-from hwnas.export.onnx_export import InputSpec, check_parity, describe_model, with_uint8_input
+from hwnas.export.onnx_export import (
+    InputSpec,
+    check_parity,
+    describe_model,
+    with_uint8_input,
+)
 from hwnas.export.ort_profile import LayerIndex, integer_kernel_check
 from hwnas.export.qdq import (
     EXPORT_FORMAT,
@@ -63,6 +68,7 @@ from hwnas.export.qdq import (
 from hwnas.latency.onnx_measure import measure_onnx
 from hwnas.quant.policy import QuantPolicy
 from hwnas.quant.ptq import PTQConfig
+from hwnas.search.rundir import RunDir
 from torch import nn
 
 from hwnas.core.errors import UserError
@@ -533,7 +539,8 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
                                 float_layers_for_speed=list(choice.float_layers))
         result.files.append(dev_report)
 
-        def do_device(choice=choice, dev_report=dev_report, device=device) -> None:
+        def do_device(choice=choice, dev_report=dev_report, device=device,
+                      dev_rel=dev_rel) -> None:
             dbuild = build if not choice.float_layers else build_qdq(
                 model, policy, calibration, config=ptq_config, example=example[:1],
                 float_layers=choice.float_layers, opset=s.opset)
@@ -612,7 +619,7 @@ def write_manifest(out_dir: str | Path, models: list[ModelExport], info: Mapping
     doc = {"format": "hwnas-export-manifest-1", **dict(info),
            "models": [m.as_dict() for m in models],
            "failed": [m.name for m in models if m.status != "ok"]}
-    write_atomic(out_dir / "manifest.json", (json.dumps(doc, indent=1, default=str) + "\n").encode())
+    write_atomic(out_dir / RunDir.MANIFEST, (json.dumps(doc, indent=1, default=str) + "\n").encode())
     rows = manifest_rows(models)
     columns: list[str] = []
     for row in rows:
@@ -622,5 +629,5 @@ def write_manifest(out_dir: str | Path, models: list[ModelExport], info: Mapping
     writer.writeheader()
     for row in rows:
         writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
-    write_atomic(out_dir / "manifest.csv", buf.getvalue().encode())
-    return out_dir / "manifest.json"
+    write_atomic(out_dir / RunDir.MANIFEST_CSV, buf.getvalue().encode())
+    return out_dir / RunDir.MANIFEST

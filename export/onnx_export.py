@@ -25,7 +25,8 @@ from hwnas.latency.onnx_measure import make_session
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line, write_atomic
 
-__all__ = ["export_onnx", "onnx_bytes", "check_parity", "ParityReport"]
+__all__ = ["export_onnx", "onnx_bytes", "check_parity", "ParityReport", "InputSpec",
+           "describe_model", "with_uint8_input"]
 
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"
@@ -289,9 +290,11 @@ def with_uint8_input(proto: onnx.ModelProto, spec: InputSpec, *,
     for node in graph.node:
         node.input[:] = [inner if i == old.name else i for i in node.input]
     h = onnx.helper
-    const = lambda key, values: h.make_tensor(  # noqa: E731
-        key, onnx.TensorProto.FLOAT, [1, channels, 1, 1] if len(values) > 1 else [],
-        [float(v) for v in values])
+
+    def const(key: str, values) -> onnx.TensorProto:  # noqa: ANN001 - floats
+        return h.make_tensor(key, onnx.TensorProto.FLOAT,
+                             [1, channels, 1, 1] if len(values) > 1 else [],
+                             [float(v) for v in values])
     graph.initializer.extend([const(f"{name}_scale", [255.0]),
                               const(f"{name}_mean", spec.mean), const(f"{name}_std", spec.std)])
     pre = [h.make_node("Transpose", [name], [f"{name}_nchw"], perm=[0, 3, 1, 2]),

@@ -32,12 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hwnas.search.rundir import RunDir
+
 from hwnas.core.errors import UserError
 
 __all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front"]
 
-CONFIG_FILE = "config.json"
-SUPERNET_FILE = "supernet.pt"
+CONFIG_FILE = RunDir.CONFIG
+SUPERNET_FILE = RunDir.SUPERNET
 
 
 @dataclass
@@ -138,33 +140,16 @@ def parse_select(spec: str, rows: list[ModelRow], front: str | None) -> list[Mod
 
 
 def _load_run(run_dir: Path) -> dict[str, Any]:
-    if not run_dir.exists():
-        raise UserError(f"run directory {run_dir} does not exist; expected a directory written by "
-                        f"'hwnas search' or 'hwnas run'")
-    if not run_dir.is_dir():
-        raise UserError(f"{run_dir} is not a directory; expected an hwnas run directory")
-    cfg_path = run_dir / CONFIG_FILE
-    if not cfg_path.is_file():
-        raise UserError(f"{run_dir} is not an hwnas run directory (no {CONFIG_FILE})")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{cfg_path} is not valid JSON: {exc}") from None
-    if not isinstance(cfg, dict) or not {"space", "dataset"} <= set(cfg):
-        raise UserError(f"{cfg_path} is not an hwnas run configuration (needs \"space\" and "
-                        f"\"dataset\")")
-    if not (run_dir / SUPERNET_FILE).is_file():
-        raise UserError(f"{run_dir} has no {SUPERNET_FILE}; the run's supernet is needed to "
-                        f"rebuild its models")
-    return cfg
+    return RunDir(run_dir).read_config()
 
 
 def _fronts(run_dir: Path, front: str | None) -> dict[str, Path]:
-    available = {p.name[len("pareto_"):-len(".csv")]: p for p in sorted(run_dir.glob("pareto_*.csv"))}
+    rd = RunDir(run_dir)
+    available = rd.fronts()
     if front is not None:
         if front not in available:
             raise UserError(f"{run_dir} has no Pareto front for device {front!r} "
-                            f"(pareto_{front}.csv); fronts: {', '.join(available) or 'none'}")
+                            f"({rd.pareto(front).name}); fronts: {', '.join(available) or 'none'}")
         return {front: available[front]}
     if not available:
         raise UserError(f"{run_dir} has no pareto_<device>.csv; has its search finished?")
@@ -243,10 +228,10 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     if not rows:
         raise UserError(f"no model selected from {', '.join(p.name for p in fronts.values())} "
                         f"(empty front?)")
-    out_dir = Path(out) if out is not None else run_dir / "export"
+    out_dir = Path(out) if out is not None else RunDir(run_dir).export_dir
     check_replaceable(out_dir, run_dir)
 
-    space, supernet, payload = load_checkpoint(run_dir / SUPERNET_FILE)
+    space, supernet, payload = load_checkpoint(RunDir(run_dir).supernet)
     if space.name != cfg["space"]:
         raise UserError(f"{run_dir / SUPERNET_FILE} holds space {space.name!r} but config.json "
                         f"says {cfg['space']!r}; the run directory is inconsistent")
@@ -326,7 +311,7 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
 
 MANIFEST_FORMAT = "hwnas-export-manifest-1"
 # what an export writes, relative to its directory: anything else there is the user's
-_EXPORT_FILES = ("manifest.json", "manifest.csv", "int8_speedup_*.json", "*.onnx", "qdq*/*.onnx",
+_EXPORT_FILES = (RunDir.MANIFEST, RunDir.MANIFEST_CSV, "int8_speedup_*.json", "*.onnx", "qdq*/*.onnx",
                  "*.onnx.data", "qdq*/*.onnx.data", "uint8*/*.onnx", "uint8*/*.onnx.data")
 
 
@@ -340,11 +325,11 @@ def check_replaceable(out_dir: Path, run_dir: Path) -> None:
     target, run = out_dir.resolve(), run_dir.resolve()
     if target == run or target in run.parents:
         raise UserError(f"--out {out_dir} is the run directory or holds it; choose a new directory "
-                        f"(default {run_dir / 'export'})")
+                        f"(default {RunDir(run_dir).export_dir})")
     if not any(out_dir.iterdir()):
         return
     try:
-        fmt = json.loads((out_dir / "manifest.json").read_text()).get("format")
+        fmt = json.loads((out_dir / RunDir.MANIFEST).read_text()).get("format")
     except (OSError, ValueError, AttributeError):
         fmt = None
     if fmt != MANIFEST_FORMAT:
