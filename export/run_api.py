@@ -138,7 +138,7 @@ class Run:
         return with_training_augment(data, self._checkpoint[2].get("train_config"))
 
     @cached_property
-    def _evaluator(self):  # noqa: ANN202
+    def _evaluator(self):
         from hwnas.search.evaluator import EvalSettings, TrialEvaluator
 
         space, supernet, data = self.space, self._checkpoint[1], self.data

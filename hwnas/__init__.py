@@ -23,9 +23,10 @@ except PackageNotFoundError:  # imported from a source tree that was not install
 __all__ = ["__version__", "load_run"]
 
 
-def __getattr__(name: str):  # noqa: ANN202 - the package's lazy attributes
+def __getattr__(name: str):
+    """The lazy facade (allowed by tests/test_import_direction.py): ``hwnas.load_run``."""
     if name == "load_run":
-        from hwnas.export.run_api import load_run  # the facade: allowed by the layering test
+        from hwnas.export.run_api import load_run
 
         return load_run
     raise AttributeError(f"module 'hwnas' has no attribute {name!r}")

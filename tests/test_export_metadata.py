@@ -11,7 +11,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -135,7 +134,7 @@ def test_exported_files_reproduce_the_run_test_accuracy_without_hwnas(exported, 
     paths = [str(result.out_dir / f.path) for m in result.models for f in m.files]
     proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "images.npy"),
                            str(tmp_path / "labels.npy"), *paths],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     one_image = 100.0 / len(data.test.labels)

@@ -125,7 +125,7 @@ def test_dashboard_extra_and_the_readme_command(tmp_path: Path, monkeypatch) -> 
     assert any(r.startswith("optuna-dashboard") for r in extras["dashboard"])
     readme = (ROOT / "README.md").read_text()
     assert 'pip install -e ".[dashboard]"' in readme
-    urls = re.findall(r"^optuna-dashboard (\S+)$", readme, flags=re.M)
+    urls = re.findall(r"^optuna-dashboard (\S+)$", readme, flags=re.MULTILINE)
     assert urls, "README has no optuna-dashboard command line"
     d = SearchConfig()
     default_run = Path(d.out) / f"{d.dataset}-{d.space}"
@@ -143,9 +143,9 @@ def test_dashboard_extra_and_the_readme_command(tmp_path: Path, monkeypatch) -> 
 
 
 def test_ctrl_c_names_a_command_that_exists(monkeypatch, capsys) -> None:
-    import hwnas.cli as cli
+    from hwnas import cli
 
-    def interrupted(args):  # noqa: ANN001, ANN202
+    def interrupted(args):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "cmd_search", interrupted)
