@@ -83,11 +83,12 @@ class Run:
                             f"{', '.join(self.fronts) or 'none'}")
         return select_under_budget(self.fronts[device], device, max_latency_ms)
 
-    def device_ranks(self):  # -> pd.DataFrame
-        """How the front models rank on every device (:func:`hwnas.search.outputs.device_ranks`)."""
+    def device_ranks(self, *, all_trials: bool = False):  # -> pd.DataFrame
+        """How the models rank on every device (:func:`hwnas.search.outputs.device_ranks`): the
+        union of the fronts, or every trial with ``all_trials``."""
         from hwnas.search.outputs import device_ranks
 
-        return device_ranks(self.fronts)
+        return device_ranks(self.fronts, trials=self.trials if all_trials else None)
 
     def row(self, trial: int):  # -> pd.Series
         """The trials.csv row of trial number ``trial``."""

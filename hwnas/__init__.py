@@ -7,7 +7,7 @@ directory), :mod:`hwnas.export` (ONNX files and the per-device recommendation), 
 :mod:`hwnas.cli`. ARCHITECTURE.md has the map.
 
 The notebook entry points are attributes here, imported on first use so that ``import hwnas``
-stays light (no torch): :func:`load_run` (a finished run: trials, fronts, models, latency,
+stays light (no torch), and :class:`UserError`, what every bad input raises: :func:`load_run` (a finished run: trials, fronts, models, latency,
 export; :mod:`hwnas.export.run_api`) and :mod:`search <hwnas.search>` (``hwnas.search.run``).
 """
 
@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from hwnas.core.errors import UserError
+
 try:
     __version__ = version("hwnas")
 except PackageNotFoundError:  # imported from a source tree that was not installed
     __version__ = "0+unknown"
 
-__all__ = ["__version__", "load_run"]
+__all__ = ["UserError", "__version__", "load_run"]
 
 
 def __getattr__(name: str):
