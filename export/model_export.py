@@ -16,6 +16,12 @@ optional :class:`hwnas.quant.policy.QuantPolicy` and calibration batches it writ
                                integer convs where onnxruntime needs it, no float islands
 ``int4/<name>.onnx``           (``int4=True``, weights of <= 4 bits) the exact form with real ONNX
                                INT4 weights (opset 21), for size
+``uint8[-qdq-<device>]/<name>.onnx``  (``uint8_input=True``) the FP32 and per-device files
+                               taking uint8 NHWC images, normalised inside the graph
+
+Every file is self-describing (:func:`hwnas.export.onnx_export.describe_model`): its metadata
+holds the input's name, shape, layout and dtype, the mean/std and class names of
+``input_spec``, the arch, policy, accuracy and the hwnas version.
 
 FP32 files sit at the top so that ``latency/ondevice.py OUT_DIR`` and ``hwnas latency measure``
 (which read the ``*.onnx`` of one directory and key rows by the ``arch`` metadata) time the
