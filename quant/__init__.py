@@ -17,11 +17,15 @@ import importlib
 from typing import Any
 
 from hwnas.quant.allocate import Allocation, allocate, greedy_pareto_walk
-from hwnas.quant.cost import bops, layer_cost, model_size_bytes
+from hwnas.quant.cost import bops, layer_cost, model_size_bytes, weight_bits_budget_bytes
 from hwnas.quant.device_rules import (
     DeviceQuantRules,
+    OrtLayerTimer,
+    device_size_bytes,
     effective_layers,
     get_device_rules,
+    layer_latency_fn,
+    measure_int8_speedup,
 )
 from hwnas.quant.policy import (
     SUPPORTED_BITS,
@@ -46,24 +50,30 @@ _LAZY = {
     "hessian_sensitivity": "hwnas.quant.sensitivity",
     "measured_sensitivity": "hwnas.quant.sensitivity",
     "hutchinson_trace": "hwnas.quant.sensitivity",
+    "subnet_archs": "hwnas.quant.benchmark",
 }
 
 __all__ = [
     "SUPPORTED_BITS",
     "Allocation",
     "DeviceQuantRules",
+    "OrtLayerTimer",
     "QuantPolicy",
     "allocate",
     "apply_to_layers",
     "average_weight_bits",
     "bops",
+    "device_size_bytes",
     "effective_layers",
     "first_last_8bit",
     "get_device_rules",
     "greedy_pareto_walk",
     "layer_cost",
+    "layer_latency_fn",
+    "measure_int8_speedup",
     "model_size_bytes",
     "uniform",
+    "weight_bits_budget_bytes",
     *_LAZY,
 ]
 
