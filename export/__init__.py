@@ -5,18 +5,21 @@
 * :mod:`hwnas.export.ort_profile` - onnxruntime's optimized graph, per-layer profiles, integer-kernel check;
 * :mod:`hwnas.export.device_policy` - per-device int8-vs-float layer choice, measured;
 * :mod:`hwnas.export.model_export` - one model's files, verified and timed, and the manifest;
-* :mod:`hwnas.export.run_export` / :mod:`hwnas.export.cli` - ``hwnas export RUN_DIR``.
+* :mod:`hwnas.export.run_export` / :mod:`hwnas.export.cli` - ``hwnas export RUN_DIR``;
+* :mod:`hwnas.export.run_api` - :func:`load_run`, a finished run from Python.
 
 Names are imported on first use, so the command line can load this package without torch.
 """
 
 __all__ = ["export_onnx", "onnx_bytes", "check_parity", "ParityReport", "build_qdq",
-           "export_model", "export_run", "ExportSettings"]
+           "export_model", "export_run", "ExportSettings", "load_run", "Run"]
 
 _LAZY = {"export_onnx": "hwnas.export.onnx_export", "onnx_bytes": "hwnas.export.onnx_export",
          "check_parity": "hwnas.export.onnx_export", "ParityReport": "hwnas.export.onnx_export",
          "build_qdq": "hwnas.export.qdq", "export_model": "hwnas.export.model_export",
-         "ExportSettings": "hwnas.export.model_export", "export_run": "hwnas.export.run_export"}
+         "ExportSettings": "hwnas.export.model_export", "export_run": "hwnas.export.run_export",
+         "OrtLayerTimer": "hwnas.export.layer_timer",
+         "load_run": "hwnas.export.run_api", "Run": "hwnas.export.run_api"}
 
 
 def __getattr__(name: str):  # noqa: ANN202 - module-level lazy import

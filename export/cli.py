@@ -5,7 +5,7 @@ Wired into ``hwnas`` by :func:`add_export_parser` (``hwnas/cli.py`` calls it and
 
     hwnas export RUN_DIR [--front DEVICE] [--select all|3,7|top:K|fastest:K] [--out DIR]
                          [--devices cpu-ov-2t,...] [--int4] [--batch N] [--max-images N] [--refine N]
-                         [--no-requantize] [--quiet]
+                         [--no-requantize] [--with-preprocessing] [--quiet]
 
 Exit status: 0 when every selected model was exported and verified, 1 when some failed (one
 line each on stderr; the others are written), 2 on a whole-command error (UserError, raised
@@ -32,6 +32,7 @@ def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     p = sub.add_parser("export", help="export a run's Pareto-optimal models to ONNX (FP32 and "
                                       "QDQ), verified, and the fastest file per measured device")
     p.add_argument("run_dir", help="run directory written by 'hwnas search' / 'hwnas run'")
+    add_config_flag(p)
     p.add_argument("--front", metavar="DEVICE",
                    help="export this device's front (pareto_DEVICE.csv); default: every front")
     p.add_argument("--select", default="all",
@@ -54,8 +55,24 @@ def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     p.add_argument("--no-requantize", action="store_true",
                    help="insert Q/DQ only where the fake-quant model has them (exact, but convs "
                         "followed by float ops stay float islands; the check then fails)")
+    add_preprocessing_flag(p)
     p.add_argument("--quiet", action="store_true", help="only the per-model lines")
     return run_export
+
+
+def add_config_flag(p: argparse.ArgumentParser) -> None:
+    """``--config FILE`` (every command that takes settings; read by ``hwnas.cli.main``)."""
+    p.add_argument("--config", metavar="FILE",
+                   help="settings from a TOML file (keys: the flags' names; a table named after "
+                        "the command adds to the top-level keys) or a run's config.json; flags "
+                        "given here override it (--constraint adds to its constraints)")
+
+
+def add_preprocessing_flag(p: argparse.ArgumentParser) -> None:
+    """``--with-preprocessing`` (``hwnas export`` and ``hwnas run``)."""
+    p.add_argument("--with-preprocessing", action="store_true",
+                   help="also write uint8/<name>.onnx (and uint8-qdq-<device>/): uint8 NHWC "
+                        "images in, scaled and normalised inside the graph")
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -67,7 +84,7 @@ def run_export(args: argparse.Namespace) -> int:
         raise UserError(f"--refine must be >= 0, got {args.refine}")
     settings = ExportSettings(requantize=not args.no_requantize, int4=args.int4,
                               policy_batch=args.batch,
-                              refine=args.refine)
+                              refine=args.refine, uint8_input=args.with_preprocessing)
     result = export_run(args.run_dir, front=args.front, select=args.select, out=args.out,
                         settings=settings, max_test_images=args.max_images,
                         progress=not args.quiet,

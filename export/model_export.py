@@ -17,6 +17,12 @@ optional :class:`hwnas.quant.policy.QuantPolicy` and calibration batches it writ
                                integer convs where onnxruntime needs it, no float islands
 ``int4/<name>.onnx``           (``int4=True``, weights of <= 4 bits) the exact form with real ONNX
                                INT4 weights (opset 21), for size
+``uint8[-qdq-<device>]/<name>.onnx``  (``uint8_input=True``) the FP32 and per-device files
+                               taking uint8 NHWC images, normalised inside the graph
+
+Every file is self-describing (:func:`hwnas.export.onnx_export.describe_model`): its metadata
+holds the input's name, shape, layout and dtype, the mean/std and class names of
+``input_spec``, the arch, policy, accuracy and the hwnas version.
 
 FP32 files sit at the top so that ``latency/ondevice.py OUT_DIR`` and ``hwnas latency measure``
 (which read the ``*.onnx`` of one directory and key rows by the ``arch`` metadata) time the
@@ -56,7 +62,12 @@ import numpy as np
 import onnx
 import torch
 from hwnas.export.device_policy import DevicePolicy, choose_float_layers
-from hwnas.export.onnx_export import check_parity
+from hwnas.export.onnx_export import (
+    InputSpec,
+    check_parity,
+    describe_model,
+    with_uint8_input,
+)
 from hwnas.export.ort_profile import LayerIndex, integer_kernel_check
 from hwnas.export.qdq import (
     EXPORT_FORMAT,
@@ -64,11 +75,11 @@ from hwnas.export.qdq import (
     build_qdq,
     float_proto,
     map_layer_nodes,
-    set_metadata,
 )
 from hwnas.export.recommend import CandidateFile, Recommendation, recommend_file
 from hwnas.quant.policy import QuantPolicy
 from hwnas.quant.ptq import PTQConfig
+from hwnas.search.rundir import RunDir
 from torch import nn
 
 from hwnas.core.errors import UserError
@@ -109,6 +120,9 @@ class ExportSettings:
     profile_runs: int = 10
     refine: int = 0
     seed: int = 0
+    #: also write ``uint8/<name>.onnx`` (and ``uint8-qdq-<device>/``): uint8 NHWC images in,
+    #: normalised inside the graph (needs the model's :class:`InputSpec`)
+    uint8_input: bool = False
 
     def validate(self) -> None:
         for name in ("opset", "policy_batch",
@@ -324,6 +338,46 @@ def _verify_qdq(proto: onnx.ModelProto, build: QdqBuild, images: torch.Tensor, r
                         f"{100 * plain.top1_agreement:.1f}%)")
 
 
+def raw_images(images: torch.Tensor, spec: InputSpec) -> np.ndarray:
+    """The uint8 NHWC pixels that normalised NCHW ``images`` were made from (the inverse of
+    ``(uint8 / 255 - mean) / std``, rounded: exact for images that came from uint8)."""
+    mean = torch.tensor(spec.mean, dtype=torch.float64).view(1, -1, 1, 1)
+    std = torch.tensor(spec.std, dtype=torch.float64).view(1, -1, 1, 1)
+    pixels = ((images.detach().cpu().double() * std + mean) * 255.0).round().clamp(0, 255)
+    return pixels.to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def _verify_uint8(proto: onnx.ModelProto, parent: onnx.ModelProto, images: torch.Tensor,
+                  spec: InputSpec, report: FileReport, s: ExportSettings, *, exact: bool,
+                  labels: torch.Tensor | None) -> None:
+    """The uint8-input file on the raw pixels against its parent on the normalised images:
+    max difference <= ``atol`` for a float parent, top-1 agreement >= ``min_agreement`` for a
+    QDQ one (a pixel at a rounding boundary may land on the other side of an int8 step)."""
+    from hwnas.latency.onnx_measure import make_session
+
+    onnx.checker.check_model(proto)
+    report.checker = True
+    raw = raw_images(images, spec)
+    mine, theirs = make_session(proto.SerializeToString(), threads=1), \
+        make_session(parent.SerializeToString(), threads=1)
+    x = images.detach().cpu().float().numpy()
+    got = np.concatenate([mine.run(None, {mine.get_inputs()[0].name: raw[i:i + 256]})[0]
+                          for i in range(0, len(raw), 256)])
+    want = np.concatenate([theirs.run(None, {theirs.get_inputs()[0].name: x[i:i + 256]})[0]
+                           for i in range(0, len(x), 256)])
+    report.max_abs_diff = _finite(float(np.max(np.abs(got.astype(np.float64) - want))))
+    report.top1_agreement = float(np.mean(got.argmax(1) == want.argmax(1)))
+    report.n_images = len(x)
+    if labels is not None:
+        report.test_accuracy = 100.0 * float(np.mean(got.argmax(1) == labels.cpu().numpy()))
+    if exact and not (report.max_abs_diff is not None and report.max_abs_diff <= s.atol):
+        raise UserError(f"uint8-input parity failed: max difference {report.max_abs_diff} > "
+                        f"{s.atol:g} against the float-input file")
+    if report.top1_agreement < s.min_agreement:
+        raise UserError(f"uint8-input parity failed: top-1 agreement "
+                        f"{100 * report.top1_agreement:.2f}% with the float-input file")
+
+
 def _onnx_accuracy(data: bytes, images: torch.Tensor, labels: torch.Tensor) -> float:
     """Top-1 accuracy (%) of an ONNX model on labelled images."""
     from hwnas.latency.onnx_measure import make_session
@@ -357,15 +411,18 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
                  ptq_config: PTQConfig | None = None, arch: str | None = None,
                  accuracy: Any = None, predicted_latency: Mapping[str, float | None] | None = None,
                  devices: Mapping[str, int] | None = None, metadata: Mapping[str, Any] | None = None,
-                 settings: ExportSettings | None = None, progress: bool = False) -> ModelExport:
+                 settings: ExportSettings | None = None, progress: bool = False,
+                 input_spec: InputSpec | None = None, model_version: int = 1) -> ModelExport:
     """Export ``model`` (and its ``policy``) to ``out_dir`` (layout in the module docstring),
     verify and time every file; returns the record for the manifest.
 
     ``devices``: ``{device: threads}`` measurable here (:func:`measurable_devices`) - each gets
     its own int8-vs-float layer choice and file. ``predicted_latency``: ``{device: ms}`` for
     every device of the search (metadata and manifest). ``test_labels``: labels of
-    ``test_images``, to report each file's top-1 accuracy. A file that fails verification is
-    recorded (``status="failed"``) and not written; bad arguments raise UserError."""
+    ``test_images``, to report each file's top-1 accuracy. ``input_spec``: mean, std and class
+    names, written into every file (:func:`hwnas.export.onnx_export.describe_model`) and needed
+    for ``settings.uint8_input``. A file that fails verification is recorded
+    (``status="failed"``) and not written; bad arguments raise UserError."""
     s = settings or ExportSettings()
     s.validate()
     out_dir = Path(out_dir)
@@ -375,6 +432,9 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
         raise UserError(f"model {name}: a quantization policy needs calibration batches")
     if not isinstance(test_images, torch.Tensor) or test_images.dim() < 2 or len(test_images) == 0:
         raise UserError("test_images must be a non-empty tensor of input images")
+    if s.uint8_input and input_spec is None:
+        raise UserError(f"model {name}: a uint8-input variant needs the input's mean and std "
+                        f"(input_spec)")
     if test_labels is not None and len(test_labels) != len(test_images):
         raise UserError(f"test_labels has {len(test_labels)} entries for {len(test_images)} images")
     if model.training or any(p.device.type != "cpu" for p in model.parameters()):
@@ -384,6 +444,30 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
                          policy=None if policy is None else policy.to_dict())
     base_meta = {"hwnas_format": EXPORT_FORMAT, "name": name, "arch": arch, "accuracy": accuracy,
                  "predicted_latency_ms": predicted, **dict(metadata or {})}
+    policy_meta = "float" if policy is None else policy.to_dict()
+
+    def set_metadata(proto: onnx.ModelProto, meta: Mapping[str, Any]) -> None:
+        describe_model(proto, input_spec, {"policy": policy_meta, **meta},
+                       model_version=model_version)
+
+    def uint8_variant(parent_rel: str, proto: onnx.ModelProto, parent: FileReport) -> None:
+        """``uint8[-<dir>]/<name>.onnx``: ``proto`` with a uint8 NHWC input, checked against
+        the parent file on the same images."""
+        if not s.uint8_input:
+            return
+        folder = parent_rel.rpartition("/")[0]
+        rel = f"uint8-{folder}/{name}.onnx" if folder else f"uint8/{name}.onnx"
+        report = FileReport(rel, parent.precision, parent.target,
+                            reference=f"{parent_rel} on normalised images")
+        result.files.append(report)
+
+        def do() -> None:
+            u8 = with_uint8_input(proto, input_spec)
+            describe_model(u8, input_spec, model_version=model_version)
+            _verify_uint8(u8, proto, test_images, input_spec, report, s,
+                          exact=parent.precision == "fp32", labels=test_labels)
+            _write(out_dir, rel, u8, report)
+        _attempt(result, report, do)
     devices = dict(devices or {})
     entries = {d: DeviceEntry(d, predicted.get(d), d in devices)
                for d in list(predicted) + [d for d in devices if d not in predicted]}
@@ -411,7 +495,8 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
         _write(out_dir, fp32_rel, proto, fp32_report)
         fp32["proto"] = proto
         candidates.append(CandidateFile(fp32_rel, data, "fp32", "float"))
-    _attempt(result, fp32_report, do_fp32)
+    if _attempt(result, fp32_report, do_fp32):
+        uint8_variant(fp32_rel, fp32["proto"], fp32_report)
     fp32_ok = fp32_rel if fp32_report.ok else None
     if policy is None:
         for entry in entries.values():
@@ -468,6 +553,7 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
         _attempt(result, int4_report, do_int4)
 
     # -- per onnxruntime device: the fastest int8/float mix, requantized for integer kernels ----
+    written: dict[str, onnx.ModelProto] = {}
     for device, threads in devices.items():
         entry = entries[device]
         runtime, threads, batch = _device_setup(device, threads, s)
@@ -502,6 +588,7 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
                         require_integer=s.require_integer, labels=test_labels,
                         searched=build.qmodel)
             _write(out_dir, dev_rel, proto, dev_report)
+            written[dev_rel] = proto
             with dbuild.reference(requantize=s.requantize) as deployed:
                 references[dev_rel] = _logits(deployed, test_images)
             candidates.append(CandidateFile(dev_rel, proto.SerializeToString(),
@@ -509,6 +596,8 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
                                             baseline="searched"))
         if not _attempt(result, dev_report, do_device):
             entry.note = "the device's quantized model failed verification"
+            continue
+        uint8_variant(dev_rel, written.pop(dev_rel), dev_report)
     _recommend(result, entries, devices, candidates, references, model, build.qmodel,
                test_images, test_labels, s)
     return result
@@ -640,7 +729,7 @@ def write_manifest(out_dir: str | Path, models: list[ModelExport], info: Mapping
     doc = {"format": "hwnas-export-manifest-1", **dict(info),
            "models": [m.as_dict() for m in models],
            "failed": [m.name for m in models if m.status != "ok"]}
-    write_atomic(out_dir / "manifest.json", (json.dumps(doc, indent=1, default=str) + "\n").encode())
+    write_atomic(out_dir / RunDir.MANIFEST, (json.dumps(doc, indent=1, default=str) + "\n").encode())
     rows = manifest_rows(models)
     columns: list[str] = []
     for row in rows:
@@ -650,5 +739,5 @@ def write_manifest(out_dir: str | Path, models: list[ModelExport], info: Mapping
     writer.writeheader()
     for row in rows:
         writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in columns})
-    write_atomic(out_dir / "manifest.csv", buf.getvalue().encode())
-    return out_dir / "manifest.json"
+    write_atomic(out_dir / RunDir.MANIFEST_CSV, buf.getvalue().encode())
+    return out_dir / RunDir.MANIFEST

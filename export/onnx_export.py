@@ -24,7 +24,8 @@ from hwnas.supernet.onnx import onnx_bytes
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line, write_atomic
 
-__all__ = ["export_onnx", "onnx_bytes", "check_parity", "ParityReport"]
+__all__ = ["export_onnx", "onnx_bytes", "check_parity", "ParityReport", "InputSpec",
+           "describe_model", "with_uint8_input"]
 
 def _metadata_value(value: object) -> str:
     """ONNX metadata values are strings: keep strings, JSON-encode dicts/lists, str() the rest."""
@@ -157,3 +158,115 @@ def check_parity(
         atol=float(atol),
         passed=bool(max_diff <= atol),
     )
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """How a deployed model's images must be fed: the per-channel ``mean``/``std`` of images
+    scaled to [0, 1] (float input = ``(uint8 / 255 - mean) / std``, NCHW) and the class names
+    of the output logits, in order. Written into every exported file so that a device
+    can run it without hwnas."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    classes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.mean) != len(self.std) or not self.mean:
+            raise UserError(f"mean and std need one value per channel, got {len(self.mean)} and "
+                            f"{len(self.std)}")
+        if not all(float(s) > 0 for s in self.std):
+            raise UserError(f"std must be positive per channel, got {list(self.std)}")
+
+
+#: where a file's input comes from: float NCHW normalised outside, or uint8 NHWC inside
+LAYOUTS = {"NCHW": "float32 NCHW, (uint8 / 255 - mean) / std applied by the caller",
+           "NHWC-uint8": "uint8 NHWC images as decoded (0..255); the graph transposes and "
+                         "normalises"}
+
+
+def describe_model(proto: onnx.ModelProto, spec: InputSpec | None,
+                   metadata: dict[str, object] | None = None, *,
+                   model_version: int = 1) -> onnx.ModelProto:
+    """Make ``proto`` self-describing: ``metadata_props`` get the input's name, shape (batch
+    first, ``"batch"`` when dynamic), layout and dtype, ``mean``/``std``/``class_names`` of
+    ``spec``, the hwnas version and ``metadata`` (arch, policy, accuracy...; None values left
+    out); ``model_version`` and a one-paragraph ``doc_string`` say the same for tools that only
+    show those. Returns ``proto``."""
+    from hwnas import __version__
+
+    tensor = proto.graph.input[0]
+    ttype = tensor.type.tensor_type
+    shape = [d.dim_param or d.dim_value for d in ttype.shape.dim]
+    layout = "NHWC-uint8" if ttype.elem_type == onnx.TensorProto.UINT8 else "NCHW"
+    props = {"input_name": tensor.name, "input_shape": shape, "input_layout": layout,
+             "input_dtype": onnx.helper.tensor_dtype_to_np_dtype(ttype.elem_type).name,
+             "input_preprocessing": LAYOUTS[layout], "output_name": proto.graph.output[0].name,
+             "hwnas_version": __version__}
+    if spec is not None:
+        props.update(mean=[float(m) for m in spec.mean], std=[float(s) for s in spec.std],
+                     class_names=list(spec.classes))
+    props.update({k: v for k, v in (metadata or {}).items() if v is not None})
+    kept = {p.key: p.value for p in proto.metadata_props}
+    kept.update({str(k): _metadata_value(v) for k, v in props.items()})
+    del proto.metadata_props[:]
+    for key, value in kept.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    proto.model_version = int(model_version)
+    proto.producer_name, proto.producer_version = "hwnas", __version__
+    what = f"{props.get('arch')}" if props.get("arch") else "an hwnas model"
+    scaling = (f"mean {props['mean']}, std {props['std']}" if spec is not None
+               else "see metadata")
+    proto.doc_string = (f"{what}; precision {props.get('precision', 'fp32')}. Input "
+                        f"'{tensor.name}' {shape} {LAYOUTS[layout]} ({scaling}); output "
+                        f"'{proto.graph.output[0].name}': logits over "
+                        f"{len(spec.classes) if spec is not None else '?'} classes "
+                        f"(metadata 'class_names'). Exported by hwnas {__version__}.")
+    return proto
+
+
+def with_uint8_input(proto: onnx.ModelProto, spec: InputSpec, *,
+                     name: str = "image") -> onnx.ModelProto:
+    """A copy of ``proto`` (float NCHW input) taking uint8 NHWC images instead: the graph
+    transposes them, scales to [0, 1] and normalises with ``spec``'s mean and std exactly as
+    training did, so a device feeds decoded pixels as they are. Works for FP32 and QDQ graphs
+    alike."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    graph = out.graph
+    old = graph.input[0]
+    dims = old.type.tensor_type.shape.dim
+    if len(dims) != 4 or old.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
+        raise UserError(f"a uint8 image input needs a float NCHW model input, got "
+                        f"{len(dims)}-D input {old.name!r}")
+    channels = dims[1].dim_value
+    if channels != len(spec.mean):
+        raise UserError(f"the model takes {channels} channels; mean/std have {len(spec.mean)}")
+    inner = f"{old.name}_normalised"
+    for node in graph.node:
+        node.input[:] = [inner if i == old.name else i for i in node.input]
+    h = onnx.helper
+
+    def const(key: str, values) -> onnx.TensorProto:  # noqa: ANN001 - floats
+        return h.make_tensor(key, onnx.TensorProto.FLOAT,
+                             [1, channels, 1, 1] if len(values) > 1 else [],
+                             [float(v) for v in values])
+    graph.initializer.extend([const(f"{name}_scale", [255.0]),
+                              const(f"{name}_mean", spec.mean), const(f"{name}_std", spec.std)])
+    pre = [h.make_node("Transpose", [name], [f"{name}_nchw"], perm=[0, 3, 1, 2]),
+           h.make_node("Cast", [f"{name}_nchw"], [f"{name}_float"], to=onnx.TensorProto.FLOAT),
+           h.make_node("Div", [f"{name}_float", f"{name}_scale"], [f"{name}_unit"]),
+           h.make_node("Sub", [f"{name}_unit", f"{name}_mean"], [f"{name}_centred"]),
+           h.make_node("Div", [f"{name}_centred", f"{name}_std"], [inner])]
+    nodes = pre + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    batch = dims[0].dim_param or dims[0].dim_value
+    image = h.make_tensor_value_info(name, onnx.TensorProto.UINT8,
+                                     [batch, dims[2].dim_value, dims[3].dim_value, channels])
+    rest = list(graph.input)[1:]
+    del graph.input[:]
+    graph.input.extend([image, *rest])
+    onnx.checker.check_model(out)
+    return out

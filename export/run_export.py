@@ -32,12 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hwnas.search.rundir import RunDir
+
 from hwnas.core.errors import UserError
 
 __all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front"]
 
-CONFIG_FILE = "config.json"
-SUPERNET_FILE = "supernet.pt"
+CONFIG_FILE = RunDir.CONFIG
+SUPERNET_FILE = RunDir.SUPERNET
 
 
 @dataclass
@@ -50,6 +52,7 @@ class ModelRow:
     accuracy: float | None
     predicted: dict[str, float | None]
     fronts: list[str] = field(default_factory=list)
+    test_accuracy: float | None = None
 
     @property
     def name(self) -> str:
@@ -98,7 +101,8 @@ def read_front(path: Path, device: str) -> list[ModelRow]:
         predicted = {k.split(":", 1)[1]: _float_or_none(v) for k, v in row.items()
                      if k and k.startswith("latency_ms:")}
         out.append(ModelRow(trial, (row.get("arch") or "").strip(), (row.get("policy") or "").strip(),
-                            _float_or_none(row.get("accuracy")), predicted, [device]))
+                            _float_or_none(row.get("accuracy")), predicted, [device],
+                            _float_or_none(row.get("test_accuracy"))))
     return out
 
 
@@ -136,33 +140,16 @@ def parse_select(spec: str, rows: list[ModelRow], front: str | None) -> list[Mod
 
 
 def _load_run(run_dir: Path) -> dict[str, Any]:
-    if not run_dir.exists():
-        raise UserError(f"run directory {run_dir} does not exist; expected a directory written by "
-                        f"'hwnas search' or 'hwnas run'")
-    if not run_dir.is_dir():
-        raise UserError(f"{run_dir} is not a directory; expected an hwnas run directory")
-    cfg_path = run_dir / CONFIG_FILE
-    if not cfg_path.is_file():
-        raise UserError(f"{run_dir} is not an hwnas run directory (no {CONFIG_FILE})")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{cfg_path} is not valid JSON: {exc}") from None
-    if not isinstance(cfg, dict) or not {"space", "dataset"} <= set(cfg):
-        raise UserError(f"{cfg_path} is not an hwnas run configuration (needs \"space\" and "
-                        f"\"dataset\")")
-    if not (run_dir / SUPERNET_FILE).is_file():
-        raise UserError(f"{run_dir} has no {SUPERNET_FILE}; the run's supernet is needed to "
-                        f"rebuild its models")
-    return cfg
+    return RunDir(run_dir).read_config()
 
 
 def _fronts(run_dir: Path, front: str | None) -> dict[str, Path]:
-    available = {p.name[len("pareto_"):-len(".csv")]: p for p in sorted(run_dir.glob("pareto_*.csv"))}
+    rd = RunDir(run_dir)
+    available = rd.fronts()
     if front is not None:
         if front not in available:
             raise UserError(f"{run_dir} has no Pareto front for device {front!r} "
-                            f"(pareto_{front}.csv); fronts: {', '.join(available) or 'none'}")
+                            f"({rd.pareto(front).name}); fronts: {', '.join(available) or 'none'}")
         return {front: available[front]}
     if not available:
         raise UserError(f"{run_dir} has no pareto_<device>.csv; has its search finished?")
@@ -220,6 +207,7 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
         measurable_devices,
         write_manifest,
     )
+    from hwnas.export.onnx_export import InputSpec
     from hwnas.quant.policy import QuantPolicy
     from hwnas.quant.ptq import PTQConfig
     from hwnas.supernet.data import BatchLoader, load_dataset
@@ -255,10 +243,10 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     if not rows:
         raise UserError(f"no model selected from {', '.join(p.name for p in fronts.values())} "
                         f"(empty front?)")
-    out_dir = Path(out) if out is not None else run_dir / "export"
+    out_dir = Path(out) if out is not None else RunDir(run_dir).export_dir
     check_replaceable(out_dir, run_dir)
 
-    space, supernet, payload = load_checkpoint(run_dir / SUPERNET_FILE)
+    space, supernet, payload = load_checkpoint(RunDir(run_dir).supernet)
     if space.name != cfg["space"]:
         raise UserError(f"{run_dir / SUPERNET_FILE} holds space {space.name!r} but config.json "
                         f"says {cfg['space']!r}; the run directory is inconsistent")
@@ -315,8 +303,9 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
                     ptq_config=ptq_config, arch=space.to_string(arch), accuracy=row.accuracy,
                     predicted_latency={d: row.predicted.get(d) for d in devices},
                     devices=tunable, settings=settings, progress=progress,
+                    input_spec=InputSpec(tuple(data.mean), tuple(data.std), tuple(data.classes)),
                     metadata={"trial": row.trial, "fronts": row.fronts, "space": space.name,
-                              "dataset": cfg["dataset"]})
+                              "dataset": cfg["dataset"], "test_accuracy": row.test_accuracy})
             except UserError as exc:
                 result.fail(str(exc))
             results.append(result)
@@ -339,8 +328,8 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
 
 MANIFEST_FORMAT = "hwnas-export-manifest-1"
 # what an export writes, relative to its directory: anything else there is the user's
-_EXPORT_FILES = ("manifest.json", "manifest.csv", "int8_speedup_*.json", "*.onnx", "qdq*/*.onnx",
-                 "*.onnx.data", "qdq*/*.onnx.data")
+_EXPORT_FILES = (RunDir.MANIFEST, RunDir.MANIFEST_CSV, "int8_speedup_*.json", "*.onnx", "*.onnx.data",
+                 *(f"{d}*/*.onnx{x}" for d in ("qdq", "int4", "uint8") for x in ("", ".data")))
 
 
 def check_replaceable(out_dir: Path, run_dir: Path) -> None:
@@ -353,11 +342,11 @@ def check_replaceable(out_dir: Path, run_dir: Path) -> None:
     target, run = out_dir.resolve(), run_dir.resolve()
     if target == run or target in run.parents:
         raise UserError(f"--out {out_dir} is the run directory or holds it; choose a new directory "
-                        f"(default {run_dir / 'export'})")
+                        f"(default {RunDir(run_dir).export_dir})")
     if not any(out_dir.iterdir()):
         return
     try:
-        fmt = json.loads((out_dir / "manifest.json").read_text()).get("format")
+        fmt = json.loads((out_dir / RunDir.MANIFEST).read_text()).get("format")
     except (OSError, ValueError, AttributeError):
         fmt = None
     if fmt != MANIFEST_FORMAT:
@@ -365,7 +354,7 @@ def check_replaceable(out_dir: Path, run_dir: Path) -> None:
                         f"one); hwnas never replaces it, choose a new or empty directory")
     for path in sorted(out_dir.rglob("*")):
         rel = path.relative_to(out_dir)
-        if path.is_dir() and len(rel.parts) == 1 and rel.name.startswith("qdq"):
+        if path.is_dir() and len(rel.parts) == 1 and rel.name.startswith(("qdq", "int4", "uint8")):
             continue
         if path.is_symlink() or not any(rel.match(p) and len(rel.parts) == p.count("/") + 1
                                         for p in _EXPORT_FILES):
@@ -387,7 +376,9 @@ def _info(run_dir: Path, cfg: dict, front: str | None, select: str, settings: An
                        "recommended": "per device: the fastest file verified on its runtime, "
                                       "with the runtime settings it needs, from one paired "
                                       "timing of every candidate",
-                       "int4/<name>.onnx": "QDQ with ONNX INT4 weights (size)"}}
+                       "int4/<name>.onnx": "QDQ with ONNX INT4 weights (size)",
+                       "uint8[-qdq-<device>]/<name>.onnx": "the same with uint8 NHWC images in, "
+                                                            "normalised inside the graph"}}
 
 
 def _summary_line(result: Any) -> str:

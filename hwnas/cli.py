@@ -10,13 +10,21 @@ import sys
 from pathlib import Path
 
 from hwnas.core.cli_args import EXIT_USER_ERROR, OneLineParser, positive_int
+from hwnas.core.config_file import read_config_file
 from hwnas.core.errors import UserError
-from hwnas.export.cli import EXIT_SOME_FAILED, add_export_parser, run_export
+from hwnas.export.cli import (
+    EXIT_SOME_FAILED,
+    add_config_flag,
+    add_export_parser,
+    add_preprocessing_flag,
+    run_export,
+)
 from hwnas.latency.cli import add_latency_parser, run_latency
 from hwnas.supernet.augment_kinds import AUGMENT_KINDS
 
 
 def _common(p: argparse.ArgumentParser, d) -> None:
+    add_config_flag(p)
     p.add_argument("--dataset", default=d.dataset,
                    help="'digits' (built in, default), 'cifar10' (from the shared data), or a path: "
                         "a cifar10-jpeg .npz, a cifar-10-batches-py directory or an ImageFolder directory")
@@ -98,13 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = SearchConfig()  # one source of defaults for the API and the CLI
 
+    from hwnas import __version__
+
     parser = OneLineParser(prog="hwnas", description="Hardware-aware NAS: supernets, "
                                      "latency, quantization, multi-objective search, ONNX export.")
+    parser.add_argument("--version", action="version", version=f"hwnas {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     r = sub.add_parser("run", help="the whole job on defaults: supernet, joint architecture + "
                                    "bit-width search for several devices, Pareto fronts, ONNX export")
     _search_options(r, d)
+    add_preprocessing_flag(r)
     s = sub.add_parser("search", help="multi-objective search of architectures and bit-widths "
                                       "(resumable; several workers on a server database)")
     _search_options(s, d)
@@ -112,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a supernet and save its checkpoint")
     _common(t, d)
     t.add_argument("--epochs", type=positive_int, default=d.epochs, help=f"training epochs (default {d.epochs})")
-    t.add_argument("--out", required=True, help="checkpoint file to write (.pt)")
+    t.add_argument("--out", help="checkpoint file to write (.pt; required here or in --config)")
     t.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint")
 
     sub.add_parser("spaces", help="list the available search spaces")
@@ -131,7 +143,96 @@ def config_from_args(args: argparse.Namespace):
         trials=args.trials, seed=args.seed, storage=args.storage, study_name=args.study_name,
         workers=args.workers, name=args.name, out=args.out, torch_device=args.device,
         accuracy=args.accuracy, predictor_samples=args.predictor_samples,
-        calib_batches=args.calib_batches, augment=args.augment)
+        calib_batches=args.calib_batches, augment=args.augment,
+        # settings without a flag, from --config only
+        **{k: getattr(args, k) for k in _FILE_ONLY if hasattr(args, k)})
+
+
+#: SearchConfig fields that only a --config file sets; flags whose name differs from the field
+_FILE_ONLY = ("data_seed", "ptq_images", "sensitivity_seeds")
+_FIELD_FLAGS = {"torch_device": "device", "constraints": "constraint"}
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def _flag_value(where: str, action: argparse.Action, value):
+    """``value`` of a settings file as the flag of ``action`` would give it; UserError when
+    it is not one the flag accepts."""
+    key = action.dest
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        if not isinstance(value, bool):
+            raise UserError(f"{where}: {key} = {value!r}: expected true or false")
+        return value  # the value of the dest itself (--no-bits: bits = false)
+    if isinstance(action, argparse._AppendAction):
+        if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise UserError(f"{where}: {key} = {value!r}: expected a list of strings")
+        return list(value)
+    if isinstance(value, (dict, bool)) or (value is None and action.default is not None):
+        raise UserError(f"{where}: {key} = {value!r}: not a value --{key.replace('_', '-')} takes")
+    if value is not None and action.type is not None:
+        text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        try:
+            value = action.type(text)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise UserError(f"{where}: {key} = {value!r}: {exc}") from None
+    elif value is not None and not isinstance(value, str):
+        raise UserError(f"{where}: {key} = {value!r}: expected a string")
+    if action.choices is not None and value is not None and value not in action.choices:
+        raise UserError(f"{where}: {key} = {value!r}: expected one of {list(action.choices)}")
+    return value
+
+
+def config_defaults(parser: argparse.ArgumentParser, command: str, path: str) -> dict:
+    """The settings of ``--config FILE`` for ``command`` as parser defaults (so flags given on
+    the command line override them): keys are the flags' names (``-`` or ``_``), for
+    run/search/train also the SearchConfig field names; a run's config.json is accepted. A
+    top-level key that is a setting of another command only is skipped (one file serves
+    ``run`` and ``export``); one of no command, or of another command in this command's
+    table, is refused."""
+    from hwnas.search.config import RUN_ONLY_KEYS, SearchConfig
+
+    subs = {name: p for name, p in _subparsers(parser).items()
+            if any(a.dest == "config" for a in p._actions)}
+    shared, own = read_config_file(path, command, commands=tuple(_subparsers(parser)))
+    where = f"--config {path}"
+    field_names = set(SearchConfig.__dataclass_fields__) | set(RUN_ONLY_KEYS)
+
+    def dests(name: str) -> dict[str, argparse.Action]:
+        return {a.dest: a for a in subs[name]._actions if a.option_strings
+                and a.dest not in ("help", "config")}
+
+    def keys_of(name: str) -> set[str]:
+        keys = set(dests(name)) | {k for k, v in _FIELD_FLAGS.items() if v in dests(name)}
+        return keys | field_names if name in ("run", "search") else keys
+
+    anywhere = set().union(*(keys_of(n) for n in subs))
+    unknown = sorted(set(shared) - anywhere)
+    if unknown:
+        raise UserError(f"{where}: unknown setting(s) {', '.join(unknown)}; expected the flags' "
+                        f"names of a command (see 'hwnas {command} --help')")
+    mine = keys_of(command)
+    values = {**{k: v for k, v in shared.items() if k in mine}, **own}
+    actions = dests(command)
+    out: dict = {}
+    if command in ("run", "search"):
+        fields = {k: v for k, v in values.items() if k in field_names}
+        cfg = SearchConfig.from_dict(fields, source=where)
+        keys = set(fields) - set(RUN_ONLY_KEYS) | ({"devices"} if "reported_devices" in fields else set())
+        for key in keys:
+            dest = _FIELD_FLAGS.get(key, key)
+            out[dest] = getattr(cfg, key)
+            if dest in actions and out[dest] is not None:
+                _flag_value(where, actions[dest], out[dest])
+        values = {k: v for k, v in values.items() if k not in field_names}
+    values = {_FIELD_FLAGS.get(k, k): v for k, v in values.items()}
+    for key, value in values.items():
+        if key not in actions:
+            raise UserError(f"{where}: {key!r} is not a setting of 'hwnas {command}'; expected "
+                            f"some of {', '.join(sorted(actions))}")
+        out[key] = _flag_value(where, actions[key], value)
+    return out
 
 
 def _search(args: argparse.Namespace):
@@ -157,11 +258,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     timed; ``hwnas export`` does the same for any run directory)."""
     import time
 
+    from hwnas.export.model_export import ExportSettings
     from hwnas.export.run_export import export_run
 
     start = time.perf_counter()
     result = _search(args)
-    exported = export_run(result.run_dir, progress=not args.quiet)
+    exported = export_run(result.run_dir, progress=not args.quiet,
+                          settings=ExportSettings(uint8_input=args.with_preprocessing))
     n, failed = len(exported.models), len(exported.failed)
     print(f"exported {n - failed} of {n} Pareto-optimal models to {exported.out_dir} "
           f"(FP32 and QDQ ONNX, manifest.json, manifest.csv)")
@@ -176,6 +279,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from hwnas.supernet.spaces import get_space
     from hwnas.supernet.train import default_config, save_checkpoint, train_supernet
 
+    if not args.out:
+        raise UserError("hwnas train needs --out CKPT.pt (or out in the [train] table of --config)")
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise UserError(f"{out} already exists; pass --overwrite to replace it")
@@ -207,9 +312,24 @@ def cmd_spaces(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with the settings of ``--config FILE`` under it: flags given override
+    the file, the file overrides the defaults. UserError for a bad settings file."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "config", None):
+        _subparsers(parser)[args.command].set_defaults(
+            **config_defaults(parser, args.command, args.config))
+        args = parser.parse_args(argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+    except UserError as exc:
+        print(f"hwnas: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
     handler = {"run": cmd_run, "search": cmd_search, "export": run_export, "train": cmd_train, "spaces": cmd_spaces,
                "latency": run_latency}[args.command]
     try:
@@ -221,8 +341,19 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
-        print("hwnas: interrupted; rerun with --resume to continue", file=sys.stderr)
+        print(f"hwnas: interrupted; {_resume_hint(args)}", file=sys.stderr)
         return 130
+
+
+def _resume_hint(args: argparse.Namespace) -> str:
+    """What to do after Ctrl-C: a search continues where it stopped when its command runs again
+    (completed trials are kept); an export leaves the previous one in place."""
+    if args.command in ("run", "search"):
+        return ("run the same command again to continue the run (completed trials are kept; "
+                "--overwrite starts afresh)")
+    if args.command == "export":
+        return "the previous export is unchanged; run the same command again to export"
+    return "nothing was written"
 
 
 if __name__ == "__main__":

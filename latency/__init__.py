@@ -13,6 +13,13 @@ _LAZY = {
     "get_device": "hwnas.latency.devices",
     "available_estimators": "hwnas.latency.estimators",
     "get_estimator": "hwnas.latency.estimators",
+    "get_predictor": "hwnas.latency.predictors",
+    "load_pretrained": "hwnas.latency.predictors",
+    "load_shared_table": "hwnas.latency.tables",
+    "help_protocol": "hwnas.latency.tables",
+    "fewshot_scores": "hwnas.latency.fewshot",
+    "choose_measurements": "hwnas.latency.fewshot",
+    "spearman": "hwnas.latency.fewshot",
 }
 
 __all__ = ["LatencyStats", "measure_onnx", *_LAZY]

@@ -119,7 +119,8 @@ def make_session(model: str | Path | bytes, *, threads: int = 1) -> ort.Inferenc
 
 
 def random_input(session: ort.InferenceSession | Runner, *, batch: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random float32 feeds (standard normal) for every input of ``session``.
+    """Random feeds for every input of ``session``: float32 standard normal, or uniform
+    0..255 for a uint8 image input.
 
     Latency does not depend on the values, only on the shapes, so random data is enough.
     A symbolic (or unknown) first dimension is taken as the batch dimension and set to
@@ -132,9 +133,10 @@ def random_input(session: ort.InferenceSession | Runner, *, batch: int = 1, seed
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
     for arg in session.get_inputs():
-        if arg.type != "tensor(float)":
+        if arg.type not in ("tensor(float)", "tensor(uint8)"):
             raise UserError(
-                f"input {arg.name!r} has type {arg.type}; expected tensor(float) (float32) inputs only"
+                f"input {arg.name!r} has type {arg.type}; expected tensor(float) (float32) or "
+                f"tensor(uint8) (image) inputs only"
             )
         shape: list[int] = []
         for axis, dim in enumerate(arg.shape):
@@ -153,7 +155,8 @@ def random_input(session: ort.InferenceSession | Runner, *, batch: int = 1, seed
                     f"input {arg.name!r} has a symbolic dimension {dim!r} at axis {axis} "
                     f"(shape {list(arg.shape)}); expected fixed sizes for every axis but the first (batch)"
                 )
-        feeds[arg.name] = rng.standard_normal(shape, dtype=np.float32)
+        feeds[arg.name] = (rng.integers(0, 256, shape, dtype=np.uint8) if arg.type == "tensor(uint8)"
+                           else rng.standard_normal(shape, dtype=np.float32))
     return feeds
 
 

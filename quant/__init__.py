@@ -8,7 +8,8 @@ Torch-free (import eagerly, usable by latency predictors and search without torc
 Torch-based (imported lazily on first use of a name): :mod:`hwnas.quant.fake_quant`,
 :mod:`hwnas.quant.fold`, :mod:`hwnas.quant.observers`, :mod:`hwnas.quant.ptq`, :mod:`hwnas.quant.qat`,
 :mod:`hwnas.quant.sensitivity`. The functions ``ptq`` and ``qat`` share their
-modules' names: import them as ``from quant.ptq import ptq`` and ``from quant.qat import qat``.
+modules' names: import them as ``from hwnas.quant.ptq import ptq`` and
+``from hwnas.quant.qat import qat``.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ import importlib
 from typing import Any
 
 from hwnas.quant.allocate import Allocation, allocate, greedy_pareto_walk
-from hwnas.quant.cost import bops, layer_cost, model_size_bytes
+from hwnas.quant.cost import bops, layer_cost, model_size_bytes, weight_bits_budget_bytes
 from hwnas.quant.device_rules import (
     DeviceQuantRules,
+    device_size_bytes,
     effective_layers,
     get_device_rules,
+    layer_latency_fn,
+    measure_int8_speedup,
 )
 from hwnas.quant.policy import (
     SUPPORTED_BITS,
@@ -57,13 +61,17 @@ __all__ = [
     "apply_to_layers",
     "average_weight_bits",
     "bops",
+    "device_size_bytes",
     "effective_layers",
     "first_last_8bit",
     "get_device_rules",
     "greedy_pareto_walk",
     "layer_cost",
+    "layer_latency_fn",
+    "measure_int8_speedup",
     "model_size_bytes",
     "uniform",
+    "weight_bits_budget_bytes",
     *_LAZY,
 ]
 

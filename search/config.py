@@ -5,7 +5,7 @@ the CLI share one set of defaults. No torch here.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from hwnas.search.bits import DEFAULT_BIT_CHOICES, check_bit_choices
@@ -30,6 +30,9 @@ DEFAULT_DEVICES = ("cpu-ort-1t", "edgetpu-est", "fpga-zcu102-est", "jetson-orin-
 RESUME_KEYS = ("space", "dataset", "data_seed", "supernet", "epochs", "objectives",
                "constraints", "devices", "bits", "bit_choices", "sampler", "seed", "study_name",
                "calib_batches", "ptq_images", "accuracy", "predictor_samples", "augment")
+#: keys a run's config.json adds to the fields (what the run resolved); :meth:`SearchConfig.from_dict`
+#: reads past them, taking the devices the user asked for from ``reported_devices``
+RUN_ONLY_KEYS = ("format", "reported_devices", "dataset_name")
 #: where the accuracy objective comes from
 ACCURACY_SOURCES = ("supernet", "predictor")
 
@@ -120,3 +123,48 @@ class SearchConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> SearchConfig:
+        """The settings of a dict: the fields by name (a TOML file, the API), or a run's
+        config.json (its devices are the reported ones, its resolved extras are skipped).
+        UserError (one line, naming ``source``) for an unknown key or a value of the wrong
+        type; the values themselves are checked by :meth:`validate`."""
+        if not isinstance(values, dict):
+            raise UserError(f"{source}: expected a table of settings, got {type(values).__name__}")
+        values = dict(values)
+        if "reported_devices" in values:  # a run's config.json: devices = all its devices
+            values["devices"] = values["reported_devices"]
+        for key in RUN_ONLY_KEYS:
+            values.pop(key, None)
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise UserError(f"{source}: unknown setting(s) {', '.join(unknown)}; expected some "
+                            f"of {', '.join(known)}")
+        for key, value in values.items():
+            f = known[key]
+            default = f.default if f.default is not MISSING else f.default_factory()
+            _check_type(source, key, value, default)
+        return cls(**values)
+
+
+def _check_type(source: str, key: str, value: Any, default: Any) -> None:
+    """UserError unless ``value`` has the type the field's default has (None where the
+    default is None: a string, or None)."""
+    if default is None:
+        ok = value is None or isinstance(value, str)
+        want = "a string"
+    elif isinstance(default, bool):
+        ok, want = isinstance(value, bool), "true or false"
+    elif isinstance(default, int):
+        ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif isinstance(default, str):
+        ok, want = isinstance(value, str), "a string"
+    else:  # lists: of the default's item type
+        item = type(default[0]) if default else str
+        ok = isinstance(value, list) and all(isinstance(v, item) and not isinstance(v, bool)
+                                             for v in value)
+        want = f"a list of {'integers' if item is int else 'strings'}"
+    if not ok:
+        raise UserError(f"{source}: {key} = {value!r}: expected {want}")

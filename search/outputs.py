@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 from hwnas.search.objectives import Constraint, Metric
 from hwnas.search.pareto import hypervolume_2d
+from hwnas.search.rundir import RunDir
 
 from hwnas.core.errors import UserError
 from hwnas.core.io import write_atomic
@@ -180,7 +181,7 @@ def summary_table(front: pd.DataFrame, device: str, max_rows: int = 12) -> str:
     cols["arch"] = f["arch"].map(lambda s: s if len(s) <= 60 else s[:57] + "...")
     text = pd.DataFrame(cols).to_string(index=False)
     if len(front) > max_rows:
-        text += f"\n  ... {len(front) - max_rows} more in pareto_{device}.csv"
+        text += f"\n  ... {len(front) - max_rows} more in {RunDir(Path()).pareto(device).name}"
     return text
 
 

@@ -50,9 +50,11 @@ from hwnas.search.evaluator import (
     policy_text,
 )
 from hwnas.search.plots import plot_across_devices, plot_fronts, plot_hypervolume
+from hwnas.search.rundir import RUN_FORMAT, RunDir
 from hwnas.search.samplers import make_sampler, screening_problem
 from hwnas.search.study import (
     completed,
+    describe_study,
     enqueue_once,
     is_sqlite,
     open_study,
@@ -79,8 +81,7 @@ from hwnas.supernet.train import (
 from hwnas.core.errors import UserError
 from hwnas.core.io import write_json
 
-CONFIG_FILE = "config.json"
-RUN_FORMAT = "hwnas-run-1"  # config.json's "format": what marks a directory as an hwnas run
+CONFIG_FILE = RunDir.CONFIG
 
 
 class InfeasibleError(UserError):
@@ -110,16 +111,8 @@ def settings_of(cfg: SearchConfig, data: DatasetSplits, run_name: str) -> dict[s
 
 
 def is_run_dir(path: Path) -> bool:
-    """Whether ``path`` holds a run hwnas wrote: its config.json carries :data:`RUN_FORMAT`
-    (runs of earlier versions: the keys only hwnas writes there)."""
-    try:
-        saved = json.loads((path / CONFIG_FILE).read_text())
-    except (OSError, ValueError):
-        return False
-    if not isinstance(saved, dict):
-        return False
-    return saved.get("format") == RUN_FORMAT or (
-        "format" not in saved and {"space", "dataset", "study_name", "reported_devices"} <= saved.keys())
+    """Whether ``path`` holds a run hwnas wrote (:meth:`RunDir.is_run`)."""
+    return RunDir(path).is_run()
 
 
 def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits, overwrite: bool) -> tuple[Path, bool]:
@@ -169,7 +162,7 @@ def _check_compatible(space: SearchSpace, data: DatasetSplits, source: str) -> N
 
 
 def _checkpoint_source(cfg: SearchConfig, data: DatasetSplits, run_dir: Path) -> str | None:
-    own = run_dir / "supernet.pt"
+    own = RunDir(run_dir).supernet
     if own.is_file():
         return str(own)
     return cfg.supernet or shipped_checkpoint(cfg.space, data.classes)
@@ -292,10 +285,26 @@ def build_sampler(cfg: SearchConfig, space: SearchSpace, evaluator: TrialEvaluat
 
 
 def _open(cfg: SearchConfig, run_dir: Path, sampler):
-    storage = cfg.storage or sqlite_url(run_dir / "study.db")
+    storage = cfg.storage or sqlite_url(RunDir(run_dir).study_db)
     study = open_study(storage, cfg.study_name or run_dir.name, sampler, cfg.seed,
                        cfg.objective_metrics)
     return storage, study
+
+
+def study_attrs(cfg: SearchConfig, data: DatasetSplits, supernet_source: str | None,
+                trained: bool) -> dict[str, Any]:
+    """What the study's objectives are about (its user attributes, e.g. for optuna-dashboard)."""
+    from hwnas import __version__
+
+    if trained or supernet_source is None:
+        supernet = f"trained for this run ({cfg.epochs} epochs)"
+    else:
+        supernet = str(Path(supernet_source).resolve())
+    return {"space": cfg.space, "dataset": data.name, "dataset_spec": cfg.dataset,
+            "data_seed": cfg.data_seed, "supernet": supernet, "hwnas_version": __version__,
+            "objectives": cfg.objectives, "constraints": list(cfg.constraints),
+            "devices": cfg.all_devices, "bits": cfg.bits, "sampler": cfg.sampler,
+            "seed": cfg.seed}
 
 
 def _evaluator(cfg: SearchConfig, space, supernet, data, accuracy_fn=None) -> TrialEvaluator:
@@ -303,7 +312,7 @@ def _evaluator(cfg: SearchConfig, space, supernet, data, accuracy_fn=None) -> Tr
     return TrialEvaluator(space, supernet, data, cfg.all_devices, settings, accuracy_fn)
 
 
-PREDICTOR_FILE = "accuracy_predictor.json"
+PREDICTOR_FILE = RunDir.PREDICTOR
 
 
 def accuracy_predictor(cfg: SearchConfig, space: SearchSpace, evaluator: TrialEvaluator,
@@ -319,7 +328,7 @@ def accuracy_predictor(cfg: SearchConfig, space: SearchSpace, evaluator: TrialEv
     from tqdm.auto import tqdm
 
     groups = bit_groups(space) if cfg.bits else []
-    path = run_dir / PREDICTOR_FILE
+    path = RunDir(run_dir).predictor
     if path.is_file():
         saved = json.loads(path.read_text())
         samples = [(space.from_string(r["arch"]), policy_from_text(r["policy"]), r["accuracy"])
@@ -352,8 +361,8 @@ def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int) -> int:
     cfg = SearchConfig(**cfg_dict)
     torch.set_num_threads(1)
     data = load_dataset(cfg.dataset, seed=cfg.data_seed)
-    space, supernet, payload = load_checkpoint(Path(run_dir) / "supernet.pt", device=cfg.torch_device)
-    data = disjoint_validation(data, payload, str(Path(run_dir) / "supernet.pt"),
+    space, supernet, payload = load_checkpoint(RunDir(run_dir).supernet, device=cfg.torch_device)
+    data = disjoint_validation(data, payload, str(RunDir(run_dir).supernet),
                                seed=cfg.data_seed, log=lambda *a: None)  # as the main process
     data = with_training_augment(data, payload.get("train_config"))
     evaluator = _evaluator(cfg, space, supernet, data)
@@ -374,11 +383,11 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
     timings: dict[str, float] = {}
 
     t0 = time.perf_counter()
+    supernet_source = _checkpoint_source(cfg, data, run_dir)
     space, supernet, train_result, train_config, record = resolve_supernet(cfg, data, run_dir,
                                                                            progress)
     if train_result is None:  # a checkpoint's training images stay out of validation
-        data = disjoint_validation(data, {"data_record": record},
-                                   str(_checkpoint_source(cfg, data, run_dir)),
+        data = disjoint_validation(data, {"data_record": record}, str(supernet_source),
                                    seed=cfg.data_seed, log=log)
     data = with_training_augment(data, train_config.to_dict() if train_config else None)
     timings["supernet_s"] = time.perf_counter() - t0
@@ -392,14 +401,15 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
             staging = run_dir.with_name(f".{run_dir.name}.staging")
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
-            save_checkpoint(staging / "supernet.pt", supernet, space, dataset=data.name,
+            stage = RunDir(staging)
+            save_checkpoint(stage.supernet, supernet, space, dataset=data.name,
                             train_config=train_config, data_record=record)
             if train_result:
-                write_json(staging / "train_history.json", train_result.__dict__)
-            write_json(staging / CONFIG_FILE, settings)
+                write_json(stage.train_history, train_result.__dict__)
+            write_json(stage.config, settings)
             _replace_dir(run_dir, staging)
         else:
-            write_json(run_dir / CONFIG_FILE, settings)  # trials/workers may have changed
+            write_json(RunDir(run_dir).config, settings)  # trials/workers may have changed
 
         evaluator = _evaluator(cfg, space, supernet, data)
         search_evaluator = evaluator
@@ -407,6 +417,10 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
             fn = accuracy_predictor(cfg, space, evaluator, run_dir, progress=progress, log=log)
             search_evaluator = _evaluator(cfg, space, supernet, data, fn)
         storage, study = _open(cfg, run_dir, build_sampler(cfg, space, evaluator, 0))
+        attrs = study_attrs(cfg, data, supernet_source, train_result is not None)
+        if continuing and "supernet" in study.user_attrs:
+            attrs.pop("supernet")  # the run's own copy now; the study keeps where it came from
+        describe_study(study, attrs)
         seeds = [] if study.get_trials(deepcopy=False) else seed_trials(space, supernet, data, cfg, log)
         n_seeds = enqueue_once(study, seeds)
         study.sampler = build_sampler(cfg, space, evaluator, n_seeds)  # start-up counts seeds
@@ -472,6 +486,7 @@ def write_outputs(study, cfg: SearchConfig, space: SearchSpace, evaluator: Trial
                   data: DatasetSplits, run_dir: Path) -> SearchResult:
     devices = cfg.all_devices
     objectives = cfg.objective_metrics
+    rd = RunDir(run_dir)
     trials = outputs.trials_frame(study, devices, objectives, cfg.constraint_list,
                                   metric_columns(devices))
     trials["policy"] = trials["policy"].fillna("")
@@ -484,19 +499,19 @@ def write_outputs(study, cfg: SearchConfig, space: SearchSpace, evaluator: Trial
         f.insert(at, "test_accuracy", [scores[k][1] for k in keys])
         if cfg.accuracy == "predictor":  # the objective was predicted; show the measured value
             f.insert(at, "accuracy_supernet", [scores[k][0] for k in keys])
-        outputs.write_frame(run_dir / f"pareto_{d}.csv", f)
-    outputs.write_frame(run_dir / "trials.csv", trials)
+        outputs.write_frame(rd.pareto(d), f)
+    outputs.write_frame(rd.trials_csv, trials)
     if importlib.util.find_spec("pyarrow") is not None:  # the optional `parquet` extra
-        outputs.write_frame(run_dir / "trials.parquet", trials)
+        outputs.write_frame(rd.trials_parquet, trials)
     history = outputs.hypervolume_history(trials, devices)
-    outputs.write_frame(run_dir / "hypervolume.csv", history)
+    outputs.write_frame(rd.hypervolume, history)
     title = (f"{space.name} on {data.name}: {len(trials)} trials ({cfg.sampler}), "
              f"objectives {cfg.objectives}")
-    plot_fronts(trials, fronts, run_dir / "fronts.png", title=title)
+    plot_fronts(trials, fronts, rd.plot(rd.FRONTS_PNG), title=title)
     if len(devices) > 1:
-        plot_across_devices(trials, fronts, run_dir / "devices.png")
+        plot_across_devices(trials, fronts, rd.plot(rd.DEVICES_PNG))
     if len(history):
-        plot_hypervolume(history, run_dir / "hypervolume.png")
+        plot_hypervolume(history, rd.plot(rd.HYPERVOLUME_PNG))
     return SearchResult(run_dir, trials, fronts, history, 0.0)
 
 

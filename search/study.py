@@ -67,6 +67,16 @@ def _redact(url: str) -> str:
     return url
 
 
+def describe_study(study: optuna.Study, attrs: dict[str, Any]) -> None:
+    """Record ``attrs`` (space, dataset, supernet, hwnas version...) as the study's user
+    attributes, so a dashboard or another worker sees what the objectives are about; only
+    changed values are written."""
+    current = study.user_attrs
+    for key, value in attrs.items():
+        if current.get(key) != value:
+            study.set_user_attr(key, value)
+
+
 def open_study(storage: str | RDBStorage, study_name: str,
                sampler: str | optuna.samplers.BaseSampler, seed: int,
                objectives: Sequence[Metric], *, n_seeds: int = 0) -> optuna.Study:

@@ -10,7 +10,23 @@ from hwnas.supernet.spaces import available_spaces, get_space, register_space
 
 from hwnas.core.errors import UserError
 
+#: torch-based names, imported on first access so that ``import hwnas.supernet`` stays light
+_LAZY = {
+    "load_dataset": "hwnas.supernet.data",
+    "shared_data_dir": "hwnas.supernet.data",
+    "BatchLoader": "hwnas.supernet.data",
+    "accuracy": "hwnas.supernet.evaluate",
+    "calibration_loader": "hwnas.supernet.evaluate",
+    "eval_loader": "hwnas.supernet.evaluate",
+    "evaluate_subnet": "hwnas.supernet.evaluate",
+    "TrainConfig": "hwnas.supernet.train",
+    "TrainStage": "hwnas.supernet.train",
+    "sandwich_config": "hwnas.supernet.train",
+    "train_supernet": "hwnas.supernet.train",
+}
+
 __all__ = [
+    *_LAZY,
     "Layer",
     "SearchSpace",
     "UserError",
@@ -21,3 +37,11 @@ __all__ = [
     "total_macs",
     "total_params",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'hwnas.supernet' has no attribute {name!r}")

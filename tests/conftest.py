@@ -33,3 +33,26 @@ def nb201_sample():
         return space, [everything[i] for i in rng.choice(len(everything), n, replace=False)]
 
     return sample
+
+
+@pytest.fixture(scope="session")
+def digits_checkpoint(tmp_path_factory):
+    """A one-epoch mbv3-tiny supernet on digits (a few seconds), trained by ``hwnas train``."""
+    from hwnas.cli import main
+
+    path = tmp_path_factory.mktemp("ckpt") / "supernet.pt"
+    assert main(["train", "--epochs", "1", "--out", str(path), "--quiet"]) == 0
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory, digits_checkpoint):
+    """A finished ``hwnas search`` (the four seed trials, on an estimated device, no
+    sensitivity seeds): the run directory."""
+    from hwnas import search
+
+    out = tmp_path_factory.mktemp("runs")
+    search.run(supernet=str(digits_checkpoint), devices=["edgetpu-est"],
+               objectives="accuracy,latency:edgetpu-est", trials=4, out=str(out), name="small",
+               sensitivity_seeds=False, progress=False, log=lambda *a: None)
+    return out / "small"

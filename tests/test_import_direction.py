@@ -38,6 +38,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("hwnas.supernet.spaces.fbnet", "hwnas.supernet.nn.fbnet"): _BUILDS,
     ("hwnas.supernet.spaces.nb201", "hwnas.supernet.nn.nb201"): _BUILDS,
     ("hwnas.supernet.spaces.vit", "hwnas.supernet.nn.vit"): _BUILDS,
+    ("hwnas", "hwnas.export.run_api"): "hwnas.load_run, the package's lazy facade for notebooks: "
+                                      "imported on first use, never by the layers below",
 }
 
 

@@ -84,6 +84,29 @@ def test_notebook_executes(path: Path, kernel_dir: Path, monkeypatch: pytest.Mon
         f"{path.name}: a cell printed a traceback to stderr"
 
 
+#: what a notebook may import from hwnas: the packages' public names, and the one function
+#: that shares its module's name (hwnas.quant's docstring says to import it from there)
+PUBLIC = {"hwnas", "hwnas.search", "hwnas.supernet", "hwnas.latency", "hwnas.quant",
+          "hwnas.export", "hwnas.quant.ptq"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebooks_use_the_public_api(path: Path) -> None:
+    import ast
+
+    nb = nbformat.read(path, as_version=4)
+    code = "\n".join(line for cell in nb.cells if cell.cell_type == "code"
+                     for line in cell.source.splitlines() if not line.startswith("%"))
+    used = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            used.add(node.module)
+        elif isinstance(node, ast.Import):
+            used.update(a.name for a in node.names)
+    internal = sorted(m for m in used if m.split(".")[0] == "hwnas" and m not in PUBLIC)
+    assert not internal, f"{path.name} imports internal modules: {internal}"
+
+
 NEEDS_SHARED_DATA = [p for p in NOTEBOOKS if "shared_data_dir" in p.read_text()]
 
 

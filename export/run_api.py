@@ -1,0 +1,202 @@
+"""A finished run, from Python: ``hwnas.load_run(path)``.
+
+The way back into a run directory for notebooks and scripts, without repeating the search::
+
+    run = hwnas.load_run("runs/digits-mbv3-tiny")
+    run.trials                       # every completed trial (DataFrame)
+    run.fronts["edgetpu-est"]        # the Pareto front on one device (DataFrame)
+    best = run.select("edgetpu-est", max_latency_ms=2.0)
+    model = run.model(best.trial)    # the subnet as the search scored it (nn.Module)
+    run.latency(best.trial, "jetson-orin-nano-est")
+    run.export(select=[best.trial])  # ONNX files, verified and timed
+
+It reads the directory through :class:`hwnas.search.rundir.RunDir` and rebuilds models the way
+the search and ``hwnas export`` do (:class:`hwnas.search.evaluator.TrialEvaluator`: the subnet
+extracted from the run's supernet, BatchNorm recalibrated, PTQ under the trial's policy). It
+sits at the export layer because it reaches every layer below.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterable
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from hwnas.search.rundir import RunDir
+
+from hwnas.core.errors import UserError
+
+__all__ = ["Run", "load_run"]
+
+
+def load_run(path: str | Path) -> Run:
+    """The run in ``path`` (a directory written by ``hwnas search`` / ``hwnas run`` /
+    :func:`hwnas.search.run`); UserError (one line) when it is not one."""
+    return Run(path)
+
+
+class Run:
+    """A run directory, read lazily: tables on first use, the supernet and dataset on the
+    first model or latency asked for."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.dir = RunDir(path)
+        #: config.json as written by the search
+        self.settings: dict[str, Any] = self.dir.read_config()
+
+    def __repr__(self) -> str:
+        return (f"Run({str(self.dir.path)!r}: {self.settings.get('space')} on "
+                f"{self.settings.get('dataset_name') or self.settings.get('dataset')})")
+
+    @property
+    def path(self) -> Path:
+        return self.dir.path
+
+    @cached_property
+    def config(self):  # -> SearchConfig
+        """The settings as a :class:`hwnas.search.config.SearchConfig` (pass it to
+        :func:`hwnas.search.run` to continue or repeat the search)."""
+        from hwnas.search.config import SearchConfig
+
+        return SearchConfig.from_dict(self.settings, source=str(self.dir.config))
+
+    @cached_property
+    def trials(self):  # -> pd.DataFrame
+        """Every completed trial (trials.parquet): arch, policy, metrics, feasible, pareto."""
+        return self.dir.read_trials()
+
+    @cached_property
+    def fronts(self) -> dict:  # -> dict[str, pd.DataFrame]
+        """``{device: its Pareto front}`` (pareto_<device>.csv), fastest first."""
+        return self.dir.read_fronts()
+
+    def select(self, device: str, max_latency_ms: float):  # -> pd.Series
+        """The most accurate model of ``device``'s front within ``max_latency_ms`` there
+        (:func:`hwnas.search.outputs.select_under_budget`)."""
+        from hwnas.search.outputs import select_under_budget
+
+        if device not in self.fronts:
+            raise UserError(f"{self.path} has no front for device {device!r}; fronts: "
+                            f"{', '.join(self.fronts) or 'none'}")
+        return select_under_budget(self.fronts[device], device, max_latency_ms)
+
+    def device_ranks(self, *, all_trials: bool = False):  # -> pd.DataFrame
+        """How the models rank on every device (:func:`hwnas.search.outputs.device_ranks`): the
+        union of the fronts, or every trial with ``all_trials``."""
+        from hwnas.search.outputs import device_ranks
+
+        return device_ranks(self.fronts, trials=self.trials if all_trials else None)
+
+    def row(self, trial: int):  # -> pd.Series
+        """The trials.csv row of trial number ``trial``."""
+        try:
+            number = operator.index(trial)
+        except TypeError:
+            raise UserError(f"trial must be a trial number, got {trial!r}") from None
+        if isinstance(trial, bool):
+            raise UserError(f"trial must be a trial number, got {trial!r}")
+        rows = self.trials[self.trials["trial"] == number]
+        if rows.empty:
+            known = ", ".join(str(t) for t in sorted(self.trials["trial"])[:12])
+            raise UserError(f"no completed trial {trial} in {self.path}; trials: {known}")
+        return rows.iloc[0]
+
+    def candidate(self, trial: int) -> tuple[Any, Any]:
+        """(architecture, QuantPolicy or None) of ``trial``."""
+        from hwnas.search.evaluator import policy_from_text
+
+        row = self.row(trial)
+        return self.space.from_string(row["arch"]), policy_from_text(row["policy"])
+
+    # -- models ------------------------------------------------------------------------------
+    @cached_property
+    def _checkpoint(self) -> tuple[Any, Any, dict]:
+        """(space, supernet, payload) of the run's supernet.pt."""
+        from hwnas.supernet.train import load_checkpoint
+
+        space, supernet, payload = load_checkpoint(self.dir.supernet)
+        if space.name != self.settings["space"]:
+            raise UserError(f"{self.dir.supernet} holds space {space.name!r} but "
+                            f"{RunDir.CONFIG} says {self.settings['space']!r}")
+        return space, supernet, payload
+
+    @property
+    def space(self):  # -> SearchSpace
+        """The run's search space, as its supernet was built (input size, classes)."""
+        return self._checkpoint[0]
+
+    @cached_property
+    def data(self):  # -> DatasetSplits
+        """The run's dataset, split as the search split it, with the checkpoint's training
+        augmentation."""
+        from hwnas.supernet.data import load_dataset
+        from hwnas.supernet.train import with_training_augment
+
+        data = load_dataset(self.settings["dataset"], seed=int(self.settings.get("data_seed", 0)))
+        return with_training_augment(data, self._checkpoint[2].get("train_config"))
+
+    @cached_property
+    def _evaluator(self):
+        from hwnas.search.evaluator import EvalSettings, TrialEvaluator
+
+        space, supernet, data = self.space, self._checkpoint[1], self.data
+        s = self.settings
+        settings = EvalSettings(calib_batches=int(s.get("calib_batches", 10)),
+                                ptq_images=int(s.get("ptq_images", 256)), seed=int(s.get("seed", 0)))
+        return TrialEvaluator(space, supernet, data, [], settings)
+
+    def model(self, trial: int, *, quantized: bool | None = None):  # -> nn.Module
+        """Trial ``trial``'s model as the search scored it: a standalone ``nn.Module`` (the
+        subnet extracted from the supernet, BatchNorm recalibrated), in eval mode.
+        ``quantized``: None (default) = as searched (PTQ fake-quant under its policy, if it has
+        one); False = the float subnet; True = quantized (UserError for a float trial)."""
+        arch, policy = self.candidate(trial)
+        if quantized and policy is None:
+            raise UserError(f"trial {trial} is a float model (no bit policy); pass "
+                            f"quantized=False or None")
+        evaluator = self._evaluator
+        model = evaluator.float_model(arch)
+        if policy is not None and quantized is not False:
+            model = evaluator.quantized_model(model, policy)
+        return model.eval()
+
+    def accuracy(self, trial: int, *, split: str = "test", quantized: bool | None = None) -> float:
+        """Top-1 accuracy (%) of :meth:`model` on ``split`` (train, val or test)."""
+        from hwnas.supernet.evaluate import accuracy, eval_loader
+
+        if split not in ("train", "val", "test"):
+            raise UserError(f"split must be train, val or test, got {split!r}")
+        model = self.model(trial, quantized=quantized)
+        device = next(model.parameters()).device
+        return accuracy(model, eval_loader(self.data, getattr(self.data, split), device=device))
+
+    def latency(self, trial: int, device: str) -> float:
+        """Latency (ms) of trial ``trial`` (under its policy) on ``device``, any device of
+        ``hwnas latency devices`` that covers the space, computed as the search computes it
+        (measured devices time the model here)."""
+        from hwnas.latency.devices import get_device
+        from hwnas.search.evaluator import device_latency
+
+        arch, policy = self.candidate(trial)
+        space = self.space
+        mean, _ = device_latency(get_device(device, space), space, arch, policy)
+        if not math.isfinite(mean):
+            raise UserError(f"device {device!r} gave no latency for trial {trial}")
+        return float(mean)
+
+    # -- files -------------------------------------------------------------------------------
+    def export(self, select: str | Iterable[int] = "all", *, front: str | None = None,
+               out: str | Path | None = None, settings: Any = None, progress: bool = False,
+               **options: Any):  # -> RunExport
+        """Export models of the fronts to ONNX (:func:`hwnas.export.run_export.export_run`):
+        ``select`` is ``"all"``, ``"top:K"``, ``"fastest:K"`` or trial numbers; ``settings`` an
+        :class:`hwnas.export.model_export.ExportSettings` (e.g. ``uint8_input=True``)."""
+        from hwnas.export.run_export import export_run
+
+        if not isinstance(select, str):
+            select = ",".join(str(int(t)) for t in select)
+        return export_run(self.path, front=front, select=select, out=out, settings=settings,
+                          progress=progress, **options)

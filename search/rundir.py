@@ -1,0 +1,177 @@
+"""The run directory of a search: the one place that knows its file names and how to read it.
+
+A run directory is what ``hwnas search`` / ``hwnas run`` leave behind and what ``hwnas export``,
+:func:`hwnas.load_run` and a continued search read back::
+
+    config.json             the settings (SearchConfig fields plus what the run resolved)
+    supernet.pt             the supernet the trials were scored on
+    study.db                the Optuna study (SQLite; absent with a server --storage)
+    trials.csv / .parquet   one row per completed trial
+    pareto_<device>.csv     the Pareto front per device
+    hypervolume.csv, fronts.png, devices.png, hypervolume.png, train_history.json,
+    accuracy_predictor.json (--accuracy predictor)
+    export/                 the exported models and their manifest.json
+
+:class:`RunDir` names these paths and reads the tables and the configuration, with one-line
+errors for a directory that is not a run. No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hwnas.core.errors import UserError
+
+__all__ = ["RUN_FORMAT", "RunDir"]
+
+#: config.json's "format": what marks a directory as an hwnas run
+RUN_FORMAT = "hwnas-run-1"
+
+
+class RunDir:
+    """Paths and readers of one run directory (see the module docstring)."""
+
+    CONFIG = "config.json"
+    SUPERNET = "supernet.pt"
+    STUDY = "study.db"
+    TRIALS_CSV = "trials.csv"
+    TRIALS_PARQUET = "trials.parquet"
+    HYPERVOLUME = "hypervolume.csv"
+    TRAIN_HISTORY = "train_history.json"
+    PREDICTOR = "accuracy_predictor.json"
+    FRONTS_PNG = "fronts.png"
+    DEVICES_PNG = "devices.png"
+    HYPERVOLUME_PNG = "hypervolume.png"
+    EXPORT = "export"
+    MANIFEST = "manifest.json"
+    MANIFEST_CSV = "manifest.csv"
+    PARETO_PREFIX, PARETO_SUFFIX = "pareto_", ".csv"
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    # -- paths ---------------------------------------------------------------------------
+    @property
+    def config(self) -> Path:
+        return self.path / self.CONFIG
+
+    @property
+    def supernet(self) -> Path:
+        return self.path / self.SUPERNET
+
+    @property
+    def study_db(self) -> Path:
+        return self.path / self.STUDY
+
+    @property
+    def trials_csv(self) -> Path:
+        return self.path / self.TRIALS_CSV
+
+    @property
+    def trials_parquet(self) -> Path:
+        return self.path / self.TRIALS_PARQUET
+
+    @property
+    def hypervolume(self) -> Path:
+        return self.path / self.HYPERVOLUME
+
+    @property
+    def train_history(self) -> Path:
+        return self.path / self.TRAIN_HISTORY
+
+    @property
+    def predictor(self) -> Path:
+        return self.path / self.PREDICTOR
+
+    @property
+    def export_dir(self) -> Path:
+        return self.path / self.EXPORT
+
+    @property
+    def manifest(self) -> Path:
+        return self.export_dir / self.MANIFEST
+
+    def pareto(self, device: str) -> Path:
+        """``pareto_<device>.csv``."""
+        return self.path / f"{self.PARETO_PREFIX}{device}{self.PARETO_SUFFIX}"
+
+    def plot(self, name: str) -> Path:
+        return self.path / name
+
+    def fronts(self) -> dict[str, Path]:
+        """``{device: pareto_<device>.csv}`` of the fronts written, sorted by device."""
+        n, m = len(self.PARETO_PREFIX), len(self.PARETO_SUFFIX)
+        return {p.name[n:-m]: p for p in
+                sorted(self.path.glob(f"{self.PARETO_PREFIX}*{self.PARETO_SUFFIX}"))}
+
+    def study_url(self) -> str:
+        """The default (SQLite) storage URL of the run's study."""
+        return f"sqlite:///{self.study_db.resolve()}"
+
+    # -- reading -------------------------------------------------------------------------
+    def is_run(self) -> bool:
+        """Whether the directory holds a run hwnas wrote: its config.json carries
+        :data:`RUN_FORMAT` (runs of earlier versions: the keys only hwnas writes there)."""
+        try:
+            saved = json.loads(self.config.read_text())
+        except (OSError, ValueError):
+            return False
+        if not isinstance(saved, dict):
+            return False
+        return saved.get("format") == RUN_FORMAT or (
+            "format" not in saved
+            and {"space", "dataset", "study_name", "reported_devices"} <= saved.keys())
+
+    def read_config(self, *, need_supernet: bool = True) -> dict[str, Any]:
+        """config.json as a dict; UserError (one line) when the directory is missing, not a
+        run (no config.json with "space" and "dataset"), or lacks its supernet."""
+        run_dir = self.path
+        if not run_dir.exists():
+            raise UserError(f"run directory {run_dir} does not exist; expected a directory "
+                            f"written by 'hwnas search' or 'hwnas run'")
+        if not run_dir.is_dir():
+            raise UserError(f"{run_dir} is not a directory; expected an hwnas run directory")
+        if not self.config.is_file():
+            raise UserError(f"{run_dir} is not an hwnas run directory (no {self.CONFIG})")
+        try:
+            cfg = json.loads(self.config.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise UserError(f"{self.config} is not valid JSON: {exc}") from None
+        if not isinstance(cfg, dict) or not {"space", "dataset"} <= set(cfg):
+            raise UserError(f"{self.config} is not an hwnas run configuration (needs \"space\" "
+                            f"and \"dataset\")")
+        if need_supernet and not self.supernet.is_file():
+            raise UserError(f"{run_dir} has no {self.SUPERNET}; the run's supernet is needed to "
+                            f"rebuild its models")
+        return cfg
+
+    def read_trials(self):  # -> pd.DataFrame
+        """trials.parquet (or trials.csv) as a DataFrame, policies as text ("" = float)."""
+        import pandas as pd
+
+        if self.trials_parquet.is_file():
+            frame = pd.read_parquet(self.trials_parquet)
+        elif self.trials_csv.is_file():
+            frame = pd.read_csv(self.trials_csv)
+        else:
+            raise UserError(f"{self.path} has no {self.TRIALS_CSV}; has its search finished?")
+        if "policy" in frame:
+            frame["policy"] = frame["policy"].fillna("").astype(str)
+        return frame
+
+    def read_fronts(self) -> dict:  # -> dict[str, pd.DataFrame]
+        """``{device: its Pareto front}`` from the pareto_<device>.csv files."""
+        import pandas as pd
+
+        out = {}
+        for device, path in self.fronts().items():
+            frame = pd.read_csv(path)
+            if "policy" in frame:
+                frame["policy"] = frame["policy"].fillna("").astype(str)
+            out[device] = frame
+        return out
