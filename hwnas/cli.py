@@ -177,6 +177,8 @@ def _flag_value(where: str, action: argparse.Action, value):
             value = action.type(text)
         except (argparse.ArgumentTypeError, ValueError) as exc:
             raise UserError(f"{where}: {key} = {value!r}: {exc}") from None
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+        value = ",".join(value)  # a comma-separated flag (export --devices)
     elif value is not None and not isinstance(value, str):
         raise UserError(f"{where}: {key} = {value!r}: expected a string")
     if action.choices is not None and value is not None and value not in action.choices:

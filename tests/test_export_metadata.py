@@ -23,7 +23,7 @@ from hwnas.export.run_export import export_run
 
 from hwnas.core.errors import UserError
 
-FAST = ExportSettings(latency_repeats=2, latency_warmup=1, rounds=1, runs=2, profile_runs=2,
+FAST = ExportSettings(warmup=1, rounds=1, runs=2, profile_runs=2,
                       uint8_input=True)
 FRONT = "cpu-ort-1t"
 

@@ -16,7 +16,7 @@ from hwnas.search.rundir import RUN_FORMAT, RunDir
 import hwnas
 from hwnas.core.errors import UserError
 
-FAST = ExportSettings(latency_repeats=2, latency_warmup=1, rounds=1, runs=2, profile_runs=2)
+FAST = ExportSettings(warmup=1, rounds=1, runs=2, profile_runs=2)
 
 
 def test_import_hwnas_stays_light() -> None:
