@@ -42,7 +42,12 @@ from hwnas.export.device_policy import choose_float_layers  # noqa: E402
 from hwnas.export.onnx_export import check_parity  # noqa: E402
 from hwnas.export.ort_profile import LayerIndex, integer_kernel_check  # noqa: E402
 from hwnas.export.qdq import build_qdq, float_proto, map_layer_nodes  # noqa: E402
-from hwnas.latency.machine import cpu_model  # noqa: E402
+from hwnas.latency.machine import cpu_flags, cpu_model  # noqa: E402
+
+try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
+    from quant_recipes import subnet_archs
+except ModuleNotFoundError:
+    from benchmarks.quant_recipes import subnet_archs
 from hwnas.quant.policy import uniform  # noqa: E402
 from hwnas.quant.ptq import PTQConfig  # noqa: E402
 from hwnas.supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint  # noqa: E402
@@ -57,28 +62,9 @@ ROLES = ("largest", "middle", "smallest")
 def integer_dot_product() -> tuple[bool, list[str]]:
     """Whether this CPU has VNNI/AMX-class (x86) or dot-product (Arm) integer instructions."""
     wanted = {"avx512_vnni", "avx_vnni", "amx_int8", "amx_tile", "avx512_bf16", "asimddp", "i8mm"}
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith(("flags", "Features")):
-                    flags |= set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    flags = cpu_flags()
     found = sorted(flags & wanted)
     return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")), found
-
-
-def subnet_archs(space):  # noqa: ANN001, ANN201 - an MBV3Space and its archs
-    """largest, middle (middle depth/kernel/expand everywhere, as quant/benchmark.py) and
-    smallest architectures."""
-    from hwnas.supernet.spaces.mbv3 import MBV3Arch
-
-    c = space.cfg
-    mid = lambda values: values[len(values) // 2]  # noqa: E731
-    block = (mid(c.kernel_choices), mid(c.expand_choices))
-    middle = MBV3Arch(tuple((block,) * mid(c.depth_choices) for _ in range(c.num_stages)))
-    return {"largest": space.largest(), "middle": middle, "smallest": space.smallest()}
 
 
 def images(data_spec: str | None, n_calib: int, n_test: int, seed: int):  # noqa: ANN201

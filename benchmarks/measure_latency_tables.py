@@ -176,16 +176,9 @@ def core_sets(cpus: list[int], threads: int, workers: int) -> list[list[int]]:
 
 def cpu_info() -> dict:
     """CPU model, the flags that matter for inference, logical/physical cores."""
-    from hwnas.latency.machine import cpu_model
+    from hwnas.latency.machine import cpu_flags, cpu_model
 
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
+    flags = cpu_flags()
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     physical = len({Path(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list")
                     .read_text().strip() for c in cpus

@@ -168,16 +168,11 @@ def _print_line(line: str) -> None:
 
 
 def _machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     import onnxruntime as ort
+
+    from hwnas.latency.machine import cpu_model
+
+    cpu = cpu_model()
 
     try:
         import openvino
