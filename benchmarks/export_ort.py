@@ -45,9 +45,10 @@ from hwnas.export.qdq import build_qdq, float_proto, map_layer_nodes  # noqa: E4
 from hwnas.latency.machine import cpu_flags, cpu_model  # noqa: E402
 
 try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
-    from quant_recipes import subnet_archs
+    import quant_recipes as recipes
 except ModuleNotFoundError:
-    from benchmarks.quant_recipes import subnet_archs
+    from benchmarks import quant_recipes as recipes
+subnet_archs = recipes.subnet_archs
 from hwnas.quant.policy import uniform  # noqa: E402
 from hwnas.quant.ptq import PTQConfig  # noqa: E402
 from hwnas.supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint  # noqa: E402

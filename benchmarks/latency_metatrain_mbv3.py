@@ -58,23 +58,12 @@ from typing import Any
 import numpy as np
 
 try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
-    from latency_fewshot import (  # noqa: E402
-    Task,
-    evaluate,
-    machine,
-    print_tables,
-    to_rows,
-    write_json,
-)
+    import latency_fewshot as shared
 except ModuleNotFoundError:
-    from benchmarks.latency_fewshot import (  # noqa: E402
-    Task,
-    evaluate,
-    machine,
-    print_tables,
-    to_rows,
-    write_json,
-)
+    from benchmarks import latency_fewshot as shared
+(Task, evaluate, machine, print_tables, to_rows, write_json) = (
+    shared.Task, shared.evaluate, shared.machine, shared.print_tables, shared.to_rows,
+    shared.write_json)
 REPO = Path(__file__).resolve().parent.parent
 
 from hwnas.latency.estimators import available_estimators, get_estimator  # noqa: E402

@@ -21,29 +21,11 @@ from pathlib import Path
 import torch
 
 try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
-    from quant_recipes import (
-    METHODS,
-    ROLES,
-    QuantBenchConfig,
-    format_table,
-    machine_description,
-    merge_rows,
-    now_iso,
-    run_quant_benchmark,
-    write_json,
-)
+    import quant_recipes as recipes
 except ModuleNotFoundError:
-    from benchmarks.quant_recipes import (
-    METHODS,
-    ROLES,
-    QuantBenchConfig,
-    format_table,
-    machine_description,
-    merge_rows,
-    now_iso,
-    run_quant_benchmark,
-    write_json,
-)
+    from benchmarks import quant_recipes as recipes
+(METHODS, ROLES, QuantBenchConfig, format_table, machine_description, merge_rows, now_iso, run_quant_benchmark, write_json) = (
+    recipes.METHODS, recipes.ROLES, recipes.QuantBenchConfig, recipes.format_table, recipes.machine_description, recipes.merge_rows, recipes.now_iso, recipes.run_quant_benchmark, recipes.write_json)
 from hwnas.supernet.data import load_dataset
 from hwnas.supernet.train import load_checkpoint, with_training_augment
 

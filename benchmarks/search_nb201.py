@@ -50,9 +50,10 @@ from typing import Any
 import numpy as np
 
 try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
-    from latency_fewshot import machine, write_json  # noqa: E402
+    import latency_fewshot as shared
 except ModuleNotFoundError:
-    from benchmarks.latency_fewshot import machine, write_json  # noqa: E402
+    from benchmarks import latency_fewshot as shared
+machine, write_json = shared.machine, shared.write_json
 from hwnas.latency.predictors import load_pretrained  # noqa: E402
 from hwnas.latency.tables import (  # noqa: E402
     LatencyTable,
