@@ -8,6 +8,7 @@ import without torch; only :meth:`SearchSpace.build_supernet` imports the torch 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import asdict, fields
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -143,6 +144,32 @@ class SearchSpace(ABC, Generic[Arch]):
 
     def describe(self) -> str:
         return f"{self.name}: input {self.input_shape}, {self.num_classes} classes"
+
+
+class SpaceConfig:
+    """Base of a space's frozen configuration dataclass: a plain-JSON round trip (tuples as
+    lists, as stored in checkpoints and run directories) that refuses unknown keys and bad
+    values in one line. ``LABEL`` names the space in messages."""
+
+    LABEL = "space"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Any:
+        if not isinstance(d, dict):
+            raise UserError(f"{cls.LABEL} space configuration must be a mapping, got "
+                            f"{type(d).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise UserError(f"unknown {cls.LABEL} space setting(s) {unknown}; expected some of "
+                            f"{sorted(known)}")
+        try:
+            return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        except (TypeError, ValueError) as exc:
+            raise UserError(f"invalid {cls.LABEL} space configuration: {exc}") from None
 
 
 def check_choice(value: Any, choices: tuple, what: str) -> None:

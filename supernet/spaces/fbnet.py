@@ -25,12 +25,12 @@ Architecture string: the 22 block names joined by ``-`` (the ``arch`` column of 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from hwnas.supernet.layers import Layer
-from hwnas.supernet.space import SearchSpace, check_choice
+from hwnas.supernet.space import SearchSpace, SpaceConfig, check_choice
 
 from hwnas.core.errors import UserError
 
@@ -59,8 +59,10 @@ def block_spec(name: str) -> BlockSpec | None:
 
 
 @dataclass(frozen=True)
-class FBNetConfig:
+class FBNetConfig(SpaceConfig):
     """Macro-architecture of the FBNet network (defaults: HW-NAS-Bench's CIFAR-100 setting)."""
+
+    LABEL = "FBNet"
 
     in_channels: int = 3
     image_size: int = 32
@@ -99,12 +101,6 @@ class FBNetConfig:
                 in_ch = out_ch
         return plan
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FBNetConfig:
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
 @dataclass(frozen=True)

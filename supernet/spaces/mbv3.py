@@ -23,12 +23,12 @@ no choices).
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from hwnas.supernet.layers import Layer
-from hwnas.supernet.space import SearchSpace, check_choice
+from hwnas.supernet.space import SearchSpace, SpaceConfig, check_choice
 
 from hwnas.core.errors import UserError
 
@@ -51,7 +51,7 @@ def make_divisible(value: float, divisor: int = 8) -> int:
 
 
 @dataclass(frozen=True)
-class MBV3Config:
+class MBV3Config(SpaceConfig):
     """Macro-architecture and choices of an elastic MobileNetV3-style space.
 
     The defaults are the ``mbv3-tiny`` preset. Optional parts are off when 0 / empty:
@@ -60,6 +60,8 @@ class MBV3Config:
     ``se_reduction``) and ``feature_mix_channels`` (a bias-free linear layer with h-swish
     between the pooled head features and the classifier, OFA's ``feature_mix_layer``).
     """
+
+    LABEL = "MBV3"
 
     in_channels: int = 1
     image_size: int = 8
@@ -115,20 +117,6 @@ class MBV3Config:
     def max_depth(self) -> int:
         return self.depth_choices[-1]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> MBV3Config:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise UserError(f"unknown MBV3 space setting(s) {unknown}; expected some of "
-                            f"{sorted(known)}")
-        try:
-            return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-        except (TypeError, ValueError) as exc:
-            raise UserError(f"invalid MBV3 space configuration: {exc}") from None
 
 
 def ofa_cifar_config(in_channels: int = 3, image_size: int = 32,

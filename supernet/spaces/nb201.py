@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from hwnas.supernet.layers import Layer
-from hwnas.supernet.space import SearchSpace, check_choice
+from hwnas.supernet.space import SearchSpace, SpaceConfig, check_choice
 
 from hwnas.core.errors import UserError
 
@@ -65,8 +65,10 @@ def edge_key(to_node: int, from_node: int) -> str:
 
 
 @dataclass(frozen=True)
-class NB201Config:
+class NB201Config(SpaceConfig):
     """Macro-architecture of the NAS-Bench-201 network (defaults: HW-NAS-Bench's CIFAR-100 one)."""
+
+    LABEL = "NB201"
 
     in_channels: int = 3
     image_size: int = 32
@@ -88,12 +90,6 @@ class NB201Config:
                 f"reductions)"
             )
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> NB201Config:
-        return cls(**d)
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,12 @@ This module does not import torch; :meth:`ViTSpace.build_supernet` does.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from hwnas.supernet.layers import Layer
-from hwnas.supernet.space import SearchSpace, check_choice
+from hwnas.supernet.space import SearchSpace, SpaceConfig, check_choice
 
 from hwnas.core.errors import UserError
 
@@ -45,13 +45,15 @@ ELASTIC_DIMS = ("mlp_ratio", "heads", "depth", "embed")
 
 
 @dataclass(frozen=True)
-class ViTConfig:
+class ViTConfig(SpaceConfig):
     """Macro-architecture and choices of an elastic compact vision transformer.
 
     ``tokenizer_channels``: the widths of the tokenizer's convolutions before the last one
     (which outputs ``embed`` channels); each convolution is followed by ReLU and a stride-2
     max pool.
     """
+
+    LABEL = "ViT"
 
     in_channels: int = 3
     image_size: int = 32
@@ -104,20 +106,6 @@ class ViTConfig:
         """The MLP's hidden width for an embedding dimension and a ratio."""
         return round(embed * ratio)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise UserError(f"unknown ViT space setting(s) {unknown}; expected some of "
-                            f"{sorted(known)}")
-        try:
-            return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
-        except (TypeError, ValueError) as exc:
-            raise UserError(f"invalid ViT space configuration: {exc}") from None
 
 
 @dataclass(frozen=True)
