@@ -104,6 +104,10 @@ class Device(ABC):
     #: which precisions run on it, what falls back, how int8 changes the speed. The rules are
     #: data of ``quant``; a device only names them, so latency and quant stay side by side.
     quant_rules: str = "cpu-ort"
+    #: Measured float-time / int8-time per layer shape on this device
+    #: (:func:`hwnas.quant.device_rules.layer_key`), e.g. from an export's
+    #: ``int8_speedup_<device>.json``; ``None`` when nothing was measured.
+    int8_speedup: dict[str, float] | None = None
 
     def supports(self, space: SearchSpace | str) -> bool:
         """Whether this device gives latencies for ``space`` (an object or a name)."""

@@ -122,6 +122,8 @@ def device_latencies(device: Device, space: SearchSpace, archs: Sequence[Any],
     if q_layers is None:
         q_layers = [quantized_layers(space, a, p)[1] for a, p in zip(archs, policies)]
     rules = get_device_rules(device.quant_rules)
+    if device.int8_speedup:
+        rules = rules.with_speedups(device.int8_speedup)
     if isinstance(device, EstimatedDevice):
         return np.array([float(device.estimator.estimate(effective_layers(q, rules)))
                          for q in q_layers], dtype=np.float64), None
@@ -145,7 +147,10 @@ class TrialEvaluator:
 
     def __init__(self, space: SearchSpace, supernet: nn.Module, data: DatasetSplits,
                  devices: list[str], settings: EvalSettings | None = None,
-                 accuracy_fn: Callable[[Any, QuantPolicy | None], float] | None = None) -> None:
+                 accuracy_fn: Callable[[Any, QuantPolicy | None], float] | None = None,
+                 int8_speedups: Mapping[str, Mapping[str, float]] | None = None) -> None:
+        """``int8_speedups``: ``{device: measured int8 speed-up per layer shape}`` that replace
+        the devices' default int8 gain (a run's export writes them)."""
         self.space, self.supernet, self.data = space, supernet, data
         self.settings = settings or EvalSettings()
         #: replaces the supernet evaluation of accuracy (an accuracy predictor), when given
@@ -158,6 +163,8 @@ class TrialEvaluator:
                 device = get_device(name, space, model_fn=self._model_of,
                                     repeats=self.settings.latency_repeats,
                                     warmup=self.settings.latency_warmup)
+            if (int8_speedups or {}).get(name):
+                device.int8_speedup = dict(int8_speedups[name])
             self.devices[name] = device
         self.cache: dict[tuple[str, str], dict[str, float]] = {}
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from hwnas.core.errors import UserError
@@ -48,6 +49,7 @@ class RunDir:
     MANIFEST = "manifest.json"
     MANIFEST_CSV = "manifest.csv"
     PARETO_PREFIX, PARETO_SUFFIX = "pareto_", ".csv"
+    SPEEDUP_PREFIX = "int8_speedup_"
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -95,6 +97,29 @@ class RunDir:
     @property
     def manifest(self) -> Path:
         return self.export_dir / self.MANIFEST
+
+    def int8_speedup(self, device: str) -> Path:
+        """``export/int8_speedup_<device>.json``: the export's measured int8 speed-up table."""
+        return self.export_dir / f"{self.SPEEDUP_PREFIX}{device}.json"
+
+    def int8_speedups(self, devices: Sequence[str]) -> dict[str, dict[str, float]]:
+        """The speed-up tables an earlier export of this run measured for ``devices``
+        (``{device: {layer shape: float-time / int8-time}}``); a malformed file is a UserError."""
+        out = {}
+        for device in devices:
+            path = self.int8_speedup(device)
+            if not path.is_file():
+                continue
+            try:
+                table = json.loads(path.read_text())["int8_speedup"]
+                out[device] = {str(k): float(v) for k, v in table.items()}
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise UserError(f"{path} is not an int8 speed-up table of hwnas export "
+                                f"({type(exc).__name__}: {exc}); delete it or export again") from None
+            if not all(0 < v < 1e3 for v in out[device].values()):
+                raise UserError(f"{path} holds speed-ups outside (0, 1000); delete it or export "
+                                f"again")
+        return out
 
     def pareto(self, device: str) -> Path:
         """``pareto_<device>.csv``."""

@@ -307,9 +307,18 @@ def study_attrs(cfg: SearchConfig, data: DatasetSplits, supernet_source: str | N
             "seed": cfg.seed}
 
 
-def _evaluator(cfg: SearchConfig, space, supernet, data, accuracy_fn=None) -> TrialEvaluator:
+def _evaluator(cfg: SearchConfig, space, supernet, data, accuracy_fn=None,
+               run_dir: Path | str | None = None, log=None) -> TrialEvaluator:
+    """The trial evaluator; with ``run_dir``, the int8 speed-up tables of the run's last export
+    replace the devices' default int8 gain (said once through ``log``)."""
     settings = EvalSettings(calib_batches=cfg.calib_batches, ptq_images=cfg.ptq_images, seed=cfg.seed)
-    return TrialEvaluator(space, supernet, data, cfg.all_devices, settings, accuracy_fn)
+    speedups = RunDir(run_dir).int8_speedups(cfg.all_devices) if run_dir is not None else {}
+    for device, table in speedups.items():
+        if log is not None:
+            log(f"{device}: int8 speed-ups of {len(table)} layer shape(s) from "
+                f"{RunDir(run_dir).int8_speedup(device)}")
+    return TrialEvaluator(space, supernet, data, cfg.all_devices, settings, accuracy_fn,
+                          int8_speedups=speedups)
 
 
 PREDICTOR_FILE = RunDir.PREDICTOR
@@ -365,10 +374,10 @@ def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int) -> int:
     data = disjoint_validation(data, payload, str(RunDir(run_dir).supernet),
                                seed=cfg.data_seed, log=lambda *a: None)  # as the main process
     data = with_training_augment(data, payload.get("train_config"))
-    evaluator = _evaluator(cfg, space, supernet, data)
+    evaluator = _evaluator(cfg, space, supernet, data, run_dir=run_dir)
     if cfg.accuracy == "predictor":
         fn = accuracy_predictor(cfg, space, evaluator, Path(run_dir), log=lambda *a: None)
-        evaluator = _evaluator(cfg, space, supernet, data, fn)
+        evaluator = _evaluator(cfg, space, supernet, data, fn, run_dir=run_dir)
     _, study = _open(cfg, Path(run_dir), build_sampler(cfg, space, evaluator, n_seeds))
     return run_trials(study, make_objective(space, evaluator, cfg), cfg.trials, progress=False)
 
@@ -411,11 +420,11 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
         else:
             write_json(RunDir(run_dir).config, settings)  # trials/workers may have changed
 
-        evaluator = _evaluator(cfg, space, supernet, data)
+        evaluator = _evaluator(cfg, space, supernet, data, run_dir=run_dir, log=log)
         search_evaluator = evaluator
         if cfg.accuracy == "predictor":
             fn = accuracy_predictor(cfg, space, evaluator, run_dir, progress=progress, log=log)
-            search_evaluator = _evaluator(cfg, space, supernet, data, fn)
+            search_evaluator = _evaluator(cfg, space, supernet, data, fn, run_dir=run_dir)
         storage, study = _open(cfg, run_dir, build_sampler(cfg, space, evaluator, 0))
         attrs = study_attrs(cfg, data, supernet_source, train_result is not None)
         if continuing and "supernet" in study.user_attrs:
