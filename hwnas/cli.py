@@ -206,11 +206,11 @@ def cmd_spaces(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    handler = {"run": cmd_run, "search": cmd_search, "export": run_export, "train": cmd_train, "spaces": cmd_spaces,
-               "latency": run_latency}[args.command]
+    args = argparse.Namespace(command=None)
     try:
+        args = build_parser().parse_args(argv)
+        handler = {"run": cmd_run, "search": cmd_search, "export": run_export, "train": cmd_train,
+                   "spaces": cmd_spaces, "latency": run_latency}[args.command]
         return handler(args)
     except UserError as exc:
         print(f"hwnas: error: {exc}", file=sys.stderr)
@@ -219,8 +219,16 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
-        print("hwnas: interrupted; rerun with --resume to continue", file=sys.stderr)
+        print(_interrupted_message(args.command), file=sys.stderr)
         return 130
+
+
+def _interrupted_message(command: str | None) -> str:
+    """The one line printed on Ctrl-C: a search continues where it stopped when the same
+    command runs again (the interrupted trial is enqueued again)."""
+    if command in ("search", "run"):
+        return "hwnas: interrupted; run the same command again to continue"
+    return "hwnas: interrupted"
 
 
 if __name__ == "__main__":

@@ -45,3 +45,43 @@ def first_line(exc: BaseException) -> str:
         if line.strip():
             return line.strip()
     return type(exc).__name__
+
+
+class LockFile:
+    """An exclusive, non-blocking lock on ``path`` (created if missing; the OS releases it when
+    the process dies). ``held`` tells whether it was obtained. :meth:`release` with
+    ``clean=True`` removes the lock file and the missing folders this lock created for it, for
+    a command that fails before writing anything (the file tree is left as it was)."""
+
+    def __init__(self, path: str | Path) -> None:
+        import fcntl
+
+        self.path = Path(path)
+        parent = self.path.parent
+        self._made = [d for d in reversed([parent, *parent.parents]) if not d.exists()]
+        parent.mkdir(parents=True, exist_ok=True)
+        self._new_file = not self.path.exists()
+        self._handle = open(self.path, "w")
+        try:
+            fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.held = True
+        except OSError:
+            self._handle.close()
+            self.held, self._new_file, self._made = False, False, []
+
+    def release(self, clean: bool = False) -> None:
+        if not self.held:
+            return
+        if clean and self._new_file:
+            self.path.unlink(missing_ok=True)
+        self._handle.close()
+        self.held = False
+        if clean:
+            for d in reversed(self._made):
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+
+    def close(self) -> None:
+        self.release()
