@@ -9,11 +9,19 @@ import argparse
 import sys
 from pathlib import Path
 
-from hwnas.core.cli_args import EXIT_USER_ERROR, OneLineParser, positive_int
+from hwnas.core.cli_args import (
+    EXIT_USER_ERROR,
+    OneLineParser,
+    bounded_int,
+    positive_int,
+    seed_int,
+)
 from hwnas.core.errors import UserError
+from hwnas.core.io import check_writable
 from hwnas.export.cli import EXIT_SOME_FAILED, add_export_parser, run_export
 from hwnas.latency.cli import add_latency_parser, run_latency
 from hwnas.supernet.data import AUGMENT_KINDS
+from hwnas.supernet.train import MAX_EPOCHS
 
 
 def _common(p: argparse.ArgumentParser, d) -> None:
@@ -21,7 +29,7 @@ def _common(p: argparse.ArgumentParser, d) -> None:
                    help="'digits' (built in, default), 'cifar10' (from the shared data), or a path: "
                         "a cifar10-jpeg .npz, a cifar-10-batches-py directory or an ImageFolder directory")
     p.add_argument("--space", default=d.space, help=f"search space (default: {d.space})")
-    p.add_argument("--seed", type=int, default=d.seed, help=f"seed of training and search (default {d.seed})")
+    p.add_argument("--seed", type=seed_int, default=d.seed, help=f"seed of training and search (default {d.seed})")
     p.add_argument("--device", default=d.torch_device,
                    help=f"torch device for training/evaluation (default {d.torch_device})")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -48,7 +56,7 @@ def _search_options(p: argparse.ArgumentParser, d) -> None:
     _common(p, d)
     p.add_argument("--supernet", help="supernet checkpoint to use (default: the run's own, the one "
                                       "shipped for the space and dataset, or train one)")
-    p.add_argument("--epochs", type=positive_int, default=d.epochs,
+    p.add_argument("--epochs", type=bounded_int(MAX_EPOCHS), default=d.epochs,
                    help=f"supernet training epochs when one is trained (default {d.epochs})")
     p.add_argument("--objectives", default=d.objectives,
                    help="comma-separated: accuracy, latency:DEVICE, size, bops, flops, params "
@@ -111,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a supernet and save its checkpoint")
     _common(t, d)
-    t.add_argument("--epochs", type=positive_int, default=d.epochs, help=f"training epochs (default {d.epochs})")
+    t.add_argument("--epochs", type=bounded_int(MAX_EPOCHS), default=d.epochs, help=f"training epochs (default {d.epochs})")
     t.add_argument("--out", required=True, help="checkpoint file to write (.pt)")
     t.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint")
 
@@ -175,11 +183,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     from hwnas.supernet.spaces import get_space
     from hwnas.supernet.train import sandwich_config, save_checkpoint, train_supernet
 
+    from hwnas.supernet.train import check_torch_device
+
     out = Path(args.out)
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory; expected a checkpoint file name ending in .pt")
     if out.exists() and not args.overwrite:
         raise UserError(f"{out} already exists; pass --overwrite to replace it")
     if out.suffix != ".pt":
         raise UserError(f"--out {out}: expected a checkpoint file name ending in .pt")
+    check_writable(out)
+    check_torch_device(args.device)
     data = load_dataset(args.dataset, seed=0)
     h, w = data.image_size
     space = get_space(args.space, in_channels=data.in_channels, image_size=h,

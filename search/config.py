@@ -18,6 +18,7 @@ from hwnas.search.objectives import (
 )
 from hwnas.search.samplers import DEFAULT_SAMPLER, SAMPLERS, check_screening_objectives
 from hwnas.supernet.data import check_augment
+from hwnas.supernet.train import MAX_EPOCHS
 
 from hwnas.core.errors import UserError
 
@@ -87,6 +88,10 @@ class SearchConfig:
 
         if self.space not in available_spaces():
             raise UserError(f"unknown space {self.space!r}; expected one of {available_spaces()}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 32:
+            raise UserError(f"--seed must be an integer from 0 to {2 ** 32 - 1}, got {self.seed!r}")
+        if self.supernet is None and self.epochs > MAX_EPOCHS:
+            raise UserError(f"--epochs {self.epochs}: at most {MAX_EPOCHS}")
         if self.trials <= 0:
             raise UserError(f"--trials must be a positive number of trials, got {self.trials}")
         if self.supernet is None and self.epochs <= 0:

@@ -70,6 +70,7 @@ from hwnas.supernet.spaces import get_space
 from hwnas.supernet.train import (
     TrainConfig,
     TrainResult,
+    check_torch_device,
     load_checkpoint,
     sandwich_config,
     save_checkpoint,
@@ -78,7 +79,7 @@ from hwnas.supernet.train import (
 )
 
 from hwnas.core.errors import UserError
-from hwnas.core.io import LockFile, first_line, write_json
+from hwnas.core.io import LockFile, check_writable, first_line, write_json
 
 CONFIG_FILE = "config.json"
 RUN_FORMAT = "hwnas-run-1"  # config.json's "format": what marks a directory as an hwnas run
@@ -121,6 +122,14 @@ def is_run_dir(path: Path) -> bool:
         return False
     return saved.get("format") == RUN_FORMAT or (
         "format" not in saved and {"space", "dataset", "study_name", "reported_devices"} <= saved.keys())
+
+
+def check_out_dir(out: str | Path) -> None:
+    """UserError unless ``--out`` is, or can be created as, a writable directory."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; expected the directory that holds runs")
+    check_writable(out)
 
 
 def run_dir_of(cfg: SearchConfig, data: DatasetSplits) -> Path:
@@ -192,12 +201,19 @@ def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, prog
         _check_compatible(space, data, f"checkpoint {source}")
         check_devices(space, cfg.all_devices)
         recorded = payload.get("train_config")
+        if recorded is not None and not isinstance(recorded, dict):
+            raise UserError(f"checkpoint {source}: its train_config is a "
+                            f"{type(recorded).__name__}, not a training configuration")
+        try:
+            recorded_config = TrainConfig.from_dict(recorded) if recorded else None
+        except UserError as exc:
+            raise UserError(f"checkpoint {source}: its train_config: {exc}") from None
         trained_with = with_training_augment(data, recorded).augment
         if cfg.augment is not None and cfg.augment != trained_with:
             raise UserError(f"--augment {cfg.augment}: checkpoint {source} was trained with "
                             f"{trained_with}; pass --augment {trained_with}, leave it out, or "
                             f"train a new supernet (--supernet, --name)")
-        return space, supernet, None, TrainConfig.from_dict(recorded) if recorded else None
+        return space, supernet, None, recorded_config
     h, w = data.image_size
     if h != w:
         raise UserError(f"space {cfg.space} needs square images; the dataset's are {h}x{w}")
@@ -370,6 +386,8 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
     """See the module docstring."""
     start = time.perf_counter()
     cfg.validate()
+    check_torch_device(cfg.torch_device)
+    check_out_dir(cfg.out)
     if cfg.storage:
         check_storage(cfg.storage)
     data = load_dataset(cfg.dataset, seed=cfg.data_seed)

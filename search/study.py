@@ -34,7 +34,7 @@ from optuna.trial import TrialState
 from tqdm.auto import tqdm
 
 from hwnas.core.errors import UserError
-from hwnas.core.io import LockFile, first_line
+from hwnas.core.io import LockFile, first_line, pid_alive
 
 HEARTBEAT_S = 10
 GRACE_S = 30
@@ -134,13 +134,7 @@ def _owner_alive(owner: str | None) -> bool:
     host, _, pid = owner.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
         return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(int(pid))
 
 
 def make_storage(url: str) -> RDBStorage:

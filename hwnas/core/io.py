@@ -85,3 +85,40 @@ class LockFile:
 
     def close(self) -> None:
         self.release()
+
+
+def check_writable(path: str | Path, what: str = "--out") -> None:
+    """UserError unless ``path`` (a file or directory to create or replace) can be written:
+    not an existing file where a directory is needed is the caller's check; here the nearest
+    existing folder above it must be a directory where a probe file can be created (and is
+    removed at once), so an unwritable target fails before any work is done."""
+    from hwnas.core.errors import UserError
+
+    path = Path(path)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UserError(f"{what} {path}: not writable")
+    ancestor = path.parent if path.parent != path else path
+    while not ancestor.exists() and ancestor.parent != ancestor:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(f"{what} {path}: {ancestor} is a file, not a directory")
+    probe = ancestor / f".hwnas-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as exc:
+        raise UserError(f"{what} {path}: cannot write in {ancestor} "
+                        f"({exc.strerror or first_line(exc)})") from None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
