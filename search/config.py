@@ -117,7 +117,12 @@ class SearchConfig:
             check_augment(self.augment)
         if self.calib_batches <= 0 or self.ptq_images <= 0:
             raise UserError("calib_batches and ptq_images must be positive")
+        if not self.bits and list(self.bit_choices) != list(DEFAULT_BIT_CHOICES):
+            raise UserError(f"--no-bits searches float models only, but --bit-choices "
+                            f"{','.join(map(str, self.bit_choices))} asks for bit-widths; "
+                            f"leave out one of the two")
         self.bit_choices = list(check_bit_choices(self.bit_choices))
+        self.constraints = [c.text for c in self.constraint_list]  # one spelling each
         if not self.all_devices:  # parses objectives and constraints: their errors surface here
             raise UserError("no device: name one in an objective (latency:DEVICE) or --devices")
         if self.sampler == "screening":

@@ -43,6 +43,7 @@ from hwnas.search.config import RESUME_KEYS, SearchConfig
 from hwnas.search.evaluator import (
     EvalSettings,
     TrialEvaluator,
+    check_cheap_bounds,
     check_devices,
     metric_columns,
     policy_from_text,
@@ -200,6 +201,7 @@ def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, prog
             raise UserError(f"checkpoint {source} holds space {space.name!r}, not {cfg.space!r}")
         _check_compatible(space, data, f"checkpoint {source}")
         check_devices(space, cfg.all_devices)
+        check_cheap_bounds(space, cfg.constraint_list, bits=cfg.bits, bit_choices=cfg.bit_choices)
         recorded = payload.get("train_config")
         if recorded is not None and not isinstance(recorded, dict):
             raise UserError(f"checkpoint {source}: its train_config is a "
@@ -220,6 +222,7 @@ def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, prog
     space = get_space(cfg.space, in_channels=data.in_channels, image_size=h,
                       num_classes=data.num_classes)
     check_devices(space, cfg.all_devices)
+    check_cheap_bounds(space, cfg.constraint_list, bits=cfg.bits, bit_choices=cfg.bit_choices)
     supernet = space.build_supernet()
     config = sandwich_config(cfg.epochs, seed=cfg.seed, augment=cfg.augment)
     result = train_supernet(supernet, space, data, config, device=cfg.torch_device,
