@@ -47,8 +47,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import pickle
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -797,10 +799,16 @@ def _read_payload(path: str | Path, fmt: str) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; expected a file written by "
                         f"'hwnas train', 'hwnas run' or supernet.train_cifar")
+    what = "supernet" if fmt == SUPERNET_FORMAT else "standalone subnet"
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # e.g. about the pickle protocol of a foreign file
+            warnings.simplefilter("ignore")
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # torch's weights-only loader refused an object
+        raise UserError(f"cannot read {what} checkpoint {path}: it holds objects other than "
+                        f"tensors and plain data, which hwnas never loads (they could run "
+                        f"code)") from None
     except Exception as exc:  # torch raises many types for a corrupt or foreign file
-        what = "supernet" if fmt == SUPERNET_FORMAT else "standalone subnet"
         raise UserError(f"cannot read {what} checkpoint {path}: {first_line(exc)}") from None
     if not isinstance(payload, dict) or payload.get("format") not in (SUPERNET_FORMAT, STANDALONE_FORMAT):
         what = "supernet" if fmt == SUPERNET_FORMAT else "standalone subnet"

@@ -33,3 +33,14 @@ def nb201_sample():
         return space, [everything[i] for i in rng.choice(len(everything), n, replace=False)]
 
     return sample
+
+
+@pytest.fixture(scope="session")
+def fuzz_checkpoint(tmp_path_factory):
+    """A supernet trained for one epoch on the built-in digits (seconds), shared by the fuzz
+    suite (tests/test_fuzz_*.py)."""
+    from hwnas.cli import main
+
+    path = tmp_path_factory.mktemp("fuzz-ckpt") / "supernet.pt"
+    assert main(["train", "--epochs", "1", "--out", str(path), "--quiet"]) == 0
+    return path
