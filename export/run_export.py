@@ -20,6 +20,7 @@ Whole-command errors (missing or foreign run directory, unknown front, bad ``--s
 from __future__ import annotations
 
 import csv
+import glob
 import json
 import math
 import os
@@ -35,6 +36,7 @@ from typing import Any
 from hwnas.search.rundir import RunDir
 
 from hwnas.core.errors import UserError
+from hwnas.core.io import check_writable, pid_alive
 
 __all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front"]
 
@@ -266,6 +268,7 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     example = test_images[:1]
     report = report or _print_line
 
+    remove_stale(out_dir)
     staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -327,13 +330,30 @@ _EXPORT_FILES = (RunDir.MANIFEST, RunDir.MANIFEST_CSV, "int8_speedup_*.json", "*
                  *(f"{d}*/*.onnx{x}" for d in ("qdq", "int4", "uint8") for x in ("", ".data")))
 
 
+def remove_stale(out_dir: Path) -> list[Path]:
+    """Remove the staging (``.NAME.tmp-PID``) and replaced (``.NAME.old-PID``) directories
+    that exports of ``out_dir`` killed before they finished left beside it: those whose process
+    is gone. Returns what was removed."""
+    removed = []
+    if not out_dir.parent.is_dir():
+        return removed
+    for kind in ("tmp", "old"):
+        for path in out_dir.parent.glob(f".{glob.escape(out_dir.name)}.{kind}-*"):
+            pid = path.name.rsplit("-", 1)[-1]
+            if path.is_dir() and not path.is_symlink() and pid.isdigit() and not pid_alive(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
+
+
 def check_replaceable(out_dir: Path, run_dir: Path) -> None:
     """Raise unless ``out_dir`` is new, empty, or an earlier export holding only files an
     export writes: a user's directory, the run directory or one holding it is never replaced."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out {out_dir} exists and is not a directory; choose a new directory")
+    check_writable(out_dir)
     if not out_dir.exists():
         return
-    if not out_dir.is_dir():
-        raise UserError(f"--out {out_dir} exists and is not a directory; choose a new directory")
     target, run = out_dir.resolve(), run_dir.resolve()
     if target == run or target in run.parents:
         raise UserError(f"--out {out_dir} is the run directory or holds it; choose a new directory "

@@ -9,9 +9,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from hwnas.core.cli_args import EXIT_USER_ERROR, OneLineParser, positive_int
+from hwnas.core.cli_args import (
+    EXIT_USER_ERROR,
+    OneLineParser,
+    bounded_int,
+    positive_int,
+    seed_int,
+)
 from hwnas.core.config_file import read_config_file
 from hwnas.core.errors import UserError
+from hwnas.core.io import check_writable
 from hwnas.export.cli import (
     EXIT_SOME_FAILED,
     add_config_flag,
@@ -20,7 +27,7 @@ from hwnas.export.cli import (
     run_export,
 )
 from hwnas.latency.cli import add_latency_parser, run_latency
-from hwnas.supernet.augment_kinds import AUGMENT_KINDS
+from hwnas.supernet.train_options import AUGMENT_KINDS, MAX_EPOCHS
 
 
 def _common(p: argparse.ArgumentParser, d) -> None:
@@ -29,7 +36,7 @@ def _common(p: argparse.ArgumentParser, d) -> None:
                    help="'digits' (built in, default), 'cifar10' (from the shared data), or a path: "
                         "a cifar10-jpeg .npz, a cifar-10-batches-py directory or an ImageFolder directory")
     p.add_argument("--space", default=d.space, help=f"search space (default: {d.space})")
-    p.add_argument("--seed", type=int, default=d.seed, help=f"seed of training and search (default {d.seed})")
+    p.add_argument("--seed", type=seed_int, default=d.seed, help=f"seed of training and search (default {d.seed})")
     p.add_argument("--device", default=d.torch_device,
                    help=f"torch device for training/evaluation (default {d.torch_device})")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -56,7 +63,7 @@ def _search_options(p: argparse.ArgumentParser, d) -> None:
     _common(p, d)
     p.add_argument("--supernet", help="supernet checkpoint to use (default: the run's own, the one "
                                       "shipped for the space and dataset, or train one)")
-    p.add_argument("--epochs", type=positive_int, default=d.epochs,
+    p.add_argument("--epochs", type=bounded_int(MAX_EPOCHS), default=d.epochs,
                    help=f"supernet training epochs when one is trained (default {d.epochs})")
     p.add_argument("--objectives", default=d.objectives,
                    help="comma-separated: accuracy, latency:DEVICE, size, bops, flops, params "
@@ -123,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a supernet and save its checkpoint")
     _common(t, d)
-    t.add_argument("--epochs", type=positive_int, default=d.epochs, help=f"training epochs (default {d.epochs})")
+    t.add_argument("--epochs", type=bounded_int(MAX_EPOCHS), default=d.epochs, help=f"training epochs (default {d.epochs})")
     t.add_argument("--out", help="checkpoint file to write (.pt; required here or in --config)")
     t.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint")
 
@@ -281,13 +288,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     from hwnas.supernet.spaces import get_space
     from hwnas.supernet.train import default_config, save_checkpoint, train_supernet
 
+    from hwnas.supernet.train import check_torch_device
+
     if not args.out:
         raise UserError("hwnas train needs --out CKPT.pt (or out in the [train] table of --config)")
     out = Path(args.out)
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory; expected a checkpoint file name ending in .pt")
     if out.exists() and not args.overwrite:
         raise UserError(f"{out} already exists; pass --overwrite to replace it")
     if out.suffix != ".pt":
         raise UserError(f"--out {out}: expected a checkpoint file name ending in .pt")
+    check_writable(out)
+    check_torch_device(args.device)
     data = load_dataset(args.dataset, seed=0)
     h, w = data.image_size
     space = get_space(args.space, in_channels=data.in_channels, image_size=h,
@@ -327,14 +340,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = argparse.Namespace(command=None)
     try:
         args = parse_args(argv)
-    except UserError as exc:
-        print(f"hwnas: error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    handler = {"run": cmd_run, "search": cmd_search, "export": run_export, "train": cmd_train, "spaces": cmd_spaces,
-               "latency": run_latency}[args.command]
-    try:
+        handler = {"run": cmd_run, "search": cmd_search, "export": run_export, "train": cmd_train,
+                   "spaces": cmd_spaces, "latency": run_latency}[args.command]
         return handler(args)
     except UserError as exc:
         print(f"hwnas: error: {exc}", file=sys.stderr)
@@ -343,17 +353,18 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
-        print(f"hwnas: interrupted; {_resume_hint(args)}", file=sys.stderr)
+        print(f"hwnas: interrupted; {_resume_hint(args.command)}", file=sys.stderr)
         return 130
 
 
-def _resume_hint(args: argparse.Namespace) -> str:
+def _resume_hint(command: str | None) -> str:
     """What to do after Ctrl-C: a search continues where it stopped when its command runs again
-    (completed trials are kept); an export leaves the previous one in place."""
-    if args.command in ("run", "search"):
-        return ("run the same command again to continue the run (completed trials are kept; "
+    (completed trials are kept, the interrupted one is enqueued again); an export leaves the
+    previous one in place."""
+    if command in ("run", "search"):
+        return ("run the same command again to continue (completed trials are kept; "
                 "--overwrite starts afresh)")
-    if args.command == "export":
+    if command == "export":
         return "the previous export is unchanged; run the same command again to export"
     return "nothing was written"
 

@@ -32,13 +32,18 @@ import numpy as np
 from hwnas.latency.onnx_measure import PRECISIONS, RUNTIMES
 
 from hwnas.core.errors import UserError
-from hwnas.core.io import write_atomic
+from hwnas.core.io import check_writable, write_atomic
 from hwnas.core.maths import spearman
 
 __all__ = ["add_latency_parser", "run_latency", "measure_dir", "adapt_device", "predict_csv",
            "default_predictor"]
 
-from hwnas.core.cli_args import non_negative_int, positive_float, positive_int  # noqa: E402
+from hwnas.core.cli_args import (  # noqa: E402
+    non_negative_int,
+    positive_float,
+    positive_int,
+    seed_int,
+)
 
 EXIT_SOME_UNSTABLE = 1
 
@@ -78,7 +83,7 @@ def add_latency_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     a.add_argument("--measurements", required=True, help="CSV with columns arch,latency_ms")
     a.add_argument("--predictor", help="predictor to adapt (default: the space's pretrained one, "
                                        "else the FLOPs predictor)")
-    a.add_argument("--seed", type=int, default=0, help="seed of the adaptation (default 0)")
+    a.add_argument("--seed", type=seed_int, default=0, help="seed of the adaptation (default 0)")
     a.add_argument("--overwrite", action="store_true", help="replace an existing profile")
 
     p = lsub.add_parser("predict", help="latency of a list of architectures on a device")
@@ -133,6 +138,7 @@ def _check_out(out: str | Path | None, overwrite: bool) -> Path | None:
         raise UserError(f"--out {path} already exists; pass --overwrite to replace it")
     if not path.parent.exists():
         raise UserError(f"--out {path}: directory {path.parent} does not exist")
+    check_writable(path)
     return path
 
 

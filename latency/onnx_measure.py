@@ -21,6 +21,7 @@ only onnxruntime and numpy are installed.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -68,6 +69,11 @@ class LatencyStats:
     def as_dict(self) -> dict:
         """Plain ``dict`` of all fields, ready for JSON/CSV output."""
         return asdict(self)
+
+
+#: the largest input a measurement feeds (values per input: 1 GiB of float32); a larger one is
+#: a mistake, not a vision model, and would exhaust memory before onnxruntime runs
+MAX_INPUT_ELEMENTS = 2 ** 28
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -155,6 +161,11 @@ def random_input(session: ort.InferenceSession | Runner, *, batch: int = 1, seed
                     f"input {arg.name!r} has a symbolic dimension {dim!r} at axis {axis} "
                     f"(shape {list(arg.shape)}); expected fixed sizes for every axis but the first (batch)"
                 )
+        if math.prod(shape) > MAX_INPUT_ELEMENTS:
+            raise UserError(
+                f"input {arg.name!r} has shape {shape} ({math.prod(shape):,} values); expected at "
+                f"most {MAX_INPUT_ELEMENTS:,} values per input (a vision model's input)"
+            )
         feeds[arg.name] = (rng.integers(0, 256, shape, dtype=np.uint8) if arg.type == "tensor(uint8)"
                            else rng.standard_normal(shape, dtype=np.float32))
     return feeds

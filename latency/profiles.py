@@ -119,6 +119,12 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+#: the range of a plausible measured latency of one batch-1 inference, in ms (1 ns to 1 hour):
+#: a value outside it is a unit mistake or a corrupt file, and would dominate any fit
+MIN_LATENCY_MS = 1e-6
+MAX_LATENCY_MS = 3.6e6
+
+
 def read_measurements(path: str | Path, space: SearchSpace, *, min_rows: int = 1) -> Measurements:
     """Read and validate a measurements CSV (header with at least ``arch,latency_ms``).
 
@@ -177,6 +183,9 @@ def read_measurements(path: str | Path, space: SearchSpace, *, min_rows: int = 1
             raise UserError(f"{path} line {line}: latency_ms is {value}; expected a finite latency in ms > 0")
         if ms <= 0:
             raise UserError(f"{path} line {line}: latency_ms is {value}; expected a latency in ms > 0")
+        if not MIN_LATENCY_MS <= ms <= MAX_LATENCY_MS:
+            raise UserError(f"{path} line {line}: latency_ms is {value}, not a plausible latency "
+                            f"of one inference; expected {MIN_LATENCY_MS:g} to {MAX_LATENCY_MS:g} ms")
         archs.append(canonical)
         values.append(ms)
     if not archs:

@@ -48,6 +48,7 @@ from hwnas.quant.policy import QuantPolicy, check_bits
 from torch import nn
 
 from hwnas.core.errors import UserError
+from hwnas.core.io import first_line
 
 __all__ = [
     "PTQConfig",
@@ -139,7 +140,7 @@ def insert_shared_add_quant(model: nn.Module, bits: int = 8) -> nn.Module:
         graph = _Tracer().trace(model)
     except Exception as exc:  # fx raises many types for untraceable code
         raise UserError(f"residual='shared' needs a torch.fx-traceable model; "
-                        f"{type(model).__name__} is not ({str(exc).splitlines()[0]})") from None
+                        f"{type(model).__name__} is not ({first_line(exc)})") from None
     gm = torch.fx.GraphModule(model, graph)
     used = {name for name, _ in gm.named_modules()}
     for node in list(gm.graph.nodes):
@@ -256,7 +257,7 @@ def _check_input(model: nn.Module, x: torch.Tensor) -> None:
     except (RuntimeError, ValueError, IndexError) as exc:
         raise UserError(f"calibration batch of shape {tuple(x.shape)} does not fit the model "
                         f"(expected (N, C, H, W) inputs like its training images): "
-                        f"{str(exc).splitlines()[0]}") from None
+                        f"{first_line(exc)}") from None
 
 
 # -- calibration -----------------------------------------------------------------------------------

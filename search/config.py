@@ -17,7 +17,7 @@ from hwnas.search.objectives import (
     parse_objectives,
 )
 from hwnas.search.samplers import DEFAULT_SAMPLER, SAMPLERS, check_screening_objectives
-from hwnas.supernet.augment_kinds import check_augment
+from hwnas.supernet.train_options import MAX_EPOCHS, check_augment
 
 from hwnas.core.errors import UserError
 
@@ -90,6 +90,10 @@ class SearchConfig:
 
         if self.space not in available_spaces():
             raise UserError(f"unknown space {self.space!r}; expected one of {available_spaces()}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 32:
+            raise UserError(f"--seed must be an integer from 0 to {2 ** 32 - 1}, got {self.seed!r}")
+        if self.supernet is None and self.epochs > MAX_EPOCHS:
+            raise UserError(f"--epochs {self.epochs}: at most {MAX_EPOCHS}")
         if self.trials <= 0:
             raise UserError(f"--trials must be a positive number of trials, got {self.trials}")
         if self.supernet is None and self.epochs <= 0:
@@ -115,7 +119,12 @@ class SearchConfig:
             check_augment(self.augment)
         if self.calib_batches <= 0 or self.ptq_images <= 0:
             raise UserError("calib_batches and ptq_images must be positive")
+        if not self.bits and list(self.bit_choices) != list(DEFAULT_BIT_CHOICES):
+            raise UserError(f"--no-bits searches float models only, but --bit-choices "
+                            f"{','.join(map(str, self.bit_choices))} asks for bit-widths; "
+                            f"leave out one of the two")
         self.bit_choices = list(check_bit_choices(self.bit_choices))
+        self.constraints = [c.text for c in self.constraint_list]  # one spelling each
         if not self.all_devices:  # parses objectives and constraints: their errors surface here
             raise UserError("no device: name one in an objective (latency:DEVICE) or --devices")
         if self.sampler == "screening":

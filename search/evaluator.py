@@ -287,3 +287,34 @@ def check_devices(space: SearchSpace, devices: list[str]) -> None:
     that does not)."""
     for name in devices:
         get_device(name, space)
+
+
+def check_cheap_bounds(space: SearchSpace, constraints: Sequence[Any], *, bits: bool,
+                       bit_choices: Sequence[int] = ()) -> None:
+    """UserError when a cheap constraint (:func:`hwnas.search.objectives.is_cheap`) rules out
+    the whole space before anything is trained: its bound lies beyond the best value of the
+    space's smallest and largest architectures under every uniform bit-width (the extremes of
+    size, FLOPs, parameters, BOPs and estimated latency), so no trial could meet it."""
+    from hwnas.search.bits import bit_groups, policy_for, uniform_groups
+
+    cheap = [c for c in constraints if is_cheap(c.metric)]
+    if not cheap:
+        return
+    metrics: list[Metric] = []
+    for c in cheap:
+        if c.metric not in metrics:
+            metrics.append(c.metric)
+    devices = {m.device: get_device(m.device, space) for m in metrics if m.device}
+    groups = bit_groups(space) if bits else []
+    candidates = [(arch, policy_for(space, arch, uniform_groups(groups, b)) if bits else None)
+                  for arch in (space.smallest(), space.largest())
+                  for b in (bit_choices if bits else (32,))]
+    values, _ = CheapMetrics(space, devices, metrics)(candidates)
+    for c in cheap:
+        column = values[:, metrics.index(c.metric)]
+        best = column.min() if c.op == "<=" else column.max()
+        if not c.satisfied(float(best)):
+            raise UserError(f"constraint {c.text!r} rules out every candidate of space "
+                            f"{space.name}: {c.metric.key} goes from {column.min():.4g} to "
+                            f"{column.max():.4g} {c.metric.unit} between its smallest and largest "
+                            f"models; relax the bound")

@@ -24,6 +24,7 @@ This module does not import torch.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -166,14 +167,39 @@ def parse_constraint(text: str) -> Constraint:
         raise UserError(f"constraint {text!r}: unknown unit {m['unit']!r} for {metric.name}; "
                         f"expected one of {', '.join(u for u in units if u) or 'none'}")
     bound = float(m["value"]) * units[unit]
-    return Constraint(metric, m["op"], bound, text.strip())
+    if not math.isfinite(bound):
+        raise UserError(f"constraint {text!r}: the bound is not a finite number")
+    constraint = Constraint(metric, m["op"], bound, re.sub(r"\s+", "", text))
+    _check_possible(constraint)
+    return constraint
+
+
+def _check_possible(c: Constraint) -> None:
+    """UserError for a constraint no model can meet whatever the search does: a cost or
+    latency at most zero or less, an accuracy above 100 % or below 0 %."""
+    if c.metric.name == "accuracy":
+        if (c.op == ">=" and c.bound > 100) or (c.op == "<=" and c.bound < 0):
+            raise UserError(f"constraint {c.text!r} cannot be met: accuracy is a percentage "
+                            f"from 0 to 100")
+    elif c.op == "<=" and c.bound <= 0:
+        raise UserError(f"constraint {c.text!r} cannot be met: {c.metric.name} is always "
+                        f"positive; expected a bound > 0")
 
 
 def parse_constraints(specs: Iterable[str] | None) -> list[Constraint]:
+    """Parsed constraints, written without spaces; UserError when one is given twice (in any
+    spelling or unit) or two of one metric leave no value between them."""
     out = [parse_constraint(s) for s in (specs or [])]
-    texts = [c.text for c in out]
-    if len(set(texts)) != len(texts):
-        raise UserError(f"a constraint is given twice: {texts}")
+    for i, a in enumerate(out):
+        for b in out[:i]:
+            if (a.metric, a.op, a.bound) == (b.metric, b.op, b.bound):
+                raise UserError(f"constraint {a.text!r} is given twice (as {b.text!r})")
+            if a.metric == b.metric and a.op != b.op:
+                low, high = (a, b) if a.op == ">=" else (b, a)
+                if low.bound > high.bound:
+                    raise UserError(f"constraints {high.text!r} and {low.text!r} cannot both be "
+                                    f"met: no {a.metric.key} is at most {high.bound:g} and at "
+                                    f"least {low.bound:g}")
     return out
 
 

@@ -44,6 +44,7 @@ from hwnas.search.config import RESUME_KEYS, SearchConfig
 from hwnas.search.evaluator import (
     EvalSettings,
     TrialEvaluator,
+    check_cheap_bounds,
     check_devices,
     metric_columns,
     policy_from_text,
@@ -53,13 +54,16 @@ from hwnas.search.plots import plot_across_devices, plot_fronts, plot_hypervolum
 from hwnas.search.rundir import RUN_FORMAT, RunDir
 from hwnas.search.samplers import make_sampler, screening_problem
 from hwnas.search.study import (
+    check_storage,
     completed,
     describe_study,
     enqueue_once,
     is_sqlite,
+    lock_sqlite,
     open_study,
     recover_interrupted,
     run_trials,
+    sampler_seed,
     sqlite_url,
 )
 from hwnas.supernet.checkpoints import shipped_checkpoint
@@ -71,6 +75,7 @@ from hwnas.supernet.spaces import get_space
 from hwnas.supernet.train import (
     TrainConfig,
     TrainResult,
+    check_torch_device,
     default_config,
     load_checkpoint,
     save_checkpoint,
@@ -79,7 +84,7 @@ from hwnas.supernet.train import (
 )
 
 from hwnas.core.errors import UserError
-from hwnas.core.io import write_json
+from hwnas.core.io import LockFile, check_writable, first_line, write_json
 
 CONFIG_FILE = RunDir.CONFIG
 
@@ -115,11 +120,22 @@ def is_run_dir(path: Path) -> bool:
     return RunDir(path).is_run()
 
 
+def check_out_dir(out: str | Path) -> None:
+    """UserError unless ``--out`` is, or can be created as, a writable directory."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; expected the directory that holds runs")
+    check_writable(out)
+
+
+def run_dir_of(cfg: SearchConfig, data: DatasetSplits) -> Path:
+    return Path(cfg.out) / (cfg.name or f"{data.name}-{cfg.space}")
+
+
 def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits, overwrite: bool) -> tuple[Path, bool]:
     """(run directory, continuing?) — raises before anything is written. Nothing is deleted
     here: with ``overwrite`` an existing run is replaced only once the new one is staged."""
-    name = cfg.name or f"{data.name}-{cfg.space}"
-    run_dir = Path(cfg.out) / name
+    run_dir = run_dir_of(cfg, data)
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"{run_dir} exists and is not a directory; choose another --name or --out")
     if not (run_dir.exists() and any(run_dir.iterdir())):
@@ -181,20 +197,28 @@ def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, prog
             raise UserError(f"checkpoint {source} holds space {space.name!r}, not {cfg.space!r}")
         _check_compatible(space, data, f"checkpoint {source}")
         check_devices(space, cfg.all_devices)
+        check_cheap_bounds(space, cfg.constraint_list, bits=cfg.bits, bit_choices=cfg.bit_choices)
         recorded = payload.get("train_config")
+        if recorded is not None and not isinstance(recorded, dict):
+            raise UserError(f"checkpoint {source}: its train_config is a "
+                            f"{type(recorded).__name__}, not a training configuration")
+        try:
+            recorded_config = TrainConfig.from_dict(recorded) if recorded else None
+        except UserError as exc:
+            raise UserError(f"checkpoint {source}: its train_config: {exc}") from None
         trained_with = with_training_augment(data, recorded).augment
         if cfg.augment is not None and cfg.augment != trained_with:
             raise UserError(f"--augment {cfg.augment}: checkpoint {source} was trained with "
                             f"{trained_with}; pass --augment {trained_with}, leave it out, or "
                             f"train a new supernet (--supernet, --name)")
-        return (space, supernet, None, TrainConfig.from_dict(recorded) if recorded else None,
-                payload.get("data_record"))
+        return space, supernet, None, recorded_config, payload.get("data_record")
     h, w = data.image_size
     if h != w:
         raise UserError(f"space {cfg.space} needs square images; the dataset's are {h}x{w}")
     space = get_space(cfg.space, in_channels=data.in_channels, image_size=h,
                       num_classes=data.num_classes)
     check_devices(space, cfg.all_devices)
+    check_cheap_bounds(space, cfg.constraint_list, bits=cfg.bits, bit_choices=cfg.bit_choices)
     supernet = space.build_supernet()
     config = default_config(space, cfg.epochs, seed=cfg.seed, augment=cfg.augment)
     result = train_supernet(supernet, space, data, config, device=cfg.torch_device,
@@ -202,22 +226,18 @@ def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, prog
     return space, supernet, result, config, training_record(data)
 
 
-def _lock_run_dir(run_dir: Path):
-    """An exclusive lock on the run directory (a lock file beside it; the OS releases it when
-    the process dies), so two processes cannot write one run — extra workers of the same run
-    share the study through the storage, not the directory."""
-    import fcntl
-
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(run_dir.with_name(f".{run_dir.name}.lock"), "w")
+def _lock_run_dir(run_dir: Path) -> LockFile:
+    """An exclusive lock on the run directory (a lock file beside it), so two processes cannot
+    write one run — extra workers of the same run share the study through the storage, not the
+    directory. Taken before the directory is checked."""
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
+        lock = LockFile(run_dir.with_name(f".{run_dir.name}.lock"))
+    except OSError as exc:
+        raise UserError(f"--out {run_dir.parent}: cannot write there ({first_line(exc)})") from None
+    if not lock.held:
         raise UserError(f"another hwnas process is writing {run_dir}; wait for it, or choose "
-                        f"another --name (several workers: --storage postgresql://... --workers N)"
-                        ) from None
-    return handle
+                        f"another --name (several workers: --storage postgresql://... --workers N)")
+    return lock
 
 
 # -- the study -------------------------------------------------------------------------------
@@ -274,14 +294,16 @@ def seed_trials(space: SearchSpace, supernet, data: DatasetSplits, cfg: SearchCo
 
 
 def build_sampler(cfg: SearchConfig, space: SearchSpace, evaluator: TrialEvaluator,
-                  n_seeds: int):
-    """The search's seeded sampler; ``screening`` gets the search's problem (candidates with
-    their bit policies, cheap objectives and constraints on the evaluator's devices)."""
+                  n_seeds: int, seed: int | None = None):
+    """The search's sampler, seeded by ``seed`` (default ``cfg.seed``); ``screening`` gets the
+    search's problem (candidates with their bit policies, cheap objectives and constraints on
+    the evaluator's devices)."""
     problem = None
     if cfg.sampler == "screening":
         problem = screening_problem(space, cfg.objective_metrics, cfg.constraint_list,
                                     evaluator.devices, bits=cfg.bits, bit_choices=cfg.bit_choices)
-    return make_sampler(cfg.sampler, cfg.seed, n_seeds=n_seeds, problem=problem)
+    return make_sampler(cfg.sampler, cfg.seed if seed is None else seed, n_seeds=n_seeds,
+                        problem=problem)
 
 
 def _open(cfg: SearchConfig, run_dir: Path, sampler):
@@ -365,8 +387,9 @@ def accuracy_predictor(cfg: SearchConfig, space: SearchSpace, evaluator: TrialEv
     return accuracy_fn
 
 
-def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int) -> int:
-    """One extra worker process: load the run's supernet, join the study, run trials."""
+def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int, worker: int = 1) -> int:
+    """One extra worker process: load the run's supernet, join the study, run trials (its
+    sampler seeded apart from the other workers')."""
     cfg = SearchConfig(**cfg_dict)
     torch.set_num_threads(1)
     data = load_dataset(cfg.dataset, seed=cfg.data_seed)
@@ -379,6 +402,8 @@ def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int) -> int:
         fn = accuracy_predictor(cfg, space, evaluator, Path(run_dir), log=lambda *a: None)
         evaluator = _evaluator(cfg, space, supernet, data, fn, run_dir=run_dir)
     _, study = _open(cfg, Path(run_dir), build_sampler(cfg, space, evaluator, n_seeds))
+    study.sampler = build_sampler(cfg, space, evaluator, n_seeds,
+                                  seed=sampler_seed(cfg.seed, len(study.trials), worker))
     return run_trials(study, make_objective(space, evaluator, cfg), cfg.trials, progress=False)
 
 
@@ -387,25 +412,37 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
     """See the module docstring."""
     start = time.perf_counter()
     cfg.validate()
+    check_torch_device(cfg.torch_device)
+    check_out_dir(cfg.out)
+    if cfg.storage:
+        check_storage(cfg.storage)
     data = load_dataset(cfg.dataset, seed=cfg.data_seed)
-    run_dir, continuing = prepare_run_dir(cfg, data, overwrite)
-    timings: dict[str, float] = {}
-
-    t0 = time.perf_counter()
-    supernet_source = _checkpoint_source(cfg, data, run_dir)
-    space, supernet, train_result, train_config, record = resolve_supernet(cfg, data, run_dir,
-                                                                           progress)
-    if train_result is None:  # a checkpoint's training images stay out of validation
-        data = disjoint_validation(data, {"data_record": record}, str(supernet_source),
-                                   seed=cfg.data_seed, log=log)
-    data = with_training_augment(data, train_config.to_dict() if train_config else None)
-    timings["supernet_s"] = time.perf_counter() - t0
-    if train_result:
-        log(f"trained supernet {space.name} on {data.name}: {train_result.epochs} epochs in "
-            f"{train_result.seconds:.0f} s ({train_result.images_per_s:.0f} images/s)")
-    settings = settings_of(cfg, data, run_dir.name)
-    lock = _lock_run_dir(run_dir)  # held until the search ends
+    lock = _lock_run_dir(run_dir_of(cfg, data))  # before the directory is checked; held to the end
+    written, sqlite_lock = False, None
     try:
+        run_dir, continuing = prepare_run_dir(cfg, data, overwrite)
+        if (continuing and cfg.storage is None and RunDir(run_dir).trials_csv.is_file()
+                and not RunDir(run_dir).study_db.is_file()):
+            raise UserError(f"{run_dir} holds a run whose study.db is missing; its outputs "
+                            f"cannot be continued: restore study.db, pass --overwrite to "
+                            f"start afresh, or choose another --name")
+        sqlite_lock = lock_sqlite(cfg.storage) if cfg.storage else None
+        timings: dict[str, float] = {}
+
+        t0 = time.perf_counter()
+        supernet_source = _checkpoint_source(cfg, data, run_dir)
+        space, supernet, train_result, train_config, record = resolve_supernet(cfg, data, run_dir,
+                                                                               progress)
+        if train_result is None:  # a checkpoint's training images stay out of validation
+            data = disjoint_validation(data, {"data_record": record}, str(supernet_source),
+                                       seed=cfg.data_seed, log=log)
+        data = with_training_augment(data, train_config.to_dict() if train_config else None)
+        timings["supernet_s"] = time.perf_counter() - t0
+        if train_result:
+            log(f"trained supernet {space.name} on {data.name}: {train_result.epochs} epochs in "
+                f"{train_result.seconds:.0f} s ({train_result.images_per_s:.0f} images/s)")
+        settings = settings_of(cfg, data, run_dir.name)
+        written = True
         if not continuing:
             staging = run_dir.with_name(f".{run_dir.name}.staging")
             shutil.rmtree(staging, ignore_errors=True)
@@ -430,9 +467,12 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
         if continuing and "supernet" in study.user_attrs:
             attrs.pop("supernet")  # the run's own copy now; the study keeps where it came from
         describe_study(study, attrs)
-        seeds = [] if study.get_trials(deepcopy=False) else seed_trials(space, supernet, data, cfg, log)
+        n_before = len(study.get_trials(deepcopy=False))
+        seeds = [] if n_before else seed_trials(space, supernet, data, cfg, log)
         n_seeds = enqueue_once(study, seeds)
-        study.sampler = build_sampler(cfg, space, evaluator, n_seeds)  # start-up counts seeds
+        # start-up counts seeds; a continued study draws on from a seed of its own
+        study.sampler = build_sampler(cfg, space, evaluator, n_seeds,
+                                      seed=sampler_seed(cfg.seed, n_before))
         if is_sqlite(storage):
             recovered = recover_interrupted(study)
             if recovered:
@@ -442,8 +482,9 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
         procs = []
         if cfg.workers > 1:
             ctx = multiprocessing.get_context("spawn")
-            for _ in range(cfg.workers - 1):
-                p = ctx.Process(target=worker_main, args=(cfg.to_dict(), str(run_dir), n_seeds))
+            for w in range(1, cfg.workers):
+                p = ctx.Process(target=worker_main,
+                                args=(cfg.to_dict(), str(run_dir), n_seeds, w))
                 p.start()
                 procs.append(p)
         try:
@@ -476,7 +517,9 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
                                   f"after {len(result.trials)} trials; closest: {detail}")
         return result
     finally:
-        lock.close()
+        if sqlite_lock is not None:
+            sqlite_lock.release(clean=not written)
+        lock.release(clean=not written)
 
 
 def score_models(rows: pd.DataFrame, evaluator: TrialEvaluator, data: DatasetSplits) -> dict:

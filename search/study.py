@@ -9,13 +9,18 @@ the budget it is pruned (not counted) and its worker stops.
 
 Crash safety: the storage keeps a heartbeat for running trials; a trial whose worker died is
 marked failed after the grace period and its parameters are enqueued again
-(:class:`optuna.storages.RetryHeartbeatStaleTrialCallback`), so no trial is lost. With SQLite (one
-worker by construction) trials left running by a killed process are recovered at start-up.
+(:class:`optuna.storages.RetryHeartbeatStaleTrialCallback`), so no trial is lost. SQLite has one
+writer: a process holds :func:`lock_sqlite` for the whole search, so trials left running in it
+belong to a process that died and are recovered at start-up; a trial whose owner (host and
+process id, recorded when it starts) is alive on this host is never failed. Ctrl-C ends the
+trial being evaluated as pruned (it does not count) and enqueues its parameters again.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,6 +34,7 @@ from optuna.trial import TrialState
 from tqdm.auto import tqdm
 
 from hwnas.core.errors import UserError
+from hwnas.core.io import LockFile, first_line, pid_alive
 
 HEARTBEAT_S = 10
 GRACE_S = 30
@@ -43,6 +49,94 @@ def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` URL (None for in-memory databases)."""
+    rest = url.split("://", 1)[1] if "://" in url else ""
+    path = rest[1:] if rest.startswith("/") else rest
+    path = path.split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+def check_storage(url: str) -> None:
+    """UserError unless the storage URL can be opened, without writing anything: SQLite needs
+    an existing, writable directory (and a database file, if there is one, that is a file);
+    a server database must accept a connection."""
+    if is_sqlite(url):
+        path = sqlite_path(url)
+        if path is None:
+            return
+        if path.exists() and not path.is_file():
+            raise UserError(f"--storage {url}: {path} exists and is not a database file")
+        parent = path.resolve().parent
+        if not parent.is_dir():
+            raise UserError(f"--storage {url}: directory {parent} does not exist; create it or "
+                            f"give an existing directory")
+        if not os.access(parent, os.W_OK):
+            raise UserError(f"--storage {url}: directory {parent} is not writable")
+        return
+    import sqlalchemy
+
+    try:
+        engine = sqlalchemy.create_engine(url)
+    except ImportError as exc:
+        raise UserError(f"storage {url.split('://')[0]}:// needs a database driver that is "
+                        f"not installed ({exc}); for PostgreSQL: pip install 'psycopg[binary]'") from None
+    except Exception as exc:
+        raise UserError(f"--storage {_redact(url)} is not a usable database URL: "
+                        f"{first_line(exc)}") from None
+    try:
+        with engine.connect():
+            pass
+    except Exception as exc:  # SQLAlchemy's connection errors
+        raise UserError(f"cannot connect to the study storage {_redact(url)}: "
+                        f"{first_line(exc)}") from None
+    finally:
+        engine.dispose()
+
+
+def lock_sqlite(url: str) -> LockFile | None:
+    """An exclusive lock on a SQLite storage (a ``.lock`` file beside the database), held for a
+    whole search: SQLite cannot be shared by several writers, as ``--workers`` already says.
+    None for other storages."""
+    path = sqlite_path(url) if is_sqlite(url) else None
+    if path is None:
+        return None
+    lock = LockFile(path.with_name(f"{path.name}.lock"))
+    if not lock.held:
+        raise UserError(f"another hwnas process is using the SQLite study storage {path}; "
+                        f"SQLite cannot be shared by several writers: wait for it, or pass "
+                        f"--storage postgresql://USER@HOST/DB to share a study")
+    return lock
+
+
+def sampler_seed(seed: int, n_trials: int, worker: int = 0) -> int:
+    """The sampler's seed for a process joining a study that holds ``n_trials`` trials: ``seed``
+    for the first process of a fresh study, otherwise a seed derived from all three, so a
+    continued study or another worker draws new candidates instead of replaying the first."""
+    if n_trials == 0 and worker == 0:
+        return seed
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, n_trials, worker]).generate_state(1)[0])
+
+
+OWNER_ATTR = "hwnas_owner"
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _owner_alive(owner: str | None) -> bool:
+    """Whether ``owner`` (host:pid) is a live process of this host other than this one."""
+    if not owner or ":" not in owner:
+        return False
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    return pid_alive(int(pid))
+
+
 def make_storage(url: str) -> RDBStorage:
     """An RDB storage with heartbeats and retry of trials whose worker died."""
     with warnings.catch_warnings():  # heartbeat options are experimental in some versions
@@ -55,7 +149,7 @@ def make_storage(url: str) -> RDBStorage:
                             f"not installed ({exc}); for PostgreSQL: pip install 'psycopg[binary]'") from None
         except Exception as exc:  # SQLAlchemy's connection errors
             raise UserError(f"cannot open the study storage {_redact(url)}: "
-                            f"{str(exc).splitlines()[0]}") from None
+                            f"{first_line(exc)}") from None
 
 
 def _redact(url: str) -> str:
@@ -107,26 +201,45 @@ def enqueue_once(study: optuna.Study, seeds: Sequence[tuple[dict[str, Any], str]
     """Enqueue the seed trials (params, label) at the start of a fresh study; returns how many
     are in the study (0 if it already had trials)."""
     if study.get_trials(deepcopy=False):
-        return sum(1 for t in study.get_trials(deepcopy=False) if "seed" in t.user_attrs)
+        return len({t.user_attrs["seed"] for t in study.get_trials(deepcopy=False)
+                    if "seed" in t.user_attrs})
     for params, label in seeds:
         study.enqueue_trial(params, user_attrs={"seed": label}, skip_if_exists=True)
     return len(seeds)
 
 
+def _requeue(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+    """Enqueue ``trial``'s parameters again (with its seed label)."""
+    attrs = {k: v for k, v in trial.user_attrs.items() if k == "seed"}
+    study.enqueue_trial(trial.params, user_attrs={**attrs, "retry_of": trial.number})
+
+
 def recover_interrupted(study: optuna.Study) -> int:
-    """Fail the trials left *running* by a killed process and enqueue their parameters again.
-    Only for single-worker storages (SQLite): with several workers a running trial may be
-    alive, and the heartbeat handles the dead ones."""
-    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    """Fail the trials left *running* by a process that died and enqueue their parameters
+    again. For SQLite, under :func:`lock_sqlite` (no other hwnas process writes the study);
+    a trial whose recorded owner is a live process of this host is left alone all the same."""
+    stale = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+             if not _owner_alive(t.system_attrs.get(OWNER_ATTR))]
     for t in stale:
         study.tell(t.number, state=TrialState.FAIL)
-        study.enqueue_trial(t.params, user_attrs={**{k: v for k, v in t.user_attrs.items()
-                                                      if k == "seed"}, "retry_of": t.number})
+        _requeue(study, t)
     return len(stale)
 
 
 def completed(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+
+def _install_sigint(handler):
+    """Install ``handler`` for SIGINT in the main thread; returns the previous one (None
+    elsewhere, where signals cannot be handled)."""
+    import signal
+    import threading
+
+    if (handler is None or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is signal.SIG_IGN):
+        return None
+    return signal.signal(signal.SIGINT, handler)
 
 
 def run_trials(study: optuna.Study, objective: Callable[[optuna.Trial], Sequence[float]],
@@ -137,13 +250,34 @@ def run_trials(study: optuna.Study, objective: Callable[[optuna.Trial], Sequence
     if before >= budget:
         return 0
 
+    interrupted: list[int] = []
+    state = {"in_objective": False, "requested": False}
+
     def guarded(trial: optuna.Trial) -> Sequence[float]:
+        study._storage.set_trial_system_attr(trial._trial_id, OWNER_ATTR, _owner())
         ahead = sum(1 for t in study.get_trials(deepcopy=False, states=_COUNTED)
                     if t.number < trial.number)
-        if ahead >= budget:
+        if ahead >= budget or state["requested"]:
             study.stop()
+            if state["requested"]:
+                interrupted.append(trial.number)
             raise optuna.TrialPruned("trial budget reached")
-        return objective(trial)
+        try:
+            state["in_objective"] = True
+            return objective(trial)
+        except KeyboardInterrupt:  # end quietly: pruned (not counted), run again later
+            interrupted.append(trial.number)
+            study.stop()
+            raise optuna.TrialPruned("interrupted") from None
+        finally:
+            state["in_objective"] = False
+
+    def on_sigint(signum, frame) -> None:
+        """Ctrl-C interrupts an evaluation at once; elsewhere (Optuna writing the storage) it
+        takes effect when the storage is consistent, before the next evaluation."""
+        if state["in_objective"]:
+            raise KeyboardInterrupt
+        state["requested"] = True
 
     bar = tqdm(total=budget, initial=before, desc=desc, unit="trial", disable=not progress,
                leave=False)
@@ -151,10 +285,18 @@ def run_trials(study: optuna.Study, objective: Callable[[optuna.Trial], Sequence
     def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if trial.state == TrialState.COMPLETE:
             bar.update(1)
+        if state["requested"]:
+            study.stop()
 
     logging.getLogger("optuna").setLevel(logging.WARNING)
+    previous = _install_sigint(on_sigint)
     try:
         study.optimize(guarded, n_trials=budget - before, callbacks=[callback], catch=())
     finally:
         bar.close()
+        _install_sigint(previous)
+    if interrupted or state["requested"]:
+        for number in interrupted:
+            _requeue(study, study.trials[number])
+        raise KeyboardInterrupt
     return len(completed(study)) - before

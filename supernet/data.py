@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from hwnas.supernet.augment_kinds import AUGMENT_KINDS, check_augment
+from hwnas.supernet.train_options import AUGMENT_KINDS, check_augment
 from hwnas.supernet.trivial_augment import trivial_augment
 
 from hwnas.core.errors import UserError

@@ -47,8 +47,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import pickle
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -69,11 +71,13 @@ from hwnas.supernet.space import SearchSpace
 from torch import nn
 
 from hwnas.core.errors import UserError
-from hwnas.core.io import write_atomic
+from hwnas.core.io import first_line, write_atomic
+from hwnas.supernet.train_options import MAX_EPOCHS
 
 #: Format tags of the two checkpoint kinds.
 SUPERNET_FORMAT = "hwnas-supernet-1"
 STANDALONE_FORMAT = "hwnas-standalone-1"
+
 
 #: Names of the schedule presets of :func:`schedule_config`.
 SCHEDULES = ("sandwich", "progressive", "deps")
@@ -138,6 +142,8 @@ class TrainConfig:
     def validate(self) -> None:
         if not self.stages or any(s.epochs < 0 for s in self.stages) or self.epochs <= 0:
             raise UserError(f"training needs a positive number of epochs, got {self.epochs}")
+        if self.epochs > MAX_EPOCHS:
+            raise UserError(f"training asks for {self.epochs} epochs; at most {MAX_EPOCHS}")
         if self.batch_size <= 0:
             raise UserError(f"batch size must be positive, got {self.batch_size}")
         if self.lr <= 0:
@@ -155,9 +161,38 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        d = dict(d)
-        d["stages"] = [TrainStage(**s) for s in d.get("stages", [])]
-        return cls(**d)
+        """The configuration a checkpoint records; UserError if it is not one (an unknown
+        key, a value of the wrong kind)."""
+        try:
+            d = dict(d)
+            d["stages"] = [TrainStage(**s) for s in d.get("stages", [])]
+            config = cls(**d)
+            config.validate()
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise UserError(f"not a training configuration: {first_line(exc)}") from None
+        return config
+
+
+def check_torch_device(name: str) -> torch.device:
+    """The torch device ``name`` names, if this machine has it; UserError otherwise (a typo,
+    or CUDA/MPS asked for where there is none)."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise UserError(f"--device {name!r} is not a torch device; expected cpu, cuda, cuda:N "
+                        f"or mps") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {name}: CUDA is not available on this machine; use "
+                            f"--device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UserError(f"--device {name}: this machine has {torch.cuda.device_count()} "
+                            f"CUDA device(s)")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"--device {name}: MPS is not available on this machine; use --device cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"--device {name}: expected cpu, cuda, cuda:N or mps")
+    return device
 
 
 def sandwich_config(epochs: int, **kwargs: Any) -> TrainConfig:
@@ -779,11 +814,17 @@ def _read_payload(path: str | Path, fmt: str) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; expected a file written by "
                         f"'hwnas train', 'hwnas run' or supernet.train_cifar")
+    what = "supernet" if fmt == SUPERNET_FORMAT else "standalone subnet"
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # e.g. about the pickle protocol of a foreign file
+            warnings.simplefilter("ignore")
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # torch's weights-only loader refused an object
+        raise UserError(f"cannot read {what} checkpoint {path}: it holds objects other than "
+                        f"tensors and plain data, which hwnas never loads (they could run "
+                        f"code)") from None
     except Exception as exc:  # torch raises many types for a corrupt or foreign file
-        what = "supernet" if fmt == SUPERNET_FORMAT else "standalone subnet"
-        raise UserError(f"cannot read {what} checkpoint {path}: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"cannot read {what} checkpoint {path}: {first_line(exc)}") from None
     if not isinstance(payload, dict) or payload.get("format") not in (SUPERNET_FORMAT, STANDALONE_FORMAT):
         what = "supernet" if fmt == SUPERNET_FORMAT else "standalone subnet"
         raise UserError(f"{path} is not an hwnas {what} checkpoint (no {fmt!r} format tag)")
@@ -801,6 +842,11 @@ def _space_of(payload: dict[str, Any], path: str | Path) -> SearchSpace:
         return get_space(payload["space"], config=payload["space_config"])
     except KeyError:
         raise UserError(f"checkpoint {path} records no space") from None
+    except UserError as exc:
+        raise UserError(f"checkpoint {path}: {exc}") from None
+    except (TypeError, ValueError, AttributeError, RuntimeError) as exc:
+        raise UserError(f"checkpoint {path} records a space that cannot be built: "
+                        f"{first_line(exc)}") from None
 
 
 def with_training_augment(data: DatasetSplits, train_config: dict[str, Any] | None) -> DatasetSplits:
@@ -813,9 +859,15 @@ def with_training_augment(data: DatasetSplits, train_config: dict[str, Any] | No
     recalibrated without cutout, 94.5 % and 93.2 % with it; run 7's (the shipped one, trained
     with TrivialAugment before cutout) 95.65 % and 92.50 % without TrivialAugment, 95.70 % and
     93.15 % with it."""
+    if train_config is not None and not isinstance(train_config, dict):
+        raise UserError(f"a checkpoint's train_config is a {type(train_config).__name__}, not a "
+                        f"training configuration")
     augment = (train_config or {}).get("augment")
     if not augment or augment == data.augment:
         return data
+    if augment not in AUGMENT_KINDS:
+        raise UserError(f"the checkpoint was trained with augmentation {augment!r}, which this "
+                        f"version does not know; expected one of {list(AUGMENT_KINDS)}")
     return replace(data, augment=augment)
 
 
@@ -829,7 +881,7 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     if space is not None:
         _check_same_space(payload, space, path)
     ckpt_space = _space_of(payload, path)
-    supernet = ckpt_space.build_supernet()
+    supernet = _build(ckpt_space, path)
     _load_state(supernet, payload, path, ckpt_space)
     return ckpt_space, supernet.to(device), payload
 
@@ -839,18 +891,36 @@ def load_standalone(path: str | Path, *, device: str | torch.device = "cpu"):
     payload = _read_payload(path, STANDALONE_FORMAT)
     space = _space_of(payload, path)
     arch = space.parse(payload["arch"])
-    model = space.build_supernet().extract(arch)
+    model = _build(space, path).extract(arch)
     _load_state(model, payload, path, space)
     return space, arch, model.to(device).eval(), payload
 
 
+def _build(space: SearchSpace, path: str | Path) -> nn.Module:
+    """The supernet of a checkpoint's space; UserError when its recorded configuration cannot
+    make one (a crafted file: negative class count, channels ...)."""
+    try:
+        return space.build_supernet()
+    except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as exc:
+        raise UserError(f"checkpoint {path} records a space configuration that builds no "
+                        f"network: {first_line(exc)}") from None
+
+
 def _load_state(module: nn.Module, payload: dict[str, Any], path: str | Path,
                 space: SearchSpace) -> None:
+    state = payload.get("state_dict")
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"checkpoint {path} holds no weights (its state_dict is not a mapping "
+                        f"of tensors)")
+    bad = [k for k, v in state.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise UserError(f"checkpoint {path} holds non-finite weights (NaN or infinity) in "
+                        f"{len(bad)} tensor(s), e.g. {bad[0]}; train it again")
     try:
-        module.load_state_dict(payload["state_dict"])
-    except (RuntimeError, KeyError) as exc:
+        module.load_state_dict(state)
+    except (RuntimeError, KeyError, TypeError) as exc:
         raise UserError(f"checkpoint {path} does not match space {space.name}: "
-                        f"{str(exc).splitlines()[0]}") from None
+                        f"{first_line(exc)}") from None
 
 
 def _check_same_space(payload: dict[str, Any], space: SearchSpace, path: str | Path) -> None:
@@ -885,5 +955,5 @@ def _load_for_resume(path: str | Path, job: _Job, config: TrainConfig, steps_per
         job.model.load_state_dict(payload["state_dict"])
     except RuntimeError as exc:
         raise UserError(f"checkpoint {path} does not match space {job.space.name}: "
-                        f"{str(exc).splitlines()[0]}") from None
+                        f"{first_line(exc)}") from None
     return payload

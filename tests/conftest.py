@@ -56,3 +56,9 @@ def small_run(tmp_path_factory, digits_checkpoint):
                objectives="accuracy,latency:edgetpu-est", trials=4, out=str(out), name="small",
                sensitivity_seeds=False, progress=False, log=lambda *a: None)
     return out / "small"
+
+
+@pytest.fixture(scope="session")
+def fuzz_checkpoint(digits_checkpoint):
+    """The fuzz suite's supernet (tests/test_fuzz_*.py): the shared one-epoch digits one."""
+    return digits_checkpoint

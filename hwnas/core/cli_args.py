@@ -45,3 +45,31 @@ def positive_float(text: str) -> float:
     if not value > 0 or math.isinf(value):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
     return value
+
+
+#: seeds are 32-bit unsigned (numpy's and Optuna's samplers reject others)
+MAX_SEED = 2 ** 32 - 1
+
+
+def seed_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed from 0 to {MAX_SEED}, got {value}")
+    return value
+
+
+def bounded_int(maximum: int):
+    """A positive-integer argument type with an upper bound (e.g. epochs, so a typo such as
+    ``1e30`` written out fails at once instead of running for ever)."""
+
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"expected a positive integer up to {maximum}, "
+                                             f"got {value}")
+        return value
+
+    return parse

@@ -45,3 +45,80 @@ def first_line(exc: BaseException) -> str:
         if line.strip():
             return line.strip()
     return type(exc).__name__
+
+
+class LockFile:
+    """An exclusive, non-blocking lock on ``path`` (created if missing; the OS releases it when
+    the process dies). ``held`` tells whether it was obtained. :meth:`release` with
+    ``clean=True`` removes the lock file and the missing folders this lock created for it, for
+    a command that fails before writing anything (the file tree is left as it was)."""
+
+    def __init__(self, path: str | Path) -> None:
+        import fcntl
+
+        self.path = Path(path)
+        parent = self.path.parent
+        self._made = [d for d in reversed([parent, *parent.parents]) if not d.exists()]
+        parent.mkdir(parents=True, exist_ok=True)
+        self._new_file = not self.path.exists()
+        self._handle = open(self.path, "w")
+        try:
+            fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.held = True
+        except OSError:
+            self._handle.close()
+            self.held, self._new_file, self._made = False, False, []
+
+    def release(self, clean: bool = False) -> None:
+        if not self.held:
+            return
+        if clean and self._new_file:
+            self.path.unlink(missing_ok=True)
+        self._handle.close()
+        self.held = False
+        if clean:
+            for d in reversed(self._made):
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+
+    def close(self) -> None:
+        self.release()
+
+
+def check_writable(path: str | Path, what: str = "--out") -> None:
+    """UserError unless ``path`` (a file or directory to create or replace) can be written:
+    not an existing file where a directory is needed is the caller's check; here the nearest
+    existing folder above it must be a directory where a probe file can be created (and is
+    removed at once), so an unwritable target fails before any work is done."""
+    from hwnas.core.errors import UserError
+
+    path = Path(path)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UserError(f"{what} {path}: not writable")
+    ancestor = path.parent if path.parent != path else path
+    while not ancestor.exists() and ancestor.parent != ancestor:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(f"{what} {path}: {ancestor} is a file, not a directory")
+    probe = ancestor / f".hwnas-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as exc:
+        raise UserError(f"{what} {path}: cannot write in {ancestor} "
+                        f"({exc.strerror or first_line(exc)})") from None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

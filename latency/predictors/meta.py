@@ -69,6 +69,11 @@ def _ridge(X: np.ndarray, y: np.ndarray, ridge: float) -> tuple[np.ndarray, floa
     return coef, float(y.mean() - m @ coef)
 
 
+#: measurements one adaptation fits at most (a seeded subsample of more): the Gaussian-process
+#: fit holds n x n matrices, and a few hundred measurements already settle the predictor
+MAX_ADAPT_MEASUREMENTS = 2000
+
+
 @register_predictor_class
 class MetaPredictor(LatencyPredictor):
     """Meta-learned GP prior over devices + Bayesian model averaging over hyper-parameters and
@@ -317,6 +322,10 @@ class MetaPredictor(LatencyPredictor):
                 f"meta_fit() it on latency tables of several devices, or use the flops, lut or "
                 f"mlp predictor"
             )
+        if len(keys) > MAX_ADAPT_MEASUREMENTS:  # the fit is cubic in memory/time: subsample
+            pick = np.sort(np.random.default_rng(seed).choice(
+                len(keys), MAX_ADAPT_MEASUREMENTS, replace=False))
+            keys, latency_ms = [keys[i] for i in pick], latency_ms[pick]
         scale = float(latency_ms.mean())
         y = latency_ms / scale - 1.0
         blocks: dict[str, dict[str, np.ndarray]] = {}

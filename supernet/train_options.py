@@ -1,11 +1,15 @@
-"""The names of the training augmentations and their check, without torch: the command line
-and the search settings validate ``--augment`` before anything heavy is imported."""
+"""Training options that are checked before anything heavy is imported (no torch here): the
+augmentation names and their check, and the bound on epochs."""
 
 from __future__ import annotations
 
 from hwnas.core.errors import UserError
 
-__all__ = ["AUGMENT_KINDS", "check_augment"]
+__all__ = ["AUGMENT_KINDS", "MAX_EPOCHS", "check_augment"]
+
+#: More epochs than any real run needs: a typo such as 1e30 fails at once instead of growing a
+#: per-epoch history without end.
+MAX_EPOCHS = 100_000
 
 #: The augmentation kinds :func:`hwnas.supernet.data.augment_batch` knows.
 AUGMENT_KINDS: tuple[str, ...] = (
