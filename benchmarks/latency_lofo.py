@@ -271,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool-size", type=int, default=None,
                     help="MetaPredictor pool_size (the design's candidate pool; default its own)")
     ap.add_argument("--meta-option", action="append", default=[], metavar="KEY=V1[,V2...]",
-                    help="a MetaPredictor option (a float list), e.g. opcounts=0,0.3,1")
+                    help="a MetaPredictor option: a float, or a list with commas "
+                         "(opcounts=0,0.3,1; min_profile_r2=0.5)")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -279,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     meta_options: dict[str, Any] = {} if args.pool_size is None else {"pool_size": args.pool_size}
     for opt in args.meta_option:
         key, _, vals = opt.partition("=")
-        meta_options[key] = tuple(float(v) for v in vals.split(","))
+        values = tuple(float(v) for v in vals.split(","))
+        meta_options[key] = values if "," in vals else values[0]
     rows, spaces = [], []
     for name in args.spaces:
         r, info = run_space(name, args.seeds, tuple(args.predictors), args.families,
