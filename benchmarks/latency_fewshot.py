@@ -284,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None,
                     help=f"JSON to write (default {OUT_JSON.name} for the test split; "
                          f"nothing for --latency-csv or the validation split)")
+    ap.add_argument("--min-profile-r2", type=float, default=None,
+                    help="MetaPredictor min_profile_r2 (meta-train only on devices whose profile "
+                         "predicts held-out cells with at least this R^2; default: its default)")
     ap.add_argument("--write-pretrained", action="store_true",
                     help="save the meta predictors to latency/data/: per space the seed whose "
                          "predictor ranks the validation devices best (n = 10)")
@@ -315,7 +318,8 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         tasks = [Task(table, d, protocol, pool) for d in devices]
         need_meta = any(p.startswith("meta") and p != "meta[v1]" for p in args.predictors)
         t0 = time.time()
-        metas = [meta_fit(space, table, protocol, s) if need_meta else None
+        opts = {} if args.min_profile_r2 is None else {"min_profile_r2": args.min_profile_r2}
+        metas = [meta_fit(space, table, protocol, s, **opts) if need_meta else None
                  for s in range(args.seeds)]
         metas_v1 = [meta_fit(space, table, protocol, s, **V1_OPTIONS)
                     for s in range(args.seeds)] if "meta[v1]" in args.predictors else None

@@ -88,13 +88,14 @@ def read_gz_table(path: Path, space: Any) -> dict[str, dict[str, float]]:
     return out
 
 
-def load_devices(space: Any, tables_dir: Path = TABLES_DIR) -> tuple[dict, list[str]]:
+def load_devices(space: Any, tables_dir: Path | None = TABLES_DIR) -> tuple[dict, list[str]]:
     """Every device of the space: ``device -> (archs, latency array)``; and the sources read.
     HELP's table first, then ``<space>_*.csv.gz`` (not the ``_cv`` ones) of ``tables_dir``."""
     help_table = load_shared_table(space.name, space=space)
     devices = {d: (list(help_table.archs), help_table.column(d)) for d in help_table.devices}
     sources = [f"HELP {space.name} table ({len(help_table)} architectures)"]
-    for path in sorted(tables_dir.glob(f"{space.name}_*.csv.gz")):
+    paths = [] if tables_dir is None else sorted(tables_dir.glob(f"{space.name}_*.csv.gz"))
+    for path in paths:
         if path.name.endswith("_cv.csv.gz"):
             continue
         for d, cells in read_gz_table(path, space).items():
@@ -165,9 +166,10 @@ def score_device(space: Any, meta: MetaPredictor, archs: list[str], y: np.ndarra
 
 
 def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list[str] | None,
-              meta_options: dict, log: Any) -> tuple[list[dict], dict]:
+              meta_options: dict, log: Any, tables_dir: Path | None = TABLES_DIR
+              ) -> tuple[list[dict], dict]:
     space = get_space(name)
-    devices, sources = load_devices(space)
+    devices, sources = load_devices(space, tables_dir)
     fams: dict[str, list[str]] = defaultdict(list)
     for d in devices:
         fams[family(d)].append(d)
@@ -271,7 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool-size", type=int, default=None,
                     help="MetaPredictor pool_size (the design's candidate pool; default its own)")
     ap.add_argument("--meta-option", action="append", default=[], metavar="KEY=V1[,V2...]",
-                    help="a MetaPredictor option (a float list), e.g. opcounts=0,0.3,1")
+                    help="a MetaPredictor option: a float, or a list with commas "
+                         "(opcounts=0,0.3,1; min_profile_r2=0.5)")
+    ap.add_argument("--help-only", action="store_true",
+                    help="HELP's devices only (ignore the measured tables)")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -279,11 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     meta_options: dict[str, Any] = {} if args.pool_size is None else {"pool_size": args.pool_size}
     for opt in args.meta_option:
         key, _, vals = opt.partition("=")
-        meta_options[key] = tuple(float(v) for v in vals.split(","))
+        values = tuple(float(v) for v in vals.split(","))
+        meta_options[key] = values if "," in vals else values[0]
     rows, spaces = [], []
     for name in args.spaces:
         r, info = run_space(name, args.seeds, tuple(args.predictors), args.families,
-                            meta_options, log)
+                            meta_options, log, None if args.help_only else TABLES_DIR)
         rows += r
         spaces.append(info)
     summary = summarize(rows)

@@ -21,7 +21,8 @@ spaces and thread counts alternate round by round, so drift does not sort the ta
 ``--workers N`` a thread count ``t`` runs in ``min(N, cores // t)`` processes, each pinned
 (``os.sched_setaffinity``) to its own ``t`` cores (distinct physical cores first); thread
 counts never run at the same time. ``--max-minutes`` stops before a round that would not fit
-and writes what it has (tables hold only architectures measured on every device).
+and writes what it has (tables hold only architectures measured on every device);
+``--resume DIR`` continues DIR's tables (same machine and libraries) with what they lack.
 
 Writes under ``--out``: ``<space>_<tag>.csv.gz`` (arch + one column per device, ms),
 ``<space>_<tag>_cv.csv.gz`` and ``machine_<tag>.json`` (CPU model and flags, cores, library

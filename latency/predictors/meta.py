@@ -101,6 +101,7 @@ class MetaPredictor(LatencyPredictor):
         robust_iterations: int = 10,
         robust_nu: float = 4.0,
         opcounts: Sequence[float] = (0.0,),
+        min_profile_r2: float = 0.0,
     ) -> None:
         super().__init__(space)
         self.alphas = tuple(float(a) for a in alphas)
@@ -120,6 +121,8 @@ class MetaPredictor(LatencyPredictor):
         self.robust_nu = float(robust_nu)
         #: prior variances of the operation-count block (0: no such block)
         self.opcounts = tuple(float(o) for o in opcounts)
+        #: meta-train only on devices whose profile predicts held-out cells with R^2 >= this
+        self.min_profile_r2 = float(min_profile_r2)
         if self.robust_iterations < 0 or self.robust_nu <= 0:
             raise UserError(f"robust_iterations must be >= 0 and robust_nu > 0, got "
                             f"{robust_iterations} and {robust_nu}")
@@ -178,6 +181,7 @@ class MetaPredictor(LatencyPredictor):
         p_dim = enc["raw"][0].shape[1]
         D = len(devices)
         coef, coef_d, icpt = np.zeros((D, p_dim)), np.zeros(D), np.zeros(D)
+        r2 = np.ones(D)
         chosen: list[str] = []
         for j in range(D):
             has = ~np.isnan(Y[:, j])  # a device measured on a sample: its profile fits those
@@ -189,8 +193,22 @@ class MetaPredictor(LatencyPredictor):
                 c, b = _ridge(xv[tr], y[tr], self.surrogate_ridge)
                 err[v] = float(np.mean((xv[~tr] @ c + b - y[~tr]) ** 2))
             chosen.append(min(err, key=err.get) if err else "raw")
+            if self.min_profile_r2 > 0:  # how well the profile predicts the device's other half
+                if chosen[j] not in err:
+                    xv = design_x[chosen[j]][has]
+                    c, b = _ridge(xv[tr], y[tr], self.surrogate_ridge)
+                    err[chosen[j]] = float(np.mean((xv[~tr] @ c + b - y[~tr]) ** 2))
+                r2[j] = 1.0 - err[chosen[j]] / max(float(np.var(y[~tr])), 1e-30)
             c, icpt[j] = _ridge(design_x[chosen[j]][has], y, self.surrogate_ridge)
             coef[j], coef_d[j] = c[:p_dim], c[p_dim]
+        if self.min_profile_r2 > 0:  # leave out devices whose profile is mostly noise
+            keep = np.flatnonzero(r2 >= self.min_profile_r2)
+            if len(keep) < 2:
+                keep = np.sort(np.argsort(-r2)[:2])
+            devices = [devices[j] for j in keep]
+            chosen = [chosen[j] for j in keep]
+            Y, coef, coef_d, icpt = Y[:, keep], coef[keep], coef_d[keep], icpt[keep]
+            D = len(devices)
         floor = 0.5 * np.nanmin(Y, 0)
         S = np.stack([np.maximum(design_x[chosen[j]] @ np.append(coef[j], coef_d[j]) + icpt[j],
                                  floor[j]) for j in range(D)], 1)
@@ -427,7 +445,7 @@ class MetaPredictor(LatencyPredictor):
                 "disconnected_var": self.disconnected_var, "design_delta": self.design_delta,
                 "design_delta_after": self.design_delta_after,
                 "robust_iterations": self.robust_iterations, "robust_nu": self.robust_nu,
-                "opcounts": list(self.opcounts),
+                "opcounts": list(self.opcounts), "min_profile_r2": self.min_profile_r2,
                 "devices": list(self.devices_), "device_execution": list(self.device_execution_),
                 "execution_prior": dict(self.execution_prior_),
                 "reference_archs": list(self._ref)}
@@ -439,7 +457,8 @@ class MetaPredictor(LatencyPredictor):
         hyper = {k: meta[k] for k in ("alphas", "betas", "gammas", "lams", "design", "n_reference",
                                       "pool_size", "surrogate_ridge", "execution",
                                       "disconnected_var", "design_delta", "design_delta_after",
-                                      "robust_iterations", "robust_nu", "opcounts")
+                                      "robust_iterations", "robust_nu", "opcounts",
+                                      "min_profile_r2")
                  if k in meta}
         obj = cls(space, **hyper)
         obj.devices_ = list(meta.get("devices", []))
