@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from hwnas.core.io import write_atomic, write_json
+from hwnas.core.io import write_json
 from hwnas.latency.machine import describe_machine
 from hwnas.latency.predictors import FlopsPredictor, MetaPredictor, OpCountPredictor
 from hwnas.latency.tables import load_shared_table
