@@ -33,7 +33,7 @@ from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
 
 __all__ = ["CandidateFile", "DeviceCandidate", "Recommendation", "choose_fastest",
-           "recommend_file", "reduced_precisions", "time_candidates"]
+           "recommend_file", "reduced_precisions", "time_candidates", "verify_candidates"]
 
 #: Reduced inference precisions a runtime can be asked for (beyond running the file as written).
 _REDUCED = {"onnxruntime": (), "openvino": ("bf16", "f16")}
@@ -166,19 +166,15 @@ def _agreement(runner: Runner, data: np.ndarray, reference: np.ndarray,
     return agreement, accuracy
 
 
-def recommend_file(device: str, *, runtime: str, threads: int, batch: int,
-                   files: Sequence[CandidateFile], references: Mapping[str, np.ndarray],
-                   images: np.ndarray, labels: np.ndarray | None, min_agreement: float = 0.99,
-                   max_drop: float = 0.3, rounds: int = 5, runs: int = 5, warmup: int = 3,
-                   seed: int = 0, cache: dict | None = None) -> Recommendation:
-    """Verify and time every candidate of ``files`` on ``device`` (see the module docstring).
-
-    ``files[0]`` is the FP32 file, the baseline. ``references``: logits of the PyTorch models
-    on ``images`` (``"float"``, ``"searched"``). ``cache``: verification results shared between
-    devices of the same runtime (they do not depend on threads or batch). Raises
-    :class:`UserError` when the FP32 file does not verify on this runtime."""
-    if not files or files[0].kind != "fp32":
-        raise UserError("the candidates must start with the FP32 file")
+def verify_candidates(*, runtime: str, threads: int, files: Sequence[CandidateFile],
+                      references: Mapping[str, np.ndarray], images: np.ndarray,
+                      labels: np.ndarray | None, min_agreement: float = 0.99,
+                      max_drop: float = 0.3, cache: dict | None = None,
+                      ) -> tuple[list[DeviceCandidate], dict[str, Runner], list[str]]:
+    """Every candidate of ``files`` on ``runtime`` (each file as written and, on OpenVINO,
+    under each reduced precision hint the CPU runs), verified on ``images``: ``(candidates,
+    runners of the verified ones and of the FP32 file, notes)``. Split from
+    :func:`recommend_file` so that candidates of several runtimes can be timed together."""
     cache = {} if cache is None else cache
     notes: list[str] = []
     ref_acc = {k: (None if labels is None else float(100.0 * (v.argmax(1) == labels).mean()))
@@ -228,6 +224,25 @@ def recommend_file(device: str, *, runtime: str, threads: int, batch: int,
             candidates.append(c)
             if c.verified or c.label == files[0].path:
                 runners[c.label] = runner
+    return candidates, runners, notes
+
+
+def recommend_file(device: str, *, runtime: str, threads: int, batch: int,
+                   files: Sequence[CandidateFile], references: Mapping[str, np.ndarray],
+                   images: np.ndarray, labels: np.ndarray | None, min_agreement: float = 0.99,
+                   max_drop: float = 0.3, rounds: int = 5, runs: int = 5, warmup: int = 3,
+                   seed: int = 0, cache: dict | None = None) -> Recommendation:
+    """Verify and time every candidate of ``files`` on ``device`` (see the module docstring).
+
+    ``files[0]`` is the FP32 file, the baseline. ``references``: logits of the PyTorch models
+    on ``images`` (``"float"``, ``"searched"``). ``cache``: verification results shared between
+    devices of the same runtime (they do not depend on threads or batch). Raises
+    :class:`UserError` when the FP32 file does not verify on this runtime."""
+    if not files or files[0].kind != "fp32":
+        raise UserError("the candidates must start with the FP32 file")
+    candidates, runners, notes = verify_candidates(
+        runtime=runtime, threads=threads, files=files, references=references, images=images,
+        labels=labels, min_agreement=min_agreement, max_drop=max_drop, cache=cache)
     fp32 = next((c for c in candidates if c.label == files[0].path), None)
     if fp32 is None or not fp32.verified:
         raise UserError(f"the FP32 file does not verify on {runtime}: "
