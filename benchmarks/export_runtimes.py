@@ -1,0 +1,310 @@
+"""Every runtime and precision of exported mbv3 CIFAR-10 subnets on this CPU, and the file the
+recommendation rule picks.
+
+For the largest, middle and smallest subnet of the shipped CIFAR-10 supernet
+(``supernet/checkpoints/mbv3_cifar10.pt``, BatchNorm recalibrated as the search does it) it
+exports FP32 (BatchNorm folded) and int8 QDQ files (every conv/linear layer, as
+:func:`hwnas.export.qdq.build_qdq` writes it: exact, and requantized for onnxruntime's integer
+kernels) and, at each batch size and thread
+count, runs them as candidates of :mod:`hwnas.export.recommend`: onnxruntime FP32 and int8;
+OpenVINO FP32 and int8, and each file under the bf16/f16 precision hints the CPU plugin runs.
+Every candidate is verified on the test images (top-1 agreement >= 99 % with the PyTorch model
+it implements; accuracy within 0.3 point of the FP32 PyTorch model) and all are timed in ONE
+paired, interleaved measurement, so the speed-ups against onnxruntime FP32 are fair on a shared
+machine. ``recommended`` is the rule's pick: the fastest verified candidate, only if it beat
+onnxruntime FP32 overall and in both halves of the measurement (FP32 otherwise).
+
+The JSON is written after every model, so a cut-off run keeps what it measured. ``--merge``
+keeps rows of other CPUs/configs already in ``--out``::
+
+    python benchmarks/export_runtimes.py --threads 1 --batches 1 32 --test-images 2000 --rounds 3
+    python benchmarks/export_runtimes.py --threads 1 8 --merge        # e.g. on the GPU host
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from hwnas.export.qdq import build_qdq, float_proto  # noqa: E402
+from hwnas.export.recommend import (  # noqa: E402
+    CandidateFile,
+    choose_fastest,
+    time_candidates,
+    verify_candidates,
+)
+from hwnas.latency.machine import cpu_model  # noqa: E402
+from hwnas.latency.onnx_measure import RUNTIMES, openvino_available  # noqa: E402
+from hwnas.quant.policy import uniform  # noqa: E402
+from hwnas.quant.ptq import PTQConfig  # noqa: E402
+
+from hwnas.core.errors import UserError  # noqa: E402
+
+try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
+    import export_ort
+except ModuleNotFoundError:
+    from benchmarks import export_ort
+
+ROLES = export_ort.ROLES
+SHORT = {"onnxruntime": "ort", "openvino": "ov"}
+
+
+def logits(model: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        return torch.cat([model(x[i:i + 256]) for i in range(0, len(x), 256)]).numpy()
+
+
+def export_files(role: str, model: torch.nn.Module, calib: list[torch.Tensor],
+                 test_x: torch.Tensor, config: PTQConfig) -> tuple[list[CandidateFile], dict]:
+    """The files of ``model`` - FP32; int8 QDQ as the export writes the searched policy
+    (``qdq/``, exact: Q/DQ where the fake-quant model has them); the same requantized so every
+    layer is an onnxruntime integer kernel (``qdq-requant/``, as the per-device files) - and the
+    logits on ``test_x`` of the PyTorch models they implement. Every file must stay within
+    0.3 point of the float model."""
+    example = calib[0][:1]
+    build = build_qdq(model, uniform(model, 8, 8), calib, config=config, example=example)
+    files = [CandidateFile(f"{role}.onnx", float_proto(model, example).SerializeToString(),
+                           "fp32", "float")]
+    refs = {"float": logits(model, test_x)}
+    for requantize, kind, folder in ((False, "int8", "qdq"), (True, "int8-requant", "qdq-requant")):
+        path = f"{folder}/{role}.onnx"
+        files.append(CandidateFile(path, build.proto(requantize=requantize).SerializeToString(),
+                                   kind, path, baseline="float"))
+        with build.reference(requantize=requantize) as deployed:
+            refs[path] = logits(deployed, test_x)
+    return files, refs
+
+
+def measure(files: list[CandidateFile], refs: dict, test_x: np.ndarray,
+            test_y: np.ndarray | None, *, runtimes: list[str], batch: int, threads: int,
+            rounds: int, runs: int, warmup: int, cache: dict, seed: int = 0) -> list[dict]:
+    """One row per candidate (runtime x file x precision) at ``batch`` and ``threads``: its
+    verification and its time in one paired measurement of all candidates of all runtimes."""
+    candidates, runners, notes = [], {}, []
+    for rt in runtimes:
+        cs, rs, ns = verify_candidates(runtime=rt, threads=threads, files=files, references=refs,
+                                       images=test_x, labels=test_y, cache=cache)
+        for c in cs:
+            c.label = f"{SHORT[rt]}:{c.label}"
+            c.settings = {"runtime": rt, **c.settings}
+        candidates += cs
+        runners.update({f"{SHORT[rt]}:{k}": r for k, r in rs.items()})
+        notes += [f"{rt}: {n}" for n in ns]
+    fp32_label = f"ort:{files[0].path}"
+    fp32 = next(c for c in candidates if c.label == fp32_label)
+    if not fp32.verified:
+        raise UserError(f"the FP32 file does not verify on onnxruntime: {fp32.note}")
+    times = time_candidates(runners, batch=batch, rounds=rounds, runs=runs, warmup=warmup,
+                            seed=seed)
+    chosen = choose_fastest(candidates, times, fp32_label)
+    rows = []
+    for c in candidates:
+        rows.append({
+            "runtime": c.settings["runtime"], "precision": c.precision, "file": c.path,
+            "label": c.label, "settings": {k: v for k, v in c.settings.items() if k != "runtime"},
+            "runtime_precision": c.runtime_precision, "batch": batch, "threads": threads,
+            "fp32_ms": fp32.median_ms, "ms": c.median_ms, "p95_ms": c.p95_ms,
+            "speedup_vs_ort_fp32": None if c.median_ms is None else fp32.median_ms / c.median_ms,
+            "top1": c.test_accuracy, "agreement": c.top1_agreement, "verified": c.verified,
+            "recommended": c is chosen, "note": c.note})
+    if notes:
+        rows[0]["runtime_notes"] = notes
+    return rows
+
+
+def int_list(name: str, values: list[int]) -> list[int]:
+    if not values or min(values) < 1:
+        raise UserError(f"{name} must be positive integers, got {values}")
+    return list(dict.fromkeys(values))
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "" if v is None else format(v, spec)
+
+
+def markdown(doc: dict) -> str:
+    lines = ["# Every runtime and precision: mbv3 CIFAR-10 subnets", "",
+             "Written by `benchmarks/export_runtimes.py`. Per model, batch and thread count, all "
+             "candidates (runtime x file x precision hint) are timed in one paired, interleaved "
+             "measurement (median ms per batch); `x ORT FP32` is the speed-up over onnxruntime "
+             "FP32 in that same measurement. `top-1`: accuracy (%) of the file on the test "
+             "images with that runtime; `agree`: top-1 agreement (%) with the PyTorch model "
+             "the file implements (the float model, or for int8 the fake-quant model with its "
+             "requantization). Verified: agreement >= 99 % and top-1 within 0.3 point of the "
+             "float PyTorch model. **pick**: the recommendation rule's choice (the fastest "
+             "verified candidate, only when faster than onnxruntime FP32 overall and in both "
+             "halves of the measurement). Rows of one table are paired; absolute times across "
+             "tables and runs move with the machine's load.", ""]
+    for run in doc.get("runs", []):
+        note = f" ({run['note']})" if run.get("note") else ""
+        lines.append(f"- {run.get('date')}: `{run.get('command')}` on {run.get('machine')}{note}")
+    lines.append("")
+    for cpu in dict.fromkeys(r["cpu"] for r in doc["results"]):
+        rows = [r for r in doc["results"] if r["cpu"] == cpu]
+        lines += [f"## {cpu}", ""]
+        summary = ["| model | batch | threads | ORT FP32 ms | pick | pick ms | x ORT FP32 | "
+                   "pick top-1 % | FP32 top-1 % |", "|---|---|---|---|---|---|---|---|---|"]
+        for key in dict.fromkeys((r["model"], r["batch"], r["threads"]) for r in rows):
+            group = [r for r in rows if (r["model"], r["batch"], r["threads"]) == key]
+            pick = next(r for r in group if r["recommended"])
+            base = next(r for r in group if r["runtime"] == "onnxruntime"
+                        and r["precision"] == "fp32")
+            summary.append(f"| {key[0]} | {key[1]} | {key[2]} | {base['fp32_ms']:.2f} | "
+                           f"{pick['runtime']} {pick['precision']} | {pick['ms']:.2f} | "
+                           f"{pick['speedup_vs_ort_fp32']:.2f}x | {_fmt(pick['top1'], '.2f')} | "
+                           f"{_fmt(base['top1'], '.2f')} |")
+        lines += ["Picks:", ""] + summary + ["", "All candidates:", "",
+                                             "| model | batch | threads | runtime | precision | "
+                                             "ms | x ORT FP32 | top-1 % | agree % | verified | "
+                                             "pick |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            agree = "" if r["agreement"] is None else f"{100 * r['agreement']:.2f}"
+            lines.append(
+                f"| {r['model']} | {r['batch']} | {r['threads']} | {r['runtime']} | "
+                f"{r['precision']} | {_fmt(r['ms'], '.2f')} | "
+                f"{_fmt(r['speedup_vs_ort_fp32'], '.2f')} | {_fmt(r['top1'], '.2f')} | {agree} | "
+                f"{'yes' if r['verified'] else 'no'} | {'**pick**' if r['recommended'] else ''} |")
+        lines.append("")
+        notes = sorted({n for r in rows for n in r.get("runtime_notes", [])})
+        if notes:
+            lines += ["Runtime notes: " + "; ".join(notes), ""]
+    return "\n".join(lines) + "\n"
+
+
+def merge(out: Path, doc: dict, merge_rows: bool) -> dict:
+    """``doc`` merged into the JSON at ``out``: rows keyed by (model, cpu, batch, threads)."""
+    run = {k: doc[k] for k in ("command", "machine", "date", "note")}
+    if not (merge_rows and out.is_file()):
+        doc["runs"] = [run]
+        return doc
+    old = json.loads(out.read_text())
+    key = lambda r: (r["model"], r["cpu"], r["batch"], r["threads"])  # noqa: E731
+    new = {key(r) for r in doc["results"]}
+    doc["results"] = [r for r in old.get("results", []) if key(r) not in new] + doc["results"]
+    runs = [r for r in old.get("runs", []) if r.get("date") != doc["date"]]
+    doc["runs"] = runs + [run]
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=list(ROLES), help="largest middle smallest")
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 32])
+    p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--runtimes", nargs="+", default=list(RUNTIMES))
+    p.add_argument("--data", default="cifar10", help="dataset ('' = random images, no accuracy)")
+    p.add_argument("--calib-images", type=int, default=256)
+    p.add_argument("--test-images", type=int, default=10000,
+                   help="test images for agreement and accuracy (default all 10,000)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    p.add_argument("--runs", type=int, default=5, help="timed calls per candidate and round")
+    p.add_argument("--checkpoint", help="mbv3 CIFAR-10 supernet checkpoint (default: shipped)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(HERE / "export_runtimes.json"))
+    p.add_argument("--merge", action="store_true", help="keep other rows already in --out")
+    p.add_argument("--note", default="", help="a note on this run, written in the report")
+    p.add_argument("--markdown-only", action="store_true", help="only rewrite the .md")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    if args.markdown_only:
+        export_ort.write_atomic(out.with_suffix(".md"), markdown(json.loads(out.read_text())))
+        return 0
+    if any(r not in ROLES for r in args.models):
+        raise UserError(f"--models: expected some of {' '.join(ROLES)}, got {args.models}")
+    if any(r not in RUNTIMES for r in args.runtimes) or "onnxruntime" not in args.runtimes:
+        raise UserError(f"--runtimes: expected onnxruntime and optionally openvino, got "
+                        f"{args.runtimes}")
+    if "openvino" in args.runtimes and not openvino_available():
+        raise UserError("--runtimes openvino needs OpenVINO: pip install 'hwnas[openvino]'")
+    batches, threads = int_list("--batches", args.batches), int_list("--threads", args.threads)
+    for name in ("rounds", "runs", "test_images", "calib_images"):
+        int_list(f"--{name.replace('_', '-')}", [getattr(args, name)])
+    torch.set_num_threads(max(threads))
+    command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])])
+    vnni, flags = export_ort.integer_dot_product()
+    cpu = cpu_model()
+    import onnxruntime as ort
+
+    versions = f"onnxruntime {ort.__version__}"
+    if "openvino" in args.runtimes:
+        import openvino as ov
+
+        versions += f", OpenVINO {ov.__version__}"
+    machine = (f"{cpu}, {os.cpu_count()} logical CPUs, {versions}, flags: "
+               f"{' '.join(flags) or 'none'}")
+    print(f"# {machine}", flush=True)
+
+    from hwnas.supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint
+    from hwnas.supernet.evaluate import recalibrated_subnet
+    from hwnas.supernet.train import load_checkpoint, with_training_augment
+
+    ckpt = args.checkpoint or shipped_checkpoint("mbv3", CIFAR10_CLASSES)
+    if ckpt is None:
+        raise UserError("the shipped checkpoint supernet/checkpoints/mbv3_cifar10.pt is "
+                        "missing; pass --checkpoint")
+    space, supernet, payload = load_checkpoint(ckpt)
+    if space.name != "mbv3":
+        raise UserError(f"--checkpoint holds space {space.name!r}; expected an mbv3 supernet")
+    calib, test, source, data = export_ort.images(args.data or None, args.calib_images,
+                                                  args.test_images, args.seed)
+    if test is None:  # random images: agreement only
+        g = torch.Generator().manual_seed(args.seed + 1)
+        test = (torch.randn(args.test_images, 3, 32, 32, generator=g), None)
+    test_x, test_y = test
+    np_x, np_y = test_x.numpy(), None if test_y is None else test_y.numpy()
+    config = PTQConfig(max_images=args.calib_images, seed=args.seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"command": command, "machine": machine, "checkpoint": str(ckpt),
+           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "note": args.note,
+           "calibration": source, "rounds": args.rounds, "runs": args.runs, "results": []}
+    start = time.perf_counter()
+    for role in args.models:
+        arch = export_ort.subnet_archs(space)[role]
+        model = (recalibrated_subnet(supernet, arch, with_training_augment(
+            data, payload.get("train_config"))) if data is not None
+            else supernet.extract(arch)).eval()
+        files, refs = export_files(role, model, calib, test_x, config)
+        cache: dict = {}
+        for batch in batches:
+            for t in threads:
+                rows = measure(files, refs, np_x, np_y, runtimes=args.runtimes, batch=batch,
+                               threads=t, rounds=args.rounds, runs=args.runs, warmup=3,
+                               cache=cache, seed=args.seed)
+                for r in rows:
+                    r.update({"model": role, "arch": space.to_string(arch), "cpu": cpu,
+                              "integer_dot_product": vnni})
+                doc["results"] += rows
+                pick = next(r for r in rows if r["recommended"])
+                print(f"{role:8s} batch {batch:3d} threads {t}: ORT FP32 {rows[0]['fp32_ms']:8.2f}"
+                      f" ms | " + " | ".join(
+                          f"{SHORT[r['runtime']]} {r['precision']} "
+                          + (f"{r['ms']:.2f} ({r['speedup_vs_ort_fp32']:.2f}x)" if r['ms']
+                             else "-") + ("" if r["verified"] else " unverified")
+                          for r in rows[1:])
+                      + f" | pick {SHORT[pick['runtime']]} {pick['precision']}", flush=True)
+        doc["seconds"] = round(time.perf_counter() - start, 1)
+        # written after every model, so a run cut off later keeps what it measured
+        merged = merge(out, json.loads(json.dumps(doc)), args.merge)
+        export_ort.write_atomic(out, json.dumps(merged, indent=1) + "\n")
+        export_ort.write_atomic(out.with_suffix(".md"), markdown(merged))
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UserError as exc:
+        print(f"export_runtimes: error: {exc}", file=sys.stderr)
+        sys.exit(2)
