@@ -1,0 +1,87 @@
+"""benchmarks/export_runtimes.py's pieces on a tiny untrained mbv3 space: the files, one paired
+measurement of every runtime and precision, the rule's pick, the report, and its errors."""
+
+import json
+
+import pytest
+import torch
+
+from hwnas.core.errors import UserError
+from hwnas.latency.onnx_measure import openvino_available
+from hwnas.quant.ptq import PTQConfig
+
+er = pytest.importorskip("benchmarks.export_runtimes")
+
+
+@pytest.fixture(scope="module")
+def files():
+    from hwnas.supernet.spaces import get_space
+
+    torch.manual_seed(0)
+    space = get_space("mbv3-tiny", in_channels=3, image_size=8, num_classes=10)
+    model = space.build_supernet().extract(space.smallest()).eval()
+    calib = [torch.randn(32, 3, 8, 8)]
+    test_x = torch.randn(48, 3, 8, 8)
+    test_y = torch.randint(0, 10, (48,))
+    fs, refs = er.export_files("smallest", model, calib, test_x,
+                               PTQConfig(max_images=32, seed=0))
+    return fs, refs, test_x.numpy(), test_y.numpy()
+
+
+def test_files_and_references(files):
+    fs, refs, x, _ = files
+    assert [f.kind for f in fs] == ["fp32", "int8", "int8-requant"]
+    assert all(f.accuracy_baseline == "float" for f in fs)  # within 0.3 point of FP32
+    assert all(refs[f.reference].shape == (len(x), 10) for f in fs)
+
+
+def test_one_paired_measurement_and_the_pick(files):
+    fs, refs, x, y = files
+    runtimes = ["onnxruntime"] + (["openvino"] if openvino_available() else [])
+    rows = er.measure(fs, refs, x, y, runtimes=runtimes, batch=2, threads=1, rounds=2, runs=1,
+                      warmup=0, cache={})
+    assert {r["runtime"] for r in rows} == set(runtimes)
+    base = rows[0]
+    assert (base["runtime"], base["precision"], base["verified"]) == ("onnxruntime", "fp32", True)
+    assert base["speedup_vs_ort_fp32"] == 1.0 and base["agreement"] == 1.0
+    assert all(r["fp32_ms"] == base["ms"] for r in rows)
+    picks = [r for r in rows if r["recommended"]]
+    assert len(picks) == 1 and picks[0]["verified"]
+    assert picks[0]["ms"] <= base["ms"]  # never slower than onnxruntime FP32
+    for r in rows:
+        assert (r["ms"] is None) == (not r["verified"]) or r is base
+    if "openvino" in runtimes:
+        assert {"fp32", "int8"} <= {r["precision"] for r in rows if r["runtime"] == "openvino"}
+
+    for r in rows:
+        r.update(model="smallest", cpu="test cpu", integer_dot_product=False)
+    doc = {"command": "c", "machine": "m", "date": "d", "note": "", "results": rows}
+    text = er.markdown(er.merge(None, doc, False))
+    assert "## test cpu" in text and "**pick**" in text
+
+
+def test_merge_keeps_other_rows(tmp_path):
+    out = tmp_path / "r.json"
+    old = {"runs": [{"date": "a"}], "results": [
+        {"model": "largest", "cpu": "x", "batch": 1, "threads": 8, "v": 1},
+        {"model": "largest", "cpu": "y", "batch": 1, "threads": 1, "v": 1}]}
+    out.write_text(json.dumps(old))
+    new = {"command": "c", "machine": "m", "date": "b", "note": "",
+           "results": [{"model": "largest", "cpu": "y", "batch": 1, "threads": 1, "v": 2}]}
+    doc = er.merge(out, new, True)
+    assert sorted((r["cpu"], r["v"]) for r in doc["results"]) == [("x", 1), ("y", 2)]
+    assert [r["date"] for r in doc["runs"]] == ["a", "b"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--threads", "0"], "--threads"), (["--batches", "-1"], "--batches"),
+    (["--models", "huge"], "--models"), (["--runtimes", "tvm"], "--runtimes"),
+    (["--test-images", "0"], "--test-images")])
+def test_bad_arguments_are_one_line_errors(argv, words, tmp_path):
+    with pytest.raises(UserError, match=words):
+        er.main([*argv, "--out", str(tmp_path / "r.json")])
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_int_list_drops_repeats():
+    assert er.int_list("--threads", [1, 2, 1]) == [1, 2]
