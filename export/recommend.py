@@ -159,8 +159,15 @@ def _model_text(key: str) -> str:
 def _agreement(runner: Runner, data: np.ndarray, reference: np.ndarray,
                labels: np.ndarray | None) -> tuple[float, float | None]:
     name = runner.get_inputs()[0].name
-    preds = np.concatenate([np.asarray(runner.run({name: data[i:i + 256]})[0]).argmax(1)
-                            for i in range(0, len(data), 256)])
+    chunks = []
+    for i in range(0, len(data), 256):
+        out = np.asarray(runner.run({name: data[i:i + 256]})[0])
+        if out.ndim != 2 or out.shape[0] != len(data[i:i + 256]):
+            # e.g. OpenVINO 2026.4 under the f16 hint returns (0, classes) for some QDQ files
+            raise ValueError(f"{runner.runtime} returned logits of shape {list(out.shape)} for "
+                             f"{len(data[i:i + 256])} images")
+        chunks.append(out.argmax(1))
+    preds = np.concatenate(chunks)
     agreement = float((preds == reference.argmax(1)).mean())
     accuracy = None if labels is None else float(100.0 * (preds == labels).mean())
     return agreement, accuracy

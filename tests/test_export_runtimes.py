@@ -3,6 +3,8 @@ measurement of every runtime and precision, the rule's pick, the report, and its
 
 import json
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -85,3 +87,22 @@ def test_bad_arguments_are_one_line_errors(argv, words, tmp_path):
 
 def test_int_list_drops_repeats():
     assert er.int_list("--threads", [1, 2, 1]) == [1, 2]
+
+
+def test_a_runtime_returning_no_rows_fails_verification(files, monkeypatch):
+    import hwnas.export.recommend as rec
+
+    class Empty:
+        runtime, threads, precision = "onnxruntime", 1, "f32"
+
+        def get_inputs(self):
+            return [type("A", (), {"name": "x"})()]
+
+        def run(self, feeds):
+            return [np.zeros((0, 10), np.float32)]
+
+    fs, refs, x, y = files
+    monkeypatch.setattr(rec, "make_runner", lambda *a, **k: Empty())
+    cs, runners, _ = rec.verify_candidates(runtime="onnxruntime", threads=1, files=fs[:1],
+                                           references=refs, images=x, labels=y)
+    assert not cs[0].verified and "shape [0, 10] for 48 images" in cs[0].note
