@@ -145,11 +145,16 @@ def markdown(doc: dict) -> str:
              "float PyTorch model. **pick**: the recommendation rule's choice (the fastest "
              "verified candidate, only when faster than onnxruntime FP32 overall and in both "
              "halves of the measurement). Rows of one table are paired; absolute times across "
-             "tables and runs move with the machine's load.", ""]
+             "tables and runs move with the machine's load. Precisions: `int8` is the exact "
+             "QDQ file (`qdq/`, Q/DQ where the fake-quant model has them), `int8-requant` the "
+             "same requantized so every layer is an onnxruntime integer kernel (`qdq-requant/`); "
+             "`+bf16`/`+f16`: OpenVINO's INFERENCE_PRECISION_HINT.", ""]
     for run in doc.get("runs", []):
         note = f" ({run['note']})" if run.get("note") else ""
         lines.append(f"- {run.get('date')}: `{run.get('command')}` on {run.get('machine')}{note}")
     lines.append("")
+    if doc.get("findings"):  # the reader's summary of the figures below, kept in the JSON
+        lines += ["## What the figures show", ""] + [f"- {f}" for f in doc["findings"]] + [""]
     for cpu in dict.fromkeys(r["cpu"] for r in doc["results"]):
         rows = [r for r in doc["results"] if r["cpu"] == cpu]
         lines += [f"## {cpu}", ""]
@@ -167,14 +172,16 @@ def markdown(doc: dict) -> str:
         lines += ["Picks:", ""] + summary + ["", "All candidates:", "",
                                              "| model | batch | threads | runtime | precision | "
                                              "ms | x ORT FP32 | top-1 % | agree % | verified | "
-                                             "pick |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                                             "pick | note |",
+                                             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             agree = "" if r["agreement"] is None else f"{100 * r['agreement']:.2f}"
             lines.append(
                 f"| {r['model']} | {r['batch']} | {r['threads']} | {r['runtime']} | "
                 f"{r['precision']} | {_fmt(r['ms'], '.2f')} | "
                 f"{_fmt(r['speedup_vs_ort_fp32'], '.2f')} | {_fmt(r['top1'], '.2f')} | {agree} | "
-                f"{'yes' if r['verified'] else 'no'} | {'**pick**' if r['recommended'] else ''} |")
+                f"{'yes' if r['verified'] else 'no'} | {'**pick**' if r['recommended'] else ''} | "
+                f"{r.get('note', '')} |")
         lines.append("")
         notes = sorted({n for r in rows for n in r.get("runtime_notes", [])})
         if notes:
@@ -193,6 +200,8 @@ def merge(out: Path, doc: dict, merge_rows: bool) -> dict:
     new = {key(r) for r in doc["results"]}
     doc["results"] = [r for r in old.get("results", []) if key(r) not in new] + doc["results"]
     runs = [r for r in old.get("runs", []) if r.get("date") != doc["date"]]
+    if old.get("findings"):
+        doc.setdefault("findings", old["findings"])
     doc["runs"] = runs + [run]
     return doc
 
