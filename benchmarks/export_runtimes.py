@@ -29,27 +29,27 @@ import os
 import shlex
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from hwnas.export.qdq import build_qdq, float_proto  # noqa: E402
-from hwnas.export.recommend import (  # noqa: E402
+import numpy as np
+import torch
+from hwnas.export.qdq import build_qdq, float_proto
+from hwnas.export.recommend import (
     CandidateFile,
     choose_fastest,
     time_candidates,
     verify_candidates,
 )
-from hwnas.latency.machine import cpu_model  # noqa: E402
-from hwnas.latency.onnx_measure import RUNTIMES, openvino_available  # noqa: E402
-from hwnas.quant.policy import uniform  # noqa: E402
-from hwnas.quant.ptq import PTQConfig  # noqa: E402
+from hwnas.latency.machine import cpu_model
+from hwnas.latency.onnx_measure import RUNTIMES, openvino_available
+from hwnas.quant.policy import uniform
+from hwnas.quant.ptq import PTQConfig
 
-from hwnas.core.errors import UserError  # noqa: E402
+from hwnas.core.errors import UserError
 
 try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
     import export_ort
@@ -196,7 +196,7 @@ def merge(out: Path, doc: dict, merge_rows: bool) -> dict:
         doc["runs"] = [run]
         return doc
     old = json.loads(out.read_text())
-    key = lambda r: (r["model"], r["cpu"], r["batch"], r["threads"])  # noqa: E731
+    key = lambda r: (r["model"], r["cpu"], r["batch"], r["threads"])
     new = {key(r) for r in doc["results"]}
     doc["results"] = [r for r in old.get("results", []) if key(r) not in new] + doc["results"]
     runs = [r for r in old.get("runs", []) if r.get("date") != doc["date"]]
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     config = PTQConfig(max_images=args.calib_images, seed=args.seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"command": command, "machine": machine, "checkpoint": str(ckpt),
-           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "note": args.note,
+           "date": datetime.now(UTC).isoformat(timespec="seconds"), "note": args.note,
            "calibration": source, "rounds": args.rounds, "runs": args.runs, "results": []}
     start = time.perf_counter()
     for role in args.models:

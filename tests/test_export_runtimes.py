@@ -4,13 +4,12 @@ measurement of every runtime and precision, the rule's pick, the report, and its
 import json
 
 import numpy as np
-
 import pytest
 import torch
-
-from hwnas.core.errors import UserError
 from hwnas.latency.onnx_measure import openvino_available
 from hwnas.quant.ptq import PTQConfig
+
+from hwnas.core.errors import UserError
 
 er = pytest.importorskip("benchmarks.export_runtimes")
 
@@ -103,6 +102,6 @@ def test_a_runtime_returning_no_rows_fails_verification(files, monkeypatch):
 
     fs, refs, x, y = files
     monkeypatch.setattr(rec, "make_runner", lambda *a, **k: Empty())
-    cs, runners, _ = rec.verify_candidates(runtime="onnxruntime", threads=1, files=fs[:1],
+    cs, _, _ = rec.verify_candidates(runtime="onnxruntime", threads=1, files=fs[:1],
                                            references=refs, images=x, labels=y)
     assert not cs[0].verified and "shape [0, 10] for 48 images" in cs[0].note
