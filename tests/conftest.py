@@ -62,3 +62,11 @@ def small_run(tmp_path_factory, digits_checkpoint):
 def fuzz_checkpoint(digits_checkpoint):
     """The fuzz suite's supernet (tests/test_fuzz_*.py): the shared one-epoch digits one."""
     return digits_checkpoint
+
+
+@pytest.fixture(scope="module")
+def digits():
+    """The built-in digits dataset (seed 0 split)."""
+    from hwnas.supernet.data import load_dataset
+
+    return load_dataset("digits")
