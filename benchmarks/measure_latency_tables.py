@@ -363,6 +363,13 @@ def cpu_devices(tag: str, threads: list[int], with_ov: bool) -> list[tuple[str, 
     return [(f"{tag}-{r}-{t}t", r, t) for t in sorted(set(threads)) for r in runtimes]
 
 
+
+def no_time_for_a_round(durations: list[float], deadline: float) -> bool:
+    """Whether another round (as long as the longest of the last three) would end after
+    ``deadline`` (a ``time.monotonic()`` value)."""
+    est = max(durations[-3:]) if durations else 0.0
+    return time.monotonic() + est > deadline
+
 def rounds(sizes: dict[str, int], per_round: int) -> list[list[tuple[str, int]]]:
     """Round-robin schedule: each round takes from every space a share proportional to its
     size, so a budget that stops early leaves every space covered in proportion."""
@@ -487,8 +494,7 @@ def measure_cpu(args: argparse.Namespace, archs: dict[str, list[str]], tag: str,
     stopped = False
     try:
         for r, rnd in enumerate(schedule):
-            est = max(durations[-3:]) if durations else 0.0
-            if time.monotonic() + est > deadline:
+            if no_time_for_a_round(durations, deadline):
                 stopped = True
                 break
             t0 = time.monotonic()
@@ -579,8 +585,7 @@ def measure_gpu(args: argparse.Namespace, archs: dict[str, list[str]], deadline:
     durations: list[float] = []
     stopped = False
     for r, rnd in enumerate(schedule):
-        est = max(durations[-3:]) if durations else 0.0
-        if time.monotonic() + est > deadline:
+        if no_time_for_a_round(durations, deadline):
             stopped = True
             break
         t0 = time.monotonic()
