@@ -40,7 +40,9 @@ for ``qdq-<device>`` files, the requantization points. This is exact up to float
 kept float) is reported - top-1 agreement, max difference and, with labels, both test
 accuracies - and a file losing more than ``max_accuracy_drop`` points of test accuracy fails.
 After onnxruntime's optimizations every integer layer of a ``qdq-<device>`` file must run as an
-integer kernel; float islands are reported by name for every file.
+integer kernel, and so must every quantized attention product of two activations (Q·Kᵀ,
+attention × V: MatMulIntegerToFloat / QLinearMatMul; ``integer_products`` in the report);
+float islands are reported by name for every file.
 
 Per device measurable here (onnxruntime or OpenVINO, see :mod:`hwnas.export.recommend`) the
 files are candidates - on OpenVINO also under its bf16/f16 precision hints - verified again on
@@ -165,6 +167,8 @@ class FileReport:
     n_images: int = 0
     quantized_layers: int = 0
     integer_layers: int = 0
+    #: attention products of two activations checked to run as integer kernels
+    integer_products: int = 0
     float_islands: list[str] = field(default_factory=list)
     float_layers_for_speed: list[str] = field(default_factory=list)
     latency_ms: dict[str, float] = field(default_factory=dict)  # device -> paired median
@@ -315,11 +319,12 @@ def _verify_qdq(proto: onnx.ModelProto, build: QdqBuild, images: torch.Tensor, r
     if labels is not None:
         report.test_accuracy = _onnx_accuracy(data, images, labels)
         report.searched_test_accuracy = _torch_accuracy(searched, images, labels)
-    index = LayerIndex.from_source(proto, build.builder.node_of)
-    quantized = build.integer_layers()
-    integer, islands = integer_kernel_check(data, index, quantized)
+    index = LayerIndex.from_source(proto, build.kernel_nodes())
+    quantized, products = build.integer_layers(), build.integer_products()
+    integer, islands = integer_kernel_check(data, index, quantized + products)
     report.quantized_layers, report.integer_layers, report.float_islands = (
-        len(quantized), len(integer), islands)
+        len(quantized), sum(n in integer for n in quantized), islands)
+    report.integer_products = sum(n in integer for n in products)
     if parity.max_abs_diff != parity.max_abs_diff:  # NaN
         raise UserError("quantized parity failed: onnxruntime produced NaN")
     if parity.top1_agreement < s.min_agreement:

@@ -29,6 +29,14 @@ from the calibrated fake-quant model of :func:`hwnas.quant.ptq.ptq`:
   times slower than FP32 - and :class:`DeployedReference` gives the PyTorch model that includes
   it. ``requantize=False`` is the exact form (Q/DQ only where the fake-quant model has them).
   Gemm/MatMul layers need none (onnxruntime's QGemm / MatMulIntegerToFloat emit float);
+* **attention products** (``QuantMatMul``: Q·Kᵀ and attention × V, two activations): a
+  uint8 Q/DQ on each input with the fake-quant model's per-tensor parameters (the bits of the
+  layer the product follows, an integer ``Clip`` below 8 bits), inserted right at the MatMul
+  (after K's transpose: per-tensor quantization commutes with it), so onnxruntime runs the
+  product as an integer kernel (QLinearMatMul, or MatMulIntegerToFloat where the output stays
+  float for the scale and the softmax). LayerNorm, Softmax and GELU stay float: onnxruntime's
+  CPU provider has no integer LayerNorm or GELU, and its QLinearSoftmax needs a quantized
+  input the score scaling does not give;
 * **integer element-wise ops** (with ``requantize``): h-swish, squeeze-excitation and residual
   adds between integer layers are rewritten into patterns onnxruntime runs as QLinearAdd /
   QLinearMul / QLinearGlobalAveragePool (:mod:`hwnas.export.integer_ops`: on a VNNI/AMX Xeon the
@@ -64,7 +72,13 @@ from hwnas.export.integer_ops import (
     integer_elementwise,
 )
 from hwnas.export.onnx_export import _metadata_value, onnx_bytes
-from hwnas.quant.fake_quant import QUANT_LAYER_TYPES, SharedAddQuant, quant_layers
+from hwnas.quant.fake_quant import (
+    QUANT_LAYER_TYPES,
+    QuantMatMul,
+    SharedAddQuant,
+    quant_layers,
+    quant_products,
+)
 from hwnas.quant.fold import fold_bn
 from hwnas.quant.policy import FLOAT_BITS, QuantPolicy
 from hwnas.quant.ptq import PTQConfig, calibration_batches, ptq
@@ -76,6 +90,7 @@ from hwnas.core.errors import UserError
 __all__ = [
     "EXPORT_FORMAT",
     "LayerQuant",
+    "ProductQuant",
     "QdqBuild",
     "QdqGraphBuilder",
     "DeployedReference",
@@ -187,12 +202,20 @@ def float_proto(model: nn.Module, example: torch.Tensor, *, opset: int = 17,
 
 def _dequantized_twin(qmodel: nn.Module) -> nn.Module:
     """A plain float copy of a fake-quant model: each QuantConv2d/QuantLinear becomes an
-    ``nn.Conv2d``/``nn.Linear`` with the same (folded, bias-corrected) float weights and bias."""
+    ``nn.Conv2d``/``nn.Linear`` with the same (folded, bias-corrected) float weights and bias,
+    each QuantMatMul a plain product."""
+    from hwnas.supernet.nn.vit import MatMul
+
     twin = copy.deepcopy(qmodel).cpu().float().eval()
     for name, m in list(twin.named_modules()):
         if isinstance(m, SharedAddQuant):
             raise UserError("the QDQ exporter needs float residual adds "
                             "(PTQConfig.residual='float'); got a model with shared-scale adds")
+        if isinstance(m, QuantMatMul):
+            parent_name, _, child = name.rpartition(".")
+            parent = twin.get_submodule(parent_name) if parent_name else twin
+            setattr(parent, child, MatMul(m.transpose_b, m.scale))
+            continue
         if not isinstance(m, QUANT_LAYER_TYPES):
             continue
         if isinstance(m, nn.Conv2d):
@@ -239,6 +262,18 @@ class LayerQuant:
         if w_float and a_float:
             return "float"
         return "sim" if (w_float or a_float) else "int"
+
+
+@dataclass
+class ProductQuant:
+    """A quantized product of two activations (attention): the policy layer it ``follows``
+    (whose activation bits it takes, and with which it is kept float) and the per-tensor uint8
+    (scale, zero point) of each input, read from the fake-quant model."""
+
+    name: str
+    follows: str
+    bits: int
+    inputs: tuple[tuple[float, int], tuple[float, int]]
 
 
 def _fq_weight_ints(w: np.ndarray, scale: np.ndarray, axis: int, qmin: int, qmax: int) -> np.ndarray:
@@ -363,9 +398,11 @@ class QdqGraphBuilder:
     search times many variants; numerics do not matter for timing, the graph does)."""
 
     def __init__(self, twin: onnx.ModelProto, node_of: Mapping[str, str],
-                 layers: Mapping[str, LayerQuant], modules: Mapping[str, str] | None = None
-                 ) -> None:
+                 layers: Mapping[str, LayerQuant], modules: Mapping[str, str] | None = None,
+                 products: Mapping[str, tuple[str, ProductQuant]] | None = None) -> None:
         self.twin, self.node_of, self.layers = twin, dict(node_of), dict(layers)
+        #: product name -> (its MatMul node, its parameters)
+        self.products = dict(products or {})
         #: module name -> "hswish" | "hsigmoid" | "" (for :func:`hwnas.export.integer_ops`)
         self.modules = dict(modules or {})
         self.layer_of = {v: k for k, v in self.node_of.items()}
@@ -406,6 +443,11 @@ class QdqGraphBuilder:
         """Layers that run as integer kernels when ``float_layers`` are kept in float."""
         skip = set(float_layers)
         return {n for n, lq in self.layers.items() if lq.category == "int" and n not in skip}
+
+    def integer_products(self, float_layers: Iterable[str] = ()) -> list[str]:
+        """Products that run as integer kernels: those whose layer runs as one."""
+        integer = self.integer_layers(float_layers)
+        return [n for n, (_, pq) in self.products.items() if pq.follows in integer]
 
     def requant_layers(self, float_layers: Iterable[str] = ()) -> list[str]:
         """Integer convs that get an output requantization, in graph order."""
@@ -459,7 +501,11 @@ class QdqGraphBuilder:
                                 f"calibrated")
             after[self.requant_tensor[layer]] = (layer, *lq.requant)
         guards = self._float_guards(skip, integer, after)
+        products = {self.products[n][0]: self.products[n][1]
+                    for n in self.integer_products(skip)}
         for node in graph.node:
+            if node.name in products:
+                self._quantize_product(node, products[node.name], added, new_nodes)
             layer = self.layer_of.get(node.name)
             lq = self.layers.get(layer) if layer is not None else None
             if lq is not None and layer not in skip and lq.category != "float":
@@ -521,6 +567,27 @@ class QdqGraphBuilder:
                 _, scale, zp = after[node.input[0]]
                 guards[layer] = (scale, zp)
         return guards
+
+    @staticmethod
+    def _quantize_product(node: onnx.NodeProto, pq: ProductQuant, added: _Inits,
+                          new_nodes: list[onnx.NodeProto]) -> None:
+        """Q (uint8) [-> integer Clip to the low-bit grid] -> DQ on both inputs of a product."""
+        for i, (scale, zp) in enumerate(pq.inputs):
+            p = f"{pq.name}.input{i}"
+            s = added(f"{p}_scale", np.array(scale, np.float32))
+            z = added(f"{p}_zero_point", np.array(zp, np.uint8))
+            q_out = f"{p}_q"
+            new_nodes.append(helper.make_node("QuantizeLinear", [node.input[i], s, z], [q_out],
+                                              name=f"/{pq.name}/input{i}_q"))
+            if pq.bits < 8:
+                lo = added(f"{p}_qmin", np.array(0, np.uint8))
+                hi = added(f"{p}_qmax", np.array(2 ** pq.bits - 1, np.uint8))
+                new_nodes.append(helper.make_node("Clip", [q_out, lo, hi], [f"{p}_qclip"],
+                                                  name=f"/{pq.name}/input{i}_clip"))
+                q_out = f"{p}_qclip"
+            new_nodes.append(helper.make_node("DequantizeLinear", [q_out, s, z], [f"{p}_dq"],
+                                              name=f"/{pq.name}/input{i}_dq"))
+            node.input[i] = f"{p}_dq"
 
     @staticmethod
     def _quantize_node(node: onnx.NodeProto, lq: LayerQuant, integer: bool, use_int4: bool,
@@ -620,6 +687,15 @@ class QdqBuild:
         chosen = self.builder.integer_layers(extra_float)
         return [n for n in self.builder.node_of if n in chosen]
 
+    def integer_products(self, extra_float: Iterable[str] = ()) -> list[str]:
+        """Attention products of two activations that run as integer kernels."""
+        return self.builder.integer_products(extra_float)
+
+    def kernel_nodes(self) -> dict[str, str]:
+        """``{layer or product: source node}``: what :func:`hwnas.export.ort_profile.
+        integer_kernel_check` looks for after onnxruntime's optimizations."""
+        return {**self.builder.node_of, **{n: node for n, (node, _) in self.builder.products.items()}}
+
     def requant_layers(self, *, requantize: bool = True) -> list[str]:
         return self.builder.requant_layers() if requantize else []
 
@@ -644,6 +720,7 @@ class QdqBuild:
             "weight_bits": {n: lq.w_bits for n, lq in self.layers.items()},
             "activation_bits": {n: lq.a_bits for n, lq in self.layers.items()},
             "float_for_speed": list(self.float_layers),
+            "integer_products": self.builder.integer_products(),
             "dead_layers": list(self.dead_layers),
             "requantized_layers": self.builder.requant_layers() if requantized else [],
             "integer_elementwise": ({"hswish": len(rewrite.hswish), "se_gates": len(rewrite.gates),
@@ -765,7 +842,8 @@ def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
     modules = {name: ("hswish" if isinstance(m, nn.Hardswish) else
                       "hsigmoid" if isinstance(m, nn.Hardsigmoid) else "")
                for name, m in qmodel.named_modules() if name}
-    builder = QdqGraphBuilder(proto, node_of, layers, modules)
+    products = _product_nodes(proto, qmodel)
+    builder = QdqGraphBuilder(proto, node_of, layers, modules, products)
     from hwnas.quant.observers import ACT_OBSERVERS
 
     if requant_observer not in ACT_OBSERVERS:
@@ -773,6 +851,31 @@ def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
                         f"{', '.join(ACT_OBSERVERS)}")
     _calibrate_requant(layers, builder, qmodel, xs, config, requant_observer)
     return QdqBuild(qmodel, effective, policy, builder, layers, float_layers, kinds, dead)
+
+
+def _product_nodes(proto: onnx.ModelProto, qmodel: nn.Module
+                   ) -> dict[str, tuple[str, ProductQuant]]:
+    """``{product: (MatMul node, parameters)}`` of every quantized product of ``qmodel``, its
+    node found by scope (``/blocks/blocks.0/attn/qk/MatMul`` -> ``blocks.0.attn.qk``)."""
+    inits = {i.name for i in proto.graph.initializer}
+    by_scope: dict[str, list[str]] = {}
+    for node in proto.graph.node:
+        if node.op_type == "MatMul" and not any(i in inits for i in node.input):
+            by_scope.setdefault(node_scope(node.name), []).append(node.name)
+    out: dict[str, tuple[str, ProductQuant]] = {}
+    for name, module in quant_products(qmodel):
+        if module.a_quant.is_float:
+            continue
+        found = by_scope.get(name, [])
+        if len(found) != 1:
+            raise UserError(f"product {name!r} maps to {len(found)} MatMul nodes of two "
+                            f"activations in the ONNX graph, expected one")
+        qparams = []
+        for q in (module.a_quant, module.b_quant):
+            scale, zp, _, _ = q.qparams()
+            qparams.append((float(scale.reshape(-1)[0]), int(zp.reshape(-1)[0])))
+        out[name] = (found[0], ProductQuant(name, module.follows, module.a_bits, tuple(qparams)))
+    return out
 
 
 def set_metadata(proto: onnx.ModelProto, metadata: Mapping[str, Any]) -> onnx.ModelProto:

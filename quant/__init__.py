@@ -33,6 +33,7 @@ from hwnas.quant.policy import (
     apply_to_layers,
     average_weight_bits,
     first_last_8bit,
+    product_sources,
     uniform,
 )
 
@@ -41,6 +42,7 @@ _LAZY = {
     "FakeQuantize": "hwnas.quant.fake_quant",
     "QuantConv2d": "hwnas.quant.fake_quant",
     "QuantLinear": "hwnas.quant.fake_quant",
+    "QuantMatMul": "hwnas.quant.fake_quant",
     "SharedAddQuant": "hwnas.quant.fake_quant",
     "PTQConfig": "hwnas.quant.ptq",
     "quantize_model": "hwnas.quant.ptq",
@@ -70,6 +72,7 @@ __all__ = [
     "layer_latency_fn",
     "measure_int8_speedup",
     "model_size_bytes",
+    "product_sources",
     "uniform",
     "weight_bits_budget_bytes",
     *_LAZY,

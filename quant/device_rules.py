@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from hwnas.quant.policy import FLOAT_BITS
+from hwnas.quant.policy import FLOAT_BITS, PRODUCT_OP
 from hwnas.supernet.layers import Layer
 
 from hwnas.core.errors import UserError
@@ -134,8 +134,8 @@ def layer_key(layer: Layer) -> str:
 
 
 def effective_layers(layers: list[Layer], rules: DeviceQuantRules) -> list[Layer]:
-    """The layer list as the device runs it: conv/linear ``w_bits``/``a_bits`` replaced by the
-    execution widths; ``extra`` gains ``placement`` ("device" or "host"), ``storage_w_bits``
+    """The layer list as the device runs it: conv/linear ``w_bits``/``a_bits`` (and a quantized
+    attention product's operand widths) replaced by the execution widths; ``extra`` gains ``placement`` ("device" or "host"), ``storage_w_bits``
     and ``requested_bits``. Latency estimators read this instead of the requested widths."""
     out: list[Layer] = []
     on_host = False
@@ -149,6 +149,13 @@ def effective_layers(layers: list[Layer], rules: DeviceQuantRules) -> list[Layer
                          storage_w_bits=storage_w_bits(rules, layer.w_bits))
             extra["placement"] = "host" if on_host else "device"
             out.append(replace(layer, w_bits=w, a_bits=a, extra=extra))
+        elif layer.op == PRODUCT_OP and layer.a_bits < FLOAT_BITS:
+            # a product of two activations quantized with the layer it follows: both operands
+            # at the width the device executes that layer's activations
+            _, a = execution_bits(rules, layer.a_bits, layer.a_bits)
+            extra.update(requested_bits=[layer.w_bits, layer.a_bits])
+            extra["placement"] = "host" if on_host else "device"
+            out.append(replace(layer, w_bits=a, a_bits=a, extra=extra))
         else:
             extra["placement"] = "host" if on_host else "device"
             out.append(replace(layer, extra=extra))

@@ -18,6 +18,14 @@ Where the quantizers sit: each ``nn.Conv2d``/``nn.Linear`` is replaced by a
 parameter names) that quantizes its **input** activation and its weight. So the activation
 bit-width of layer L in a :class:`hwnas.quant.policy.QuantPolicy` is the bit-width of L's input.
 
+Products of two activations (attention's Q·Kᵀ and attention × V, the
+:class:`hwnas.supernet.nn.vit.MatMul` modules) become :class:`QuantMatMul`: per-tensor affine
+quantizers on both inputs (q and k; the softmax output and v), what onnxruntime's integer
+MatMul kernels take. They have no weights and no bit-widths of their own in a policy: they take
+the activation bits of the layer they follow (:func:`hwnas.quant.policy.product_sources`, the
+block's Q/K/V projection), and stay float when that layer's activations do. LayerNorm, softmax
+and GELU stay float.
+
 Residual additions: ``x + y`` in a block's ``forward`` is not a module. An integer runtime either
 requantizes both inputs to the output scale inside the add (onnxruntime's QLinearAdd, TFLite's
 ADD: scales may differ) or needs both inputs on one shared scale (accelerators that add int
@@ -36,14 +44,17 @@ import math
 import torch
 import torch.nn.functional as F
 from hwnas.quant.policy import FLOAT_BITS, SUPPORTED_BITS
+from hwnas.supernet.nn.vit import MatMul
 from torch import nn
 
 __all__ = [
     "FakeQuantize",
     "QuantConv2d",
     "QuantLinear",
+    "QuantMatMul",
     "SharedAddQuant",
     "quant_layers",
+    "quant_products",
     "quantizable_layer_names",
     "quantizers",
     "reference_fake_quant",
@@ -272,6 +283,28 @@ class SharedAddQuant(nn.Module):
         return self.input_quant(a) + self.input_quant(b)
 
 
+class QuantMatMul(MatMul):
+    """A product of two activations whose inputs pass through per-tensor affine quantizers
+    (``a_quant``, ``b_quant``) at the activation bits of the policy layer it ``follows``."""
+
+    follows: str = ""
+
+    @classmethod
+    def from_float(cls, matmul: MatMul, a_bits: int, follows: str) -> QuantMatMul:
+        new = cls(matmul.transpose_b, matmul.scale)
+        new.a_quant, new.b_quant = _act_quant(a_bits), _act_quant(a_bits)
+        new.follows = follows
+        new.train(matmul.training)
+        return new
+
+    @property
+    def a_bits(self) -> int:
+        return self.a_quant.bits
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.a_quant(a), self.b_quant(b))
+
+
 QUANT_LAYER_TYPES = (QuantConv2d, QuantLinear)
 
 
@@ -291,11 +324,19 @@ def quantizers(model: nn.Module) -> list[tuple[str, FakeQuantize]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, FakeQuantize)]
 
 
+def quant_products(model: nn.Module) -> list[tuple[str, QuantMatMul]]:
+    """``(name, module)`` of every QuantMatMul (quantized product of two activations)."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, QuantMatMul)]
+
+
 def set_quantizers_enabled(model: nn.Module, enabled: bool, *, names: set[str] | None = None) -> None:
-    """Enable or disable the quantizers of the quant layers ``names`` (default: all, adds
-    included). Float (32-bit) quantizers stay the identity either way."""
+    """Enable or disable the quantizers of the quant layers ``names`` (default: all, adds and
+    products included; a product goes with the layer it follows). Float (32-bit) quantizers
+    stay the identity either way."""
     for name, module in model.named_modules():
-        if isinstance(module, (*QUANT_LAYER_TYPES, SharedAddQuant)) and (names is None or name in names):
+        if not isinstance(module, (*QUANT_LAYER_TYPES, SharedAddQuant, QuantMatMul)):
+            continue
+        if names is None or name in names or getattr(module, "follows", None) in names:
             for q in module.modules():
                 if isinstance(q, FakeQuantize):
                     q.enabled = enabled

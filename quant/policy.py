@@ -24,6 +24,9 @@ SUPPORTED_BITS: tuple[int, ...] = (2, 3, 4, 6, 8, 32)
 FLOAT_BITS = 32
 POLICY_FORMAT = "hwnas-quant-policy-1"
 _QUANT_OPS = ("conv", "linear")
+#: layer-list op of a product of two activations (attention): not a policy layer, its inputs
+#: follow the activation bits of the layer before it (:func:`product_sources`)
+PRODUCT_OP = "matmul"
 
 __all__ = [
     "FLOAT_BITS",
@@ -34,6 +37,7 @@ __all__ = [
     "check_bits",
     "first_last_8bit",
     "layer_names_of",
+    "product_sources",
     "uniform",
 ]
 
@@ -194,16 +198,46 @@ def first_last_8bit(policy: QuantPolicy) -> QuantPolicy:
     return policy.with_bits({names[0]: (8, 8), names[-1]: (8, 8)})
 
 
+def product_sources(items: Any) -> dict[str, str]:
+    """``{product: policy layer}``: the layer whose activation bits each product of two
+    activations (attention's Q·Kᵀ and attention × V) takes for both of its inputs.
+
+    A product has no weights, so it gets no bit-widths of its own in a policy (which would
+    change the layer set of every stored policy and search); it follows the nearest
+    quantizable layer before it, in a transformer block the Q/K/V projection that computed
+    its operands. ``items``: ``(name, op)`` pairs in network order (``op`` conv | linear |
+    matmul | anything else), a layer list, or :class:`Layer`-like records."""
+    out: dict[str, str] = {}
+    last: str | None = None
+    for item in items:
+        name, op = (item.name, item.op) if hasattr(item, "op") else item
+        if op in _QUANT_OPS:
+            last = name
+        elif op == PRODUCT_OP and last is not None:
+            out[name] = last
+    return out
+
+
 def apply_to_layers(policy: QuantPolicy, layers: list) -> list:
     """The layer list with each conv/linear layer's ``w_bits``/``a_bits`` set from ``policy``.
 
     Joins on ``Layer.name``; the policy must cover exactly the conv/linear layers (UserError
-    otherwise). Other layers (add, pool) are returned unchanged. The result prices the policy
-    with :mod:`hwnas.quant.cost`.
+    otherwise). A product of two activations (``matmul``) takes the activation bits of the
+    layer it follows (:func:`product_sources`) for both operands, as the fake-quant model and
+    the QDQ export quantize it. Other layers (add, pool, LayerNorm) are returned unchanged. The
+    result prices the policy with :mod:`hwnas.quant.cost`.
     """
     policy.validate(layers)
-    return [layer.with_bits(*policy[layer.name]) if layer.op in _QUANT_OPS else layer
-            for layer in layers]
+    follows = product_sources(layers)
+    out = []
+    for layer in layers:
+        if layer.op in _QUANT_OPS:
+            layer = layer.with_bits(*policy[layer.name])
+        elif layer.name in follows:
+            a_bits = policy[follows[layer.name]][1]
+            layer = layer.with_bits(a_bits, a_bits)
+        out.append(layer)
+    return out
 
 
 def average_weight_bits(policy: QuantPolicy, layers: list) -> float:

@@ -33,6 +33,7 @@ from hwnas.quant.fake_quant import (
     FakeQuantize,
     QuantConv2d,
     QuantLinear,
+    QuantMatMul,
     SharedAddQuant,
     quant_layers,
     set_quantizers_enabled,
@@ -44,7 +45,8 @@ from hwnas.quant.observers import (
     ActivationObserver,
     weight_qparams,
 )
-from hwnas.quant.policy import QuantPolicy, check_bits
+from hwnas.quant.policy import FLOAT_BITS, QuantPolicy, check_bits, product_sources
+from hwnas.supernet.nn.vit import MatMul
 from torch import nn
 
 from hwnas.core.errors import UserError
@@ -132,7 +134,7 @@ def insert_shared_add_quant(model: nn.Module, bits: int = 8) -> nn.Module:
 
     class _Tracer(torch.fx.Tracer):
         def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
-            if isinstance(m, (*QUANT_LAYER_TYPES, SharedAddQuant, FakeQuantize)):
+            if isinstance(m, (*QUANT_LAYER_TYPES, SharedAddQuant, QuantMatMul, FakeQuantize)):
                 return True
             return super().is_leaf_module(m, qualname)
 
@@ -191,10 +193,18 @@ def quantize_model(model: nn.Module, policy: QuantPolicy, *, residual: str = "fl
     if residual not in RESIDUAL_MODES:
         raise UserError(f"unknown residual mode {residual!r}; expected one of {', '.join(RESIDUAL_MODES)}")
     check_bits(add_bits, "residual-add activation", "<residual adds>")
-    if any(isinstance(m, (*QUANT_LAYER_TYPES, SharedAddQuant)) for m in model.modules()):
+    if any(isinstance(m, (*QUANT_LAYER_TYPES, SharedAddQuant, QuantMatMul)) for m in model.modules()):
         raise UserError(f"{type(model).__name__} is already quantized; apply a policy to the float model")
     qmodel = fold_bn(model, example_input)
-    for name, module in list(qmodel.named_modules()):
+    modules = list(qmodel.named_modules())
+    follows = product_sources(
+        (name, "conv" if isinstance(m, nn.Conv2d) else "linear" if isinstance(m, nn.Linear)
+         else "matmul" if isinstance(m, MatMul) else "") for name, m in modules)
+    for name, module in modules:
+        if name in follows and policy[follows[name]][1] < FLOAT_BITS:
+            _set_module(qmodel, name, QuantMatMul.from_float(module, policy[follows[name]][1],
+                                                             follows[name]))
+            continue
         if name not in policy:
             continue
         w_bits, a_bits = policy[name]
@@ -262,9 +272,17 @@ def _check_input(model: nn.Module, x: torch.Tensor) -> None:
 
 # -- calibration -----------------------------------------------------------------------------------
 
-def _act_quant_sites(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    return [(n, m) for n, m in model.named_modules()
-            if isinstance(m, (*QUANT_LAYER_TYPES, SharedAddQuant))]
+def _act_quant_sites(model: nn.Module) -> list[tuple[str, FakeQuantize, nn.Module, int | None]]:
+    """``(name, activation quantizer, module, input index)`` of every activation quantizer: a
+    layer's or a shared add's ``input_quant`` observes all inputs (index None), a product's
+    ``a_quant``/``b_quant`` its first/second input."""
+    sites: list[tuple[str, FakeQuantize, nn.Module, int | None]] = []
+    for n, m in model.named_modules():
+        if isinstance(m, (*QUANT_LAYER_TYPES, SharedAddQuant)):
+            sites.append((n, m.input_quant, m, None))
+        elif isinstance(m, QuantMatMul):
+            sites += [(f"{n}.a_quant", m.a_quant, m, 0), (f"{n}.b_quant", m.b_quant, m, 1)]
+    return sites
 
 
 @torch.no_grad()
@@ -284,14 +302,15 @@ def calibrate(qmodel: nn.Module, batches: Iterable, config: PTQConfig | None = N
     per_update = max(1, config.max_samples // len(xs))
     sites = _act_quant_sites(qmodel)
     observers = {name: ActivationObserver(per_update, seed=config.seed + i)
-                 for i, (name, _) in enumerate(sites)}
+                 for i, (name, *_) in enumerate(sites)}
     handles = []
-    for name, module in sites:
-        if module.input_quant.is_float:
+    for name, q, module, index in sites:
+        if q.is_float:
             continue
 
-        def hook(_m, inputs, _name=name):
-            for t in inputs:  # a SharedAddQuant observes both of its inputs
+        def hook(_m, inputs, _name=name, _index=index):
+            # a SharedAddQuant observes both of its inputs, a product each input on its own
+            for t in inputs if _index is None else inputs[_index:_index + 1]:
                 if isinstance(t, torch.Tensor):
                     observers[_name].update(t)
         handles.append(module.register_forward_pre_hook(hook))
@@ -303,8 +322,7 @@ def calibrate(qmodel: nn.Module, batches: Iterable, config: PTQConfig | None = N
     finally:
         for h in handles:
             h.remove()
-    for name, module in sites:
-        q: FakeQuantize = module.input_quant
+    for name, q, _, _ in sites:
         if q.is_float:
             continue
         obs = observers[name]

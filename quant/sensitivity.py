@@ -15,6 +15,11 @@ Two estimators, both returning a :class:`hwnas.quant.allocate.SensitivityTable`
 * :func:`measured_sensitivity`: quantize *only* layer L to each candidate (PTQ ranges, every
   other layer float) and measure the loss increase (or the top-1 drop) on held-out batches.
   Covers weights and activations, costs one evaluation per layer and candidate.
+
+Attention products of two activations (:class:`hwnas.quant.fake_quant.QuantMatMul`) are not
+layers of a policy: they follow the activation bits of the layer before them (the block's Q/K/V
+projection). :func:`measured_sensitivity` quantizes them together with that layer, so its
+entry covers them; :func:`hessian_sensitivity` prices weights only, so it does not see them.
 """
 
 from __future__ import annotations

@@ -97,8 +97,9 @@ def test_size_and_bops_see_the_transformer_layers() -> None:
     assert float_size == 4 * sum(la.params for la in layers)  # LayerNorm's 2·e included
     policy = uniform(layers, 8, 8)
     q = apply_to_layers(policy, layers)
-    # linear layers at 8 bits; the matmuls stay float (both operands are activations)
-    matmul_bops = sum(la.macs for la in layers if la.op == "matmul") * 32 * 32
+    # linear layers at 8 bits; the matmuls (both operands activations) at their Q/K/V
+    # projection's activation bits
+    matmul_bops = sum(la.macs for la in layers if la.op == "matmul") * 8 * 8
     linear_bops = sum(la.macs for la in layers if la.op == "linear") * 8 * 8
     assert bops(q) == matmul_bops + linear_bops
     assert model_size_bytes(q) < float_size

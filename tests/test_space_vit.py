@@ -275,8 +275,8 @@ def test_onnx_export_matches_onnxruntime(tiny) -> None:
 
 # -- quantization --------------------------------------------------------------------------------
 
-def test_int8_ptq_quantizes_linear_layers_and_keeps_the_rest_float(tiny) -> None:
-    from hwnas.quant.fake_quant import QuantConv2d, QuantLinear, SharedAddQuant
+def test_int8_ptq_quantizes_linear_layers_and_attention_and_keeps_the_rest_float(tiny) -> None:
+    from hwnas.quant.fake_quant import QuantConv2d, QuantLinear, QuantMatMul, SharedAddQuant
     from hwnas.quant.policy import apply_to_layers, uniform
     from hwnas.quant.ptq import PTQConfig, ptq
 
@@ -299,6 +299,8 @@ def test_int8_ptq_quantizes_linear_layers_and_keeps_the_rest_float(tiny) -> None
             assert isinstance(q[la.name], QuantConv2d)
         elif la.op == "add":  # residual adds are named as in the layer list
             assert isinstance(q[la.name], SharedAddQuant)
+        elif la.op == "matmul":  # both activation inputs quantized (test_vit_integer_attention)
+            assert isinstance(q[la.name], QuantMatMul)
         elif la.op in ("layernorm", "softmax", "gelu"):
             assert type(q[la.name]) in (nn.LayerNorm, nn.Softmax, nn.GELU)  # kept float
     with torch.no_grad():
@@ -306,7 +308,9 @@ def test_int8_ptq_quantizes_linear_layers_and_keeps_the_rest_float(tiny) -> None
     assert 0 < (ref - got).abs().max() <= 0.05 * ref.abs().max()
     priced = apply_to_layers(policy, layers)
     assert all(la.w_bits == 8 for la in priced if la.op == "linear")
-    assert all(la.w_bits == 32 for la in priced if la.op in ("matmul", "layernorm"))
+    assert all(la.w_bits == 32 for la in priced if la.op == "layernorm")
+    # the attention products follow their Q/K/V projection's activation bits
+    assert all((la.w_bits, la.a_bits) == (8, 8) for la in priced if la.op == "matmul")
 
 
 def test_lsq_qat_and_hessian_sensitivity_on_a_vit_subnet(tiny) -> None:
@@ -335,8 +339,8 @@ def test_lsq_qat_and_hessian_sensitivity_on_a_vit_subnet(tiny) -> None:
 
 def test_qdq_export_runs_the_linear_layers_as_integer_kernels(tiny) -> None:
     """QDQ ONNX of an int8 vit subnet: onnxruntime computes what the deployed reference
-    computes, and every linear layer runs as an integer kernel (the attention products of two
-    activations and LayerNorm/Softmax/GELU stay float)."""
+    computes, and every linear layer runs as an integer kernel (LayerNorm/Softmax/GELU stay
+    float; the attention products: tests/test_vit_integer_attention.py)."""
     pytest.importorskip("onnxruntime")
     import onnx
     from hwnas.export.ort_profile import LayerIndex, integer_kernel_check
