@@ -196,3 +196,16 @@ def test_a_float_projection_keeps_its_products_float(built) -> None:
     assert "/blocks.0.attn.qk/input0_q" not in names and "/blocks.1.attn.qk/input0_q" in names
     ops = [n.op_type for n in optimized_model(proto.SerializeToString()).graph.node]
     assert ops.count("MatMul") + ops.count("FusedMatMul") >= 2  # block 0's products
+
+
+def test_export_model_checks_the_products_run_as_integer_kernels(model, images, tmp_path) -> None:
+    from hwnas.export.model_export import ExportSettings, export_model
+
+    settings = ExportSettings(rounds=1, runs=1, warmup=1, profile_runs=1)
+    result = export_model(model, name="vit", out_dir=tmp_path, example=images[:1],
+                          test_images=images[32:], policy=uniform(model, 8, 8),
+                          calibration=[images[:32]], settings=settings)
+    assert result.status == "ok", result.errors
+    qdq = next(f for f in result.files if f.path == "qdq/vit.onnx")
+    assert qdq.ok and qdq.integer_products == len(PRODUCTS)
+    assert not [i for i in qdq.float_islands if ".attn.qk" in i or ".attn.av" in i]
