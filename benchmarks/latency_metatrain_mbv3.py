@@ -37,9 +37,20 @@ latency tables, so this script builds one here and meta-trains :class:`MetaPredi
 
 Writes ``benchmarks/latency_metatrain_mbv3.json``. About 1.5 minutes on 2 CPU cores.
 
+Any space from measured tables (``--tables``, the ``vit`` transformer above all): instead of
+step 2's measurements here, the architectures measured on every device of the given tables of
+``benchmarks/measure_latency_tables.py`` (``<space>_<tag>.csv.gz``, e.g. ``vit_xeon`` and
+``vit_h200``) with all their device columns, plus the estimators and synthetic devices; steps
+3 and 4 as above, the held-out device given by ``--held-out`` (default: the first onnxruntime
+column). Eager PyTorch on a GPU (``-torch-b<batch>``) is kept in the table but not
+meta-trained on (:func:`untrained`).
+
     python benchmarks/latency_metatrain_mbv3.py            # measure, score, ship
     python benchmarks/latency_metatrain_mbv3.py --from-csv # reuse the measured tables
     python benchmarks/latency_metatrain_mbv3.py --measure-gpu   # on the GPU machine
+    python benchmarks/latency_metatrain_mbv3.py --spaces vit \
+        --tables benchmarks/results/latency_tables/vit_xeon.csv.gz \
+        benchmarks/results/latency_tables/vit_h200.csv.gz        # a vit predictor from tables
 """
 
 from __future__ import annotations
@@ -48,6 +59,7 @@ import argparse
 import csv
 import datetime as _dt
 import os
+import re
 import sys
 import tempfile
 import time
@@ -59,8 +71,10 @@ import numpy as np
 
 try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
     import latency_fewshot as shared
+    import latency_lofo as lofo
 except ModuleNotFoundError:
     from benchmarks import latency_fewshot as shared
+    from benchmarks import latency_lofo as lofo
 (Task, evaluate, machine, print_tables, to_rows, write_json) = (
     shared.Task, shared.evaluate, shared.machine, shared.print_tables, shared.to_rows,
     shared.write_json)
@@ -90,6 +104,10 @@ HELD_OUT = "cpu-ort-2t"
 PREDICTORS = ["flops", "lut", "mlp", "meta", "meta[random]"]
 #: space -> (architectures, onnxruntime repeats)
 DEFAULTS = {"mbv3-tiny": (300, 30), "mbv3": (150, 20)}
+#: spaces meta-trained only from measured tables (``--tables``)
+TABLE_SPACES = ("vit",)
+#: few-shot sample sizes of the held-out check
+FEW_SHOT_NS = [2, 5, 10, 20]
 
 
 def synthetic_estimators() -> list[Any]:
@@ -207,12 +225,13 @@ def gpu_columns(space: Any, archs: list[str], repeats: int, warmup: int
 
 
 def untrained(gpu: list[str]) -> list[str]:
-    """GPU columns kept in the table but not meta-trained on: eager PyTorch (``-torch-``). Its
+    """GPU columns kept in the table but not meta-trained on: eager PyTorch (``-torch-b<n>``; a
+    CPU's eager PyTorch, ``-torch-<n>t``, is trained on). Its
     times are the host's kernel-launch path, not the GPU: on the H200 batch 1 and batch 64 take
     the same time (mbv3 medians 4.47 and 4.49 ms, ~9x the CUDA-graph time), yet rank the
     architectures alike only to Spearman 0.80 - two noisy readings of one quantity. With them
     in the prior the held-out CPU at n = 2 ranked backwards (-0.84)."""
-    return [d for d in gpu if "-torch-" in d]
+    return [d for d in gpu if re.search(r"-torch-b\d+$", d)]
 
 
 def merge_gpu_csv(space: Any, path: Path) -> list[str]:
@@ -223,8 +242,8 @@ def merge_gpu_csv(space: Any, path: Path) -> list[str]:
         return []
     base, gpu = load_latency_table(path, space=space), load_latency_table(gpu_path, space=space)
     if sorted(base.archs) != sorted(gpu.archs):
-        raise SystemExit(f"{gpu_path.relative_to(REPO)} does not hold the architectures of "
-                         f"{path.relative_to(REPO)}; measure it again with --measure-gpu")
+        raise SystemExit(f"{_shown(gpu_path)} does not hold the architectures of "
+                         f"{_shown(path)}; measure it again with --measure-gpu")
     new = [d for d in gpu.devices if d not in base.devices]
     if new:
         cols = {d: base.column(d) for d in base.devices}
@@ -234,13 +253,64 @@ def merge_gpu_csv(space: Any, path: Path) -> list[str]:
     return list(gpu.devices)
 
 
+def measured_tables(space: Any, paths: list[Path]) -> tuple[list[str], dict[str, np.ndarray]]:
+    """The architectures measured on every device of ``paths`` (``.csv.gz`` tables of
+    measure_latency_tables.py, or plain CSV: arch + one column per device, ms), in the first
+    table's order, and every device's column on them."""
+    cells: dict[str, dict[str, float]] = {}
+    for path in paths:
+        if not path.is_file():
+            raise SystemExit(f"--tables: {path} does not exist")
+        if path.name.endswith(".gz"):
+            table = lofo.read_gz_table(path, space)
+        else:
+            lt = load_latency_table(path, space=space)
+            table = {d: dict(zip(lt.archs, lt.column(d))) for d in lt.devices}
+        for d, col in table.items():
+            if d in cells:
+                raise SystemExit(f"--tables: device {d!r} appears in two tables")
+            cells[d] = col
+    if not cells:
+        raise SystemExit("--tables: the tables hold no device column")
+    first = next(iter(cells.values()))
+    archs = [a for a in first if all(a in col for col in cells.values())]
+    if len(archs) <= max(FEW_SHOT_NS):
+        raise SystemExit(f"--tables: only {len(archs)} architectures are measured on every "
+                         f"device; the few-shot check needs more than {max(FEW_SHOT_NS)}")
+    return archs, {d: np.array([col[a] for a in archs]) for d, col in cells.items()}
+
+
+def pick_held_out(held_out: str | None, measured: list[str], name: str) -> str:
+    """The measured device of the held-out check: ``held_out`` if given, else cpu-ort-2t, else
+    the first onnxruntime column, else the first measured one."""
+    held = held_out or (HELD_OUT if HELD_OUT in measured else
+                        next((d for d in measured if "-ort-" in d), measured[0]))
+    if held not in measured:
+        raise SystemExit(f"--held-out {held!r} is not a measured device of {name}; expected one "
+                         f"of {', '.join(measured)}")
+    return held
+
+
 def run_space(name: str, n: int, repeats: int, warmup: int, seed: int, seeds: int,
-              from_csv: bool) -> dict:
+              from_csv: bool, tables: list[Path] | None = None, held_out: str | None = None,
+              ship_dir: Path | None = None, results_dir: Path = RESULTS_DIR,
+              predictors: list[str] | None = None) -> dict:
     space = get_space(name)
-    path = RESULTS_DIR / f"{name}.csv"
+    path = results_dir / f"{name}.csv"
     t0 = time.perf_counter()
     gpu = merge_gpu_csv(space, path) if from_csv else []
-    if from_csv:
+    measured = list(MEASURED)
+    if tables:
+        archs, cols = measured_tables(space, tables)
+        measured = list(cols)
+        held_out = pick_held_out(held_out, measured, name)  # refused before anything is written
+        gpu = [d for d in measured if re.search(r"-b\d+$", d)]
+        cols.update(estimate(space, archs))
+        write_csv(path, archs, cols)
+        table = load_latency_table(path, space=space)
+        measure_s = None
+        repeats = warmup = None
+    elif from_csv:
         table = load_latency_table(path, space=space)
         measure_s = None
     else:
@@ -251,12 +321,14 @@ def run_space(name: str, n: int, repeats: int, warmup: int, seed: int, seeds: in
         write_csv(path, archs, cols)
         table = load_latency_table(path, space=space)
     print(f"{name}: {len(table)} architectures x {len(table.devices)} devices "
-          f"({path.relative_to(REPO)})")
-    task = Task(table, HELD_OUT, None, np.arange(len(table)))
-    rows, ns = [], [2, 5, 10, 20]
-    measured = [*MEASURED, *gpu]
+          f"({_shown(path)})")
+    if not tables:
+        measured = [*MEASURED, *gpu]
+    held = pick_held_out(held_out, measured, name)
+    task = Task(table, held, None, np.arange(len(table)))
+    rows, ns = [], list(FEW_SHOT_NS)
     usable = [d for d in table.devices if d not in untrained(gpu)]
-    variants = [(f"holdout-{HELD_OUT}", task, [d for d in usable if d != HELD_OUT]),
+    variants = [(f"holdout-{held}", task, [d for d in usable if d != held]),
                 ("estimators-only", task, [d for d in usable if d not in measured])]
     gpu_b64 = [d for d in gpu if d.endswith("-graph-b64")]
     if gpu_b64:
@@ -264,8 +336,8 @@ def run_space(name: str, n: int, repeats: int, warmup: int, seed: int, seeds: in
                          Task(table, gpu_b64[0], None, np.arange(len(table))),
                          [d for d in usable if d != gpu_b64[0]]))
     for variant, vtask, train in variants:
-        acc = evaluate(space, [vtask], metas_for(space, table, train, seeds), None, PREDICTORS,
-                       ns, seeds)
+        acc = evaluate(space, [vtask], metas_for(space, table, train, seeds), None,
+                       predictors or PREDICTORS, ns, seeds)
         vrows = to_rows(name, acc, variant)
         for r in vrows:
             r["meta_train_devices"] = len(train)
@@ -273,25 +345,37 @@ def run_space(name: str, n: int, repeats: int, warmup: int, seed: int, seeds: in
         print_tables(name, vrows, [vtask.device], None, ns)
         rows += vrows
     shipped = MetaPredictor(space).meta_fit(space, table.archs, table.columns(usable), seed=0)
-    out = shipped.save(pretrained_path(name))
-    check = load_pretrained(name)
+    target = pretrained_path(name) if ship_dir is None else ship_dir / pretrained_path(name).name
+    out = shipped.save(target)
+    check = load_pretrained(name) if ship_dir is None else MetaPredictor.load(out)
     assert check.reference_archs == shipped.reference_archs
-    print(f"shipped {out.relative_to(REPO)} ({out.stat().st_size} bytes, "
+    print(f"shipped {_shown(out)} ({out.stat().st_size} bytes, "
           f"{len(usable)} of the {len(table.devices)} devices)")
     ms = table.columns(measured)
     return {"space": name, "architectures": len(table), "devices": table.devices,
+            "tables": [str(p) for p in tables or []], "held_out_device": held,
             "repeats": repeats, "warmup": warmup, "measure_seconds": measure_s,
             "measured_median_ms": {d: round(float(np.median(v)), 5) for d, v in ms.items()},
             "measured_range_ms": {d: [round(float(v.min()), 5), round(float(v.max()), 5)]
                                   for d, v in ms.items()},
-            "shipped": str(out.relative_to(REPO)), "shipped_bytes": out.stat().st_size,
+            "shipped": _shown(out), "shipped_bytes": out.stat().st_size,
             "meta_trained_devices": usable,
             "results": rows}
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository where it lies inside it."""
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--spaces", nargs="+", default=list(DEFAULTS), choices=list(DEFAULTS))
+    ap.add_argument("--spaces", nargs="+", default=list(DEFAULTS),
+                    choices=[*DEFAULTS, *TABLE_SPACES],
+                    help=f"default: {' '.join(DEFAULTS)}; {' '.join(TABLE_SPACES)} needs --tables")
     ap.add_argument("--n", type=int, default=None, help="architectures per space (default: "
                     + ", ".join(f"{k} {v[0]}" for k, v in DEFAULTS.items()) + ")")
     ap.add_argument("--warmup", type=int, default=5)
@@ -302,29 +386,50 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--measure-gpu", action="store_true",
                     help="only time the architectures of <space>.csv on this machine's CUDA GPU "
                          "(PyTorch, batch 1 and 64) and write <space>_gpu.csv")
+    ap.add_argument("--tables", nargs="+", type=Path, default=None,
+                    help="meta-train on these measured tables of measure_latency_tables.py "
+                         "(<space>_<tag>.csv.gz; one space) instead of measuring here")
+    ap.add_argument("--held-out", default=None,
+                    help="measured device of the held-out check (default: cpu-ort-2t, or the "
+                         "first onnxruntime column of --tables)")
+    ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
+                    help="where <space>.csv is written and read")
+    ap.add_argument("--predictors", nargs="+", default=PREDICTORS, choices=PREDICTORS,
+                    help="predictors scored in the held-out check (default: all)")
+    ap.add_argument("--ship-dir", type=Path, default=None,
+                    help="write <space>_meta.npz here instead of latency/data/")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
     args = ap.parse_args(argv)
+    results = args.results_dir
+    if args.tables and len(args.spaces) != 1:
+        ap.error("--tables: name exactly one space with --spaces")
+    needs_tables = [s for s in args.spaces if s in TABLE_SPACES]
+    if needs_tables and not args.tables:
+        ap.error(f"{needs_tables[0]} has no measurement here: give its tables with --tables")
+    if args.tables and args.measure_gpu:
+        ap.error("--tables and --measure-gpu exclude each other")
     t0 = time.perf_counter()
     if args.measure_gpu:
         for name in args.spaces:
             space = get_space(name)
-            archs = list(load_latency_table(RESULTS_DIR / f"{name}.csv", space=space).archs)
+            archs = list(load_latency_table(results / f"{name}.csv", space=space).archs)
             cols = gpu_columns(space, archs, max(DEFAULTS[name][1], 30), max(args.warmup, 10))
-            write_csv(RESULTS_DIR / f"{name}_gpu.csv", archs, cols)
+            write_csv(results / f"{name}_gpu.csv", archs, cols)
             print(f"{name}: {len(archs)} architectures on the GPU: "
                   + ", ".join(f"{d} {np.median(v):.3f} ms (median)" for d, v in cols.items()))
         return 0
     spaces = []
     for name in args.spaces:
-        n, repeats = DEFAULTS[name]
+        n, repeats = DEFAULTS.get(name, (0, 0))
         spaces.append(run_space(name, args.n or n, repeats, args.warmup, args.seed, args.seeds,
-                                args.from_csv))
+                                args.from_csv, args.tables, args.held_out, args.ship_dir,
+                                results, args.predictors))
     total = time.perf_counter() - t0
     write_json(args.out, {
         "command": "python benchmarks/latency_metatrain_mbv3.py " + " ".join(argv or sys.argv[1:]),
         "machine": machine(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "held_out_device": HELD_OUT,
+        "held_out_device": args.held_out or HELD_OUT,
         "total_seconds": round(total, 1),
         "spaces": spaces,
     })

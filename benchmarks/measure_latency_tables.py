@@ -1,11 +1,14 @@
-"""Measure latency tables of the nb201, fbnet and mbv3 spaces on every runtime this machine has.
+"""Measure latency tables of the nb201, fbnet, mbv3 and vit spaces on every runtime this machine has.
 
 One command, one time budget (issue 23.1). The architectures come from committed sample files
 (``benchmarks/results/latency_tables/archs_<space>.txt.gz``, written by ``--write-samples``
 from HELP's tables): nb201 2,000 (HELP's 10 reference architectures and the shipped meta
 predictor's 20 first), fbnet 1,000 drawn from HELP's 5,000 (so new columns join HELP's table),
-mbv3 the 150 of ``benchmarks/results/latency_mbv3/mbv3.csv`` and more, each list in a seeded
-random order. Devices (``<tag>-<runtime>-<threads>t`` / ``<gpu>-<runtime>-b<batch>``):
+mbv3 the 150 of ``benchmarks/results/latency_mbv3/mbv3.csv`` and more, vit 300 with its
+extremes (the smallest, the largest and every corner of embedding x depth x heads x MLP ratio),
+each list in a seeded random order. ``--spaces`` picks the spaces (default nb201, fbnet, mbv3;
+``--spaces vit`` measures the transformer, whose table
+``benchmarks/latency_metatrain_mbv3.py --spaces vit --tables ...`` meta-trains on). Devices (``<tag>-<runtime>-<threads>t`` / ``<gpu>-<runtime>-b<batch>``):
 
 * CPU (``--runtimes cpu``), at each of ``--threads``: onnxruntime (``ort``, intra-op threads),
   PyTorch eager (``torch``) and frozen TorchScript (``ts``) with ``torch.set_num_threads``, and
@@ -58,7 +61,9 @@ REPO = Path(__file__).resolve().parent.parent
 TABLES_DIR = REPO / "benchmarks" / "results" / "latency_tables"
 MBV3_CSV = REPO / "benchmarks" / "results" / "latency_mbv3" / "mbv3.csv"
 #: space -> default number of architectures
-DEFAULT_N = {"nb201": 2000, "fbnet": 1000, "mbv3": 400}
+DEFAULT_N = {"nb201": 2000, "fbnet": 1000, "mbv3": 400, "vit": 300}
+#: spaces measured when --spaces is not given (vit on request: its table is new)
+DEFAULT_SPACES = ("nb201", "fbnet", "mbv3")
 CPU_RUNTIMES = ("ort", "torch", "ts", "ov")
 GPU_RUNTIMES = ("torch", "cudagraph")
 GPU_BATCHES = (1, 64)
@@ -71,10 +76,27 @@ CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
 # --------------------------------------------------------------------------------------------
 
 
+def corner_archs(space: Any) -> list[str]:
+    """The extremes of a ``vit`` space: every combination of the smallest and largest embedding,
+    depth, heads and MLP ratio (the same in every block), so a table spans the space's whole
+    latency range; the smallest and largest subnets are two of them."""
+    from itertools import product
+
+    from hwnas.supernet.spaces.vit import ViTArch
+
+    c = space.cfg
+    out = []
+    for e, d, h, r in product(*[(ch[0], ch[-1]) for ch in (
+            c.embed_choices, c.depth_choices, c.heads_choices, c.mlp_ratio_choices)]):
+        out.append(space.to_string(ViTArch(e, ((h, float(r)),) * d)))
+    return list(dict.fromkeys(out))
+
+
 def required_archs(space_name: str, help_table: Any | None) -> list[str]:
     """Architectures every sample of the space holds: HELP's 10 reference ones (from the shared
-    table's ``arch_idx``), the shipped meta predictor's reference ones, and for mbv3 the
-    architectures of the existing mbv3 table (so its new columns extend that table)."""
+    table's ``arch_idx``), the shipped meta predictor's reference ones, for mbv3 the
+    architectures of the existing mbv3 table (so its new columns extend that table), and for
+    vit its extremes (:func:`corner_archs`)."""
     from hwnas.latency.predictors import load_pretrained
     from hwnas.latency.tables import HELP_PROTOCOLS
 
@@ -89,6 +111,10 @@ def required_archs(space_name: str, help_table: Any | None) -> list[str]:
     if space_name == "mbv3" and MBV3_CSV.is_file():
         with open(MBV3_CSV, newline="") as fh:
             out += [r["arch"] for r in csv.DictReader(fh)]
+    if space_name == "vit":
+        from hwnas.supernet.spaces import get_space
+
+        out += corner_archs(get_space("vit"))
     return list(dict.fromkeys(out))
 
 
@@ -122,7 +148,7 @@ def sample_path(space_name: str) -> Path:
 
 
 def write_samples(seed: int, sizes: dict[str, int]) -> None:
-    """Write the committed sample files from HELP's tables (needs the shared data)."""
+    """Write the committed sample files (nb201 and fbnet need HELP's tables, the shared data)."""
     from hwnas.latency.tables import load_shared_table
     from hwnas.supernet.spaces import get_space
 
@@ -132,7 +158,9 @@ def write_samples(seed: int, sizes: dict[str, int]) -> None:
         pool = list(table.archs) if name == "fbnet" else None
         archs = make_sample(space, n, seed, required_archs(name, table), pool)
         write_atomic(sample_path(name), gzip.compress(("\n".join(archs) + "\n").encode(), mtime=0))
-        print(f"{name}: {len(archs)} architectures -> {sample_path(name).relative_to(REPO)}")
+        path = sample_path(name)
+        shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+        print(f"{name}: {len(archs)} architectures -> {shown}")
 
 
 def read_sample(space_name: str, n: int) -> list[str]:
@@ -615,7 +643,8 @@ def measure_gpu(args: argparse.Namespace, archs: dict[str, list[str]], deadline:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="output directory")
-    ap.add_argument("--spaces", nargs="+", default=list(DEFAULT_N), choices=list(DEFAULT_N))
+    ap.add_argument("--spaces", nargs="+", default=list(DEFAULT_SPACES), choices=list(DEFAULT_N),
+                    help="spaces to measure (default: " + " ".join(DEFAULT_SPACES) + ")")
     ap.add_argument("--n", nargs="+", type=int, default=None,
                     help="architectures per space, in --spaces order (default "
                     + ", ".join(f"{k} {v}" for k, v in DEFAULT_N.items()) + ")")
@@ -639,7 +668,8 @@ def main(argv: list[str] | None = None) -> int:
                          "libraries, runtimes and threads): measure only what they lack, write "
                          "old and new rows to --out")
     ap.add_argument("--write-samples", action="store_true",
-                    help="write the committed sample files from HELP's tables and exit")
+                    help="write the committed sample files of --spaces (nb201 and fbnet from "
+                         "HELP's tables) and exit")
     args = ap.parse_args(argv)
     start = time.monotonic()
     deadline = start + args.max_minutes * 60

@@ -121,11 +121,17 @@ def test_layer_kinds_keep_the_columns_of_the_existing_spaces() -> None:
     assert f[LAYER_KINDS.index("other")].sum() == 0
 
 
+TRANSFORMER_OPS = ("matmul", "layernorm", "softmax", "gelu")
+
+
 def test_shipped_meta_predictors_read_only_the_old_columns() -> None:
     width = len(KINDS_BEFORE) * len(LAYER_QUANTITIES)
     files = sorted((Path(__file__).resolve().parents[1] / "latency" / "data").glob("*_meta.npz"))
     assert files
     for path in files:
+        space = get_space(path.name[: -len("_meta.npz")])
+        if any(la.op in TRANSFORMER_OPS for la in space.layers(space.largest())):
+            continue  # a transformer space's predictor reads the new columns by design
         with np.load(path, allow_pickle=True) as data:
             cols = data["state.l_cols"]
             assert cols.size and int(cols.max()) < width, path.name
