@@ -94,7 +94,7 @@ def measure(files: list[CandidateFile], refs: dict, test_x: np.ndarray,
     candidates, runners, notes = [], {}, []
     for rt in runtimes:
         cs, rs, ns = verify_candidates(runtime=rt, threads=threads, files=files, references=refs,
-                                       images=test_x, labels=test_y, cache=cache)
+                                       images=test_x, labels=test_y, cache=cache, batch=batch)
         for c in cs:
             c.label = f"{SHORT[rt]}:{c.label}"
             c.settings = {"runtime": rt, **c.settings}

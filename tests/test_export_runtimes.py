@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from hwnas.latency.onnx_measure import openvino_available
+from hwnas.latency.onnx_measure import Runner, openvino_available
 from hwnas.quant.ptq import PTQConfig
 
 from hwnas.core.errors import UserError
@@ -91,7 +91,7 @@ def test_int_list_drops_repeats():
 def test_a_runtime_returning_no_rows_fails_verification(files, monkeypatch):
     import hwnas.export.recommend as rec
 
-    class Empty:
+    class Empty(Runner):
         runtime, threads, precision = "onnxruntime", 1, "f32"
 
         def get_inputs(self):

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from hwnas.latency.devices import MeasuredDevice, get_device, parse_cpu_device
 from hwnas.latency.onnx_measure import (
+    Runner,
     make_runner,
     measure_onnx,
     openvino_available,
@@ -60,7 +61,7 @@ def test_onnxruntime_runner_and_precision_rules() -> None:
 def test_time_interleaved_shapes_and_order() -> None:
     calls: list[str] = []
 
-    class Fake:
+    class Fake(Runner):
         runtime, threads, precision = "onnxruntime", 1, "f32"
 
         def __init__(self, label: str) -> None:
@@ -96,6 +97,21 @@ def test_openvino_runner_agrees_with_onnxruntime_and_reports_precision() -> None
     assert stats.median_ms > 0 and (stats.runtime, stats.precision, stats.batch) == ("openvino", "f32", 2)
     with pytest.raises(UserError, match="OpenVINO cannot load the ONNX model bytes"):
         make_runner(b"not onnx", runtime="openvino")
+
+
+@needs_ov
+def test_openvino_runner_at_a_static_batch() -> None:
+    data = conv_model()
+    dynamic = make_runner(data, runtime="openvino", threads=1)
+    assert dynamic.get_inputs()[0].shape[0] == "?"
+    static = dynamic.at_batch(3)
+    assert static is not dynamic and static.get_inputs()[0].shape[0] == 3
+    assert static.at_batch(3) is static and make_runner(data).at_batch(3).runtime == "onnxruntime"
+    feeds = random_input(static, batch=3, seed=2)
+    assert np.allclose(static.run(feeds)[0], dynamic.run(feeds)[0], atol=1e-5)
+    with pytest.raises(Exception):  # compiled for batch 3 only
+        static.run(random_input(dynamic, batch=2, seed=2))
+    assert make_runner(data, runtime="openvino", batch=4).get_inputs()[0].shape[0] == 4
 
 
 def test_cpu_device_names_say_runtime_threads_and_batch() -> None:
