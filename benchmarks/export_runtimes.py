@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(threads))
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])])
     vnni, flags = export_ort.integer_dot_product()
-    cpu = cpu_model()
+    cpu = f"{cpu_model()}, {os.cpu_count()} logical CPUs"  # one model name, several hosts
     import onnxruntime as ort
 
     versions = f"onnxruntime {ort.__version__}"
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         import openvino as ov
 
         versions += f", OpenVINO {ov.__version__}"
-    machine = (f"{cpu}, {os.cpu_count()} logical CPUs, {versions}, flags: "
+    machine = (f"{cpu}, {versions}, flags: "
                f"{' '.join(flags) or 'none'}")
     print(f"# {machine}", flush=True)
 
