@@ -70,3 +70,55 @@ def digits():
     from hwnas.supernet.data import load_dataset
 
     return load_dataset("digits")
+
+
+def _tiny_qdq_net():  # an nn.Module; torch is imported inside, as everywhere in this file
+    """Stem conv+BN+ReLU, expand 1x1 + ReLU, depthwise 3x3 + h-swish, project 1x1 with a
+    residual add, pooling and a classifier: the patterns the QDQ exporter has to handle."""
+    import torch
+    from torch import nn
+
+    class TinyNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+            self.stem_bn = nn.BatchNorm2d(8)
+            self.expand = nn.Conv2d(8, 16, 1, bias=False)
+            self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False)
+            self.dw_bn = nn.BatchNorm2d(16)
+            self.project = nn.Conv2d(16, 8, 1)
+            self.fc = nn.Linear(8, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = torch.relu(self.stem_bn(self.stem(x)))
+            y = torch.relu(self.expand(x))
+            y = nn.functional.hardswish(self.dw_bn(self.dw(y)))
+            x = x + self.project(y)
+            return self.fc(x.mean((2, 3)))
+
+    return TinyNet()
+
+
+@pytest.fixture(scope="module")
+def qdq_net():
+    """A tiny eval-mode CNN for the export tests (test_export_*.py), BatchNorm statistics
+    non-trivial so that folding matters."""
+    import torch
+
+    torch.manual_seed(0)
+    model = _tiny_qdq_net()
+    with torch.no_grad():
+        for bn in (model.stem_bn, model.dw_bn):
+            bn.running_mean.uniform_(-0.2, 0.2)
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.weight.uniform_(0.5, 1.5)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def qdq_images():
+    """(calibration, test) images for :func:`qdq_net`: 128 and 64 of shape (3, 8, 8)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(128, 3, 8, 8, generator=g), torch.randn(64, 3, 8, 8, generator=g)
