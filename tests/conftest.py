@@ -122,3 +122,28 @@ def qdq_images():
 
     g = torch.Generator().manual_seed(1)
     return torch.randn(128, 3, 8, 8, generator=g), torch.randn(64, 3, 8, 8, generator=g)
+
+
+@pytest.fixture()
+def profile_dir(tmp_path, monkeypatch):
+    """Device profiles go to a temporary directory ($HWNAS_DEVICE_DIR), never the user's."""
+    root = tmp_path / "devices"
+    monkeypatch.setenv("HWNAS_DEVICE_DIR", str(root))
+    return root
+
+
+@pytest.fixture()
+def onnx_models(tmp_path):
+    """A folder of three tiny ONNX models with arch metadata and one without (its arch is the
+    file stem), plus a file that is not a model: (folder, the three archs)."""
+    from latency_support import sample_archs, tiny_onnx
+
+    d = tmp_path / "models"
+    d.mkdir()
+    archs = sample_archs(3)
+    for i, arch in enumerate(archs):
+        (d / f"trial_{i:04d}.onnx").write_bytes(tiny_onnx(arch, width=8 * (i + 1),
+                                                          accuracy="97.5"))
+    (d / "plain_model.onnx").write_bytes(tiny_onnx(None))
+    (d / "notes.txt").write_text("not a model")
+    return d, archs
