@@ -147,3 +147,14 @@ def onnx_models(tmp_path):
     (d / "plain_model.onnx").write_bytes(tiny_onnx(None))
     (d / "notes.txt").write_text("not a model")
     return d, archs
+
+
+@pytest.fixture(scope="module")
+def vit_tiny():
+    """A small member of the ``vit`` family, for the slower checks (ONNX, training,
+    quantization)."""
+    from hwnas.supernet.spaces import ViTConfig, ViTSpace
+
+    return ViTSpace(ViTConfig(tokenizer_channels=(8,), embed_choices=(16, 24),
+                              depth_choices=(1, 2), heads_choices=(1, 2),
+                              mlp_ratio_choices=(1.0, 2.0), head_dim=8))
