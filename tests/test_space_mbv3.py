@@ -290,3 +290,5 @@ def test_restrict_samples_within_choices(ofa):
         ofa.restrict({"kernel": [9]})
     with pytest.raises(UserError, match="not a non-empty subset"):
         ofa.restrict({"expand": []})
+    with pytest.raises(UserError, match=r"choices for 'kernel' must be a list of integers"):
+        ofa.restrict({"kernel": ["seven"]})

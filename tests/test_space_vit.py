@@ -59,6 +59,9 @@ def test_restrict_gives_a_sub_space(space) -> None:
         space.restrict({"heads": [5]})
     with pytest.raises(UserError, match="unknown dimension"):
         space.restrict({"kernel": [3]})
+    with pytest.raises(UserError, match=r"choices for 'mlp_ratio' must be a list of numbers"):
+        space.restrict({"mlp_ratio": ["two"]})
+    assert space.restrict({"mlp_ratio": [2, 2.0]}).cfg.mlp_ratio_choices == (2.0,)
 
 
 def test_progressive_schedule_opens_the_vit_dimensions(space) -> None:
