@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 import time
 from datetime import datetime, timezone
@@ -49,6 +48,8 @@ try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo 
 except ModuleNotFoundError:
     from benchmarks import quant_recipes as recipes
 subnet_archs = recipes.subnet_archs
+command_line = recipes.command_line
+run_script = recipes.run_script
 from hwnas.quant.policy import uniform  # noqa: E402
 from hwnas.quant.ptq import PTQConfig  # noqa: E402
 from hwnas.supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint  # noqa: E402
@@ -145,11 +146,6 @@ def check_models(roles: list[str]) -> list[str]:
     return roles
 
 
-def command_line(argv: list[str] | None) -> str:
-    """The command that ran this benchmark, as its JSON records it."""
-    return "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])])
-
-
 def load_mbv3(checkpoint: str | None):  # noqa: ANN201 - (path, space, supernet, payload)
     """The mbv3 CIFAR-10 supernet of ``--checkpoint`` (default: the shipped one)."""
     ckpt = checkpoint or shipped_checkpoint("mbv3", CIFAR10_CLASSES)
@@ -160,15 +156,6 @@ def load_mbv3(checkpoint: str | None):  # noqa: ANN201 - (path, space, supernet,
     if space.name != "mbv3":
         raise UserError(f"--checkpoint holds space {space.name!r}; expected an mbv3 supernet")
     return ckpt, space, supernet, payload
-
-
-def run_script(main, prog: str) -> None:  # noqa: ANN001 - main(argv=None) -> int
-    """Run a benchmark's ``main`` as a script: bad input is one ``<prog>: error:`` line, exit 2."""
-    try:
-        sys.exit(main())
-    except UserError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        sys.exit(2)
 
 
 def merge(out: Path, doc: dict, merge_rows: bool) -> dict:
