@@ -158,3 +158,34 @@ def vit_tiny():
     return ViTSpace(ViTConfig(tokenizer_channels=(8,), embed_choices=(16, 24),
                               depth_choices=(1, 2), heads_choices=(1, 2),
                               mlp_ratio_choices=(1.0, 2.0), head_dim=8))
+
+
+@pytest.fixture(scope="session")
+def fitted_digits_checkpoint(tmp_path_factory):
+    """An mbv3-tiny digits supernet whose smallest subnet had a few hundred SGD steps (about a
+    second), as a checkpoint: an untrained network's logits are near-ties, and top-1 agreement
+    between two numerically different implementations of it (fake-quant vs integer kernels) is
+    then meaningless. The export tests copy it into their run directories."""
+    import torch
+    from hwnas.supernet.data import BatchLoader, load_dataset
+    from hwnas.supernet.spaces import get_space
+    from hwnas.supernet.train import save_checkpoint
+
+    space = get_space("mbv3-tiny", in_channels=1, image_size=8, num_classes=10)
+    torch.manual_seed(0)
+    supernet = space.build_supernet()
+    data = load_dataset("digits", seed=0)
+    supernet.set_active(space.smallest())
+    supernet.train()
+    opt = torch.optim.SGD(supernet.parameters(), lr=0.05, momentum=0.9)
+    loader = BatchLoader(data.train, batch_size=64, mean=data.mean, std=data.std, shuffle=True,
+                         seed=0)
+    for _ in range(6):
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(supernet(x), y).backward()
+            opt.step()
+    supernet.eval()
+    path = tmp_path_factory.mktemp("fitted") / "supernet.pt"
+    save_checkpoint(path, supernet, space, dataset="digits")
+    return path
