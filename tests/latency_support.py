@@ -3,6 +3,8 @@ model and a measurements CSV whose latencies follow the FLOPs."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,8 @@ from hwnas.supernet.spaces import get_space
 from onnx import TensorProto, helper
 
 SPACE = "mbv3-tiny"
+#: the standalone on-device script, copied to devices as it is
+ONDEVICE = Path(__file__).resolve().parents[1] / "latency" / "ondevice.py"
 
 
 def sample_archs(n: int, seed: int = 0, space_name: str = SPACE) -> list[str]:
@@ -53,3 +57,21 @@ def tiny_onnx(arch: str | None = None, width: int = 8, **props: str) -> bytes:
         helper.set_model_props(model, {"arch": arch, **props})
     onnx.checker.check_model(model)
     return model.SerializeToString()
+
+
+def run_ondevice_without(blocked: set[str], args: list[str], cwd: Path,
+                         ) -> subprocess.CompletedProcess:
+    """Run the on-device script with ``args`` in an isolated interpreter in which the top-level
+    packages ``blocked`` cannot be imported (as on a device that lacks them)."""
+    blocker = (
+        "import sys, runpy\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] in {sorted(blocked)!r}:\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        f"sys.argv = ['ondevice.py', *{[str(a) for a in args]!r}]\n"
+        f"runpy.run_path({str(ONDEVICE)!r}, run_name='__main__')\n"
+    )
+    return subprocess.run([sys.executable, "-I", "-c", blocker], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)

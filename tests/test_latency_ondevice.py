@@ -6,13 +6,9 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
-
-REPO = Path(__file__).resolve().parent.parent
-ONDEVICE = REPO / "latency" / "ondevice.py"
-
+from latency_support import ONDEVICE, run_ondevice_without
 
 # --------------------------------------------------------------------------------------------
 # the standalone on-device script
@@ -55,19 +51,10 @@ def test_ondevice_needs_no_hwnas_package(onnx_models, tmp_path):
     """Run the script with hwnas, torch and pandas made unimportable."""
     d, _ = onnx_models
     out = tmp_path / "m.csv"
-    blocker = (
-        "import sys, runpy\n"
-        "class Block:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in {'hwnas','supernet','latency','search','quant','export','torch','pandas'}:\n"
-        "            raise ImportError('blocked: ' + name)\n"
-        "sys.meta_path.insert(0, Block())\n"
-        f"sys.argv = ['ondevice.py', {str(d)!r}, '--out', {str(out)!r}, '--repeats', '3',"
-        " '--warmup', '0', '--max-cv', '100', '--quiet']\n"
-        f"runpy.run_path({str(ONDEVICE)!r}, run_name='__main__')\n"
-    )
-    proc = subprocess.run([sys.executable, "-I", "-c", blocker], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+    proc = run_ondevice_without(
+        {"hwnas", "supernet", "latency", "search", "quant", "export", "torch", "pandas"},
+        [d, "--out", out, "--repeats", "3", "--warmup", "0", "--max-cv", "100", "--quiet"],
+        cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert len(pd.read_csv(out)) == 4
 
