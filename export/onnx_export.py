@@ -12,8 +12,10 @@ candidates) and it does not need onnxscript.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -25,7 +27,7 @@ from hwnas.core.errors import UserError
 from hwnas.core.io import first_line, write_atomic
 
 __all__ = ["export_onnx", "onnx_bytes", "check_parity", "ParityReport", "InputSpec",
-           "describe_model", "with_uint8_input"]
+           "describe_model", "with_uint8_input", "read_metadata", "set_metadata"]
 
 def _metadata_value(value: object) -> str:
     """ONNX metadata values are strings: keep strings, JSON-encode dicts/lists, str() the rest."""
@@ -34,6 +36,35 @@ def _metadata_value(value: object) -> str:
     if isinstance(value, (dict, list, tuple)):
         return json.dumps(value, sort_keys=True)
     return str(value)
+
+
+def _merge_metadata(proto: onnx.ModelProto, items: Mapping[Any, object]) -> onnx.ModelProto:
+    """Merge ``items`` into ``proto.metadata_props``, values as :func:`_metadata_value` writes
+    them (a key already there is overwritten in place); returns ``proto``."""
+    props = {p.key: p.value for p in proto.metadata_props}
+    props.update({str(k): _metadata_value(v) for k, v in items.items()})
+    del proto.metadata_props[:]
+    for key, value in props.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    return proto
+
+
+def set_metadata(proto: onnx.ModelProto, metadata: Mapping[str, Any]) -> onnx.ModelProto:
+    """Merge ``metadata`` into ``proto.metadata_props`` (values stringified, dicts/lists as
+    JSON, None values left out); returns ``proto``."""
+    return _merge_metadata(proto, {k: v for k, v in metadata.items() if v is not None})
+
+
+def read_metadata(model: onnx.ModelProto) -> dict[str, Any]:
+    """``metadata_props`` of a model, JSON values decoded."""
+    out: dict[str, Any] = {}
+    for p in model.metadata_props:
+        try:
+            out[p.key] = json.loads(p.value)
+        except (json.JSONDecodeError, ValueError):
+            out[p.key] = p.value
+    return out
 
 
 def export_onnx(
@@ -59,12 +90,7 @@ def export_onnx(
 
     proto = onnx.load_from_string(onnx_bytes(model, example, opset=opset))
     if metadata:
-        props = {p.key: p.value for p in proto.metadata_props}
-        props.update({str(k): _metadata_value(v) for k, v in metadata.items()})
-        del proto.metadata_props[:]
-        for key, value in props.items():
-            entry = proto.metadata_props.add()
-            entry.key, entry.value = key, value
+        _merge_metadata(proto, metadata)
     onnx.checker.check_model(proto)
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -207,12 +233,7 @@ def describe_model(proto: onnx.ModelProto, spec: InputSpec | None,
         props.update(mean=[float(m) for m in spec.mean], std=[float(s) for s in spec.std],
                      class_names=list(spec.classes))
     props.update({k: v for k, v in (metadata or {}).items() if v is not None})
-    kept = {p.key: p.value for p in proto.metadata_props}
-    kept.update({str(k): _metadata_value(v) for k, v in props.items()})
-    del proto.metadata_props[:]
-    for key, value in kept.items():
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
+    _merge_metadata(proto, props)
     proto.model_version = int(model_version)
     proto.producer_name, proto.producer_version = "hwnas", __version__
     what = f"{props.get('arch')}" if props.get("arch") else "an hwnas model"

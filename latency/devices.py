@@ -41,6 +41,7 @@ from hwnas.latency.tables import KEY_COLUMNS
 from hwnas.supernet.space import SearchSpace
 
 from hwnas.core.errors import UserError
+from hwnas.core.paths import shared_data_candidate
 
 __all__ = [
     "KINDS",
@@ -398,11 +399,8 @@ def _measured_factories() -> dict[str, tuple[Callable[..., Device], str]]:
 
 def _latency_data_dir() -> Path:
     """``<shared data>/latency``: ``$HWNAS_SHARED_DATA/latency`` when set, else the default
-    beside the checkout (the rule of :func:`hwnas.supernet.data.shared_data_dir`, repeated here so
-    that listing devices does not import torch)."""
-    env = os.environ.get("HWNAS_SHARED_DATA")
-    root = Path(env).expanduser() if env else Path(__file__).resolve().parent.parent.parent / "shared" / "data"
-    return root / "latency"
+    beside the checkout (:mod:`hwnas.core.paths`, torch-free)."""
+    return shared_data_candidate()[0] / "latency"
 
 
 def latency_tables() -> dict[str, Path]:

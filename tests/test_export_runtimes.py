@@ -88,6 +88,19 @@ def test_int_list_drops_repeats():
     assert er.int_list("--threads", [1, 2, 1]) == [1, 2]
 
 
+def test_the_export_benchmarks_share_their_argument_checks():
+    """export_ort and export_ort_ops read comma lists; all three refuse bad values alike."""
+    eo = er.export_ort
+    assert eo.parse_list("--batches", "1,32,1,") == [1, 32]
+    for text in ("1,x", "0", ""):
+        with pytest.raises(UserError, match="--batches"):
+            eo.parse_list("--batches", text)
+    assert eo.check_models(["smallest"]) == ["smallest"]
+    with pytest.raises(UserError, match="--models: expected some of largest middle smallest"):
+        eo.check_models([])
+    assert eo.command_line(["--threads", "1 2"]).endswith("--threads '1 2'")
+
+
 def test_a_runtime_returning_no_rows_fails_verification(files, monkeypatch):
     import hwnas.export.recommend as rec
 

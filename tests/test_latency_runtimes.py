@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,12 +19,11 @@ from hwnas.latency.onnx_measure import (
     random_input,
     time_interleaved,
 )
+from latency_support import ONDEVICE, run_ondevice_without
 from onnx import TensorProto, helper, numpy_helper
 
 from hwnas.core.errors import UserError
 
-REPO = Path(__file__).resolve().parents[1]
-ONDEVICE = REPO / "latency" / "ondevice.py"
 needs_ov = pytest.mark.skipif(not openvino_available(),
                               reason="OpenVINO is not installed (pip install -e '.[openvino]')")
 
@@ -187,19 +185,10 @@ def test_ondevice_script_with_openvino_and_hwnas_blocked(tmp_path) -> None:
     for i in range(2):
         (d / f"trial_{i}.onnx").write_bytes(conv_model(f"arch-{i}"))
     out = tmp_path / "m.csv"
-    blocker = (
-        "import sys, runpy\n"
-        "class Block:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in {'hwnas','torch','pandas'}:\n"
-        "            raise ImportError('blocked: ' + name)\n"
-        "sys.meta_path.insert(0, Block())\n"
-        f"sys.argv = ['ondevice.py', {str(d)!r}, '--out', {str(out)!r}, '--repeats', '3',"
-        " '--warmup', '1', '--max-cv', '100', '--runtime', 'openvino', '--precision', 'bf16']\n"
-        f"runpy.run_path({str(ONDEVICE)!r}, run_name='__main__')\n"
-    )
-    proc = subprocess.run([sys.executable, "-I", "-c", blocker], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+    proc = run_ondevice_without(
+        {"hwnas", "torch", "pandas"},
+        [d, "--out", out, "--repeats", "3", "--warmup", "1", "--max-cv", "100", "--runtime",
+         "openvino", "--precision", "bf16"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "precision bf16" in proc.stderr or "precision f32" in proc.stderr
     frame = pd.read_csv(out)
@@ -228,15 +217,8 @@ def test_missing_openvino_is_one_line(tmp_path, monkeypatch, capsys) -> None:
     code = main(["latency", "measure", str(d), "--runtime", "openvino"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "pip install 'hwnas[openvino]'" in err[0]
-    blocker = (
-        "import sys, runpy\n"
-        "sys.modules['openvino'] = None\n"
-        f"sys.argv = ['ondevice.py', {str(d)!r}, '--runtime', 'openvino', '--out', "
-        f"{str(tmp_path / 'm.csv')!r}]\n"
-        f"runpy.run_path({str(ONDEVICE)!r}, run_name='__main__')\n"
-    )
-    proc = subprocess.run([sys.executable, "-I", "-c", blocker], capture_output=True, text=True,
-                          timeout=60)
+    proc = run_ondevice_without({"openvino"}, [d, "--runtime", "openvino", "--out",
+                                               tmp_path / "m.csv"], cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "needs OpenVINO: pip install openvino" in proc.stderr
     assert not (tmp_path / "m.csv").exists()

@@ -187,7 +187,7 @@ def test_cudnn_autotuning_defaults_to_standalone_runs_only(tmp_path):
 def test_entry_point_augment_override(decoded, tmp_path, capsys, monkeypatch):
     """--augment replaces the dataset's augmentation for training and BN recalibration, is
     recorded in run.json, and a resumed run keeps it."""
-    import hwnas.supernet.data as data_module
+    import hwnas.supernet.data.loader as data_module  # where BatchLoader looks it up
 
     seen = []
     real = data_module.augment_batch
