@@ -117,9 +117,10 @@ def _cmd_devices(args: argparse.Namespace) -> int:
             raise UserError(f"unknown space {args.space!r}; expected one of {available_spaces()}")
     infos = available_devices(args.space)
     width = max(len(i.name) for i in infos)
-    print(f"{'device':{width}s}  {'kind':9s}  {'spaces':11s}  description")
+    spaces = max(11, *(len(i.spaces_text) for i in infos))
+    print(f"{'device':{width}s}  {'kind':9s}  {'spaces':{spaces}s}  description")
     for i in infos:
-        print(f"{i.name:{width}s}  {i.kind:9s}  {i.spaces_text:11s}  {i.description}")
+        print(f"{i.name:{width}s}  {i.kind:9s}  {i.spaces_text:{spaces}s}  {i.description}")
     return 0
 
 
