@@ -11,7 +11,6 @@ candidates) and it does not need onnxscript.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,22 +18,13 @@ import numpy as np
 import onnx
 import torch
 from hwnas.latency.onnx_measure import make_session
-from hwnas.supernet.onnx import onnx_bytes
+from hwnas.supernet.onnx import onnx_bytes, set_metadata
 
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line, write_atomic
 
 __all__ = ["export_onnx", "onnx_bytes", "check_parity", "ParityReport", "InputSpec",
            "describe_model", "with_uint8_input"]
-
-def _metadata_value(value: object) -> str:
-    """ONNX metadata values are strings: keep strings, JSON-encode dicts/lists, str() the rest."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (dict, list, tuple)):
-        return json.dumps(value, sort_keys=True)
-    return str(value)
-
 
 def export_onnx(
     model: torch.nn.Module,
@@ -59,12 +49,7 @@ def export_onnx(
 
     proto = onnx.load_from_string(onnx_bytes(model, example, opset=opset))
     if metadata:
-        props = {p.key: p.value for p in proto.metadata_props}
-        props.update({str(k): _metadata_value(v) for k, v in metadata.items()})
-        del proto.metadata_props[:]
-        for key, value in props.items():
-            entry = proto.metadata_props.add()
-            entry.key, entry.value = key, value
+        set_metadata(proto, metadata)
     onnx.checker.check_model(proto)
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -207,12 +192,7 @@ def describe_model(proto: onnx.ModelProto, spec: InputSpec | None,
         props.update(mean=[float(m) for m in spec.mean], std=[float(s) for s in spec.std],
                      class_names=list(spec.classes))
     props.update({k: v for k, v in (metadata or {}).items() if v is not None})
-    kept = {p.key: p.value for p in proto.metadata_props}
-    kept.update({str(k): _metadata_value(v) for k, v in props.items()})
-    del proto.metadata_props[:]
-    for key, value in kept.items():
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
+    set_metadata(proto, props)
     proto.model_version = int(model_version)
     proto.producer_name, proto.producer_version = "hwnas", __version__
     what = f"{props.get('arch')}" if props.get("arch") else "an hwnas model"

@@ -63,11 +63,12 @@ from hwnas.export.integer_ops import (
     ElementwiseRewrite,
     integer_elementwise,
 )
-from hwnas.export.onnx_export import _metadata_value, onnx_bytes
+from hwnas.export.onnx_export import onnx_bytes
 from hwnas.quant.fake_quant import QUANT_LAYER_TYPES, SharedAddQuant, quant_layers
 from hwnas.quant.fold import fold_bn
 from hwnas.quant.policy import FLOAT_BITS, QuantPolicy
 from hwnas.quant.ptq import PTQConfig, calibration_batches, ptq
+from hwnas.supernet.onnx import set_metadata
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
@@ -773,18 +774,6 @@ def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
                         f"{', '.join(ACT_OBSERVERS)}")
     _calibrate_requant(layers, builder, qmodel, xs, config, requant_observer)
     return QdqBuild(qmodel, effective, policy, builder, layers, float_layers, kinds, dead)
-
-
-def set_metadata(proto: onnx.ModelProto, metadata: Mapping[str, Any]) -> onnx.ModelProto:
-    """Merge ``metadata`` into ``proto.metadata_props`` (values stringified, dicts/lists as
-    JSON); returns ``proto``."""
-    props = {p.key: p.value for p in proto.metadata_props}
-    props.update({str(k): _metadata_value(v) for k, v in metadata.items() if v is not None})
-    del proto.metadata_props[:]
-    for key, value in props.items():
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
-    return proto
 
 
 def read_metadata(model: onnx.ModelProto) -> dict[str, Any]:
