@@ -68,4 +68,5 @@ def test_reference_measure_adapt_predict(tmp_path, monkeypatch, capsys, nb201_sa
     predicted = read_column(tmp_path / "pred.csv", "latency_ms")
     assert set(predicted) == set(others) == set(truth)
     rho = spearman(np.array([predicted[a] for a in others]), np.array([truth[a] for a in others]))
-    assert rho > 0.5, f"Spearman of the predictions on 50 fresh measurements: {rho:.3f}"
+    # far below what the loop reaches even on a busy shared CPU, far above unrelated rankings
+    assert rho > 0.6, f"Spearman of the predictions on 50 fresh measurements: {rho:.3f}"

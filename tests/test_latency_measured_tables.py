@@ -96,6 +96,18 @@ def test_lookup_and_refusal(tables_dir):
         check_profile_name("box-ort-1t")
 
 
+def test_search_prices_table_architectures_with_them(tables_dir):
+    """The search's evaluator asks a measured table device like any table device."""
+    from hwnas.search.evaluator import device_latencies
+
+    _, archs, _ = tables_dir
+    space = get_space("nb201")
+    mean, std = device_latencies(get_device("box-torch-b8", space), space,
+                                 [space.from_string(a) for a in archs[:3]], [None] * 3)
+    np.testing.assert_array_equal(mean, [10.0, 11.0, 12.0])
+    assert std is None
+
+
 def test_the_folder_can_be_switched_off(tables_dir, monkeypatch):
     monkeypatch.setenv(MEASURED_TABLES_ENV, "")
     assert measured_tables_dir() is None and measured_tables() == {}
