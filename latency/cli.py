@@ -337,10 +337,9 @@ def adapt_device(
 
 
 def _cmd_adapt(args: argparse.Namespace) -> int:
+    from hwnas.latency.fewshot import LOO_MAX_MEASUREMENTS, leave_one_out
     from hwnas.latency.profiles import check_profile_name, read_measurements
     from hwnas.supernet.spaces import get_space
-
-    from hwnas.latency.fewshot import leave_one_out
 
     check_profile_name(args.device)
     space = get_space(args.space)
@@ -348,7 +347,7 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
     predictor = default_predictor(space, args.predictor)
     min_loo = max(3, int(getattr(predictor, "min_samples", 1)) + 1)
     loo = None
-    if len(data) >= min_loo:  # before adapting: it re-adapts copies of the fresh predictor
+    if min_loo <= len(data) <= LOO_MAX_MEASUREMENTS:  # before adapting: it adapts copies
         loo = leave_one_out(predictor, data.archs, data.latency_ms, seed=args.seed)
     start = time.perf_counter()
     profile, predictor, rho = adapt_device(args.device, space, args.measurements,
@@ -361,6 +360,10 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
     if loo is not None:
         print(loo.summary())
         print(loo.reason)
+    elif len(data) > LOO_MAX_MEASUREMENTS:
+        print(f"held-out check skipped: {len(data)} measurements are more than "
+              f"{LOO_MAX_MEASUREMENTS} (each check re-adapts the predictor); more would rarely "
+              f"help")
     else:
         print(f"more measurements would likely help: {len(data)} are too few to check the "
               f"predictor (leave-one-out needs {min_loo}; hwnas latency reference --n 10 "
@@ -368,12 +371,12 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
     refs = getattr(predictor, "reference_archs", None)
     if refs:
         want = set(refs[: profile.n_measurements])
-        have = set(read_measurements(args.measurements, space).archs)
+        have = set(data.archs)
         if not want <= have:
             print(f"note: {len(want - have)} of the measured architectures are not the "
-                  f"predictor's reference architectures; it ranks best when the first "
-                  f"{profile.n_measurements} of latency.predictors.load_pretrained("
-                  f"{space.name!r}).reference_archs are the ones measured")
+                  f"predictor's reference architectures; it ranks best when its first "
+                  f"{len(want)} are the ones measured (hwnas latency reference --space "
+                  f"{space.name} --n {len(want)} --export DIR writes them)")
     print(f"device profile: {profile.path}")
     print(f"use it as: hwnas latency predict --device {args.device} --space {space.name} "
           f"--archs ARCHS.csv --out OUT.csv")

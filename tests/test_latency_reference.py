@@ -10,7 +10,7 @@ import onnx
 import pytest
 from hwnas.cli import main
 from hwnas.latency import reference as ref_module
-from hwnas.latency.fewshot import LOO_MAX_HELD_OUT, leave_one_out
+from hwnas.latency.fewshot import LOO_MAX_FOLDS, leave_one_out
 from hwnas.latency.predictors import OpCountPredictor, load_pretrained
 from hwnas.latency.reference import ReferenceSet, choose_reference, export_reference
 from hwnas.supernet.spaces import get_space
@@ -122,15 +122,16 @@ def opcount_truth(space, archs, noise, seed):
 
 
 def test_loo_on_data_the_predictor_explains(nb201_sample):
-    space, archs = nb201_sample(12, seed=5)
+    space, archs = nb201_sample(10, seed=5)
     y = opcount_truth(space, archs, 0.0, 0)
     fresh = OpCountPredictor(space)
     loo = leave_one_out(fresh, archs, y, seed=0)
     assert not fresh.is_adapted  # copies were adapted, not the caller's predictor
-    assert loo.n == loo.n_held_out == 12 and loo.n_half == 6
+    assert loo.n == loo.folds == 10 and loo.n_fit == 9 and loo.n_half == 5
     assert loo.spearman > 0.95 and loo.median_rel_error < 0.02
     assert not loo.more_would_help and "not help much" in loo.reason
-    assert "leave-one-out on the 12 measurements" in loo.summary()
+    assert "leave-one-out on the 10 measurements (each predicted after adapting to the other 9)" \
+        in loo.summary()
 
 
 def test_loo_says_more_would_help_when_the_ranking_is_poor(nb201_sample):
@@ -147,8 +148,10 @@ def test_loo_limits(nb201_sample, monkeypatch):
     with pytest.raises(UserError, match="2 architectures and 3 latencies"):
         leave_one_out(OpCountPredictor(space), archs[:2], [1.0, 2.0, 3.0])
     loo = leave_one_out(OpCountPredictor(space), archs, opcount_truth(space, archs, 0.05, 1))
-    assert loo.n == 40 and loo.n_held_out == LOO_MAX_HELD_OUT
-    assert "30 of the 40" in loo.summary()
+    assert loo.n == 40 and loo.folds == LOO_MAX_FOLDS
+    assert loo.n_fit == 40 - 40 // LOO_MAX_FOLDS
+    assert f"{LOO_MAX_FOLDS}-fold cross-validation on the 40 measurements" in loo.summary()
+    assert loo.spearman > 0.9
 
 
 def test_adapt_prints_the_verdict(tmp_path, monkeypatch, capsys, nb201_sample):
@@ -162,8 +165,16 @@ def test_adapt_prints_the_verdict(tmp_path, monkeypatch, capsys, nb201_sample):
     out = capsys.readouterr().out
     assert "leave-one-out on the 8 measurements" in out
     assert "more measurements would likely" in out
+    import hwnas.latency.fewshot as fewshot
+
+    monkeypatch.setattr(fewshot, "LOO_MAX_MEASUREMENTS", 5)
+    assert main(["latency", "adapt", "--device", "dev3", "--space", "nb201", "--predictor",
+                 "opcount", "--measurements", str(path)]) == 0
+    assert "held-out check skipped: 8 measurements are more than 5" in capsys.readouterr().out
     short = tmp_path / "short.csv"
     short.write_text("arch,latency_ms\n" + "".join(f"{a},{v}\n" for a, v in zip(archs[:2], y)))
     assert main(["latency", "adapt", "--device", "dev2", "--space", "nb201", "--measurements",
                  str(short)]) == 0
-    assert "are too few to check the predictor" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "are too few to check the predictor" in out
+    assert "hwnas latency reference --space nb201 --n 2 --export DIR" in out  # random archs
