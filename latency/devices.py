@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from hwnas.latency.tables import KEY_COLUMNS
+from hwnas.latency.tables import KEY_COLUMNS, open_table_text
 from hwnas.supernet.space import SearchSpace
 
 from hwnas.core.errors import UserError
@@ -453,19 +453,11 @@ def measured_tables() -> dict[str, list[Path]]:
     return out
 
 
-def _open_text(path: str):
-    if path.endswith(".gz"):
-        import gzip
-
-        return gzip.open(path, "rt", newline="", encoding="utf-8-sig")
-    return open(path, newline="", encoding="utf-8-sig")
-
-
 @functools.lru_cache(maxsize=32)
 def _table_columns(path: str, mtime: float) -> tuple[str, ...]:
     import csv
 
-    with _open_text(path) as fh:
+    with open_table_text(path) as fh:
         header = next(csv.reader(fh), [])
     return tuple(c.strip() for c in header if c.strip() not in KEY_COLUMNS)
 
@@ -473,7 +465,7 @@ def _table_columns(path: str, mtime: float) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=32)
 def _table_rows(path: str, mtime: float) -> int:
     """Number of architectures (non-empty lines after the header) of a table file."""
-    with _open_text(path) as fh:
+    with open_table_text(path) as fh:
         return max(sum(1 for line in fh if line.strip()) - 1, 0)
 
 

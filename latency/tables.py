@@ -28,7 +28,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -40,6 +40,7 @@ __all__ = [
     "HELP_PROTOCOLS",
     "help_protocol",
     "load_latency_table",
+    "open_table_text",
     "shared_table_path",
     "load_shared_table",
 ]
@@ -119,6 +120,15 @@ class LatencyTable:
         return np.array([where[int(v)] for v in arch_idx], dtype=np.int64)
 
 
+def open_table_text(path: str | Path) -> IO[str]:
+    """A table file opened as text for :mod:`csv` (gzip-decompressed when its name ends in
+    ``.gz``; a byte-order mark skipped)."""
+    path = Path(path)
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rt", newline="", encoding="utf-8-sig")
+    return open(path, newline="", encoding="utf-8-sig")
+
+
 def load_latency_table(
     path: str | Path,
     *,
@@ -137,9 +147,8 @@ def load_latency_table(
     if not path.is_file():
         kind = "is a directory" if path.is_dir() else "does not exist"
         raise UserError(f"latency table {path} {kind}; {expected}")
-    opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(path, "rt", newline="", encoding="utf-8-sig") as fh:
+        with open_table_text(path) as fh:
             numbered = [(n, r) for n, r in enumerate(csv.reader(fh), start=1)
                         if any(cell.strip() for cell in r)]
     except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
