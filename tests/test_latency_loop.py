@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from hwnas.cli import main
 from hwnas.latency.reference import ReferenceSet, export_reference
+from hwnas.supernet.spaces import get_space
 
 from hwnas.core.maths import spearman
 
@@ -21,10 +22,11 @@ ONDEVICE = Path(__file__).resolve().parent.parent / "latency" / "ondevice.py"
 
 
 def ondevice(models: Path, out: Path) -> None:
-    """Measure a folder of models with the on-device script: 1 thread, few repeats, and a cv
-    limit that keeps every model (the shared test machine is noisy; the median copes)."""
+    """Measure a folder of models with the on-device script, isolated from hwnas as on a device:
+    1 thread, few repeats, and a cv limit that keeps every model (the shared test machine is
+    noisy; the median copes)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(ONDEVICE), str(models), "--out", str(out),
+    proc = subprocess.run([sys.executable, "-I", str(ONDEVICE), str(models), "--out", str(out),
                            "--threads", "1", "--repeats", "9", "--warmup", "2",
                            "--max-cv", "1000", "--quiet"],
                           capture_output=True, text=True, env=env, timeout=120)
@@ -60,7 +62,7 @@ def test_reference_measure_adapt_predict(tmp_path, monkeypatch, capsys, nb201_sa
     _, candidates = nb201_sample(80, seed=7)
     others = [a for a in candidates if a not in measured][:50]
     fresh = tmp_path / "fresh"
-    export_reference(nb201_sample(1, 0)[0], ReferenceSet(others, 0, "random"), fresh)
+    export_reference(get_space("nb201"), ReferenceSet(others, 0, "random"), fresh)
     ondevice(fresh, tmp_path / "fresh.csv")
     truth = read_column(tmp_path / "fresh.csv", "latency_ms")
     assert main(["latency", "predict", "--device", "this-cpu", "--space", "nb201", "--archs",
