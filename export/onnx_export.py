@@ -36,9 +36,10 @@ def export_onnx(
 ) -> Path:
     """Export ``model`` to an ONNX file at ``path`` and return the path.
 
-    Same graph as :func:`onnx_bytes`, plus ``metadata`` stored as ONNX
-    ``metadata_props`` (values stringified; dicts and lists JSON-encoded) so the file
-    records e.g. which architecture it is. The model is validated with
+    Same graph as :func:`onnx_bytes`, plus ``metadata`` stored as ONNX ``metadata_props``
+    (:func:`~hwnas.supernet.onnx.set_metadata`: values stringified, dicts and lists
+    JSON-encoded, None left out) so the file records e.g. which architecture it is. The model
+    is validated with
     ``onnx.checker.check_model`` before anything is written, parent directories are
     created, and the file is written atomically: a failure never leaves a half-written
     file (or a stray temp file) behind.
