@@ -39,10 +39,9 @@ def export_onnx(
     Same graph as :func:`onnx_bytes`, plus ``metadata`` stored as ONNX ``metadata_props``
     (:func:`~hwnas.supernet.onnx.set_metadata`: values stringified, dicts and lists
     JSON-encoded, None left out) so the file records e.g. which architecture it is. The model
-    is validated with
-    ``onnx.checker.check_model`` before anything is written, parent directories are
-    created, and the file is written atomically: a failure never leaves a half-written
-    file (or a stray temp file) behind.
+    is validated with ``onnx.checker.check_model`` before anything is written, parent
+    directories are created, and the file is written atomically: a failure never leaves a
+    half-written file (or a stray temp file) behind.
     """
     path = Path(path)
     if path.is_dir():
