@@ -59,7 +59,7 @@ EXIT_SOME_UNSTABLE = 1
 def add_latency_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     """Add the ``latency`` command group to ``sub`` (an ``add_subparsers`` object whose
     ``parser_class`` is used for the nested parsers too); return its handler."""
-    lat = sub.add_parser("latency", help="latency devices: list, measure on-device, adapt, predict")
+    lat = sub.add_parser("latency", help="latency devices: list, reference models, measure on-device, adapt, predict")
     lsub = lat.add_subparsers(dest="latency_command", required=True, parser_class=type(lat),
                               metavar="{devices,reference,measure,adapt,predict}")
 

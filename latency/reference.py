@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from hwnas.core.errors import UserError
-from hwnas.core.io import write_atomic
+from hwnas.core.io import check_writable, first_line, write_atomic
 
 __all__ = ["ARCHS_FILE", "ReferenceSet", "choose_reference", "export_reference"]
 
@@ -84,8 +84,7 @@ def _check_target(directory: Path, overwrite: bool) -> None:
                         f"or choose a new directory")
     if not directory.parent.is_dir():
         raise UserError(f"--export {directory}: directory {directory.parent} does not exist")
-    if not os.access(directory.parent, os.W_OK):
-        raise UserError(f"--export {directory}: directory {directory.parent} is not writable")
+    check_writable(directory, "--export")
 
 
 def export_reference(space: Any, reference: ReferenceSet, directory: str | Path, *,
@@ -122,11 +121,14 @@ def export_reference(space: Any, reference: ReferenceSet, directory: str | Path,
             old = directory.parent / f".{directory.name}.old-{uuid.uuid4().hex[:8]}"
             os.rename(directory, old)
         os.rename(tmp, directory)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and not directory.exists():
             os.rename(old, directory)  # the previous directory back
             old = None
+        if isinstance(exc, OSError):
+            raise UserError(f"--export {directory}: cannot write the models "
+                            f"({exc.strerror or first_line(exc)}); nothing was written") from None
         raise
     finally:
         if old is not None:

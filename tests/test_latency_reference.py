@@ -88,6 +88,17 @@ def test_a_failed_export_leaves_nothing(tmp_path, monkeypatch, one_torch_thread)
     assert ref_module.ARCHS_FILE == "archs.csv"
 
 
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, one_torch_thread):
+    def no_space(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ref_module, "write_atomic", no_space)
+    space = get_space("nb201")
+    with pytest.raises(UserError, match="No space left on device.*nothing was written"):
+        export_reference(space, choose_reference(space, 1), tmp_path / "refs")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_reference_cli_refuses_bad_input_in_one_line(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     for argv, message in (
@@ -95,6 +106,7 @@ def test_reference_cli_refuses_bad_input_in_one_line(tmp_path, capsys):
         (["--space", "nb201", "--export", str(tmp_path / "no" / "dir")], "does not exist"),
         (["--space", "nb201", "--n", "0", "--export", str(tmp_path / "d")], "--n"),
         (["--space", "nospace", "--export", str(tmp_path / "d")], "nospace"),
+        (["--space", "nb201", "--export", "/proc/hwnas-refs"], "cannot write in /proc"),
     ):
         try:
             code = main(["latency", "reference", *argv])
