@@ -76,7 +76,8 @@ def add_latency_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
                    help="directory to write ref_NN.onnx and archs.csv into (new or empty)")
     r.add_argument("--seed", type=seed_int, default=0,
                    help="seed of the random models beyond the predictor's references (default 0)")
-    r.add_argument("--overwrite", action="store_true", help="replace a non-empty --export DIR")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier reference export in --export DIR")
 
     m = lsub.add_parser("measure", help="measure every .onnx model of a directory with onnxruntime "
                                         "or OpenVINO")

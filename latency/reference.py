@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ __all__ = ["ARCHS_FILE", "ReferenceSet", "choose_reference", "export_reference"]
 
 #: The architecture list written beside the models.
 ARCHS_FILE = "archs.csv"
+_MODEL_NAME = re.compile(r"^ref_[0-9]+\.onnx$")
 
 
 @dataclass(frozen=True)
@@ -79,9 +81,16 @@ def choose_reference(space: Any, n: int, *, predictor: Any = None, seed: int = 0
 def _check_target(directory: Path, overwrite: bool) -> None:
     if directory.exists() and not directory.is_dir():
         raise UserError(f"--export {directory} is a file; expected a directory for the models")
-    if directory.is_dir() and any(directory.iterdir()) and not overwrite:
-        raise UserError(f"--export {directory} is not empty; pass --overwrite to replace it "
-                        f"or choose a new directory")
+    if directory.is_dir() and any(directory.iterdir()):
+        if not overwrite:
+            raise UserError(f"--export {directory} is not empty; pass --overwrite to replace "
+                            f"it or choose a new directory")
+        others = sorted(p.name for p in directory.iterdir()
+                        if not (p.name == ARCHS_FILE or _MODEL_NAME.match(p.name)))
+        if others:  # --overwrite replaces a reference export, never a folder of other files
+            raise UserError(f"--export {directory} holds files other than a reference export "
+                            f"({others[0]!r}); --overwrite only replaces an earlier "
+                            f"'hwnas latency reference' folder - choose a new directory")
     if not directory.parent.is_dir():
         raise UserError(f"--export {directory}: directory {directory.parent} does not exist")
     check_writable(directory, "--export")
@@ -90,8 +99,9 @@ def _check_target(directory: Path, overwrite: bool) -> None:
 def export_reference(space: Any, reference: ReferenceSet, directory: str | Path, *,
                      overwrite: bool = False) -> list[Path]:
     """Write ``ref_NN.onnx`` for each architecture of ``reference`` and ``archs.csv`` into
-    ``directory`` (created; an existing non-empty one only with ``overwrite``, then replaced
-    in one rename). Returns the model paths."""
+    ``directory`` (created; an existing non-empty one only with ``overwrite`` and only when it
+    holds nothing but an earlier reference export, then replaced in one rename). Returns the
+    model paths."""
     directory = Path(directory)
     _check_target(directory, overwrite)
     import onnx

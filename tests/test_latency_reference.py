@@ -63,10 +63,15 @@ def test_export_writes_models_with_their_arch_and_the_csv(tmp_path, one_torch_th
     # a non-empty directory needs --overwrite; then it is replaced as a whole
     with pytest.raises(UserError, match="is not empty; pass --overwrite"):
         export_reference(space, chosen, tmp_path / "refs")
-    (tmp_path / "refs" / "stale.onnx").write_bytes(b"x")
+    (tmp_path / "refs" / "ref_07.onnx").write_bytes(b"x")  # a stale model of a larger export
     export_reference(space, ReferenceSet(chosen.archs[:1], 1, "meta"), tmp_path / "refs",
                      overwrite=True)
     assert sorted(p.name for p in (tmp_path / "refs").iterdir()) == ["archs.csv", "ref_01.onnx"]
+    # ... but never a folder of other files
+    (tmp_path / "refs" / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="holds files other than a reference export.*notes.txt"):
+        export_reference(space, chosen, tmp_path / "refs", overwrite=True)
+    assert (tmp_path / "refs" / "notes.txt").read_text() == "mine"
 
 
 def test_a_failed_export_leaves_nothing(tmp_path, monkeypatch, one_torch_thread):
