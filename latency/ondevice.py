@@ -13,13 +13,15 @@ The timing is the same (the model is read by onnxruntime for its inputs and meta
 run by OpenVINO); the precision OpenVINO reports it used is printed, since a CPU without
 BF16/FP16 support falls back to f32.
 
-Every ``*.onnx`` file of MODELS_DIR (as ``hwnas run`` exports them: ``models/trial_NNNN.onnx``)
-is run with random input at batch 1: ``--warmup`` untimed runs, then ``--repeats`` timed ones.
+Every ``*.onnx`` file of MODELS_DIR (as ``hwnas latency reference --export DIR`` writes the
+models a new device should measure first, or as ``hwnas run`` exports them: ``trial_NNNN.onnx``;
+other files are ignored) is run with random input at batch 1: ``--warmup`` untimed runs, then
+``--repeats`` timed ones.
 The CSV has one row per model::
 
     arch,latency_ms,p95_ms,cv,file
 
-``arch`` is the model's ``arch`` metadata entry (written by hwnas export; the file name without
+``arch`` is the model's ``arch`` metadata entry (written by hwnas; the file name without
 ``.onnx`` when absent), ``latency_ms`` the median time per run, ``p95_ms`` the 95th percentile
 and ``cv`` the coefficient of variation (std / mean) of the timed runs. A model whose ``cv``
 exceeds ``--max-cv`` is re-measured once (noise is often a passing background task); if it is
