@@ -169,8 +169,14 @@ class TrainConfig:
             raise UserError(f"training asks for {self.epochs} epochs; at most {MAX_EPOCHS}")
         if self.batch_size <= 0:
             raise UserError(f"batch size must be positive, got {self.batch_size}")
-        if self.lr <= 0:
+        if not (self.lr > 0 and math.isfinite(self.lr)):
             raise UserError(f"learning rate must be positive, got {self.lr}")
+        for name, low, high in (("weight_decay", 0.0, math.inf), ("warmup_epochs", 0.0, math.inf),
+                                ("grad_clip", 0.0, math.inf), ("label_smoothing", 0.0, 1.0),
+                                ("momentum", 0.0, 1.0)):
+            value = getattr(self, name)
+            if not (low <= value < high):
+                raise UserError(f"{name} must be in [{low:g}, {high:g}), got {value}")
         if any(s.num_random < 0 for s in self.stages):
             raise UserError("num_random of every stage must be >= 0")
         if self.subnet_loss not in SUBNET_LOSSES:
