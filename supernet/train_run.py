@@ -116,6 +116,9 @@ def resolve_out(args: argparse.Namespace) -> tuple[str, Path | None]:
     out = Path(args.out)
     if out.is_dir() or (not out.exists() and out.suffix == ""):
         return "dir", out
+    if out.exists() and out.suffix != ".pt":
+        raise UserError(f"--out {out} already exists and is neither a checkpoint file (.pt) nor "
+                        f"a run directory")
     if out.suffix != ".pt":
         raise UserError(f"--out {out}: expected a checkpoint file name ending in .pt or a run "
                         f"directory (a name without a suffix)")
@@ -258,7 +261,8 @@ def _main(args: argparse.Namespace, kind: str, out: Path | None, ctx, device: to
         say(f"trained {space.name if arch is None else space.to_string(arch)} on {data.name}: "
             f"{result.epochs} epochs, {result.seconds:.0f} s, {result.images_per_s:.0f} images/s "
             f"-> {out}")
-        _print_val(model, space, arch, data, say)
+        if ctx.is_main:
+            _print_val(model, space, arch, data, say)
         return 0
 
     ckpt, log_file = out / "checkpoint.pt", out / "train_log.json"
