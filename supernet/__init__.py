@@ -23,6 +23,7 @@ _LAZY = {
     "TrainStage": "hwnas.supernet.train",
     "sandwich_config": "hwnas.supernet.train",
     "train_supernet": "hwnas.supernet.train",
+    "TrainOptions": "hwnas.supernet.train_options",
 }
 
 __all__ = [

@@ -33,7 +33,7 @@ from hwnas.supernet.train import (
     train_supernet,
     with_training_augment,
 )
-from hwnas.supernet.train_cifar import load_data
+from hwnas.supernet.decoded import load_training_data
 from torch import nn
 
 from hwnas.core.errors import UserError
@@ -42,7 +42,7 @@ from hwnas.core.errors import UserError
 @pytest.fixture(scope="module")
 def small_digits():
     """320 training images: 5 steps of 64 per epoch."""
-    return load_data("digits", limit_train=320, limit_eval=100)
+    return load_training_data("digits", limit_train=320, limit_eval=100)
 
 
 def test_schedule_presets():
@@ -435,7 +435,3 @@ def test_compile_runs_only_the_fixed_subnets_compiled(small_digits, monkeypatch)
     assert seen.count(largest) == 10 and seen.count(smallest) == 5  # 5 steps per epoch
     assert set(seen) == {largest, smallest}
 
-
-# --------------------------------------------------------------------------------------------
-# train_cifar rank: Kendall tau of supernet accuracies against ground truth
-# --------------------------------------------------------------------------------------------
