@@ -65,6 +65,14 @@ def fuzz_checkpoint(digits_checkpoint):
 
 
 @pytest.fixture(scope="module")
+def small_digits():
+    """320 digits training images: 5 steps of 64 per epoch."""
+    from hwnas.supernet.decoded import load_training_data
+
+    return load_training_data("digits", limit_train=320, limit_eval=100)
+
+
+@pytest.fixture(scope="module")
 def digits():
     """The built-in digits dataset (seed 0 split)."""
     from hwnas.supernet.data import load_dataset
