@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 import time
 from datetime import datetime, timezone
@@ -49,6 +48,8 @@ try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo 
 except ModuleNotFoundError:
     from benchmarks import quant_recipes as recipes
 subnet_archs = recipes.subnet_archs
+command_line = recipes.command_line
+run_script = recipes.run_script
 from hwnas.quant.policy import uniform  # noqa: E402
 from hwnas.quant.ptq import PTQConfig  # noqa: E402
 from hwnas.supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint  # noqa: E402
@@ -56,6 +57,7 @@ from hwnas.supernet.evaluate import recalibrated_subnet  # noqa: E402
 from hwnas.supernet.train import load_checkpoint, with_training_augment  # noqa: E402
 
 from hwnas.core.errors import UserError  # noqa: E402
+from hwnas.core.io import write_atomic  # noqa: E402
 
 ROLES = ("largest", "middle", "smallest")
 
@@ -118,14 +120,42 @@ def verify(chosen, searched, x: torch.Tensor, y: torch.Tensor) -> dict:  # noqa:
             "int8_test_accuracy": 100.0 * float((logits.argmax(1) == y.numpy()).mean())}
 
 
-def parse_list(text: str) -> list[int]:
+# -- what the export benchmarks (export_ort, export_ort_ops, export_runtimes) share --------------
+
+def int_list(name: str, values: list[int]) -> list[int]:
+    """``values`` without repeats (first occurrence kept); UserError unless all are positive."""
+    if not values or min(values) < 1:
+        raise UserError(f"{name} must be positive integers, got {values}")
+    return list(dict.fromkeys(values))
+
+
+def parse_list(name: str, text: str) -> list[int]:
+    """A comma-separated list of positive integers (``--batches 1,32``), as :func:`int_list`."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise SystemExit(f"expected a comma-separated list of positive integers, got {text!r}")
-    if not values or min(values) < 1:
-        raise SystemExit(f"expected a comma-separated list of positive integers, got {text!r}")
-    return values
+        raise UserError(f"{name}: expected a comma-separated list of positive integers, got "
+                        f"{text!r}") from None
+    return int_list(name, values)
+
+
+def check_models(roles: list[str]) -> list[str]:
+    """The subnets asked for (``--models``), each one of :data:`ROLES`."""
+    if not roles or any(r not in ROLES for r in roles):
+        raise UserError(f"--models: expected some of {' '.join(ROLES)}, got {roles}")
+    return roles
+
+
+def load_mbv3(checkpoint: str | None):  # noqa: ANN201 - (path, space, supernet, payload)
+    """The mbv3 CIFAR-10 supernet of ``--checkpoint`` (default: the shipped one)."""
+    ckpt = checkpoint or shipped_checkpoint("mbv3", CIFAR10_CLASSES)
+    if ckpt is None:
+        raise UserError("the shipped checkpoint supernet/checkpoints/mbv3_cifar10.pt is "
+                        "missing; pass --checkpoint")
+    space, supernet, payload = load_checkpoint(ckpt)
+    if space.name != "mbv3":
+        raise UserError(f"--checkpoint holds space {space.name!r}; expected an mbv3 supernet")
+    return ckpt, space, supernet, payload
 
 
 def merge(out: Path, doc: dict, merge_rows: bool) -> dict:
@@ -143,12 +173,6 @@ def merge(out: Path, doc: dict, merge_rows: bool) -> dict:
                                                  if r["model"] in ROLES else 9, r["batch"],
                                                  r["threads"]))
     return doc
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def markdown(doc: dict) -> str:
@@ -224,12 +248,11 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         write_atomic(out.with_suffix(".md"), markdown(json.loads(out.read_text())))
         return 0
-    roles = [r for r in args.models.split(",") if r]
-    if any(r not in ROLES for r in roles):
-        raise SystemExit(f"--models: expected a subset of {','.join(ROLES)}")
-    batches, threads = parse_list(args.batches), parse_list(args.threads)
+    roles = check_models([r for r in args.models.split(",") if r])
+    batches = parse_list("--batches", args.batches)
+    threads = parse_list("--threads", args.threads)
     torch.set_num_threads(max(threads))
-    command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])])
+    command = command_line(argv)
     vnni, flags = integer_dot_product()
     cpu = cpu_model()
     import onnxruntime as ort
@@ -238,13 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                f"dot product: {'yes' if vnni else 'no'} ({' '.join(flags) or 'none'})")
     print(f"# {machine}", flush=True)
 
-    ckpt = args.checkpoint or shipped_checkpoint("mbv3", CIFAR10_CLASSES)
-    if ckpt is None:
-        raise SystemExit("the shipped checkpoint supernet/checkpoints/mbv3_cifar10.pt is missing; "
-                         "pass --checkpoint")
-    space, supernet, payload = load_checkpoint(ckpt)
-    if space.name != "mbv3":
-        raise SystemExit(f"--checkpoint holds space {space.name!r}; expected an mbv3 supernet")
+    ckpt, space, supernet, payload = load_mbv3(args.checkpoint)
     calib, test, source, data = images(args.data or None, args.calib_images, args.test_images,
                                        args.seed)
     config = PTQConfig(max_images=args.calib_images, seed=args.seed)
@@ -320,4 +337,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, "export_ort")

@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import sys
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,14 +25,23 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 import torch  # noqa: E402
-from export_ort import ROLES, integer_dot_product, parse_list, subnet_archs  # noqa: E402
+from export_ort import (  # noqa: E402
+    ROLES,
+    check_models,
+    command_line,
+    integer_dot_product,
+    load_mbv3,
+    parse_list,
+    run_script,
+    subnet_archs,
+)
 from hwnas.export.ort_profile import profile_model  # noqa: E402
 from hwnas.export.qdq import build_qdq, float_proto  # noqa: E402
 from hwnas.latency.machine import cpu_model  # noqa: E402
 from hwnas.quant.policy import uniform  # noqa: E402
 from hwnas.quant.ptq import PTQConfig  # noqa: E402
-from hwnas.supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint  # noqa: E402
-from hwnas.supernet.train import load_checkpoint  # noqa: E402
+
+from hwnas.core.io import write_atomic  # noqa: E402
 
 
 def op_times(model: bytes, *, batch: int, threads: int, runs: int) -> dict:
@@ -61,16 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import onnxruntime as ort
 
-    roles = [r for r in args.models.split(",") if r]
-    if any(r not in ROLES for r in roles):
-        raise SystemExit(f"--models: expected a subset of {','.join(ROLES)}")
-    batches, threads = parse_list(args.batches), parse_list(args.threads)
+    roles = check_models([r for r in args.models.split(",") if r])
+    batches = parse_list("--batches", args.batches)
+    threads = parse_list("--threads", args.threads)
     vnni, flags = integer_dot_product()
     machine = (f"{cpu_model()}, {os.cpu_count()} logical CPUs, onnxruntime {ort.__version__}, "
                f"integer dot product: {'yes' if vnni else 'no'} ({' '.join(flags) or 'none'})")
     print(f"# {machine}", flush=True)
-    space, supernet, _ = load_checkpoint(args.checkpoint or shipped_checkpoint("mbv3",
-                                                                               CIFAR10_CLASSES))
+    _, space, supernet, _ = load_mbv3(args.checkpoint)
     calib = [torch.randn(128, 3, 32, 32, generator=torch.Generator().manual_seed(0))]
     rows = []
     for role in roles:
@@ -92,14 +97,13 @@ def main(argv: list[str] | None = None) -> int:
                     ops = row[kind]["ops"]
                     print(f"  {kind:5s} " + "  ".join(f"{op} {v['ms']:.2f} ({v['nodes']})"
                                                       for op, v in ops.items()))
-    doc = {"command": "python " + " ".join(shlex.quote(a) for a in
-                                           [sys.argv[0], *(argv or sys.argv[1:])]),
+    doc = {"command": command_line(argv),
            "machine": machine, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "results": rows}
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    write_atomic(args.out, json.dumps(doc, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, "export_ort_ops")

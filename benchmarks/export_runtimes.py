@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,6 +48,7 @@ from hwnas.quant.policy import uniform
 from hwnas.quant.ptq import PTQConfig
 
 from hwnas.core.errors import UserError
+from hwnas.core.io import write_atomic
 
 try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
     import export_ort
@@ -57,6 +56,7 @@ except ModuleNotFoundError:
     from benchmarks import export_ort
 
 ROLES = export_ort.ROLES
+int_list = export_ort.int_list
 SHORT = {"onnxruntime": "ort", "openvino": "ov"}
 
 
@@ -94,7 +94,7 @@ def measure(files: list[CandidateFile], refs: dict, test_x: np.ndarray,
     candidates, runners, notes = [], {}, []
     for rt in runtimes:
         cs, rs, ns = verify_candidates(runtime=rt, threads=threads, files=files, references=refs,
-                                       images=test_x, labels=test_y, cache=cache)
+                                       images=test_x, labels=test_y, cache=cache, batch=batch)
         for c in cs:
             c.label = f"{SHORT[rt]}:{c.label}"
             c.settings = {"runtime": rt, **c.settings}
@@ -121,12 +121,6 @@ def measure(files: list[CandidateFile], refs: dict, test_x: np.ndarray,
     if notes:
         rows[0]["runtime_notes"] = notes
     return rows
-
-
-def int_list(name: str, values: list[int]) -> list[int]:
-    if not values or min(values) < 1:
-        raise UserError(f"{name} must be positive integers, got {values}")
-    return list(dict.fromkeys(values))
 
 
 def _fmt(v: Any, spec: str) -> str:
@@ -227,10 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     if args.markdown_only:
-        export_ort.write_atomic(out.with_suffix(".md"), markdown(json.loads(out.read_text())))
+        write_atomic(out.with_suffix(".md"), markdown(json.loads(out.read_text())))
         return 0
-    if any(r not in ROLES for r in args.models):
-        raise UserError(f"--models: expected some of {' '.join(ROLES)}, got {args.models}")
+    export_ort.check_models(args.models)
     if any(r not in RUNTIMES for r in args.runtimes) or "onnxruntime" not in args.runtimes:
         raise UserError(f"--runtimes: expected onnxruntime and optionally openvino, got "
                         f"{args.runtimes}")
@@ -240,9 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("rounds", "runs", "test_images", "calib_images"):
         int_list(f"--{name.replace('_', '-')}", [getattr(args, name)])
     torch.set_num_threads(max(threads))
-    command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])])
+    command = export_ort.command_line(argv)
     vnni, flags = export_ort.integer_dot_product()
-    cpu = cpu_model()
+    cpu = f"{cpu_model()}, {os.cpu_count()} logical CPUs"  # one model name, several hosts
     import onnxruntime as ort
 
     versions = f"onnxruntime {ort.__version__}"
@@ -250,21 +243,14 @@ def main(argv: list[str] | None = None) -> int:
         import openvino as ov
 
         versions += f", OpenVINO {ov.__version__}"
-    machine = (f"{cpu}, {os.cpu_count()} logical CPUs, {versions}, flags: "
+    machine = (f"{cpu}, {versions}, flags: "
                f"{' '.join(flags) or 'none'}")
     print(f"# {machine}", flush=True)
 
-    from hwnas.supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint
     from hwnas.supernet.evaluate import recalibrated_subnet
-    from hwnas.supernet.train import load_checkpoint, with_training_augment
+    from hwnas.supernet.train import with_training_augment
 
-    ckpt = args.checkpoint or shipped_checkpoint("mbv3", CIFAR10_CLASSES)
-    if ckpt is None:
-        raise UserError("the shipped checkpoint supernet/checkpoints/mbv3_cifar10.pt is "
-                        "missing; pass --checkpoint")
-    space, supernet, payload = load_checkpoint(ckpt)
-    if space.name != "mbv3":
-        raise UserError(f"--checkpoint holds space {space.name!r}; expected an mbv3 supernet")
+    ckpt, space, supernet, payload = export_ort.load_mbv3(args.checkpoint)
     calib, test, source, data = export_ort.images(args.data or None, args.calib_images,
                                                   args.test_images, args.seed)
     if test is None:  # random images: agreement only
@@ -305,15 +291,11 @@ def main(argv: list[str] | None = None) -> int:
         doc["seconds"] = round(time.perf_counter() - start, 1)
         # written after every model, so a run cut off later keeps what it measured
         merged = merge(out, json.loads(json.dumps(doc)), args.merge)
-        export_ort.write_atomic(out, json.dumps(merged, indent=1) + "\n")
-        export_ort.write_atomic(out.with_suffix(".md"), markdown(merged))
+        write_atomic(out, json.dumps(merged, indent=1) + "\n")
+        write_atomic(out.with_suffix(".md"), markdown(merged))
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as exc:
-        print(f"export_runtimes: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    export_ort.run_script(main, "export_runtimes")

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -89,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = merge_rows(old.get("results", []), rows)
         commands = old.get("commands") or ([old["command"]] if "command" in old else [])
     print(format_table(rows))
-    command = "python " + shlex.join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    command = recipes.command_line(argv)
     result = {
         "command": " && ".join([*commands, command]),
         "commands": [*commands, command],
@@ -108,8 +106,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as exc:
-        print(f"quant_cifar10: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    recipes.run_script(main, "quant_cifar10")

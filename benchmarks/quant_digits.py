@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -35,8 +33,6 @@ from hwnas.supernet.train import (
     train_supernet,
     with_training_augment,
 )
-
-from hwnas.core.errors import UserError
 
 HERE = Path(__file__).resolve().parent
 
@@ -92,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = merge_rows(old.get("results", []), rows)
         commands = old.get("commands") or ([old["command"]] if "command" in old else [])
     print(format_table(rows))
-    command = "python " + shlex.join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    command = recipes.command_line(argv)
     payload = {
         "command": " && ".join([*commands, command]),
         "commands": [*commands, command],
@@ -110,8 +106,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as exc:
-        print(f"quant_digits: error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    recipes.run_script(main, "quant_digits")

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -296,3 +298,18 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def command_line(argv: list[str] | None) -> str:
+    """The command that ran a benchmark (``argv``: its arguments, default the process's), as
+    its JSON records it."""
+    return "python " + shlex.join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+
+
+def run_script(main, prog: str) -> None:  # noqa: ANN001 - main(argv=None) -> int
+    """Run a benchmark's ``main`` as a script: bad input is one ``<prog>: error:`` line, exit 2."""
+    try:
+        sys.exit(main())
+    except UserError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -1,10 +1,11 @@
 """Record in the shipped CIFAR-10 supernet which images it trained on, and check the record.
 
-The shipped ``supernet/checkpoints/mbv3_cifar10.pt`` was trained (``supernet.train_cifar``) on
-the train split of ``load_dataset(<cifar10-jpeg.npz>, seed=0)``: 45,000 of the npz's 50,000
-training images, the other 5,000 held out for validation. This script recomputes that seeded
-split, and with ``--write`` adds its :func:`hwnas.supernet.fingerprint.training_record` to the
-checkpoint (weights untouched: they are compared bit for bit after the rewrite).
+The shipped ``supernet/checkpoints/mbv3_cifar10.pt`` was trained (``supernet.train_cifar``, now
+``hwnas train``) on the train split of ``load_dataset(<cifar10-jpeg.npz>, seed=0)``: 45,000 of
+the npz's 50,000 training images, the other 5,000 held out for validation. This script
+recomputes that seeded split, and with ``--write`` adds its
+:func:`hwnas.supernet.fingerprint.training_record` to the checkpoint (weights untouched: they
+are compared bit for bit after the rewrite).
 
 The check (always run): the largest and smallest subnets' accuracy and cross-entropy on
 ``--images`` images of the recorded training split, of the held-out validation split and of the

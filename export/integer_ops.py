@@ -132,7 +132,7 @@ def integer_elementwise(model: onnx.ModelProto, *, hswish_modules: set[str],
     ``nn.Hardsigmoid`` modules (node names carry them, :func:`hwnas.export.qdq.node_scope`);
     ``modules``: every module name (residual adds are rewritten only where they are their
     module's output); ``requant_layer_of``: requantization QuantizeLinear node name -> layer."""
-    from hwnas.export.qdq import node_scope
+    from hwnas.export.qdq.names import node_scope
 
     g = model.graph
     inits = {i.name: i for i in g.initializer}

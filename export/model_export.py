@@ -71,13 +71,8 @@ from hwnas.export.onnx_export import (
     with_uint8_input,
 )
 from hwnas.export.ort_profile import LayerIndex, integer_kernel_check
-from hwnas.export.qdq import (
-    EXPORT_FORMAT,
-    QdqBuild,
-    build_qdq,
-    float_proto,
-    map_layer_nodes,
-)
+from hwnas.export.qdq.build import EXPORT_FORMAT, QdqBuild, build_qdq, float_proto
+from hwnas.export.qdq.names import map_layer_nodes
 from hwnas.export.recommend import CandidateFile, Recommendation, recommend_file
 from hwnas.quant.policy import QuantPolicy
 from hwnas.quant.ptq import PTQConfig

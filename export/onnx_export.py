@@ -14,26 +14,29 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import torch
 from hwnas.latency.onnx_measure import make_session
-from hwnas.supernet.onnx import onnx_bytes
+from hwnas.supernet.onnx import onnx_bytes, set_metadata
 
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line, write_atomic
 
 __all__ = ["export_onnx", "onnx_bytes", "check_parity", "ParityReport", "InputSpec",
-           "describe_model", "with_uint8_input"]
+           "describe_model", "with_uint8_input", "read_metadata", "set_metadata"]
 
-def _metadata_value(value: object) -> str:
-    """ONNX metadata values are strings: keep strings, JSON-encode dicts/lists, str() the rest."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (dict, list, tuple)):
-        return json.dumps(value, sort_keys=True)
-    return str(value)
+def read_metadata(model: onnx.ModelProto) -> dict[str, Any]:
+    """``metadata_props`` of a model, JSON values decoded (written by :func:`set_metadata`)."""
+    out: dict[str, Any] = {}
+    for p in model.metadata_props:
+        try:
+            out[p.key] = json.loads(p.value)
+        except (json.JSONDecodeError, ValueError):
+            out[p.key] = p.value
+    return out
 
 
 def export_onnx(
@@ -46,12 +49,12 @@ def export_onnx(
 ) -> Path:
     """Export ``model`` to an ONNX file at ``path`` and return the path.
 
-    Same graph as :func:`onnx_bytes`, plus ``metadata`` stored as ONNX
-    ``metadata_props`` (values stringified; dicts and lists JSON-encoded) so the file
-    records e.g. which architecture it is. The model is validated with
-    ``onnx.checker.check_model`` before anything is written, parent directories are
-    created, and the file is written atomically: a failure never leaves a half-written
-    file (or a stray temp file) behind.
+    Same graph as :func:`onnx_bytes`, plus ``metadata`` stored as ONNX ``metadata_props``
+    (:func:`~hwnas.supernet.onnx.set_metadata`: values stringified, dicts and lists
+    JSON-encoded, None left out) so the file records e.g. which architecture it is. The model
+    is validated with ``onnx.checker.check_model`` before anything is written, parent
+    directories are created, and the file is written atomically: a failure never leaves a
+    half-written file (or a stray temp file) behind.
     """
     path = Path(path)
     if path.is_dir():
@@ -59,12 +62,7 @@ def export_onnx(
 
     proto = onnx.load_from_string(onnx_bytes(model, example, opset=opset))
     if metadata:
-        props = {p.key: p.value for p in proto.metadata_props}
-        props.update({str(k): _metadata_value(v) for k, v in metadata.items()})
-        del proto.metadata_props[:]
-        for key, value in props.items():
-            entry = proto.metadata_props.add()
-            entry.key, entry.value = key, value
+        set_metadata(proto, metadata)
     onnx.checker.check_model(proto)
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -207,12 +205,7 @@ def describe_model(proto: onnx.ModelProto, spec: InputSpec | None,
         props.update(mean=[float(m) for m in spec.mean], std=[float(s) for s in spec.std],
                      class_names=list(spec.classes))
     props.update({k: v for k, v in (metadata or {}).items() if v is not None})
-    kept = {p.key: p.value for p in proto.metadata_props}
-    kept.update({str(k): _metadata_value(v) for k, v in props.items()})
-    del proto.metadata_props[:]
-    for key, value in kept.items():
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
+    set_metadata(proto, props)
     proto.model_version = int(model_version)
     proto.producer_name, proto.producer_version = "hwnas", __version__
     what = f"{props.get('arch')}" if props.get("arch") else "an hwnas model"

@@ -198,7 +198,7 @@ class LayerIndex:
             out = _SUFFIX.sub("", out)
             if out in self.layer_of_node:
                 return self.layer_of_node[out]
-        from hwnas.export.qdq import node_scope
+        from hwnas.export.qdq.names import node_scope
 
         scope = node_scope(stripped)
         return scope if scope in self.layers else None

@@ -176,12 +176,14 @@ def _agreement(runner: Runner, data: np.ndarray, reference: np.ndarray,
 def verify_candidates(*, runtime: str, threads: int, files: Sequence[CandidateFile],
                       references: Mapping[str, np.ndarray], images: np.ndarray,
                       labels: np.ndarray | None, min_agreement: float = 0.99,
-                      max_drop: float = 0.3, cache: dict | None = None,
+                      max_drop: float = 0.3, cache: dict | None = None, batch: int | None = None,
                       ) -> tuple[list[DeviceCandidate], dict[str, Runner], list[str]]:
     """Every candidate of ``files`` on ``runtime`` (each file as written and, on OpenVINO,
     under each reduced precision hint the CPU runs), verified on ``images``: ``(candidates,
     runners of the verified ones and of the FP32 file, notes)``. Split from
-    :func:`recommend_file` so that candidates of several runtimes can be timed together."""
+    :func:`recommend_file` so that candidates of several runtimes can be timed together.
+    ``batch``: the batch the candidates will be timed at; OpenVINO times them compiled for
+    that static batch, so their settings name it (``static_batch``)."""
     cache = {} if cache is None else cache
     notes: list[str] = []
     ref_acc = {k: (None if labels is None else float(100.0 * (v.argmax(1) == labels).mean()))
@@ -205,7 +207,8 @@ def verify_candidates(*, runtime: str, threads: int, files: Sequence[CandidateFi
             seen.add(runner.precision)
             precision = f.kind if hint == "f32" else (hint if f.kind == "fp32"
                                                        else f"{f.kind}+{hint}")
-            settings = {} if runtime == "onnxruntime" else {"INFERENCE_PRECISION_HINT": hint}
+            settings = {} if runtime == "onnxruntime" else {
+                "INFERENCE_PRECISION_HINT": hint, **({"static_batch": batch} if batch else {})}
             c = DeviceCandidate(label, f.path, precision, settings, runner.precision)
             key = (runtime, f.path, runner.precision)
             if key not in cache:
@@ -249,7 +252,7 @@ def recommend_file(device: str, *, runtime: str, threads: int, batch: int,
         raise UserError("the candidates must start with the FP32 file")
     candidates, runners, notes = verify_candidates(
         runtime=runtime, threads=threads, files=files, references=references, images=images,
-        labels=labels, min_agreement=min_agreement, max_drop=max_drop, cache=cache)
+        labels=labels, min_agreement=min_agreement, max_drop=max_drop, cache=cache, batch=batch)
     fp32 = next((c for c in candidates if c.label == files[0].path), None)
     if fp32 is None or not fp32.verified:
         raise UserError(f"the FP32 file does not verify on {runtime}: "

@@ -132,7 +132,7 @@ class Run:
     def data(self):  # -> DatasetSplits
         """The run's dataset, split as the search split it, with the checkpoint's training
         augmentation."""
-        from hwnas.supernet.data import load_dataset
+        from hwnas.supernet.data.sources import load_dataset
         from hwnas.supernet.train import with_training_augment
 
         data = load_dataset(self.settings["dataset"], seed=int(self.settings.get("data_seed", 0)))

@@ -207,7 +207,8 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     from hwnas.export.onnx_export import InputSpec
     from hwnas.quant.policy import QuantPolicy
     from hwnas.quant.ptq import PTQConfig
-    from hwnas.supernet.data import BatchLoader, load_dataset
+    from hwnas.supernet.data.loader import BatchLoader
+    from hwnas.supernet.data.sources import load_dataset
     from hwnas.supernet.evaluate import recalibrated_subnet
     from hwnas.supernet.fingerprint import disjoint_validation
     from hwnas.supernet.train import load_checkpoint, with_training_augment

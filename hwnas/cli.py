@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from hwnas.core.cli_args import (
     EXIT_USER_ERROR,
     OneLineParser,
     bounded_int,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
     positive_int,
     seed_int,
 )
 from hwnas.core.config_file import read_config_file
 from hwnas.core.errors import UserError
-from hwnas.core.io import check_writable
 from hwnas.export.cli import (
     EXIT_SOME_FAILED,
     add_config_flag,
@@ -27,7 +28,15 @@ from hwnas.export.cli import (
     run_export,
 )
 from hwnas.latency.cli import add_latency_parser, run_latency
-from hwnas.supernet.train_options import AUGMENT_KINDS, MAX_EPOCHS
+from hwnas.supernet.train_options import (
+    AUGMENT_KINDS,
+    COMPILE_MODES,
+    MAX_EPOCHS,
+    OPTIMIZERS,
+    PRECISIONS,
+    SCHEDULES,
+    SUBNET_LOSSES,
+)
 
 
 def _common(p: argparse.ArgumentParser, d) -> None:
@@ -108,6 +117,79 @@ def _search_options(p: argparse.ArgumentParser, d) -> None:
                    help="replace the run of the same name (default: continue it)")
 
 
+def _train_options(p: argparse.ArgumentParser, d) -> None:
+    """``hwnas train``'s own flags; a training setting left out takes the space's default."""
+    p.add_argument("--epochs", type=bounded_int(MAX_EPOCHS), default=d.epochs,
+                   help=f"training epochs (default {d.epochs})")
+    p.add_argument("--out", help="a checkpoint FILE.pt (final weights only), or a run directory "
+                                 "(a name without a suffix: run.json, resumable checkpoint.pt, "
+                                 "train_log.json, supernet.pt or model.pt, eval.json)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--resume", action="store_true",
+                   help="continue the run directory --out with its recorded settings")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint or run")
+    h = p.add_argument_group("schedule and recipe (default: the space's)")
+    h.add_argument("--schedule", choices=SCHEDULES, default=None,
+                   help="supernet schedule preset (default: the space's, sandwich for most)")
+    h.add_argument("--standalone", metavar="ARCH",
+                   help="train this subnet from scratch instead of the supernet: an arch string, "
+                        "'largest', 'smallest' or 'random1'..'random3' (the ones --eval reports)")
+    h.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                   help="sgd (Nesterov momentum 0.9; default) or adamw (betas 0.9, 0.999; for "
+                        "vision transformers); neither decays norms, biases, position embeddings")
+    h.add_argument("--batch-size", type=positive_int, default=None,
+                   help="global batch size over all processes (default 64)")
+    h.add_argument("--lr", type=positive_float, default=None, help="peak learning rate (default 0.05)")
+    h.add_argument("--weight-decay", type=non_negative_float, default=None, help="(default 5e-4)")
+    h.add_argument("--label-smoothing", type=non_negative_float, default=None, help="(default 0.1)")
+    h.add_argument("--warmup-epochs", type=non_negative_float, default=None,
+                   help="linear warm-up before the cosine decay (default 1)")
+    h.add_argument("--grad-clip", type=non_negative_float, default=None,
+                   help="clip the step's gradient norm to this; 0 = off (default 5)")
+    h.add_argument("--num-random", type=non_negative_int, default=None,
+                   help="random subnets per sandwich step (default 2)")
+    h.add_argument("--subnet-loss", choices=SUBNET_LOSSES, default=None,
+                   help="combine a sandwich step's losses by their sum (BigNAS; default), mean, "
+                        "or the largest's plus the mean of the others'")
+    h.add_argument("--full-fraction", type=non_negative_float, default=None,
+                   help="--schedule deps: share of the epochs that train only the full network "
+                        "(default 0.5)")
+    h.add_argument("--limit-train", type=positive_int, default=None,
+                   help="use only N training images, a seeded random subset (smoke runs)")
+    h.add_argument("--limit-eval", type=positive_int, default=None,
+                   help="use only N validation and N test images (smoke runs)")
+    r = p.add_argument_group("run directory")
+    r.add_argument("--max-minutes", type=positive_float, default=None,
+                   help="stop training (checkpointed) this many minutes after the command started")
+    r.add_argument("--checkpoint-every-s", type=positive_float, default=None,
+                   help="seconds between checkpoints while training (default 120)")
+    r.add_argument("--eval", action="store_true",
+                   help="once training is complete: test top-1 of largest, smallest and 3 random "
+                        "subnets (BatchNorm recalibrated) -> eval.json")
+    r.add_argument("--eval-unfinished", action="store_true",
+                   help="with --eval: evaluate also when this command ends before training is done")
+    r.add_argument("--calib-batches", type=positive_int, default=40,
+                   help="with --eval: recalibration batches per subnet, augmented (default 40)")
+    r.add_argument("--calib-batch-size", type=positive_int, default=256,
+                   help="with --eval: images per recalibration batch (default 256)")
+    r.add_argument("--half-weights", action="store_true",
+                   help="write the final supernet checkpoint in float16 (half the size)")
+    s = p.add_argument_group("speed (never changes what is computed)")
+    s.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
+                   metavar="MODE", help="torch.compile the standalone model, or the supernet's "
+                   "largest and smallest subnets; mode default, reduce-overhead, max-autotune or "
+                   "off (on --resume it overrides the run's)")
+    s.add_argument("--cudnn-benchmark", choices=("auto", "on", "off"), default="auto",
+                   help="cuDNN autotuning per new convolution shape (CUDA): auto = on for "
+                        "--standalone, off for supernets, whose random subnets bring new shapes")
+    s.add_argument("--precision", choices=PRECISIONS, default="auto",
+                   help="auto = bf16 autocast on CUDA, fp32 on CPU")
+    s.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto",
+                   help="auto = on for CUDA")
+    s.add_argument("--bench-steps", type=positive_int, default=None,
+                   help="only measure training images/s over this many steps (after warm-up)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from hwnas.search.config import SearchConfig
 
@@ -128,11 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
                                       "(resumable; several workers on a server database)")
     _search_options(s, d)
 
-    t = sub.add_parser("train", help="train a supernet and save its checkpoint")
+    t = sub.add_parser("train", help="train a supernet (or a standalone subnet) into a checkpoint "
+                                     "file or a resumable run directory; several GPUs via torchrun")
     _common(t, d)
-    t.add_argument("--epochs", type=bounded_int(MAX_EPOCHS), default=d.epochs, help=f"training epochs (default {d.epochs})")
-    t.add_argument("--out", help="checkpoint file to write (.pt; required here or in --config)")
-    t.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint")
+    _train_options(t, d)
 
     sub.add_parser("spaces", help="list the available search spaces")
     add_latency_parser(sub)
@@ -282,41 +363,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from hwnas.supernet.data import load_dataset
-    from hwnas.supernet.evaluate import evaluate_subnet
-    from hwnas.supernet.fingerprint import training_record
-    from hwnas.supernet.spaces import get_space
-    from hwnas.supernet.train import default_config, save_checkpoint, train_supernet
+    """A supernet or standalone subnet (:mod:`hwnas.supernet.train_run`); several processes
+    under ``torchrun -m hwnas train``."""
+    from hwnas.supernet.train_run import run_train
 
-    from hwnas.supernet.train import check_torch_device
-
-    if not args.out:
-        raise UserError("hwnas train needs --out CKPT.pt (or out in the [train] table of --config)")
-    out = Path(args.out)
-    if out.is_dir():
-        raise UserError(f"--out {out} is a directory; expected a checkpoint file name ending in .pt")
-    if out.exists() and not args.overwrite:
-        raise UserError(f"{out} already exists; pass --overwrite to replace it")
-    if out.suffix != ".pt":
-        raise UserError(f"--out {out}: expected a checkpoint file name ending in .pt")
-    check_writable(out)
-    check_torch_device(args.device)
-    data = load_dataset(args.dataset, seed=0)
-    h, w = data.image_size
-    space = get_space(args.space, in_channels=data.in_channels, image_size=h,
-                      num_classes=data.num_classes)
-    supernet = space.build_supernet()
-    config = default_config(space, args.epochs, seed=args.seed, augment=args.augment)
-    result = train_supernet(supernet, space, data, config, device=args.device,
-                            progress=not args.quiet)
-    save_checkpoint(out, supernet, space, dataset=data.name, train_config=config,
-                    data_record=training_record(data))
-    print(f"trained {space.name} on {data.name}: {result.epochs} epochs, {result.seconds:.0f} s, "
-          f"{result.images_per_s:.0f} images/s -> {out}")
-    for role, arch in (("largest", space.largest()), ("smallest", space.smallest())):
-        acc, _ = evaluate_subnet(supernet, arch, data, split="val")
-        print(f"  {role:8s} val acc {acc:5.1f}%  {space.to_string(arch)}")
-    return 0
+    return run_train(args, started=args.started)
 
 
 def cmd_spaces(args: argparse.Namespace) -> int:
@@ -340,9 +391,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import time
+
     args = argparse.Namespace(command=None)
+    started = time.perf_counter()  # --max-minutes counts from here
     try:
         args = parse_args(argv)
+        args.started = started
         handler = {"run": cmd_run, "search": cmd_search, "export": run_export, "train": cmd_train,
                    "spaces": cmd_spaces, "latency": run_latency}[args.command]
         return handler(args)
@@ -366,6 +421,9 @@ def _resume_hint(command: str | None) -> str:
                 "--overwrite starts afresh)")
     if command == "export":
         return "the previous export is unchanged; run the same command again to export"
+    if command == "train":
+        return ("a run directory continues from its last checkpoint with --resume; a "
+                "checkpoint file was not written")
     return "nothing was written"
 
 

@@ -4,12 +4,18 @@ Wired into the ``hwnas`` command line by :func:`add_latency_parser` (``hwnas/cli
 a thin layer over :mod:`hwnas.latency.devices`, :mod:`hwnas.latency.profiles` and the predictors::
 
     hwnas latency devices [--space S]
+    hwnas latency reference --space S [--n 10] --export DIR [--seed N] [--overwrite]
     hwnas latency measure DIR [--runtime onnxruntime|openvino] [--precision f32|bf16|f16]
                               [--threads N] [--repeats N] [--warmup N] [--max-cv 0.1]
                               [--out CSV] [--overwrite]
     hwnas latency adapt   --device NAME --space SPACE --measurements CSV [--predictor NAME]
                               [--seed N] [--overwrite]
     hwnas latency predict --device NAME --space SPACE --archs CSV --out CSV [--overwrite]
+
+``reference`` writes the models a new device should measure first (ONNX, with their
+architectures, for the standalone ``latency/ondevice.py``); ``adapt`` takes the measurements of
+any architectures and prints its leave-one-out error on them and whether more measurements would
+likely help (:func:`hwnas.latency.fewshot.leave_one_out`).
 
 Bad input raises :class:`hwnas.core.errors.UserError` (one ``hwnas: error: ...`` line, exit 2) and
 writes nothing. ``measure`` leaves out models whose timing varies too much (cv above
@@ -53,12 +59,25 @@ EXIT_SOME_UNSTABLE = 1
 def add_latency_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     """Add the ``latency`` command group to ``sub`` (an ``add_subparsers`` object whose
     ``parser_class`` is used for the nested parsers too); return its handler."""
-    lat = sub.add_parser("latency", help="latency devices: list, measure on-device, adapt, predict")
+    lat = sub.add_parser("latency", help="latency devices: list, reference models, measure on-device, adapt, predict")
     lsub = lat.add_subparsers(dest="latency_command", required=True, parser_class=type(lat),
-                              metavar="{devices,measure,adapt,predict}")
+                              metavar="{devices,reference,measure,adapt,predict}")
 
     d = lsub.add_parser("devices", help="list the latency devices and their kind")
     d.add_argument("--space", help="only devices that cover this space")
+
+    r = lsub.add_parser("reference", help="export the models a new device should measure first "
+                                          "(ONNX, for latency/ondevice.py)")
+    r.add_argument("--space", required=True, help="search space of the models")
+    r.add_argument("--n", type=positive_int, default=10,
+                   help="number of models (default 10): the predictor's first N reference "
+                        "architectures")
+    r.add_argument("--export", required=True, metavar="DIR",
+                   help="directory to write ref_NN.onnx and archs.csv into (new or empty)")
+    r.add_argument("--seed", type=seed_int, default=0,
+                   help="seed of the random models beyond the predictor's references (default 0)")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier reference export in --export DIR")
 
     m = lsub.add_parser("measure", help="measure every .onnx model of a directory with onnxruntime "
                                         "or OpenVINO")
@@ -97,8 +116,8 @@ def add_latency_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
 
 def run_latency(args: argparse.Namespace) -> int:
     """Dispatch ``hwnas latency <command>``."""
-    handler = {"devices": _cmd_devices, "measure": _cmd_measure, "adapt": _cmd_adapt,
-               "predict": _cmd_predict}[args.latency_command]
+    handler = {"devices": _cmd_devices, "reference": _cmd_reference, "measure": _cmd_measure,
+               "adapt": _cmd_adapt, "predict": _cmd_predict}[args.latency_command]
     return handler(args)
 
 
@@ -117,9 +136,38 @@ def _cmd_devices(args: argparse.Namespace) -> int:
             raise UserError(f"unknown space {args.space!r}; expected one of {available_spaces()}")
     infos = available_devices(args.space)
     width = max(len(i.name) for i in infos)
-    print(f"{'device':{width}s}  {'kind':9s}  {'spaces':11s}  description")
+    spaces = max(11, *(len(i.spaces_text) for i in infos))
+    print(f"{'device':{width}s}  {'kind':9s}  {'spaces':{spaces}s}  description")
     for i in infos:
-        print(f"{i.name:{width}s}  {i.kind:9s}  {i.spaces_text:11s}  {i.description}")
+        print(f"{i.name:{width}s}  {i.kind:9s}  {i.spaces_text:{spaces}s}  {i.description}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# reference
+# --------------------------------------------------------------------------------------------
+
+
+def _cmd_reference(args: argparse.Namespace) -> int:
+    from hwnas.latency.reference import ARCHS_FILE, choose_reference, export_reference
+    from hwnas.supernet.spaces import get_space
+
+    space = get_space(args.space)
+    reference = choose_reference(space, args.n, predictor=default_predictor(space),
+                                 seed=args.seed)
+    paths = export_reference(space, reference, args.export, overwrite=args.overwrite)
+    out = Path(args.export)
+    print(f"wrote {len(paths)} ONNX models of {space.name} and {ARCHS_FILE} to {out}")
+    n_ref = reference.n_reference
+    if n_ref < len(paths):
+        print(f"note: the {reference.predictor} predictor has {n_ref} reference architecture(s) "
+              f"for {space.name}; the other {len(paths) - n_ref} span the space (its smallest, "
+              f"largest and seeded random architectures)")
+    script = Path(__file__).resolve().parent / "ondevice.py"
+    print(f"measure them on the device (needs only numpy and onnxruntime): python {script} "
+          f"{out} --out measurements.csv")
+    print(f"then: hwnas latency adapt --device MY_DEVICE --space {space.name} --measurements "
+          f"measurements.csv")
     return 0
 
 
@@ -290,13 +338,18 @@ def adapt_device(
 
 
 def _cmd_adapt(args: argparse.Namespace) -> int:
+    from hwnas.latency.fewshot import LOO_MAX_MEASUREMENTS, leave_one_out
     from hwnas.latency.profiles import check_profile_name, read_measurements
     from hwnas.supernet.spaces import get_space
 
     check_profile_name(args.device)
     space = get_space(args.space)
-    read_measurements(args.measurements, space)  # bad rows fail before loading a predictor
+    data = read_measurements(args.measurements, space)  # bad rows fail before loading a predictor
     predictor = default_predictor(space, args.predictor)
+    min_loo = max(3, int(getattr(predictor, "min_samples", 1)) + 1)
+    loo = None
+    if min_loo <= len(data) <= LOO_MAX_MEASUREMENTS:  # before adapting: it adapts copies
+        loo = leave_one_out(predictor, data.archs, data.latency_ms, seed=args.seed)
     start = time.perf_counter()
     profile, predictor, rho = adapt_device(args.device, space, args.measurements,
                                            predictor=predictor, seed=args.seed,
@@ -305,15 +358,26 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
     print(f"adapted {profile.predictor} to {profile.n_measurements} measurements of "
           f"{args.device!r} on {space.name} in {seconds:.2f} s (Spearman on the measurements "
           f"{rho:.3f})")
+    if loo is not None:
+        print(loo.summary())
+        print(loo.reason)
+    elif len(data) > LOO_MAX_MEASUREMENTS:
+        print(f"held-out check skipped: {len(data)} measurements are more than "
+              f"{LOO_MAX_MEASUREMENTS} (each check re-adapts the predictor); more would rarely "
+              f"help")
+    else:
+        print(f"more measurements would likely help: {len(data)} are too few to check the "
+              f"predictor (leave-one-out needs {min_loo}; hwnas latency reference --n 10 "
+              f"exports 10 models)")
     refs = getattr(predictor, "reference_archs", None)
     if refs:
         want = set(refs[: profile.n_measurements])
-        have = set(read_measurements(args.measurements, space).archs)
+        have = set(data.archs)
         if not want <= have:
             print(f"note: {len(want - have)} of the measured architectures are not the "
-                  f"predictor's reference architectures; it ranks best when the first "
-                  f"{profile.n_measurements} of latency.predictors.load_pretrained("
-                  f"{space.name!r}).reference_archs are the ones measured")
+                  f"predictor's reference architectures; it ranks best when its first "
+                  f"{len(want)} are the ones measured (hwnas latency reference --space "
+                  f"{space.name} --n {len(want)} --export DIR writes them)")
     print(f"device profile: {profile.path}")
     print(f"use it as: hwnas latency predict --device {args.device} --space {space.name} "
           f"--archs ARCHS.csv --out OUT.csv")

@@ -9,10 +9,14 @@ Four kinds (:data:`KINDS`):
   / ``cuda-graph`` only when a GPU is present. The model of an architecture comes from ``model_fn(arch)`` (ONNX bytes or a torch
   module) or, by default, from a freshly built supernet of the space (latency does not depend
   on weights).
-* ``table`` - a column of the shared latency tables (``nb201_latency_ms.csv``,
-  ``fbnet_latency_ms.csv``): the measured latency of every architecture the table holds, for
-  the table's space (default configuration) only. Named by the column (``pixel3``, ``fpga``,
-  ``1080ti_32`` ...).
+* ``table`` - a column of a latency table: the measured latency of every architecture the table
+  holds, for the table's space (default configuration) only; an architecture the table lacks is
+  refused. Named by the column. Two sources: the shared HW-NAS-Bench/HELP tables
+  (``nb201_latency_ms.csv``, ``fbnet_latency_ms.csv``: ``pixel3``, ``fpga``, ``1080ti_32`` ...)
+  and the project's own measured tables (:func:`measured_tables_dir`, written by
+  ``benchmarks/measure_latency_tables.py``: ``<space>_<machine>.csv.gz``, columns
+  ``<machine>-<runtime>-<threads or batch>`` such as ``xeon-ort-1t`` or ``h200-cudagraph-b64``),
+  where one device column covers every space it was measured on.
 * ``estimated`` - an analytical estimator of :mod:`hwnas.latency.estimators` (``fpga-zcu102-est``,
   ``edgetpu-est``, ``jetson-orin-nano-est`` ...); any space, from its layer list.
 * ``adapted`` - a device profile (:mod:`hwnas.latency.profiles`): a predictor adapted to a user's own
@@ -37,10 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from hwnas.latency.tables import KEY_COLUMNS
+from hwnas.latency.tables import KEY_COLUMNS, open_table_text
 from hwnas.supernet.space import SearchSpace
 
 from hwnas.core.errors import UserError
+from hwnas.core.paths import shared_data_candidate
 
 __all__ = [
     "KINDS",
@@ -56,6 +61,8 @@ __all__ = [
     "register_device",
     "builtin_device_names",
     "latency_tables",
+    "measured_tables",
+    "measured_tables_dir",
     "parse_cpu_device",
     "resolve_space",
 ]
@@ -65,6 +72,13 @@ KINDS = ("measured", "table", "estimated", "adapted")
 
 #: Latency tables of the shared data: space name -> file name under ``<shared data>/latency``.
 TABLE_FILES = {"nb201": "nb201_latency_ms.csv", "fbnet": "fbnet_latency_ms.csv"}
+
+#: Environment variable naming the folder of the project's measured tables (see
+#: :func:`measured_tables_dir`); set it empty to list none.
+MEASURED_TABLES_ENV = "HWNAS_LATENCY_TABLES"
+#: A measured table's file name: ``<space>_<machine>.csv.gz`` (``*_cv.csv.gz``, the variation of
+#: each cell, does not match).
+_MEASURED_FILE = re.compile(r"^(?P<space>[A-Za-z0-9-]+)_(?P<machine>[A-Za-z0-9]+)\.csv\.gz$")
 
 ArchLike = Any  # an architecture of the space, or its canonical string
 
@@ -398,11 +412,8 @@ def _measured_factories() -> dict[str, tuple[Callable[..., Device], str]]:
 
 def _latency_data_dir() -> Path:
     """``<shared data>/latency``: ``$HWNAS_SHARED_DATA/latency`` when set, else the default
-    beside the checkout (the rule of :func:`hwnas.supernet.data.shared_data_dir`, repeated here so
-    that listing devices does not import torch)."""
-    env = os.environ.get("HWNAS_SHARED_DATA")
-    root = Path(env).expanduser() if env else Path(__file__).resolve().parent.parent.parent / "shared" / "data"
-    return root / "latency"
+    beside the checkout (:mod:`hwnas.core.paths`, torch-free)."""
+    return shared_data_candidate()[0] / "latency"
 
 
 def latency_tables() -> dict[str, Path]:
@@ -411,16 +422,52 @@ def latency_tables() -> dict[str, Path]:
     return {space: base / f for space, f in TABLE_FILES.items() if (base / f).is_file()}
 
 
-@functools.lru_cache(maxsize=8)
+def measured_tables_dir() -> Path | None:
+    """The folder of the project's measured latency tables: ``$HWNAS_LATENCY_TABLES`` when set
+    (empty: none), else ``benchmarks/results/latency_tables`` of the checkout this package runs
+    from; ``None`` when that folder does not exist (e.g. an installed wheel)."""
+    env = os.environ.get(MEASURED_TABLES_ENV)
+    if env is not None:
+        path = Path(env).expanduser() if env.strip() else None
+    else:
+        path = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "latency_tables"
+    return path if path is not None and path.is_dir() else None
+
+
+def measured_tables() -> dict[str, list[Path]]:
+    """The measured tables present: space name -> their ``<space>_<machine>.csv.gz`` files
+    (sorted), for registered spaces only."""
+    base = measured_tables_dir()
+    if base is None:
+        return {}
+    from hwnas.supernet.spaces import available_spaces
+
+    spaces = set(available_spaces())
+    out: dict[str, list[Path]] = {}
+    for path in sorted(base.glob("*.csv.gz")):
+        m = _MEASURED_FILE.match(path.name)
+        if m is not None and m["space"] in spaces and path.is_file():
+            out.setdefault(m["space"], []).append(path)
+    return out
+
+
+@functools.lru_cache(maxsize=32)
 def _table_columns(path: str, mtime: float) -> tuple[str, ...]:
     import csv
 
-    with open(path, newline="") as fh:
+    with open_table_text(path) as fh:
         header = next(csv.reader(fh), [])
-    return tuple(c for c in header if c not in KEY_COLUMNS)
+    return tuple(c.strip() for c in header if c.strip() not in KEY_COLUMNS)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=32)
+def _table_rows(path: str, mtime: float) -> int:
+    """Number of architectures (non-empty lines after the header) of a table file."""
+    with open_table_text(path) as fh:
+        return max(sum(1 for line in fh if line.strip()) - 1, 0)
+
+
+@functools.lru_cache(maxsize=16)
 def _load_table(path: str, mtime: float, space_name: str):
     """The validated table (:func:`hwnas.latency.tables.load_latency_table`, canonical strings of the
     default ``space_name`` space) and the set of its architectures; cached per file version."""
@@ -432,7 +479,7 @@ def _load_table(path: str, mtime: float, space_name: str):
 
 
 class TableDevice(Device):
-    """A device column of the shared latency tables (see the module docstring).
+    """A device column of a latency table (see the module docstring).
 
     ``tables`` maps the spaces this column exists for to their CSV. Architectures are looked
     up by their canonical string; one the table does not hold is a :class:`UserError` (the
@@ -446,7 +493,7 @@ class TableDevice(Device):
         self.name = name
         self.tables = dict(tables)
         self.spaces = tuple(sorted(self.tables))
-        self.description = table_description(name)
+        self.description = table_description(name, self.tables)
         if name.startswith("fpga"):  # the tables' simulated FPGA accelerator
             self.quant_rules = "fpga"
 
@@ -467,7 +514,7 @@ class TableDevice(Device):
         if missing:
             raise UserError(
                 f"architecture {missing[0]!r} is not in the {space.name} latency table "
-                f"({len(table)} measured architectures; {len(missing)} of the "
+                f"{path.name} ({len(table)} measured architectures; {len(missing)} of the "
                 f"{len(keys)} requested are missing); table device {self.name!r} only knows "
                 f"measured architectures"
             )
@@ -484,22 +531,85 @@ _TABLE_FAMILIES = (
 )
 
 
-def table_description(column: str) -> str:
-    """What a table column measured (from the data's README), with its batch size if given."""
-    family = next((text for prefixes, text in _TABLE_FAMILIES if column.startswith(prefixes)),
-                  "measured device")
-    head, _, batch = column.rpartition("_")
-    if head and batch.isdigit() and family == "desktop NVIDIA GPU":
-        family += f", batch {batch}"
-    return f"{family}: HW-NAS-Bench/HELP latency table"
+#: Runtime tags of measured table columns (``<machine>-<runtime>-<setting>``).
+_TABLE_RUNTIMES = {"ort": "onnxruntime", "torch": "PyTorch eager", "ts": "TorchScript",
+                   "ov": "OpenVINO", "cudagraph": "PyTorch CUDA graph replay"}
+
+
+@functools.lru_cache(maxsize=16)
+def _machine_text(path: str, mtime: float) -> str:
+    """The measured machine in a few words, from a ``machine_<tag>.json`` of the tables."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(data, dict):
+        return ""
+    if data.get("gpu"):
+        return str(data["gpu"])
+    cpu = data.get("cpu") if isinstance(data.get("cpu"), dict) else {}
+    model, cores = cpu.get("cpu_model"), cpu.get("usable_cpus") or cpu.get("logical_cpus")
+    return f"{model}, {cores} cores" if model and cores else str(model or "")
+
+
+def _measured_setting(column: str) -> str:
+    """``onnxruntime, 1 thread`` from ``xeon-ort-1t``; ``PyTorch eager, batch 64`` from
+    ``h200-torch-b64``; the column itself when it does not follow the naming."""
+    parts = column.split("-")
+    if len(parts) != 3 or parts[1] not in _TABLE_RUNTIMES:
+        return column
+    runtime, setting = _TABLE_RUNTIMES[parts[1]], parts[2]
+    if re.fullmatch(r"[0-9]+t", setting):
+        n = int(setting[:-1])
+        return f"{runtime}, {n} thread{'s' if n != 1 else ''}"
+    if re.fullmatch(r"b[0-9]+", setting):
+        batch = int(setting[1:])
+        return f"{runtime}, batch {batch}" + (" (ms per batch)" if batch > 1 else "")
+    return f"{runtime}, {setting}"
+
+
+def table_description(column: str, tables: dict[str, Path] | None = None) -> str:
+    """What a table column measured (the shared tables: from the data's README, with its batch
+    size if given; the measured tables: machine, runtime and setting) and, given its
+    ``tables`` (space -> file), how many architectures each space's table holds."""
+    measured = [p for p in (tables or {}).values() if p.name.endswith(".gz")]
+    if measured:
+        machine = _MEASURED_FILE.match(measured[0].name)["machine"]
+        info = measured[0].parent / f"machine_{machine}.json"
+        text = _machine_text(str(info), info.stat().st_mtime) if info.is_file() else ""
+        head = f"{text or machine}: {_measured_setting(column)}: hwnas measured table"
+    else:
+        family = next((text for prefixes, text in _TABLE_FAMILIES if column.startswith(prefixes)),
+                      "measured device")
+        stem, _, batch = column.rpartition("_")
+        if stem and batch.isdigit() and family == "desktop NVIDIA GPU":
+            family += f", batch {batch}"
+        head = f"{family}: HW-NAS-Bench/HELP latency table"
+    if not tables:
+        return head
+    counts = ", ".join(f"{space} {_table_rows(str(p), p.stat().st_mtime)}"
+                       for space, p in sorted(tables.items()))
+    return f"{head} ({counts} architectures)"
 
 
 def _table_entries() -> dict[str, dict[str, Path]]:
-    """Device column -> {space: table path}, over the tables present."""
+    """Device column -> {space: table path}, over the tables present: the shared ones, then the
+    measured ones (a column a space already has keeps its first table, with a warning)."""
     out: dict[str, dict[str, Path]] = {}
-    for space, path in latency_tables().items():
+    sources = [(space, path) for space, path in latency_tables().items()]
+    sources += [(space, path) for space, paths in measured_tables().items() for path in paths]
+    for space, path in sources:
         for column in _table_columns(str(path), path.stat().st_mtime):
-            out.setdefault(column, {})[space] = path
+            entry = out.setdefault(column, {})
+            if space in entry:
+                import warnings
+
+                warnings.warn(f"latency table {path} repeats device column {column!r} of "
+                              f"{entry[space]} for space {space}; the first is used", stacklevel=2)
+                continue
+            entry[space] = path
     return out
 
 
@@ -604,7 +714,8 @@ def _all_infos() -> list[DeviceInfo]:
     for name, (_, description) in _measured_factories().items():
         infos.append(DeviceInfo(name, "measured", None, description))
     for name, tables in sorted(_table_entries().items()):
-        infos.append(DeviceInfo(name, "table", tuple(sorted(tables)), table_description(name)))
+        infos.append(DeviceInfo(name, "table", tuple(sorted(tables)),
+                                table_description(name, tables)))
     for name in available_estimators():
         infos.append(DeviceInfo(name, "estimated", None, get_estimator(name).description))
     taken = {i.name for i in infos}

@@ -14,13 +14,17 @@ copying the benchmark's loop:
   ``reference=False`` makes the meta predictor use the random rows too (the benchmark's
   ``meta[random]`` ablation);
 * :func:`fewshot_scores`: every predictor × number of measurements × seed, as
-  :class:`FewShotScore` records.
+  :class:`FewShotScore` records;
+* :func:`leave_one_out`: without a table, how well a predictor generalises from a user's own
+  measurements (each predicted by the predictor re-adapted to the others), and whether more
+  measurements would likely help (what ``hwnas latency adapt`` prints).
 
 Importing this module needs numpy only (scipy is imported to compute Spearman's rho).
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +38,8 @@ from hwnas.latency.tables import LatencyTable
 from hwnas.core.errors import UserError
 from hwnas.core.maths import spearman
 
-__all__ = ["FewShotScore", "choose_measurements", "fewshot_scores", "spearman"]
+__all__ = ["FewShotScore", "LeaveOneOut", "choose_measurements", "fewshot_scores",
+           "leave_one_out", "spearman"]
 
 #: Offset of the seeds of the random measurement draw (the benchmark's, so numbers match).
 SEED_OFFSET = 10_000
@@ -140,3 +145,122 @@ def fewshot_scores(space: Any, table: LatencyTable, device: str, *,
                                         spearman(predictor.predict(eval_archs), y[ev]), seconds))
     bar.close()
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# leave-one-out on a user's measurements
+# --------------------------------------------------------------------------------------------
+
+#: Leave-one-out rank correlation below which more measurements would likely help.
+LOO_MIN_SPEARMAN = 0.9
+#: The error "still falls" when fitting on all but one gives less than this fraction of the
+#: error when fitting on half of the measurements ...
+LOO_FALLING = 0.85
+#: ... and by more than this (relative error; below it the fit is at the noise floor).
+LOO_MIN_GAIN = 0.01
+#: Up to this many measurements each is left out in turn; beyond, they are left out in this
+#: many folds (k-fold cross-validation: the cost is one adaptation per fold).
+LOO_MAX_FOLDS = 10
+#: ``hwnas latency adapt`` checks at most this many measurements (each fold's adaptation grows
+#: faster than linearly with them, and so many rarely leave room to gain).
+LOO_MAX_MEASUREMENTS = 100
+#: Random half-splits of the learning-curve point.
+LOO_HALF_SPLITS = 5
+
+
+@dataclass(frozen=True)
+class LeaveOneOut:
+    """Held-out scores of a predictor on ``n`` measurements, each predicted by the predictor
+    adapted without it (``folds == n``: leave-one-out; fewer: k-fold, each fit on ``n_fit``):
+    ``spearman`` of those predictions against the measured latencies, ``median_rel_error``
+    (median |pred - y| / y), the same error when fitting on ``n_half`` (about half) of them
+    (``half_rel_error``: the learning curve's earlier point, ``None`` when there are too few),
+    and the verdict: ``more_would_help`` with its one-line ``reason``."""
+
+    n: int
+    folds: int
+    n_fit: int
+    spearman: float
+    median_rel_error: float
+    n_half: int | None
+    half_rel_error: float | None
+    more_would_help: bool
+    reason: str
+
+    def summary(self) -> str:
+        """One line: the held-out scores."""
+        how = (f"leave-one-out on the {self.n} measurements (each predicted after adapting to "
+               f"the other {self.n_fit})" if self.folds == self.n else
+               f"{self.folds}-fold cross-validation on the {self.n} measurements (each "
+               f"predicted after adapting to {self.n_fit} others)")
+        return (f"{how}: Spearman {self.spearman:.3f}, median error "
+                f"{100 * self.median_rel_error:.1f}%")
+
+
+def leave_one_out(predictor: Any, archs: Sequence[Any], latency_ms: Sequence[float] | np.ndarray,
+                  *, seed: int = 0) -> LeaveOneOut:
+    """Score ``predictor`` (not yet adapted; left untouched: copies are adapted) on the user's
+    measurements: re-adapt it without each one in turn and predict the one left out (beyond
+    :data:`LOO_MAX_FOLDS` measurements, without each of that many seeded folds); plus the
+    learning curve's earlier point, fitting on about half of the measurements
+    (:data:`LOO_HALF_SPLITS` seeded splits, every other measurement predicted).
+
+    More measurements would likely help when the held-out ranking is poor (Spearman below
+    :data:`LOO_MIN_SPEARMAN`) or the error still falls (the full fits' error below
+    :data:`LOO_FALLING` × the half error, and by more than :data:`LOO_MIN_GAIN`). Needs
+    ``min_samples + 1`` measurements, and at least 3.
+    """
+    y = np.asarray(latency_ms, dtype=np.float64)
+    n = len(y)
+    if len(archs) != n:
+        raise UserError(f"leave_one_out got {len(archs)} architectures and {n} latencies")
+    min_samples = int(getattr(predictor, "min_samples", 1))
+    if n < max(3, min_samples + 1):
+        raise UserError(f"leave-one-out needs at least {max(3, min_samples + 1)} measurements "
+                        f"for this predictor, got {n}")
+    archs = list(archs)
+    rng = np.random.default_rng(SEED_OFFSET + int(seed))
+
+    def predicted(fit: np.ndarray, rest: np.ndarray) -> np.ndarray:
+        clone = copy.deepcopy(predictor)
+        clone.adapt([archs[i] for i in fit], y[fit], seed=seed)
+        return np.asarray(clone.predict([archs[i] for i in rest]), dtype=np.float64)
+
+    folds = n if n <= LOO_MAX_FOLDS else LOO_MAX_FOLDS
+    parts = np.array_split(np.arange(n) if folds == n else rng.permutation(n), folds)
+    if min(n - len(p) for p in parts) < min_samples:  # k-fold leaves too few to fit
+        folds, parts = n, np.array_split(np.arange(n), n)
+    pred = np.empty(n)
+    for part in parts:
+        pred[part] = predicted(np.setdiff1d(np.arange(n), part), part)
+    n_fit = n - max(len(p) for p in parts)
+    rho, err = spearman(pred, y), float(np.median(np.abs(pred - y) / y))
+
+    n_half = max(min_samples, (n + 1) // 2)
+    half_err = None
+    if n_half < n_fit:
+        errors = []
+        for _ in range(LOO_HALF_SPLITS):
+            order = rng.permutation(n)
+            fit, rest = order[:n_half], order[n_half:]
+            errors.append(np.abs(predicted(fit, rest) - y[rest]) / y[rest])
+        half_err = float(np.median(np.concatenate(errors)))
+    falling = half_err is not None and err < LOO_FALLING * half_err and \
+        half_err - err > LOO_MIN_GAIN
+    if rho < LOO_MIN_SPEARMAN:
+        more, reason = True, (f"more measurements would likely help: the held-out ranking "
+                              f"(Spearman {rho:.2f}) is below {LOO_MIN_SPEARMAN}")
+    elif falling:
+        more, reason = True, (f"more measurements would likely help: the error still falls with "
+                              f"more of them ({100 * half_err:.1f}% fitting on {n_half}, "
+                              f"{100 * err:.1f}% on {n_fit})")
+    elif half_err is None:
+        more, reason = False, (f"too few measurements to see a trend; the held-out ranking "
+                               f"(Spearman {rho:.2f}) is good")
+    else:
+        more, reason = False, (f"more measurements would likely not help much: the held-out "
+                               f"ranking is good (Spearman {rho:.2f}) and the error no longer "
+                               f"falls ({100 * half_err:.1f}% fitting on {n_half}, "
+                               f"{100 * err:.1f}% on {n_fit})")
+    return LeaveOneOut(n, folds, n_fit, rho, err, n_half if half_err is not None else None,
+                       half_err, more, reason)

@@ -13,13 +13,15 @@ The timing is the same (the model is read by onnxruntime for its inputs and meta
 run by OpenVINO); the precision OpenVINO reports it used is printed, since a CPU without
 BF16/FP16 support falls back to f32.
 
-Every ``*.onnx`` file of MODELS_DIR (as ``hwnas run`` exports them: ``models/trial_NNNN.onnx``)
-is run with random input at batch 1: ``--warmup`` untimed runs, then ``--repeats`` timed ones.
+Every ``*.onnx`` file of MODELS_DIR (as ``hwnas latency reference --export DIR`` writes the
+models a new device should measure first, or as ``hwnas run`` exports them: ``trial_NNNN.onnx``;
+other files are ignored) is run with random input at batch 1: ``--warmup`` untimed runs, then
+``--repeats`` timed ones.
 The CSV has one row per model::
 
     arch,latency_ms,p95_ms,cv,file
 
-``arch`` is the model's ``arch`` metadata entry (written by hwnas export; the file name without
+``arch`` is the model's ``arch`` metadata entry (written by hwnas; the file name without
 ``.onnx`` when absent), ``latency_ms`` the median time per run, ``p95_ms`` the 95th percentile
 and ``cv`` the coefficient of variation (std / mean) of the timed runs. A model whose ``cv``
 exceeds ``--max-cv`` is re-measured once (noise is often a passing background task); if it is
@@ -115,7 +117,9 @@ def time_session(session: ort.InferenceSession, feeds: dict, warmup: int, repeat
 
 class OpenVinoSession:
     """An OpenVINO compiled model behind the ``run(None, feeds)`` call of an onnxruntime
-    session, so that :func:`time_session` times both runtimes the same way."""
+    session, so that :func:`time_session` times both runtimes the same way. A dynamic batch
+    dimension is fixed at 1, the batch measured: OpenVINO runs static shapes faster, as a
+    deployment at a fixed batch would compile them."""
 
     def __init__(self, path: Path, threads: int, device: str = "CPU", precision: str = "f32"):
         try:
@@ -127,7 +131,11 @@ class OpenVinoSession:
             config["INFERENCE_NUM_THREADS"] = threads
         try:
             core = ov.Core()
-            self.compiled = core.compile_model(core.read_model(str(path)), device, config)
+            model = core.read_model(str(path))
+            model.reshape({port.get_any_name(): [1, *port.get_partial_shape()[1:]]
+                           for port in model.inputs if port.get_partial_shape().rank.is_static
+                           and port.get_partial_shape()[0].is_dynamic})
+            self.compiled = core.compile_model(model, device, config)
         except Exception as exc:
             first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()),
                          type(exc).__name__)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -198,6 +198,11 @@ class Runner:
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         raise NotImplementedError
 
+    def at_batch(self, batch: int) -> Runner:
+        """This model as it runs at a fixed ``batch``: the runner itself, or (OpenVINO) the
+        model recompiled for that static input shape, as a deployment at a fixed batch runs it."""
+        return self
+
 
 class _OrtRunner(Runner):
     runtime = "onnxruntime"
@@ -215,8 +220,9 @@ class _OrtRunner(Runner):
 class _OvRunner(Runner):
     runtime = "openvino"
 
-    def __init__(self, compiled: Any, threads: int) -> None:
-        self.compiled, self.threads = compiled, threads
+    def __init__(self, compiled: Any, threads: int,
+                 recompile: Callable[[int], Runner] | None = None) -> None:
+        self.compiled, self.threads, self._recompile = compiled, threads, recompile
         self.precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         self.request = compiled.create_infer_request()
         self.inputs = []
@@ -233,6 +239,11 @@ class _OvRunner(Runner):
         result = self.request.infer(dict(feeds))
         return [result[port] for port in self.compiled.outputs]
 
+    def at_batch(self, batch: int) -> Runner:
+        if self._recompile is None or all(a.shape[:1] == [batch] for a in self.inputs):
+            return self
+        return self._recompile(batch)
+
 
 def openvino_available() -> bool:
     """Whether OpenVINO imports here (the ``openvino`` extra is installed)."""
@@ -244,13 +255,16 @@ def openvino_available() -> bool:
 
 
 def make_runner(model: str | Path | bytes, *, runtime: str = "onnxruntime", threads: int = 1,
-                precision: str | None = None) -> Runner:
+                precision: str | None = None, batch: int | None = None) -> Runner:
     """A :class:`Runner` of ``model`` (path or bytes) on this CPU with ``threads`` threads.
 
     onnxruntime: the session of :func:`make_session` (it has one precision, ``f32``; asking
     for another raises). OpenVINO: ``Core().compile_model`` on the CPU with
     ``INFERENCE_NUM_THREADS`` and ``INFERENCE_PRECISION_HINT`` (default ``f32``: the FP32 figure,
-    not the plugin's own default, which is bf16 on AMX CPUs). Errors are :class:`UserError`.
+    not the plugin's own default, which is bf16 on AMX CPUs). ``batch``: OpenVINO compiles the
+    model for that static batch (a dynamic batch dimension costs it speed; the runner then takes
+    only that batch, and :meth:`Runner.at_batch` gives one for another); onnxruntime runs
+    dynamic shapes at full speed and ignores it. Errors are :class:`UserError`.
     """
     threads = _check_int("threads", threads, 1)
     if runtime not in RUNTIMES:
@@ -267,15 +281,23 @@ def make_runner(model: str | Path | bytes, *, runtime: str = "onnxruntime", thre
     except ImportError:
         raise UserError("runtime 'openvino' needs OpenVINO: pip install 'hwnas[openvino]'") from None
     source, what = _source(model)
-    try:
-        core = ov.Core()
-        compiled = core.compile_model(core.read_model(source), "CPU",
-                                      {"INFERENCE_NUM_THREADS": threads,
-                                       "INFERENCE_PRECISION_HINT": precision or "f32"})
-    except Exception as exc:  # OpenVINO raises RuntimeError and friends
-        raise UserError(f"OpenVINO cannot load {what} (expected a valid ONNX model): "
-                        f"{first_line(exc)}") from exc
-    return _OvRunner(compiled, threads)
+    config = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": precision or "f32"}
+
+    def compile_at(static_batch: int | None) -> Runner:
+        try:
+            core = ov.Core()
+            graph = core.read_model(source)
+            if static_batch is not None:
+                graph.reshape({port.get_any_name(): [static_batch, *port.get_partial_shape()[1:]]
+                               for port in graph.inputs if port.get_partial_shape().rank.is_static
+                               and port.get_partial_shape()[0].is_dynamic})
+            compiled = core.compile_model(graph, "CPU", config)
+        except Exception as exc:  # OpenVINO raises RuntimeError and friends
+            raise UserError(f"OpenVINO cannot load {what} (expected a valid ONNX model): "
+                            f"{first_line(exc)}") from exc
+        return _OvRunner(compiled, threads, recompile=compile_at)
+
+    return compile_at(batch)
 
 
 def timed_runs(runner: Runner, feeds: Mapping[str, np.ndarray], runs: int) -> np.ndarray:
@@ -307,6 +329,7 @@ def time_interleaved(runners: Mapping[str, Runner], *, batch: int = 1, rounds: i
     batch = _check_int("batch", batch, 1)
     rounds, runs = _check_int("rounds", rounds, 1), _check_int("runs", runs, 1)
     warmup = _check_int("warmup", warmup, 0)
+    runners = {label: r.at_batch(batch) for label, r in runners.items()}
     feeds = {label: random_input(r, batch=batch, seed=seed) for label, r in runners.items()}
     out = {label: np.empty((rounds, runs)) for label in runners}
     label = next(iter(runners), "")
@@ -368,7 +391,7 @@ def measure_onnx(
     repeats = _check_int("repeats", repeats, 1)
     threads = _check_int("threads", threads, 1)
 
-    runner = make_runner(model, runtime=runtime, threads=threads, precision=precision)
+    runner = make_runner(model, runtime=runtime, threads=threads, precision=precision, batch=batch)
     times = time_interleaved({"model": runner}, batch=batch, rounds=1, runs=repeats,
                              warmup=warmup, seed=seed)["model"]
     return _stats(times, warmup=warmup, threads=threads, batch=batch, runtime=runtime,

@@ -1,9 +1,10 @@
 """Latency tables (many devices × many architectures) and the few-shot protocol that uses them.
 
-A latency table is a CSV with an ``arch`` column (the space's canonical architecture string),
-an optional ``arch_idx`` column (an integer index, e.g. the NAS-Bench-201 index) and one column
-per device holding milliseconds per forward pass: the layout of the shared
-``nb201_latency_ms.csv`` / ``fbnet_latency_ms.csv`` (HW-NAS-Bench and HELP measurements), and of
+A latency table is a CSV (gzip-compressed when named ``*.gz``) with an ``arch`` column (the
+space's canonical architecture string), an optional ``arch_idx`` column (an integer index, e.g.
+the NAS-Bench-201 index) and one column per device holding milliseconds per forward pass: the
+layout of the shared ``nb201_latency_ms.csv`` / ``fbnet_latency_ms.csv`` (HW-NAS-Bench and HELP
+measurements), of the project's measured ``<space>_<machine>.csv.gz`` tables, and of
 any table a user brings to ``benchmarks/latency_fewshot.py --latency-csv``.
 
 :func:`load_latency_table` validates a table completely before anything uses it: a missing
@@ -22,11 +23,12 @@ Importing this module needs numpy only (no torch, no pandas).
 from __future__ import annotations
 
 import csv
+import gzip
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -38,6 +40,7 @@ __all__ = [
     "HELP_PROTOCOLS",
     "help_protocol",
     "load_latency_table",
+    "open_table_text",
     "shared_table_path",
     "load_shared_table",
 ]
@@ -117,13 +120,23 @@ class LatencyTable:
         return np.array([where[int(v)] for v in arch_idx], dtype=np.int64)
 
 
+def open_table_text(path: str | Path) -> IO[str]:
+    """A table file opened as text for :mod:`csv` (gzip-decompressed when its name ends in
+    ``.gz``; a byte-order mark skipped)."""
+    path = Path(path)
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rt", newline="", encoding="utf-8-sig")
+    return open(path, newline="", encoding="utf-8-sig")
+
+
 def load_latency_table(
     path: str | Path,
     *,
     space: Any = None,
     devices: Sequence[str] | None = None,
 ) -> LatencyTable:
-    """Read and validate a latency CSV (see the module docstring).
+    """Read and validate a latency CSV, gzip-compressed when its name ends in ``.gz`` (see the
+    module docstring).
 
     ``space`` (a :class:`~supernet.space.SearchSpace`) parses every architecture string and
     stores its canonical form, so that tables join with a space by string. ``devices`` keeps
@@ -135,10 +148,10 @@ def load_latency_table(
         kind = "is a directory" if path.is_dir() else "does not exist"
         raise UserError(f"latency table {path} {kind}; {expected}")
     try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
+        with open_table_text(path) as fh:
             numbered = [(n, r) for n, r in enumerate(csv.reader(fh), start=1)
                         if any(cell.strip() for cell in r)]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
         raise UserError(f"cannot read latency table {path}: {exc}") from exc
     if not numbered:
         raise UserError(f"latency table {path} is empty; {expected}")

@@ -195,7 +195,34 @@ def _act_quant(bits: int) -> FakeQuantize:
     return FakeQuantize(bits, "act")
 
 
-class QuantConv2d(nn.Conv2d):
+class _FakeQuantLayer:
+    """What :class:`QuantConv2d` and :class:`QuantLinear` share: the float layer's weight and
+    bias copied in (a zero bias where it had none), the weight and input fake quantizers, and
+    their bit widths."""
+
+    def _take_float(self, layer: nn.Module, w_bits: int, a_bits: int, channels: int,
+                    numel_per_sample: int) -> None:
+        with torch.no_grad():
+            self.weight.copy_(layer.weight)
+            if layer.bias is not None:
+                self.bias.copy_(layer.bias)
+            else:
+                self.bias.zero_()
+        self.weight_quant = FakeQuantize(w_bits, "weight", channels, 0).to(layer.weight.device)
+        self.input_quant = _act_quant(a_bits).to(layer.weight.device)
+        self.weight_quant.numel_per_sample = numel_per_sample
+        self.train(layer.training)
+
+    @property
+    def w_bits(self) -> int:
+        return self.weight_quant.bits
+
+    @property
+    def a_bits(self) -> int:
+        return self.input_quant.bits
+
+
+class QuantConv2d(_FakeQuantLayer, nn.Conv2d):
     """An ``nn.Conv2d`` whose weight and input activation pass through fake quantizers.
 
     Build it with :meth:`from_float`; parameter names stay ``weight``/``bias``. A bias is always
@@ -208,56 +235,22 @@ class QuantConv2d(nn.Conv2d):
         new = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
                   conv.dilation, conv.groups, True, conv.padding_mode,
                   device=conv.weight.device, dtype=conv.weight.dtype)
-        with torch.no_grad():
-            new.weight.copy_(conv.weight)
-            if conv.bias is not None:
-                new.bias.copy_(conv.bias)
-            else:
-                new.bias.zero_()
-        new.weight_quant = FakeQuantize(w_bits, "weight", conv.out_channels, 0).to(conv.weight.device)
-        new.input_quant = _act_quant(a_bits).to(conv.weight.device)
-        new.weight_quant.numel_per_sample = conv.weight[0].numel()
-        new.train(conv.training)
+        new._take_float(conv, w_bits, a_bits, conv.out_channels, conv.weight[0].numel())
         return new
-
-    @property
-    def w_bits(self) -> int:
-        return self.weight_quant.bits
-
-    @property
-    def a_bits(self) -> int:
-        return self.input_quant.bits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._conv_forward(self.input_quant(x), self.weight_quant(self.weight), self.bias)
 
 
-class QuantLinear(nn.Linear):
+class QuantLinear(_FakeQuantLayer, nn.Linear):
     """An ``nn.Linear`` whose weight and input activation pass through fake quantizers."""
 
     @classmethod
     def from_float(cls, linear: nn.Linear, w_bits: int, a_bits: int) -> QuantLinear:
         new = cls(linear.in_features, linear.out_features, True,
                   device=linear.weight.device, dtype=linear.weight.dtype)
-        with torch.no_grad():
-            new.weight.copy_(linear.weight)
-            if linear.bias is not None:
-                new.bias.copy_(linear.bias)
-            else:
-                new.bias.zero_()
-        new.weight_quant = FakeQuantize(w_bits, "weight", linear.out_features, 0).to(linear.weight.device)
-        new.input_quant = _act_quant(a_bits).to(linear.weight.device)
-        new.weight_quant.numel_per_sample = linear.in_features
-        new.train(linear.training)
+        new._take_float(linear, w_bits, a_bits, linear.out_features, linear.in_features)
         return new
-
-    @property
-    def w_bits(self) -> int:
-        return self.weight_quant.bits
-
-    @property
-    def a_bits(self) -> int:
-        return self.input_quant.bits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self.input_quant(x), self.weight_quant(self.weight), self.bias)

@@ -44,7 +44,8 @@ from hwnas.quant.policy import (
     average_weight_bits,
 )
 from hwnas.search.objectives import Metric, is_cheap
-from hwnas.supernet.data import BatchLoader, DatasetSplits
+from hwnas.supernet.data.loader import BatchLoader
+from hwnas.supernet.data.splits import DatasetSplits
 from hwnas.supernet.evaluate import (
     accuracy,
     calibration_loader,

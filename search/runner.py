@@ -67,7 +67,8 @@ from hwnas.search.study import (
     sqlite_url,
 )
 from hwnas.supernet.checkpoints import shipped_checkpoint
-from hwnas.supernet.data import DatasetSplits, load_dataset
+from hwnas.supernet.data.sources import load_dataset
+from hwnas.supernet.data.splits import DatasetSplits
 from hwnas.supernet.evaluate import accuracy, eval_loader
 from hwnas.supernet.fingerprint import disjoint_validation, training_record
 from hwnas.supernet.space import SearchSpace

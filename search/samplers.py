@@ -21,12 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import optuna
 
 from hwnas.core.errors import UserError
+
+if TYPE_CHECKING:
+    import optuna
 
 SAMPLERS = ("tpe", "nsga2", "random", "gp", "screening")
 DEFAULT_SAMPLER = "tpe"
@@ -133,7 +135,10 @@ def make_sampler(name: str, seed: int, *, n_startup_trials: int = STARTUP_TRIALS
                  n_seeds: int = 0, problem: ScreeningProblem | None = None,
                  ) -> optuna.samplers.BaseSampler:
     """A seeded sampler (see the module docstring for ``n_seeds``); ``screening`` needs the
-    search's ``problem`` (:func:`screening_problem`)."""
+    search's ``problem`` (:func:`screening_problem`). Optuna is imported here, so that the
+    settings (and ``hwnas train``, which shares them) do not need it."""
+    import optuna
+
     startup = n_startup_trials + n_seeds
     if name == "tpe":
         return optuna.samplers.TPESampler(

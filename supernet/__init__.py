@@ -12,9 +12,9 @@ from hwnas.core.errors import UserError
 
 #: torch-based names, imported on first access so that ``import hwnas.supernet`` stays light
 _LAZY = {
-    "load_dataset": "hwnas.supernet.data",
+    "load_dataset": "hwnas.supernet.data.sources",
     "shared_data_dir": "hwnas.supernet.data",
-    "BatchLoader": "hwnas.supernet.data",
+    "BatchLoader": "hwnas.supernet.data.loader",
     "accuracy": "hwnas.supernet.evaluate",
     "calibration_loader": "hwnas.supernet.evaluate",
     "eval_loader": "hwnas.supernet.evaluate",
@@ -23,6 +23,7 @@ _LAZY = {
     "TrainStage": "hwnas.supernet.train",
     "sandwich_config": "hwnas.supernet.train",
     "train_supernet": "hwnas.supernet.train",
+    "TrainOptions": "hwnas.supernet.train_options",
 }
 
 __all__ = [

@@ -14,7 +14,7 @@ and takes a disjoint shard of each global batch, so W processes with a global ba
 the single-process schedule with batch B (BatchNorm statistics are per shard, as with DDP
 without SyncBatchNorm). Only rank 0 writes checkpoints and logs.
 
-Launch with ``torchrun --nproc_per_node=N -m hwnas.supernet.train_cifar ...``; the same code runs
+Launch with ``torchrun --nproc_per_node=N -m hwnas train ...``; the same code runs
 single-process when ``WORLD_SIZE`` is unset.
 """
 

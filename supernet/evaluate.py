@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Iterable
 
 import torch
-from hwnas.supernet.data import BatchLoader, DatasetSplits, ImageSplit
+from hwnas.supernet.data.loader import BatchLoader
+from hwnas.supernet.data.splits import DatasetSplits, ImageSplit
 from torch import nn
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from hwnas.core.errors import UserError
-from hwnas.supernet.data import DatasetSplits, ImageSplit
+from hwnas.supernet.data.splits import DatasetSplits, ImageSplit
 
 __all__ = [
     "RECORD_FORMAT",

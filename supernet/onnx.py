@@ -1,5 +1,6 @@
 """A torch module as ONNX bytes, in memory: what a measured device times and what the export
-writes to disk (:mod:`hwnas.export.onnx_export` adds files, metadata and parity checks).
+writes to disk (:mod:`hwnas.export.onnx_export` adds files and parity checks), and the
+``metadata_props`` that make a file say which architecture it is (:func:`set_metadata`).
 
 The legacy TorchScript exporter (``dynamo=False``) is used on purpose: for the small CNNs of
 this project it is much faster than the dynamo exporter and it does not need onnxscript.
@@ -8,13 +9,16 @@ this project it is much faster than the dynamo exporter and it does not need onn
 from __future__ import annotations
 
 import io
+import json
 import warnings
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from hwnas.core.errors import UserError
 
-__all__ = ["INPUT_NAME", "OUTPUT_NAME", "onnx_bytes"]
+__all__ = ["INPUT_NAME", "OUTPUT_NAME", "metadata_value", "onnx_bytes", "set_metadata"]
 
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"
@@ -56,3 +60,25 @@ def onnx_bytes(model: torch.nn.Module, example: torch.Tensor, *, opset: int = 17
     finally:
         model.train(was_training)
     return buffer.getvalue()
+
+
+def metadata_value(value: object) -> str:
+    """ONNX metadata values are strings: keep strings, JSON-encode dicts/lists, str() the rest."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def set_metadata(proto: Any, metadata: Mapping[str, object]) -> Any:
+    """Merge ``metadata`` into the ``metadata_props`` of an ONNX ``ModelProto`` in place (values
+    by :func:`metadata_value`, ``None`` values left out, a key already there takes the new
+    value); returns ``proto``. The on-device script reads the ``arch`` entry."""
+    props = {p.key: p.value for p in proto.metadata_props}
+    props.update({str(k): metadata_value(v) for k, v in metadata.items() if v is not None})
+    del proto.metadata_props[:]
+    for key, value in props.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    return proto

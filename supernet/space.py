@@ -8,6 +8,7 @@ import without torch; only :meth:`SearchSpace.build_supernet` imports the torch 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, fields
 from typing import Any, Generic, TypeVar
 
@@ -176,3 +177,28 @@ def check_choice(value: Any, choices: tuple, what: str) -> None:
     """Raise a :class:`UserError` naming ``what`` if ``value`` is not one of ``choices``."""
     if value not in choices:
         raise UserError(f"{what} = {value!r} is outside the space; expected one of {list(choices)}")
+
+
+def restrict_choices(space: SearchSpace, choices: dict[str, Any], *,
+                     number: Callable[[str, Any], float] = lambda _dim, v: int(v),
+                     kind: str = "integers") -> dict[str, tuple]:
+    """``{"<dim>_choices": values}`` for ``dataclasses.replace`` on a space's config: each
+    dimension named in ``choices`` keeps only the given values (sorted, converted by
+    ``number(dim, value)``), so that every member of the sub-space is a member of ``space``.
+    :class:`UserError` for an unknown dimension, a value that is not one of ``kind`` or is
+    outside the space. A space's ``restrict`` (training schedules) is built on it."""
+    full = space.elastic_choices()
+    changes = {}
+    for dim, values in choices.items():
+        if dim not in full:
+            raise UserError(f"cannot restrict unknown dimension {dim!r} of space {space.name}; "
+                            f"expected some of {list(full)}")
+        try:
+            vals = tuple(sorted({number(dim, v) for v in values}))
+        except (TypeError, ValueError):
+            raise UserError(f"choices for {dim!r} must be a list of {kind}, got {values!r}") from None
+        if not vals or any(v not in full[dim] for v in vals):
+            raise UserError(f"choices {list(values)} for {dim!r} are not a non-empty subset of "
+                            f"{list(full[dim])} (space {space.name})")
+        changes[f"{dim}_choices"] = vals
+    return changes

@@ -51,9 +51,10 @@ import pickle
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -68,21 +69,40 @@ from hwnas.supernet.distributed import (
 )
 from hwnas.supernet.fingerprint import training_record
 from hwnas.supernet.space import SearchSpace
+from hwnas.supernet.train_options import (
+    MAX_EPOCHS,
+    OPTIMIZERS,
+    SCHEDULES,
+    SUBNET_LOSSES,
+    TrainOptions,
+)
 from torch import nn
 
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line, write_atomic
-from hwnas.supernet.train_options import MAX_EPOCHS
+
+__all__ = [
+    "OPTIMIZERS",
+    "SCHEDULES",
+    "SUBNET_LOSSES",
+    "TrainConfig",
+    "TrainOptions",
+    "TrainResult",
+    "TrainStage",
+    "default_config",
+    "load_checkpoint",
+    "load_standalone",
+    "save_checkpoint",
+    "save_standalone",
+    "schedule_config",
+    "standalone_config",
+    "train_standalone",
+    "train_supernet",
+]
 
 #: Format tags of the two checkpoint kinds.
 SUPERNET_FORMAT = "hwnas-supernet-1"
 STANDALONE_FORMAT = "hwnas-standalone-1"
-
-
-#: Names of the schedule presets of :func:`schedule_config`.
-SCHEDULES = ("sandwich", "progressive", "deps")
-#: Ways a sandwich step combines its subnets' losses (:attr:`TrainConfig.subnet_loss`).
-SUBNET_LOSSES = ("sum", "mean", "largest+mean")
 
 
 # -- schedules as data -------------------------------------------------------------------------
@@ -134,6 +154,9 @@ class TrainConfig:
     #: recalibration of the trained weights later sees batches augmented the same way
     #: (:func:`with_training_augment`).
     augment: str | None = None
+    #: ``"sgd"`` (Nesterov, ``momentum``) or ``"adamw"`` (betas 0.9, 0.999, for vision
+    #: transformers); either decays only weights, not norms, biases or position embeddings.
+    optimizer: str = "sgd"
 
     @property
     def epochs(self) -> int:
@@ -146,8 +169,14 @@ class TrainConfig:
             raise UserError(f"training asks for {self.epochs} epochs; at most {MAX_EPOCHS}")
         if self.batch_size <= 0:
             raise UserError(f"batch size must be positive, got {self.batch_size}")
-        if self.lr <= 0:
+        if not (self.lr > 0 and math.isfinite(self.lr)):
             raise UserError(f"learning rate must be positive, got {self.lr}")
+        for name, low, high in (("weight_decay", 0.0, math.inf), ("warmup_epochs", 0.0, math.inf),
+                                ("grad_clip", 0.0, math.inf), ("label_smoothing", 0.0, 1.0),
+                                ("momentum", 0.0, 1.0)):
+            value = getattr(self, name)
+            if not (low <= value < high):
+                raise UserError(f"{name} must be in [{low:g}, {high:g}), got {value}")
         if any(s.num_random < 0 for s in self.stages):
             raise UserError("num_random of every stage must be >= 0")
         if self.subnet_loss not in SUBNET_LOSSES:
@@ -155,6 +184,8 @@ class TrainConfig:
                             f"{self.subnet_loss!r}")
         if self.augment is not None and self.augment not in AUGMENT_KINDS:
             raise UserError(f"augment must be one of {list(AUGMENT_KINDS)}, got {self.augment!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise UserError(f"optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -195,9 +226,9 @@ def check_torch_device(name: str) -> torch.device:
     return device
 
 
-def sandwich_config(epochs: int, **kwargs: Any) -> TrainConfig:
+def sandwich_config(epochs: int, *, num_random: int = 2, **kwargs: Any) -> TrainConfig:
     """The default schedule: one sandwich stage of ``epochs`` epochs."""
-    return TrainConfig(stages=[TrainStage("sandwich", epochs)], **kwargs)
+    return TrainConfig(stages=[TrainStage("sandwich", epochs, num_random=num_random)], **kwargs)
 
 
 def deps_config(epochs: int, *, full_fraction: float = 0.5, num_random: int = 2,
@@ -344,24 +375,27 @@ def progress_bar(total: int, desc: str, disable: bool, initial: int = 0):
 # -- the training loop shared by supernets and standalone subnets --------------------------------
 
 def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    if precision == "auto":
-        return torch.bfloat16 if device.type == "cuda" else None
-    if precision == "bf16":
+    """bf16 for ``bf16``, and for ``auto`` on CUDA; None (fp32) otherwise."""
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
         return torch.bfloat16
-    if precision == "fp32":
-        return None
-    raise UserError(f"unknown precision {precision!r}; expected 'auto', 'bf16' or 'fp32'")
+    return None
+
+
+#: Parameter names that are never decayed besides 1-d ones (norms, biases): NB201's edge
+#: transforms and position embeddings.
+_NO_DECAY_NAMES = ("transforms", "pos_embed", "position")
 
 
 def _make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        (no_decay if p.ndim <= 1 or "transforms" in name else decay).append(p)
-    return torch.optim.SGD(
-        [{"params": decay, "weight_decay": config.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=config.lr, momentum=config.momentum, nesterov=True,
-    )
+        skip = p.ndim <= 1 or any(k in name for k in _NO_DECAY_NAMES)
+        (no_decay if skip else decay).append(p)
+    groups = [{"params": decay, "weight_decay": config.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.999))
+    return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, nesterov=True)
 
 
 def _rng_state(rng: np.random.Generator | None, device: torch.device) -> dict[str, Any]:
@@ -398,20 +432,16 @@ class _Job:
     desc: str = "train"
 
 
-def _train(job: _Job, data: DatasetSplits, config: TrainConfig, *, device: str | torch.device,
-           progress: bool, resume_from: str | Path | None, checkpoint_path: str | Path | None,
-           checkpoint_every_s: float | None, max_seconds: float | None, max_steps: int | None,
-           precision: str, channels_last: bool | None, dist: DistContext | None,
-           dataset: str | None) -> TrainResult:
-    ctx = dist or DistContext()
-    device = torch.device(device)
-    amp_dtype = _autocast_dtype(precision, device)
-    use_cl = device.type == "cuda" if channels_last is None else channels_last
+def _train(job: _Job, data: DatasetSplits, config: TrainConfig, opts: TrainOptions) -> TrainResult:
+    ctx = opts.dist or DistContext()
+    device = torch.device(opts.device)
+    amp_dtype = _autocast_dtype(opts.precision, device)
+    use_cl = device.type == "cuda" if opts.channels_last is None else opts.channels_last
+    resume_from, checkpoint_path = opts.resume_from, opts.checkpoint_path
+    max_seconds, max_steps = opts.max_seconds, opts.max_steps
     if config.batch_size % ctx.world_size:
         raise UserError(f"batch size {config.batch_size} is not divisible by the {ctx.world_size} "
                         f"processes; use a multiple of {ctx.world_size}")
-    if max_seconds is not None and max_seconds < 0:
-        raise UserError(f"max_seconds must be >= 0, got {max_seconds}")
     model = job.model
     if resume_from is None:
         torch.manual_seed(config.seed)
@@ -453,7 +483,8 @@ def _train(job: _Job, data: DatasetSplits, config: TrainConfig, *, device: str |
     for e, i in enumerate(epoch_stage):
         stage_first_epoch.setdefault(i, e)
     n_losses = len(job.loss_names)
-    bar = progress_bar(total_steps, job.desc, disable=not (progress and ctx.is_main), initial=step)
+    bar = progress_bar(total_steps, job.desc, disable=not (opts.progress and ctx.is_main),
+                       initial=step)
     start = last_save = time.perf_counter()
     images = 0
     stop = max_steps is not None and step >= max_steps
@@ -472,7 +503,7 @@ def _train(job: _Job, data: DatasetSplits, config: TrainConfig, *, device: str |
                 "history": history, "seconds": prior_seconds + elapsed,
                 "partial_sums": [float(v) for v in sums.tolist()],
             }
-            _save(checkpoint_path, job, dataset or data.name, config, train_state, record)
+            _save(checkpoint_path, job, opts.dataset or data.name, config, train_state, record)
         last_save = time.perf_counter()
 
     while step < total_steps and not stop:
@@ -520,7 +551,8 @@ def _train(job: _Job, data: DatasetSplits, config: TrainConfig, *, device: str |
             if want and step < total_steps:
                 stop = True
                 break
-            if checkpoint_every_s is not None and time.perf_counter() - last_save >= checkpoint_every_s:
+            every = opts.checkpoint_every_s
+            if every is not None and time.perf_counter() - last_save >= every:
                 save()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -542,32 +574,20 @@ def train_supernet(
     space: SearchSpace,
     data: DatasetSplits,
     config: TrainConfig,
-    *,
-    device: str | torch.device = "cpu",
-    progress: bool = True,
-    resume_from: str | Path | None = None,
-    checkpoint_path: str | Path | None = None,
-    checkpoint_every_s: float | None = None,
-    max_seconds: float | None = None,
-    max_steps: int | None = None,
-    precision: str = "auto",
-    channels_last: bool | None = None,
-    dist: DistContext | None = None,
-    dataset: str | None = None,
-    compile: bool | str = False,
+    options: TrainOptions | None = None,
+    **overrides: Any,
 ) -> TrainResult:
     """Train ``supernet`` in place following ``config``; returns timing and per-epoch losses.
 
-    ``checkpoint_path``: where to write the resumable checkpoint (at the end, when stopped
-    early, and every ``checkpoint_every_s`` seconds); ``resume_from``: such a checkpoint to
-    continue from (same space, configuration and dataset size, else :class:`UserError`).
-    ``max_seconds``/``max_steps``: stop early (checkpointed; ``result.completed`` is False).
-    ``precision``: ``auto`` (bf16 autocast on CUDA, fp32 elsewhere), ``bf16`` or ``fp32``;
-    ``channels_last``: default on CUDA. ``dist``: the process group context (torchrun).
-    ``compile``: True or a ``torch.compile`` mode; the largest and smallest subnet of each stage
-    run compiled, the random ones eagerly (see the module docstring). It changes speed only,
-    not what is computed, so a run may be resumed with or without it.
+    ``options`` (:class:`TrainOptions`; ``overrides`` replace its fields, e.g.
+    ``progress=False``) say how: device, precision, budgets (``result.completed`` is False when
+    one stopped it), the resumable checkpoint to write or continue from (same space,
+    configuration and dataset size, else :class:`UserError`). With ``compile`` the largest and
+    smallest subnet of each stage run compiled, the random ones eagerly (see the module
+    docstring).
     """
+    opts = TrainOptions.of(options, **overrides)
+    compile = opts.compile
     config.validate()
     restricted = [_restricted(space, s.choices) for s in config.stages]
     if any(s.sort_channels for s in config.stages) and not hasattr(supernet, "sort_channels"):
@@ -619,10 +639,7 @@ def train_supernet(
     job = _Job(SUPERNET_FORMAT, supernet, space, None, ("loss_largest", "loss_sub"), step_fn, rng,
                on_stage_start, desc=f"train supernet {space.name}")
     try:
-        return _train(job, data, config, device=device, progress=progress, resume_from=resume_from,
-                      checkpoint_path=checkpoint_path, checkpoint_every_s=checkpoint_every_s,
-                      max_seconds=max_seconds, max_steps=max_steps, precision=precision,
-                      channels_last=channels_last, dist=dist, dataset=dataset)
+        return _train(job, data, config, opts)
     finally:
         supernet.set_active(space.largest())
 
@@ -684,28 +701,20 @@ def train_standalone(
     config: TrainConfig | None = None,
     space: SearchSpace | None = None,
     arch: Any = None,
-    compile: bool | str = False,
-    device: str | torch.device = "cpu",
-    progress: bool = True,
-    resume_from: str | Path | None = None,
-    checkpoint_path: str | Path | None = None,
-    checkpoint_every_s: float | None = None,
-    max_seconds: float | None = None,
-    max_steps: int | None = None,
-    precision: str = "auto",
-    channels_last: bool | None = None,
-    dist: DistContext | None = None,
-    dataset: str | None = None,
+    options: TrainOptions | None = None,
+    **overrides: Any,
 ) -> TrainResult:
     """Train a static network (e.g. ``supernet.extract(arch)`` after :func:`reinitialize`) on
     the labels, with the same loop, schedule, checkpoints and budgets as the supernet.
 
-    ``config`` defaults to :func:`standalone_config` of ``epochs``. ``space``/``arch`` are
-    recorded in checkpoints (needed for ``checkpoint_path``/``resume_from``, which rebuild the
-    model as ``space.build_supernet().extract(arch)``). ``compile``: True or a
-    ``torch.compile`` mode (``"max-autotune"``, ``"reduce-overhead"`` for CUDA graphs); the
-    saved weights are always the uncompiled module's.
+    ``config`` defaults to :func:`standalone_config` of ``epochs``; ``options``/``overrides``
+    as for :func:`train_supernet`. ``space``/``arch`` are recorded in checkpoints (needed for
+    ``checkpoint_path``/``resume_from``, which rebuild the model as
+    ``space.build_supernet().extract(arch)``). The saved weights are always the uncompiled
+    module's.
     """
+    opts = TrainOptions.of(options, **overrides)
+    compile, checkpoint_path, resume_from = opts.compile, opts.checkpoint_path, opts.resume_from
     if config is None:
         if epochs is None:
             raise UserError("train_standalone needs epochs or a config")
@@ -728,10 +737,7 @@ def train_standalone(
 
     job = _Job(STANDALONE_FORMAT, model, space, arch_str, ("loss",), step_fn, None,
                desc=f"train {arch_str or 'model'}")
-    return _train(job, data, config, device=device, progress=progress, resume_from=resume_from,
-                  checkpoint_path=checkpoint_path, checkpoint_every_s=checkpoint_every_s,
-                  max_seconds=max_seconds, max_steps=max_steps, precision=precision,
-                  channels_last=channels_last, dist=dist, dataset=dataset)
+    return _train(job, data, config, opts)
 
 
 # -- checkpoints -----------------------------------------------------------------------------------
@@ -813,7 +819,7 @@ def _read_payload(path: str | Path, fmt: str) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; expected a file written by "
-                        f"'hwnas train', 'hwnas run' or supernet.train_cifar")
+                        f"'hwnas train' or 'hwnas run'")
     what = "supernet" if fmt == SUPERNET_FORMAT else "standalone subnet"
     try:
         with warnings.catch_warnings():  # e.g. about the pickle protocol of a foreign file

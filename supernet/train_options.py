@@ -1,11 +1,19 @@
 """Training options that are checked before anything heavy is imported (no torch here): the
-augmentation names and their check, and the bound on epochs."""
+names the command line offers (schedules, losses, optimizers, augmentations, precisions), the
+bound on epochs, and :class:`TrainOptions`, how one training call runs (device, budgets,
+checkpoints), as opposed to :class:`hwnas.supernet.train.TrainConfig`, what it computes."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
 from hwnas.core.errors import UserError
 
-__all__ = ["AUGMENT_KINDS", "MAX_EPOCHS", "check_augment"]
+__all__ = ["AUGMENT_KINDS", "COMPILE_MODES", "MAX_EPOCHS", "OPTIMIZERS", "PRECISIONS",
+           "SCHEDULES", "SUBNET_LOSSES", "TrainOptions", "check_augment"]
 
 #: More epochs than any real run needs: a typo such as 1e30 fails at once instead of growing a
 #: per-epoch history without end.
@@ -14,6 +22,17 @@ MAX_EPOCHS = 100_000
 #: The augmentation kinds :func:`hwnas.supernet.data.augment_batch` knows.
 AUGMENT_KINDS: tuple[str, ...] = (
     "shift", "crop_flip", "crop_flip_cutout", "trivial_crop_flip_cutout", "none")
+#: Names of the schedule presets of :func:`hwnas.supernet.train.schedule_config`.
+SCHEDULES: tuple[str, ...] = ("sandwich", "progressive", "deps")
+#: Ways a sandwich step combines its subnets' losses (``TrainConfig.subnet_loss``).
+SUBNET_LOSSES: tuple[str, ...] = ("sum", "mean", "largest+mean")
+#: Optimizers of ``TrainConfig.optimizer``: SGD with Nesterov momentum, or AdamW (transformers).
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
+#: Autocast precisions: ``auto`` = bf16 on CUDA, fp32 elsewhere.
+PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp32")
+#: ``torch.compile`` modes (``off``: none; it changes speed only, so a resumed run may differ).
+COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "off")
+
 
 def check_augment(kind: str, channels: int | None = None) -> None:
     """:class:`UserError` unless ``kind`` is an augmentation of :data:`AUGMENT_KINDS` that
@@ -24,3 +43,65 @@ def check_augment(kind: str, channels: int | None = None) -> None:
     if kind.startswith("trivial_") and channels is not None and channels != 3:
         raise UserError(f"augmentation {kind!r} needs RGB images; this split has {channels} "
                         f"channel(s) (use crop_flip_cutout)")
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How a training call runs, the same for supernets and standalone subnets: none of it
+    changes what is computed (so a run may be resumed under other options).
+
+    ``device``: torch device; ``precision``: one of :data:`PRECISIONS`; ``channels_last``:
+    None = on for CUDA. ``resume_from``: a resumable checkpoint to continue;
+    ``checkpoint_path``: where to write one (at the end, when stopped early and every
+    ``checkpoint_every_s`` seconds). ``max_seconds``/``max_steps``: stop early, checkpointed.
+    ``dist``: the process group (:class:`hwnas.supernet.distributed.DistContext`, torchrun);
+    ``dataset``: the name checkpoints record (default the data's); ``compile``: True or a
+    ``torch.compile`` mode."""
+
+    device: Any = "cpu"
+    progress: bool = True
+    resume_from: str | Path | None = None
+    checkpoint_path: str | Path | None = None
+    checkpoint_every_s: float | None = None
+    max_seconds: float | None = None
+    max_steps: int | None = None
+    precision: str = "auto"
+    channels_last: bool | None = None
+    dist: Any = None
+    dataset: str | None = None
+    compile: bool | str = False
+
+    @classmethod
+    def of(cls, options: TrainOptions | None = None, **overrides: Any) -> TrainOptions:
+        """``options`` (default: the defaults) with ``overrides`` (field names), validated."""
+        unknown = sorted(set(overrides) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TypeError(f"unknown training option(s) {', '.join(unknown)}")
+        out = replace(options or cls(), **overrides)
+        out.validate()
+        return out
+
+    def validate(self) -> None:
+        """One-line :class:`UserError` for a value no training can run with."""
+        def number(name: str, value: Any, *, positive: bool) -> None:
+            if value is None:
+                return
+            bad = isinstance(value, bool) or not isinstance(value, (int, float))
+            if bad or math.isnan(value) or value < 0 or (positive and value == 0):
+                raise UserError(f"{name} must be a number {'> 0' if positive else '>= 0'}, "
+                                f"got {value!r}")
+
+        number("max_seconds", self.max_seconds, positive=False)
+        number("checkpoint_every_s", self.checkpoint_every_s, positive=True)
+        if self.max_steps is not None and (isinstance(self.max_steps, bool)
+                                           or not isinstance(self.max_steps, int)
+                                           or self.max_steps < 0):
+            raise UserError(f"max_steps must be an integer >= 0, got {self.max_steps!r}")
+        if self.precision not in PRECISIONS:
+            raise UserError(f"unknown precision {self.precision!r}; expected one of "
+                            f"{', '.join(PRECISIONS)}")
+        if self.channels_last not in (None, True, False):
+            raise UserError(f"channels_last must be true, false or None, got {self.channels_last!r}")
+        if isinstance(self.compile, str) and self.compile not in COMPILE_MODES[:-1]:
+            raise UserError(f"unknown compile mode {self.compile!r}; expected one of "
+                            f"{', '.join(COMPILE_MODES[:-1])}")

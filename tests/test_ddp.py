@@ -24,7 +24,7 @@ WORKER = textwrap.dedent(
     from hwnas.supernet.distributed import all_reduce_gradients, init_from_env, shutdown
     from hwnas.supernet.spaces import get_space
     from hwnas.supernet.train import TrainConfig, TrainStage, train_supernet
-    from hwnas.supernet.train_cifar import load_data
+    from hwnas.supernet.decoded import load_training_data
 
     out = Path(sys.argv[1])
     ctx, device = init_from_env("cpu")
@@ -33,7 +33,7 @@ WORKER = textwrap.dedent(
     a.grad = torch.tensor([1.0, 2.0]) * (ctx.rank + 1)
     all_reduce_gradients([a, b], ctx)
     grads = {"a": a.grad, "b": b.grad}
-    data = load_data("digits", limit_train=256)
+    data = load_training_data("digits", limit_train=256)
     space = get_space("mbv3-tiny")
     torch.manual_seed(ctx.rank)  # different init per rank: training must broadcast rank 0's
     net = space.build_supernet()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -29,25 +30,20 @@ FRONT = "cpu-ort-1t"
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory, one_torch_thread):
+def exported(tmp_path_factory, one_torch_thread, fitted_digits_checkpoint):
     """A run directory (mbv3-tiny on digits, the smallest subnet fitted for a second, a float
     and an int8 row whose test accuracy the search's own scoring computed) and its export."""
     from hwnas.quant.policy import uniform
     from hwnas.search.evaluator import EvalSettings, TrialEvaluator, policy_text
     from hwnas.search.runner import score_models
     from hwnas.supernet.data import load_dataset
-    from hwnas.supernet.spaces import get_space
-    from hwnas.supernet.train import save_checkpoint
-    from test_export_run import _fit
+    from hwnas.supernet.train import load_checkpoint
 
     run = tmp_path_factory.mktemp("run")
     data = load_dataset("digits", seed=0)
-    space = get_space("mbv3-tiny", in_channels=1, image_size=8, num_classes=10)
-    torch.manual_seed(0)
-    supernet = space.build_supernet()
+    shutil.copy(fitted_digits_checkpoint, run / "supernet.pt")
+    space, supernet, _ = load_checkpoint(run / "supernet.pt")
     small = space.smallest()
-    _fit(supernet, small)
-    save_checkpoint(run / "supernet.pt", supernet, space, dataset="digits")
     (run / "config.json").write_text(json.dumps(
         {"space": space.name, "dataset": "digits", "data_seed": 0, "seed": 0, "calib_batches": 2,
          "ptq_images": 128, "devices": [FRONT], "bits": True}))

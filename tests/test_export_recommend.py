@@ -191,7 +191,7 @@ def test_openvino_device_gets_precision_candidates(net, data, tmp_path) -> None:
     reduced = [c for c in ov.candidates if c["precision"] in ("bf16", "f16")]
     for c in reduced:  # kept only where the runtime reports it ran that precision
         assert c["runtime_precision"] == c["precision"]
-        assert c["settings"] == {"INFERENCE_PRECISION_HINT": c["precision"]}
+        assert c["settings"] == {"INFERENCE_PRECISION_HINT": c["precision"], "static_batch": 1}
     chosen = next(c for c in ov.candidates
                   if c["path"] == ov.recommended and c["settings"] == ov.settings)
     assert chosen["verified"] and chosen["median_ms"] == ov.recommended_ms <= ov.fp32_ms

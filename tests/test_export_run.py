@@ -13,7 +13,6 @@ from pathlib import Path
 
 import onnx
 import pytest
-import torch
 from hwnas.export.cli import add_export_parser, run_export
 from hwnas.export.model_export import ExportSettings
 from hwnas.export.qdq import read_metadata
@@ -38,38 +37,14 @@ def _write_front(path: Path, rows: list[dict]) -> None:
             writer.writerow({k: row.get(k, "") for k in COLUMNS})
 
 
-def _fit(supernet: torch.nn.Module, arch) -> None:  # noqa: ANN001 - an MBV3Arch
-    """A few hundred SGD steps on the quantized row's subnet (about a second): an untrained
-    network's logits are near-ties, and top-1 agreement between any two numerically different
-    implementations of it (fake-quant vs integer kernels) is then meaningless."""
-    from hwnas.supernet.data import BatchLoader, load_dataset
-
-    data = load_dataset("digits", seed=0)
-    supernet.set_active(arch)
-    supernet.train()
-    opt = torch.optim.SGD(supernet.parameters(), lr=0.05, momentum=0.9)
-    loader = BatchLoader(data.train, batch_size=64, mean=data.mean, std=data.std, shuffle=True,
-                         seed=0)
-    for _ in range(6):
-        for x, y in loader:
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(supernet(x), y).backward()
-            opt.step()
-    supernet.eval()
-
-
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory) -> Path:
-    from hwnas.supernet.spaces import get_space
-    from hwnas.supernet.train import save_checkpoint
+def run_dir(tmp_path_factory, fitted_digits_checkpoint) -> Path:
+    from hwnas.supernet.train import load_checkpoint
 
     run = tmp_path_factory.mktemp("run")
-    space = get_space("mbv3-tiny", in_channels=1, image_size=8, num_classes=10)
-    torch.manual_seed(0)
-    supernet = space.build_supernet()
+    shutil.copy(fitted_digits_checkpoint, run / "supernet.pt")
+    space, supernet, _ = load_checkpoint(run / "supernet.pt")
     small = space.smallest()
-    _fit(supernet, small)
-    save_checkpoint(run / "supernet.pt", supernet, space, dataset="digits")
     config = {"space": space.name, "dataset": "digits", "data_seed": 0, "seed": 0,
               "calib_batches": 2, "ptq_images": 128, "devices": [FRONT, "fpga-zcu102-est"],
               "bits": True}

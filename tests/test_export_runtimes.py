@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from hwnas.latency.onnx_measure import openvino_available
+from hwnas.latency.onnx_measure import Runner, openvino_available
 from hwnas.quant.ptq import PTQConfig
 
 from hwnas.core.errors import UserError
@@ -88,10 +88,23 @@ def test_int_list_drops_repeats():
     assert er.int_list("--threads", [1, 2, 1]) == [1, 2]
 
 
+def test_the_export_benchmarks_share_their_argument_checks():
+    """export_ort and export_ort_ops read comma lists; all three refuse bad values alike."""
+    eo = er.export_ort
+    assert eo.parse_list("--batches", "1,32,1,") == [1, 32]
+    for text in ("1,x", "0", ""):
+        with pytest.raises(UserError, match="--batches"):
+            eo.parse_list("--batches", text)
+    assert eo.check_models(["smallest"]) == ["smallest"]
+    with pytest.raises(UserError, match="--models: expected some of largest middle smallest"):
+        eo.check_models([])
+    assert eo.command_line(["--threads", "1 2"]).endswith("--threads '1 2'")
+
+
 def test_a_runtime_returning_no_rows_fails_verification(files, monkeypatch):
     import hwnas.export.recommend as rec
 
-    class Empty:
+    class Empty(Runner):
         runtime, threads, precision = "onnxruntime", 1, "f32"
 
         def get_inputs(self):

@@ -312,7 +312,8 @@ def test_training_writes_the_record_of_its_training_split(tmp_path: Path, one_to
 def test_shipped_cifar10_supernet_records_its_seed0_split():
     """The shipped checkpoint's record is the seed-0 split of the shared npz it was trained on:
     a sample of that split's training images is in it, of its validation images is not."""
-    from hwnas.supernet import data as data_module
+    from hwnas.supernet.data import shared_data_dir
+    from hwnas.supernet.data.splits import _rng, _stratified_take
     from hwnas.supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint
 
     path = shipped_checkpoint("mbv3", CIFAR10_CLASSES)
@@ -320,7 +321,7 @@ def test_shipped_cifar10_supernet_records_its_seed0_split():
     record = read_record(torch.load(path, map_location="cpu", weights_only=True), str(path))
     assert record is not None and record.classes == CIFAR10_CLASSES
     assert record.train_hashes.shape == (45000,) and np.unique(record.train_hashes).size == 45000
-    base = data_module.shared_data_dir()
+    base = shared_data_dir()
     npz = base / "cifar10" / "cifar10-jpeg.npz" if base else None
     if npz is None or not npz.is_file():
         pytest.skip("shared data (cifar10/cifar10-jpeg.npz) not found: set HWNAS_SHARED_DATA")
@@ -328,7 +329,7 @@ def test_shipped_cifar10_supernet_records_its_seed0_split():
         jpeg, offsets = z["train_jpeg"], z["train_offsets"]
         labels = z["train_labels"].astype(np.int64)
     # the split load_dataset(npz, seed=0) makes, from the labels alone
-    rest, val = data_module._stratified_take(labels, 5000, data_module._rng(0, 1))
+    rest, val = _stratified_take(labels, 5000, _rng(0, 1))
     rng = np.random.default_rng(0)
     for idx, inside in ((rng.choice(rest, 100, replace=False), True),
                         (rng.choice(val, 100, replace=False), False)):

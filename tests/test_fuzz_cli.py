@@ -64,7 +64,7 @@ TRAIN_CASES = [
     (["--out", "/proc/x.pt"], "cannot write in /proc"),
     (["--out", "model.txt"], "ending in .pt"),
     (["--out", "a_file"], "already exists"),
-    (["--out", "."], "is a directory"),
+    (["--out", ".", "--resume"], "holds no run (no run.json)"),  # a directory: a run directory
     (["--out", "a_file/m.pt"], "is a file, not a directory"),
     (["--out", "m.pt", "--device", "cpuu"], "is not a torch device"),
     (["--out", "m.pt", "--seed", "-1"], "expected a seed from 0"),

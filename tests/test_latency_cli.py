@@ -1,4 +1,4 @@
-"""End-to-end tests of ``hwnas latency ...`` and of the standalone on-device script.
+"""End-to-end tests of ``hwnas latency ...``.
 
 The happy paths run in real subprocesses, as a user would run them; the many bad-input cases
 run through ``hwnas.cli.main`` in-process (the same code path, minus ~4 s of interpreter and
@@ -7,74 +7,22 @@ torch start-up each), checking exit status 2, one error line and that nothing wa
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pandas as pd
 import pytest
 from hwnas.supernet.spaces import get_space
-from onnx import TensorProto, helper
+from latency_support import SPACE, sample_archs, write_measurements
 
 from hwnas.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
-ONDEVICE = REPO / "latency" / "ondevice.py"
-SPACE = "mbv3-tiny"
 
-
-def tiny_onnx(path: Path, arch: str | None, width: int = 8) -> None:
-    """A float model ``relu(x @ W)`` with a dynamic batch; ``arch`` metadata when given."""
-    w = helper.make_tensor("W", TensorProto.FLOAT, [4, width], np.ones(4 * width, dtype=np.float32))
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["input", "W"], ["h"]), helper.make_node("Relu", ["h"], ["logits"])],
-        "tiny",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 4])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", width])],
-        initializer=[w],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    if arch is not None:
-        helper.set_model_props(model, {"arch": arch, "accuracy": "97.5"})
-    onnx.checker.check_model(model)
-    path.write_bytes(model.SerializeToString())
-
-
-def sample_archs(n: int, seed: int = 0) -> list[str]:
-    space = get_space(SPACE)
-    rng = np.random.default_rng(seed)
-    out: list[str] = []
-    while len(out) < n:
-        s = space.to_string(space.sample(rng))
-        if s not in out:
-            out.append(s)
-    return out
-
-
-@pytest.fixture()
-def models(tmp_path) -> tuple[Path, list[str]]:
-    """Three tiny models with arch metadata and one without (its arch is the file stem)."""
-    d = tmp_path / "models"
-    d.mkdir()
-    archs = sample_archs(3)
-    for i, arch in enumerate(archs):
-        tiny_onnx(d / f"trial_{i:04d}.onnx", arch, width=8 * (i + 1))
-    tiny_onnx(d / "plain_model.onnx", None)
-    (d / "notes.txt").write_text("not a model")
-    return d, archs
-
-
-@pytest.fixture(autouse=True)
-def profile_dir(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "devices"
-    monkeypatch.setenv("HWNAS_DEVICE_DIR", str(root))
-    return root
+pytestmark = pytest.mark.usefixtures("profile_dir")  # never the user's device profiles
 
 
 def hwnas(*args: str, env_dir: Path) -> subprocess.CompletedProcess:
@@ -100,87 +48,8 @@ def assert_one_error_line(code: int, err: str, pattern: str) -> None:
     assert re.search(pattern, lines[0]), lines[0]
 
 
-def write_measurements(path: Path, n: int = 8) -> list[str]:
-    space = get_space(SPACE)
-    archs = sample_archs(n, seed=1)
-    ms = [space.flops(space.parse(a)) / 1e6 * 0.3 + 0.05 for a in archs]
-    pd.DataFrame({"arch": archs, "latency_ms": ms}).to_csv(path, index=False)
-    return archs
-
-
 def files_under(path: Path) -> list[str]:
     return sorted(str(p.relative_to(path)) for p in path.rglob("*")) if path.exists() else []
-
-
-# --------------------------------------------------------------------------------------------
-# the standalone on-device script
-# --------------------------------------------------------------------------------------------
-
-
-def test_ondevice_imports_only_the_standard_library_numpy_and_onnxruntime():
-    """Module-level imports: stdlib, numpy, onnxruntime; OpenVINO only inside functions
-    (imported when --runtime openvino asks for it)."""
-    tree = ast.parse(ONDEVICE.read_text())
-    top, lazy = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            names = {(node.module or "").split(".")[0]}
-        else:
-            continue
-        (top if node in tree.body else lazy).update(names)
-    stdlib = set(sys.stdlib_module_names) | {"__future__"}
-    assert top - stdlib == {"numpy", "onnxruntime"}, top - stdlib
-    assert lazy - stdlib <= {"openvino"}, lazy - stdlib
-
-
-def test_ondevice_runs_isolated_and_writes_the_csv(models, tmp_path):
-    d, archs = models
-    out = tmp_path / "measurements.csv"
-    proc = subprocess.run([sys.executable, "-I", str(ONDEVICE), str(d), "--out", str(out),
-                           "--repeats", "5", "--warmup", "1", "--max-cv", "100", "--quiet"],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    frame = pd.read_csv(out)
-    assert list(frame.columns) == ["arch", "latency_ms", "p95_ms", "cv", "file"]
-    assert sorted(frame["arch"]) == sorted(archs + ["plain_model"])
-    assert (frame["latency_ms"] > 0).all() and (frame["p95_ms"] >= frame["latency_ms"]).all()
-    assert "wrote 4 measurements" in proc.stdout
-
-
-def test_ondevice_needs_no_hwnas_package(models, tmp_path):
-    """Run the script with hwnas, torch and pandas made unimportable."""
-    d, _ = models
-    out = tmp_path / "m.csv"
-    blocker = (
-        "import sys, runpy\n"
-        "class Block:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in {'hwnas','supernet','latency','search','quant','export','torch','pandas'}:\n"
-        "            raise ImportError('blocked: ' + name)\n"
-        "sys.meta_path.insert(0, Block())\n"
-        f"sys.argv = ['ondevice.py', {str(d)!r}, '--out', {str(out)!r}, '--repeats', '3',"
-        " '--warmup', '0', '--max-cv', '100', '--quiet']\n"
-        f"runpy.run_path({str(ONDEVICE)!r}, run_name='__main__')\n"
-    )
-    proc = subprocess.run([sys.executable, "-I", "-c", blocker], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert len(pd.read_csv(out)) == 4
-
-
-def test_ondevice_refuses_unstable_and_bad_input(models, tmp_path):
-    d, _ = models
-    out = tmp_path / "m.csv"
-    proc = subprocess.run([sys.executable, "-I", str(ONDEVICE), str(d), "--out", str(out),
-                           "--repeats", "3", "--warmup", "0", "--max-cv", "1e-12", "--quiet"],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and not out.exists()
-    assert "all 4 models were unstable" in proc.stderr.splitlines()[-1]
-    proc = subprocess.run([sys.executable, "-I", str(ONDEVICE), str(tmp_path / "nope")],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "not a directory" in proc.stderr
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,8 +57,8 @@ def test_ondevice_refuses_unstable_and_bad_input(models, tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
-def test_measure_writes_the_same_csv(models, tmp_path, profile_dir):
-    d, archs = models
+def test_measure_writes_the_same_csv(onnx_models, tmp_path, profile_dir):
+    d, archs = onnx_models
     out = tmp_path / "m.csv"
     proc = hwnas("latency", "measure", str(d), "--out", str(out), "--repeats", "5", "--warmup",
                  "1", "--max-cv", "100", "--quiet", env_dir=profile_dir)
@@ -222,7 +91,7 @@ def test_devices_and_predict(tmp_path, profile_dir):
 def test_adapt_then_predict_with_the_profile(capsys, tmp_path, profile_dir):
     pytest.importorskip("hwnas.latency.predictors", reason="hwnas.latency.predictors not present yet")
     m = tmp_path / "m.csv"
-    write_measurements(m, 12)
+    write_measurements(m, 12, seed=1)
     proc = hwnas("latency", "adapt", "--device", "my-pi", "--space", SPACE, "--measurements",
                  str(m), env_dir=profile_dir)
     assert proc.returncode == 0, proc.stderr
@@ -282,7 +151,7 @@ def test_adapt_too_few_rows(capsys, tmp_path, profile_dir):
 
     need = default_predictor(get_space(SPACE)).min_samples
     m = tmp_path / "m.csv"
-    write_measurements(m, max(need - 1, 1))
+    write_measurements(m, max(need - 1, 1), seed=1)
     code, _, err = run_main(capsys, "latency", "adapt", "--device", "dev1", "--space", SPACE,
                             "--measurements", str(m))
     assert_one_error_line(code, err, "needs at least")
@@ -297,7 +166,7 @@ def test_adapt_too_few_rows(capsys, tmp_path, profile_dir):
 ])
 def test_adapt_bad_arguments(capsys, tmp_path, profile_dir, args, pattern):
     m = tmp_path / "m.csv"
-    write_measurements(m, 8)
+    write_measurements(m, 8, seed=1)
     full = ["latency", "adapt", *args] + ([] if "--measurements" in args else ["--measurements", str(m)])
     code, _, err = run_main(capsys, *full)
     assert_one_error_line(code, err, pattern)
@@ -336,7 +205,7 @@ def test_predict_table_device_needs_its_space(capsys, tmp_path):
     assert not (tmp_path / "o.csv").exists()
 
 
-def test_predict_and_measure_refuse_to_overwrite(capsys, tmp_path, models):
+def test_predict_and_measure_refuse_to_overwrite(capsys, tmp_path, onnx_models):
     (a,) = sample_archs(1)
     src = tmp_path / "archs.csv"
     src.write_text(f"arch\n{a}\n")
@@ -345,7 +214,7 @@ def test_predict_and_measure_refuse_to_overwrite(capsys, tmp_path, models):
     code, _, err = run_main(capsys, "latency", "predict", "--device", "raspi4-est", "--space",
                             SPACE, "--archs", str(src), "--out", str(out))
     assert_one_error_line(code, err, "already exists; pass --overwrite")
-    code, _, err = run_main(capsys, "latency", "measure", str(models[0]), "--out", str(out), "--quiet")
+    code, _, err = run_main(capsys, "latency", "measure", str(onnx_models[0]), "--out", str(out), "--quiet")
     assert_one_error_line(code, err, "already exists; pass --overwrite")
     assert out.read_text() == "keep me"
     code, _, _ = run_main(capsys, "latency", "predict", "--device", "raspi4-est", "--space",
@@ -353,8 +222,8 @@ def test_predict_and_measure_refuse_to_overwrite(capsys, tmp_path, models):
     assert code == 0 and pd.read_csv(out)["arch"].tolist() == [a]
 
 
-def test_measure_bad_input_and_unstable(capsys, tmp_path, models):
-    d, _ = models
+def test_measure_bad_input_and_unstable(capsys, tmp_path, onnx_models):
+    d, _ = onnx_models
     out = tmp_path / "m.csv"
     code, _, err = run_main(capsys, "latency", "measure", str(tmp_path / "nope"), "--out", str(out))
     assert_one_error_line(code, err, "is not a directory")
@@ -374,7 +243,7 @@ def test_measure_bad_input_and_unstable(capsys, tmp_path, models):
     assert not out.exists()
 
 
-def test_measure_partial_instability_exits_1(capsys, tmp_path, models, monkeypatch):
+def test_measure_partial_instability_exits_1(capsys, tmp_path, onnx_models, monkeypatch):
     """Models whose cv stays above --max-cv are left out and named; the rest are written."""
     import hwnas.latency.onnx_measure as om
 
@@ -387,7 +256,7 @@ def test_measure_partial_instability_exits_1(capsys, tmp_path, models, monkeypat
         return stats
 
     monkeypatch.setattr(om, "measure_onnx", flaky)
-    d, archs = models
+    d, archs = onnx_models
     out = tmp_path / "m.csv"
     code, stdout, err = run_main(capsys, "latency", "measure", str(d), "--out", str(out), "--quiet",
                                  "--repeats", "3", "--warmup", "0", "--max-cv", "100")
@@ -398,8 +267,8 @@ def test_measure_partial_instability_exits_1(capsys, tmp_path, models, monkeypat
     assert "1 unstable models left out" in stdout
 
 
-def test_measure_prints_csv_without_out(capsys, models):
-    code, stdout, err = run_main(capsys, "latency", "measure", str(models[0]), "--quiet",
+def test_measure_prints_csv_without_out(capsys, onnx_models):
+    code, stdout, err = run_main(capsys, "latency", "measure", str(onnx_models[0]), "--quiet",
                                  "--repeats", "3", "--warmup", "0", "--max-cv", "100")
     assert code == 0, err
     assert stdout.splitlines()[0] == "arch,latency_ms,p95_ms,cv,file"

@@ -6,25 +6,24 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from hwnas.latency.devices import MeasuredDevice, get_device, parse_cpu_device
 from hwnas.latency.onnx_measure import (
+    Runner,
     make_runner,
     measure_onnx,
     openvino_available,
     random_input,
     time_interleaved,
 )
+from latency_support import ONDEVICE, run_ondevice_without
 from onnx import TensorProto, helper, numpy_helper
 
 from hwnas.core.errors import UserError
 
-REPO = Path(__file__).resolve().parents[1]
-ONDEVICE = REPO / "latency" / "ondevice.py"
 needs_ov = pytest.mark.skipif(not openvino_available(),
                               reason="OpenVINO is not installed (pip install -e '.[openvino]')")
 
@@ -60,7 +59,7 @@ def test_onnxruntime_runner_and_precision_rules() -> None:
 def test_time_interleaved_shapes_and_order() -> None:
     calls: list[str] = []
 
-    class Fake:
+    class Fake(Runner):
         runtime, threads, precision = "onnxruntime", 1, "f32"
 
         def __init__(self, label: str) -> None:
@@ -96,6 +95,21 @@ def test_openvino_runner_agrees_with_onnxruntime_and_reports_precision() -> None
     assert stats.median_ms > 0 and (stats.runtime, stats.precision, stats.batch) == ("openvino", "f32", 2)
     with pytest.raises(UserError, match="OpenVINO cannot load the ONNX model bytes"):
         make_runner(b"not onnx", runtime="openvino")
+
+
+@needs_ov
+def test_openvino_runner_at_a_static_batch() -> None:
+    data = conv_model()
+    dynamic = make_runner(data, runtime="openvino", threads=1)
+    assert dynamic.get_inputs()[0].shape[0] == "?"
+    static = dynamic.at_batch(3)
+    assert static is not dynamic and static.get_inputs()[0].shape[0] == 3
+    assert static.at_batch(3) is static and make_runner(data).at_batch(3).runtime == "onnxruntime"
+    feeds = random_input(static, batch=3, seed=2)
+    assert np.allclose(static.run(feeds)[0], dynamic.run(feeds)[0], atol=1e-5)
+    with pytest.raises(Exception):  # compiled for batch 3 only
+        static.run(random_input(dynamic, batch=2, seed=2))
+    assert make_runner(data, runtime="openvino", batch=4).get_inputs()[0].shape[0] == 4
 
 
 def test_cpu_device_names_say_runtime_threads_and_batch() -> None:
@@ -171,19 +185,10 @@ def test_ondevice_script_with_openvino_and_hwnas_blocked(tmp_path) -> None:
     for i in range(2):
         (d / f"trial_{i}.onnx").write_bytes(conv_model(f"arch-{i}"))
     out = tmp_path / "m.csv"
-    blocker = (
-        "import sys, runpy\n"
-        "class Block:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in {'hwnas','torch','pandas'}:\n"
-        "            raise ImportError('blocked: ' + name)\n"
-        "sys.meta_path.insert(0, Block())\n"
-        f"sys.argv = ['ondevice.py', {str(d)!r}, '--out', {str(out)!r}, '--repeats', '3',"
-        " '--warmup', '1', '--max-cv', '100', '--runtime', 'openvino', '--precision', 'bf16']\n"
-        f"runpy.run_path({str(ONDEVICE)!r}, run_name='__main__')\n"
-    )
-    proc = subprocess.run([sys.executable, "-I", "-c", blocker], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+    proc = run_ondevice_without(
+        {"hwnas", "torch", "pandas"},
+        [d, "--out", out, "--repeats", "3", "--warmup", "1", "--max-cv", "100", "--runtime",
+         "openvino", "--precision", "bf16"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "precision bf16" in proc.stderr or "precision f32" in proc.stderr
     frame = pd.read_csv(out)
@@ -212,15 +217,8 @@ def test_missing_openvino_is_one_line(tmp_path, monkeypatch, capsys) -> None:
     code = main(["latency", "measure", str(d), "--runtime", "openvino"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "pip install 'hwnas[openvino]'" in err[0]
-    blocker = (
-        "import sys, runpy\n"
-        "sys.modules['openvino'] = None\n"
-        f"sys.argv = ['ondevice.py', {str(d)!r}, '--runtime', 'openvino', '--out', "
-        f"{str(tmp_path / 'm.csv')!r}]\n"
-        f"runpy.run_path({str(ONDEVICE)!r}, run_name='__main__')\n"
-    )
-    proc = subprocess.run([sys.executable, "-I", "-c", blocker], capture_output=True, text=True,
-                          timeout=60)
+    proc = run_ondevice_without({"openvino"}, [d, "--runtime", "openvino", "--out",
+                                               tmp_path / "m.csv"], cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "needs OpenVINO: pip install openvino" in proc.stderr
     assert not (tmp_path / "m.csv").exists()

@@ -148,3 +148,16 @@ def test_user_errors(tmp_path: Path, cnn: nn.Module, example: torch.Tensor, expo
         check_parity(exported, cnn, example, batch_size=0)
     with pytest.raises(UserError, match="atol must be >= 0"):
         check_parity(exported, cnn, example, atol=-1.0)
+
+
+def test_set_metadata_merges_encodes_and_leaves_out_none():
+    from hwnas.supernet.onnx import set_metadata
+    from onnx import helper
+
+    graph = helper.make_graph([], "g", [], [])
+    proto = helper.make_model(graph)
+    helper.set_model_props(proto, {"arch": "old", "keep": "1"})
+    assert set_metadata(proto, {"arch": "new", "cfg": {"b": 2, "a": 1}, "n": 3,
+                                "gone": None}) is proto
+    props = {p.key: p.value for p in proto.metadata_props}
+    assert props == {"arch": "new", "keep": "1", "cfg": '{"a": 1, "b": 2}', "n": "3"}

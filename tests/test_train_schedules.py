@@ -1,5 +1,5 @@
-"""supernet.train: schedule presets, restricted choices, exact resume, budgets, standalone
-subnets, subnet loss weighting and compiled fixed subnets."""
+"""supernet.train: schedule presets, restricted choices, augmentation of the config, subnet loss
+weighting and compiled fixed subnets (checkpoints and resume: test_train_resume.py)."""
 
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import numpy as np
 import pytest
 import torch
 from hwnas.supernet.evaluate import (
@@ -20,29 +19,17 @@ from hwnas.supernet.train import (
     TrainStage,
     deps_config,
     load_checkpoint,
-    load_standalone,
     progressive_config,
-    reinitialize,
     sandwich_config,
-    save_checkpoint,
-    save_standalone,
     schedule_config,
-    standalone_config,
     subnet_loss_weights,
-    train_standalone,
     train_supernet,
     with_training_augment,
 )
-from hwnas.supernet.train_cifar import load_data
 from torch import nn
+from train_support import fresh, same_weights
 
 from hwnas.core.errors import UserError
-
-
-@pytest.fixture(scope="module")
-def small_digits():
-    """320 training images: 5 steps of 64 per epoch."""
-    return load_data("digits", limit_train=320, limit_eval=100)
 
 
 def test_schedule_presets():
@@ -139,31 +126,21 @@ def test_sort_channels_stage_calls_supernet(small_digits, monkeypatch):
 # --------------------------------------------------------------------------------------------
 
 
-def _fresh(space):
-    torch.manual_seed(0)
-    return space.build_supernet()
-
-
-def _same_weights(a: nn.Module, b: nn.Module) -> bool:
-    sa, sb = a.state_dict(), b.state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
-
-
 def test_config_augment_overrides_the_datasets(small_digits):
     """TrainConfig.augment replaces the dataset's augmentation for the training batches: the
     same training as on a copy of the data with that augmentation, unlike the dataset's own."""
     space = get_space("mbv3-tiny")
     assert small_digits.augment == "shift"
-    by_config = _fresh(space)
+    by_config = fresh(space)
     train_supernet(by_config, space, small_digits, sandwich_config(1, batch_size=64, augment="none"),
                    progress=False)
-    by_data = _fresh(space)
+    by_data = fresh(space)
     train_supernet(by_data, space, dataclasses.replace(small_digits, augment="none"),
                    sandwich_config(1, batch_size=64), progress=False)
-    shifted = _fresh(space)
+    shifted = fresh(space)
     train_supernet(shifted, space, small_digits, sandwich_config(1, batch_size=64), progress=False)
-    assert _same_weights(by_config, by_data)
-    assert not _same_weights(by_config, shifted)
+    assert same_weights(by_config, by_data)
+    assert not same_weights(by_config, shifted)
 
 
 def test_with_training_augment(small_digits):
@@ -190,167 +167,8 @@ def test_shipped_checkpoint_records_its_training_augmentation():
     assert TrainConfig.from_dict(payload["train_config"]).augment == "trivial_crop_flip_cutout"
 
 
-def test_resume_is_exact(small_digits, tmp_path):
-    """2 epochs in one go == 1 epoch, checkpoint, resume, 1 epoch; also across a mid-epoch stop
-    and a channel-sorting stage boundary."""
-    space = get_space("mbv3-tiny")
-    config = TrainConfig(stages=[TrainStage("full", 1, sandwich=False),
-                                 TrainStage("shrink", 2, choices={"expand": [4, 6]}, num_random=1,
-                                            sort_channels=True)],
-                         batch_size=64, warmup_epochs=0.5)
-    ref = _fresh(space)
-    r_ref = train_supernet(ref, space, small_digits, config, progress=False)
-    assert r_ref.completed and r_ref.step == r_ref.total_steps == 15
-
-    ckpt = tmp_path / "ckpt.pt"
-    net = _fresh(space)
-    r1 = train_supernet(net, space, small_digits, config, progress=False, checkpoint_path=ckpt,
-                        max_steps=5)  # exactly one epoch, before the sorting stage starts
-    assert not r1.completed and r1.step == 5 and len(r1.history) == 1
-    assert not _same_weights(net, ref)
-    for stop in (8, None):  # mid-epoch, then to the end
-        net = _fresh(space)  # a fresh process: everything comes from the checkpoint
-        r = train_supernet(net, space, small_digits, config, progress=False, checkpoint_path=ckpt,
-                           resume_from=ckpt, max_steps=stop)
-    assert r.completed and r.step == 15
-    assert _same_weights(net, ref)
-    def losses(history):  # the per-epoch clock differs between the two runs
-        return [{k: v for k, v in h.items() if k != "seconds"} for h in history]
-
-    assert losses(r.history) == losses(r_ref.history)
-    times = [h["seconds"] for h in r.history]
-    assert times == sorted(times) and times[0] > 0  # the clock runs on across resumed calls
-    assert r.images == 7 * 64  # this call's images only
-    assert r.total_seconds >= r.seconds
-
-
-def test_max_seconds_stops_with_checkpoint(small_digits, tmp_path):
-    space = get_space("mbv3-tiny")
-    ckpt = tmp_path / "c.pt"
-    net = _fresh(space)
-    r = train_supernet(net, space, small_digits, sandwich_config(2, batch_size=64), progress=False,
-                       checkpoint_path=ckpt, max_seconds=0)
-    assert not r.completed and r.step == 1 and r.history == []
-    payload = torch.load(ckpt, weights_only=True)
-    assert payload["train_state"]["step"] == 1
-    assert payload["train_state"]["total_steps"] == 10
-    space2, net2, _ = load_checkpoint(ckpt)  # an ordinary supernet checkpoint too
-    assert _same_weights(net, net2)
-
-
-def test_resume_rejects_other_space_config_or_data(small_digits, tmp_path, digits):
-    space = get_space("mbv3-tiny")
-    ckpt = tmp_path / "c.pt"
-    config = sandwich_config(1, batch_size=64)
-    train_supernet(_fresh(space), space, small_digits, config, progress=False,
-                   checkpoint_path=ckpt, max_steps=1)
-    other = get_space("mbv3-tiny", num_classes=7)
-    with pytest.raises(UserError, match="another configuration.*num_classes"):
-        train_supernet(other.build_supernet(), other, small_digits, config, progress=False,
-                       resume_from=ckpt)
-    ofa = get_space("mbv3", in_channels=1, image_size=8)
-    with pytest.raises(UserError, match="holds space 'mbv3-tiny', not 'mbv3'"):
-        train_supernet(ofa.build_supernet(), ofa, small_digits, config, progress=False,
-                       resume_from=ckpt)
-    with pytest.raises(UserError, match="holds space 'mbv3-tiny', not 'mbv3'"):
-        load_checkpoint(ckpt, space=ofa)
-    with pytest.raises(UserError, match="another training configuration"):
-        train_supernet(_fresh(space), space, small_digits, sandwich_config(2, batch_size=64),
-                       progress=False, resume_from=ckpt)
-    with pytest.raises(UserError, match="trained on 320 images"):
-        train_supernet(_fresh(space), space, digits, config, progress=False, resume_from=ckpt)
-    final = save_checkpoint(tmp_path / "final.pt", _fresh(space), space, dataset="digits",
-                            train_config=config)
-    with pytest.raises(UserError, match="no training state"):
-        train_supernet(_fresh(space), space, small_digits, config, progress=False,
-                       resume_from=final)
-
-
-def test_bad_precision(small_digits):
-    space = get_space("mbv3-tiny")
-    with pytest.raises(UserError, match="precision"):
-        train_supernet(_fresh(space), space, small_digits, sandwich_config(1), progress=False,
-                       precision="fp8")
-
-
-def test_progress_without_tqdm(monkeypatch, capsys):
-    import builtins
-
-    from hwnas.supernet import train
-
-    real_import = builtins.__import__
-
-    def no_tqdm(name, *args, **kwargs):
-        if name.startswith("tqdm"):
-            raise ImportError("no tqdm here")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_tqdm)
-    bar = train.progress_bar(3, "demo", disable=False)
-    assert isinstance(bar, train._PrintProgress)
-    bar.set_postfix(loss="1.0")
-    for _ in range(3):
-        bar.update(1)
-    bar.close()
-    assert "demo: 3/3 steps (100%) loss=1.0" in capsys.readouterr().err
-
-
-# --------------------------------------------------------------------------------------------
-# standalone subnets
-# --------------------------------------------------------------------------------------------
-
-
-def test_train_standalone_learns_and_resumes(small_digits, tmp_path):
-    space = get_space("mbv3-tiny")
-    arch = space.sample(np.random.default_rng(0))
-
-    def fresh_model():
-        torch.manual_seed(0)
-        return reinitialize(space.build_supernet().extract(arch).train(), seed=1)
-
-    config = standalone_config(3, batch_size=64, lr=0.1)
-    ref = fresh_model()
-    r = train_standalone(ref, small_digits, config=config, progress=False)
-    assert r.completed and [h["stage"] for h in r.history] == ["standalone"] * 3
-    assert r.history[-1]["loss"] < r.history[0]["loss"]
-    ckpt = tmp_path / "s.pt"
-    m = fresh_model()
-    train_standalone(m, small_digits, config=config, space=space, arch=arch, progress=False,
-                     checkpoint_path=ckpt, max_steps=7)
-    m = fresh_model()
-    train_standalone(m, small_digits, config=config, space=space, arch=arch, progress=False,
-                     checkpoint_path=ckpt, resume_from=ckpt)
-    assert _same_weights(m, ref)
-    space2, arch2, loaded, payload = load_standalone(ckpt)
-    assert arch2 == arch and payload["arch"] == space.to_string(arch)
-    assert _same_weights(loaded, ref)
-    with pytest.raises(UserError, match="standalone subnet checkpoint, not a supernet"):
-        load_checkpoint(ckpt)
-    other = space.smallest()
-    with pytest.raises(UserError, match="holds subnet"):
-        train_standalone(fresh_model(), small_digits, config=config, space=space, arch=other,
-                         progress=False, resume_from=ckpt)
-    with pytest.raises(UserError, match="space and arch"):
-        train_standalone(fresh_model(), small_digits, 1, checkpoint_path=ckpt, progress=False)
-    save_standalone(tmp_path / "plain.pt", ref, space, arch, dataset="digits")
-    assert _same_weights(load_standalone(tmp_path / "plain.pt")[2], ref)
-
-
-def test_reinitialize_is_seeded():
-    space = get_space("mbv3-tiny")
-    a = reinitialize(space.build_supernet().extract(space.largest()), seed=3)
-    b = reinitialize(space.build_supernet().extract(space.largest()), seed=3)
-    assert _same_weights(a, b)
-    assert torch.all(a.blocks[0].expand_bn.weight == 1)
-
-
-# --------------------------------------------------------------------------------------------
-# subnet_loss (sum vs mean of a sandwich step's losses), compiling the fixed subnets
-# --------------------------------------------------------------------------------------------
-
-
 def _one_step_delta(space, data, config) -> dict[str, torch.Tensor]:
-    net = _fresh(space)
+    net = fresh(space)
     before = {k: v.detach().clone() for k, v in net.named_parameters()}
     train_supernet(net, space, data, config, progress=False, max_steps=1)
     return {k: v.detach() - before[k] for k, v in net.named_parameters()}
@@ -426,16 +244,12 @@ def test_compile_runs_only_the_fixed_subnets_compiled(small_digits, monkeypatch)
             return self.module(x)
 
     monkeypatch.setattr(torch, "compile", lambda module, mode=None: Recorder(module, mode))
-    ref = _fresh(space)
+    ref = fresh(space)
     train_supernet(ref, space, small_digits, config, progress=False)
-    net = _fresh(space)
+    net = fresh(space)
     train_supernet(net, space, small_digits, config, progress=False, compile=True)
-    assert _same_weights(net, ref)
+    assert same_weights(net, ref)
     largest, smallest = space.to_string(space.largest()), space.to_string(space.smallest())
     assert seen.count(largest) == 10 and seen.count(smallest) == 5  # 5 steps per epoch
     assert set(seen) == {largest, smallest}
 
-
-# --------------------------------------------------------------------------------------------
-# train_cifar rank: Kendall tau of supernet accuracies against ground truth
-# --------------------------------------------------------------------------------------------

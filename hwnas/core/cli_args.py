@@ -1,6 +1,6 @@
-"""Argument-parsing helpers shared by every hwnas command line (``hwnas``, ``hwnas latency``,
-``python -m hwnas.supernet.train_cifar``): one-line usage errors with exit status 2, and numeric
-argument types that reject zero, negative, NaN and infinite values."""
+"""Argument-parsing helpers shared by every hwnas command line (``hwnas`` and its subcommands,
+the benchmark harnesses): one-line usage errors with exit status 2, and numeric argument types
+that reject negative, NaN and infinite values (and zero where it must be positive)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,16 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
     if not value > 0 or math.isinf(value):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
     return value
 
 

@@ -47,16 +47,21 @@ def get_space(
     )
 
 
-def _mbv3_tiny(*, in_channels=None, image_size=None, num_classes=None, config=None) -> MBV3Space:
-    """The default: a small elastic MobileNetV3 for the 8×8 handwritten digits (trains on
-    2 CPU cores in about two minutes)."""
-    cfg = MBV3Config.from_dict(config) if config else MBV3Config()
-    overrides = {
+def _overrides(in_channels, image_size, num_classes) -> dict:
+    """The dataset's settings a factory was given (None: keep the configuration's)."""
+    return {
         k: v
         for k, v in dict(in_channels=in_channels, image_size=image_size, num_classes=num_classes).items()
         if v is not None
     }
-    return MBV3Space(replace(cfg, **overrides), name="mbv3-tiny")
+
+
+def _mbv3_tiny(*, in_channels=None, image_size=None, num_classes=None, config=None) -> MBV3Space:
+    """The default: a small elastic MobileNetV3 for the 8×8 handwritten digits (trains on
+    2 CPU cores in about two minutes)."""
+    cfg = MBV3Config.from_dict(config) if config else MBV3Config()
+    return MBV3Space(replace(cfg, **_overrides(in_channels, image_size, num_classes)),
+                     name="mbv3-tiny")
 
 
 register_space("mbv3-tiny", _mbv3_tiny)
@@ -68,23 +73,10 @@ def _mbv3(*, in_channels=None, image_size=None, num_classes=None, config=None) -
     from hwnas.supernet.spaces.mbv3 import ofa_cifar_config
 
     cfg = MBV3Config.from_dict(config) if config else ofa_cifar_config()
-    overrides = {
-        k: v
-        for k, v in dict(in_channels=in_channels, image_size=image_size, num_classes=num_classes).items()
-        if v is not None
-    }
-    return MBV3Space(replace(cfg, **overrides), name="mbv3")
+    return MBV3Space(replace(cfg, **_overrides(in_channels, image_size, num_classes)), name="mbv3")
 
 
 register_space("mbv3", _mbv3)
-
-
-def _overrides(in_channels, image_size, num_classes) -> dict:
-    return {
-        k: v
-        for k, v in dict(in_channels=in_channels, image_size=image_size, num_classes=num_classes).items()
-        if v is not None
-    }
 
 
 def _nb201(*, in_channels=None, image_size=None, num_classes=None, config=None) -> NB201Space:

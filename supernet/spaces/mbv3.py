@@ -28,7 +28,12 @@ from typing import Any
 
 import numpy as np
 from hwnas.supernet.layers import Layer
-from hwnas.supernet.space import SearchSpace, SpaceConfig, check_choice
+from hwnas.supernet.space import (
+    SearchSpace,
+    SpaceConfig,
+    check_choice,
+    restrict_choices,
+)
 
 from hwnas.core.errors import UserError
 
@@ -201,21 +206,7 @@ class MBV3Space(SearchSpace[MBV3Arch]):
         """
         if not choices:
             return self
-        full = self.elastic_choices()
-        changes = {}
-        for dim, values in choices.items():
-            if dim not in full:
-                raise UserError(f"cannot restrict unknown dimension {dim!r} of space {self.name}; "
-                                f"expected some of {list(full)}")
-            try:
-                vals = tuple(sorted({int(v) for v in values}))
-            except (TypeError, ValueError):
-                raise UserError(f"choices for {dim!r} must be a list of integers, got {values!r}") from None
-            bad = [v for v in vals if v not in full[dim]]
-            if not vals or bad:
-                raise UserError(f"choices {list(values)} for {dim!r} are not a non-empty subset of "
-                                f"{list(full[dim])} (space {self.name})")
-            changes[f"{dim}_choices"] = vals
+        changes = restrict_choices(self, choices)
         return MBV3Space(replace(self.cfg, **changes), name=self.name)
 
     # -- members ---------------------------------------------------------------------------------

@@ -32,7 +32,12 @@ from typing import Any
 
 import numpy as np
 from hwnas.supernet.layers import Layer
-from hwnas.supernet.space import SearchSpace, SpaceConfig, check_choice
+from hwnas.supernet.space import (
+    SearchSpace,
+    SpaceConfig,
+    check_choice,
+    restrict_choices,
+)
 
 from hwnas.core.errors import UserError
 
@@ -159,21 +164,8 @@ class ViTSpace(SearchSpace[ViTArch]):
         """The sub-space whose dimensions take only the given values (training schedules)."""
         if not choices:
             return self
-        full = self.elastic_choices()
-        changes = {}
-        for dim, values in choices.items():
-            if dim not in full:
-                raise UserError(f"cannot restrict unknown dimension {dim!r} of space {self.name}; "
-                                f"expected some of {list(full)}")
-            try:
-                vals = tuple(sorted({float(v) if dim == "mlp_ratio" else int(v) for v in values}))
-            except (TypeError, ValueError):
-                raise UserError(f"choices for {dim!r} must be a list of numbers, "
-                                f"got {values!r}") from None
-            if not vals or any(v not in full[dim] for v in vals):
-                raise UserError(f"choices {list(values)} for {dim!r} are not a non-empty subset of "
-                                f"{list(full[dim])} (space {self.name})")
-            changes[f"{dim}_choices"] = vals
+        changes = restrict_choices(self, choices, kind="numbers",
+                                   number=lambda dim, v: float(v) if dim == "mlp_ratio" else int(v))
         return ViTSpace(replace(self.cfg, **changes), name=self.name)
 
     # -- members ---------------------------------------------------------------------------------

@@ -11,9 +11,9 @@ set -u
 export PYTHONUNBUFFERED=1
 R=runs/probe
 mkdir -p $R
-ARGS="--data data/cifar10-jpeg.npz --space mbv3 --epochs 3 --batch-size 1024 --quiet --schedule sandwich --subnet-loss largest+mean --warmup-epochs 0.5"
-T="python3 -m hwnas.supernet.train_cifar"
-NOCUDNN="python3 -c 'import runpy, sys, torch; torch.backends.cudnn.enabled = False; sys.argv[0] = \"train_cifar\"; runpy.run_module(\"hwnas.supernet.train_cifar\", run_name=\"__main__\")'"
+ARGS="--dataset data/cifar10-jpeg.npz --space mbv3 --epochs 3 --batch-size 1024 --lr 0.8 --quiet --schedule sandwich --subnet-loss largest+mean --warmup-epochs 0.5"
+T="hwnas train --device ${DEVICE:-cuda}"   # DEVICE=cpu for a CPU check of this script
+NOCUDNN="python3 -c 'import runpy, sys, torch; torch.backends.cudnn.enabled = False; sys.argv[0] = \"hwnas\"; runpy.run_module(\"hwnas\", run_name=\"__main__\")' train --device ${DEVICE:-cuda}"
 run() {  # GPU VARIANT ENV COMMAND EXTRA
   echo "$2 start $(date +%s)" >> $R/probe.log
   timeout 200 env CUDA_VISIBLE_DEVICES=$1 $3 bash -c "$4 $ARGS $5 --out $R/$2 --overwrite" >> $R/$2.log 2>&1

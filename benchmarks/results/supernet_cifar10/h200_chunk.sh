@@ -19,7 +19,7 @@ EPOCHS=${EPOCHS:-40}
 SMOKE=${SMOKE:-}            # e.g. "--limit-train 64 --limit-eval 64" for a CPU check of this script
 COMPILE=${COMPILE---compile}  # COMPILE= (empty) trains eagerly
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$PWD/runs/inductor TORCHINDUCTOR_COMPILE_THREADS=2
-T="python3 -m hwnas.supernet.train_cifar"
+T="hwnas train --device ${DEVICE:-cuda}"   # DEVICE=cpu for a CPU check of this script
 D=data/cifar10-jpeg.npz
 R=runs/c10
 mkdir -p $R
@@ -51,7 +51,7 @@ job() {  # job NAME [args of a new run...]: start (phase 1) or resume (phase 2) 
   }
 }
 
-COMMON="--data $D --space mbv3 --epochs $EPOCHS --batch-size 1024 --quiet $SMOKE"
+COMMON="--dataset $D --space mbv3 --epochs $EPOCHS --batch-size 1024 --lr 0.8 --warmup-epochs 2 --subnet-loss mean --quiet $SMOKE"
 EXTRA="--half-weights"
 [ "$PHASE" = 2 ] && EXTRA="--half-weights --eval-unfinished"
 job sn $COMMON --schedule deps --full-fraction 0.5 --half-weights &
@@ -62,10 +62,10 @@ for a in largest smallest random1; do
 done
 if [ "$PHASE" = 2 ]; then
   (
-    $T --data $D --space nb201 --epochs ${NB_EPOCHS:-5} --batch-size 256 --warmup-epochs 1 \
+    $T --dataset $D --space nb201 --epochs ${NB_EPOCHS:-5} --batch-size 256 --lr 0.2 --warmup-epochs 1 --subnet-loss mean \
        --out $R/nb --overwrite --eval --eval-unfinished --half-weights --quiet $SMOKE \
        --max-minutes $(left 2.2) >> $R/nb.log 2>&1
-    $T rank --out $R/nb --truth data/nb201_cifar100_accuracy.csv --num ${NB_RANK:-50} --seed 0 \
+    python3 benchmarks/cifar_tools.py rank --out $R/nb --truth data/nb201_cifar100_accuracy.csv --num ${NB_RANK:-50} --seed 0 \
        --split val >> $R/nb.log 2>&1
   ) &
 fi

@@ -17,9 +17,9 @@ set -u
 PHASE=$1
 MIN=$2
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$PWD/runs/inductor TORCHINDUCTOR_COMPILE_THREADS=4
-T="python3 -m hwnas.supernet.train_cifar"
+T="hwnas train --device ${DEVICE:-cuda}"   # DEVICE=cpu for a CPU check of this script
 NPROC=${NPROC:-2}           # GPUs of the supernet run; NPROC=1: one process, no probes
-TR="torchrun --standalone --nproc_per_node=$NPROC -m hwnas.supernet.train_cifar"
+TR="torchrun --standalone --nproc_per_node=$NPROC -m hwnas train --device ${DEVICE:-cuda}"
 [ "$NPROC" = 1 ] && TR=$T
 FULL=${FULL:-0.25}          # deps schedule: share of the epochs on the full network
 D=data/cifar10-jpeg.npz
@@ -27,8 +27,9 @@ R=runs/c10x2
 SMOKE=${SMOKE:-}            # e.g. "--limit-train 256 --limit-eval 128 --batch-size 64" (CPU check)
 COMPILE=${COMPILE---compile}  # COMPILE= (empty) trains eagerly
 PROBE_MIN=${PROBE_MIN:-2.3}   # minutes of each phase-1 probe (data loading and compiling included)
-RECIPE="--data $D --space mbv3 --epochs 40 --batch-size 1024 --quiet --schedule deps \
-  --full-fraction $FULL --subnet-loss largest+mean $COMPILE $SMOKE"
+RECIPE="--dataset $D --space mbv3 --epochs 40 --batch-size 1024 --lr 0.8 --warmup-epochs 2 \
+  --quiet --subnet-loss largest+mean $COMPILE $SMOKE"
+DEPS="--schedule deps --full-fraction $FULL"   # the supernet's schedule (the probes: sandwich)
 mkdir -p $R
 START=$(date +%s)
 left() {  # minutes until the stop time, less $1 minutes
@@ -72,7 +73,7 @@ if [ "$PHASE" = 1 ]; then
     echo "sandwich probe images/s: cudnn benchmark on $ON, off $OFF -> $BM" | tee -a $R/phases.log
   fi
   echo $BM > $R/cudnn_benchmark.txt
-  TORCH_LOGS=recompiles $TR $RECIPE --out $R/sn --overwrite --cudnn-benchmark $BM --half-weights \
+  TORCH_LOGS=recompiles $TR $RECIPE $DEPS --out $R/sn --overwrite --cudnn-benchmark $BM --half-weights \
     --eval --max-minutes $(left 0.3) > $R/sn.log 2>&1
 else
   BM=$(cat $R/cudnn_benchmark.txt)
@@ -80,17 +81,17 @@ else
     --quiet --max-minutes $(left 4.5) >> $R/sn.log 2>&1
   (  # the 1-GPU reference rates of the same recipe: its full-network stage, then a sandwich run
     [ "$NPROC" = 1 ] && exit 0
-    CUDA_VISIBLE_DEVICES=0 $T $RECIPE --out $R/probe-full --overwrite --cudnn-benchmark $BM \
+    CUDA_VISIBLE_DEVICES=0 $T $RECIPE $DEPS --out $R/probe-full --overwrite --cudnn-benchmark $BM \
       --max-minutes 1.3 > $R/probe-full.log 2>&1
     CUDA_VISIBLE_DEVICES=0 $T $RECIPE --schedule sandwich --out $R/probe-sandwich-bm-$BM \
       --overwrite --cudnn-benchmark $BM --max-minutes 1.8 > $R/probe-sandwich-bm-$BM.log 2>&1
   ) &
   P1=$!
   (
-    CUDA_VISIBLE_DEVICES=$((NPROC - 1)) $T --data $D --space nb201 --epochs ${NB_EPOCHS:-8} --batch-size 256 \
+    CUDA_VISIBLE_DEVICES=$((NPROC - 1)) $T --dataset $D --space nb201 --epochs ${NB_EPOCHS:-8} --batch-size 256 --lr 0.2 \
       --warmup-epochs 1 --subnet-loss largest+mean --out $R/nb --overwrite --eval \
       --eval-unfinished --half-weights --quiet $SMOKE --max-minutes $(left 1.2) >> $R/nb.log 2>&1
-    CUDA_VISIBLE_DEVICES=$((NPROC - 1)) $T rank --out $R/nb --truth data/nb201_cifar100_accuracy.csv \
+    CUDA_VISIBLE_DEVICES=$((NPROC - 1)) python3 benchmarks/cifar_tools.py rank --out $R/nb --truth data/nb201_cifar100_accuracy.csv \
       --num 50 --seed 0 --split val >> $R/nb.log 2>&1
   ) &
   P2=$!

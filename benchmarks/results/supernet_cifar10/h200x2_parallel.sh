@@ -22,7 +22,7 @@ FULL=${FULL:-0.25}
 RUN=${RUN:-run4}
 AUG=${AUGMENT:+--augment $AUGMENT}
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$PWD/runs/inductor TORCHINDUCTOR_COMPILE_THREADS=4
-T="python3 -m hwnas.supernet.train_cifar"
+T="hwnas train --device ${DEVICE:-cuda}"   # DEVICE=cpu for a CPU check of this script
 R=runs/c10p
 START=$(date +%s)
 mkdir -p $R
@@ -38,7 +38,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $R/gpu.tx
   echo "$(date +%s) $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader | tr '\n' ' ')"
 done) >> $R/smi.log 2>&1 &
 SMI=$!
-COMMON="--data data/cifar10-jpeg.npz --space mbv3 --epochs $EPOCHS --batch-size 1024 --quiet $AUG ${SMOKE:-}"
+COMMON="--dataset data/cifar10-jpeg.npz --space mbv3 --epochs $EPOCHS --batch-size 1024 --lr 0.8 --warmup-epochs 2 --subnet-loss mean --quiet $AUG ${SMOKE:-}"
 COMPILE=${COMPILE---compile}  # COMPILE= (empty): standalone eager too (CPU smoke test)
 PIDS=""
 CUDA_VISIBLE_DEVICES=0 $T $COMMON --schedule deps --full-fraction $FULL --subnet-loss largest+mean \

@@ -1,0 +1,124 @@
+"""The requantization points of a QDQ graph, on the PyTorch side: their 8-bit ranges,
+calibrated on the fake-quant model, and :class:`DeployedReference`, the fake-quant model made to
+compute what the rewritten graph computes (int32 biases, requantizations, integer element-wise
+ops), so an export can be shown exact up to float rounding."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from hwnas.export.integer_ops import HSIG_Q_SCALE, UNIT_SCALE, ElementwiseRewrite
+from hwnas.export.qdq.builder import LayerQuant, QdqGraphBuilder
+from hwnas.quant.ptq import PTQConfig
+from torch import nn
+
+__all__ = ["DeployedReference", "calibrate_requant"]
+
+
+class DeployedReference:
+    """Context manager that makes a fake-quant model compute what the QDQ graph computes: the
+    biases of integer layers rounded to int32 on ``input_scale * weight_scale`` (as integer
+    kernels add them) and the exporter's requantization points (forward hooks). The model is
+    restored on exit. Used to show that an export is exact up to float rounding, beside its
+    agreement with the plain fake-quant model. ``rewrite``: the integer element-wise ops of the
+    graph (:mod:`hwnas.export.integer_ops`), mirrored by hooks on their modules."""
+
+    def __init__(self, qmodel: nn.Module, layers: Mapping[str, LayerQuant],
+                 integer: Iterable[str], requant: Iterable[str],
+                 rewrite: ElementwiseRewrite | None = None) -> None:
+        self.qmodel, self.layers = qmodel, layers
+        self.integer, self.requant = set(integer), set(requant)
+        self.rewrite = rewrite
+        self.handles: list[Any] = []
+        self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __enter__(self) -> nn.Module:
+        modules = dict(self.qmodel.named_modules())
+        for name in self.integer:
+            lq, module = self.layers[name], modules[name]
+            if module.bias is None:
+                continue
+            b_scale = torch.from_numpy((np.float32(lq.act_scale) * lq.weight_scale)
+                                       .astype(np.float32)).to(module.bias.device)
+            self.saved.append((module.bias, module.bias.detach().clone()))
+            with torch.no_grad():
+                module.bias.copy_((torch.round(module.bias.double() / b_scale.double())
+                                   * b_scale.double()).to(module.bias.dtype))
+        rw = self.rewrite or ElementwiseRewrite(onnx.ModelProto())
+        for name in self.requant:
+            lq = self.layers[name]
+            scale, zp = rw.requant.get(name, lq.requant)
+
+            def hook(_m, _inp, out, scale=scale, zp=zp, relu=lq.requant_after_relu):
+                x = torch.relu(out) if relu else out
+                return _fq8(x, scale, zp)
+            self.handles.append(modules[name].register_forward_hook(hook))
+        for name, qparams in rw.hswish.items():
+            def hswish(_m, inp, out, qparams=qparams):
+                x = inp[0].float()
+                hsig = _fq8(x + 3.0, float(HSIG_Q_SCALE), 0) / 6.0  # relu6(x + 3) / 6, 1/255 grid
+                y = x * hsig
+                return (y if qparams is None else _fq8(y, *qparams)).to(out.dtype)
+            self.handles.append(modules[name].register_forward_hook(hswish))
+        for name in rw.gates:
+            self.handles.append(modules[name].register_forward_hook(
+                lambda _m, _inp, out: _fq8(out, float(UNIT_SCALE), 0)))
+        for name, (scale, zp) in rw.residual.items():
+            self.handles.append(modules[name].register_forward_hook(
+                lambda _m, _inp, out, scale=scale, zp=zp: _fq8(out, scale, zp)))
+        return self.qmodel
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        with torch.no_grad():
+            for param, value in self.saved:
+                param.copy_(value)
+        self.saved.clear()
+
+
+def _fq8(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
+    """``x`` on the uint8 grid of (scale, zero point), as Q then DQ compute it."""
+    return torch.fake_quantize_per_tensor_affine(x.float(), float(scale), int(zero_point), 0,
+                                                 255).to(x.dtype)
+
+
+@torch.no_grad()
+def calibrate_requant(build_layers: dict[str, LayerQuant], builder: QdqGraphBuilder,
+                       qmodel: nn.Module, xs: list[torch.Tensor], config: PTQConfig,
+                       observer: str | None = None) -> None:
+    """8-bit (scale, zero point) of every integer conv's output (after its ReLU where one
+    follows), observed on the fake-quant model with ``observer`` (default: the PTQ config's
+    activation observer)."""
+    from hwnas.quant.observers import ActivationObserver
+
+    todo = [n for n in builder.requant_tensor if build_layers[n].category == "int"]
+    if not todo:
+        return
+    modules = dict(qmodel.named_modules())
+    per_update = max(1, config.max_samples // max(1, len(xs)))
+    observers = {n: ActivationObserver(per_update, seed=config.seed + 7919 + i)
+                 for i, n in enumerate(todo)}
+    handles = []
+    for name in todo:
+        def hook(_m, _inp, out, name=name):
+            observers[name].update(torch.relu(out) if builder.after_relu[name] else out)
+        handles.append(modules[name].register_forward_hook(hook))
+    try:
+        qmodel.eval()
+        for x in xs:
+            qmodel(x)
+    finally:
+        for h in handles:
+            h.remove()
+    for name in todo:
+        scale, zp = observers[name].qparams(8, observer or config.act_observer,
+                                            percentile=config.percentile, grid=config.mse_grid)
+        build_layers[name].requant = (max(float(scale.reshape(-1)[0]), 1e-8),
+                                      int(round(float(zp.reshape(-1)[0]))))
+        build_layers[name].requant_after_relu = builder.after_relu[name]

@@ -1,0 +1,398 @@
+"""What ``hwnas train`` does: train a supernet or a standalone subnet into a checkpoint file or
+a resumable run directory, on CPU, one GPU or several (``torchrun``).
+
+``--out FILE.pt`` writes the final checkpoint only. ``--out DIR`` (a name without a suffix)
+is a run directory: ``run.json`` (the settings, the training configuration and the space's;
+``--resume`` reads them back, so a resumed chunk needs only ``--out``), ``checkpoint.pt``
+(resumable: weights, optimizer, step, RNG states), ``train_log.json`` (one record per command:
+steps, seconds, images/s; the per-epoch losses) and, once training is complete,
+``supernet.pt`` (the file ``hwnas search --supernet`` takes) or ``model.pt`` for
+``--standalone``; with ``--eval`` also ``eval.json`` (test top-1 of the largest, smallest and
+three random subnets, each BatchNorm-recalibrated on training-augmented images).
+``--max-minutes`` stops training (checkpointed) that long after the command started, so a long
+training is a series of commands below a per-command limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from hwnas.supernet.decoded import load_training_data
+from hwnas.supernet.fingerprint import training_record
+from hwnas.supernet.train_options import TrainOptions, check_augment
+
+from hwnas.core.errors import UserError
+from hwnas.core.io import check_writable, write_json
+
+__all__ = ["RUN_KEYS", "eval_archs", "resolve_out", "run_train", "settings_from_args",
+           "train_config"]
+
+#: Settings that define a training run (run.json; --resume takes them from there).
+RUN_KEYS = ("data", "space", "schedule", "epochs", "batch_size", "lr", "weight_decay",
+            "label_smoothing", "warmup_epochs", "grad_clip", "num_random", "full_fraction", "seed",
+            "standalone", "limit_train", "limit_eval", "compile", "subnet_loss", "augment",
+            "optimizer")
+#: TrainConfig fields a setting overrides when given (else the space's default, else TrainConfig's).
+CONFIG_KEYS = ("batch_size", "lr", "weight_decay", "label_smoothing", "warmup_epochs",
+               "grad_clip", "seed", "subnet_loss", "augment", "optimizer")
+#: Seed of the random subnets that --eval reports (and --standalone randomN trains).
+EVAL_SEED = 2024
+NUM_RANDOM_EVAL = 3
+#: Files of a run directory that --overwrite removes.
+RUN_FILES = ("checkpoint.pt", "train_log.json", "supernet.pt", "model.pt", "eval.json",
+             "bench.json", "run.json")
+#: Options that only a run directory can serve.
+_DIR_ONLY = ("resume", "max_minutes", "checkpoint_every_s", "eval", "eval_unfinished")
+
+
+def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's settings (:data:`RUN_KEYS`) from the command line; None = the space's default."""
+    if args.full_fraction is not None and args.schedule != "deps":
+        raise UserError(f"--full-fraction {args.full_fraction} applies to --schedule deps only; "
+                        f"pass --schedule deps or drop it")
+    s = {k: getattr(args, k, None) for k in RUN_KEYS if k != "data"}
+    s["data"] = args.dataset
+    if s["compile"] == "off":
+        s["compile"] = None
+    return s
+
+
+def train_config(settings: dict[str, Any], space):
+    """The :class:`hwnas.supernet.train.TrainConfig` of ``settings``: the schedule preset and
+    settings given, the rest the space's training defaults (validated)."""
+    from hwnas.supernet.train import schedule_config, standalone_config
+
+    defaults = dict(space.training_defaults())
+    schedule = settings.get("schedule") or defaults.pop("schedule", "sandwich")
+    defaults.pop("schedule", None)
+    kw = {**defaults, **{k: settings[k] for k in CONFIG_KEYS if settings.get(k) is not None}}
+    epochs = settings["epochs"]
+    if settings.get("standalone"):
+        config = standalone_config(epochs, **kw)
+    else:
+        if settings.get("num_random") is not None:
+            kw["num_random"] = settings["num_random"]
+        if schedule == "deps" and settings.get("full_fraction") is not None:
+            kw["full_fraction"] = settings["full_fraction"]
+        config = schedule_config(schedule, space, epochs, **kw)
+    config.validate()
+    return config
+
+
+def eval_archs(space) -> list[tuple[str, Any]]:
+    """The subnets --eval reports, by role: largest, smallest, random1..3 (seeded)."""
+    rng = np.random.default_rng(EVAL_SEED)
+    archs = [("largest", space.largest()), ("smallest", space.smallest())]
+    return archs + [(f"random{i + 1}", space.sample(rng)) for i in range(NUM_RANDOM_EVAL)]
+
+
+def resolve_arch(space, text: str):
+    """``--standalone``'s subnet: a role of :func:`eval_archs` or an architecture string."""
+    named = dict(eval_archs(space))
+    if text in named:
+        return named[text]
+    try:
+        return space.from_string(text)
+    except UserError as exc:
+        raise UserError(f"--standalone {text!r}: {exc} (or use one of {list(named)})") from None
+
+
+def resolve_out(args: argparse.Namespace) -> tuple[str, Path | None]:
+    """(``"file"``, a .pt path), (``"dir"``, a run directory) or (``"none"``, None: only
+    --bench-steps may go without --out); UserError for a name that is neither or options the
+    kind cannot serve."""
+    if not args.out:
+        if args.bench_steps is not None:
+            return "none", None
+        raise UserError("hwnas train needs --out: a checkpoint FILE.pt or a run directory (or "
+                        "out in the [train] table of --config)")
+    out = Path(args.out)
+    if out.is_dir() or (not out.exists() and out.suffix == ""):
+        return "dir", out
+    if out.exists() and out.suffix != ".pt":
+        raise UserError(f"--out {out} already exists and is neither a checkpoint file (.pt) nor "
+                        f"a run directory")
+    if out.suffix != ".pt":
+        raise UserError(f"--out {out}: expected a checkpoint file name ending in .pt or a run "
+                        f"directory (a name without a suffix)")
+    given = [k for k in _DIR_ONLY if getattr(args, k, None)] + (
+        ["bench_steps"] if args.bench_steps is not None else [])
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise UserError(f"{flag} needs a run directory: pass --out DIR (a name without .pt) "
+                        f"instead of the checkpoint file {out}")
+    if out.exists() and not args.overwrite:
+        raise UserError(f"{out} already exists; pass --overwrite to replace it")
+    return "file", out
+
+
+def _is_standalone(args: argparse.Namespace) -> bool:
+    """Whether this command trains a standalone subnet (given, or recorded in a resumed run)."""
+    if args.standalone:
+        return True
+    run_file = Path(args.out) / "run.json" if args.resume and args.out else None
+    if run_file is not None and run_file.is_file():
+        try:
+            return bool(json.loads(run_file.read_text())["settings"].get("standalone"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return False  # _main reports a broken run.json
+    return False
+
+
+def run_train(args: argparse.Namespace, *, started: float | None = None) -> int:
+    """``hwnas train`` (see the module docstring); returns the exit status."""
+    from hwnas.supernet.distributed import init_from_env, shutdown
+    from hwnas.supernet.train import check_torch_device
+
+    started = time.perf_counter() if started is None else started
+    kind, out = resolve_out(args)
+    if args.resume and kind == "dir" and not (out / "run.json").is_file():
+        raise UserError(f"--resume: {out} holds no run (no run.json); start one without --resume")
+    if kind == "dir" and not args.resume and not args.overwrite and args.bench_steps is None \
+            and (out / "run.json").is_file():
+        raise UserError(f"{out} already holds a run; pass --resume to continue it or "
+                        f"--overwrite to start afresh")
+    if out is not None:
+        check_writable(out)
+    check_torch_device(args.device)
+    ctx, device = init_from_env(args.device)
+    if device.type == "cuda":
+        # autotune convolutions per new shape (a standalone network has one set of shapes; a
+        # supernet's random subnets bring new ones every step); TF32 for fp32 evaluation
+        torch.backends.cudnn.benchmark = (args.cudnn_benchmark == "on" or (
+            args.cudnn_benchmark == "auto" and _is_standalone(args)))
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    try:
+        return _main(args, kind, out, ctx, device, started)
+    finally:
+        shutdown(ctx)
+
+
+def _main(args: argparse.Namespace, kind: str, out: Path | None, ctx, device: torch.device,
+          started: float) -> int:
+    from hwnas.supernet.distributed import barrier
+    from hwnas.supernet.spaces import get_space
+    from hwnas.supernet.train import (
+        TrainConfig,
+        reinitialize,
+        save_checkpoint,
+        save_standalone,
+        train_standalone,
+        train_supernet,
+        with_training_augment,
+    )
+
+    say = print if ctx.is_main else (lambda *a, **k: None)
+    run_file = out / "run.json" if kind == "dir" else None
+    recorded: dict[str, Any] = {}
+    if args.resume:
+        try:
+            recorded = json.loads(run_file.read_text())
+            settings = {k: recorded["settings"].get(k) for k in RUN_KEYS}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise UserError(f"--resume: {run_file} is not a run.json written by hwnas train") from None
+        if args.compile is not None:  # speed only: a resumed chunk may compile or not
+            settings["compile"] = None if args.compile == "off" else args.compile
+    else:
+        settings = settings_from_args(args)
+    data = load_training_data(settings["data"], seed=0, limit_train=settings["limit_train"],
+                              limit_eval=settings["limit_eval"])
+    h, w = data.image_size
+    if h != w:
+        raise UserError(f"space {settings['space']} needs square images; the dataset's are {h}x{w}")
+    space = get_space(settings["space"], in_channels=data.in_channels, image_size=h,
+                      num_classes=data.num_classes)
+    if recorded.get("train_config") is not None:
+        config = TrainConfig.from_dict(recorded["train_config"])
+    else:
+        config = train_config(settings, space)
+    check_augment(config.augment or data.augment, data.in_channels)
+    data = with_training_augment(data, config.to_dict())  # BN recalibration augments like training
+    torch.manual_seed(config.seed)
+    supernet = space.build_supernet()
+    arch = None
+    if settings["standalone"]:
+        arch = resolve_arch(space, settings["standalone"])
+        model = reinitialize(supernet.extract(arch).train(), seed=config.seed)
+        del supernet
+    else:
+        model = supernet
+    say(f"{'standalone ' + space.to_string(arch) if arch is not None else 'supernet ' + space.name}: "
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; data {data.name}: "
+        f"{len(data.train)} train images; device {device}"
+        f"{f' x {ctx.world_size} processes' if ctx.enabled else ''}; "
+        f"{len(config.stages)} stage(s) {[(s.name, s.epochs) for s in config.stages]}")
+    options = TrainOptions(
+        device=device, progress=not args.quiet, precision=args.precision,
+        channels_last={"auto": None, "on": True, "off": False}[args.channels_last], dist=ctx,
+        dataset=data.name, compile=settings["compile"] or False)
+
+    def fit(**kw):
+        if arch is not None:
+            return train_standalone(model, data, config=config, space=space, arch=arch,
+                                    options=options, **kw)
+        return train_supernet(model, space, data, config, options, **kw)
+
+    def save_final(path: Path, result, train_seconds: float | None = None) -> None:
+        record = training_record(data)
+        if arch is not None:
+            save_standalone(path, model, space, arch, dataset=data.name, train_config=config,
+                            data_record=record)
+        else:
+            save_checkpoint(path, model, space, dataset=data.name, train_config=config,
+                            half=args.half_weights, data_record=record,
+                            extra={"train_seconds": train_seconds, "history": result.history}
+                            if train_seconds is not None else None)
+
+    if args.bench_steps is not None:
+        return _bench(args, fit, out, ctx, device, config, settings, arch, say)
+    if kind == "file":
+        result = fit()
+        if ctx.is_main:
+            save_final(out, result)
+        say(f"trained {space.name if arch is None else space.to_string(arch)} on {data.name}: "
+            f"{result.epochs} epochs, {result.seconds:.0f} s, {result.images_per_s:.0f} images/s "
+            f"-> {out}")
+        if ctx.is_main:
+            _print_val(model, space, arch, data, say)
+        return 0
+
+    ckpt, log_file = out / "checkpoint.pt", out / "train_log.json"
+    if ctx.is_main and not args.resume:
+        if args.overwrite:
+            for name in RUN_FILES:
+                (out / name).unlink(missing_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(run_file, {"settings": settings, "train_config": config.to_dict(),
+                              "space_config": space.config()})
+    barrier(ctx)
+    log = json.loads(log_file.read_text()) if log_file.is_file() else {"chunks": []}
+    done = bool(log.get("completed"))
+    if not done:
+        budget = None
+        if args.max_minutes is not None:
+            budget = max(0.0, args.max_minutes * 60.0 - (time.perf_counter() - started))
+        result = fit(resume_from=ckpt if args.resume and ckpt.is_file() else None,
+                     checkpoint_path=ckpt, checkpoint_every_s=args.checkpoint_every_s or 120.0,
+                     max_seconds=budget)
+        done = result.completed
+        say(f"trained steps {result.step - round(result.images / config.batch_size)}..{result.step} "
+            f"of {result.total_steps} in {result.seconds:.1f} s: {result.images_per_s:.0f} images/s"
+            f" (total {result.total_seconds:.0f} s)")
+        if ctx.is_main:
+            secs = _log_chunk(log, log_file, result, ctx, device, settings, config)
+            if done:
+                save_final(out / ("model.pt" if arch is not None else "supernet.pt"), result, secs)
+        if not done:
+            say(f"not finished: step {result.step} of {result.total_steps}; continue with "
+                f"hwnas train --out {out} --resume")
+    else:
+        say(f"{out}: training already complete ({log.get('step')} steps)")
+        if args.eval and ctx.is_main:
+            model = _final_weights(out, ckpt, arch, space, device)
+    if args.eval and (done or args.eval_unfinished) and ctx.is_main:
+        _evaluate(args, model, space, arch, data, device, settings, done, out, say)
+    elif args.eval and ctx.is_main:
+        say("eval skipped: training is not finished")
+    return 0
+
+
+def _bench(args, fit, out, ctx, device, config, settings, arch, say) -> int:
+    """--bench-steps: training images/s over that many steps after a short warm-up."""
+    warm = min(5, args.bench_steps)
+    fit(max_steps=warm)
+    result = fit(max_steps=args.bench_steps)
+    say(f"bench: {result.step} steps, {result.images} images in {result.seconds:.2f} s: "
+        f"{result.images_per_s:.0f} images/s (batch {config.batch_size}, "
+        f"{'standalone' if arch is not None else config.stages[0].name} step)")
+    if out is not None and ctx.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "bench.json", {"steps": result.step, "seconds": result.seconds,
+                                        "images_per_s": result.images_per_s,
+                                        "batch_size": config.batch_size,
+                                        "world_size": ctx.world_size, "device": str(device),
+                                        "settings": settings})
+    return 0
+
+
+def _log_chunk(log, log_file, result, ctx, device, settings, config) -> float:
+    """Add this command's record to train_log.json; returns the run's training seconds."""
+    log["chunks"].append({
+        "argv": sys.argv, "end_step": result.step, "images": result.images,
+        "seconds": result.seconds, "images_per_s": result.images_per_s,
+        "world_size": ctx.world_size, "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+    })
+    images = sum(c["images"] for c in log["chunks"])
+    secs = sum(c["seconds"] for c in log["chunks"])
+    log.update(settings=settings, epochs=config.epochs, completed=result.completed,
+               step=result.step, total_steps=result.total_steps, train_seconds=secs,
+               images_per_s=images / max(secs, 1e-9), history=result.history)
+    write_json(log_file, log)
+    return secs
+
+
+def _final_weights(out: Path, ckpt: Path, arch, space, device):
+    """A finished run's model: its final weights, else its last checkpoint."""
+    from hwnas.supernet.train import load_checkpoint, load_standalone
+
+    final = out / ("model.pt" if arch is not None else "supernet.pt")
+    weights = final if final.is_file() else ckpt
+    if arch is not None:
+        return load_standalone(weights, device=device)[2]
+    return load_checkpoint(weights, device=device, space=space)[1]
+
+
+def _print_val(model, space, arch, data, say) -> None:
+    """Validation top-1 after a file-mode training: the largest and smallest subnet (or the
+    standalone model)."""
+    from hwnas.supernet.evaluate import accuracy, eval_loader, evaluate_subnet
+
+    if arch is not None:
+        device = next(model.parameters()).device
+        acc = accuracy(model.eval(), eval_loader(data, data.val, device=device))
+        say(f"  val acc {acc:5.1f}%  {space.to_string(arch)}")
+        return
+    for role, a in (("largest", space.largest()), ("smallest", space.smallest())):
+        acc, _ = evaluate_subnet(model, a, data, split="val")
+        say(f"  {role:8s} val acc {acc:5.1f}%  {space.to_string(a)}")
+
+
+def _evaluate(args, model, space, arch, data, device, settings, done, out, say) -> None:
+    """--eval: test top-1 of the standalone model, or of the supernet's eval_archs subnets
+    (BatchNorm recalibrated) -> eval.json."""
+    from hwnas.supernet.evaluate import accuracy, eval_loader, evaluate_subnet
+
+    t0 = time.perf_counter()
+    model = model.float().to(memory_format=torch.contiguous_format)
+    rows = []
+    if arch is not None:
+        model.eval()
+        acc = accuracy(model, eval_loader(data, data.test, batch_size=500, device=device))
+        rows.append({"role": settings["standalone"], "arch": space.to_string(arch), "top1": acc,
+                     "flops": space.flops(arch), "params": space.params(arch)})
+    else:
+        for role, a in eval_archs(space):
+            acc, _ = evaluate_subnet(model, a, data, split="test", batch_size=500,
+                                     calib_batches=args.calib_batches,
+                                     calib_batch_size=args.calib_batch_size)
+            rows.append({"role": role, "arch": space.to_string(a), "top1": acc,
+                         "flops": space.flops(a), "params": space.params(a)})
+    for r in rows:
+        say(f"  {r['role']:9s} test top-1 {r['top1']:6.2f}%  {r['flops'] / 1e6:7.1f} MFLOPs  "
+            f"{r['params'] / 1e6:5.2f} M params  {r['arch']}")
+    recal = ({"batches": args.calib_batches, "batch_size": args.calib_batch_size,
+              "augmented": True} if arch is None else False)
+    write_json(out / "eval.json", {"split": "test", "images": len(data.test),
+                                   "bn_recalibration": recal, "training_completed": done,
+                                   "subnets": rows, "seconds": time.perf_counter() - t0,
+                                   "settings": settings})

@@ -1,0 +1,85 @@
+"""Tests for export.model_export: the verified files of one model, a parity failure that
+writes nothing, and the settings' checks."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+import torch
+from hwnas.export.model_export import ExportSettings, export_model
+from hwnas.export.qdq import read_metadata
+from hwnas.quant.policy import uniform
+from torch import nn
+
+from hwnas.core.errors import UserError
+
+FAST = dict(warmup=1, rounds=1)
+
+
+def _export(qdq_net, qdq_images, tmp_path, **kw):
+    calib, test = qdq_images
+    settings = ExportSettings(**FAST, **kw.pop("settings", {}))
+    return export_model(qdq_net, name="m", out_dir=tmp_path, example=test[:1], test_images=test,
+                        policy=kw.pop("policy", uniform(qdq_net, 8, 8)), calibration=[calib],
+                        arch="tiny", accuracy=42.0, settings=settings, **kw)
+
+
+def test_export_model_writes_verified_files(qdq_net, qdq_images, tmp_path) -> None:
+    result = _export(qdq_net, qdq_images, tmp_path, devices={"cpu-ort-1t": 1},
+                     predicted_latency={"cpu-ort-1t": 0.5, "fpga-zcu102-est": 0.1})
+    assert result.status == "ok", result.errors
+    files = {f.path: f for f in result.files}
+    assert set(files) == {"m.onnx", "qdq/m.onnx", "qdq-cpu-ort-1t/m.onnx"}
+    for rel, report in files.items():
+        assert report.ok and report.written and (tmp_path / rel).is_file()
+        assert report.latency_ms["cpu-ort-1t"] > 0  # from the device's paired timing
+    assert files["m.onnx"].max_abs_diff <= 1e-4
+    assert files["qdq/m.onnx"].top1_agreement >= 0.99
+    assert [i.split(" ")[0] for i in files["qdq/m.onnx"].float_islands] == ["stem", "dw", "project"]
+    assert files["qdq-cpu-ort-1t/m.onnx"].float_islands == []
+    meta = read_metadata(onnx.load(tmp_path / "qdq-cpu-ort-1t/m.onnx"))
+    assert meta["arch"] == "tiny" and meta["accuracy"] == 42.0
+    assert meta["predicted_latency_ms"] == {"cpu-ort-1t": 0.5, "fpga-zcu102-est": 0.1}
+    assert meta["target_device"] == "cpu-ort-1t" and meta["searched_policy"]["layers"]
+    devices = {d.device: d for d in result.devices}
+    cpu = devices["cpu-ort-1t"]
+    assert cpu.measured and isinstance(cpu.quantized_faster, bool) and cpu.runtime == "onnxruntime"
+    timed = {c["label"]: c["median_ms"] for c in cpu.candidates}
+    assert set(timed) >= {"m.onnx", "qdq-cpu-ort-1t/m.onnx"} and timed["m.onnx"] == cpu.fp32_ms
+    assert timed[cpu.recommended] == cpu.recommended_ms <= cpu.fp32_ms  # never slower than FP32
+    assert cpu.quantized_faster == (cpu.recommended != "m.onnx")
+    fpga = devices["fpga-zcu102-est"]
+    assert not fpga.measured and fpga.quantized_faster is None and fpga.predicted_latency_ms == 0.1
+
+
+class _Drift(nn.Module):
+    """Traced with its (class-wide) call counter as a constant, then run with another value:
+    its export cannot match it."""
+
+    calls = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3 * 8 * 8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        type(self).calls += 1
+        return self.fc(x.flatten(1)) + float(type(self).calls)
+
+
+def test_parity_failure_is_reported_and_not_written(qdq_images, tmp_path) -> None:
+    result = export_model(_Drift().eval(), name="bad", out_dir=tmp_path, example=qdq_images[1][:1],
+                          test_images=qdq_images[1], settings=ExportSettings(**FAST))
+    assert result.status == "failed"
+    report = result.files[0]
+    assert not report.ok and not report.written and "FP32 parity failed" in report.error
+    assert not (tmp_path / "bad.onnx").exists() and not list(tmp_path.glob(".*tmp"))
+
+
+def test_export_settings_validation() -> None:
+    with pytest.raises(UserError, match="opset"):
+        ExportSettings(opset=13).validate()
+    with pytest.raises(UserError, match="min_agreement"):
+        ExportSettings(min_agreement=1.5).validate()
+    with pytest.raises(UserError, match="policy_batch"):
+        ExportSettings(policy_batch=0).validate()
