@@ -1,5 +1,6 @@
-"""Quantization of ``vit`` subnets: int8 PTQ of the linear layers, LSQ QAT and Hessian
-sensitivity, the QDQ export running them as integer kernels, the per-layer int8 timer."""
+"""Quantization of ``vit`` subnets: int8 PTQ of the linear layers and the attention products,
+LSQ QAT and Hessian sensitivity, the QDQ export running the linear layers as integer kernels,
+the per-layer int8 timer."""
 
 from __future__ import annotations
 
