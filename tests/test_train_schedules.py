@@ -252,4 +252,3 @@ def test_compile_runs_only_the_fixed_subnets_compiled(small_digits, monkeypatch)
     largest, smallest = space.to_string(space.largest()), space.to_string(space.smallest())
     assert seen.count(largest) == 10 and seen.count(smallest) == 5  # 5 steps per epoch
     assert set(seen) == {largest, smallest}
-
