@@ -110,7 +110,11 @@ class Run:
         from hwnas.search.evaluator import policy_from_text
 
         row = self.row(trial)
-        return self.space.from_string(row["arch"]), policy_from_text(row["policy"])
+        arch = row["arch"]
+        if not isinstance(arch, str) or not arch.strip():
+            raise UserError(f"trial {trial} of {self.path} has no model: its architecture is "
+                            f"missing from the trials table")
+        return self.space.from_string(arch), policy_from_text(row["policy"])
 
     # -- models ------------------------------------------------------------------------------
     @cached_property

@@ -23,8 +23,10 @@ from hwnas.export.cli import (
     EXIT_SOME_FAILED,
     add_config_flag,
     add_export_parser,
+    add_finetune_parser,
     add_preprocessing_flag,
     run_export,
+    run_finetune,
 )
 from hwnas.latency.cli import add_latency_parser, run_latency
 from hwnas.supernet.train_options import AUGMENT_KINDS, MAX_EPOCHS
@@ -137,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("spaces", help="list the available search spaces")
     add_latency_parser(sub)
     add_export_parser(sub)
+    add_finetune_parser(sub)
     return parser
 
 
@@ -344,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
         handler = {"run": cmd_run, "search": cmd_search, "export": run_export, "train": cmd_train,
-                   "spaces": cmd_spaces, "latency": run_latency}[args.command]
+                   "spaces": cmd_spaces, "latency": run_latency,
+                   "finetune": run_finetune}[args.command]
         return handler(args)
     except UserError as exc:
         print(f"hwnas: error: {exc}", file=sys.stderr)
@@ -366,6 +370,9 @@ def _resume_hint(command: str | None) -> str:
                 "--overwrite starts afresh)")
     if command == "export":
         return "the previous export is unchanged; run the same command again to export"
+    if command == "finetune":
+        return ("the previous fine-tuning output is unchanged; run the same command again "
+                "(with --overwrite to replace an earlier one)")
     return "nothing was written"
 
 
