@@ -36,6 +36,7 @@ import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -235,10 +236,13 @@ def _check_replaceable(out_dir: Path, run_dir: Path, overwrite: bool) -> None:
 
 def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = None,
                    out: str | Path | None = None, overwrite: bool = False,
-                   export_settings: Any = None, progress: bool = True) -> FinetuneResult:
+                   export_settings: Any = None, progress: bool = True,
+                   devices: Sequence[str] | None = None) -> FinetuneResult:
     """Fine-tune trial ``trial`` of ``run`` (a run directory or a
     :class:`hwnas.export.run_api.Run`), write it to ``out`` (default
-    ``RUN/finetune/trial_NNNN``) and export it (see the module docstring). Bad input (no such
+    ``RUN/finetune/trial_NNNN``) and export it (see the module docstring). ``devices``: the
+    devices measurable here to time the exported files on and recommend one for (default: the
+    run's, as ``hwnas export`` does; ``()``: verify only). Bad input (no such
     run or trial, a trial whose model cannot be rebuilt, an output directory that cannot be
     replaced, bad settings, a device this machine lacks) raises UserError before anything is
     written."""
@@ -310,7 +314,8 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        tunable = measurable_devices(str(d) for d in run.settings.get("devices") or [])
+        wanted = (run.settings.get("devices") or []) if devices is None else devices
+        tunable = measurable_devices(str(d) for d in wanted)
         result.export = export_model(
             final if policy is None else dequantized_twin(final), name=name, out_dir=staging,
             example=test_images[:1], test_images=test_images, test_labels=test_labels,

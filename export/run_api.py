@@ -207,16 +207,19 @@ class Run:
     def finetune(self, trial: int, *, epochs: int = 3, lr: float = 3e-3, batch_size: int = 128,
                  device: str = "cpu", out: str | Path | None = None, overwrite: bool = False,
                  progress: bool = True, settings: Any = None,
-                 export_settings: Any = None):  # -> FinetuneResult
+                 export_settings: Any = None,
+                 devices: Iterable[str] | None = None):  # -> FinetuneResult
         """Fine-tune trial ``trial`` by distillation from the supernet's largest subnet (LSQ
         QAT under its policy, if it has one), save it to ``out`` (default
         ``finetune/trial_NNNN``) and export it again
         (:func:`hwnas.export.finetune.finetune_trial`). ``settings``: a
         :class:`hwnas.export.finetune.FinetuneSettings` (replaces ``epochs``, ``lr``,
-        ``batch_size`` and ``device``)."""
+        ``batch_size`` and ``device``); ``devices``: where to time the exported files
+        (default the run's measured devices, ``()`` none)."""
         from hwnas.export.finetune import FinetuneSettings, finetune_trial
 
         settings = settings or FinetuneSettings(epochs=epochs, lr=lr, batch_size=batch_size,
                                                 device=device)
         return finetune_trial(self, trial, settings=settings, out=out, overwrite=overwrite,
-                              export_settings=export_settings, progress=progress)
+                              export_settings=export_settings, progress=progress,
+                              devices=None if devices is None else list(devices))

@@ -153,3 +153,25 @@ def test_settings_and_checkpoints_are_checked(tmp_path: Path) -> None:
     torch.save({"format": FINETUNE_FORMAT, "code": ExportSettings()}, tmp_path / "code.pt")
     with pytest.raises(UserError, match="never loads"):
         load_finetuned(tmp_path / "code.pt")
+
+
+def test_only_an_earlier_fine_tuning_is_replaced(tmp_path: Path) -> None:
+    from hwnas.export.finetune import _check_replaceable
+
+    from hwnas.core.errors import UserError
+
+    run, out = tmp_path / "run", tmp_path / "run" / "finetune" / "trial_0001"
+    out.mkdir(parents=True)
+    _check_replaceable(out, run, overwrite=False)  # empty: fine
+    (out / "qdq").mkdir()
+    (out / "summary.json").write_text(json.dumps({"format": FINETUNE_FORMAT}))
+    for name in ("model.pt", "trial_0001.onnx", "qdq/trial_0001.onnx"):
+        (out / name).write_bytes(b"x")
+    with pytest.raises(UserError, match="--overwrite"):
+        _check_replaceable(out, run, overwrite=False)
+    _check_replaceable(out, run, overwrite=True)
+    (out / "qdq" / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="holds qdq/notes.txt"):
+        _check_replaceable(out, run, overwrite=True)
+    with pytest.raises(UserError, match="run directory"):
+        _check_replaceable(run, run, overwrite=True)
