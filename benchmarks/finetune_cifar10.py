@@ -99,8 +99,8 @@ def table(rows: list[dict[str, Any]], *, header: bool = True) -> str:
     """The rows as a Markdown table."""
     lines = []
     if header:
-        lines += ["| model | trial | arch | policy | test before % | test after % | train s | "
-                  "GPU min | export |", "|---|---:|---|---|---:|---:|---:|---:|---|"]
+        lines += [("| model | trial | arch | policy | test before % | test after % | train s | "
+                   "GPU min | export |"), "|---|---:|---|---|---:|---:|---:|---:|---|"]
     for r in rows:
         gpu = "-" if r["gpu_minutes"] is None else f"{r['gpu_minutes']:.2f}"
         lines.append(f"| {r['model']} | {r['trial']} | `{r['arch']}` | {r['policy']} | "
@@ -133,9 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=OUT_JSON)
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
-    command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0] if argv is None else
-                                                            "benchmarks/finetune_cifar10.py",
-                                                            *(sys.argv[1:] if argv is None else argv)])
+    words = [sys.argv[0], *sys.argv[1:]] if argv is None else ["benchmarks/finetune_cifar10.py", *argv]
+    command = "python " + " ".join(shlex.quote(a) for a in words)
     roles = [r.strip() for r in args.models.split(",") if r.strip()]
     try:
         if not roles or any(r not in ROLES for r in roles):

@@ -35,12 +35,10 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-from hwnas.search.rundir import RunDir
 
 from hwnas.core.errors import UserError
 from hwnas.core.io import check_writable, first_line, write_atomic, write_json
@@ -182,7 +180,7 @@ def load_finetuned(path: str | Path, *, device: str = "cpu") -> tuple[Any, dict[
     except pickle.UnpicklingError:
         raise UserError(f"cannot read {path}: it holds objects other than tensors and plain data, "
                         f"which hwnas never loads (they could run code)") from None
-    except Exception as exc:  # torch raises many types for a corrupt or foreign file
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for a corrupt file
         raise UserError(f"cannot read {path}: {first_line(exc)}") from None
     if not isinstance(payload, dict) or payload.get("format") != FINETUNE_FORMAT:
         raise UserError(f"{path} is not a fine-tuned model of hwnas (no {FINETUNE_FORMAT!r} tag)")
@@ -247,7 +245,11 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
     replaced, bad settings, a device this machine lacks) raises UserError before anything is
     written."""
     import torch
-    from hwnas.export.model_export import ExportSettings, export_model, measurable_devices
+    from hwnas.export.model_export import (
+        ExportSettings,
+        export_model,
+        measurable_devices,
+    )
     from hwnas.export.onnx_export import InputSpec
     from hwnas.export.qdq import dequantized_twin
     from hwnas.export.run_api import Run
