@@ -111,8 +111,9 @@ def add_finetune_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
                                         "export it")
     p.add_argument("run_dir", help="run directory written by 'hwnas search' / 'hwnas run'")
     add_config_flag(p)
-    p.add_argument("--trial", type=non_negative_int, required=True,
-                   help="the trial number to fine-tune (trials.csv, pareto_<device>.csv)")
+    p.add_argument("--trial", type=non_negative_int,
+                   help="the trial number to fine-tune (trials.csv, pareto_<device>.csv); "
+                        "required here or in --config")
     p.add_argument("--epochs", type=positive_int, default=d.epochs,
                    help=f"fine-tuning epochs (default {d.epochs})")
     p.add_argument("--lr", type=positive_float, default=d.lr,
@@ -132,6 +133,9 @@ def run_finetune(args: argparse.Namespace) -> int:
     """Handler of ``hwnas finetune``."""
     from hwnas.export.finetune import FinetuneSettings, finetune_trial
 
+    if args.trial is None:
+        raise UserError("hwnas finetune needs --trial N, the number of the trial to fine-tune "
+                        "(see the run's trials.csv or pareto_<device>.csv)")
     settings = FinetuneSettings(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
                                 device=args.device)
     result = finetune_trial(args.run_dir, args.trial, settings=settings, out=args.out,

@@ -50,6 +50,9 @@ def test_float_trial_fine_tuned_saved_and_exported(float_done, capsys) -> None:
     before, after = summary["before"], summary["after"]
     assert 0 < before["val"] <= after["val"] <= 100 and 0 < after["test"] <= 100
     assert [h["epoch"] for h in summary["history"]] == [0, 1]
+    # the start is the model the search scored
+    trials = hwnas.load_run(out.parents[1]).trials.set_index("trial")
+    assert before["val"] == pytest.approx(trials.loc[trial, "accuracy"], abs=1e-9)
     assert summary["export"]["status"] == "ok"
     # the checkpoint is plain data: the weights-only loader reads it
     payload = torch.load(out / "model.pt", map_location="cpu", weights_only=True)
@@ -84,6 +87,7 @@ def test_trial_with_policy_exports_the_qat_model(run_copy: Path, tmp_path: Path,
     out = tmp_path / "ft"
     result = run.finetune(trial, epochs=1, out=out, progress=False, export_settings=FAST)
     assert result.policy is not None and result.after["val"] >= result.before["val"]
+    assert result.before["val"] == pytest.approx(run.row(trial)["accuracy"], abs=1e-9)
     assert result.export.status == "ok", result.export.errors
     qdq = {f.path: f for f in result.export.files}[f"qdq/trial_{trial:04d}.onnx"]
     assert qdq.status == "ok" and qdq.top1_agreement >= 0.99
@@ -113,6 +117,7 @@ def test_bad_input_is_one_line_and_writes_nothing(small_run: Path, tmp_path: Pat
     out = tmp_path / "out"
     base = ["finetune", str(small_run), "--epochs", "1", "--quiet", "--out", str(out)]
     assert "no completed trial 99" in _one_error(capsys, base + ["--trial", "99"])
+    assert "needs --trial N" in _one_error(capsys, base)
     assert "does not exist" in _one_error(
         capsys, ["finetune", str(tmp_path / "nope"), "--trial", "0", "--out", str(out)])
     if not torch.cuda.is_available():
