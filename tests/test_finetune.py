@@ -180,3 +180,38 @@ def test_only_an_earlier_fine_tuning_is_replaced(tmp_path: Path) -> None:
         _check_replaceable(out, run, overwrite=True)
     with pytest.raises(UserError, match="run directory"):
         _check_replaceable(run, run, overwrite=True)
+
+
+def test_qdq_builder_takes_the_given_quantized_model(one_torch_thread) -> None:
+    """build_qdq(quantized=...) writes the scales of the model given (as QAT learned them), not
+    those of a fresh PTQ; float_layers make layers float in a copy; another policy is refused."""
+    from hwnas.export.onnx_export import check_parity
+    from hwnas.export.qdq import build_qdq, dequantized_twin
+    from hwnas.quant.policy import uniform
+    from hwnas.quant.ptq import ptq
+    from hwnas.supernet.spaces import get_space
+
+    from hwnas.core.errors import UserError
+
+    torch.manual_seed(0)
+    space = get_space("mbv3-tiny", in_channels=1, image_size=8, num_classes=10)
+    model = space.build_supernet().extract(space.smallest()).eval()
+    calib = [torch.randn(32, 1, 8, 8)]
+    policy = uniform(model, 8, 8)
+    qmodel = ptq(model, policy, calib)
+    layer = dict(quant_layers(qmodel))["stem_conv"]
+    with torch.no_grad():  # as if QAT had moved the step sizes
+        layer.weight_quant.scale.mul_(1.5)
+        layer.input_quant.scale.mul_(1.25)
+    twin = dequantized_twin(qmodel)
+    build = build_qdq(twin, policy, calib, quantized=qmodel)
+    np.testing.assert_allclose(build.layers["stem_conv"].weight_scale,
+                               layer.weight_quant.scale.detach().numpy().reshape(-1), rtol=1e-6)
+    assert build.layers["stem_conv"].act_scale == pytest.approx(float(layer.input_quant.scale))
+    parity = check_parity(build.proto(requantize=False).SerializeToString(), qmodel,
+                          torch.randn(64, 1, 8, 8), atol=float("inf"))
+    assert parity.top1_agreement >= 0.95
+    kept = build_qdq(twin, policy, calib, quantized=qmodel, float_layers=["stem_conv"])
+    assert kept.layers["stem_conv"].category == "float" and layer.w_bits == 8  # a copy changed
+    with pytest.raises(UserError, match="another policy"):
+        build_qdq(twin, uniform(model, 4, 8), calib, quantized=qmodel)
