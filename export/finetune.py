@@ -269,6 +269,13 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
     trial = int(trial)
     out_dir = Path(out) if out is not None else run.dir.finetune_dir(trial)
     _check_replaceable(out_dir, run.path, overwrite)
+    tunable = measurable_devices(str(d) for d in ((run.settings.get("devices") or [])
+                                                  if devices is None else devices))
+    wrong = [d for d in devices or () if d not in tunable]
+    if wrong:
+        raise UserError(f"device {wrong[0]!r} cannot be measured on this CPU; expected "
+                        f"cpu-ort-<N>t or cpu-ov-<N>t (OpenVINO installed), optionally with "
+                        f"-b<batch>")
     space, supernet, _ = run._checkpoint
     seed = int(run.settings.get("seed", 0)) if settings.seed is None else int(settings.seed)
     supernet.to(device)
@@ -316,8 +323,6 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        wanted = (run.settings.get("devices") or []) if devices is None else devices
-        tunable = measurable_devices(str(d) for d in wanted)
         result.export = export_model(
             final if policy is None else dequantized_twin(final), name=name, out_dir=staging,
             example=test_images[:1], test_images=test_images, test_labels=test_labels,

@@ -11,8 +11,9 @@
    largest quantized level (``2^(b-1)-1`` for weights, ``2^b-1`` for activations). Activation
    zero points stay at their calibrated values.
 3. The folded weights, biases and scales are fine-tuned for a few epochs with knowledge
-   distillation from the float model: soft cross-entropy against its temperature-``T``
-   softmax (times ``T^2``), plus optionally a label term.
+   distillation from the float model (or a given ``teacher``, e.g. a supernet's largest
+   subnet): soft cross-entropy against its temperature-``T`` softmax (times ``T^2``), plus
+   optionally a label term. The loop is :func:`distill`, which also fine-tunes float models.
 4. With held-out ``val_batches``, the start and every epoch are scored on them and the best
    state is returned: fine-tuning a well-trained network can lose accuracy (low-bit layers
    oscillate between grid points), and a QAT that makes the model worse than its PTQ start on

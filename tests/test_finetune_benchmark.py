@@ -48,5 +48,8 @@ def test_one_model_end_to_end(small_run: Path, tmp_path: Path, capsys, one_torch
     text = capsys.readouterr().out
     assert "| smallest |" in text and str(out) in text
     assert fb.main([str(run), "--models", "biggest", "--out", str(out)]) == 2
+    assert fb.main([str(run), "--device", "cpu", "--devices", "edgetpu-est", "--out",
+                    str(out)]) == 2
+    assert "cannot be measured on this CPU" in capsys.readouterr().err
     assert fb.main([str(run), "--front", "nowhere", "--device", "cpu", "--out", str(out)]) == 2
     assert "front for device 'nowhere'" in capsys.readouterr().err
