@@ -10,18 +10,24 @@ Wired into ``hwnas`` by :func:`add_export_parser` (``hwnas/cli.py`` calls it and
 Exit status: 0 when every selected model was exported and verified, 1 when some failed (one
 line each on stderr; the others are written), 2 on a whole-command error (UserError, raised
 to the ``hwnas`` main, which prints ``hwnas: error: ...``).
+
+``hwnas finetune RUN_DIR --trial N`` (:func:`add_finetune_parser`, :func:`run_finetune`)
+fine-tunes one trial and exports it again (:mod:`hwnas.export.finetune`); exit status 1 when
+the model was fine-tuned and saved but a file of its export failed verification.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from hwnas.core.cli_args import positive_int
+from hwnas.core.cli_args import non_negative_int, positive_float, positive_int
 from hwnas.core.errors import UserError
 
-__all__ = ["EXIT_SOME_FAILED", "add_export_parser", "run_export"]
+__all__ = ["EXIT_SOME_FAILED", "add_export_parser", "add_finetune_parser", "run_export",
+           "run_finetune"]
 
 EXIT_SOME_FAILED = 1
 
@@ -93,3 +99,57 @@ def run_export(args: argparse.Namespace) -> int:
     print(f"exported {n - failed} of {n} models to {result.out_dir} "
           f"(manifest.json, manifest.csv) in {result.seconds:.0f} s")
     return EXIT_SOME_FAILED if failed else 0
+
+
+def add_finetune_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
+    """Add the ``finetune`` command to ``sub``; return its handler."""
+    from hwnas.export.finetune import FinetuneSettings
+
+    d = FinetuneSettings()
+    p = sub.add_parser("finetune", help="fine-tune one trial of a run by distillation from the "
+                                        "largest subnet (QAT under its bit policy), save and "
+                                        "export it")
+    p.add_argument("run_dir", help="run directory written by 'hwnas search' / 'hwnas run'")
+    add_config_flag(p)
+    p.add_argument("--trial", type=non_negative_int,
+                   help="the trial number to fine-tune (trials.csv, pareto_<device>.csv); "
+                        "required here or in --config")
+    p.add_argument("--epochs", type=positive_int, default=d.epochs,
+                   help=f"fine-tuning epochs (default {d.epochs})")
+    p.add_argument("--lr", type=positive_float, default=d.lr,
+                   help=f"peak learning rate of the cosine schedule (default {d.lr:g})")
+    p.add_argument("--batch-size", type=positive_int, default=d.batch_size,
+                   help=f"training batch size (default {d.batch_size})")
+    p.add_argument("--device", default=d.device,
+                   help=f"torch device to train on: cpu, cuda, cuda:N (default {d.device})")
+    p.add_argument("--out", help="output directory (default RUN_DIR/finetune/trial_NNNN)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier fine-tuning of this trial in --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    return run_finetune
+
+
+def run_finetune(args: argparse.Namespace) -> int:
+    """Handler of ``hwnas finetune``."""
+    from hwnas.export.finetune import FinetuneSettings, finetune_trial
+
+    if args.trial is None:
+        raise UserError("hwnas finetune needs --trial N, the number of the trial to fine-tune "
+                        "(see the run's trials.csv or pareto_<device>.csv)")
+    settings = FinetuneSettings(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+                                device=args.device)
+    result = finetune_trial(args.run_dir, args.trial, settings=settings, out=args.out,
+                            overwrite=args.overwrite, progress=not args.quiet)
+    b, a = result.before, result.after
+    kind = "QAT" if result.policy else "float"
+    print(f"trial {result.trial} ({kind}): validation {b['val']:.2f} -> {a['val']:.2f} %, test "
+          f"{b['test']:.2f} -> {a['test']:.2f} % after {result.epochs} epoch(s) (kept epoch "
+          f"{result.kept_epoch}) in {result.seconds:.0f} s on {result.device}")
+    export = result.export
+    for f in export.files:
+        if f.status != "ok":
+            print(f"{result.out_dir / f.path}: failed: {f.error}", file=sys.stderr)
+    written = sum(1 for f in export.files if f.written)
+    print(f"wrote {result.checkpoint.name}, summary.json and {written} ONNX file(s) to "
+          f"{result.out_dir}")
+    return EXIT_SOME_FAILED if export.status != "ok" else 0

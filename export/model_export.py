@@ -412,7 +412,8 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
                  accuracy: Any = None, predicted_latency: Mapping[str, float | None] | None = None,
                  devices: Mapping[str, int] | None = None, metadata: Mapping[str, Any] | None = None,
                  settings: ExportSettings | None = None, progress: bool = False,
-                 input_spec: InputSpec | None = None, model_version: int = 1) -> ModelExport:
+                 input_spec: InputSpec | None = None, model_version: int = 1,
+                 quantized: nn.Module | None = None) -> ModelExport:
     """Export ``model`` (and its ``policy``) to ``out_dir`` (layout in the module docstring),
     verify and time every file; returns the record for the manifest.
 
@@ -421,13 +422,18 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
     every device of the search (metadata and manifest). ``test_labels``: labels of
     ``test_images``, to report each file's top-1 accuracy. ``input_spec``: mean, std and class
     names, written into every file (:func:`hwnas.export.onnx_export.describe_model`) and needed
-    for ``settings.uint8_input``. A file that fails verification is recorded
+    for ``settings.uint8_input``. ``quantized``: the model already quantized under ``policy``
+    (e.g. by QAT; ``model`` is then its float twin, :func:`hwnas.export.qdq.dequantized_twin`):
+    its QDQ files take its learned scales instead of PTQ on ``calibration``, and are verified
+    against it. A file that fails verification is recorded
     (``status="failed"``) and not written; bad arguments raise UserError."""
     s = settings or ExportSettings()
     s.validate()
     out_dir = Path(out_dir)
     if not isinstance(model, nn.Module):
         raise UserError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if quantized is not None and policy is None:
+        raise UserError(f"model {name}: a quantized model needs the policy it was quantized under")
     if policy is not None and calibration is None:
         raise UserError(f"model {name}: a quantization policy needs calibration batches")
     if not isinstance(test_images, torch.Tensor) or test_images.dim() < 2 or len(test_images) == 0:
@@ -513,7 +519,7 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
 
     def do_qdq() -> None:
         build = build_qdq(model, policy, calibration, config=ptq_config, example=example[:1],
-                          opset=s.opset)
+                          opset=s.opset, quantized=quantized)
         holder["build"] = build
         proto = build.proto(requantize=False)
         set_metadata(proto, {**base_meta, "precision": "qdq", "target_device": ""})
@@ -579,7 +585,7 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
                       dev_rel=dev_rel) -> None:
             dbuild = build if not choice.float_layers else build_qdq(
                 model, policy, calibration, config=ptq_config, example=example[:1],
-                float_layers=choice.float_layers, opset=s.opset)
+                float_layers=choice.float_layers, opset=s.opset, quantized=quantized)
             proto = dbuild.proto(requantize=s.requantize)
             set_metadata(proto, {**base_meta, "precision": "qdq", "target_device": device,
                                  "device_choice": {"threads": choice.threads, "batch": choice.batch,

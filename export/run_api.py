@@ -9,6 +9,7 @@ The way back into a run directory for notebooks and scripts, without repeating t
     model = run.model(best.trial)    # the subnet as the search scored it (nn.Module)
     run.latency(best.trial, "jetson-orin-nano-est")
     run.export(select=[best.trial])  # ONNX files, verified and timed
+    run.finetune(best.trial, epochs=3)  # distilled from the largest subnet (QAT with a policy)
 
 It reads the directory through :class:`hwnas.search.rundir.RunDir` and rebuilds models the way
 the search and ``hwnas export`` do (:class:`hwnas.search.evaluator.TrialEvaluator`: the subnet
@@ -109,7 +110,11 @@ class Run:
         from hwnas.search.evaluator import policy_from_text
 
         row = self.row(trial)
-        return self.space.from_string(row["arch"]), policy_from_text(row["policy"])
+        arch = row["arch"]
+        if not isinstance(arch, str) or not arch.strip():
+            raise UserError(f"trial {trial} of {self.path} has no model: its architecture is "
+                            f"missing from the trials table")
+        return self.space.from_string(arch), policy_from_text(row["policy"])
 
     # -- models ------------------------------------------------------------------------------
     @cached_property
@@ -130,13 +135,11 @@ class Run:
 
     @cached_property
     def data(self):  # -> DatasetSplits
-        """The run's dataset, split as the search split it, with the checkpoint's training
-        augmentation."""
-        from hwnas.supernet.data.sources import load_dataset
-        from hwnas.supernet.train import with_training_augment
+        """The run's dataset, split as the search split it (validation disjoint from the
+        supernet's training images), with the checkpoint's training augmentation."""
+        from hwnas.export.run_export import run_splits
 
-        data = load_dataset(self.settings["dataset"], seed=int(self.settings.get("data_seed", 0)))
-        return with_training_augment(data, self._checkpoint[2].get("train_config"))
+        return run_splits(self.path, self.settings, self._checkpoint[2])
 
     @cached_property
     def _evaluator(self):
@@ -200,3 +203,23 @@ class Run:
             select = ",".join(str(int(t)) for t in select)
         return export_run(self.path, front=front, select=select, out=out, settings=settings,
                           progress=progress, **options)
+
+    def finetune(self, trial: int, *, epochs: int = 3, lr: float = 3e-3, batch_size: int = 128,
+                 device: str = "cpu", out: str | Path | None = None, overwrite: bool = False,
+                 progress: bool = True, settings: Any = None,
+                 export_settings: Any = None,
+                 devices: Iterable[str] | None = None):  # -> FinetuneResult
+        """Fine-tune trial ``trial`` by distillation from the supernet's largest subnet (LSQ
+        QAT under its policy, if it has one), save it to ``out`` (default
+        ``finetune/trial_NNNN``) and export it again
+        (:func:`hwnas.export.finetune.finetune_trial`). ``settings``: a
+        :class:`hwnas.export.finetune.FinetuneSettings` (replaces ``epochs``, ``lr``,
+        ``batch_size`` and ``device``); ``devices``: where to time the exported files
+        (default the run's measured devices, ``()`` none)."""
+        from hwnas.export.finetune import FinetuneSettings, finetune_trial
+
+        settings = settings or FinetuneSettings(epochs=epochs, lr=lr, batch_size=batch_size,
+                                                device=device)
+        return finetune_trial(self, trial, settings=settings, out=out, overwrite=overwrite,
+                              export_settings=export_settings, progress=progress,
+                              devices=None if devices is None else list(devices))

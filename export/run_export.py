@@ -38,7 +38,8 @@ from hwnas.search.rundir import RunDir
 from hwnas.core.errors import UserError
 from hwnas.core.io import check_writable, pid_alive
 
-__all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front"]
+__all__ = ["ModelRow", "RunExport", "export_run", "foreign_file", "move_into_place", "parse_select",
+           "read_front", "run_splits"]
 
 CONFIG_FILE = RunDir.CONFIG
 SUPERNET_FILE = RunDir.SUPERNET
@@ -208,10 +209,8 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     from hwnas.quant.policy import QuantPolicy
     from hwnas.quant.ptq import PTQConfig
     from hwnas.supernet.data.loader import BatchLoader
-    from hwnas.supernet.data.sources import load_dataset
     from hwnas.supernet.evaluate import recalibrated_subnet
-    from hwnas.supernet.fingerprint import disjoint_validation
-    from hwnas.supernet.train import load_checkpoint, with_training_augment
+    from hwnas.supernet.train import load_checkpoint
 
     start = time.perf_counter()
     run_dir = Path(run_dir)
@@ -249,10 +248,7 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
         raise UserError(f"{run_dir / SUPERNET_FILE} holds space {space.name!r} but config.json "
                         f"says {cfg['space']!r}; the run directory is inconsistent")
     seed = int(cfg.get("seed", 0))
-    data = load_dataset(cfg["dataset"], seed=int(cfg.get("data_seed", 0)))
-    data = disjoint_validation(data, payload, str(run_dir / SUPERNET_FILE),  # the run's splits
-                               seed=int(cfg.get("data_seed", 0)), log=lambda _: None)
-    data = with_training_augment(data, payload.get("train_config"))
+    data = run_splits(run_dir, cfg, payload)
     calib_batches = int(cfg.get("calib_batches", 10))
     ptq_config = PTQConfig(max_images=int(cfg.get("ptq_images", 256)), seed=seed)
     devices = [str(d) for d in (cfg.get("devices") or [])]
@@ -311,14 +307,7 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
             report(_summary_line(result))
             write_manifest(staging, results, _info(run_dir, cfg, front, select, settings, tunable))
         _write_speedups(staging, results, space, tunable)
-        if out_dir.exists():
-            old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
-            out_dir.rename(old)
-            staging.rename(out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            out_dir.parent.mkdir(parents=True, exist_ok=True)
-            staging.rename(out_dir)
+        move_into_place(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -329,6 +318,49 @@ MANIFEST_FORMAT = "hwnas-export-manifest-1"
 # what an export writes, relative to its directory: anything else there is the user's
 _EXPORT_FILES = (RunDir.MANIFEST, RunDir.MANIFEST_CSV, "int8_speedup_*.json", "*.onnx", "*.onnx.data",
                  *(f"{d}*/*.onnx{x}" for d in ("qdq", "int4", "uint8") for x in ("", ".data")))
+
+
+def run_splits(run_dir: str | Path, cfg: dict[str, Any], payload: dict[str, Any]):  # -> DatasetSplits
+    """The run's dataset split as its search split it (``data_seed``): validation and test
+    disjoint from the images its supernet (checkpoint ``payload``) trained on, and the training
+    augmentation the checkpoint records (for BatchNorm recalibration)."""
+    from hwnas.supernet.data.sources import load_dataset
+    from hwnas.supernet.fingerprint import disjoint_validation
+    from hwnas.supernet.train import with_training_augment
+
+    data_seed = int(cfg.get("data_seed", 0))
+    data = load_dataset(cfg["dataset"], seed=data_seed)
+    data = disjoint_validation(data, payload, str(RunDir(run_dir).supernet), seed=data_seed,
+                               log=lambda _: None)
+    return with_training_augment(data, payload.get("train_config"))
+
+
+def move_into_place(staging: Path, out_dir: Path) -> None:
+    """Replace ``out_dir`` (if any) by the finished ``staging`` directory beside it: renames
+    only, so a reader sees the old directory or the new one, never a half-written one."""
+    if out_dir.exists():
+        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+        out_dir.rename(old)
+        staging.rename(out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(out_dir)
+
+
+def foreign_file(out_dir: Path, also: Sequence[str] = ()) -> Path | None:
+    """The first file or link under ``out_dir`` that no export writes (nor a pattern of
+    ``also``, relative to ``out_dir``), or None."""
+    patterns = (*_EXPORT_FILES, *also)
+    for path in sorted(out_dir.rglob("*")):
+        rel = path.relative_to(out_dir)
+        if (path.is_dir() and not path.is_symlink() and len(rel.parts) == 1
+                and rel.name.startswith(("qdq", "int4", "uint8"))):
+            continue
+        if path.is_symlink() or not any(rel.match(p) and len(rel.parts) == p.count("/") + 1
+                                        for p in patterns):
+            return rel
+    return None
 
 
 def remove_stale(out_dir: Path) -> list[Path]:
@@ -368,14 +400,10 @@ def check_replaceable(out_dir: Path, run_dir: Path) -> None:
     if fmt != MANIFEST_FORMAT:
         raise UserError(f"--out {out_dir} exists and is not an hwnas export (no manifest.json of "
                         f"one); hwnas never replaces it, choose a new or empty directory")
-    for path in sorted(out_dir.rglob("*")):
-        rel = path.relative_to(out_dir)
-        if path.is_dir() and len(rel.parts) == 1 and rel.name.startswith(("qdq", "int4", "uint8")):
-            continue
-        if path.is_symlink() or not any(rel.match(p) and len(rel.parts) == p.count("/") + 1
-                                        for p in _EXPORT_FILES):
-            raise UserError(f"--out {out_dir} holds {rel}, which no hwnas export writes; move it "
-                            f"away or choose another directory")
+    rel = foreign_file(out_dir)
+    if rel is not None:
+        raise UserError(f"--out {out_dir} holds {rel}, which no hwnas export writes; move it "
+                        f"away or choose another directory")
 
 
 def _info(run_dir: Path, cfg: dict, front: str | None, select: str, settings: Any,

@@ -24,8 +24,10 @@ from hwnas.export.cli import (
     EXIT_SOME_FAILED,
     add_config_flag,
     add_export_parser,
+    add_finetune_parser,
     add_preprocessing_flag,
     run_export,
+    run_finetune,
 )
 from hwnas.latency.cli import add_latency_parser, run_latency
 from hwnas.supernet.train_options import (
@@ -218,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("spaces", help="list the available search spaces")
     add_latency_parser(sub)
     add_export_parser(sub)
+    add_finetune_parser(sub)
     return parser
 
 
@@ -399,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
         args.started = started
         handler = {"run": cmd_run, "search": cmd_search, "export": run_export, "train": cmd_train,
-                   "spaces": cmd_spaces, "latency": run_latency}[args.command]
+                   "spaces": cmd_spaces, "latency": run_latency,
+                   "finetune": run_finetune}[args.command]
         return handler(args)
     except UserError as exc:
         print(f"hwnas: error: {exc}", file=sys.stderr)
@@ -424,6 +428,9 @@ def _resume_hint(command: str | None) -> str:
     if command == "train":
         return ("a run directory continues from its last checkpoint with --resume; a "
                 "checkpoint file was not written")
+    if command == "finetune":
+        return ("the previous fine-tuning output is unchanged; run the same command again "
+                "(with --overwrite to replace an earlier one)")
     return "nothing was written"
 
 

@@ -11,8 +11,9 @@
    largest quantized level (``2^(b-1)-1`` for weights, ``2^b-1`` for activations). Activation
    zero points stay at their calibrated values.
 3. The folded weights, biases and scales are fine-tuned for a few epochs with knowledge
-   distillation from the float model: soft cross-entropy against its temperature-``T``
-   softmax (times ``T^2``), plus optionally a label term.
+   distillation from the float model (or a given ``teacher``, e.g. a supernet's largest
+   subnet): soft cross-entropy against its temperature-``T`` softmax (times ``T^2``), plus
+   optionally a label term. The loop is :func:`distill`, which also fine-tunes float models.
 4. With held-out ``val_batches``, the start and every epoch are scored on them and the best
    state is returned: fine-tuning a well-trained network can lose accuracy (low-bit layers
    oscillate between grid points), and a QAT that makes the model worse than its PTQ start on
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -42,7 +44,7 @@ from tqdm.auto import tqdm
 
 from hwnas.core.errors import UserError
 
-__all__ = ["QATConfig", "QATResult", "enable_lsq", "qat"]
+__all__ = ["QATConfig", "QATResult", "distill", "enable_lsq", "qat"]
 
 
 @dataclass
@@ -133,14 +135,17 @@ def _kd_loss(student: torch.Tensor, teacher: torch.Tensor, y: torch.Tensor | Non
 def qat(model: nn.Module, policy: QuantPolicy, train_batches: Iterable, calib_batches: Iterable,
         config: QATConfig | None = None, ptq_config: PTQConfig | None = None, *,
         init: nn.Module | None = None, progress: bool = True, val_batches: Iterable | None = None,
-        on_epoch: Callable[[int, nn.Module], dict[str, float] | None] | None = None) -> QATResult:
+        on_epoch: Callable[[int, nn.Module], dict[str, float] | None] | None = None,
+        teacher: nn.Module | None = None) -> QATResult:
     """Quantization-aware fine-tuning of ``model`` under ``policy`` (see the module docstring).
 
     ``train_batches``: re-iterable ``(x, y)`` batches (e.g. a shuffled, augmented BatchLoader),
     one pass per epoch. ``init``: an already PTQ-quantized model to start from (copied) instead
     of running PTQ. ``val_batches``: re-iterable held-out ``(x, y)`` batches; the start and each
     epoch are scored on them (``val`` in the history) and the best state is returned.
-    ``on_epoch(epoch, qmodel)`` may return metrics to record in the history.
+    ``on_epoch(epoch, qmodel)`` may return metrics to record in the history. ``teacher``: the
+    network distilled from (default ``model``, the float model itself; e.g. a supernet's
+    largest subnet).
     """
     config = config or QATConfig()
     config.validate()
@@ -150,11 +155,36 @@ def qat(model: nn.Module, policy: QuantPolicy, train_batches: Iterable, calib_ba
         qmodel = copy.deepcopy(init)
     else:
         qmodel = ptq(model, policy, calib_batches, ptq_config)
+    scales = enable_lsq(qmodel)
+    try:
+        return distill(qmodel, teacher if teacher is not None else model, train_batches, config,
+                       scales=scales, progress=progress, val_batches=val_batches,
+                       on_epoch=on_epoch, desc="QAT")
+    finally:
+        for _, q in quantizers(qmodel):  # scales frozen again: the result is a plain PTQ-style model
+            q.grad_scale = None
+            q.scale.requires_grad_(False)
+
+
+def distill(student: nn.Module, teacher: nn.Module, train_batches: Iterable,
+            config: QATConfig | None = None, *, scales: Iterable[nn.Parameter] = (),
+            progress: bool = True, val_batches: Iterable | None = None,
+            on_epoch: Callable[[int, nn.Module], dict[str, float] | None] | None = None,
+            desc: str = "fine-tune") -> QATResult:
+    """Fine-tune ``student`` in place by knowledge distillation from ``teacher`` (copied to the
+    student's device, frozen): the loss, optimizer, warm-up and cosine schedule of ``config``,
+    one pass over ``train_batches`` per epoch, the best validation state kept (see :func:`qat`).
+    ``scales``: LSQ step sizes (learned at ``scale_lr`` and kept positive); every other
+    parameter of ``student`` except frozen quantizer scales is trained at ``lr``. QAT and the
+    float fine-tuning of a chosen subnet share this loop."""
+    config = config or QATConfig()
+    config.validate()
+    qmodel = student
     device = _model_device(qmodel)
-    teacher = copy.deepcopy(model).to(device).eval()
+    teacher = copy.deepcopy(teacher).to(device).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
-    scales = enable_lsq(qmodel)
+    scales = list(scales)
     all_scales = {id(q.scale) for _, q in quantizers(qmodel)}  # unused (float) scales stay frozen
     weights = [p for p in qmodel.parameters() if id(p) not in all_scales]
     for p in weights:
@@ -183,10 +213,11 @@ def qat(model: nn.Module, policy: QuantPolicy, train_batches: Iterable, calib_ba
         history.append({"epoch": 0, "val": val})
         best = (val, 0, copy.deepcopy(qmodel.state_dict()))
     step, start = 0, time.perf_counter()
-    bar = tqdm(total=total, desc="QAT", unit="step", disable=not progress, leave=False)
     for epoch in range(config.epochs):
         qmodel.train()
         loss_sum, n = torch.zeros((), device=device), 0
+        bar = tqdm(total=steps_per_epoch, desc=f"{desc} epoch {epoch + 1}/{config.epochs}",
+                   unit="step", disable=not progress, leave=False)
         for batch in train_batches:
             if config.max_steps is not None and step >= config.max_steps:
                 break
@@ -221,6 +252,7 @@ def qat(model: nn.Module, policy: QuantPolicy, train_batches: Iterable, calib_ba
             n += 1
             step += 1
             bar.update(1)
+        bar.close()
         qmodel.eval()
         if n == 0:
             raise UserError("QAT training data is empty; expected (inputs, labels) batches")
@@ -232,16 +264,14 @@ def qat(model: nn.Module, policy: QuantPolicy, train_batches: Iterable, calib_ba
         if on_epoch is not None:
             record.update(on_epoch(epoch + 1, qmodel) or {})
         history.append(record)
+        if progress:
+            shown = "".join(f" {k} {v:.4g}" for k, v in record.items() if k != "epoch")
+            print(f"{desc} epoch {epoch + 1}/{config.epochs}:{shown}", file=sys.stderr, flush=True)
         if config.max_steps is not None and step >= config.max_steps:
             break
-    bar.close()
     kept = history[-1]["epoch"]
     if best is not None:
         kept = best[1]
         qmodel.load_state_dict(best[2])
-    for _, q in quantizers(qmodel):  # scales frozen again: the result is a plain PTQ-style model
-        q.grad_scale = None
-        q.scale.requires_grad_(False)
     qmodel.eval()
     return QATResult(qmodel, time.perf_counter() - start, step, history, kept_epoch=int(kept))
-

@@ -11,6 +11,7 @@ A run directory is what ``hwnas search`` / ``hwnas run`` leave behind and what `
     hypervolume.csv, fronts.png, devices.png, hypervolume.png, train_history.json,
     accuracy_predictor.json (--accuracy predictor)
     export/                 the exported models and their manifest.json
+    finetune/trial_NNNN/    a fine-tuned trial: model.pt, summary.json, its ONNX files
 
 :class:`RunDir` names these paths and reads the tables and the configuration, with one-line
 errors for a directory that is not a run. No torch here.
@@ -46,6 +47,7 @@ class RunDir:
     DEVICES_PNG = "devices.png"
     HYPERVOLUME_PNG = "hypervolume.png"
     EXPORT = "export"
+    FINETUNE = "finetune"
     MANIFEST = "manifest.json"
     MANIFEST_CSV = "manifest.csv"
     PARETO_PREFIX, PARETO_SUFFIX = "pareto_", ".csv"
@@ -93,6 +95,10 @@ class RunDir:
     @property
     def export_dir(self) -> Path:
         return self.path / self.EXPORT
+
+    def finetune_dir(self, trial: int) -> Path:
+        """``finetune/trial_NNNN``: where ``hwnas finetune`` writes trial ``trial``."""
+        return self.path / self.FINETUNE / f"trial_{trial:04d}"
 
     @property
     def manifest(self) -> Path:

@@ -28,5 +28,5 @@ def test_help_exits_zero_and_lists_the_commands() -> None:
     proc = subprocess.run([sys.executable, "-m", "hwnas", "--help"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for command in ("run", "search", "train", "spaces", "latency", "export"):
+    for command in ("run", "search", "train", "spaces", "latency", "export", "finetune"):
         assert command in proc.stdout

@@ -60,7 +60,7 @@ public names.
 """
 
 from hwnas.export.onnx_export import read_metadata, set_metadata
-from hwnas.export.qdq.build import EXPORT_FORMAT, QdqBuild, build_qdq, float_proto
+from hwnas.export.qdq.build import EXPORT_FORMAT, QdqBuild, build_qdq, dequantized_twin, float_proto
 from hwnas.export.qdq.builder import LayerQuant, ProductQuant, QdqGraphBuilder
 from hwnas.export.qdq.names import layer_kinds, map_layer_nodes, node_scope
 from hwnas.export.qdq.requant import DeployedReference
@@ -73,6 +73,7 @@ __all__ = [
     "QdqGraphBuilder",
     "DeployedReference",
     "build_qdq",
+    "dequantized_twin",
     "float_proto",
     "layer_kinds",
     "map_layer_nodes",

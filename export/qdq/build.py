@@ -26,13 +26,13 @@ from hwnas.quant.fake_quant import (
 )
 from hwnas.quant.fold import fold_bn
 from hwnas.quant.policy import FLOAT_BITS, QuantPolicy
-from hwnas.quant.ptq import PTQConfig, calibration_batches, ptq
+from hwnas.quant.ptq import PTQConfig, calibration_batches, policy_of, ptq
 from onnx import numpy_helper
 from torch import nn
 
 from hwnas.core.errors import UserError
 
-__all__ = ["EXPORT_FORMAT", "QdqBuild", "build_qdq", "float_proto"]
+__all__ = ["EXPORT_FORMAT", "QdqBuild", "build_qdq", "dequantized_twin", "float_proto"]
 
 EXPORT_FORMAT = "hwnas-export-1"
 
@@ -48,7 +48,7 @@ def float_proto(model: nn.Module, example: torch.Tensor, *, opset: int = 17,
     return onnx.load_from_string(onnx_bytes(model, example, opset=opset))
 
 
-def _dequantized_twin(qmodel: nn.Module) -> nn.Module:
+def dequantized_twin(qmodel: nn.Module) -> nn.Module:
     """A plain float copy of a fake-quant model: each QuantConv2d/QuantLinear becomes an
     ``nn.Conv2d``/``nn.Linear`` with the same (folded, bias-corrected) float weights and bias,
     each QuantMatMul a plain product."""
@@ -187,12 +187,38 @@ def _on_cpu(model: nn.Module) -> nn.Module:
     return model
 
 
+def _given_quantized(quantized: nn.Module, policy: QuantPolicy,
+                     float_layers: Iterable[str]) -> nn.Module:
+    """A CPU copy of an already quantized model, checked to be quantized under ``policy``,
+    with the quantizers of ``float_layers`` made the identity."""
+    if not quant_layers(quantized):
+        raise UserError("the quantized model given to the QDQ exporter has no quantized layer")
+    if policy_of(quantized).bits != policy.bits:
+        raise UserError("the quantized model given to the QDQ exporter was quantized under "
+                        "another policy than the one given")
+    qmodel = copy.deepcopy(quantized).cpu().float().eval()
+    floats = set(float_layers)
+    for name in floats:
+        layer = qmodel.get_submodule(name)
+        layer.weight_quant.bits = layer.input_quant.bits = FLOAT_BITS
+    for _, product in quant_products(qmodel):  # a product follows its projection's bits
+        if product.follows in floats:
+            product.a_quant.bits = product.b_quant.bits = FLOAT_BITS
+    return qmodel
+
+
 def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
               config: PTQConfig | None = None, example: torch.Tensor | None = None,
               float_layers: Iterable[str] = (), opset: int = 17,
-              requant_observer: str = "mse") -> QdqBuild:
+              requant_observer: str = "mse", quantized: nn.Module | None = None) -> QdqBuild:
     """Quantize ``model`` (float, BatchNorm not yet folded) under ``policy`` with PTQ on
     ``calibration`` (``(x, y)`` batches or tensors) and prepare its QDQ graph.
+
+    ``quantized``: a fake-quant model already quantized under ``policy`` (e.g. by QAT), taken
+    as it is instead of running PTQ: its learned (LSQ) weight and activation scales go into the
+    graph unchanged, and ``calibration`` only places the requantization points. ``model`` is
+    then its float equivalent (:func:`dequantized_twin`); ``float_layers`` are made float in a
+    copy of it (their quantizers become the identity; no bias correction re-runs).
 
     ``float_layers``: layers to keep in float although the policy quantizes them (the per-device
     choice); PTQ runs with them at 32 bits, so bias correction sees the model as exported.
@@ -214,8 +240,11 @@ def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
     xs = calibration_batches(calibration, config.max_images, "cpu", config.batch_size)
     if example is None:
         example = xs[0][:1]
-    qmodel = ptq(model, effective, xs, config, example_input=example)
-    twin = _dequantized_twin(qmodel)
+    if quantized is None:
+        qmodel = ptq(model, effective, xs, config, example_input=example)
+    else:
+        qmodel = _given_quantized(quantized, policy, float_layers)
+    twin = dequantized_twin(qmodel)
     proto = onnx.load_from_string(onnx_bytes(twin, example[:1], opset=opset))
     # the policy matches the model (validated above), so a layer without a node is dead code
     # the exporter removed - unless its weights are in the graph after all
