@@ -156,11 +156,9 @@ class ExportSettings:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
             raise UserError(f"export setting workers must be an integer >= 0 (0: automatic), "
                             f"got {self.workers!r}")
-        try:
-            torch.device(self.device)
-        except (RuntimeError, TypeError):
-            raise UserError(f"export setting device must be a torch device such as cpu or "
-                            f"cuda, got {self.device!r}") from None
+        from hwnas.supernet.train import check_torch_device
+
+        check_torch_device(str(self.device))  # one line for a typo or a missing GPU
 
 
 @dataclass
