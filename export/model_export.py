@@ -412,7 +412,8 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
                  accuracy: Any = None, predicted_latency: Mapping[str, float | None] | None = None,
                  devices: Mapping[str, int] | None = None, metadata: Mapping[str, Any] | None = None,
                  settings: ExportSettings | None = None, progress: bool = False,
-                 input_spec: InputSpec | None = None, model_version: int = 1) -> ModelExport:
+                 input_spec: InputSpec | None = None, model_version: int = 1,
+                 shared: dict | None = None) -> ModelExport:
     """Export ``model`` (and its ``policy``) to ``out_dir`` (layout in the module docstring),
     verify and time every file; returns the record for the manifest.
 
@@ -421,8 +422,11 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
     every device of the search (metadata and manifest). ``test_labels``: labels of
     ``test_images``, to report each file's top-1 accuracy. ``input_spec``: mean, std and class
     names, written into every file (:func:`hwnas.export.onnx_export.describe_model`) and needed
-    for ``settings.uint8_input``. A file that fails verification is recorded
-    (``status="failed"``) and not written; bad arguments raise UserError."""
+    for ``settings.uint8_input``. ``shared``: a dict kept by the caller for the models of one
+    float network (same architecture, same recalibrated weights, e.g. several policies of one
+    arch): its FP32 graph and the one pass of it and of the float model over the test images
+    are made once (every file still passes ``onnx.checker``). A file that fails verification is
+    recorded (``status="failed"``) and not written; bad arguments raise UserError."""
     s = settings or ExportSettings()
     s.validate()
     out_dir = Path(out_dir)
@@ -491,9 +495,19 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
     references: dict[str, np.ndarray] = {}  # logits of the PyTorch models they implement
 
     def do_fp32() -> None:
-        proto = float_proto(model, example[:1], opset=s.opset)
+        proto = onnx.ModelProto()
+        if shared is not None and "fp32" in shared:  # the same float network, exported before
+            proto.CopyFrom(shared["fp32"])
+            passes.logits["float"], passes.files[fp32_rel] = shared["logits"]
+        else:
+            proto = float_proto(model, example[:1], opset=s.opset)
+        plain = onnx.ModelProto()
+        plain.CopyFrom(proto)
         set_metadata(proto, {**base_meta, "precision": "fp32", "policy": "float"})
         _verify_fp32(proto, model, passes, fp32_report, s)
+        if shared is not None:
+            shared["fp32"], shared["logits"] = plain, (passes.logits["float"],
+                                                       passes.files[fp32_rel])
         _write(out_dir, fp32_rel, proto, fp32_report)
         fp32["proto"] = proto
         candidates.append(CandidateFile(fp32_rel, proto.SerializeToString(), "fp32", "float"))

@@ -19,6 +19,7 @@ Whole-command errors (missing or foreign run directory, unknown front, bad ``--s
 
 from __future__ import annotations
 
+import copy
 import csv
 import glob
 import json
@@ -289,6 +290,8 @@ class _Context:
     devices: list[str]
     tunable: dict[str, int]
     seconds: dict[str, float]
+    #: arch string -> (its recalibrated float network, the work export_model shares for it)
+    networks: dict[str, tuple[Any, dict]] = field(default_factory=dict)
 
 
 def _prepare(run_dir: Path, cfg: dict[str, Any], settings: Any, rows: list[ModelRow],
@@ -361,9 +364,14 @@ def _export_row(ctx: _Context, row: ModelRow, staging: Path, index: int, total: 
                 raise UserError(f"policy of trial {row.trial} is not valid JSON: "
                                 f"{exc}") from None
         t0 = time.perf_counter()
-        torch.manual_seed(seed)
-        model = recalibrated_subnet(ctx.supernet, arch, data, calib_batches=ctx.calib_batches,
-                                    seed=seed, batches=ctx.bn_batches)
+        key = space.to_string(arch)
+        if key not in ctx.networks:  # several policies of one arch: one float network
+            torch.manual_seed(seed)
+            ctx.networks[key] = (recalibrated_subnet(
+                ctx.supernet, arch, data, calib_batches=ctx.calib_batches, seed=seed,
+                batches=ctx.bn_batches), {})
+        network, shared = ctx.networks[key]
+        model = copy.deepcopy(network)
         recalibrate_s = time.perf_counter() - t0
         if policy is not None:
             policy.validate(model)
@@ -376,7 +384,8 @@ def _export_row(ctx: _Context, row: ModelRow, staging: Path, index: int, total: 
             devices=ctx.tunable, settings=ctx.settings, progress=progress,
             input_spec=InputSpec(tuple(data.mean), tuple(data.std), tuple(data.classes)),
             metadata={"trial": row.trial, "fronts": row.fronts, "space": space.name,
-                      "dataset": ctx.cfg["dataset"], "test_accuracy": row.test_accuracy})
+                      "dataset": ctx.cfg["dataset"], "test_accuracy": row.test_accuracy},
+            shared=shared)
         result.info.setdefault("stage_seconds", {})["recalibrate"] = recalibrate_s
     except UserError as exc:
         result.fail(str(exc))

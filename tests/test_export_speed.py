@@ -232,7 +232,8 @@ def test_parallel_export_writes_what_the_sequential_one_writes(small_run: Path,
 
     from hwnas.export.run_export import export_run
 
-    kw = {"select": "top:2", "progress": False, "report": lambda line: None}
+    kw = {"select": "top:2", "progress": False, "report": lambda line: None,
+          "max_test_images": 200}
     one = export_run(small_run, out=tmp_path / "one", settings=FAST, **kw)
     two = export_run(small_run, out=tmp_path / "two", settings=replace(FAST, workers=2), **kw)
     assert len(one.models) == 2 and _figures(one) == _figures(two)
@@ -262,3 +263,19 @@ def test_benchmark_summarises_stages_and_rows() -> None:
            "stage_median_s": medians}
     text = table([row])
     assert "C10.npz" in text and "fp32=2 qdq=2" in text and "10.00" in text
+
+
+def test_range_errors_in_place_match_the_formula() -> None:
+    from hwnas.quant.observers import _range_errors
+
+    torch.manual_seed(0)
+    for bits in (4, 8):
+        values = torch.randn(5000) * 3 + 0.5
+        ratios = torch.linspace(0.05, 1.0, 17)
+        los, his = values.min() * ratios, values.max() * ratios
+        qmax = 2 ** bits - 1
+        scale = ((his - los) / qmax).clamp_min(1e-8)[:, None]
+        zp = torch.round(-los[:, None] / scale).clamp(0, qmax)
+        q = (torch.clamp(torch.round(values[None, :] / scale) + zp, 0, qmax) - zp) * scale
+        assert torch.equal(_range_errors(values, los, his, bits),
+                           ((q - values[None, :]) ** 2).mean(dim=1))
