@@ -48,14 +48,13 @@ def cpu_seconds() -> float:
 def machine() -> dict:
     import onnxruntime
     import torch
-
     from hwnas.latency.machine import cpu_model
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu,
             "python": platform.python_version(), "torch": torch.__version__,
             "onnxruntime": onnxruntime.__version__,
-            "load_average_at_start": list(os.getloadavg())}
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 def stage_medians(models: list) -> dict[str, float]:
@@ -66,11 +65,13 @@ def stage_medians(models: list) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace, out_dir: Path) -> dict:
-    """The search and the export of one configuration: the result row."""
-    from hwnas import search
-    from hwnas.cli import build_parser, config_from_args
+    """The search and the export of one configuration: the result row (wall seconds, and the
+    CPU seconds beside them: on a shared machine the wall clock also counts the others)."""
     from hwnas.export.model_export import ExportSettings
     from hwnas.export.run_export import export_run
+
+    from hwnas import search
+    from hwnas.cli import build_parser, config_from_args
 
     argv = ["search", "--space", args.space, "--dataset", args.dataset, "--trials",
             str(args.trials), "--device", args.device, "--out", str(out_dir), "--name", "bench",
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace, out_dir: Path) -> dict:
     if args.supernet:
         argv += ["--supernet", args.supernet]
     config = config_from_args(build_parser().parse_args(argv))
+    here = machine()  # the load average before the run
     wall, cpu = time.perf_counter(), cpu_seconds()
     result = search.run(config, overwrite=True, progress=False, log=lambda *a, **k: None)
     search_s, search_cpu = time.perf_counter() - wall, cpu_seconds() - cpu
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace, out_dir: Path) -> dict:
                             "uint8", "recommend")), 3) for m in exported.models]
     return {"dataset": args.dataset, "space": args.space, "device": args.device,
             "trials": args.trials, "supernet": args.supernet or "(the run's: trained or shipped)",
-            "cpu": machine()["cpu"], "models": n, "failed": len(exported.failed),
+            "cpu": here["cpu"], "machine": here, "models": n, "failed": len(exported.failed),
             "workers": manifest.get("workers"),
             "search_s": round(search_s, 1), "search_cpu_s": round(search_cpu, 1),
             "export_s": round(export_s, 1), "export_cpu_s": round(export_cpu, 1),
@@ -145,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["results"] = [r for r in doc.get("results", [])
                       if tuple(r.get(k) for k in KEY) != tuple(row.get(k) for k in KEY)] + [row]
     doc.update(command="python benchmarks/export_speed.py " + shlex.join(sys.argv[1:] if argv is None else argv),
-               machine=machine(),
+               machine=row["machine"],
                date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     from hwnas.core.io import write_json
 
