@@ -6,6 +6,13 @@ supernet with its BatchNorm recalibrated on ``calib_batches`` augmented training
 ``seed``), and, when the row has a policy, PTQ on ``ptq_images`` training images (128 per
 batch, shuffled with ``seed``) - and exports it with :func:`hwnas.export.model_export.export_model`.
 
+The run is prepared once for all models (:func:`_prepare`): the supernet, the data, the
+recalibration and calibration batches (the same seeded batches each model's own loader would
+draw) and the test images; the policies of one architecture share its recalibrated network
+and FP32 graph. With ``settings.workers`` > 1 the models are built and verified in spawned
+processes, each preparing the run once, while every timing runs alone
+(:mod:`hwnas.export.parallel`); results keep the order of the fronts.
+
 Everything is written to a staging directory beside ``--out`` (default ``RUN_DIR/export``) and
 moved into place at the end, so an interrupted export leaves the previous one intact. Each model
 that fails (an architecture outside the space, a policy that does not match the model, a parity
