@@ -5,7 +5,8 @@ Wired into ``hwnas`` by :func:`add_export_parser` (``hwnas/cli.py`` calls it and
 
     hwnas export RUN_DIR [--front DEVICE] [--select all|3,7|top:K|fastest:K] [--out DIR]
                          [--devices cpu-ov-2t,...] [--int4] [--batch N] [--max-images N] [--refine N]
-                         [--no-requantize] [--with-preprocessing] [--quiet]
+                         [--no-requantize] [--with-preprocessing] [--workers N]
+                         [--device cpu|cuda] [--quiet]
 
 Exit status: 0 when every selected model was exported and verified, 1 when some failed (one
 line each on stderr; the others are written), 2 on a whole-command error (UserError, raised
@@ -62,6 +63,12 @@ def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
                    help="insert Q/DQ only where the fake-quant model has them (exact, but convs "
                         "followed by float ops stay float islands; the check then fails)")
     add_preprocessing_flag(p)
+    p.add_argument("--workers", type=int, default=0,
+                   help="models built and verified in parallel processes (timings still run "
+                        "one at a time, alone); default 0: one per two cores, at most 8")
+    p.add_argument("--device", default="cpu",
+                   help="torch device for BatchNorm recalibration and the PyTorch reference "
+                        "outputs, e.g. cuda (default cpu; onnxruntime runs on the CPU)")
     p.add_argument("--quiet", action="store_true", help="only the per-model lines")
     return run_export
 
@@ -90,7 +97,8 @@ def run_export(args: argparse.Namespace) -> int:
         raise UserError(f"--refine must be >= 0, got {args.refine}")
     settings = ExportSettings(requantize=not args.no_requantize, int4=args.int4,
                               policy_batch=args.batch,
-                              refine=args.refine, uint8_input=args.with_preprocessing)
+                              refine=args.refine, uint8_input=args.with_preprocessing,
+                              workers=args.workers, device=args.device)
     result = export_run(args.run_dir, front=args.front, select=args.select, out=args.out,
                         settings=settings, max_test_images=args.max_images,
                         progress=not args.quiet,

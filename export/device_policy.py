@@ -138,17 +138,25 @@ class ProfiledLayerTimer:
 
 
 def time_models(models: Mapping[str, bytes], *, batch: int = 1, threads: int = 1,
-                rounds: int = 5, runs: int = 5, warmup: int = 3, seed: int = 0
+                rounds: int = 5, runs: int = 5, warmup: int = 3, seed: int = 0,
+                min_rounds: int | None = None, baseline: str = "fp32",
                 ) -> dict[str, tuple[float, float]]:
     """``{label: (median ms, p95 ms)}`` of each model on onnxruntime, timed round-robin
     (:func:`hwnas.latency.onnx_measure.time_interleaved`): ``rounds`` rounds in which every
     model runs ``runs`` timed calls (after ``warmup`` untimed calls each at the start), so
-    background load drifts affect all models alike."""
-    from hwnas.latency.onnx_measure import make_runner, time_interleaved
+    background load drifts affect all models alike. ``min_rounds``: stop after that many
+    rounds or more once the fastest model other than ``baseline`` is clearly the fastest and
+    every model clearly faster or slower than the baseline
+    (:func:`hwnas.latency.onnx_measure.order_settled`)."""
+    from hwnas.latency.onnx_measure import make_runner, order_settled, time_interleaved
 
     runners = {label: make_runner(bytes(blob), threads=threads) for label, blob in models.items()}
+    settled = None
+    if min_rounds is not None:
+        def settled(t: dict) -> bool:
+            return order_settled(t, baseline, faster_only=False)
     times = time_interleaved(runners, batch=batch, rounds=rounds, runs=runs, warmup=warmup,
-                             seed=seed)
+                             seed=seed, settled=settled, min_rounds=min_rounds or 1)
     return {label: (float(np.median(t)), float(np.percentile(t, 95))) for label, t in times.items()}
 
 
@@ -162,14 +170,16 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
                         quantized: list[str], kinds: Mapping[str, str], *,
                         fp32_index: LayerIndex, qdq_index: LayerIndex, device: str = "cpu-ort",
                         threads: int = 1, batch: int = 1, rounds: int = 5, runs: int = 5,
-                        profile_runs: int = 10, refine: int = 0, progress: bool = False
-                        ) -> DevicePolicy:
+                        profile_runs: int = 10, refine: int = 0, progress: bool = False,
+                        min_rounds: int | None = None) -> DevicePolicy:
     """Choose which of the ``quantized`` layers (policy-quantized, integer-capable, in graph
     order) to keep in float on this CPU at ``threads`` / ``batch`` (see the module docstring).
 
     ``build_model(float_layers)`` returns the QDQ model bytes with those layers in float;
     ``fp32`` is the float model. ``refine``: extra greedy steps (one whole-model timing each)
-    that flip the layers closest to break-even. Returns the choice with its evidence."""
+    that flip the layers closest to break-even. ``min_rounds``: let the two timings of all
+    candidates stop early once their order is settled (:func:`time_models`). Returns the
+    choice with its evidence."""
     bar = _progress(progress, total=4 + refine, desc=f"int8 vs float ({device})")
     uniform = build_model(())
     f_costs = _per_layer(fp32_index, fp32, batch=batch, threads=threads, runs=profile_runs)
@@ -201,7 +211,8 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
     candidates = list(unique.values())
     blobs = {"fp32": fp32, **{c.label: (uniform if not c.float_layers else build_model(c.float_layers))
                                for c in candidates}}
-    timed = time_models(blobs, batch=batch, threads=threads, rounds=rounds, runs=runs)
+    timed = time_models(blobs, batch=batch, threads=threads, rounds=rounds, runs=runs,
+                        min_rounds=min_rounds)
     bar.update()
     for c in candidates:
         c.median_ms, c.p95_ms = timed[c.label]
@@ -231,7 +242,8 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
         if c.label == "all-int8":
             finalists.setdefault(c.label, c)
     final = time_models({"fp32": fp32, **{label: blobs[label] for label in finalists}},
-                        batch=batch, threads=threads, rounds=rounds, runs=runs)
+                        batch=batch, threads=threads, rounds=rounds, runs=runs,
+                        min_rounds=min_rounds)
     bar.close()
     best = finalists[min(finalists, key=lambda label: final[label][0])]
     faster = final[best.label][0] < final["fp32"][0] and best.median_ms < timed["fp32"][0]

@@ -66,10 +66,12 @@ import torch
 from hwnas.export.device_policy import DevicePolicy, choose_float_layers
 from hwnas.export.onnx_export import (
     InputSpec,
-    check_parity,
     describe_model,
+    parity_of,
     with_uint8_input,
 )
+from hwnas.export.parallel import checkpoint, timing_slot
+from hwnas.export.passes import ImagePasses, StageClock
 from hwnas.export.ort_profile import LayerIndex, integer_kernel_check
 from hwnas.export.qdq.build import EXPORT_FORMAT, QdqBuild, build_qdq, float_proto
 from hwnas.export.qdq.names import map_layer_nodes
@@ -100,7 +102,13 @@ class ExportSettings:
     ``policy_batch``: the batch every device is timed at unless its name gives one
     (``cpu-ov-8t-b32``); ``warmup`` / ``rounds`` / ``runs``: the paired timing of a device's
     candidates (:mod:`hwnas.export.recommend`) and of the int8-vs-float search
-    (:func:`hwnas.export.device_policy.choose_float_layers`), with ``profile_runs`` / ``refine``."""
+    (:func:`hwnas.export.device_policy.choose_float_layers`), with ``profile_runs`` / ``refine``;
+    ``min_rounds``: a paired timing may stop after that many rounds once its verdict is settled
+    (every candidate clearly faster or slower than FP32 over its whole range; ``>= rounds``:
+    never). ``workers``: models built and verified in that many processes at once by
+    :func:`hwnas.export.run_export.export_run` (0: one per two cores, at most 8); timings never
+    overlap other work. ``device``: torch device of BatchNorm recalibration and of the PyTorch
+    reference outputs (onnxruntime always runs on the CPU)."""
 
     opset: int = 17
     requantize: bool = True
@@ -117,13 +125,16 @@ class ExportSettings:
     profile_runs: int = 10
     refine: int = 0
     seed: int = 0
+    min_rounds: int = 2
+    workers: int = 1
+    device: str = "cpu"
     #: also write ``uint8/<name>.onnx`` (and ``uint8-qdq-<device>/``): uint8 NHWC images in,
     #: normalised inside the graph (needs the model's :class:`InputSpec`)
     uint8_input: bool = False
 
     def validate(self) -> None:
         for name in ("opset", "policy_batch",
-                     "rounds", "runs", "profile_runs"):
+                     "rounds", "runs", "profile_runs", "min_rounds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserError(f"export setting {name} must be a positive integer, got {value!r}")
@@ -139,6 +150,12 @@ class ExportSettings:
             raise UserError(f"export setting warmup must be an integer >= 0, got {self.warmup!r}")
         if not self.atol >= 0:
             raise UserError(f"atol must be >= 0, got {self.atol}")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
+            raise UserError(f"export setting workers must be an integer >= 0 (0: automatic), "
+                            f"got {self.workers!r}")
+        from hwnas.supernet.train import check_torch_device
+
+        check_torch_device(str(self.device))  # one line for a typo or a missing GPU
 
 
 @dataclass
@@ -266,28 +283,25 @@ def _device_setup(device: str, threads: int, s: ExportSettings) -> tuple[str, in
     return runtime, threads, batch if "-b" in device else s.policy_batch
 
 
-def _verify_fp32(proto: onnx.ModelProto, model: nn.Module, images: torch.Tensor,
+def _verify_fp32(proto: onnx.ModelProto, model: nn.Module, passes: ImagePasses,
                  report: FileReport, s: ExportSettings) -> None:
+    """``onnx.checker`` and max |ONNX - PyTorch| <= ``atol`` on the test images (one pass of
+    each, kept in ``passes``); with labels, the file's test accuracy."""
     onnx.checker.check_model(proto)
     report.checker = True
-    parity = check_parity(proto.SerializeToString(), model, images, atol=s.atol)
+    got = passes.onnx(report.path, proto.SerializeToString())
+    parity = parity_of(got, passes.torch("float", model), atol=s.atol)
     report.max_abs_diff, report.top1_agreement, report.n_images = (
         _finite(parity.max_abs_diff), parity.top1_agreement, parity.n)
+    report.test_accuracy = passes.accuracy(got)
     if not parity.passed:
         raise UserError(f"FP32 parity failed: max |ONNX - PyTorch| = {parity.max_abs_diff:.3g} > "
                         f"{s.atol:g} on {parity.n} images")
 
 
-def _torch_accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> float:
-    with torch.no_grad():
-        correct = sum(int((model(images[i:i + 256]).argmax(1) == labels[i:i + 256]).sum())
-                      for i in range(0, len(images), 256))
-    return 100.0 * correct / len(images)
-
-
-def _verify_qdq(proto: onnx.ModelProto, build: QdqBuild, images: torch.Tensor, report: FileReport,
+def _verify_qdq(proto: onnx.ModelProto, build: QdqBuild, passes: ImagePasses, report: FileReport,
                 s: ExportSettings, *, requantize: bool, require_integer: bool,
-                labels: torch.Tensor | None, searched: nn.Module | None = None) -> None:
+                searched: nn.Module | None = None) -> None:
     """Verify a QDQ file against what it implements and against what was searched.
 
     Pass/fail: ``onnx.checker``; top-1 agreement >= ``min_agreement`` with the fake-quant model
@@ -296,24 +310,29 @@ def _verify_qdq(proto: onnx.ModelProto, build: QdqBuild, images: torch.Tensor, r
     islands when ``require_integer``; with labels, test accuracy no more than
     ``max_accuracy_drop`` points below the searched fake-quant model's. Reported beside: the
     agreement and max difference with the searched fake-quant model (``searched``, default the
-    build's own)."""
+    build's own). One onnxruntime pass of the file and one PyTorch pass of each model
+    (``passes``: the searched model's is shared by every file of the model)."""
     onnx.checker.check_model(proto)
     report.checker = True
     data = proto.SerializeToString()
+    got = passes.onnx(report.path, data)
     with build.reference(requantize=requantize) as deployed:
-        parity = check_parity(data, deployed, images, atol=float("inf"))
+        parity = parity_of(got, passes.torch(("deployed", report.path), deployed),
+                           atol=float("inf"))
     report.reference = ("fake-quant model with int32 biases"
                         + (" and 8-bit requantization points" if requantize and build.requant_layers()
                            else ""))
     report.max_abs_diff, report.top1_agreement, report.n_images = (
         _finite(parity.max_abs_diff), parity.top1_agreement, parity.n)
     searched = searched if searched is not None else build.qmodel
-    plain = check_parity(data, searched, images, atol=float("inf"))
+    searched_logits = passes.torch("searched", searched)
+    plain = parity_of(got, searched_logits, atol=float("inf"))
     report.searched_agreement, report.searched_max_abs_diff = (plain.top1_agreement,
                                                                _finite(plain.max_abs_diff))
+    labels = passes.labels
     if labels is not None:
-        report.test_accuracy = _onnx_accuracy(data, images, labels)
-        report.searched_test_accuracy = _torch_accuracy(searched, images, labels)
+        report.test_accuracy = passes.accuracy(got)
+        report.searched_test_accuracy = passes.accuracy(searched_logits)
     index = LayerIndex.from_source(proto, build.kernel_nodes())
     quantized, products = build.integer_layers(), build.integer_products()
     integer, islands = integer_kernel_check(data, index, quantized + products)
@@ -347,49 +366,30 @@ def raw_images(images: torch.Tensor, spec: InputSpec) -> np.ndarray:
     return pixels.to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
 
 
-def _verify_uint8(proto: onnx.ModelProto, parent: onnx.ModelProto, images: torch.Tensor,
-                  spec: InputSpec, report: FileReport, s: ExportSettings, *, exact: bool,
-                  labels: torch.Tensor | None) -> None:
-    """The uint8-input file on the raw pixels against its parent on the normalised images:
-    max difference <= ``atol`` for a float parent, top-1 agreement >= ``min_agreement`` for a
-    QDQ one (a pixel at a rounding boundary may land on the other side of an int8 step)."""
+def _verify_uint8(proto: onnx.ModelProto, want: np.ndarray, passes: ImagePasses,
+                  spec: InputSpec, report: FileReport, s: ExportSettings, *, exact: bool) -> None:
+    """The uint8-input file on the raw pixels against its parent's logits ``want`` on the
+    normalised images: max difference <= ``atol`` for a float parent, top-1 agreement >=
+    ``min_agreement`` for a QDQ one (a pixel at a rounding boundary may land on the other side
+    of an int8 step)."""
     from hwnas.latency.onnx_measure import make_session
 
     onnx.checker.check_model(proto)
     report.checker = True
-    raw = raw_images(images, spec)
-    mine, theirs = make_session(proto.SerializeToString(), threads=1), \
-        make_session(parent.SerializeToString(), threads=1)
-    x = images.detach().cpu().float().numpy()
+    raw = raw_images(passes.x, spec)
+    mine = make_session(proto.SerializeToString(), threads=1)
     got = np.concatenate([mine.run(None, {mine.get_inputs()[0].name: raw[i:i + 256]})[0]
                           for i in range(0, len(raw), 256)])
-    want = np.concatenate([theirs.run(None, {theirs.get_inputs()[0].name: x[i:i + 256]})[0]
-                           for i in range(0, len(x), 256)])
     report.max_abs_diff = _finite(float(np.max(np.abs(got.astype(np.float64) - want))))
     report.top1_agreement = float(np.mean(got.argmax(1) == want.argmax(1)))
-    report.n_images = len(x)
-    if labels is not None:
-        report.test_accuracy = 100.0 * float(np.mean(got.argmax(1) == labels.cpu().numpy()))
+    report.n_images = len(raw)
+    report.test_accuracy = passes.accuracy(got)
     if exact and not (report.max_abs_diff is not None and report.max_abs_diff <= s.atol):
         raise UserError(f"uint8-input parity failed: max difference {report.max_abs_diff} > "
                         f"{s.atol:g} against the float-input file")
     if report.top1_agreement < s.min_agreement:
         raise UserError(f"uint8-input parity failed: top-1 agreement "
                         f"{100 * report.top1_agreement:.2f}% with the float-input file")
-
-
-def _onnx_accuracy(data: bytes, images: torch.Tensor, labels: torch.Tensor) -> float:
-    """Top-1 accuracy (%) of an ONNX model on labelled images."""
-    from hwnas.latency.onnx_measure import make_session
-
-    session = make_session(data, threads=1)
-    name = session.get_inputs()[0].name
-    correct = 0
-    x = images.detach().cpu().float()
-    for start in range(0, len(x), 256):
-        logits = session.run(None, {name: x[start:start + 256].numpy()})[0]
-        correct += int((logits.argmax(1) == labels[start:start + 256].cpu().numpy()).sum())
-    return 100.0 * correct / len(x)
 
 
 def _attempt(model_export: ModelExport, report: FileReport, fn) -> bool:  # noqa: ANN001
@@ -413,7 +413,7 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
                  devices: Mapping[str, int] | None = None, metadata: Mapping[str, Any] | None = None,
                  settings: ExportSettings | None = None, progress: bool = False,
                  input_spec: InputSpec | None = None, model_version: int = 1,
-                 quantized: nn.Module | None = None) -> ModelExport:
+                 quantized: nn.Module | None = None, shared: dict | None = None) -> ModelExport:
     """Export ``model`` (and its ``policy``) to ``out_dir`` (layout in the module docstring),
     verify and time every file; returns the record for the manifest.
 
@@ -425,8 +425,11 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
     for ``settings.uint8_input``. ``quantized``: the model already quantized under ``policy``
     (e.g. by QAT; ``model`` is then its float twin, :func:`hwnas.export.qdq.dequantized_twin`):
     its QDQ files take its learned scales instead of PTQ on ``calibration``, and are verified
-    against it. A file that fails verification is recorded
-    (``status="failed"``) and not written; bad arguments raise UserError."""
+    against it. ``shared``: a dict kept by the caller for the models of one
+    float network (same architecture, same recalibrated weights, e.g. several policies of one
+    arch): its FP32 graph and the one pass of it and of the float model over the test images
+    are made once (every file still passes ``onnx.checker``). A file that fails verification is
+    recorded (``status="failed"``) and not written; bad arguments raise UserError."""
     s = settings or ExportSettings()
     s.validate()
     out_dir = Path(out_dir)
@@ -448,6 +451,10 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
     predicted = {k: _finite(v) for k, v in (predicted_latency or {}).items()}
     result = ModelExport(name=name, arch=arch, accuracy=accuracy,
                          policy=None if policy is None else policy.to_dict())
+    passes = ImagePasses(test_images, test_labels, device=s.device)
+    clock = StageClock(before=checkpoint)
+    result.info["stage_seconds"] = clock.seconds  # filled in as the stages run
+    result.info["reference_notes"] = passes.notes
     base_meta = {"hwnas_format": EXPORT_FORMAT, "name": name, "arch": arch, "accuracy": accuracy,
                  "predicted_latency_ms": predicted, **dict(metadata or {})}
     policy_meta = "float" if policy is None else policy.to_dict()
@@ -470,10 +477,11 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
         def do() -> None:
             u8 = with_uint8_input(proto, input_spec)
             describe_model(u8, input_spec, model_version=model_version)
-            _verify_uint8(u8, proto, test_images, input_spec, report, s,
-                          exact=parent.precision == "fp32", labels=test_labels)
+            _verify_uint8(u8, passes.onnx(parent_rel, proto.SerializeToString()), passes,
+                          input_spec, report, s, exact=parent.precision == "fp32")
             _write(out_dir, rel, u8, report)
-        _attempt(result, report, do)
+        with clock("uint8"):
+            _attempt(result, report, do)
     devices = dict(devices or {})
     entries = {d: DeviceEntry(d, predicted.get(d), d in devices)
                for d in list(predicted) + [d for d in devices if d not in predicted]}
@@ -492,23 +500,32 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
     references: dict[str, np.ndarray] = {}  # logits of the PyTorch models they implement
 
     def do_fp32() -> None:
-        proto = float_proto(model, example[:1], opset=s.opset)
+        proto = onnx.ModelProto()
+        if shared is not None and "fp32" in shared:  # the same float network, exported before
+            proto.CopyFrom(shared["fp32"])
+            passes.logits["float"], passes.files[fp32_rel] = shared["logits"]
+        else:
+            proto = float_proto(model, example[:1], opset=s.opset)
+        plain = onnx.ModelProto()
+        plain.CopyFrom(proto)
         set_metadata(proto, {**base_meta, "precision": "fp32", "policy": "float"})
-        _verify_fp32(proto, model, test_images, fp32_report, s)
-        data = proto.SerializeToString()
-        if test_labels is not None:
-            fp32_report.test_accuracy = _onnx_accuracy(data, test_images, test_labels)
+        _verify_fp32(proto, model, passes, fp32_report, s)
+        if shared is not None:
+            shared["fp32"], shared["logits"] = plain, (passes.logits["float"],
+                                                       passes.files[fp32_rel])
         _write(out_dir, fp32_rel, proto, fp32_report)
         fp32["proto"] = proto
-        candidates.append(CandidateFile(fp32_rel, data, "fp32", "float"))
-    if _attempt(result, fp32_report, do_fp32):
+        candidates.append(CandidateFile(fp32_rel, proto.SerializeToString(), "fp32", "float"))
+    with clock("fp32"):
+        fp32_done = _attempt(result, fp32_report, do_fp32)
+    if fp32_done:
         uint8_variant(fp32_rel, fp32["proto"], fp32_report)
     fp32_ok = fp32_rel if fp32_report.ok else None
     if policy is None:
         for entry in entries.values():
             entry.recommended, entry.note = fp32_ok, "float model (no quantization policy)"
-        _recommend(result, entries, devices, candidates, references, model, None, test_images,
-                   test_labels, s)
+        _recommend(result, entries, devices, candidates, references, model, None, passes, s,
+                   clock)
         return result
 
     # -- QDQ of the searched policy: exact (Q/DQ where the fake-quant model has them) ----------
@@ -518,25 +535,27 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
     holder: dict[str, Any] = {}
 
     def do_qdq() -> None:
-        build = build_qdq(model, policy, calibration, config=ptq_config, example=example[:1],
-                          opset=s.opset, quantized=quantized)
+        with clock("ptq"):
+            build = build_qdq(model, policy, calibration, config=ptq_config,
+                              example=example[:1], opset=s.opset, quantized=quantized)
         holder["build"] = build
         proto = build.proto(requantize=False)
         set_metadata(proto, {**base_meta, "precision": "qdq", "target_device": ""})
         # exact but not every conv can be an integer kernel: islands are reported, not fatal
-        _verify_qdq(proto, build, test_images, qdq_report, s, requantize=False,
-                    require_integer=False, labels=test_labels)
+        _verify_qdq(proto, build, passes, qdq_report, s, requantize=False,
+                    require_integer=False)
         _write(out_dir, qdq_rel, proto, qdq_report)
-        with build.reference(requantize=False) as exact:
-            references[qdq_rel] = _logits(exact, test_images)
+        references[qdq_rel] = passes.logits[("deployed", qdq_rel)]  # the exact reference
         candidates.append(CandidateFile(qdq_rel, proto.SerializeToString(),
                                         _policy_kind(policy, ()), qdq_rel, baseline="searched"))
-    if not _attempt(result, qdq_report, do_qdq):
+    with clock("qdq"):
+        qdq_done = _attempt(result, qdq_report, do_qdq)
+    if not qdq_done:
         for entry in entries.values():
             entry.recommended = fp32_ok
             entry.note = "quantized export failed" + ("" if entry.measured else "; " + entry.note)
-        _recommend(result, entries, devices, candidates, references, model, None, test_images,
-                   test_labels, s)
+        _recommend(result, entries, devices, candidates, references, model, None, passes, s,
+                   clock)
         return result
     build: QdqBuild = holder["build"]
     result.info["integer_layers"] = build.integer_layers()
@@ -553,10 +572,11 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
         def do_int4() -> None:
             proto = build.proto(requantize=False, int4=True)
             set_metadata(proto, {**base_meta, "precision": "qdq-int4", "target_device": ""})
-            _verify_qdq(proto, build, test_images, int4_report, s, requantize=False,
-                        require_integer=False, labels=test_labels)
+            _verify_qdq(proto, build, passes, int4_report, s, requantize=False,
+                        require_integer=False)
             _write(out_dir, int4_rel, proto, int4_report)
-        _attempt(result, int4_report, do_int4)
+        with clock("int4"):
+            _attempt(result, int4_report, do_int4)
 
     # -- per onnxruntime device: the fastest int8/float mix, requantized for integer kernels ----
     written: dict[str, onnx.ModelProto] = {}
@@ -566,7 +586,8 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
         if runtime != "onnxruntime" or "proto" not in fp32:
             continue  # the per-layer choice reads onnxruntime's profiler
         try:
-            choice = _choose(build, fp32["proto"], device, threads, batch, s, progress)
+            with clock("choose"), timing_slot():
+                choice = _choose(build, fp32["proto"], device, threads, batch, s, progress)
         except UserError as exc:
             entry.note = f"int8-vs-float measurement failed: {first_line(exc)}"
             continue
@@ -583,29 +604,30 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
 
         def do_device(choice=choice, dev_report=dev_report, device=device,
                       dev_rel=dev_rel) -> None:
-            dbuild = build if not choice.float_layers else build_qdq(
-                model, policy, calibration, config=ptq_config, example=example[:1],
-                float_layers=choice.float_layers, opset=s.opset, quantized=quantized)
+            with clock("ptq"):
+                dbuild = build if not choice.float_layers else build_qdq(
+                    model, policy, calibration, config=ptq_config, example=example[:1],
+                    float_layers=choice.float_layers, opset=s.opset, quantized=quantized)
             proto = dbuild.proto(requantize=s.requantize)
             set_metadata(proto, {**base_meta, "precision": "qdq", "target_device": device,
                                  "device_choice": {"threads": choice.threads, "batch": choice.batch,
                                                    "float_layers": len(choice.float_layers)}})
-            _verify_qdq(proto, dbuild, test_images, dev_report, s, requantize=s.requantize,
-                        require_integer=s.require_integer, labels=test_labels,
-                        searched=build.qmodel)
+            _verify_qdq(proto, dbuild, passes, dev_report, s, requantize=s.requantize,
+                        require_integer=s.require_integer, searched=build.qmodel)
             _write(out_dir, dev_rel, proto, dev_report)
             written[dev_rel] = proto
-            with dbuild.reference(requantize=s.requantize) as deployed:
-                references[dev_rel] = _logits(deployed, test_images)
+            references[dev_rel] = passes.logits[("deployed", dev_rel)]
             candidates.append(CandidateFile(dev_rel, proto.SerializeToString(),
                                             _policy_kind(policy, choice.float_layers), dev_rel,
                                             baseline="searched"))
-        if not _attempt(result, dev_report, do_device):
+        with clock("device_files"):
+            device_done = _attempt(result, dev_report, do_device)
+        if not device_done:
             entry.note = "the device's quantized model failed verification"
             continue
         uint8_variant(dev_rel, written.pop(dev_rel), dev_report)
-    _recommend(result, entries, devices, candidates, references, model, build.qmodel,
-               test_images, test_labels, s)
+    _recommend(result, entries, devices, candidates, references, model, build.qmodel, passes, s,
+               clock)
     return result
 
 
@@ -615,29 +637,33 @@ def _policy_kind(policy: QuantPolicy, float_layers: Iterable[str]) -> str:
     return "int8" if bits <= {(8, 8)} and not list(float_layers) else "mixed"
 
 
-def _logits(model: nn.Module, images: torch.Tensor) -> np.ndarray:
-    x = images.detach().cpu().float()
-    with torch.no_grad():
-        return torch.cat([model(x[i:i + 256]) for i in range(0, len(x), 256)]).numpy()
-
-
 def _recommend(result: ModelExport, entries: Mapping[str, DeviceEntry], devices: Mapping[str, int],
                candidates: list[CandidateFile], references: dict[str, np.ndarray],
-               model: nn.Module, searched: nn.Module | None, images: torch.Tensor,
-               labels: torch.Tensor | None, s: ExportSettings) -> None:
+               model: nn.Module, searched: nn.Module | None, passes: ImagePasses,
+               s: ExportSettings, clock: StageClock) -> None:
     """For each measurable device: verify the candidates on its runtime, time them in one
     paired measurement and record the file to deploy (:func:`hwnas.export.recommend.recommend_file`).
-    ``references``: logits of the models files implement, beside the float and searched ones."""
+    ``references``: logits of the models files implement, beside the float and searched ones.
+    On onnxruntime the verification reads the passes the export already made (``passes``)."""
     if not devices or not candidates or candidates[0].kind != "fp32":
         return
-    x = images.detach().cpu().float()
-    refs = {**references, "float": _logits(model, x)}
+    refs = {**references, "float": passes.torch("float", model)}
     if searched is not None:
-        refs["searched"] = _logits(searched, x)
+        refs["searched"] = passes.torch("searched", searched)
     usable = [c for c in candidates if c.reference in refs and c.accuracy_baseline in refs]
-    np_images, np_labels = x.numpy(), None if labels is None else labels.cpu().numpy()
-    cache: dict = {}
+    np_images, np_labels = passes.np, passes.labels
+    cache: dict = passes.agreement_cache(refs, usable)
     reports = {f.path: f for f in result.files}
+    with clock("recommend"), timing_slot():
+        _recommend_devices(result, entries, devices, usable, refs, np_images, np_labels, s,
+                           cache, passes.sessions, reports)
+
+
+def _recommend_devices(result: ModelExport, entries: Mapping[str, DeviceEntry],
+                       devices: Mapping[str, int], usable: list[CandidateFile],
+                       refs: dict[str, np.ndarray], np_images: np.ndarray,
+                       np_labels: np.ndarray | None, s: ExportSettings, cache: dict,
+                       sessions: dict, reports: dict[str, FileReport]) -> None:
     for device, threads in devices.items():
         entry = entries[device]
         runtime, threads, batch = _device_setup(device, threads, s)
@@ -647,7 +673,8 @@ def _recommend(result: ModelExport, entries: Mapping[str, DeviceEntry], devices:
                                  files=usable, references=refs, images=np_images,
                                  labels=np_labels, min_agreement=s.min_agreement,
                                  max_drop=s.max_candidate_drop, rounds=s.rounds, runs=s.runs,
-                                 warmup=s.warmup, seed=s.seed, cache=cache)
+                                 warmup=s.warmup, seed=s.seed, cache=cache,
+                                 min_rounds=s.min_rounds, sessions=sessions)
         except UserError as exc:
             entry.recommended = None
             entry.note = f"no file could be verified and timed on {runtime}: {first_line(exc)}"
@@ -698,7 +725,7 @@ def _choose(build: QdqBuild, fp32_proto: onnx.ModelProto, device: str, threads: 
                                fp32_index=fp32_index, qdq_index=qdq_index, device=device,
                                threads=threads, batch=batch, rounds=s.rounds,
                                runs=s.runs, profile_runs=s.profile_runs, refine=s.refine,
-                               progress=progress)
+                               progress=progress, min_rounds=s.min_rounds)
 
 
 def manifest_rows(models: Iterable[ModelExport]) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from hwnas.supernet.onnx import onnx_bytes, set_metadata
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line, write_atomic
 
-__all__ = ["export_onnx", "onnx_bytes", "check_parity", "ParityReport", "InputSpec",
+__all__ = ["export_onnx", "onnx_bytes", "check_parity", "parity_of", "ParityReport", "InputSpec",
            "describe_model", "with_uint8_input", "read_metadata", "set_metadata"]
 
 def read_metadata(model: onnx.ModelProto) -> dict[str, Any]:
@@ -90,6 +90,22 @@ class ParityReport:
         return asdict(self)
 
 
+def parity_of(got: np.ndarray, expected: np.ndarray, *, atol: float = 1e-4) -> ParityReport:
+    """The :class:`ParityReport` of ONNX logits ``got`` against PyTorch logits ``expected``
+    (same samples, first axis), so that one pass of each can serve several comparisons.
+    Raises :class:`UserError` when their shapes differ."""
+    got, expected = np.asarray(got), np.asarray(expected)
+    if got.shape != expected.shape:
+        raise UserError(f"ONNX output shape {list(got.shape)} differs from PyTorch output shape "
+                        f"{list(expected.shape)}; expected the export of this model")
+    n = int(got.shape[0])
+    # np.max propagates NaN; builtin max would drop it depending on argument order.
+    max_diff = float(np.max(np.abs(got.astype(np.float64) - expected))) if got.size else 0.0
+    agree = int(np.sum(got.reshape(n, -1).argmax(axis=1) == expected.reshape(n, -1).argmax(axis=1)))
+    return ParityReport(max_abs_diff=max_diff, top1_agreement=agree / n, n=n, atol=float(atol),
+                        passed=bool(max_diff <= atol))
+
+
 def check_parity(
     path_or_bytes: str | Path | bytes,
     model: torch.nn.Module,
@@ -119,43 +135,25 @@ def check_parity(
     input_name = onnx_inputs[0].name
 
     data = inputs.detach().to(device="cpu", dtype=torch.float32)
-    n = int(data.shape[0])
-    max_diff = 0.0
-    agree = 0
+    got, expected = [], []
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            for start in range(0, n, batch_size):
+            for start in range(0, int(data.shape[0]), batch_size):
                 chunk = data[start : start + batch_size]
-                expected = model(chunk).detach().cpu().numpy()
+                expected.append(model(chunk).detach().cpu().numpy())
                 try:
-                    got = session.run(None, {input_name: chunk.numpy()})[0]
+                    got.append(session.run(None, {input_name: chunk.numpy()})[0])
                 except Exception as exc:
                     raise UserError(
                         f"onnxruntime failed on inputs of shape {list(chunk.shape)}: {first_line(exc)}"
                     ) from exc
-                if got.shape != expected.shape:
-                    raise UserError(
-                        f"ONNX output shape {list(got.shape)} differs from PyTorch output shape "
-                        f"{list(expected.shape)}; expected the export of this model"
-                    )
-                # np.max propagates NaN; builtin max would drop it depending on argument order.
-                max_diff = float(np.max([max_diff, np.max(np.abs(got.astype(np.float64) - expected))]))
-                rows = len(chunk)
-                agree += int(
-                    np.sum(got.reshape(rows, -1).argmax(axis=1) == expected.reshape(rows, -1).argmax(axis=1))
-                )
+                if got[-1].shape != expected[-1].shape:
+                    parity_of(got[-1], expected[-1], atol=atol)  # raises: shapes differ
     finally:
         model.train(was_training)
-
-    return ParityReport(
-        max_abs_diff=max_diff,
-        top1_agreement=agree / n,
-        n=n,
-        atol=float(atol),
-        passed=bool(max_diff <= atol),
-    )
+    return parity_of(np.concatenate(got), np.concatenate(expected), atol=atol)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from hwnas.latency.onnx_measure import Runner, make_runner, time_interleaved
+from hwnas.latency.onnx_measure import Runner, make_runner, order_settled, time_interleaved
 
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
@@ -110,11 +110,18 @@ class Recommendation:
 
 
 def time_candidates(runners: Mapping[str, Runner], *, batch: int, rounds: int, runs: int,
-                    warmup: int, seed: int = 0) -> dict[str, np.ndarray]:
+                    warmup: int, seed: int = 0, fp32_label: str | None = None,
+                    min_rounds: int | None = None) -> dict[str, np.ndarray]:
     """``{label: ms array (rounds, runs)}``: the candidates timed together, interleaved
-    (:func:`hwnas.latency.onnx_measure.time_interleaved`)."""
+    (:func:`hwnas.latency.onnx_measure.time_interleaved`). With ``fp32_label`` and
+    ``min_rounds``, the timing stops after ``min_rounds`` or more rounds once every candidate
+    is clearly faster or slower than FP32 and the fastest of those faster is clearly the
+    fastest (:func:`hwnas.latency.onnx_measure.order_settled`): :func:`choose_fastest` reads
+    the same, shorter, measurement."""
+    early = fp32_label is not None and min_rounds is not None and fp32_label in runners
     return time_interleaved(runners, batch=batch, rounds=rounds, runs=runs, warmup=warmup,
-                            seed=seed)
+                            seed=seed, min_rounds=min_rounds or 1,
+                            settled=(lambda t: order_settled(t, fp32_label)) if early else None)
 
 
 def _halves(times: np.ndarray) -> list[float]:
@@ -177,14 +184,18 @@ def verify_candidates(*, runtime: str, threads: int, files: Sequence[CandidateFi
                       references: Mapping[str, np.ndarray], images: np.ndarray,
                       labels: np.ndarray | None, min_agreement: float = 0.99,
                       max_drop: float = 0.3, cache: dict | None = None, batch: int | None = None,
+                      sessions: dict | None = None,
                       ) -> tuple[list[DeviceCandidate], dict[str, Runner], list[str]]:
     """Every candidate of ``files`` on ``runtime`` (each file as written and, on OpenVINO,
     under each reduced precision hint the CPU runs), verified on ``images``: ``(candidates,
     runners of the verified ones and of the FP32 file, notes)``. Split from
     :func:`recommend_file` so that candidates of several runtimes can be timed together.
-    ``batch``: the batch the candidates will be timed at; OpenVINO times them compiled for
-    that static batch, so their settings name it (``static_batch``)."""
+    ``cache``: ``{(runtime, path, precision): (agreement, accuracy) or error}`` already
+    known; ``sessions``: ``{(runtime, path, threads, hint): runner}`` to reuse. ``batch``: the
+    batch the candidates will be timed at; OpenVINO times them compiled for that static batch,
+    so their settings name it (``static_batch``)."""
     cache = {} if cache is None else cache
+    sessions = {} if sessions is None else sessions
     notes: list[str] = []
     ref_acc = {k: (None if labels is None else float(100.0 * (v.argmax(1) == labels).mean()))
                for k, v in references.items()}
@@ -194,12 +205,15 @@ def verify_candidates(*, runtime: str, threads: int, files: Sequence[CandidateFi
         seen: set[str] = set()
         for hint in ("f32", *reduced_precisions(runtime)):
             label = f.path if hint == "f32" else f"{f.path}@{hint}"
+            made = (runtime, f.path, threads, hint)
             try:
-                runner = make_runner(f.data, runtime=runtime, threads=threads,
-                                     precision=None if runtime == "onnxruntime" else hint)
+                runner = sessions.get(made) or make_runner(
+                    f.data, runtime=runtime, threads=threads,
+                    precision=None if runtime == "onnxruntime" else hint)
             except UserError as exc:
                 notes.append(f"{label}: {first_line(exc)}")
                 continue
+            sessions[made] = runner
             if runner.precision in seen:  # the runtime fell back to a precision already tried
                 notes.append(f"{label}: the {hint} hint ran in {runner.precision} on this CPU; "
                              f"not a separate candidate")
@@ -241,23 +255,27 @@ def recommend_file(device: str, *, runtime: str, threads: int, batch: int,
                    files: Sequence[CandidateFile], references: Mapping[str, np.ndarray],
                    images: np.ndarray, labels: np.ndarray | None, min_agreement: float = 0.99,
                    max_drop: float = 0.3, rounds: int = 5, runs: int = 5, warmup: int = 3,
-                   seed: int = 0, cache: dict | None = None) -> Recommendation:
+                   seed: int = 0, cache: dict | None = None, min_rounds: int | None = None,
+                   sessions: dict | None = None) -> Recommendation:
     """Verify and time every candidate of ``files`` on ``device`` (see the module docstring).
 
     ``files[0]`` is the FP32 file, the baseline. ``references``: logits of the PyTorch models
     on ``images`` (``"float"``, ``"searched"``). ``cache``: verification results shared between
-    devices of the same runtime (they do not depend on threads or batch). Raises
+    devices of the same runtime (they do not depend on threads or batch); ``sessions``: the
+    sessions made, shared between devices of the same runtime and threads. ``min_rounds``:
+    stop timing early once the verdict is settled (:func:`time_candidates`). Raises
     :class:`UserError` when the FP32 file does not verify on this runtime."""
     if not files or files[0].kind != "fp32":
         raise UserError("the candidates must start with the FP32 file")
     candidates, runners, notes = verify_candidates(
         runtime=runtime, threads=threads, files=files, references=references, images=images,
-        labels=labels, min_agreement=min_agreement, max_drop=max_drop, cache=cache, batch=batch)
+        labels=labels, min_agreement=min_agreement, max_drop=max_drop, cache=cache, batch=batch,
+        sessions=sessions)
     fp32 = next((c for c in candidates if c.label == files[0].path), None)
     if fp32 is None or not fp32.verified:
         raise UserError(f"the FP32 file does not verify on {runtime}: "
                         f"{fp32.note if fp32 else '; '.join(notes)}")
     times = time_candidates(runners, batch=batch, rounds=rounds, runs=runs, warmup=warmup,
-                            seed=seed)
+                            seed=seed, fp32_label=fp32.label, min_rounds=min_rounds)
     chosen = choose_fastest(candidates, times, fp32.label)
     return Recommendation(device, runtime, threads, batch, fp32, chosen, candidates, notes)

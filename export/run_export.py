@@ -6,6 +6,13 @@ supernet with its BatchNorm recalibrated on ``calib_batches`` augmented training
 ``seed``), and, when the row has a policy, PTQ on ``ptq_images`` training images (128 per
 batch, shuffled with ``seed``) - and exports it with :func:`hwnas.export.model_export.export_model`.
 
+The run is prepared once for all models (:func:`_prepare`): the supernet, the data, the
+recalibration and calibration batches (the same seeded batches each model's own loader would
+draw) and the test images; the policies of one architecture share its recalibrated network
+and FP32 graph. With ``settings.workers`` > 1 the models are built and verified in spawned
+processes, each preparing the run once, while every timing runs alone
+(:mod:`hwnas.export.parallel`); results keep the order of the fronts.
+
 Everything is written to a staging directory beside ``--out`` (default ``RUN_DIR/export``) and
 moved into place at the end, so an interrupted export leaves the previous one intact. Each model
 that fails (an architecture outside the space, a policy that does not match the model, a parity
@@ -19,6 +26,7 @@ Whole-command errors (missing or foreign run directory, unknown front, bad ``--s
 
 from __future__ import annotations
 
+import copy
 import csv
 import glob
 import json
@@ -197,20 +205,8 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     ``devices``: devices measurable on this CPU to recommend a file for beside the run's own
     (``cpu-ov-2t``, ``cpu-ort-1t-b32`` ...). ``report(line)``: called with one line per model
     (default: print)."""
-    import torch
-    from hwnas.export.model_export import (
-        ExportSettings,
-        ModelExport,
-        export_model,
-        measurable_devices,
-        write_manifest,
-    )
-    from hwnas.export.onnx_export import InputSpec
-    from hwnas.quant.policy import QuantPolicy
-    from hwnas.quant.ptq import PTQConfig
-    from hwnas.supernet.data.loader import BatchLoader
-    from hwnas.supernet.evaluate import recalibrated_subnet
-    from hwnas.supernet.train import load_checkpoint
+    from hwnas.export.model_export import ExportSettings, measurable_devices, write_manifest
+    from hwnas.export.parallel import auto_workers
 
     start = time.perf_counter()
     run_dir = Path(run_dir)
@@ -242,15 +238,88 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
                         f"(empty front?)")
     out_dir = Path(out) if out is not None else RunDir(run_dir).export_dir
     check_replaceable(out_dir, run_dir)
+    workers = auto_workers(len(rows), settings.workers)
+    context = _prepare(run_dir, cfg, settings, rows, extra, max_test_images,
+                       torch_device=settings.device if workers == 1 else "cpu")
+    report = report or _print_line
 
-    space, supernet, payload = load_checkpoint(RunDir(run_dir).supernet)
+    remove_stale(out_dir)
+    staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    results: list[Any] = []
+    info = _info(run_dir, cfg, front, select, settings, context.tunable)
+    info["workers"] = workers
+    info["shared_seconds"] = context.seconds
+
+    def done(result: Any) -> None:
+        results.append(result)
+        report(_summary_line(result))
+        write_manifest(staging, results, info)
+    try:
+        if workers == 1:
+            for i, row in enumerate(rows):
+                done(_export_row(context, row, staging, i, len(rows), progress))
+        else:
+            _export_parallel(run_dir, settings, rows, extra, max_test_images, staging, progress,
+                             workers, done)
+        _write_speedups(staging, results, context.space, context.tunable)
+        move_into_place(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return RunExport(out_dir, results, time.perf_counter() - start)
+
+
+@dataclass
+class _Context:
+    """What every model of one export shares, prepared once: the run, its supernet and data,
+    the BatchNorm recalibration and PTQ calibration batches, the test images, the devices."""
+
+    cfg: dict[str, Any]
+    space: Any
+    supernet: Any
+    data: Any
+    settings: Any
+    seed: int
+    calib_batches: int
+    bn_batches: list[Any]
+    ptq_batches: list[Any]
+    ptq_config: Any
+    test_images: Any
+    test_labels: Any
+    devices: list[str]
+    tunable: dict[str, int]
+    seconds: dict[str, float]
+    #: arch string -> (its recalibrated float network, the work export_model shares for it)
+    networks: dict[str, tuple[Any, dict]] = field(default_factory=dict)
+
+
+def _prepare(run_dir: Path, cfg: dict[str, Any], settings: Any, rows: list[ModelRow],
+             extra: dict[str, int], max_test_images: int, *, torch_device: str = "cpu") -> _Context:
+    """Load the run's supernet (on ``torch_device``) and data, and draw the calibration and
+    test batches once for all models: each model's BatchNorm recalibration and PTQ read the
+    same seeded batches a per-model loader would give, so sharing them changes no number."""
+    from hwnas.export.model_export import measurable_devices
+    from hwnas.quant.ptq import PTQConfig, calibration_batches
+    from hwnas.supernet.data.loader import BatchLoader
+    from hwnas.supernet.evaluate import bn_calibration_batches
+    from hwnas.supernet.train import load_checkpoint
+
+    t0 = time.perf_counter()
+    space, supernet, payload = load_checkpoint(RunDir(run_dir).supernet, device=torch_device)
     if space.name != cfg["space"]:
         raise UserError(f"{run_dir / SUPERNET_FILE} holds space {space.name!r} but config.json "
                         f"says {cfg['space']!r}; the run directory is inconsistent")
     seed = int(cfg.get("seed", 0))
     data = run_splits(run_dir, cfg, payload)
+    t1 = time.perf_counter()
     calib_batches = int(cfg.get("calib_batches", 10))
     ptq_config = PTQConfig(max_images=int(cfg.get("ptq_images", 256)), seed=seed)
+    bn_batches = bn_calibration_batches(data, calib_batches, seed=seed, device=torch_device)
+    ptq_batches = calibration_batches(
+        BatchLoader(data.train, batch_size=128, mean=data.mean, std=data.std, shuffle=True,
+                    seed=seed), ptq_config.max_images, "cpu")
     devices = [str(d) for d in (cfg.get("devices") or [])]
     for row in rows:
         for d in row.predicted:
@@ -262,56 +331,111 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     test_loader = BatchLoader(data.test, batch_size=max_test_images, mean=data.mean, std=data.std,
                               shuffle=True, seed=seed)
     test_images, test_labels = next(iter(test_loader))
-    example = test_images[:1]
-    report = report or _print_line
+    seconds = {"load": t1 - t0, "batches": time.perf_counter() - t1}
+    return _Context(cfg, space, supernet, data, settings, seed, calib_batches, bn_batches,
+                    ptq_batches, ptq_config, test_images, test_labels, devices, tunable, seconds)
 
-    remove_stale(out_dir)
-    staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    results: list[ModelExport] = []
+
+def _export_row(ctx: _Context, row: ModelRow, staging: Path, index: int, total: int,
+                progress: bool) -> Any:
+    """Rebuild one selected model as the search scored it and export it into ``staging``;
+    a UserError fails this model only (recorded in its result)."""
+    import torch
+    from hwnas.export.model_export import ModelExport, export_model
+    from hwnas.export.onnx_export import InputSpec
+    from hwnas.quant.policy import QuantPolicy
+    from hwnas.supernet.evaluate import recalibrated_subnet
+
+    _say(progress, f"[{index + 1}/{total}] {row.name} {row.arch}"
+                   + (" (quantized)" if row.policy else ""))
+    result = ModelExport(name=row.name, arch=row.arch, accuracy=row.accuracy)
+    data, space, seed = ctx.data, ctx.space, ctx.seed
     try:
-        for i, row in enumerate(rows):
-            _say(progress, f"[{i + 1}/{len(rows)}] {row.name} {row.arch}"
-                           + (" (quantized)" if row.policy else ""))
-            result = ModelExport(name=row.name, arch=row.arch, accuracy=row.accuracy)
+        arch = space.from_string(row.arch)
+        policy = None
+        if row.policy:
             try:
-                arch = space.from_string(row.arch)
-                policy = None
-                if row.policy:
-                    try:
-                        policy = QuantPolicy.from_dict(json.loads(row.policy),
-                                                       source=f"policy of trial {row.trial}")
-                    except json.JSONDecodeError as exc:
-                        raise UserError(f"policy of trial {row.trial} is not valid JSON: "
-                                        f"{exc}") from None
-                torch.manual_seed(seed)
-                model = recalibrated_subnet(supernet, arch, data, calib_batches=calib_batches,
-                                            seed=seed)
-                if policy is not None:
-                    policy.validate(model)
-                calibration = BatchLoader(data.train, batch_size=128, mean=data.mean,
-                                          std=data.std, shuffle=True, seed=seed)
-                result = export_model(
-                    model, name=row.name, out_dir=staging, example=example,
-                    test_images=test_images, test_labels=test_labels, policy=policy, calibration=calibration,
-                    ptq_config=ptq_config, arch=space.to_string(arch), accuracy=row.accuracy,
-                    predicted_latency={d: row.predicted.get(d) for d in devices},
-                    devices=tunable, settings=settings, progress=progress,
-                    input_spec=InputSpec(tuple(data.mean), tuple(data.std), tuple(data.classes)),
-                    metadata={"trial": row.trial, "fronts": row.fronts, "space": space.name,
-                              "dataset": cfg["dataset"], "test_accuracy": row.test_accuracy})
-            except UserError as exc:
-                result.fail(str(exc))
-            results.append(result)
-            report(_summary_line(result))
-            write_manifest(staging, results, _info(run_dir, cfg, front, select, settings, tunable))
-        _write_speedups(staging, results, space, tunable)
-        move_into_place(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return RunExport(out_dir, results, time.perf_counter() - start)
+                policy = QuantPolicy.from_dict(json.loads(row.policy),
+                                               source=f"policy of trial {row.trial}")
+            except json.JSONDecodeError as exc:
+                raise UserError(f"policy of trial {row.trial} is not valid JSON: "
+                                f"{exc}") from None
+        t0 = time.perf_counter()
+        key = space.to_string(arch)
+        if key not in ctx.networks:  # several policies of one arch: one float network
+            torch.manual_seed(seed)
+            ctx.networks[key] = (recalibrated_subnet(
+                ctx.supernet, arch, data, calib_batches=ctx.calib_batches, seed=seed,
+                batches=ctx.bn_batches), {})
+        network, shared = ctx.networks[key]
+        model = copy.deepcopy(network)
+        recalibrate_s = time.perf_counter() - t0
+        if policy is not None:
+            policy.validate(model)
+        result = export_model(
+            model, name=row.name, out_dir=staging, example=ctx.test_images[:1],
+            test_images=ctx.test_images, test_labels=ctx.test_labels, policy=policy,
+            calibration=ctx.ptq_batches, ptq_config=ctx.ptq_config,
+            arch=space.to_string(arch), accuracy=row.accuracy,
+            predicted_latency={d: row.predicted.get(d) for d in ctx.devices},
+            devices=ctx.tunable, settings=ctx.settings, progress=progress,
+            input_spec=InputSpec(tuple(data.mean), tuple(data.std), tuple(data.classes)),
+            metadata={"trial": row.trial, "fronts": row.fronts, "space": space.name,
+                      "dataset": ctx.cfg["dataset"], "test_accuracy": row.test_accuracy},
+            shared=shared)
+        result.info.setdefault("stage_seconds", {})["recalibrate"] = recalibrate_s
+    except UserError as exc:
+        result.fail(str(exc))
+    return result
+
+
+# -- parallel export: workers build and verify side by side, timings run alone ---------------
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(gate: Any, run_dir: Path, settings: Any, rows: list[ModelRow],
+                 extra: dict[str, int], max_test_images: int) -> None:
+    import torch
+
+    from hwnas.export.parallel import install_gate
+
+    torch.set_num_threads(1)
+    install_gate(gate)
+    _WORKER["gate"] = gate
+    _WORKER["context"] = _prepare(run_dir, _load_run(run_dir), settings, rows, extra,
+                                  max_test_images, torch_device=settings.device)
+
+
+def _worker_row(row: ModelRow, staging: Path, index: int, total: int, progress: bool) -> Any:
+    with _WORKER["gate"].computing():
+        return _export_row(_WORKER["context"], row, staging, index, total, progress)
+
+
+def _export_parallel(run_dir: Path, settings: Any, rows: list[ModelRow], extra: dict[str, int],
+                     max_test_images: int, staging: Path, progress: bool, workers: int,
+                     done: Callable[[Any], None]) -> None:
+    """Export ``rows`` in ``workers`` spawned processes (CUDA and onnxruntime do not survive a
+    fork), each preparing the run once; results reach ``done`` in the order of ``rows``."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from hwnas.export.parallel import TimingGate
+
+    ctx = multiprocessing.get_context("spawn")
+    gate = TimingGate(ctx)
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=(gate, run_dir, settings, rows, extra,
+                                       max_test_images)) as pool:
+        futures = [pool.submit(_worker_row, row, staging, i, len(rows), progress)
+                   for i, row in enumerate(rows)]
+        try:
+            for future in futures:
+                done(future.result())
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
 
 
 MANIFEST_FORMAT = "hwnas-export-manifest-1"

@@ -357,7 +357,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     result = _search(args)
     exported = export_run(result.run_dir, progress=not args.quiet,
-                          settings=ExportSettings(uint8_input=args.with_preprocessing))
+                          settings=ExportSettings(uint8_input=args.with_preprocessing,
+                                                  device=args.device, workers=0))
     n, failed = len(exported.models), len(exported.failed)
     print(f"exported {n - failed} of {n} Pareto-optimal models to {exported.out_dir} "
           f"(FP32 and QDQ ONNX, manifest.json, manifest.csv)")

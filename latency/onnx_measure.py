@@ -35,7 +35,8 @@ from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
 
 __all__ = ["LatencyStats", "PRECISIONS", "RUNTIMES", "Runner", "make_runner", "make_session",
-           "measure_onnx", "openvino_available", "random_input", "time_interleaved",
+           "measure_onnx", "openvino_available", "order_settled", "random_input",
+           "time_interleaved",
            "timed_runs"]
 
 #: Runtimes that run an ONNX file here: onnxruntime (always), OpenVINO (the ``openvino`` extra).
@@ -318,17 +319,24 @@ def _run_error(runner: Runner, feeds: Mapping[str, np.ndarray], exc: Exception) 
 
 
 def time_interleaved(runners: Mapping[str, Runner], *, batch: int = 1, rounds: int = 5,
-                     runs: int = 5, warmup: int = 3, seed: int = 0) -> dict[str, np.ndarray]:
+                     runs: int = 5, warmup: int = 3, seed: int = 0,
+                     settled: Callable[[dict[str, np.ndarray]], bool] | None = None,
+                     min_rounds: int = 2) -> dict[str, np.ndarray]:
     """Paired timing of several runners: ``{label: ms array of shape (rounds, runs)}``.
 
     Each runner first gets ``warmup`` untimed calls; then, ``rounds`` times, every runner in
     turn makes one untimed call (caches go cold while the others run) and ``runs`` timed calls
     (:func:`timed_runs`) on its own random input of batch ``batch``, so a drift of the
     machine's speed (background load, frequency) hits all of them alike and their ratios stay
-    fair. The order is reversed every other round, so no runner always follows the same one."""
+    fair. The order is reversed every other round, so no runner always follows the same one.
+
+    ``settled(times so far)``: asked after each round from ``min_rounds`` on; when it answers
+    True the measurement stops there (the arrays then have fewer rows), so rounds are not
+    spent on an ordering that is already clear."""
     batch = _check_int("batch", batch, 1)
     rounds, runs = _check_int("rounds", rounds, 1), _check_int("runs", runs, 1)
     warmup = _check_int("warmup", warmup, 0)
+    min_rounds = _check_int("min_rounds", min_rounds, 1)
     runners = {label: r.at_batch(batch) for label, r in runners.items()}
     feeds = {label: random_input(r, batch=batch, seed=seed) for label, r in runners.items()}
     out = {label: np.empty((rounds, runs)) for label in runners}
@@ -342,11 +350,37 @@ def time_interleaved(runners: Mapping[str, Runner], *, batch: int = 1, rounds: i
             for label in (order if i % 2 == 0 else order[::-1]):
                 runners[label].run(feeds[label])
                 out[label][i] = timed_runs(runners[label], feeds[label], runs)
+            if settled is not None and min_rounds <= i + 1 < rounds:
+                sofar = {k: v[:i + 1] for k, v in out.items()}
+                if settled(sofar):
+                    return sofar
     except UserError:
         raise
     except Exception as exc:
         raise _run_error(runners[label], feeds[label], exc) from exc
     return out
+
+
+def order_settled(times: Mapping[str, np.ndarray], baseline: str, *,
+                  faster_only: bool = True) -> bool:
+    """Whether a paired timing (:func:`time_interleaved`) already decides its verdict: every
+    label's times lie all on one side of the ``baseline``'s, and the fastest of the labels
+    that compete (those faster than the baseline, or with ``faster_only=False`` all of them)
+    has every time below every time of the other competitors. Whole ranges, not medians, so
+    more rounds could not reorder them unless the machine's speed itself changed."""
+    lo = {k: float(np.min(v)) for k, v in times.items()}
+    hi = {k: float(np.max(v)) for k, v in times.items()}
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    others = [k for k in times if k != baseline]
+    if baseline in times and any(not (hi[k] < lo[baseline] or lo[k] > hi[baseline])
+                                 for k in others):
+        return False
+    competing = [k for k in others if not faster_only or baseline not in times
+                 or med[k] < med[baseline]]
+    if len(competing) < 2:
+        return True
+    best = min(competing, key=med.__getitem__)
+    return all(hi[best] < lo[k] for k in competing if k != best)
 
 
 def _stats(times_ms: np.ndarray, *, warmup: int, threads: int, batch: int, runtime: str,

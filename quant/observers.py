@@ -128,12 +128,16 @@ class ActivationObserver:
 
 def _range_errors(values: torch.Tensor, los: torch.Tensor, his: torch.Tensor, bits: int
                   ) -> torch.Tensor:
-    """Mean squared quantization error of ``values`` for each candidate range ``[lo_i, hi_i]``."""
+    """Mean squared quantization error of ``values`` for each candidate range ``[lo_i, hi_i]``.
+    One (candidates, values) buffer updated in place: the same element-wise operations as
+    ``((fake_quant(values) - values) ** 2).mean(1)``, bit for bit, without a temporary per
+    step (this is the export's most frequent kernel)."""
     qmax = 2 ** bits - 1
     scale = ((his - los) / qmax).clamp_min(1e-8)[:, None]
     zp = torch.round(-los[:, None] / scale).clamp(0, qmax)
-    q = (torch.clamp(torch.round(values[None, :] / scale) + zp, 0, qmax) - zp) * scale
-    return ((q - values[None, :]) ** 2).mean(dim=1)
+    q = torch.div(values[None, :], scale)
+    q.round_().add_(zp).clamp_(0, qmax).sub_(zp).mul_(scale).sub_(values[None, :])
+    return q.square_().mean(dim=1)
 
 
 def _best_ratio(values: torch.Tensor, bits: int, grid: int, make) -> float:

@@ -9,7 +9,7 @@ it on a standalone copy, leaving the supernet untouched, on augmented training b
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 from hwnas.supernet.data.loader import BatchLoader
@@ -80,16 +80,34 @@ def eval_loader(data: DatasetSplits, split: ImageSplit, *, batch_size: int = 256
     return BatchLoader(split, batch_size=batch_size, mean=data.mean, std=data.std, device=device)
 
 
+def bn_calibration_batches(data: DatasetSplits, calib_batches: int, *,
+                           batch_size: int = 64, seed: int = 0,
+                           device: str | torch.device = "cpu") -> list[tuple]:
+    """The first ``calib_batches`` batches of :func:`bn_calibration_loader`, drawn once: a
+    seeded loader gives every subnet the same batches, so many subnets recalibrated on this
+    list (``recalibrated_subnet(..., batches=)``) get exactly what their own loaders give."""
+    loader = bn_calibration_loader(data, batch_size=batch_size, seed=seed, device=device)
+    out = []
+    for batch in loader:
+        if len(out) >= calib_batches:
+            break
+        out.append(batch)
+    return out
+
+
 def recalibrated_subnet(supernet: nn.Module, arch, data: DatasetSplits, *,
                         calib_batches: int = 20, calib_batch_size: int = 64,
-                        seed: int = 0) -> nn.Module:
+                        seed: int = 0, batches: Sequence | None = None) -> nn.Module:
     """Extract ``arch`` from ``supernet`` and recalibrate its BatchNorm on ``calib_batches``
     augmented training batches of ``calib_batch_size`` (:func:`bn_calibration_loader`, shuffled
-    with ``seed``), on the supernet's device."""
+    with ``seed``), on the supernet's device. ``batches``: those batches drawn once for many
+    subnets (:func:`bn_calibration_batches`, on the supernet's device)."""
     device = next(supernet.parameters()).device
     model = supernet.extract(arch)
-    loader = bn_calibration_loader(data, batch_size=calib_batch_size, seed=seed, device=device)
-    recalibrate_bn(model, loader, calib_batches)
+    if batches is None:
+        batches = bn_calibration_loader(data, batch_size=calib_batch_size, seed=seed,
+                                        device=device)
+    recalibrate_bn(model, batches, calib_batches)
     return model
 
 

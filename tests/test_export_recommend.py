@@ -94,7 +94,7 @@ def _fake_choice(fp32_ms: float, chosen_ms: float):  # noqa: ANN202
 def _drifting(factors: dict[str, float]):  # noqa: ANN202
     """Fake paired timings: each label's base time (by its file) times a clock that slows
     down 5 % per call of the interleaved loop."""
-    def time_candidates(runners, *, batch, rounds, runs, warmup, seed=0):  # noqa: ANN001, ANN202
+    def time_candidates(runners, *, batch, rounds, runs, warmup, seed=0, **_):  # noqa: ANN001, ANN202
         out, tick = {}, 0
         for label in runners:
             out[label] = np.empty((rounds, runs))

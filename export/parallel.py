@@ -1,0 +1,111 @@
+"""Exporting several models in parallel processes without disturbing their timings.
+
+Building, calibrating and verifying a model is CPU work that parallelises across models; the
+paired latency timings (the int8-vs-float choice, the per-device recommendation) must not
+share the machine with anything. :class:`TimingGate` lets worker processes compute side by
+side and gives a timing the machine alone: a worker that wants to time (:func:`timing_slot`)
+waits until every other worker has reached a stage boundary (:func:`checkpoint`), where they
+wait until the timing is over. In a process without a gate (the sequential export, a user's
+``export_model`` call) both are no-ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["TimingGate", "auto_workers", "checkpoint", "install_gate", "timing_slot"]
+
+_GATE: TimingGate | None = None
+
+
+class TimingGate:
+    """A cooperative readers-writer gate shared by processes of one multiprocessing context:
+    any number of workers *compute* at once; a *timing* runs only when no worker computes, and
+    a waiting timing holds new computation back so that it is not starved."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.cond = ctx.Condition()
+        self.active = ctx.RawValue("i", 0)  # workers computing; guarded by cond
+        self.waiting = ctx.RawValue("i", 0)  # timings waiting for the machine
+        self.timing = ctx.RawValue("i", 0)  # 1 while a timing runs
+
+    def enter(self) -> None:
+        """Start computing (waits while a timing runs or waits)."""
+        with self.cond:
+            self.cond.wait_for(lambda: not self.timing.value and not self.waiting.value)
+            self.active.value += 1
+
+    def leave(self) -> None:
+        """Stop computing."""
+        with self.cond:
+            self.active.value -= 1
+            self.cond.notify_all()
+
+    def pause_if_wanted(self) -> None:
+        """At a stage boundary: let a waiting timing run first."""
+        if self.waiting.value:
+            self.leave()
+            self.enter()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Run the body with no other worker computing or timing (the caller computes)."""
+        self.leave()
+        with self.cond:
+            self.waiting.value += 1
+            self.cond.wait_for(lambda: not self.timing.value and self.active.value == 0)
+            self.waiting.value -= 1
+            self.timing.value = 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.timing.value = 0
+                self.cond.notify_all()
+            self.enter()
+
+    @contextlib.contextmanager
+    def computing(self) -> Iterator[None]:
+        """One unit of work (a model) of a worker."""
+        self.enter()
+        try:
+            yield
+        finally:
+            self.leave()
+
+
+def install_gate(gate: TimingGate | None) -> None:
+    """Make ``gate`` this process's gate (a worker's initializer calls it)."""
+    global _GATE
+    _GATE = gate
+
+
+@contextlib.contextmanager
+def timing_slot() -> Iterator[None]:
+    """The machine to this process alone for a timing (no-op without a gate)."""
+    if _GATE is None:
+        yield
+        return
+    with _GATE.exclusive():
+        yield
+
+
+def checkpoint() -> None:
+    """A stage boundary: a timing another worker waits for runs now (no-op without a gate)."""
+    if _GATE is not None:
+        _GATE.pause_if_wanted()
+
+
+def auto_workers(models: int, requested: int = 0, cores: int | None = None) -> int:
+    """How many processes export ``models`` models: ``requested`` when given (>= 1), else one
+    per two cores, at most 8; never more than there are models, and 1 below four cores (the
+    start-up of a worker costs more than it saves there)."""
+    if requested >= 1:
+        return max(1, min(requested, models))
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    if cores < 4:
+        return 1
+    return max(1, min(models, cores // 2, 8))

@@ -1,0 +1,281 @@
+"""Tests for the export's shared work: early stop of settled paired timings, one pass over the
+test images per file and model, shared calibration batches, stage seconds, and the parallel
+export whose timings run alone (export.passes, export.parallel, latency.onnx_measure)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hwnas.export.model_export import ExportSettings
+from hwnas.export.onnx_export import check_parity, parity_of
+from hwnas.export.parallel import TimingGate, auto_workers
+from hwnas.export.passes import ImagePasses, StageClock
+from hwnas.latency.onnx_measure import order_settled, time_interleaved
+from hwnas.supernet.onnx import onnx_bytes
+
+from hwnas.core.errors import UserError
+
+FAST = ExportSettings(warmup=1, rounds=1, runs=2, profile_runs=2)
+
+
+def _times(**ranges: tuple[float, float]) -> dict[str, np.ndarray]:
+    return {k: np.linspace(lo, hi, 6).reshape(2, 3) for k, (lo, hi) in ranges.items()}
+
+
+def test_order_settled_needs_whole_ranges_apart() -> None:
+    # int8 clearly faster, qdq clearly slower than FP32: decided
+    assert order_settled(_times(fp32=(9, 10), int8=(5, 6), qdq=(40, 41)), "fp32")
+    # a candidate whose range touches FP32's: not decided
+    assert not order_settled(_times(fp32=(9, 10), int8=(5, 9.5)), "fp32")
+    # two candidates faster than FP32 that overlap: which is fastest is open
+    assert not order_settled(_times(fp32=(9, 10), a=(5, 6), b=(5.5, 7)), "fp32")
+    # candidates all slower than FP32: FP32 stays, their own order is open
+    assert order_settled(_times(fp32=(9, 10), b=(20, 30), c=(25, 35)), "fp32")
+    assert not order_settled(_times(fp32=(9, 10), b=(20, 30), c=(25, 35)), "fp32",
+                             faster_only=False)  # ... which matters when all compete
+    assert order_settled(_times(fp32=(9, 10), a=(5, 6), b=(20, 30), c=(25, 35)), "fp32",
+                         faster_only=False)  # only the fastest must stand apart
+    assert order_settled(_times(fp32=(9, 10)), "fp32")
+
+
+def test_time_interleaved_stops_once_settled(monkeypatch) -> None:
+    import hwnas.latency.onnx_measure as om
+
+    base = {"fp32": 10.0, "int8": 5.0, "qdq": 40.0}
+    ran: list[str] = []
+
+    class Fake:
+        def __init__(self, label: str) -> None:
+            self.label = label
+
+        def get_inputs(self):  # noqa: ANN202
+            return []
+
+        def run(self, feeds):  # noqa: ANN001, ANN202
+            ran.append(self.label)
+
+    monkeypatch.setattr(om, "random_input", lambda r, **kw: {})
+    noise = iter(np.random.default_rng(0).uniform(0.99, 1.01, 10_000))
+
+    def timed(runner, feeds, runs):  # noqa: ANN001, ANN202
+        return np.array([base[runner.label] * next(noise) for _ in range(runs)])
+    monkeypatch.setattr(om, "timed_runs", timed)
+    runners = {k: Fake(k) for k in base}
+    t = time_interleaved(runners, rounds=8, runs=3, warmup=0, min_rounds=2,
+                         settled=lambda t: order_settled(t, "fp32"))
+    assert {v.shape for v in t.values()} == {(2, 3)}  # decided after the second round
+    full = time_interleaved(runners, rounds=8, runs=3, warmup=0)
+    assert {v.shape for v in full.values()} == {(8, 3)}  # no rule: every round
+    base["int8"] = 10.0  # a tie with FP32 never settles
+    tie = time_interleaved(runners, rounds=5, runs=3, warmup=0, min_rounds=2,
+                           settled=lambda t: order_settled(t, "fp32"))
+    assert {v.shape for v in tie.values()} == {(5, 3)}
+
+
+def test_stage_clock_adds_repeated_stages() -> None:
+    calls: list[int] = []
+    clock = StageClock(before=lambda: calls.append(1))
+    for _ in range(2):
+        with clock("a"):
+            time.sleep(0.01)
+    with pytest.raises(ValueError), clock("b"):
+        raise ValueError
+    assert set(clock.seconds) == {"a", "b"} and clock.seconds["a"] >= 0.02
+    assert len(calls) == 3
+
+
+class _Counting(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.lin(x.flatten(1))
+
+
+def test_image_passes_run_each_file_and_model_once() -> None:
+    torch.manual_seed(0)
+    model = _Counting().eval()
+    x = torch.randn(300, 4)
+    labels = torch.randint(0, 3, (300,))
+    data = onnx_bytes(model, x[:1])
+    model.calls = 0
+    passes = ImagePasses(x, labels, batch_size=128)
+    got = passes.onnx("m.onnx", data)
+    again = passes.onnx("m.onnx", b"not read: the pass is kept")
+    assert again is got and got.shape == (300, 3)
+    want = passes.torch("float", model)
+    passes.torch("float", model)
+    assert model.calls == 3  # one pass of 3 chunks, not two
+    parity = parity_of(got, want, atol=1e-4)
+    reference = check_parity(data, model, x, atol=1e-4)
+    assert parity == reference and parity.passed
+    assert passes.accuracy(got) == pytest.approx(100 * float((want.argmax(1) == labels.numpy()).mean()))
+    assert ("onnxruntime", "m.onnx", 1, "f32") in passes.sessions  # reused for the timing
+
+
+def test_parity_of_reports_nan_and_refuses_other_shapes() -> None:
+    a = np.zeros((4, 3), np.float32)
+    b = a.copy()
+    b[1, 2] = np.nan
+    assert not parity_of(b, a).passed
+    with pytest.raises(UserError, match="shape"):
+        parity_of(a, np.zeros((4, 2), np.float32))
+
+
+def test_agreement_cache_matches_a_fresh_verification() -> None:
+    from hwnas.export.recommend import CandidateFile, verify_candidates
+
+    torch.manual_seed(1)
+    model = _Counting().eval()
+    x = torch.randn(200, 4)
+    labels = torch.randint(0, 3, (200,))
+    data = onnx_bytes(model, x[:1])
+    passes = ImagePasses(x, labels)
+    passes.onnx("m.onnx", data)
+    refs = {"float": passes.torch("float", model)}
+    files = [CandidateFile("m.onnx", data, "fp32", "float")]
+    cached, _, _ = verify_candidates(runtime="onnxruntime", threads=1, files=files,
+                                     references=refs, images=passes.np, labels=passes.labels,
+                                     cache=passes.agreement_cache(refs, files),
+                                     sessions=passes.sessions)
+    fresh, _, _ = verify_candidates(runtime="onnxruntime", threads=1, files=files,
+                                    references=refs, images=passes.np, labels=passes.labels)
+    assert cached == fresh and cached[0].verified
+
+
+def test_shared_bn_batches_give_the_same_subnet(digits) -> None:
+    from hwnas.supernet.evaluate import bn_calibration_batches, recalibrated_subnet
+    from hwnas.supernet.spaces import get_space
+
+    space = get_space("mbv3-tiny", in_channels=1, image_size=8, num_classes=10)
+    torch.manual_seed(0)
+    supernet = space.build_supernet()
+    batches = bn_calibration_batches(digits, 3, seed=5)
+    assert len(batches) == 3
+    for arch in (space.smallest(), space.largest()):
+        own = recalibrated_subnet(supernet, arch, digits, calib_batches=3, seed=5)
+        shared = recalibrated_subnet(supernet, arch, digits, calib_batches=3, seed=5,
+                                     batches=batches)
+        a, b = own.state_dict(), shared.state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_auto_workers() -> None:
+    assert auto_workers(11, 0, cores=16) == 8
+    assert auto_workers(3, 0, cores=16) == 3
+    assert auto_workers(11, 0, cores=2) == 1
+    assert auto_workers(2, 5, cores=2) == 2  # asked for: as many as there are models
+    assert auto_workers(1, 0, cores=64) == 1
+
+
+def test_export_settings_refuse_bad_knobs() -> None:
+    for bad in ({"workers": -1}, {"workers": True}, {"min_rounds": 0}, {"device": "gpu9"}):
+        with pytest.raises(UserError):
+            ExportSettings(**bad).validate()
+
+
+def test_timing_gate_never_overlaps_a_timing_with_work() -> None:
+    """Threads stand in for worker processes: while one times, none computes."""
+    import multiprocessing
+
+    gate = TimingGate(multiprocessing.get_context("spawn"))
+    state = {"computing": 0, "timing": 0, "overlaps": 0}
+    lock = threading.Lock()
+
+    def worker(i: int) -> None:
+        with gate.computing():
+            for step in range(6):
+                gate.pause_if_wanted()
+                if (i + step) % 3 == 0:
+                    with gate.exclusive():
+                        with lock:
+                            state["timing"] += 1
+                            state["overlaps"] += state["computing"] > 0 or state["timing"] > 1
+                        time.sleep(0.002)
+                        with lock:
+                            state["timing"] -= 1
+                else:
+                    with lock:
+                        state["computing"] += 1
+                        state["overlaps"] += state["timing"] > 0
+                    time.sleep(0.002)
+                    with lock:
+                        state["computing"] -= 1
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    assert state["overlaps"] == 0
+
+
+def _figures(result) -> dict:  # noqa: ANN001
+    return {m.name: (m.status, [(f.path, f.status, f.written) for f in m.files])
+            for m in result.models}
+
+
+def test_parallel_export_writes_what_the_sequential_one_writes(small_run: Path,
+                                                               tmp_path: Path) -> None:
+    """Two models in two worker processes: the same files, verified alike, as one process
+    writes (no device is measurable in this run, so the comparison does not hang on timings)."""
+    import json
+    from dataclasses import replace
+
+    from hwnas.export.run_export import export_run
+
+    kw = {"select": "top:2", "progress": False, "report": lambda line: None,
+          "max_test_images": 200}
+    one = export_run(small_run, out=tmp_path / "one", settings=FAST, **kw)
+    two = export_run(small_run, out=tmp_path / "two", settings=replace(FAST, workers=2), **kw)
+    assert len(one.models) == 2 and _figures(one) == _figures(two)
+    for a, b in zip(one.models, two.models):
+        for fa, fb in zip(a.files, b.files):
+            assert fa.test_accuracy == pytest.approx(fb.test_accuracy, abs=0.5)
+    manifest = json.loads((tmp_path / "two" / "manifest.json").read_text())
+    assert manifest["workers"] == 2
+    stages = manifest["models"][0]["info"]["stage_seconds"]
+    assert {"recalibrate", "fp32"} <= set(stages)
+    assert sorted(str(p.relative_to(tmp_path / "one")) for p in (tmp_path / "one").rglob("*.onnx")) \
+        == sorted(str(p.relative_to(tmp_path / "two")) for p in (tmp_path / "two").rglob("*.onnx"))
+
+
+def test_benchmark_summarises_stages_and_rows() -> None:
+    from types import SimpleNamespace
+
+    from benchmarks.export_speed import stage_medians, table
+
+    models = [SimpleNamespace(info={"stage_seconds": {"fp32": 1.0, "qdq": 4.0}}),
+              SimpleNamespace(info={"stage_seconds": {"fp32": 3.0}}),
+              SimpleNamespace(info={"stage_seconds": {"fp32": 2.0, "qdq": 2.0}})]
+    medians = stage_medians(models)
+    assert medians == {"fp32": 2.0, "qdq": 2.0}  # a stage a model skipped counts 0
+    row = {"dataset": "/data/C10.npz", "device": "cuda", "trials": 20, "models": 3,
+           "search_s": 100.0, "export_s": 30.0, "export_s_per_model": 10.0, "total_s": 130.0,
+           "stage_median_s": medians}
+    text = table([row])
+    assert "C10.npz" in text and "fp32=2 qdq=2" in text and "10.00" in text
+
+
+def test_range_errors_in_place_match_the_formula() -> None:
+    from hwnas.quant.observers import _range_errors
+
+    torch.manual_seed(0)
+    for bits in (4, 8):
+        values = torch.randn(5000) * 3 + 0.5
+        ratios = torch.linspace(0.05, 1.0, 17)
+        los, his = values.min() * ratios, values.max() * ratios
+        qmax = 2 ** bits - 1
+        scale = ((his - los) / qmax).clamp_min(1e-8)[:, None]
+        zp = torch.round(-los[:, None] / scale).clamp(0, qmax)
+        q = (torch.clamp(torch.round(values[None, :] / scale) + zp, 0, qmax) - zp) * scale
+        assert torch.equal(_range_errors(values, los, his, bits),
+                           ((q - values[None, :]) ** 2).mean(dim=1))
