@@ -15,7 +15,7 @@ from hwnas.export.model_export import ExportSettings
 from hwnas.export.onnx_export import check_parity, parity_of
 from hwnas.export.parallel import TimingGate, auto_workers
 from hwnas.export.passes import ImagePasses, StageClock
-from hwnas.latency.onnx_measure import order_settled, time_interleaved
+from hwnas.latency.onnx_measure import Runner, order_settled, time_interleaved
 from hwnas.supernet.onnx import onnx_bytes
 
 from hwnas.core.errors import UserError
@@ -49,7 +49,7 @@ def test_time_interleaved_stops_once_settled(monkeypatch) -> None:
     base = {"fp32": 10.0, "int8": 5.0, "qdq": 40.0}
     ran: list[str] = []
 
-    class Fake:
+    class Fake(Runner):
         def __init__(self, label: str) -> None:
             self.label = label
 
