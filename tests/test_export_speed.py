@@ -318,3 +318,24 @@ def test_recommendation_stops_timing_once_fp32_clearly_wins(monkeypatch) -> None
     (rows,) = shapes[0]
     assert rows[0] < 8 and rows[1] == 3  # stopped early
     assert got.chosen is got.fp32 and got.fp32.median_ms < got.candidates[1].median_ms
+
+
+def test_parallel_export_reports_a_missing_dataset_in_one_line(small_run: Path,
+                                                               tmp_path: Path) -> None:
+    """The workers load the data: their UserError reaches the caller, and nothing is written."""
+    import json
+    import shutil
+    from dataclasses import replace
+
+    from hwnas.export.run_export import export_run
+
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    config = json.loads((run / "config.json").read_text())
+    config["dataset"] = str(tmp_path / "moved.npz")
+    (run / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="moved.npz"):
+        export_run(run, select="top:2", out=tmp_path / "out", progress=False,
+                   settings=replace(FAST, workers=2), report=lambda line: None)
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
