@@ -317,6 +317,7 @@ def test_recommendation_stops_timing_once_fp32_clearly_wins(monkeypatch) -> None
                              warmup=1, min_rounds=2)
     (rows,) = shapes[0]
     assert rows[0] < 8 and rows[1] == 3  # stopped early
+    assert got.rounds == rows[0] and got.as_dict()["rounds"] == rows[0]
     assert got.chosen is got.fp32 and got.fp32.median_ms < got.candidates[1].median_ms
 
 
