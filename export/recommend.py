@@ -96,6 +96,7 @@ class Recommendation:
     chosen: DeviceCandidate
     candidates: list[DeviceCandidate]
     notes: list[str] = field(default_factory=list)
+    rounds: int = 0  # rounds of the paired timing that ran (fewer than asked: settled early)
 
     @property
     def speedup(self) -> float:
@@ -105,7 +106,7 @@ class Recommendation:
     def as_dict(self) -> dict[str, Any]:
         return {"device": self.device, "runtime": self.runtime, "threads": self.threads,
                 "batch": self.batch, "fp32": self.fp32.label, "chosen": self.chosen.label,
-                "speedup": self.speedup, "notes": list(self.notes),
+                "speedup": self.speedup, "notes": list(self.notes), "rounds": self.rounds,
                 "candidates": [asdict(c) for c in self.candidates]}
 
 
@@ -278,4 +279,6 @@ def recommend_file(device: str, *, runtime: str, threads: int, batch: int,
     times = time_candidates(runners, batch=batch, rounds=rounds, runs=runs, warmup=warmup,
                             seed=seed, fp32_label=fp32.label, min_rounds=min_rounds)
     chosen = choose_fastest(candidates, times, fp32.label)
-    return Recommendation(device, runtime, threads, batch, fp32, chosen, candidates, notes)
+    rounds_run = max((np.asarray(t).shape[0] for t in times.values()), default=0)
+    return Recommendation(device, runtime, threads, batch, fp32, chosen, candidates, notes,
+                          rounds_run)

@@ -239,8 +239,10 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     out_dir = Path(out) if out is not None else RunDir(run_dir).export_dir
     check_replaceable(out_dir, run_dir)
     workers = auto_workers(len(rows), settings.workers)
+    # with workers, each prepares the run itself: here only what the manifest needs
     context = _prepare(run_dir, cfg, settings, rows, extra, max_test_images,
-                       torch_device=settings.device if workers == 1 else "cpu")
+                       torch_device=settings.device if workers == 1 else "cpu",
+                       with_data=workers == 1)
     report = report or _print_line
 
     remove_stale(out_dir)
@@ -296,10 +298,13 @@ class _Context:
 
 
 def _prepare(run_dir: Path, cfg: dict[str, Any], settings: Any, rows: list[ModelRow],
-             extra: dict[str, int], max_test_images: int, *, torch_device: str = "cpu") -> _Context:
+             extra: dict[str, int], max_test_images: int, *, torch_device: str = "cpu",
+             with_data: bool = True) -> _Context:
     """Load the run's supernet (on ``torch_device``) and data, and draw the calibration and
     test batches once for all models: each model's BatchNorm recalibration and PTQ read the
-    same seeded batches a per-model loader would give, so sharing them changes no number."""
+    same seeded batches a per-model loader would give, so sharing them changes no number.
+    ``with_data=False``: the supernet and the devices only (what a parallel export's main process
+    needs; its workers load the data)."""
     from hwnas.export.model_export import measurable_devices
     from hwnas.quant.ptq import PTQConfig, calibration_batches
     from hwnas.supernet.data.loader import BatchLoader
@@ -312,6 +317,15 @@ def _prepare(run_dir: Path, cfg: dict[str, Any], settings: Any, rows: list[Model
         raise UserError(f"{run_dir / SUPERNET_FILE} holds space {space.name!r} but config.json "
                         f"says {cfg['space']!r}; the run directory is inconsistent")
     seed = int(cfg.get("seed", 0))
+    devices = [str(d) for d in (cfg.get("devices") or [])]
+    for row in rows:
+        for d in row.predicted:
+            if d not in devices:
+                devices.append(d)
+    tunable = {**measurable_devices(devices), **extra}
+    if not with_data:
+        return _Context(cfg, space, supernet, None, settings, seed, 0, [], [], None, None, None,
+                        devices, tunable, {"load": time.perf_counter() - t0})
     data = run_splits(run_dir, cfg, payload)
     t1 = time.perf_counter()
     calib_batches = int(cfg.get("calib_batches", 10))
@@ -320,12 +334,6 @@ def _prepare(run_dir: Path, cfg: dict[str, Any], settings: Any, rows: list[Model
     ptq_batches = calibration_batches(
         BatchLoader(data.train, batch_size=128, mean=data.mean, std=data.std, shuffle=True,
                     seed=seed), ptq_config.max_images, "cpu")
-    devices = [str(d) for d in (cfg.get("devices") or [])]
-    for row in rows:
-        for d in row.predicted:
-            if d not in devices:
-                devices.append(d)
-    tunable = {**measurable_devices(devices), **extra}
     # a seeded random sample of the test split: CIFAR-10's test split is sorted by class, so
     # its first images are all one class
     test_loader = BatchLoader(data.test, batch_size=max_test_images, mean=data.mean, std=data.std,
@@ -403,11 +411,16 @@ def _init_worker(gate: Any, run_dir: Path, settings: Any, rows: list[ModelRow],
     torch.set_num_threads(1)
     install_gate(gate)
     _WORKER["gate"] = gate
-    _WORKER["context"] = _prepare(run_dir, _load_run(run_dir), settings, rows, extra,
-                                  max_test_images, torch_device=settings.device)
+    try:
+        _WORKER["context"] = _prepare(run_dir, _load_run(run_dir), settings, rows, extra,
+                                      max_test_images, torch_device=settings.device)
+    except UserError as exc:  # e.g. the dataset moved: the main process raises it
+        _WORKER["error"] = exc
 
 
 def _worker_row(row: ModelRow, staging: Path, index: int, total: int, progress: bool) -> Any:
+    if "error" in _WORKER:
+        raise _WORKER["error"]
     with _WORKER["gate"].computing():
         return _export_row(_WORKER["context"], row, staging, index, total, progress)
 

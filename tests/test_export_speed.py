@@ -279,3 +279,64 @@ def test_range_errors_in_place_match_the_formula() -> None:
         q = (torch.clamp(torch.round(values[None, :] / scale) + zp, 0, qmax) - zp) * scale
         assert torch.equal(_range_errors(values, los, his, bits),
                            ((q - values[None, :]) ** 2).mean(dim=1))
+
+
+def _chain(n: int, size: int = 64) -> bytes:
+    """An ONNX model of ``n`` chained (size x size) MatMuls: its time grows with ``n``."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.eye(size, dtype=np.float32), name="W")
+    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i}", "W"],
+                              ["y" if i == n - 1 else f"h{i + 1}"]) for i in range(n)]
+    graph = helper.make_graph(nodes, "chain",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", size])],
+                              initializer=[w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=8).SerializeToString()
+
+
+def test_recommendation_stops_timing_once_fp32_clearly_wins(monkeypatch) -> None:
+    """A candidate ~200x slower than FP32: the paired timing ends before its last round, and
+    the verdict and every figure come from the rounds that ran."""
+    import hwnas.export.recommend as rec
+
+    shapes: list[tuple] = []
+    real = rec.time_interleaved
+
+    def spy(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        out = real(*a, **kw)
+        shapes.append({v.shape for v in out.values()})
+        return out
+    monkeypatch.setattr(rec, "time_interleaved", spy)
+    x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    files = [rec.CandidateFile("m.onnx", _chain(1), "fp32", "float"),
+             rec.CandidateFile("slow/m.onnx", _chain(200), "int8", "float")]
+    got = rec.recommend_file("cpu-ort-1t", runtime="onnxruntime", threads=1, batch=1, files=files,
+                             references={"float": x}, images=x, labels=None, rounds=8, runs=3,
+                             warmup=1, min_rounds=2)
+    (rows,) = shapes[0]
+    assert rows[0] < 8 and rows[1] == 3  # stopped early
+    assert got.rounds == rows[0] and got.as_dict()["rounds"] == rows[0]
+    assert got.chosen is got.fp32 and got.fp32.median_ms < got.candidates[1].median_ms
+
+
+def test_parallel_export_reports_a_missing_dataset_in_one_line(small_run: Path,
+                                                               tmp_path: Path) -> None:
+    """The workers load the data: their UserError reaches the caller, and nothing is written."""
+    import json
+    import shutil
+    from dataclasses import replace
+
+    from hwnas.export.run_export import export_run
+
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    config = json.loads((run / "config.json").read_text())
+    config["dataset"] = str(tmp_path / "moved.npz")
+    (run / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="moved.npz"):
+        export_run(run, select="top:2", out=tmp_path / "out", progress=False,
+                   settings=replace(FAST, workers=2), report=lambda line: None)
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
