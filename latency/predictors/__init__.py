@@ -1,6 +1,6 @@
 """Latency predictors: a few measurements on a new device -> the latency of any architecture.
 
-Five families behind one interface (:class:`LatencyPredictor`: ``meta_fit``, ``adapt``,
+Six families behind one interface (:class:`LatencyPredictor`: ``meta_fit``, ``adapt``,
 ``predict``, ``predict_with_std``, ``save``/``load``):
 
 ===========  =====================================================================================
@@ -10,6 +10,10 @@ Five families behind one interface (:class:`LatencyPredictor`: ``meta_fit``, ``a
 ``mlp``      a small MLP ensemble trained from scratch on the measurements
 ``opcount``  a constant plus a non-negative cost per candidate operation times its count
              (6 parameters on NB-201), fitted by NNLS: the baseline of issue 23
+``lowrank``  a cost per operation with a low-rank Gaussian prior learned from other devices'
+             cost vectors (plus per-layer compute/memory-traffic sums), Bayesian linear
+             regression averaged over hyper-parameters: fast and robust to which architectures
+             were measured
 ``meta``     the default: a GP prior meta-learned from other devices' latency tables, reference
              architectures chosen by optimal design, Bayesian model averaging (HELP-style) over
              hyper-parameters and execution variants (does the device's runtime drop dead
@@ -32,6 +36,7 @@ from hwnas.latency.predictors.base import (
     register_predictor_class,
 )
 from hwnas.latency.predictors.flops import FlopsPredictor
+from hwnas.latency.predictors.lowrank import LowRankPredictor
 from hwnas.latency.predictors.lut import LayerTablePredictor
 from hwnas.latency.predictors.meta import MetaPredictor
 from hwnas.latency.predictors.mlp import MLPPredictor
@@ -44,6 +49,7 @@ __all__ = [
     "FlopsPredictor",
     "LatencyPredictor",
     "LayerTablePredictor",
+    "LowRankPredictor",
     "MLPPredictor",
     "MetaPredictor",
     "OpCountPredictor",
@@ -69,6 +75,7 @@ _REGISTRY: dict[str, type[LatencyPredictor]] = {
     "mlp": MLPPredictor,
     "meta": MetaPredictor,
     "opcount": OpCountPredictor,
+    "lowrank": LowRankPredictor,
 }
 
 
