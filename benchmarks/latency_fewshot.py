@@ -47,6 +47,7 @@ import numpy as np
 from hwnas.latency.machine import describe_machine
 from hwnas.latency.predictors import (  # noqa: E402
     DEFAULT_PREDICTOR,
+    LatencyPredictor,
     LowRankPredictor,
     MetaPredictor,
     get_predictor,
@@ -366,8 +367,9 @@ def main(argv: list[str] | None = None) -> int:
                          "say), or run it (--spaces, --seeds draws, all its predictors) when "
                          "no file is given")
     ap.add_argument("--write-pretrained", action="store_true",
-                    help="save the meta predictors to latency/data/: per space the seed whose "
-                         "predictor ranks the validation devices best (n = 10)")
+                    help="save the meta (and lowrank) predictors of --predictors to "
+                         "latency/data/: per space the seed whose predictor ranks the "
+                         "validation devices best (n = 10)")
     args = ap.parse_args(argv)
     try:
         return _main(args, argv if argv is not None else sys.argv[1:])
@@ -407,13 +409,16 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"{space_name}: meta-trained {args.seeds} predictors in {time.time() - t0:.1f} s "
               f"(features included)", flush=True)
         if args.write_pretrained:
-            best, val = select_pretrained(table, protocol, pool, metas)
-            path = metas[best].save(pretrained_path(space_name))
-            check = load_pretrained(space_name)
-            assert check.reference_archs == metas[best].reference_archs
-            print(f"{space_name}: validation-device mean Spearman (n = {SHIP_N}) per meta-training "
-                  f"seed {[round(v, 4) for v in val]} -> wrote seed {best}'s predictor to {path} "
-                  f"({path.stat().st_size} bytes)")
+            for kind, preds in (("meta", metas), ("lowrank", lowranks or [None])):
+                if preds[0] is None:
+                    continue
+                best, val = select_pretrained(table, protocol, pool, preds)
+                path = preds[best].save(pretrained_path(space_name, kind))
+                check = LatencyPredictor.load(path)
+                assert check.reference_archs == preds[best].reference_archs
+                print(f"{space_name}: validation-device mean Spearman (n = {SHIP_N}) per "
+                      f"meta-training seed of {kind} {[round(v, 4) for v in val]} -> wrote "
+                      f"seed {best}'s predictor to {path} ({path.stat().st_size} bytes)")
         if metas[0] is not None and len(metas[0].variants) > 1:
             print(f"{space_name}: execution variants {metas[0].variants}, per meta-training "
                   f"device {dict(zip(metas[0].devices_, metas[0].device_execution_))}")

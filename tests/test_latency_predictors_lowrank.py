@@ -7,7 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hwnas.latency.predictors import LatencyPredictor, LowRankPredictor, get_predictor
+from hwnas.latency.predictors import (
+    LatencyPredictor,
+    LowRankPredictor,
+    get_predictor,
+    pretrained_path,
+)
 from hwnas.latency.predictors.features import features
 
 from hwnas.core.errors import UserError
@@ -102,5 +107,20 @@ def test_lowrank_save_load_and_registry(nb201, tmp_path: Path) -> None:
     np.testing.assert_allclose(m1, m0, rtol=1e-12)
     np.testing.assert_allclose(s1, s0, rtol=1e-9, atol=1e-12)
     assert path.stat().st_size < 200_000
-    fresh = get_predictor("lowrank", space)
-    assert isinstance(fresh, LowRankPredictor) and not fresh.is_meta_trained
+    assert isinstance(get_predictor("lowrank", space, rank=3), LowRankPredictor)
+    assert not get_predictor("lowrank", space, rank=3).is_meta_trained
+    with pytest.raises(UserError, match="kind 'gbdt'; expected meta or lowrank"):
+        pretrained_path("nb201", "gbdt")
+
+
+@pytest.mark.parametrize("name", ["nb201", "fbnet"])
+def test_shipped_lowrank_predictors(name) -> None:
+    """``latency/data/<space>_lowrank.npz``: meta-trained on HELP's 9 meta-training devices,
+    small, and what ``get_predictor('lowrank', space)`` returns."""
+    from hwnas.supernet.spaces import get_space
+
+    path = pretrained_path(name, "lowrank")
+    assert path.is_file() and path.stat().st_size < 100_000
+    pre = get_predictor("lowrank", get_space(name))
+    assert isinstance(pre, LowRankPredictor) and pre.is_meta_trained and not pre.is_adapted
+    assert len(pre.devices_) == 9 and len(pre.reference_archs) == 20

@@ -21,7 +21,9 @@ Six families behind one interface (:class:`LatencyPredictor`: ``meta_fit``, ``ad
 ===========  =====================================================================================
 
 ``load_pretrained("nb201")`` / ``load_pretrained("fbnet")`` return the meta predictor trained on
-HELP's meta-training devices, shipped in ``latency/data/`` so that adaptation works offline.
+HELP's meta-training devices, shipped in ``latency/data/`` so that adaptation works offline;
+``get_predictor("lowrank", space)`` likewise returns ``latency/data/<space>_lowrank.npz`` where
+it is shipped.
 Importing this package imports numpy only (scipy and scikit-learn are imported when fitting).
 """
 
@@ -103,12 +105,20 @@ def get_predictor(name: str, space: Any, **options: Any) -> LatencyPredictor:
         pre = load_pretrained(space.name)
         if pre.space.config() == space.config():
             return pre
+    if name == "lowrank" and not options and pretrained_path(
+            getattr(space, "name", ""), "lowrank").is_file():
+        pre = LatencyPredictor.load(pretrained_path(space.name, "lowrank"))
+        if pre.space.config() == space.config():
+            return pre
     return _REGISTRY[name](space, **options)
 
 
-def pretrained_path(space_name: str) -> Path:
-    """The file of the shipped meta-trained predictor of ``space_name`` (may not exist)."""
-    return PRETRAINED_DIR / f"{space_name}_meta.npz"
+def pretrained_path(space_name: str, kind: str = "meta") -> Path:
+    """The file of the shipped meta-trained predictor ``kind`` (``meta`` or ``lowrank``) of
+    ``space_name`` (may not exist)."""
+    if kind not in ("meta", "lowrank"):
+        raise UserError(f"no pretrained predictors of kind {kind!r}; expected meta or lowrank")
+    return PRETRAINED_DIR / f"{space_name}_{kind}.npz"
 
 
 def available_pretrained() -> list[str]:
