@@ -124,3 +124,4 @@ def test_shipped_lowrank_predictors(name) -> None:
     pre = get_predictor("lowrank", get_space(name))
     assert isinstance(pre, LowRankPredictor) and pre.is_meta_trained and not pre.is_adapted
     assert len(pre.devices_) == 9 and len(pre.reference_archs) == 20
+

@@ -269,8 +269,9 @@ class LowRankPredictor(LatencyPredictor):
             k = sum(s2[b] * (B[b] @ Bt[b].T) for b in _BLOCKS)  # N x n
             mu = k @ alpha
             u = np.linalg.solve(chol, k.T)
-            var = np.maximum(sum(s2[b] * np.sum(B[b] ** 2, 1) for b in _BLOCKS)
-                             - np.sum(u ** 2, 0), 0.0) * sig2
+            # + lam: the deviation is that of a *measurement* (what a table or a user compares)
+            var = (np.maximum(sum(s2[b] * np.sum(B[b] ** 2, 1) for b in _BLOCKS)
+                              - np.sum(u ** 2, 0), 0.0) + lam) * sig2
             if target == "log":  # moments of a log-normal
                 m1 = np.exp(mu + 0.5 * var)
                 m2 = np.exp(2 * mu + 2 * var)
