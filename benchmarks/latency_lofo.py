@@ -15,9 +15,12 @@ and the worst family. HELP's split stays the published comparison
 
 Rows (predictors): ``meta`` (the project's default, default settings), ``flops``, ``opcount``
 (a constant plus a non-negative cost per operation, NNLS: 6 parameters on NB-201, 10 on FBNet)
-and two candidates (see ``latency_lofo.md``): ``meta+opcount``, the mean of the two predictions
+and candidates (see ``latency_lofo.md``): ``meta+opcount``, the mean of the two predictions
 after scaling each to the measured mean, and ``meta|opcount``, whichever of the two has the lower
-leave-one-out log error on the 10 measurements. Meta-training uses every architecture some table
+leave-one-out log error on the 10 measurements; ``lowrank`` (:class:`LowRankPredictor`: a
+low-rank prior over the meta-training devices' per-operation cost vectors, each family weighing
+the same, measured on its own reference architectures) and ``meta+lowrank`` (the mean of the
+two predictions' ranks). Meta-training uses every architecture some table
 holds (a device measured on a sample is fitted on its sample) and one seed per fold; when a
 held-out table lacks a reference architecture, the references are chosen again among the
 architectures every held-out table holds (``MetaPredictor.redesign``).
