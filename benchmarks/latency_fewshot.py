@@ -20,6 +20,15 @@ previous version of the meta predictor (no execution variants, Gaussian noise; i
 architectures), kept to show what the current one changes. ``adapt_seconds`` is the wall time of
 ``adapt()`` (mean over seeds). HELP's published numbers are printed beside ours.
 
+``lowrank`` is the low-rank prior predictor (:class:`LowRankPredictor`, meta-trained per seed on
+the same devices, each family weighing the same), measured on its own reference architectures;
+``lowrank[random]`` on the random samples. ``--lofo [FILE ...]`` adds the family protocol
+(leave-one-family-out over HELP's and the measured devices, ``benchmarks/latency_lofo.py``): one
+row per space, predictor, measurement kind and held-out family (``protocol`` ``lofo-<family>``,
+``device`` = the family, ``family`` and its ``devices``; ``[random]`` appended to the predictor
+for 10 random measurements) and ``lofo-mean`` / ``lofo-worst`` rows, read from the given
+latency_lofo JSON files or computed when none is given.
+
 ``--split validation`` scores the validation devices instead (hyper-parameters were chosen
 there); ``--latency-csv PATH --device COLUMN [--space S]`` scores a table of a device we have
 never seen (same CSV layout) the same way, with the shipped meta-trained predictor.
