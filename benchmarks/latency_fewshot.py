@@ -32,8 +32,9 @@ latency_lofo JSON files or computed when none is given.
 ``--split validation`` scores the validation devices instead (hyper-parameters were chosen
 there); ``--latency-csv PATH --device COLUMN [--space S]`` scores a table of a device we have
 never seen (same CSV layout) the same way, with the shipped meta-trained predictor.
-``--write-pretrained`` saves, per space, the meta predictor of the seed that ranks the
-VALIDATION devices best with 10 measurements to ``latency/data/`` (what ``hwnas`` ships). Runs in a few minutes on 2 CPU cores.
+``--write-pretrained`` saves, per space, the meta (and, when asked for, lowrank) predictor of
+the seed that ranks the VALIDATION devices best with 10 measurements to ``latency/data/`` (what
+``hwnas`` ships). Runs in a few minutes on 2 CPU cores.
 
     python benchmarks/latency_fewshot.py
 """
