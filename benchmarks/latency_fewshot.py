@@ -20,11 +20,21 @@ previous version of the meta predictor (no execution variants, Gaussian noise; i
 architectures), kept to show what the current one changes. ``adapt_seconds`` is the wall time of
 ``adapt()`` (mean over seeds). HELP's published numbers are printed beside ours.
 
+``lowrank`` is the low-rank prior predictor (:class:`LowRankPredictor`, meta-trained per seed on
+the same devices, each family weighing the same), measured on its own reference architectures;
+``lowrank[random]`` on the random samples. ``--lofo [FILE ...]`` adds the family protocol
+(leave-one-family-out over HELP's and the measured devices, ``benchmarks/latency_lofo.py``): one
+row per space, predictor, measurement kind and held-out family (``protocol`` ``lofo-<family>``,
+``device`` = the family, ``family`` and its ``devices``; ``[random]`` appended to the predictor
+for 10 random measurements) and ``lofo-mean`` / ``lofo-worst`` rows, read from the given
+latency_lofo JSON files or computed when none is given.
+
 ``--split validation`` scores the validation devices instead (hyper-parameters were chosen
 there); ``--latency-csv PATH --device COLUMN [--space S]`` scores a table of a device we have
 never seen (same CSV layout) the same way, with the shipped meta-trained predictor.
-``--write-pretrained`` saves, per space, the meta predictor of the seed that ranks the
-VALIDATION devices best with 10 measurements to ``latency/data/`` (what ``hwnas`` ships). Runs in a few minutes on 2 CPU cores.
+``--write-pretrained`` saves, per space, the meta (and, when asked for, lowrank) predictor of
+the seed that ranks the VALIDATION devices best with 10 measurements to ``latency/data/`` (what
+``hwnas`` ships). Runs in a few minutes on 2 CPU cores.
 
     python benchmarks/latency_fewshot.py
 """
@@ -47,6 +57,8 @@ import numpy as np
 from hwnas.latency.machine import describe_machine
 from hwnas.latency.predictors import (  # noqa: E402
     DEFAULT_PREDICTOR,
+    LatencyPredictor,
+    LowRankPredictor,
     MetaPredictor,
     get_predictor,
     load_pretrained,
@@ -66,7 +78,12 @@ from hwnas.core.maths import spearman  # noqa: F401 - the benchmarks import it f
 
 OUT_JSON = Path(__file__).with_suffix(".json")
 BASELINES = ("flops", "lut", "mlp")
-ALL_PREDICTORS = (*BASELINES, "meta", "meta[random]", "meta[help-refs]", "meta[v1]")
+ALL_PREDICTORS = (*BASELINES, "meta", "meta[random]", "meta[help-refs]", "meta[v1]", "lowrank",
+                  "lowrank[random]")
+#: the family protocol's predictors (``benchmarks/latency_lofo.py``) -> names in this file's rows
+LOFO_NAMES = {"meta": "meta", "flops": "flops", "opcount": "opcount", "lowrank": "lowrank",
+              "meta+lowrank": "meta+lowrank", "meta+opcount": "meta+opcount",
+              "meta|opcount": "meta|opcount"}
 #: Options that turn the current meta predictor into the previous version (``meta[v1]``).
 V1_OPTIONS: dict[str, Any] = {"execution": ("raw",), "robust_iterations": 0}
 
@@ -128,10 +145,13 @@ def select_pretrained(table: LatencyTable, protocol: FewShotProtocol, pool: np.n
 
 def evaluate(space: Any, tasks: list[Task], metas: list[MetaPredictor | None],
              help_rows: np.ndarray | None, predictors: list[str], ns: list[int],
-             seeds: int, metas_v1: list[MetaPredictor | None] | None = None
+             seeds: int, metas_v1: list[MetaPredictor | None] | None = None,
+             lowranks: list[LowRankPredictor | None] | None = None
              ) -> dict[tuple, dict[str, list]]:
     """scores[(predictor, device, n, protocol)] = per-seed values; plus adapt times.
-    ``metas_v1`` (one per seed) are the previous version's predictors, for ``meta[v1]``."""
+    ``metas_v1`` (one per seed) are the previous version's predictors, for ``meta[v1]``;
+    ``lowranks`` (one per seed) the low-rank prior predictors, for ``lowrank`` (its own
+    reference architectures) and ``lowrank[random]``."""
     from tqdm import tqdm
 
     acc: dict[tuple, dict[str, list]] = defaultdict(lambda: {"rho": [], "sec": [], "cover": []})
@@ -153,6 +173,17 @@ def evaluate(space: Any, tasks: list[Task], metas: list[MetaPredictor | None],
                         if len(refs) < n or any(a not in task.table for a in refs):
                             continue
                         pred, rows = old, task.table.rows(refs)
+                    elif name.startswith("lowrank"):
+                        low = lowranks[seed] if lowranks else None
+                        if low is None:
+                            continue
+                        if name == "lowrank[random]":
+                            pred, rows = low, random_rows[:n]
+                        else:
+                            refs = low.reference_archs[:n]
+                            if len(refs) < n or any(a not in task.table for a in refs):
+                                continue
+                            pred, rows = low, task.table.rows(refs)
                     elif meta is None:
                         continue
                     elif name == "meta":
@@ -260,6 +291,59 @@ def meta_fit(space: Any, table: LatencyTable, protocol: FewShotProtocol,
     return MetaPredictor(space, **options).meta_fit(space, archs, tabs, seed=seed)
 
 
+def _lofo_module() -> Any:
+    """``benchmarks/latency_lofo.py`` (imported as a package module or beside this script)."""
+    try:
+        from benchmarks import latency_lofo
+    except ImportError:
+        import latency_lofo
+    return latency_lofo
+
+
+def lowrank_fit(space: Any, table: LatencyTable, protocol: FewShotProtocol,
+                seed: int) -> LowRankPredictor:
+    """The low-rank prior predictor meta-trained on the protocol's meta-training devices (each
+    device family weighs the same: :func:`latency_lofo.family`)."""
+    family = _lofo_module().family
+    rows = protocol.meta_train_rows(table)
+    archs = [table.archs[i] for i in rows]
+    tabs = {d: table.column(d)[rows] for d in protocol.meta_train}
+    return LowRankPredictor(space).meta_fit(space, archs, tabs, seed=seed,
+                                            groups={d: family(d) for d in tabs})
+
+
+def lofo_rows(lofo: dict) -> list[dict]:
+    """One row per (space, predictor, measurements, held-out family) of a
+    ``benchmarks/latency_lofo.py`` result (its family means over the family's devices), in this
+    file's row layout: ``protocol`` ``lofo-<family>``, ``device`` the family, ``predictor``
+    with ``[random]`` for 10 random measurements; and one ``lofo-mean`` / ``lofo-worst`` row."""
+    out = []
+    by: dict[tuple, list[dict]] = defaultdict(list)
+    for r in lofo["results"]:
+        by[(r["space"], r["predictor"], r["measurements"], r["family"])].append(r)
+    for (space, p, meas, fam), rs in sorted(by.items()):
+        name = LOFO_NAMES.get(p, p) + ("[random]" if meas == "random" else "")
+        out.append({"space": space, "predictor": name, "device": fam, "family": fam,
+                    "devices": sorted(r["device"] for r in rs),
+                    "n_measurements": rs[0]["n_measurements"], "protocol": f"lofo-{fam}",
+                    "spearman_mean": round(float(np.mean([r["spearman_mean"] for r in rs])), 4),
+                    "spearman_std": round(float(np.mean([r["spearman_std"] for r in rs])), 4),
+                    "seeds": rs[0]["seeds"], "adapt_seconds": (
+                        round(float(np.mean([r["adapt_seconds"] for r in rs])), 4)
+                        if all("adapt_seconds" in r for r in rs) else None),
+                    "split": "lofo"})
+    for s in lofo["summary"]:
+        name = LOFO_NAMES.get(s["predictor"], s["predictor"]) + (
+            "[random]" if s["measurements"] == "random" else "")
+        for what, key in (("mean", "spearman_mean"), ("worst", "worst_spearman")):
+            out.append({"space": s["space"], "predictor": name, "device": (
+                "all families" if what == "mean" else s["worst_family"]),
+                "n_measurements": s["n_measurements"], "protocol": f"lofo-{what}",
+                "spearman_mean": s[key], "spearman_std": None, "seeds": None,
+                "adapt_seconds": None, "split": "lofo"})
+    return out
+
+
 def write_json(path: Path, doc: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -287,9 +371,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-profile-r2", type=float, default=None,
                     help="MetaPredictor min_profile_r2 (meta-train only on devices whose profile "
                          "predicts held-out cells with at least this R^2; default: its default)")
+    ap.add_argument("--lofo", nargs="*", default=None, metavar="LOFO_JSON",
+                    help="add the family protocol's rows (leave-one-family-out, "
+                         "benchmarks/latency_lofo.py): from the LOFO_JSON files (one per space, "
+                         "say), or run it (--spaces, --seeds draws, all its predictors) when "
+                         "no file is given")
     ap.add_argument("--write-pretrained", action="store_true",
-                    help="save the meta predictors to latency/data/: per space the seed whose "
-                         "predictor ranks the validation devices best (n = 10)")
+                    help="save the meta (and lowrank) predictors of --predictors to "
+                         "latency/data/: per space the seed whose predictor ranks the "
+                         "validation devices best (n = 10)")
     args = ap.parse_args(argv)
     try:
         return _main(args, argv if argv is not None else sys.argv[1:])
@@ -305,6 +395,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         return _custom(args, argv)
     if args.device:
         raise UserError("--device needs --latency-csv")
+    lofo_docs = _lofo_files(args.lofo or [])  # bad files fail before any work
     t_start = time.time()
     all_rows: list[dict] = []
     devices_by_space: dict[str, list[str]] = {}
@@ -323,25 +414,36 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
                  for s in range(args.seeds)]
         metas_v1 = [meta_fit(space, table, protocol, s, **V1_OPTIONS)
                     for s in range(args.seeds)] if "meta[v1]" in args.predictors else None
+        lowranks = [lowrank_fit(space, table, protocol, s) for s in range(args.seeds)] \
+            if any(p.startswith("lowrank") for p in args.predictors) else None
         print(f"{space_name}: meta-trained {args.seeds} predictors in {time.time() - t0:.1f} s "
               f"(features included)", flush=True)
         if args.write_pretrained:
-            best, val = select_pretrained(table, protocol, pool, metas)
-            path = metas[best].save(pretrained_path(space_name))
-            check = load_pretrained(space_name)
-            assert check.reference_archs == metas[best].reference_archs
-            print(f"{space_name}: validation-device mean Spearman (n = {SHIP_N}) per meta-training "
-                  f"seed {[round(v, 4) for v in val]} -> wrote seed {best}'s predictor to {path} "
-                  f"({path.stat().st_size} bytes)")
+            for kind, preds in (("meta", metas), ("lowrank", lowranks or [None])):
+                if preds[0] is None:
+                    continue
+                best, val = select_pretrained(table, protocol, pool, preds)
+                path = preds[best].save(pretrained_path(space_name, kind))
+                check = LatencyPredictor.load(path)
+                assert check.reference_archs == preds[best].reference_archs
+                print(f"{space_name}: validation-device mean Spearman (n = {SHIP_N}) per "
+                      f"meta-training seed of {kind} {[round(v, 4) for v in val]} -> wrote "
+                      f"seed {best}'s predictor to {path} ({path.stat().st_size} bytes)")
         if metas[0] is not None and len(metas[0].variants) > 1:
             print(f"{space_name}: execution variants {metas[0].variants}, per meta-training "
                   f"device {dict(zip(metas[0].devices_, metas[0].device_execution_))}")
         acc = evaluate(space, tasks, metas, protocol.reference_rows(table), args.predictors,
-                       args.n, args.seeds, metas_v1)
+                       args.n, args.seeds, metas_v1, lowranks)
         rows = to_rows(space_name, acc, args.split)
         all_rows += rows
         print_tables(space_name, rows, devices,
                      protocol.published if args.split == "test" else None, args.n)
+    lofo_source = None
+    if args.lofo is not None:
+        lofo_source = []
+        for lofo in lofo_docs or _lofo_run(args):
+            lofo_source.append(lofo.get("command"))
+            all_rows += lofo_rows(lofo)
     elapsed = time.time() - t_start
     print(f"\ntotal {elapsed:.0f} s")
     out = args.out or (OUT_JSON if args.split == "test" else None)
@@ -360,11 +462,36 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
                              "help_published_spearman_10_samples": help_protocol(s).published}
                          for s in args.spaces},
             "summary": summaries(all_rows, devices_by_space),
+            "lofo_source": lofo_source,
             "results": all_rows,
         }
         write_json(out, doc)
         print(f"wrote {out}")
     return 0
+
+
+def _lofo_files(names: list[str]) -> list[dict]:
+    """The family protocol's results read from ``--lofo`` files (checked)."""
+    docs = []
+    for name in names:
+        path = Path(name)
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot read the family-protocol results {path}: {exc}") from exc
+        if not isinstance(doc, dict) or not {"results", "summary"} <= set(doc):
+            raise UserError(f"{path} is not a benchmarks/latency_lofo.py result; expected "
+                            f"'results' and 'summary' keys")
+        docs.append(doc)
+    return docs
+
+
+def _lofo_run(args: argparse.Namespace) -> list[dict]:
+    """The family protocol computed now (--spaces, --seeds draws, all its predictors)."""
+    out = Path(tempfile.mkdtemp()) / "latency_lofo.json"
+    _lofo_module().main(["--spaces", *args.spaces, "--seeds", str(args.seeds),
+                         "--out", str(out)])
+    return [json.loads(out.read_text())]
 
 
 def _custom(args: argparse.Namespace, argv: list[str]) -> int:

@@ -15,9 +15,12 @@ and the worst family. HELP's split stays the published comparison
 
 Rows (predictors): ``meta`` (the project's default, default settings), ``flops``, ``opcount``
 (a constant plus a non-negative cost per operation, NNLS: 6 parameters on NB-201, 10 on FBNet)
-and two candidates (see ``latency_lofo.md``): ``meta+opcount``, the mean of the two predictions
+and candidates (see ``latency_lofo.md``): ``meta+opcount``, the mean of the two predictions
 after scaling each to the measured mean, and ``meta|opcount``, whichever of the two has the lower
-leave-one-out log error on the 10 measurements. Meta-training uses every architecture some table
+leave-one-out log error on the 10 measurements; ``lowrank`` (:class:`LowRankPredictor`: a
+low-rank prior over the meta-training devices' per-operation cost vectors, each family weighing
+the same, measured on its own reference architectures) and ``meta+lowrank`` (the mean of the
+two predictions' ranks). Meta-training uses every architecture some table
 holds (a device measured on a sample is fitted on its sample) and one seed per fold; when a
 held-out table lacks a reference architecture, the references are chosen again among the
 architectures every held-out table holds (``MetaPredictor.redesign``).
@@ -42,14 +45,21 @@ import numpy as np
 
 from hwnas.core.io import write_json
 from hwnas.latency.machine import describe_machine
-from hwnas.latency.predictors import FlopsPredictor, MetaPredictor, OpCountPredictor
+from hwnas.latency.predictors import (
+    FlopsPredictor,
+    LowRankPredictor,
+    MetaPredictor,
+    OpCountPredictor,
+)
 from hwnas.latency.tables import load_shared_table
 from hwnas.supernet.spaces import get_space
 
 REPO = Path(__file__).resolve().parent.parent
 TABLES_DIR = REPO / "benchmarks" / "results" / "latency_tables"
 OUT_JSON = Path(__file__).with_suffix(".json")
-PREDICTORS = ("meta", "flops", "opcount", "meta+opcount", "meta|opcount")
+PREDICTORS = ("meta", "flops", "opcount", "meta+opcount", "meta|opcount", "lowrank",
+              "meta+lowrank")
+_META_ROWS = {"meta", "meta+opcount", "meta|opcount", "meta+lowrank"}
 N = 10
 
 #: HELP's device columns -> family (regular expressions, first match wins)
@@ -134,18 +144,44 @@ def loo_log_error(make: Any, archs: list[str], y: np.ndarray, seed: int) -> floa
     return float(np.mean(errs))
 
 
-def score_device(space: Any, meta: MetaPredictor, archs: list[str], y: np.ndarray,
-                 rows: np.ndarray, seed: int, predictors: tuple[str, ...]) -> dict[str, float]:
-    """Spearman over all ``archs`` of each predictor adapted to ``rows``."""
+def rank_mean(*preds: np.ndarray) -> np.ndarray:
+    """Mean of the predictions' ranks (an ensemble that only needs each member's order)."""
+    from scipy.stats import rankdata
+
+    return np.mean([rankdata(p) for p in preds], 0)
+
+
+def score_device(space: Any, meta: MetaPredictor | None, archs: list[str], y: np.ndarray,
+                 rows: np.ndarray, seed: int, predictors: tuple[str, ...],
+                 lowrank: LowRankPredictor | None = None,
+                 lowrank_rows: np.ndarray | None = None,
+                 times: dict[str, float] | None = None) -> dict[str, float]:
+    """Spearman over all ``archs`` of each predictor adapted to ``rows`` (the low-rank
+    predictor to ``lowrank_rows`` when given: its own reference architectures); the seconds
+    ``adapt`` took go to ``times`` (meta, lowrank)."""
+    times = {} if times is None else times
     m_archs, m_y = [archs[i] for i in rows], y[rows]
     out = {}
-    if "meta" in predictors or "meta+opcount" in predictors:
+    pm = pl = None
+    if {"meta", "meta+opcount", "meta+lowrank"} & set(predictors):
+        t0 = time.perf_counter()
         meta.adapt(m_archs, m_y, seed=seed)
+        times["meta"] = time.perf_counter() - t0
         pm = meta.predict(archs)
         if "meta" in predictors:
             out["meta"] = spearman(pm, y)
         if "meta+opcount" in predictors:
             out["meta+opcount"] = spearman(combined(meta, space, m_archs, m_y, archs, pm, seed), y)
+    if {"lowrank", "meta+lowrank"} & set(predictors):
+        lr = rows if lowrank_rows is None else lowrank_rows
+        t0 = time.perf_counter()
+        lowrank.adapt([archs[i] for i in lr], y[lr], seed=seed)
+        times["lowrank"] = time.perf_counter() - t0
+        pl = lowrank.predict(archs)
+        if "lowrank" in predictors:
+            out["lowrank"] = spearman(pl, y)
+        if "meta+lowrank" in predictors:
+            out["meta+lowrank"] = spearman(rank_mean(pm, pl), y)
     if "meta|opcount" in predictors:
         import copy
 
@@ -166,8 +202,8 @@ def score_device(space: Any, meta: MetaPredictor, archs: list[str], y: np.ndarra
 
 
 def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list[str] | None,
-              meta_options: dict, log: Any, tables_dir: Path | None = TABLES_DIR
-              ) -> tuple[list[dict], dict]:
+              meta_options: dict, log: Any, tables_dir: Path | None = TABLES_DIR,
+              lowrank_options: dict | None = None) -> tuple[list[dict], dict]:
     space = get_space(name)
     devices, sources = load_devices(space, tables_dir)
     fams: dict[str, list[str]] = defaultdict(list)
@@ -193,30 +229,53 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
             col = np.full(len(train_archs), np.nan)
             col[[pos[x] for x in a]] = y
             cols[d] = col
-        meta = MetaPredictor(space, **meta_options).meta_fit(space, train_archs, cols, seed=0)
-        fit_s = time.perf_counter() - t0
         # the reference architectures must be ones every held-out table holds
         common = set.intersection(*(set(devices[d][0]) for d in held))
-        if not set(meta.reference_archs[:N]) <= common:
-            meta.redesign([a for a in train_archs if a in common], seed=0)
-        refs = meta.reference_archs[:N]
+        meta = lowrank = None
+        refs = lr_refs = None
+        use_lowrank = bool({"lowrank", "meta+lowrank"} & set(predictors))
+        if _META_ROWS & set(predictors) or not use_lowrank:
+            meta = MetaPredictor(space, **meta_options).meta_fit(space, train_archs, cols, seed=0)
+            if not set(meta.reference_archs[:N]) <= common:
+                meta.redesign([a for a in train_archs if a in common], seed=0)
+            refs = meta.reference_archs[:N]
+        if use_lowrank:
+            lowrank = LowRankPredictor(space, **(lowrank_options or {})).meta_fit(
+                space, train_archs, cols, seed=0, groups={d: family(d) for d in train})
+            if not set(lowrank.reference_archs[:N]) <= common:
+                lowrank.redesign([a for a in train_archs if a in common], seed=0)
+            lr_refs = lowrank.reference_archs[:N]
+            refs = refs or lr_refs
+        fit_s = time.perf_counter() - t0
         acc: dict[tuple, list[float]] = defaultdict(list)
+        sec: dict[tuple, list[float]] = defaultdict(list)
         for d in held:
             archs, y = devices[d]
             idx = {x: i for i, x in enumerate(archs)}
             ref_rows = np.array([idx[a] for a in refs])
-            for p, v in score_device(space, meta, archs, y, ref_rows, 0, predictors).items():
+            lr_rows = None if lr_refs is None else np.array([idx[a] for a in lr_refs])
+            times: dict[str, float] = {}
+            for p, v in score_device(space, meta, archs, y, ref_rows, 0, predictors,
+                                     lowrank, lr_rows, times).items():
                 acc[(p, "ref", d)].append(v)
+                if p in times:
+                    sec[(p, "ref", d)].append(times[p])
             for s in range(seeds):
                 rnd = np.random.default_rng(1000 + s).choice(len(archs), N, replace=False)
-                for p, v in score_device(space, meta, archs, y, rnd, s, predictors).items():
+                times = {}
+                for p, v in score_device(space, meta, archs, y, rnd, s, predictors,
+                                         lowrank, None, times).items():
                     acc[(p, "random", d)].append(v)
+                    if p in times:
+                        sec[(p, "random", d)].append(times[p])
         for (p, meas, d), v in sorted(acc.items()):
             rows.append({"space": name, "predictor": p, "measurements": meas,
                          "n_measurements": N, "family": fam, "device": d,
                          "architectures": len(devices[d][0]),
                          "spearman_mean": round(float(np.mean(v)), 4),
                          "spearman_std": round(float(np.std(v)), 4), "seeds": len(v)})
+            if sec.get((p, meas, d)):
+                rows[-1]["adapt_seconds"] = round(float(np.mean(sec[(p, meas, d)])), 4)
         fam_rows = {(r["predictor"], r["measurements"]): [] for r in rows if r["family"] == fam}
         for r in rows:
             if r["family"] == fam:
@@ -264,6 +323,25 @@ def print_table(summary: list[dict]) -> None:
                   + f"{s['spearman_mean']:>8.3f}{s['worst_spearman']:>8.3f}")
 
 
+def parse_lowrank_options(opts: list[str]) -> dict[str, Any]:
+    """``KEY=V1[,V2...]`` strings -> LowRankPredictor keywords (numbers where they parse; the
+    grids and ``targets`` as tuples, the others as one value)."""
+    out: dict[str, Any] = {}
+    for opt in opts:
+        key, _, vals = opt.partition("=")
+        values: list[Any] = []
+        for v in vals.split(","):
+            try:
+                values.append(float(v))
+            except ValueError:
+                values.append(v)
+        scalar = key in ("rank", "surrogate_ridge", "n_reference", "pool_size")
+        if scalar and key != "surrogate_ridge":
+            values = [int(v) for v in values]
+        out[key] = values[0] if scalar else tuple(values)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--spaces", nargs="+", default=["nb201"], choices=["nb201", "fbnet"])
@@ -275,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--meta-option", action="append", default=[], metavar="KEY=V1[,V2...]",
                     help="a MetaPredictor option: a float, or a list with commas "
                          "(opcounts=0,0.3,1; min_profile_r2=0.5)")
+    ap.add_argument("--lowrank-option", action="append", default=[], metavar="KEY=V1[,V2...]",
+                    help="a LowRankPredictor option (rank=8; targets=linear,log; "
+                         "layer_vars=0,0.1,1)")
     ap.add_argument("--help-only", action="store_true",
                     help="HELP's devices only (ignore the measured tables)")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
@@ -286,10 +367,12 @@ def main(argv: list[str] | None = None) -> int:
         key, _, vals = opt.partition("=")
         values = tuple(float(v) for v in vals.split(","))
         meta_options[key] = values if "," in vals else values[0]
+    lowrank_options = parse_lowrank_options(args.lowrank_option)
     rows, spaces = [], []
     for name in args.spaces:
         r, info = run_space(name, args.seeds, tuple(args.predictors), args.families,
-                            meta_options, log, None if args.help_only else TABLES_DIR)
+                            meta_options, log, None if args.help_only else TABLES_DIR,
+                            lowrank_options)
         rows += r
         spaces.append(info)
     summary = summarize(rows)
@@ -300,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": describe_machine("no GPU used"),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "n_measurements": N, "seeds": args.seeds,
-        "meta_training": {"seeds_per_fold": 1, "options": meta_options or "defaults"},
+        "meta_training": {"seeds_per_fold": 1, "options": meta_options or "defaults",
+                          "lowrank_options": lowrank_options or "defaults"},
         "seconds": round(time.perf_counter() - t0, 1),
         "spaces": spaces, "summary": summary, "results": rows})
     log(f"wrote {args.out}")

@@ -190,7 +190,7 @@ def test_save_load_round_trip(nb201, tmp_path: Path) -> None:
 
 
 def test_registry_and_pretrained() -> None:
-    assert available_predictors() == ["flops", "lut", "mlp", "meta", "opcount"]
+    assert available_predictors() == ["flops", "lut", "mlp", "meta", "opcount", "lowrank"]
     assert {"nb201", "fbnet"} <= set(available_pretrained())
     with pytest.raises(UserError, match="unknown latency predictor 'gbdt'"):
         get_predictor("gbdt", get_space("nb201"))

@@ -1,6 +1,6 @@
 """Latency predictors: a few measurements on a new device -> the latency of any architecture.
 
-Five families behind one interface (:class:`LatencyPredictor`: ``meta_fit``, ``adapt``,
+Six families behind one interface (:class:`LatencyPredictor`: ``meta_fit``, ``adapt``,
 ``predict``, ``predict_with_std``, ``save``/``load``):
 
 ===========  =====================================================================================
@@ -10,6 +10,10 @@ Five families behind one interface (:class:`LatencyPredictor`: ``meta_fit``, ``a
 ``mlp``      a small MLP ensemble trained from scratch on the measurements
 ``opcount``  a constant plus a non-negative cost per candidate operation times its count
              (6 parameters on NB-201), fitted by NNLS: the baseline of issue 23
+``lowrank``  a cost per operation with a low-rank Gaussian prior learned from other devices'
+             cost vectors (plus per-layer compute/memory-traffic sums), Bayesian linear
+             regression averaged over hyper-parameters: fast and robust to which architectures
+             were measured
 ``meta``     the default: a GP prior meta-learned from other devices' latency tables, reference
              architectures chosen by optimal design, Bayesian model averaging (HELP-style) over
              hyper-parameters and execution variants (does the device's runtime drop dead
@@ -17,7 +21,9 @@ Five families behind one interface (:class:`LatencyPredictor`: ``meta_fit``, ``a
 ===========  =====================================================================================
 
 ``load_pretrained("nb201")`` / ``load_pretrained("fbnet")`` return the meta predictor trained on
-HELP's meta-training devices, shipped in ``latency/data/`` so that adaptation works offline.
+HELP's meta-training devices, shipped in ``latency/data/`` so that adaptation works offline;
+``get_predictor("lowrank", space)`` likewise returns ``latency/data/<space>_lowrank.npz`` where
+it is shipped.
 Importing this package imports numpy only (scipy and scikit-learn are imported when fitting).
 """
 
@@ -32,6 +38,7 @@ from hwnas.latency.predictors.base import (
     register_predictor_class,
 )
 from hwnas.latency.predictors.flops import FlopsPredictor
+from hwnas.latency.predictors.lowrank import LowRankPredictor
 from hwnas.latency.predictors.lut import LayerTablePredictor
 from hwnas.latency.predictors.meta import MetaPredictor
 from hwnas.latency.predictors.mlp import MLPPredictor
@@ -44,6 +51,7 @@ __all__ = [
     "FlopsPredictor",
     "LatencyPredictor",
     "LayerTablePredictor",
+    "LowRankPredictor",
     "MLPPredictor",
     "MetaPredictor",
     "OpCountPredictor",
@@ -69,6 +77,7 @@ _REGISTRY: dict[str, type[LatencyPredictor]] = {
     "mlp": MLPPredictor,
     "meta": MetaPredictor,
     "opcount": OpCountPredictor,
+    "lowrank": LowRankPredictor,
 }
 
 
@@ -96,12 +105,20 @@ def get_predictor(name: str, space: Any, **options: Any) -> LatencyPredictor:
         pre = load_pretrained(space.name)
         if pre.space.config() == space.config():
             return pre
+    if name == "lowrank" and not options and pretrained_path(
+            getattr(space, "name", ""), "lowrank").is_file():
+        pre = LatencyPredictor.load(pretrained_path(space.name, "lowrank"))
+        if pre.space.config() == space.config():
+            return pre
     return _REGISTRY[name](space, **options)
 
 
-def pretrained_path(space_name: str) -> Path:
-    """The file of the shipped meta-trained predictor of ``space_name`` (may not exist)."""
-    return PRETRAINED_DIR / f"{space_name}_meta.npz"
+def pretrained_path(space_name: str, kind: str = "meta") -> Path:
+    """The file of the shipped meta-trained predictor ``kind`` (``meta`` or ``lowrank``) of
+    ``space_name`` (may not exist)."""
+    if kind not in ("meta", "lowrank"):
+        raise UserError(f"no pretrained predictors of kind {kind!r}; expected meta or lowrank")
+    return PRETRAINED_DIR / f"{space_name}_{kind}.npz"
 
 
 def available_pretrained() -> list[str]:
