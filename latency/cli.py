@@ -100,8 +100,10 @@ def add_latency_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     a.add_argument("--device", required=True, help="name of the new device profile")
     a.add_argument("--space", required=True, help="search space of the measured architectures")
     a.add_argument("--measurements", required=True, help="CSV with columns arch,latency_ms")
-    a.add_argument("--predictor", help="predictor to adapt (default: the space's pretrained one, "
-                                       "else the FLOPs predictor)")
+    a.add_argument("--predictor", help="predictor to adapt: meta, lowrank (a low-rank prior over "
+                                       "the meta-training devices' per-operation costs), "
+                                       "opcount, flops, ... (default: the space's pretrained "
+                                       "meta predictor, else the FLOPs predictor)")
     a.add_argument("--seed", type=seed_int, default=0, help="seed of the adaptation (default 0)")
     a.add_argument("--overwrite", action="store_true", help="replace an existing profile")
 
