@@ -538,7 +538,8 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
     def do_qdq() -> None:
         with clock("ptq"):
             build = build_qdq(model, policy, calibration, config=ptq_config,
-                              example=example[:1], opset=s.opset, quantized=quantized)
+                              example=example[:1], opset=s.opset, quantized=quantized,
+                              device=s.device)
         holder["build"] = build
         proto = build.proto(requantize=False)
         set_metadata(proto, {**base_meta, "precision": "qdq", "target_device": ""})
@@ -608,7 +609,8 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
             with clock("ptq"):
                 dbuild = build if not choice.float_layers else build_qdq(
                     model, policy, calibration, config=ptq_config, example=example[:1],
-                    float_layers=choice.float_layers, opset=s.opset, quantized=quantized)
+                    float_layers=choice.float_layers, opset=s.opset, quantized=quantized,
+                    device=s.device)
             proto = dbuild.proto(requantize=s.requantize)
             set_metadata(proto, {**base_meta, "precision": "qdq", "target_device": device,
                                  "device_choice": {"threads": choice.threads, "batch": choice.batch,
