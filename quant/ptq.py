@@ -301,7 +301,8 @@ def calibrate(qmodel: nn.Module, batches: Iterable, config: PTQConfig | None = N
         raise
     per_update = max(1, config.max_samples // len(xs))
     sites = _act_quant_sites(qmodel)
-    observers = {name: ActivationObserver(per_update, seed=config.seed + i)
+    observers = {name: ActivationObserver(per_update, seed=config.seed + i,
+                                          keep_sample=config.act_observer != "minmax")
                  for i, (name, *_) in enumerate(sites)}
     handles = []
     # with one calibration batch, the float pass below is exactly bias correction's float pass

@@ -104,3 +104,37 @@ def test_choice_profiles_in_context_only_when_undecided(monkeypatch, int8_ms, pr
     if profiles == 3:
         assert labels["profile"] == ["b"]
     assert choice.chosen_ms == 8.0
+
+
+def test_an_observer_without_sample_gives_the_same_minmax_range() -> None:
+    from hwnas.quant.observers import ActivationObserver
+
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(4, 8, 5, 5, generator=g) * (i + 1) for i in range(3)]
+    full, lean = ActivationObserver(100, seed=1), ActivationObserver(100, seed=1, keep_sample=False)
+    for x in xs:
+        full.update(x)
+        lean.update(x)
+    assert lean.range("minmax") == full.range("minmax")
+    assert float(lean.min) == float(torch.cat([x.flatten() for x in xs]).min())
+    assert all(torch.equal(a, b) for a, b in zip(lean.qparams(8), full.qparams(8)))
+    with pytest.raises(RuntimeError, match="keeps no sample"):
+        lean.range("mse")
+
+
+def test_minmax_calibration_is_unchanged_without_samples(qdq_net, qdq_images, monkeypatch) -> None:
+    """PTQ with the minmax observer keeps no value sample; its model is bit-identical."""
+    import hwnas.quant.ptq as ptq_mod
+    from hwnas.quant.observers import ActivationObserver
+
+    policy = uniform(qdq_net, 8, 8)
+    config = PTQConfig(max_images=128, batch_size=32)
+    lean = _state(calibrate(quantize_model(qdq_net, policy), [qdq_images[0]], config))
+
+    class Sampling(ActivationObserver):
+        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+            kwargs["keep_sample"] = True
+            super().__init__(*args, **kwargs)
+    monkeypatch.setattr(ptq_mod, "ActivationObserver", Sampling)
+    full = _state(calibrate(quantize_model(qdq_net, policy), [qdq_images[0]], config))
+    assert all(torch.equal(lean[k], full[k]) for k in lean)
