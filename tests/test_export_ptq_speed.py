@@ -138,3 +138,23 @@ def test_minmax_calibration_is_unchanged_without_samples(qdq_net, qdq_images, mo
     monkeypatch.setattr(ptq_mod, "ActivationObserver", Sampling)
     full = _state(calibrate(quantize_model(qdq_net, policy), [qdq_images[0]], config))
     assert all(torch.equal(lean[k], full[k]) for k in lean)
+
+
+def test_cpu_reference_passes_run_in_small_chunks(qdq_net, qdq_images) -> None:
+    """PyTorch passes on the CPU go in chunks of ``cpu_batch_size`` (onnxruntime's keep
+    ``batch_size``); the logits match one pass over all images."""
+    from hwnas.export.passes import ImagePasses
+
+    x = qdq_images[1]  # 64 images
+    sizes: list[int] = []
+    handle = qdq_net.register_forward_pre_hook(lambda _m, inp: sizes.append(len(inp[0])))
+    try:
+        got = ImagePasses(x, cpu_batch_size=24).torch("float", qdq_net)
+    finally:
+        handle.remove()
+    assert sizes == [24, 24, 16]
+    with torch.no_grad():
+        want = qdq_net(x).numpy()
+    assert got.shape == want.shape
+    assert abs(got - want).max() <= 1e-5
+    assert ImagePasses(x).cpu_batch_size == 64 and ImagePasses(x).batch_size == 256
