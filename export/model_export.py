@@ -107,8 +107,9 @@ class ExportSettings:
     (every candidate clearly faster or slower than FP32 over its whole range; ``>= rounds``:
     never). ``workers``: models built and verified in that many processes at once by
     :func:`hwnas.export.run_export.export_run` (0: one per two cores, at most 8); timings never
-    overlap other work. ``device``: torch device of BatchNorm recalibration and of the PyTorch
-    reference outputs (onnxruntime always runs on the CPU)."""
+    overlap other work. ``device``: torch device of BatchNorm recalibration, of PTQ's
+    calibration passes and of the PyTorch reference outputs (onnxruntime always runs on the
+    CPU)."""
 
     opset: int = 17
     requantize: bool = True
