@@ -13,7 +13,8 @@ threads, so it is measured, not assumed:
    (:class:`hwnas.export.ort_profile.LayerIndex`): per layer, its float cost and its int8 cost in
    context (kernel + the Q/DQ/transposes it causes);
 2. candidates are built: all int8; float where the int8 cost exceeds the float cost; the same
-   re-profiled in its own context (boundaries move); all depthwise layers float; every quantized
+   re-profiled in its own context (boundaries move; no third profile when no layer or every
+   layer loses, which decides it); all depthwise layers float; every quantized
    layer float except pointwise/linear ones - and optionally refined greedily layer by layer
    (``refine``), each step a whole-model measurement;
 3. FP32 and all candidates are timed *interleaved* (round-robin, so drifting background load
@@ -189,9 +190,16 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
     speeds = [LayerSpeed(n, kinds.get(n, "conv"), f_costs.get(n, 0.0), q_costs.get(n, 0.0))
               for n in quantized]
     losing = [s.layer for s in speeds if s.int8_ms > s.float_ms]
-    # the same rule in the context of that choice (boundaries between int8 and float move)
-    first = build_model(losing)
-    ctx = _per_layer(qdq_index, first, batch=batch, threads=threads, runs=profile_runs)
+    # the same rule in the context of that choice (boundaries between int8 and float move).
+    # Already decided without a third profile when no layer loses (that graph is the all-int8
+    # one just profiled) or every layer does (all float is FP32, never a candidate)
+    if not losing:
+        ctx = q_costs
+    elif len(set(losing)) >= len(quantized):
+        ctx = {}
+    else:
+        first = build_model(losing)
+        ctx = _per_layer(qdq_index, first, batch=batch, threads=threads, runs=profile_runs)
     bar.update()
     losing2 = sorted(set(losing) | {s.layer for s in speeds
                                     if s.layer not in losing and ctx.get(s.layer, 0.0) > s.float_ms},

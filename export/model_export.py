@@ -107,8 +107,9 @@ class ExportSettings:
     (every candidate clearly faster or slower than FP32 over its whole range; ``>= rounds``:
     never). ``workers``: models built and verified in that many processes at once by
     :func:`hwnas.export.run_export.export_run` (0: one per two cores, at most 8); timings never
-    overlap other work. ``device``: torch device of BatchNorm recalibration and of the PyTorch
-    reference outputs (onnxruntime always runs on the CPU)."""
+    overlap other work. ``device``: torch device of BatchNorm recalibration, of PTQ's
+    calibration passes and of the PyTorch reference outputs (onnxruntime always runs on the
+    CPU)."""
 
     opset: int = 17
     requantize: bool = True
@@ -538,7 +539,8 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
     def do_qdq() -> None:
         with clock("ptq"):
             build = build_qdq(model, policy, calibration, config=ptq_config,
-                              example=example[:1], opset=s.opset, quantized=quantized)
+                              example=example[:1], opset=s.opset, quantized=quantized,
+                              device=s.device)
         holder["build"] = build
         proto = build.proto(requantize=False)
         set_metadata(proto, {**base_meta, "precision": "qdq", "target_device": ""})
@@ -608,7 +610,8 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
             with clock("ptq"):
                 dbuild = build if not choice.float_layers else build_qdq(
                     model, policy, calibration, config=ptq_config, example=example[:1],
-                    float_layers=choice.float_layers, opset=s.opset, quantized=quantized)
+                    float_layers=choice.float_layers, opset=s.opset, quantized=quantized,
+                    device=s.device)
             proto = dbuild.proto(requantize=s.requantize)
             set_metadata(proto, {**base_meta, "precision": "qdq", "target_device": device,
                                  "device_choice": {"threads": choice.threads, "batch": choice.batch,

@@ -59,11 +59,15 @@ class ActivationObserver:
 
     ``samples_per_update`` values are drawn (with replacement, from a seeded generator) from
     each observed tensor; the caller sets it to ``max_samples // number_of_batches``.
+    ``keep_sample=False``: the exact range only (all ``minmax`` needs; sampling a large
+    activation costs more than its min and max).
     """
 
-    def __init__(self, samples_per_update: int = 1 << 16, seed: int = 0) -> None:
+    def __init__(self, samples_per_update: int = 1 << 16, seed: int = 0, *,
+                 keep_sample: bool = True) -> None:
         self.samples_per_update = max(1, int(samples_per_update))
         self.seed = seed
+        self.keep_sample = keep_sample
         self.min: torch.Tensor | None = None
         self.max: torch.Tensor | None = None
         self.numel_per_sample: int | None = None
@@ -76,9 +80,11 @@ class ActivationObserver:
         if self.numel_per_sample is None and x.dim() > 0:
             self.numel_per_sample = int(x[0].numel()) if x.dim() > 1 else int(x.numel())
         flat = x.reshape(-1)
-        lo, hi = flat.min(), flat.max()
+        lo, hi = torch.aminmax(flat)
         self.min = lo if self.min is None else torch.minimum(self.min, lo)
         self.max = hi if self.max is None else torch.maximum(self.max, hi)
+        if not self.keep_sample:
+            return
         if self._generator is None or self._generator.device != flat.device:
             self._generator = torch.Generator(device=flat.device).manual_seed(self.seed)
         if flat.numel() <= self.samples_per_update:
@@ -93,6 +99,9 @@ class ActivationObserver:
         return self.min is None
 
     def sample(self) -> torch.Tensor:
+        if not self.keep_sample:
+            raise RuntimeError("this observer keeps no sample (keep_sample=False): only the "
+                               "minmax range is available")
         return torch.cat(self._samples)
 
     @torch.no_grad()

@@ -301,9 +301,17 @@ def calibrate(qmodel: nn.Module, batches: Iterable, config: PTQConfig | None = N
         raise
     per_update = max(1, config.max_samples // len(xs))
     sites = _act_quant_sites(qmodel)
-    observers = {name: ActivationObserver(per_update, seed=config.seed + i)
+    observers = {name: ActivationObserver(per_update, seed=config.seed + i,
+                                          keep_sample=config.act_observer != "minmax")
                  for i, (name, *_) in enumerate(sites)}
     handles = []
+    # with one calibration batch, the float pass below is exactly bias correction's float pass
+    # (same model, quantizers off, same input): record its per-channel means here, once
+    float_means: dict[str, torch.Tensor] | None = None
+    if config.bias_correction and len(xs) == 1:
+        float_means = {}
+        handles += [m.register_forward_hook(_recorder(float_means, n))
+                    for n, m in quant_layers(qmodel)]
     for name, q, module, index in sites:
         if q.is_float:
             continue
@@ -335,7 +343,7 @@ def calibrate(qmodel: nn.Module, batches: Iterable, config: PTQConfig | None = N
         q.numel_per_sample = obs.numel_per_sample
     set_quantizers_enabled(qmodel, True)
     if config.bias_correction:
-        bias_correct(qmodel, xs)
+        bias_correct(qmodel, xs, float_means=float_means)
     qmodel.train(was_training)
     return qmodel
 
@@ -351,25 +359,33 @@ def _channel_mean(module: nn.Module, out: torch.Tensor) -> torch.Tensor:
     return out.float().mean(dim=[d for d in range(out.dim()) if d != axis])
 
 
+def _recorder(means: dict[str, torch.Tensor], name: str):  # noqa: ANN202 - a forward hook
+    """A forward hook keeping the first per-channel output mean of layer ``name``."""
+    def hook(module, _inp, out):
+        means.setdefault(name, _channel_mean(module, out))
+    return hook
+
+
 @torch.no_grad()
-def bias_correct(qmodel: nn.Module, xs: list[torch.Tensor]) -> None:
+def bias_correct(qmodel: nn.Module, xs: list[torch.Tensor], *,
+                 float_means: dict[str, torch.Tensor] | None = None) -> None:
     """Empirical bias correction, layer by layer in forward order (see the module docstring).
 
     Two passes over all calibration images as one batch: a float pass records each layer's
     per-channel output mean; in the quantized pass, a hook on each layer adds the difference to
     the layer's bias *and* to its output before the next layers run, which is exactly the
     sequential algorithm (each layer corrected with the layers before it already corrected)
-    at the cost of one forward pass."""
+    at the cost of one forward pass. ``float_means``: the float pass's means already recorded
+    on the same single batch (by :func:`calibrate`), which skips the float pass."""
     qmodel.eval()
     x = torch.cat(xs) if len(xs) > 1 else xs[0]
     layers = quant_layers(qmodel)
-    float_means: dict[str, torch.Tensor] = {}
     corrected: set[str] = set()
-
-    def record(name):
-        def hook(module, _inp, out):
-            float_means.setdefault(name, _channel_mean(module, out))
-        return hook
+    passes = [(_recorder, False), (None, True)]
+    if float_means is None:
+        float_means = {}
+    else:
+        passes = passes[1:]
 
     def correct(name):
         def hook(module, _inp, out):
@@ -383,8 +399,9 @@ def bias_correct(qmodel: nn.Module, xs: list[torch.Tensor]) -> None:
             return out + delta.view(shape).to(out.dtype)
         return hook
 
-    for hook_fn, enabled in ((record, False), (correct, True)):
-        handles = [m.register_forward_hook(hook_fn(n)) for n, m in layers]
+    for hook_fn, enabled in passes:
+        handles = [m.register_forward_hook(correct(n) if hook_fn is None
+                                           else hook_fn(float_means, n)) for n, m in layers]
         set_quantizers_enabled(qmodel, enabled)
         try:
             qmodel(x)

@@ -107,7 +107,7 @@ def test_image_passes_run_each_file_and_model_once() -> None:
     labels = torch.randint(0, 3, (300,))
     data = onnx_bytes(model, x[:1])
     model.calls = 0
-    passes = ImagePasses(x, labels, batch_size=128)
+    passes = ImagePasses(x, labels, batch_size=128, cpu_batch_size=128)
     got = passes.onnx("m.onnx", data)
     again = passes.onnx("m.onnx", b"not read: the pass is kept")
     assert again is got and got.shape == (300, 3)

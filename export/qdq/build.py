@@ -14,6 +14,7 @@ import onnx
 import torch
 from hwnas.export.integer_ops import ElementwiseRewrite
 from hwnas.export.onnx_export import onnx_bytes, set_metadata
+from hwnas.export.passes import no_tf32
 from hwnas.export.qdq.builder import LayerQuant, ProductQuant, QdqGraphBuilder
 from hwnas.export.qdq.names import layer_kinds, map_layer_nodes, node_scope, weight_axis
 from hwnas.export.qdq.requant import DeployedReference, calibrate_requant
@@ -210,7 +211,8 @@ def _given_quantized(quantized: nn.Module, policy: QuantPolicy,
 def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
               config: PTQConfig | None = None, example: torch.Tensor | None = None,
               float_layers: Iterable[str] = (), opset: int = 17,
-              requant_observer: str = "mse", quantized: nn.Module | None = None) -> QdqBuild:
+              requant_observer: str = "mse", quantized: nn.Module | None = None,
+              device: str | torch.device = "cpu") -> QdqBuild:
     """Quantize ``model`` (float, BatchNorm not yet folded) under ``policy`` with PTQ on
     ``calibration`` (``(x, y)`` batches or tensors) and prepare its QDQ graph.
 
@@ -225,7 +227,11 @@ def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
     ``requant_observer``: how the requantization points' ranges are chosen (minmax | percentile
     | mse; MSE keeps the ONNX model's CIFAR-10 accuracy within ~0.5 points of the fake-quant
     model's where min-max loses 1.5). Raises UserError for a policy that does not match the
-    model, a layer that cannot be mapped to an ONNX node, or unusable calibration data."""
+    model, a layer that cannot be mapped to an ONNX node, or unusable calibration data.
+
+    ``device``: torch device of the calibration passes (PTQ's ranges, bias correction, the
+    requantization points; TF32 off). The returned build's fake-quant model is on the CPU, and
+    every check compares the graph with that model, wherever its ranges were computed."""
     if not isinstance(policy, QuantPolicy):
         raise UserError(f"expected a QuantPolicy, got {type(policy).__name__}")
     config = config or PTQConfig()
@@ -237,13 +243,18 @@ def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
     if unknown:
         raise UserError(f"cannot keep layer {unknown[0]!r} in float: the policy has no such layer")
     effective = policy.with_bits({n: (FLOAT_BITS, FLOAT_BITS) for n in float_layers})
-    xs = calibration_batches(calibration, config.max_images, "cpu", config.batch_size)
+    calib_device = torch.device(device)
+    xs = calibration_batches(calibration, config.max_images, calib_device, config.batch_size)
     if example is None:
         example = xs[0][:1]
+    example = example.cpu()
     if quantized is None:
-        qmodel = ptq(model, effective, xs, config, example_input=example)
+        on_device = model if calib_device.type == "cpu" else copy.deepcopy(model).to(calib_device)
+        with no_tf32():
+            qmodel = ptq(on_device, effective, xs, config,
+                         example_input=example.to(calib_device))
     else:
-        qmodel = _given_quantized(quantized, policy, float_layers)
+        qmodel = _given_quantized(quantized, policy, float_layers).to(calib_device)
     twin = dequantized_twin(qmodel)
     proto = onnx.load_from_string(onnx_bytes(twin, example[:1], opset=opset))
     # the policy matches the model (validated above), so a layer without a node is dead code
@@ -290,7 +301,9 @@ def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
     if requant_observer not in ACT_OBSERVERS:
         raise UserError(f"unknown requantization observer {requant_observer!r}; expected one of "
                         f"{', '.join(ACT_OBSERVERS)}")
-    calibrate_requant(layers, builder, qmodel, xs, config, requant_observer)
+    with no_tf32():
+        calibrate_requant(layers, builder, qmodel, xs, config, requant_observer)
+    qmodel = qmodel.cpu()
     return QdqBuild(qmodel, effective, policy, builder, layers, float_layers, kinds, dead)
 
 

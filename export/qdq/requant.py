@@ -102,7 +102,9 @@ def calibrate_requant(build_layers: dict[str, LayerQuant], builder: QdqGraphBuil
         return
     modules = dict(qmodel.named_modules())
     per_update = max(1, config.max_samples // max(1, len(xs)))
-    observers = {n: ActivationObserver(per_update, seed=config.seed + 7919 + i)
+    method = observer or config.act_observer
+    observers = {n: ActivationObserver(per_update, seed=config.seed + 7919 + i,
+                                       keep_sample=method != "minmax")
                  for i, n in enumerate(todo)}
     handles = []
     for name in todo:
@@ -117,7 +119,7 @@ def calibrate_requant(build_layers: dict[str, LayerQuant], builder: QdqGraphBuil
         for h in handles:
             h.remove()
     for name in todo:
-        scale, zp = observers[name].qparams(8, observer or config.act_observer,
+        scale, zp = observers[name].qparams(8, method,
                                             percentile=config.percentile, grid=config.mse_grid)
         build_layers[name].requant = (max(float(scale.reshape(-1)[0]), 1e-8),
                                       int(round(float(zp.reshape(-1)[0]))))
