@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -134,8 +135,15 @@ def test_exported_files_reproduce_the_run_test_accuracy_without_hwnas(exported, 
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     one_image = 100.0 / len(data.test.labels)
+    measured = {str(result.out_dir / f.path): f.test_accuracy for m in result.models for f in m.files}
     for path, r in got.items():
         assert r["run"] == pytest.approx(run_acc[r["trial"]], abs=1e-9)
+        if Path(path).parent.name.startswith(("qdq-", "uint8-qdq-")):
+            # a device's int8/float mix: its float layers are chosen by timing, so it is held
+            # to the figure the export measured for it and to the export's accuracy bound
+            assert abs(r["accuracy"] - measured[path]) <= one_image + 1e-9, (path, r)
+            assert r["accuracy"] >= r["run"] - ExportSettings().max_accuracy_drop, (path, r)
+            continue
         tolerance = 0.1 if r["trial"] == 1 else one_image + 1e-9
         assert abs(r["accuracy"] - r["run"]) <= tolerance, (path, r)
 
