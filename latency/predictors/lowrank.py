@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 from hwnas.latency.predictors.base import (
-    LatencyPredictor,
     check_table,
     register_predictor_class,
 )
@@ -34,7 +33,7 @@ from hwnas.latency.predictors.features import (
     execution_variants,
     features,
 )
-from hwnas.latency.predictors.meta import _ridge, greedy_design
+from hwnas.latency.predictors.meta import DesignedPredictor, _ridge, greedy_design
 
 from hwnas.core.errors import UserError
 
@@ -54,7 +53,7 @@ def _positive_grid(name: str, values: Sequence[float], *, allow_zero: bool) -> t
 
 
 @register_predictor_class
-class LowRankPredictor(LatencyPredictor):
+class LowRankPredictor(DesignedPredictor):
     """Per-operation cost vector with a low-rank Gaussian prior from meta-training devices,
     fitted by Bayesian linear regression averaged over hyper-parameters (see module)."""
 
@@ -100,14 +99,6 @@ class LowRankPredictor(LatencyPredictor):
         self._post: dict[str, Any] = {}
 
     # -- meta-training -----------------------------------------------------------------------------
-    @property
-    def is_meta_trained(self) -> bool:
-        return bool(self.devices_)
-
-    @property
-    def reference_archs(self) -> list[str] | None:
-        return list(self._ref) if self.is_meta_trained else None
-
     def _design_matrix(self, keys: list[str], variant: str) -> tuple[np.ndarray, np.ndarray]:
         """Encoding of the executed networks plus their constant-output flag, and their
         per-layer-kind sums (all columns; standardised later)."""
@@ -181,17 +172,6 @@ class LowRankPredictor(LatencyPredictor):
         self._keys = None
         self._post = {}
         return self
-
-    def redesign(self, archs: Sequence[Any], seed: int) -> list[str]:
-        """Choose the reference architectures again among ``archs`` only; returns them."""
-        if not self.is_meta_trained:
-            raise UserError("the lowrank predictor has not been meta-trained; nothing to "
-                            "redesign")
-        keys = list(dict.fromkeys(arch_strings(self.space, archs)))
-        if len(keys) < 2:
-            raise UserError(f"redesign needs at least 2 architectures, got {len(keys)}")
-        self._ref = self._design(keys, seed)
-        return list(self._ref)
 
     def _design(self, keys: list[str], seed: int) -> list[str]:
         """Greedy I-optimal design under the prior of the first target (mid-grid scales); the

@@ -74,8 +74,39 @@ def _ridge(X: np.ndarray, y: np.ndarray, ridge: float) -> tuple[np.ndarray, floa
 MAX_ADAPT_MEASUREMENTS = 2000
 
 
+class DesignedPredictor(LatencyPredictor):
+    """A meta-trained predictor that chooses its own reference architectures (``_ref``, by
+    ``_design(keys, seed)``) from the devices it learned from (``devices_``)."""
+
+    devices_: list
+    _ref: list[str]
+
+    @property
+    def is_meta_trained(self) -> bool:
+        return bool(self.devices_)
+
+    @property
+    def reference_archs(self) -> list[str] | None:
+        return list(self._ref) if self.is_meta_trained else None
+
+    def redesign(self, archs: Sequence[Any], seed: int) -> list[str]:
+        """Choose the reference architectures again, among ``archs`` only (e.g. the ones a
+        latency table holds, or the models a user can run); returns and keeps them."""
+        if not self.is_meta_trained:
+            raise UserError(f"the {self.name} predictor has not been meta-trained; nothing to "
+                            f"redesign")
+        keys = list(dict.fromkeys(arch_strings(self.space, archs)))
+        if len(keys) < 2:
+            raise UserError(f"redesign needs at least 2 architectures, got {len(keys)}")
+        self._ref = self._design(keys, seed)
+        return list(self._ref)
+
+    def _design(self, keys: list[str], seed: int) -> list[str]:
+        raise NotImplementedError
+
+
 @register_predictor_class
-class MetaPredictor(LatencyPredictor):
+class MetaPredictor(DesignedPredictor):
     """Meta-learned GP prior over devices + Bayesian model averaging over hyper-parameters and
     execution variants, with a robust (Student-t) likelihood (see module docstring)."""
 
@@ -134,13 +165,6 @@ class MetaPredictor(LatencyPredictor):
         self._post: dict[str, Any] = {}  # adapted posterior
 
     # -- meta-training -----------------------------------------------------------------------------
-    @property
-    def is_meta_trained(self) -> bool:
-        return bool(self.devices_)
-
-    @property
-    def reference_archs(self) -> list[str] | None:
-        return list(self._ref) if self.is_meta_trained else None
 
     @property
     def variants(self) -> tuple[str, ...]:
@@ -236,17 +260,6 @@ class MetaPredictor(LatencyPredictor):
         self._keys = None
         self._post = {}
         return self
-
-    def redesign(self, archs: Sequence[Any], seed: int) -> list[str]:
-        """Choose the reference architectures again, among ``archs`` only (e.g. the ones a
-        latency table holds, or the models a user can run); returns and keeps them."""
-        if not self.is_meta_trained:
-            raise UserError("the meta predictor has not been meta-trained; nothing to redesign")
-        keys = list(dict.fromkeys(arch_strings(self.space, archs)))
-        if len(keys) < 2:
-            raise UserError(f"redesign needs at least 2 architectures, got {len(keys)}")
-        self._ref = self._design(keys, seed)
-        return list(self._ref)
 
     def _design(self, keys: list[str], seed: int) -> list[str]:
         rng = np.random.default_rng(seed)
