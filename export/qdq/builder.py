@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -279,21 +280,8 @@ class QdqGraphBuilder:
                           new_nodes: list[onnx.NodeProto]) -> None:
         """Q (uint8) [-> integer Clip to the low-bit grid] -> DQ on both inputs of a product."""
         for i, (scale, zp) in enumerate(pq.inputs):
-            p = f"{pq.name}.input{i}"
-            s = added(f"{p}_scale", np.array(scale, np.float32))
-            z = added(f"{p}_zero_point", np.array(zp, np.uint8))
-            q_out = f"{p}_q"
-            new_nodes.append(helper.make_node("QuantizeLinear", [node.input[i], s, z], [q_out],
-                                              name=f"/{pq.name}/input{i}_q"))
-            if pq.bits < 8:
-                lo = added(f"{p}_qmin", np.array(0, np.uint8))
-                hi = added(f"{p}_qmax", np.array(2 ** pq.bits - 1, np.uint8))
-                new_nodes.append(helper.make_node("Clip", [q_out, lo, hi], [f"{p}_qclip"],
-                                                  name=f"/{pq.name}/input{i}_clip"))
-                q_out = f"{p}_qclip"
-            new_nodes.append(helper.make_node("DequantizeLinear", [q_out, s, z], [f"{p}_dq"],
-                                              name=f"/{pq.name}/input{i}_dq"))
-            node.input[i] = f"{p}_dq"
+            _qdq_input(node, i, f"{pq.name}.input{i}", f"/{pq.name}/input{i}", scale, zp,
+                       pq.bits, added, new_nodes)
 
     @staticmethod
     def _quantize_node(node: onnx.NodeProto, lq: LayerQuant, integer: bool, use_int4: bool,
@@ -302,20 +290,8 @@ class QdqGraphBuilder:
         name = lq.name
         # input activation: Q (uint8) [-> integer Clip to the low-bit grid] -> DQ
         if lq.a_bits < FLOAT_BITS:
-            s = added(f"{name}.input_scale", np.array(lq.act_scale, np.float32))
-            z = added(f"{name}.input_zero_point", np.array(lq.act_zero_point, np.uint8))
-            q_out = f"{name}.input_q"
-            new_nodes.append(helper.make_node("QuantizeLinear", [node.input[0], s, z], [q_out],
-                                              name=f"/{name}/input_q"))
-            if lq.a_bits < 8:
-                lo = added(f"{name}.input_qmin", np.array(0, np.uint8))
-                hi = added(f"{name}.input_qmax", np.array(2 ** lq.a_bits - 1, np.uint8))
-                new_nodes.append(helper.make_node("Clip", [q_out, lo, hi], [f"{name}.input_qclip"],
-                                                  name=f"/{name}/input_clip"))
-                q_out = f"{name}.input_qclip"
-            new_nodes.append(helper.make_node("DequantizeLinear", [q_out, s, z],
-                                              [f"{name}.input_dq"], name=f"/{name}/input_dq"))
-            node.input[0] = f"{name}.input_dq"
+            _qdq_input(node, 0, f"{name}.input", f"/{name}/input", lq.act_scale,
+                       lq.act_zero_point, lq.a_bits, added, new_nodes)
         if lq.w_bits >= FLOAT_BITS:
             return
         w_scale = lq.weight_scale.astype(np.float32)
@@ -348,3 +324,23 @@ class QdqGraphBuilder:
             new_nodes.append(helper.make_node("DequantizeLinear", [bq, bs, bz], [f"{name}.bias_dq"],
                                               name=f"/{name}/bias_dq", axis=0))
             node.input[2] = f"{name}.bias_dq"
+
+
+def _qdq_input(node: onnx.NodeProto, index: int, tensor: str, node_name: str, scale: Any,
+               zero_point: Any, bits: int, added: _Inits, new_nodes: list[onnx.NodeProto]) -> None:
+    """Input ``index`` of ``node`` through Q (uint8) [-> integer Clip to the ``bits`` grid] -> DQ;
+    initializers and outputs are named ``tensor + "_scale"`` ..., nodes ``node_name + "_q"`` ..."""
+    s = added(f"{tensor}_scale", np.array(scale, np.float32))
+    z = added(f"{tensor}_zero_point", np.array(zero_point, np.uint8))
+    q_out = f"{tensor}_q"
+    new_nodes.append(helper.make_node("QuantizeLinear", [node.input[index], s, z], [q_out],
+                                      name=f"{node_name}_q"))
+    if bits < 8:
+        lo = added(f"{tensor}_qmin", np.array(0, np.uint8))
+        hi = added(f"{tensor}_qmax", np.array(2 ** bits - 1, np.uint8))
+        new_nodes.append(helper.make_node("Clip", [q_out, lo, hi], [f"{tensor}_qclip"],
+                                          name=f"{node_name}_clip"))
+        q_out = f"{tensor}_qclip"
+    new_nodes.append(helper.make_node("DequantizeLinear", [q_out, s, z], [f"{tensor}_dq"],
+                                      name=f"{node_name}_dq"))
+    node.input[index] = f"{tensor}_dq"
