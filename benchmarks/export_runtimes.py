@@ -288,11 +288,11 @@ def main(argv: list[str] | None = None) -> int:
                              else "-") + ("" if r["verified"] else " unverified")
                           for r in rows[1:])
                       + f" | pick {SHORT[pick['runtime']]} {pick['precision']}", flush=True)
-        doc["seconds"] = round(time.perf_counter() - start, 1)
-        # written after every model, so a run cut off later keeps what it measured
-        merged = merge(out, json.loads(json.dumps(doc)), args.merge)
-        write_atomic(out, json.dumps(merged, indent=1) + "\n")
-        write_atomic(out.with_suffix(".md"), markdown(merged))
+                doc["seconds"] = round(time.perf_counter() - start, 1)
+                # written after every group, so a run cut off later keeps what it measured
+                merged = merge(out, json.loads(json.dumps(doc)), args.merge)
+                write_atomic(out, json.dumps(merged, indent=1) + "\n")
+                write_atomic(out.with_suffix(".md"), markdown(merged))
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0
 

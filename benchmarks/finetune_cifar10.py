@@ -67,8 +67,10 @@ def policy_label(policy: dict | None) -> str:
 
 
 def finetune_models(run: Any, picks: list[tuple[str, int]], settings: FinetuneSettings, *,
-                    devices: list[str], progress: bool) -> list[dict[str, Any]]:
-    """Fine-tune each picked trial; one result row per model (printed as it finishes)."""
+                    devices: list[str], progress: bool,
+                    on_row: Any = None) -> list[dict[str, Any]]:
+    """Fine-tune each picked trial; one result row per model (printed as it finishes, and
+    handed to ``on_row(rows)`` so a run cut off later keeps what it measured)."""
     rows = []
     for role, trial in picks:
         start = time.perf_counter()
@@ -92,6 +94,8 @@ def finetune_models(run: Any, picks: list[tuple[str, int]], settings: FinetuneSe
                                    if f.path.startswith("qdq/")), None),
             "out_dir": str(result.out_dir)})
         print(table(rows[-1:], header=len(rows) == 1), flush=True)
+        if on_row is not None:
+            on_row(rows)
     return rows
 
 
@@ -150,20 +154,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.device.startswith("cuda"):
             torch.backends.cudnn.benchmark = True
         picks = [(role, t) for role, t in pick_models(run.fronts[front], front) if role in roles]
+        doc = {"command": command, "machine": machine(args.device),
+               "date": datetime.now(UTC).isoformat(timespec="seconds"),
+               "run_dir": str(args.run_dir), "dataset": run.settings.get("dataset"),
+               "front": front,
+               "settings": {"epochs": args.epochs, "lr": args.lr,
+                            "batch_size": args.batch_size, "device": args.device}}
+
+        def write(rows: list[dict[str, Any]]) -> None:
+            gpu = (round(sum(r["seconds"] for r in rows) / 60.0, 2)
+                   if args.device.startswith("cuda") else None)
+            write_json(args.out, {**doc, "total_gpu_minutes": gpu, "results": rows})
+
         rows = finetune_models(run, picks, settings, progress=not args.quiet,
-                               devices=[d.strip() for d in args.devices.split(",") if d.strip()])
+                               devices=[d.strip() for d in args.devices.split(",") if d.strip()],
+                               on_row=write)
     except UserError as exc:
         print(f"finetune_cifar10: error: {exc}", file=sys.stderr)
         return 2
-    doc = {"command": command, "machine": machine(args.device),
-           "date": datetime.now(UTC).isoformat(timespec="seconds"),
-           "run_dir": str(args.run_dir), "dataset": run.settings.get("dataset"), "front": front,
-           "settings": {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch_size,
-                        "device": args.device},
-           "total_gpu_minutes": (round(sum(r["seconds"] for r in rows) / 60.0, 2)
-                                 if args.device.startswith("cuda") else None),
-           "results": rows}
-    write_json(args.out, doc)
     print(f"\n{table(rows)}\n\nwrote {args.out}")
     return 0
 

@@ -276,10 +276,10 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
         raise UserError(f"device {wrong[0]!r} cannot be measured on this CPU; expected "
                         f"cpu-ort-<N>t or cpu-ov-<N>t (OpenVINO installed), optionally with "
                         f"-b<batch>")
-    space, supernet, _ = run._checkpoint
+    space, supernet = run.space, run.supernet
     seed = int(run.settings.get("seed", 0)) if settings.seed is None else int(settings.seed)
     supernet.to(device)
-    evaluator = run._evaluator
+    evaluator = run.evaluator
     data = run.data
 
     def batches(split: Any) -> BatchLoader:

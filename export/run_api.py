@@ -141,11 +141,18 @@ class Run:
 
         return run_splits(self.path, self.settings, self._checkpoint[2])
 
+    @property
+    def supernet(self):  # -> nn.Module
+        """The run's weight-sharing supernet, as loaded from its supernet.pt."""
+        return self._checkpoint[1]
+
     @cached_property
-    def _evaluator(self):
+    def evaluator(self):  # -> TrialEvaluator
+        """The evaluator the search scored trials with (BatchNorm recalibration and PTQ on the
+        run's splits and settings): what :meth:`model` and fine-tuning rebuild trials with."""
         from hwnas.search.evaluator import EvalSettings, TrialEvaluator
 
-        space, supernet, data = self.space, self._checkpoint[1], self.data
+        space, supernet, data = self.space, self.supernet, self.data
         s = self.settings
         settings = EvalSettings(calib_batches=int(s.get("calib_batches", 10)),
                                 ptq_images=int(s.get("ptq_images", 256)), seed=int(s.get("seed", 0)))
@@ -160,7 +167,7 @@ class Run:
         if quantized and policy is None:
             raise UserError(f"trial {trial} is a float model (no bit policy); pass "
                             f"quantized=False or None")
-        evaluator = self._evaluator
+        evaluator = self.evaluator
         model = evaluator.float_model(arch)
         if policy is not None and quantized is not False:
             model = evaluator.quantized_model(model, policy)
