@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+from hwnas.latency.onnx_measure import session_options as measurement_options
 
 from hwnas.core.errors import UserError
 
@@ -66,12 +67,7 @@ def session_options(threads: int = 1, *, optimized_path: str | None = None,
     """The session settings of every measurement in hwnas (see
     :func:`hwnas.latency.onnx_measure.make_session`), optionally saving the optimized graph and
     profiling."""
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = int(threads)
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.log_severity_level = 3
+    opts = measurement_options(int(threads))
     if optimized_path is not None:
         opts.optimized_model_filepath = optimized_path
     if profile_prefix is not None:

@@ -61,13 +61,15 @@ class MeasureError(Exception):
 
 def session_for(path: Path, threads: int, provider: str = "CPUExecutionProvider") -> ort.InferenceSession:
     """An onnxruntime session set up for reproducible timing: ``threads`` intra-op threads,
-    sequential execution, all graph optimizations."""
+    sequential execution, all graph optimizations, no spinning between runs."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
+    # no residual spinning after a run: it would slow the next model timed in this process
+    opts.add_session_config_entry("session.force_spinning_stop", "1")
     try:
         return ort.InferenceSession(str(path), sess_options=opts, providers=[provider])
     except Exception as exc:

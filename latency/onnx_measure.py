@@ -35,7 +35,7 @@ from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
 
 __all__ = ["LatencyStats", "PRECISIONS", "RUNTIMES", "Runner", "make_runner", "make_session",
-           "measure_onnx", "openvino_available", "order_settled", "random_input",
+           "measure_onnx", "openvino_available", "order_settled", "random_input", "session_options",
            "time_interleaved",
            "timed_runs"]
 
@@ -101,24 +101,35 @@ def _source(model: str | Path | bytes) -> tuple[str | bytes, str]:
     )
 
 
-def make_session(model: str | Path | bytes, *, threads: int = 1) -> ort.InferenceSession:
-    """Create a CPU onnxruntime session configured for reproducible latency measurement.
-
-    ``model`` is a path to an ``.onnx`` file or the serialized model bytes. The session
-    uses only the CPUExecutionProvider, ``threads`` intra-op threads, one inter-op
-    thread, sequential execution and all graph optimizations (what a deployment would
-    use). Raises :class:`UserError` if the file is missing or onnxruntime cannot load it.
-    """
-    threads = _check_int("threads", threads, 1)
-    source, what = _source(model)
+def session_options(threads: int = 1) -> ort.SessionOptions:
+    """The onnxruntime session settings of every measurement in hwnas: ``threads`` intra-op
+    threads, one inter-op thread, sequential execution, all graph optimizations, errors-only
+    logging, and no spinning between runs (``session.force_spinning_stop``): by default the
+    intra-op workers keep spinning on their cores for up to about a second after a run, which
+    slows whatever runs next in the process - another candidate of a paired timing, OpenVINO,
+    PyTorch - while the run itself spins as usual."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3  # errors only: warnings would clutter CLI output
+    opts.add_session_config_entry("session.force_spinning_stop", "1")
+    return opts
+
+
+def make_session(model: str | Path | bytes, *, threads: int = 1) -> ort.InferenceSession:
+    """Create a CPU onnxruntime session configured for reproducible latency measurement.
+
+    ``model`` is a path to an ``.onnx`` file or the serialized model bytes. The session
+    uses only the CPUExecutionProvider and :func:`session_options` (what a deployment would
+    use, without residual spinning between runs). Raises :class:`UserError` if the file is missing or onnxruntime cannot load it.
+    """
+    threads = _check_int("threads", threads, 1)
+    source, what = _source(model)
     try:
-        return ort.InferenceSession(source, sess_options=opts, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(source, sess_options=session_options(threads),
+                                    providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises several unrelated exception types
         raise UserError(
             f"onnxruntime cannot load {what} (expected a valid ONNX model): {first_line(exc)}"

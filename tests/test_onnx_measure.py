@@ -86,6 +86,17 @@ def test_session_settings(model_bytes: bytes) -> None:
     opts = session.get_session_options()
     assert opts.intra_op_num_threads == 3
     assert opts.inter_op_num_threads == 1
+    # no residual spinning after a run to slow the next model timed in the process
+    assert opts.get_session_config_entry("session.force_spinning_stop") == "1"
+
+
+def test_profiling_and_ondevice_sessions_do_not_spin_between_runs(model_file: Path) -> None:
+    from hwnas.export.ort_profile import session_options
+    from hwnas.latency.ondevice import session_for
+
+    assert session_options(2).get_session_config_entry("session.force_spinning_stop") == "1"
+    opts = session_for(model_file, 2).get_session_options()
+    assert opts.get_session_config_entry("session.force_spinning_stop") == "1"
 
 
 def test_missing_file(tmp_path: Path) -> None:
