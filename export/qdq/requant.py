@@ -16,6 +16,8 @@ from hwnas.export.qdq.builder import LayerQuant, QdqGraphBuilder
 from hwnas.quant.ptq import PTQConfig
 from torch import nn
 
+from hwnas.core.cooperate import yield_point
+
 __all__ = ["DeployedReference", "calibrate_requant"]
 
 
@@ -109,6 +111,7 @@ def calibrate_requant(build_layers: dict[str, LayerQuant], builder: QdqGraphBuil
     handles = []
     for name in todo:
         def hook(_m, _inp, out, name=name):
+            yield_point()  # between layers: a timing another worker waits for may run
             observers[name].update(torch.relu(out) if builder.after_relu[name] else out)
         handles.append(modules[name].register_forward_hook(hook))
     try:
