@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from hwnas.core import cooperate
+from hwnas.core import affinity, cooperate
 
 __all__ = ["TimingGate", "auto_workers", "checkpoint", "install_gate", "timing_slot"]
 
@@ -108,13 +108,13 @@ def install_gate(gate: TimingGate | None) -> None:
 
 
 @contextlib.contextmanager
-def timing_slot() -> Iterator[None]:
-    """The machine to this process alone for a timing (no-op without a gate)."""
-    if _GATE is None:
-        yield
-        return
-    with _GATE.exclusive():
-        yield
+def timing_slot(cores: int | None = None) -> Iterator[None]:
+    """The machine to this process alone for a timing (no gate: nothing to wait for), its
+    threads pinned to ``cores`` fixed cores meanwhile (:func:`hwnas.core.affinity.pinned`;
+    None: not pinned), so that the timing does not migrate between cores."""
+    with _GATE.exclusive() if _GATE is not None else contextlib.nullcontext():
+        with affinity.pinned(cores):
+            yield
 
 
 def checkpoint() -> None:
