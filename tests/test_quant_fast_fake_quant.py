@@ -48,3 +48,21 @@ def test_fake_quantize_uses_it_for_inference_only() -> None:
     assert torch.equal(out.detach(), want)
     inside = ((x / 0.0371).round() + 117).clamp(0, 255) == ((x / 0.0371).round() + 117)
     assert torch.equal(xg.grad, inside.float())
+
+
+def test_requantization_points_take_a_python_scale_as_the_kernel_does() -> None:
+    """The deployed reference's requantization (``_fq8``: a float scale, an int zero point)
+    gives the kernel's values for scales that float32 does not hold exactly."""
+    import random
+
+    from hwnas.export.qdq.requant import _fq8
+
+    rng, g = random.Random(1), torch.Generator().manual_seed(1)
+    for trial in range(60):
+        scale = rng.uniform(1e-4, 0.2) if trial % 5 else rng.choice([1e-8, 1 / 3, 0.0370000001])
+        zp = rng.randint(0, 255)
+        x = torch.randn(2000, generator=g) * scale * 100
+        x[:50] = ((torch.randint(-5, 260, (50,), generator=g).double() + 0.5 - zp) * scale).float()
+        want = torch.fake_quantize_per_tensor_affine(x, scale, zp, 0, 255)
+        with torch.no_grad():
+            assert torch.equal(_fq8(x, scale, zp), want), trial
