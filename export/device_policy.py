@@ -12,15 +12,22 @@ threads, so it is measured, not assumed:
    (:func:`hwnas.export.ort_profile.profile_model`) and each node's time charged to a layer
    (:class:`hwnas.export.ort_profile.LayerIndex`): per layer, its float cost and its int8 cost in
    context (kernel + the Q/DQ/transposes it causes);
-2. candidates are built: all int8; float where the int8 cost exceeds the float cost; the same
+2. candidates are built: all int8; float where the float cost is below the int8 cost by more
+   than :data:`hwnas.latency.onnx_measure.MIN_MARGIN` (3 %); the same
    re-profiled in its own context (boundaries move; no third profile when no layer or every
    layer loses, which decides it); all depthwise layers float; every quantized
    layer float except pointwise/linear ones - and optionally refined greedily layer by layer
    (``refine``), each step a whole-model measurement;
 3. FP32 and all candidates are timed *interleaved* (round-robin, so drifting background load
    hits all alike) at the device's threads and batch; FP32, all-int8 and the two fastest
-   candidates are timed together once more and the fastest there is chosen
-   (:attr:`DevicePolicy.quantized_faster` says whether it beat FP32 in both timings).
+   candidates are timed together once more and chosen there (:attr:`DevicePolicy.quantized_faster`
+   says whether it beat FP32 in both timings).
+
+Every choice between candidates keeps int8 layers unless float clearly pays
+(:func:`prefer_int8`): the fastest candidate wins only over those it beats by more than the
+paired timing's noise (:func:`hwnas.latency.onnx_measure.paired_margin`, at least 3 %);
+among the rest, the one with the fewest float layers is kept. So timing noise between two runs
+does not flip the choice between near-equal variants.
 
 The chosen variant becomes the ``qdq-<device>`` file, one candidate among the others of
 :mod:`hwnas.export.recommend`, whose one paired timing decides what is recommended.
@@ -39,6 +46,7 @@ from typing import Any
 
 import numpy as np
 from hwnas.export.ort_profile import LayerIndex, profile_model
+from hwnas.latency.onnx_measure import MIN_MARGIN, clearly_faster
 
 __all__ = [
     "Candidate",
@@ -46,7 +54,9 @@ __all__ = [
     "LayerSpeed",
     "ProfiledLayerTimer",
     "choose_float_layers",
+    "prefer_int8",
     "time_models",
+    "time_rounds",
 ]
 
 
@@ -138,11 +148,11 @@ class ProfiledLayerTimer:
         return s.int8_ms if int8 else s.float_ms
 
 
-def time_models(models: Mapping[str, bytes], *, batch: int = 1, threads: int = 1,
+def time_rounds(models: Mapping[str, bytes], *, batch: int = 1, threads: int = 1,
                 rounds: int = 5, runs: int = 5, warmup: int = 3, seed: int = 0,
                 min_rounds: int | None = None, baseline: str = "fp32",
-                ) -> dict[str, tuple[float, float]]:
-    """``{label: (median ms, p95 ms)}`` of each model on onnxruntime, timed round-robin
+                ) -> dict[str, np.ndarray]:
+    """``{label: ms array (rounds, runs)}`` of each model on onnxruntime, timed round-robin
     (:func:`hwnas.latency.onnx_measure.time_interleaved`): ``rounds`` rounds in which every
     model runs ``runs`` timed calls (after ``warmup`` untimed calls each at the start), so
     background load drifts affect all models alike. ``min_rounds``: stop after that many
@@ -156,9 +166,30 @@ def time_models(models: Mapping[str, bytes], *, batch: int = 1, threads: int = 1
     if min_rounds is not None:
         def settled(t: dict) -> bool:
             return order_settled(t, baseline, faster_only=False)
-    times = time_interleaved(runners, batch=batch, rounds=rounds, runs=runs, warmup=warmup,
-                             seed=seed, settled=settled, min_rounds=min_rounds or 1)
-    return {label: (float(np.median(t)), float(np.percentile(t, 95))) for label, t in times.items()}
+    return time_interleaved(runners, batch=batch, rounds=rounds, runs=runs, warmup=warmup,
+                            seed=seed, settled=settled, min_rounds=min_rounds or 1)
+
+
+def time_models(models: Mapping[str, bytes], **kw: Any) -> dict[str, tuple[float, float]]:
+    """``{label: (median ms, p95 ms)}`` of :func:`time_rounds` (same arguments)."""
+    return {label: _summary(t) for label, t in time_rounds(models, **kw).items()}
+
+
+def _summary(times: np.ndarray) -> tuple[float, float]:
+    return float(np.median(times)), float(np.percentile(times, 95))
+
+
+def prefer_int8(candidates: Iterable[Candidate], times: Mapping[str, np.ndarray]) -> Candidate:
+    """Of ``candidates`` timed together (``times``: :func:`time_rounds`), the one to keep: among
+    those the fastest does not clearly beat (by more than the pair's timing noise, at least
+    :data:`~hwnas.latency.onnx_measure.MIN_MARGIN`), the one with the fewest float layers
+    (then the faster). Float layers are kept only where they clearly pay."""
+    timed = [c for c in candidates if c.label in times]
+    if not timed:
+        raise ValueError("no candidate was timed")
+    fastest = min(timed, key=lambda c: float(np.median(times[c.label])))
+    ties = [c for c in timed if not clearly_faster(times[fastest.label], times[c.label])]
+    return min(ties, key=lambda c: (len(c.float_layers), float(np.median(times[c.label]))))
 
 
 def _per_layer(index: LayerIndex, model: bytes, *, batch: int, threads: int, runs: int
@@ -189,7 +220,8 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
     bar.update()
     speeds = [LayerSpeed(n, kinds.get(n, "conv"), f_costs.get(n, 0.0), q_costs.get(n, 0.0))
               for n in quantized]
-    losing = [s.layer for s in speeds if s.int8_ms > s.float_ms]
+    # a layer goes float only where float clearly pays (profiles are noisy too)
+    losing = [s.layer for s in speeds if _float_pays(s.float_ms, s.int8_ms)]
     # the same rule in the context of that choice (boundaries between int8 and float move).
     # Already decided without a third profile when no layer loses (that graph is the all-int8
     # one just profiled) or every layer does (all float is FP32, never a candidate)
@@ -201,8 +233,8 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
         first = build_model(losing)
         ctx = _per_layer(qdq_index, first, batch=batch, threads=threads, runs=profile_runs)
     bar.update()
-    losing2 = sorted(set(losing) | {s.layer for s in speeds
-                                    if s.layer not in losing and ctx.get(s.layer, 0.0) > s.float_ms},
+    losing2 = sorted(set(losing) | {s.layer for s in speeds if s.layer not in losing
+                                    and _float_pays(s.float_ms, ctx.get(s.layer, 0.0))},
                      key=quantized.index)
     dense = {"pointwise", "linear"}
     candidates = [
@@ -219,12 +251,12 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
     candidates = list(unique.values())
     blobs = {"fp32": fp32, **{c.label: (uniform if not c.float_layers else build_model(c.float_layers))
                                for c in candidates}}
-    timed = time_models(blobs, batch=batch, threads=threads, rounds=rounds, runs=runs,
+    timed = time_rounds(blobs, batch=batch, threads=threads, rounds=rounds, runs=runs,
                         min_rounds=min_rounds)
     bar.update()
     for c in candidates:
-        c.median_ms, c.p95_ms = timed[c.label]
-    best = min(candidates, key=lambda c: c.median_ms)
+        c.median_ms, c.p95_ms = _summary(timed[c.label])
+    best = prefer_int8(candidates, timed)
     # greedy refinement: flip the layers whose two costs are closest, one at a time
     order = sorted(speeds, key=lambda s: abs(s.float_ms - s.int8_ms) / max(s.float_ms, 1e-9))
     for step, s in enumerate(order[:refine]):
@@ -234,33 +266,39 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
             continue
         label = f"refine-{step}"
         blob = build_model(trial)
-        pair = time_models({best.label: blobs[best.label], label: blob},
+        pair = time_rounds({best.label: blobs[best.label], label: blob},
                            batch=batch, threads=threads, rounds=rounds, runs=runs)
         bar.update()
-        cand = Candidate(label, trial, *pair[label])
+        cand = Candidate(label, trial, *_summary(pair[label]))
         candidates.append(cand)
         blobs[label] = blob  # a rejected step can still be among the finalists below
-        if cand.median_ms < pair[best.label][0]:
-            best = cand
-    # final: FP32, all-int8 and the two best candidates timed together again; the fastest there
-    # is chosen, and it counts as faster than FP32 only if it was faster in both timings
+        best = prefer_int8([best, cand], pair)
+    # final: FP32, all-int8 and the two best candidates timed together again; chosen there
+    # (prefer_int8), it counts as faster than FP32 only if it was faster in both timings
     finalists = {c.label: c for c in sorted(candidates, key=lambda c: c.median_ms)[:2]}
     finalists.setdefault(best.label, best)
     for c in candidates:
         if c.label == "all-int8":
             finalists.setdefault(c.label, c)
-    final = time_models({"fp32": fp32, **{label: blobs[label] for label in finalists}},
-                        batch=batch, threads=threads, rounds=rounds, runs=runs,
-                        min_rounds=min_rounds)
+    final_rounds = time_rounds({"fp32": fp32, **{label: blobs[label] for label in finalists}},
+                               batch=batch, threads=threads, rounds=rounds, runs=runs,
+                               min_rounds=min_rounds)
     bar.close()
-    best = finalists[min(finalists, key=lambda label: final[label][0])]
-    faster = final[best.label][0] < final["fp32"][0] and best.median_ms < timed["fp32"][0]
+    final = {label: _summary(t) for label, t in final_rounds.items()}
+    best = prefer_int8(finalists.values(), final_rounds)
+    faster = (final[best.label][0] < final["fp32"][0]
+              and best.median_ms < float(np.median(timed["fp32"])))
     return DevicePolicy(device=device, threads=threads, batch=batch,
                         float_layers=list(best.float_layers), fp32_ms=final["fp32"][0],
                         fp32_p95_ms=final["fp32"][1], uniform_ms=final["all-int8"][0],
                         chosen_ms=final[best.label][0], chosen_p95_ms=final[best.label][1],
                         chosen_label=best.label, faster_twice=faster, candidates=candidates,
                         layers=speeds)
+
+
+def _float_pays(float_ms: float, int8_ms: float) -> bool:
+    """A layer's float cost below its int8 cost by more than the minimum margin."""
+    return float_ms < int8_ms * (1.0 - MIN_MARGIN)
 
 
 class _NoBar:

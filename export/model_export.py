@@ -132,6 +132,9 @@ class ExportSettings:
     #: also write ``uint8/<name>.onnx`` (and ``uint8-qdq-<device>/``): uint8 NHWC images in,
     #: normalised inside the graph (needs the model's :class:`InputSpec`)
     uint8_input: bool = False
+    #: pin the threads of a timing to fixed cores (as many as the device's threads) while it
+    #: runs, where the platform allows (:func:`hwnas.core.affinity.pinned`)
+    pin_timings: bool = True
 
     def validate(self) -> None:
         for name in ("opset", "policy_batch",
@@ -154,6 +157,9 @@ class ExportSettings:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
             raise UserError(f"export setting workers must be an integer >= 0 (0: automatic), "
                             f"got {self.workers!r}")
+        if not isinstance(self.pin_timings, bool):
+            raise UserError(f"export setting pin_timings must be true or false, got "
+                            f"{self.pin_timings!r}")
         from hwnas.supernet.train import check_torch_device
 
         check_torch_device(str(self.device))  # one line for a typo or a missing GPU
@@ -589,7 +595,7 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
         if runtime != "onnxruntime" or "proto" not in fp32:
             continue  # the per-layer choice reads onnxruntime's profiler
         try:
-            with clock("choose"), timing_slot():
+            with clock("choose"), timing_slot(_pin(s, [threads])):
                 choice = _choose(build, fp32["proto"], device, threads, batch, s, progress)
         except UserError as exc:
             entry.note = f"int8-vs-float measurement failed: {first_line(exc)}"
@@ -635,6 +641,12 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
     return result
 
 
+def _pin(s: ExportSettings, threads: Iterable[int]) -> int | None:
+    """Cores to pin a timing to: the most threads it runs at (None: not pinned)."""
+    most = max((int(t) for t in threads), default=0)
+    return most if s.pin_timings and most >= 1 else None
+
+
 def _policy_kind(policy: QuantPolicy, float_layers: Iterable[str]) -> str:
     """``int8`` when every quantized layer is 8-bit and none is kept float, else ``mixed``."""
     bits = {pair for pair in policy.bits.values() if pair != (32, 32)}
@@ -658,7 +670,8 @@ def _recommend(result: ModelExport, entries: Mapping[str, DeviceEntry], devices:
     np_images, np_labels = passes.np, passes.labels
     cache: dict = passes.agreement_cache(refs, usable)
     reports = {f.path: f for f in result.files}
-    with clock("recommend"), timing_slot():
+    threads = [_device_setup(d, t, s)[1] for d, t in devices.items()]
+    with clock("recommend"), timing_slot(_pin(s, threads)):
         _recommend_devices(result, entries, devices, usable, refs, np_images, np_labels, s,
                            cache, passes.sessions, reports)
 

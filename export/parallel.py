@@ -4,8 +4,10 @@ Building, calibrating and verifying a model is CPU work that parallelises across
 paired latency timings (the int8-vs-float choice, the per-device recommendation) must not
 share the machine with anything. :class:`TimingGate` lets worker processes compute side by
 side and gives a timing the machine alone: a worker that wants to time (:func:`timing_slot`)
-waits until every other worker has reached a stage boundary (:func:`checkpoint`), where they
-wait until the timing is over. In a process without a gate (the sequential export, a user's
+waits until every other worker has reached a yield point (:func:`hwnas.core.cooperate.yield_point`,
+which long passes call between chunks of images or layers, and :func:`checkpoint` at each stage
+boundary), where they wait until the timing is over; a timing thus starts within one chunk of
+the others' work. In a process without a gate (the sequential export, a user's
 ``export_model`` call) both are no-ops.
 """
 
@@ -13,8 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
+
+from hwnas.core import affinity, cooperate
 
 __all__ = ["TimingGate", "auto_workers", "checkpoint", "install_gate", "timing_slot"]
 
@@ -31,22 +36,39 @@ class TimingGate:
         self.active = ctx.RawValue("i", 0)  # workers computing; guarded by cond
         self.waiting = ctx.RawValue("i", 0)  # timings waiting for the machine
         self.timing = ctx.RawValue("i", 0)  # 1 while a timing runs
+        self._local = threading.local()  # per worker (process, or thread in tests): computing?
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_local"]  # a worker's own state does not travel to another process
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    @property
+    def _computing(self) -> bool:
+        return getattr(self._local, "computing", False)
 
     def enter(self) -> None:
         """Start computing (waits while a timing runs or waits)."""
         with self.cond:
             self.cond.wait_for(lambda: not self.timing.value and not self.waiting.value)
             self.active.value += 1
+        self._local.computing = True
 
     def leave(self) -> None:
         """Stop computing."""
+        self._local.computing = False
         with self.cond:
             self.active.value -= 1
             self.cond.notify_all()
 
     def pause_if_wanted(self) -> None:
-        """At a stage boundary: let a waiting timing run first."""
-        if self.waiting.value:
+        """At a yield point: let a waiting timing run first. Only while this worker computes
+        (a yield point inside a timing, or outside any work, leaves the counts alone)."""
+        if self.waiting.value and self._computing:
             self.leave()
             self.enter()
 
@@ -78,25 +100,26 @@ class TimingGate:
 
 
 def install_gate(gate: TimingGate | None) -> None:
-    """Make ``gate`` this process's gate (a worker's initializer calls it)."""
+    """Make ``gate`` this process's gate (a worker's initializer calls it); its pause becomes
+    what every yield point of the process calls."""
     global _GATE
     _GATE = gate
+    cooperate.install(None if gate is None else gate.pause_if_wanted)
 
 
 @contextlib.contextmanager
-def timing_slot() -> Iterator[None]:
-    """The machine to this process alone for a timing (no-op without a gate)."""
-    if _GATE is None:
-        yield
-        return
-    with _GATE.exclusive():
-        yield
+def timing_slot(cores: int | None = None) -> Iterator[None]:
+    """The machine to this process alone for a timing (no gate: nothing to wait for), its
+    threads pinned to ``cores`` fixed cores meanwhile (:func:`hwnas.core.affinity.pinned`;
+    None: not pinned), so that the timing does not migrate between cores."""
+    with _GATE.exclusive() if _GATE is not None else contextlib.nullcontext():
+        with affinity.pinned(cores):
+            yield
 
 
 def checkpoint() -> None:
     """A stage boundary: a timing another worker waits for runs now (no-op without a gate)."""
-    if _GATE is not None:
-        _GATE.pause_if_wanted()
+    cooperate.yield_point()
 
 
 def auto_workers(models: int, requested: int = 0, cores: int | None = None) -> int:

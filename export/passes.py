@@ -24,6 +24,7 @@ import torch
 from hwnas.latency.onnx_measure import Runner, make_runner
 from torch import nn
 
+from hwnas.core.cooperate import yield_point
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
 
@@ -95,6 +96,7 @@ class ImagePasses:
         name = runner.get_inputs()[0].name
         out = []
         for i in range(0, len(self.np), self.batch_size):
+            yield_point()  # a timing another worker waits for may run between chunks
             chunk = self.np[i:i + self.batch_size]
             try:
                 out.append(np.asarray(runner.run({name: chunk})[0]))
@@ -125,9 +127,12 @@ class ImagePasses:
         was_training = model.training
         model.eval()
         try:
+            out = []
             with torch.no_grad():
-                return torch.cat([model(self.x[i:i + step].to(device)).float().cpu()
-                                  for i in range(0, len(self.x), step)]).numpy()
+                for i in range(0, len(self.x), step):
+                    yield_point()  # a timing another worker waits for may run between chunks
+                    out.append(model(self.x[i:i + step].to(device)).float().cpu())
+            return torch.cat(out).numpy()
         finally:
             model.train(was_training)
 

@@ -15,7 +15,10 @@ timed together in one paired, interleaved measurement (:func:`time_candidates`);
 recommendation, the speed-up printed and the timings written all come from that measurement
 (:func:`choose_fastest`): the fastest verified candidate, and only if it beat FP32 overall and
 in both halves of the measurement, so a lucky stretch of timing never recommends a file that
-is slower than FP32.
+is slower than FP32. Candidates that beat FP32 and tie with the fastest within the paired
+timing's noise (:func:`hwnas.latency.onnx_measure.paired_margin`, at least 3 %) are a tie:
+the smallest file wins it (then the one the runtime runs at its own f32 precision), so noise
+does not flip the recommendation between near-equal files.
 
 Torch-free: reference logits come in as arrays.
 """
@@ -27,7 +30,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from hwnas.latency.onnx_measure import Runner, make_runner, order_settled, time_interleaved
+from hwnas.latency.onnx_measure import (
+    Runner,
+    clearly_faster,
+    make_runner,
+    order_settled,
+    time_interleaved,
+)
 
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
@@ -81,6 +90,7 @@ class DeviceCandidate:
     median_ms: float | None = None
     p95_ms: float | None = None
     halves_ms: list[float] = field(default_factory=list)
+    size_bytes: int = 0  # the file's size (0: unknown); the smaller wins a tie within noise
 
 
 @dataclass
@@ -136,8 +146,10 @@ def _halves(times: np.ndarray) -> list[float]:
 def choose_fastest(candidates: Sequence[DeviceCandidate], times: Mapping[str, np.ndarray],
                    fp32_label: str) -> DeviceCandidate:
     """Fill each timed candidate's figures from ``times`` (one paired measurement) and return
-    the one to deploy: the fastest verified candidate that beat FP32 in the whole measurement
-    and in each of its halves; FP32 otherwise."""
+    the one to deploy among the verified candidates that beat FP32 in the whole measurement
+    and in each of its halves: of those the fastest does not clearly beat (within the pair's
+    timing noise), the smallest file, then one at the runtime's f32 precision, then the
+    fastest; FP32 when none beat it."""
     by_label = {c.label: c for c in candidates}
     for label, t in times.items():
         c = by_label[label]
@@ -145,7 +157,7 @@ def choose_fastest(candidates: Sequence[DeviceCandidate], times: Mapping[str, np
         c.median_ms, c.p95_ms = float(np.median(flat)), float(np.percentile(flat, 95))
         c.halves_ms = _halves(flat)
     fp32 = by_label[fp32_label]
-    best = fp32
+    beating = []
     for c in candidates:
         if c.label == fp32_label or not c.verified or c.median_ms is None:
             continue
@@ -154,8 +166,18 @@ def choose_fastest(candidates: Sequence[DeviceCandidate], times: Mapping[str, np
         if not beats:
             c.note = c.note or ("not faster than FP32 overall and in both halves of the "
                                 "paired timing")
-        elif c.median_ms < best.median_ms:
-            best = c
+        else:
+            beating.append(c)
+    if not beating:
+        return fp32
+    fastest = min(beating, key=lambda c: c.median_ms)
+    ties = [c for c in beating if not clearly_faster(times[fastest.label], times[c.label])]
+    best = min(ties, key=lambda c: (c.size_bytes or float("inf"), c.runtime_precision != "f32",
+                                    c.median_ms))
+    for c in ties:
+        if c is not best:
+            c.note = c.note or (f"as fast as {best.label} within the paired timing's noise; "
+                                f"{best.label} is the smaller or simpler file")
     return best
 
 
@@ -224,7 +246,8 @@ def verify_candidates(*, runtime: str, threads: int, files: Sequence[CandidateFi
                                                        else f"{f.kind}+{hint}")
             settings = {} if runtime == "onnxruntime" else {
                 "INFERENCE_PRECISION_HINT": hint, **({"static_batch": batch} if batch else {})}
-            c = DeviceCandidate(label, f.path, precision, settings, runner.precision)
+            c = DeviceCandidate(label, f.path, precision, settings, runner.precision,
+                                size_bytes=len(f.data))
             key = (runtime, f.path, runner.precision)
             if key not in cache:
                 try:

@@ -34,10 +34,9 @@ import onnxruntime as ort
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
 
-__all__ = ["LatencyStats", "PRECISIONS", "RUNTIMES", "Runner", "make_runner", "make_session",
-           "measure_onnx", "openvino_available", "order_settled", "random_input", "session_options",
-           "time_interleaved",
-           "timed_runs"]
+__all__ = ["LatencyStats", "MIN_MARGIN", "PRECISIONS", "RUNTIMES", "Runner", "clearly_faster",
+           "make_runner", "make_session", "measure_onnx", "openvino_available", "order_settled",
+           "paired_margin", "random_input", "session_options", "time_interleaved", "timed_runs"]
 
 #: Runtimes that run an ONNX file here: onnxruntime (always), OpenVINO (the ``openvino`` extra).
 RUNTIMES = ("onnxruntime", "openvino")
@@ -392,6 +391,39 @@ def order_settled(times: Mapping[str, np.ndarray], baseline: str, *,
         return True
     best = min(competing, key=med.__getitem__)
     return all(hi[best] < lo[k] for k in competing if k != best)
+
+
+#: The smallest relative difference between two models of one paired timing that counts as one
+#: being faster (a choice between them does not follow a smaller, noise-sized difference).
+MIN_MARGIN = 0.03
+
+
+def _round_ratios(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per round of a paired timing, ``a``'s median over ``b``'s."""
+    ra = np.median(np.atleast_2d(np.asarray(a, dtype=np.float64)), axis=1)
+    rb = np.median(np.atleast_2d(np.asarray(b, dtype=np.float64)), axis=1)
+    n = min(len(ra), len(rb))
+    return ra[:n] / rb[:n]
+
+
+def paired_margin(a: np.ndarray, b: np.ndarray, floor: float = MIN_MARGIN) -> float:
+    """The relative margin by which one of two models of a paired timing (:func:`time_interleaved`:
+    ms arrays of shape (rounds, runs)) must beat the other to count as faster: the timing's own
+    noise - half the range, over the rounds, of the ratio of their per-round medians, relative
+    to its median (a drift of the machine's speed hits both alike and cancels in the ratio) -
+    and at least ``floor``."""
+    ratio = _round_ratios(a, b)
+    noise = 0.0
+    if len(ratio) > 1:
+        noise = float((ratio.max() - ratio.min()) / 2.0 / np.median(ratio))
+    return max(float(floor), noise)
+
+
+def clearly_faster(fast: np.ndarray, slow: np.ndarray, floor: float = MIN_MARGIN) -> bool:
+    """Whether ``fast`` beats ``slow`` by more than :func:`paired_margin` of the two: the median,
+    over the rounds, of their per-round ratio (drift cancels in it) below ``1 - margin``."""
+    ratio = float(np.median(_round_ratios(fast, slow)))
+    return ratio < 1.0 - paired_margin(fast, slow, floor)
 
 
 def _stats(times_ms: np.ndarray, *, warmup: int, threads: int, batch: int, runtime: str,

@@ -20,6 +20,10 @@
 Bad input (policy for another model, bits outside the supported set, empty calibration data,
 batches the model cannot take) raises UserError before anything is returned; ``model`` is
 unchanged in every case. AdaRound is not implemented.
+
+The passes over the calibration images call :func:`hwnas.core.cooperate.yield_point` at every
+quantized layer (a no-op unless a parallel export installed its pause), so a timing another
+process waits for starts within one layer's work, not one whole PTQ.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from hwnas.quant.policy import FLOAT_BITS, QuantPolicy, check_bits, product_sour
 from hwnas.supernet.nn.vit import MatMul
 from torch import nn
 
+from hwnas.core.cooperate import yield_point
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
 
@@ -176,6 +181,7 @@ def insert_shared_add_quant(model: nn.Module, bits: int = 8) -> nn.Module:
 def set_weight_scales(model: nn.Module, method: str = "minmax", grid: int = 100) -> None:
     """Set every quant layer's per-channel weight scales from its current weights."""
     for _, layer in quant_layers(model):
+        yield_point()
         wq: FakeQuantize = layer.weight_quant
         if not wq.is_float:
             wq.set_qparams(weight_qparams(layer.weight, wq.bits, method, grid=grid), 0.0)
@@ -317,6 +323,7 @@ def calibrate(qmodel: nn.Module, batches: Iterable, config: PTQConfig | None = N
             continue
 
         def hook(_m, inputs, _name=name, _index=index):
+            yield_point()
             # a SharedAddQuant observes both of its inputs, a product each input on its own
             for t in inputs if _index is None else inputs[_index:_index + 1]:
                 if isinstance(t, torch.Tensor):
@@ -326,6 +333,7 @@ def calibrate(qmodel: nn.Module, batches: Iterable, config: PTQConfig | None = N
     qmodel.eval()
     try:
         for x in xs:
+            yield_point()
             qmodel(x)
     finally:
         for h in handles:
@@ -362,6 +370,7 @@ def _channel_mean(module: nn.Module, out: torch.Tensor) -> torch.Tensor:
 def _recorder(means: dict[str, torch.Tensor], name: str):  # noqa: ANN202 - a forward hook
     """A forward hook keeping the first per-channel output mean of layer ``name``."""
     def hook(module, _inp, out):
+        yield_point()
         means.setdefault(name, _channel_mean(module, out))
     return hook
 
@@ -389,6 +398,7 @@ def bias_correct(qmodel: nn.Module, xs: list[torch.Tensor], *,
 
     def correct(name):
         def hook(module, _inp, out):
+            yield_point()
             if name in corrected or name not in float_means:
                 return None
             corrected.add(name)

@@ -3,6 +3,7 @@ layers, the per-device choice of float layers and the never-slower rule."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hwnas.export.device_policy import DevicePolicy, LayerSpeed, ProfiledLayerTimer
 from hwnas.export.ort_profile import LayerIndex, profile_model
@@ -61,13 +62,13 @@ def test_choice_survives_a_rejected_refinement_among_the_finalists(monkeypatch) 
     def fake_time(models, **kw):  # noqa: ANN001, ANN202 - the 2nd timing runs at twice the speed
         calls.append(len(models))
         factor = 0.5 if len(calls) == 2 else 1.0
-        return {label: (base_ms(b) * factor, base_ms(b) * factor) for label, b in models.items()}
+        return {label: np.full((2, 3), base_ms(b) * factor) for label, b in models.items()}
 
     def fake_per_layer(index, model, **kw):  # noqa: ANN001, ANN202 - layer c loses in int8
         return ({"a": 1.0, "b": 1.0, "c": 1.0} if model == b"fp32"
                 else {"a": 0.5, "b": 0.5, "c": 2.0})
 
-    monkeypatch.setattr(dp, "time_models", fake_time)
+    monkeypatch.setattr(dp, "time_rounds", fake_time)
     monkeypatch.setattr(dp, "_per_layer", fake_per_layer)
     choice = dp.choose_float_layers(build, b"fp32", ["a", "b", "c"], {}, fp32_index=None,
                                     qdq_index=None, refine=1)

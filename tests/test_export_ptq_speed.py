@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from hwnas.export.qdq import build_qdq
@@ -92,10 +93,10 @@ def test_choice_profiles_in_context_only_when_undecided(monkeypatch, int8_ms, pr
         return dict(int8_ms) if isinstance(int8_ms, dict) else {"a": int8_ms, "b": int8_ms}
 
     def fake_time(models, **kw):  # noqa: ANN001, ANN202 - FP32 10 ms, every variant 8 ms
-        return {label: (10.0 if label == "fp32" else 8.0,) * 2 for label in models}
+        return {label: np.full((2, 3), 10.0 if label == "fp32" else 8.0) for label in models}
 
     monkeypatch.setattr(dp, "_per_layer", fake_per_layer)
-    monkeypatch.setattr(dp, "time_models", fake_time)
+    monkeypatch.setattr(dp, "time_rounds", fake_time)
     choice = dp.choose_float_layers(lambda fl: ("q:" + ",".join(fl)).encode(), b"fp32",
                                     ["a", "b"], {}, fp32_index=None, qdq_index=None)
     assert len(seen) == profiles

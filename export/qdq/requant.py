@@ -13,8 +13,11 @@ import onnx
 import torch
 from hwnas.export.integer_ops import HSIG_Q_SCALE, UNIT_SCALE, ElementwiseRewrite
 from hwnas.export.qdq.builder import LayerQuant, QdqGraphBuilder
+from hwnas.quant.fake_quant import fake_quant_per_tensor
 from hwnas.quant.ptq import PTQConfig
 from torch import nn
+
+from hwnas.core.cooperate import yield_point
 
 __all__ = ["DeployedReference", "calibrate_requant"]
 
@@ -83,7 +86,11 @@ class DeployedReference:
 
 
 def _fq8(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
-    """``x`` on the uint8 grid of (scale, zero point), as Q then DQ compute it."""
+    """``x`` on the uint8 grid of (scale, zero point), as Q then DQ compute it (PyTorch's
+    kernel takes the scale as float32; on the CPU its faster bit-identical twin runs)."""
+    if x.device.type == "cpu" and not (torch.is_grad_enabled() and x.requires_grad):
+        return fake_quant_per_tensor(x.float(), torch.tensor(float(scale), dtype=torch.float32),
+                                     torch.tensor(int(zero_point)), 0, 255).to(x.dtype)
     return torch.fake_quantize_per_tensor_affine(x.float(), float(scale), int(zero_point), 0,
                                                  255).to(x.dtype)
 
@@ -109,6 +116,7 @@ def calibrate_requant(build_layers: dict[str, LayerQuant], builder: QdqGraphBuil
     handles = []
     for name in todo:
         def hook(_m, _inp, out, name=name):
+            yield_point()  # between layers: a timing another worker waits for may run
             observers[name].update(torch.relu(out) if builder.after_relu[name] else out)
         handles.append(modules[name].register_forward_hook(hook))
     try:

@@ -1,2 +1,2 @@
 """The bottom layer, shared by every package: the user-error type, the one-line argument
-parser, and atomic file writes. No torch, no numpy."""
+parser, atomic file writes, cooperative yield points and CPU affinity. No torch, no numpy."""

@@ -1,0 +1,66 @@
+"""Pin every thread of this process to fixed cores for a while (a timing), then restore.
+
+A latency timing that the scheduler migrates between cores mid-run picks up cold caches and
+another core's load; a timing that runs alone (behind the export's gate) is steadier on a
+fixed set of cores. :func:`pinned` sets the affinity of every thread of the process - those of
+onnxruntime's and OpenVINO's pools included, which exist before the timing starts - to the
+*last* ``cores`` cores it may use (core 0 usually takes the most interrupts and housekeeping)
+and gives each thread its own affinity back afterwards. Where the platform has no
+``sched_setaffinity`` (macOS, Windows) or refuses it, it does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+__all__ = ["pinned", "supported"]
+
+
+def supported() -> bool:
+    """Whether this platform lets a process set its threads' CPU affinity."""
+    return hasattr(os, "sched_setaffinity") and hasattr(os, "sched_getaffinity")
+
+
+def _thread_ids() -> list[int]:
+    """Kernel ids of this process's threads (Linux); just the calling thread elsewhere."""
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except (OSError, ValueError):
+        return [0]
+
+
+@contextlib.contextmanager
+def pinned(cores: int | None) -> Iterator[frozenset[int] | None]:
+    """Every thread pinned to the last ``cores`` allowed cores for the body (all of them when
+    fewer are allowed); yields the set used, or None when nothing was pinned (``cores`` None,
+    or an unsupported platform). On exit each thread gets its own affinity back; threads
+    started meanwhile get the calling thread's."""
+    if cores is None or not supported():
+        yield None
+        return
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+        raise ValueError(f"cores must be a positive integer or None, got {cores!r}")
+    try:
+        own = os.sched_getaffinity(0)
+    except OSError:
+        yield None
+        return
+    target = frozenset(sorted(own)[-cores:])
+    saved: dict[int, set[int]] = {}
+    for tid in _thread_ids():
+        try:
+            mask = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, target)
+        except OSError:  # the thread ended meanwhile, or the platform refuses
+            continue
+        saved[tid] = mask
+    try:
+        yield target
+    finally:
+        for tid in set(_thread_ids()) | set(saved):
+            try:
+                os.sched_setaffinity(tid, saved.get(tid, own))
+            except OSError:
+                continue

@@ -1,0 +1,96 @@
+"""Pinning a timing's threads to fixed cores, and giving every thread its affinity back."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+from hwnas.export.model_export import ExportSettings, _pin
+from hwnas.export.parallel import timing_slot
+
+from hwnas.core import affinity
+from hwnas.core.errors import UserError
+
+linux_only = pytest.mark.skipif(not affinity.supported() or not os.path.isdir("/proc/self/task"),
+                                reason="needs sched_setaffinity and /proc/self/task (Linux)")
+
+
+def _idle_thread() -> tuple[threading.Thread, threading.Event]:
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, daemon=True)
+    t.start()
+    return t, stop
+
+
+@linux_only
+def test_pinned_pins_every_thread_and_restores_each() -> None:
+    own = os.sched_getaffinity(0)
+    before, stop_before = _idle_thread()
+    stop_during = threading.Event()
+    try:
+        with affinity.pinned(1) as cores:
+            assert cores == frozenset({max(own)})  # the last allowed core
+            assert os.sched_getaffinity(0) == cores
+            # a thread that existed before (an onnxruntime pool's, say) is pinned too
+            assert os.sched_getaffinity(before.native_id) == cores
+            during, stop_during = _idle_thread()  # inherits the pinned mask
+            assert os.sched_getaffinity(during.native_id) == cores
+        assert os.sched_getaffinity(0) == own
+        assert os.sched_getaffinity(before.native_id) == own
+        assert os.sched_getaffinity(during.native_id) == own  # the caller's mask
+    finally:
+        stop_before.set()
+        stop_during.set()
+
+
+@linux_only
+def test_pinned_restores_after_an_error_and_caps_at_the_allowed_cores() -> None:
+    own = os.sched_getaffinity(0)
+    with pytest.raises(RuntimeError):
+        with affinity.pinned(len(own) + 5) as cores:
+            assert cores == frozenset(own)  # more than allowed: all of them
+            raise RuntimeError("timing failed")
+    assert os.sched_getaffinity(0) == own
+    if len(own) > 1:
+        narrow = {min(own)}
+        os.sched_setaffinity(0, narrow)  # a caller's own pinning comes back as it was
+        try:
+            with affinity.pinned(1) as cores:
+                assert cores == frozenset(narrow)
+            assert os.sched_getaffinity(0) == narrow
+        finally:
+            os.sched_setaffinity(0, own)
+
+
+def test_pinned_is_a_no_op_when_off_or_unsupported(monkeypatch) -> None:
+    with affinity.pinned(None) as cores:
+        assert cores is None
+    monkeypatch.delattr(os, "sched_setaffinity", raising=False)
+    assert not affinity.supported()
+    with affinity.pinned(2) as cores:
+        assert cores is None
+    with timing_slot(1):  # the export's timing slot runs unpinned there
+        pass
+
+
+def test_pinned_refuses_a_bad_core_count() -> None:
+    if not affinity.supported():
+        pytest.skip("no sched_setaffinity here")
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError):
+            with affinity.pinned(bad):
+                pass
+
+
+@linux_only
+def test_timing_slot_pins_as_many_cores_as_the_timing_has_threads() -> None:
+    own = os.sched_getaffinity(0)
+    s = ExportSettings()
+    assert _pin(s, [1, 4]) == 4 and _pin(s, []) is None
+    assert _pin(ExportSettings(pin_timings=False), [1]) is None
+    with timing_slot(_pin(s, [1])):
+        assert len(os.sched_getaffinity(0)) == 1
+    assert os.sched_getaffinity(0) == own
+    with pytest.raises(UserError):
+        ExportSettings(pin_timings="yes").validate()
