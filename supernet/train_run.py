@@ -67,21 +67,19 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def train_config(settings: dict[str, Any], space):
     """The :class:`hwnas.supernet.train.TrainConfig` of ``settings``: the schedule preset and
     settings given, the rest the space's training defaults (validated)."""
-    from hwnas.supernet.train import schedule_config, standalone_config
+    from hwnas.supernet.train import default_config, space_recipe, standalone_config
 
-    defaults = dict(space.training_defaults())
-    schedule = settings.get("schedule") or defaults.pop("schedule", "sandwich")
-    defaults.pop("schedule", None)
-    kw = {**defaults, **{k: settings[k] for k in CONFIG_KEYS if settings.get(k) is not None}}
+    kw = {k: settings[k] for k in CONFIG_KEYS if settings.get(k) is not None}
     epochs = settings["epochs"]
     if settings.get("standalone"):
-        config = standalone_config(epochs, **kw)
+        _, defaults = space_recipe(space, "standalone")  # the space's recipe, no schedule
+        config = standalone_config(epochs, **{**defaults, **kw})
     else:
         if settings.get("num_random") is not None:
             kw["num_random"] = settings["num_random"]
-        if schedule == "deps" and settings.get("full_fraction") is not None:
+        if settings.get("full_fraction") is not None:  # deps only (settings_from_args)
             kw["full_fraction"] = settings["full_fraction"]
-        config = schedule_config(schedule, space, epochs, **kw)
+        config = default_config(space, epochs, schedule=settings.get("schedule"), **kw)
     config.validate()
     return config
 
