@@ -28,6 +28,11 @@ out = Path(argv[argv.index("--out") + 1])
 with open(out.parent / "calls.log", "a") as fh:
     fh.write(" ".join(argv) + "\\n")
 out.mkdir(parents=True, exist_ok=True)
+if "--bench-steps" in argv:  # sandwich steps at a third of the full-network rate
+    rows = ([{"stage": "full", "images_per_s": 9000.0}, {"stage": "shrink", "images_per_s": 3000.0}]
+            if "--standalone" not in argv else [{"stage": "standalone", "images_per_s": 9000.0}])
+    (out / "bench.json").write_text(json.dumps({"stages": rows}))
+    sys.exit(0)
 done = "--resume" in argv
 (out / "run.json").write_text("{}")
 (out / "checkpoint.pt").write_bytes(b"resumable")
@@ -41,7 +46,7 @@ if done:
 """
 
 
-def _run(tmp_path: Path, phase: int, **env: str) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, phase, **env: str) -> subprocess.CompletedProcess:
     fake = tmp_path / "fake_hwnas"
     fake.write_text(FAKE.replace("python3", sys.executable, 1))
     fake.chmod(0o755)
@@ -50,8 +55,9 @@ def _run(tmp_path: Path, phase: int, **env: str) -> subprocess.CompletedProcess:
     full = {**os.environ, "HWNAS": str(fake), "VIT_DATA": str(tmp_path / "c10.npz"),
             "VIT_RUNS": str(tmp_path / "runs"), "OUT": str(out), "SNAPSHOT": "0",
             "RUN": "t", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env}
-    return subprocess.run(["bash", str(SCRIPT), str(phase), "2"], env=full, capture_output=True,
-                          text=True, timeout=60)
+    minutes = full.pop("MINUTES", "2")
+    return subprocess.run(["bash", str(SCRIPT), str(phase), minutes], env=full,
+                          capture_output=True, text=True, timeout=60)
 
 
 def _calls(tmp_path: Path) -> list[str]:
@@ -111,3 +117,21 @@ def test_settings_reach_every_job(tmp_path) -> None:
         assert "--device cpu" in c and "--epochs 7 --batch-size 64 --lr 0.002" in c
         assert c.count("--limit-train 64") == 1 and "--compile" not in c
     assert "jobs [sn smallest]" in (tmp_path / "runs" / "phases.log").read_text()
+
+
+def test_the_probe_sizes_the_epochs_of_phase_one(tmp_path) -> None:
+    """Four jobs at 45,000 images: 0.4 x 5 + 0.6 x 15 + 3 x 5 = 26 s per epoch; 3 commands of
+    9.3 minutes less 1.2 each, x 0.9: 1,312 s -> 50.5 epochs, 50 in tens; phase 1 takes them."""
+    (tmp_path / "probe.npz").write_bytes(b"x")
+    probe = _run(tmp_path, "probe", VIT_PROBE_DATA=str(tmp_path / "probe.npz"), MINUTES="9.3")
+    assert probe.returncode == 0, probe.stderr
+    calls = _calls(tmp_path)
+    assert len(calls) == 4 and all("--bench-steps 30" in c for c in calls)
+    assert not any("--compile" in c for c in calls)  # eager: the slower, safe side
+    assert "EPOCHS=50" in probe.stdout and "probe sn: full 9000 images/s" in probe.stdout
+    assert (tmp_path / "runs" / "epochs.txt").read_text().strip() == "50"
+    assert [p.name for p in (tmp_path / "outprobe").iterdir()] == ["vit_t_probe.tgz"]
+    (tmp_path / "c10.npz").write_bytes(b"x")
+    first = _run(tmp_path, 1)
+    assert first.returncode == 0, first.stderr
+    assert all("--epochs 50 " in c for c in _calls(tmp_path)[4:])

@@ -7,6 +7,13 @@
 #   VIT_DATA=data/cifar10-jpeg.npz bash benchmarks/results/supernet_cifar10/h200_vit.sh 2 9.3   # resume
 #   VIT_DATA=data/cifar10-jpeg.npz LAST=1 bash benchmarks/results/supernet_cifar10/h200_vit.sh 3 9.3
 #
+#   VIT_PROBE_DATA=data/c10_probe.npz bash benchmarks/results/supernet_cifar10/h200_vit.sh probe 9.3
+#
+# PHASE probe (optional, before phase 1; about 2 minutes) measures, one job at a time and on a
+# small class-balanced npz (benchmarks/cifar_tools.py subset), the training images/s of the
+# supernet's full-network and sandwich steps and of the three standalone networks (eager), and
+# writes the EPOCHS that fit PHASES (default 3) commands of MINUTES each into
+# $VIT_RUNS/epochs.txt, which phase 1 takes when EPOCHS is not given.
 # PHASE 1 starts every job afresh (--overwrite); later phases resume the run directories under
 # $VIT_RUNS (default runs/vit_c10; the device machine keeps them while it stays warm). A job
 # whose run directory is gone (the machine was replaced) starts afresh, and phases.log says so.
@@ -21,7 +28,7 @@
 #
 # VIT_DATA: the cifar10-jpeg .npz; where it is missing and VIT_DATA.part* exist, they are joined
 # into it first (the npz does not fit one call's 64 MiB next to the working tree: carry one part
-# per call). Settings: EPOCHS (default 200), BATCH (512), FULL (0.4, the full-network share of
+# per call). Settings: EPOCHS (default: the probe's, else 200), BATCH (512), FULL (0.4, the full-network share of
 # DEpS), LR, RUN (a name for the logs), JOBS (default "sn largest smallest random1"), DEVICE
 # (cuda; cpu for a check of this script), SMOKE (extra flags for every job, e.g. a CPU check:
 # SMOKE="--limit-train 256 --limit-eval 128 --batch-size 64" DEVICE=cpu COMPILE= EPOCHS=1),
@@ -31,9 +38,10 @@
 set -u
 PHASE=${1:?usage: h200_vit.sh PHASE MINUTES}
 MIN=${2:?usage: h200_vit.sh PHASE MINUTES}
-DATA=${VIT_DATA:?set VIT_DATA to the cifar10-jpeg .npz}
 R=${VIT_RUNS:-runs/vit_c10}
-EPOCHS=${EPOCHS:-200}
+if [ "$PHASE" = probe ]; then DATA=${VIT_PROBE_DATA:?set VIT_PROBE_DATA to a small cifar10-jpeg .npz}
+else DATA=${VIT_DATA:?set VIT_DATA to the cifar10-jpeg .npz}; fi
+EPOCHS=${EPOCHS:-$(cat "$R/epochs.txt" 2>/dev/null || echo 200)}
 BATCH=${BATCH:-512}
 FULL=${FULL:-0.4}
 RUN=${RUN:-vit1}
@@ -64,9 +72,53 @@ if command -v nvidia-smi >/dev/null; then
   SMI=$!
 fi
 
+COMMON="--device ${DEVICE:-cuda} --dataset $DATA --space vit --epochs $EPOCHS --batch-size $BATCH ${LR:+--lr $LR} --quiet ${SMOKE:-}"
+
+if [ "$PHASE" = probe ]; then
+  for job in $JOBS; do  # one at a time: each job's rate alone on the GPU
+    if [ "$job" = sn ]; then
+      $HWNAS train $COMMON --schedule deps --full-fraction $FULL --bench-steps ${STEPS:-30} \
+        --out "$R/probe-sn" >> "$R/probe.log" 2>&1
+    else
+      $HWNAS train $COMMON --standalone $job --bench-steps ${STEPS:-30} --out "$R/probe-$job" \
+        >> "$R/probe.log" 2>&1
+    fi
+  done
+  [ -n "$SMI" ] && kill $SMI 2>/dev/null
+  # the jobs share the GPU by time-slicing, so one epoch of all of them takes about the sum of
+  # their epochs alone; EPOCHS = what fits PHASES commands less startup/eval/packaging, x 0.9
+  python3 - "$R" "$FULL" "${TRAIN_IMAGES:-45000}" "${PHASES:-3}" "$MIN" "${MAX_EPOCHS:-300}" \
+      $JOBS <<'EOF' | tee -a "$R/phases.log"
+import json, math, sys
+from pathlib import Path
+root, (full, n, phases, minutes, cap) = Path(sys.argv[1]), map(float, sys.argv[2:7])
+seconds_per_epoch = 0.0
+for job in sys.argv[7:]:
+    rows = json.loads((root / f"probe-{job}" / "bench.json").read_text())["stages"]
+    rate = {r["stage"]: r["images_per_s"] for r in rows}
+    if job == "sn":
+        s = n * (full / rate["full"] + (1 - full) / rate["shrink"])
+    else:
+        s = n / rate["standalone"]
+    seconds_per_epoch += s
+    print(f"probe {job}: " + ", ".join(f"{k} {v:.0f} images/s" for k, v in rate.items())
+          + f" -> {s:.2f} s per epoch of {n:.0f} images")
+budget = phases * (minutes - 1.2) * 60 * 0.9
+epochs = int(max(10, min(cap, 10 * math.floor(budget / seconds_per_epoch / 10))))
+print(f"probe: all jobs {seconds_per_epoch:.2f} s per epoch -> EPOCHS={epochs} "
+      f"(fits {phases:.0f} commands of {minutes} minutes)")
+(root / "epochs.txt").write_text(f"{epochs}\n")
+EOF
+  if [ -n "${OUT:-}" ]; then
+    (cd "$(dirname "$R")" && tar czf "$OUT/vit_${RUN}_probe.tgz" --exclude='*.pt' \
+      --exclude=inductor "$(basename "$R")")
+  fi
+  tail -n 12 "$R/probe.log"
+  exit 0
+fi
+
 EVAL="--eval"
 [ "${LAST:-0}" = 1 ] && EVAL="--eval --eval-unfinished"
-COMMON="--device ${DEVICE:-cuda} --dataset $DATA --space vit --epochs $EPOCHS --batch-size $BATCH ${LR:+--lr $LR} --quiet ${SMOKE:-}"
 start_args() {  # --overwrite in phase 1; --resume later, unless the run is gone
   if [ "$PHASE" = 1 ]; then echo --overwrite
   elif [ -f "$R/$1/run.json" ]; then echo --resume
