@@ -33,7 +33,8 @@
 # (cuda; cpu for a check of this script), SMOKE (extra flags for every job, e.g. a CPU check:
 # SMOKE="--limit-train 256 --limit-eval 128 --batch-size 64" DEVICE=cpu COMPILE= EPOCHS=1),
 # COMPILE (default --compile for the standalone jobs), MARGIN_SN / MARGIN_SA (minutes kept
-# for evaluation and packaging, default 0.9 / 0.6), HWNAS (the command, default hwnas).
+# for evaluation and packaging, default 0.9 / 0.6), HWNAS (the command, default hwnas, which
+# is installed from this checkout with pip install --no-deps -e . where the machine lacks it).
 # Everything else is the vit space's recipe (AdamW, DEpS, TrivialAugment + crop + flip + cutout).
 set -u
 PHASE=${1:?usage: h200_vit.sh PHASE MINUTES}
@@ -56,6 +57,10 @@ left() {  # minutes until the stop time, less $1 minutes
   python3 -c "import time; print(round(max(0.05, ($START + $MIN * 60 - time.time()) / 60 - $1), 3))"
 }
 
+if [ "$HWNAS" = hwnas ] && ! command -v hwnas >/dev/null; then  # a bare device machine
+  python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.log" 2>&1 \
+    || { log "hwnas is not installed and pip install -e . failed (see $R/install.log)"; exit 2; }
+fi
 if [ ! -f "$DATA" ] && ls "$DATA".part* >/dev/null 2>&1; then
   cat $(ls "$DATA".part* | sort) > "$DATA.tmp" && mv "$DATA.tmp" "$DATA"
   log "joined $(ls "$DATA".part* | wc -l) parts into $DATA ($(stat -c %s "$DATA") bytes)"
