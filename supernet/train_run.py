@@ -410,8 +410,9 @@ def _evaluate(args, model, space, arch, data, device, settings, done, out, say) 
     for r in rows:
         say(f"  {r['role']:9s} test top-1 {r['top1']:6.2f}%  {r['flops'] / 1e6:7.1f} MFLOPs  "
             f"{r['params'] / 1e6:5.2f} M params  {r['arch']}")
+    has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
     recal = ({"batches": args.calib_batches, "batch_size": args.calib_batch_size,
-              "augmented": True} if arch is None else False)
+              "augmented": True} if arch is None and has_bn else False)
     write_json(out / "eval.json", {"split": "test", "images": len(data.test),
                                    "bn_recalibration": recal, "training_completed": done,
                                    "subnets": rows, "seconds": time.perf_counter() - t0,
