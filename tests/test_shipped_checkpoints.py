@@ -8,7 +8,12 @@ import functools
 from types import SimpleNamespace
 
 import pytest
-from hwnas.supernet.checkpoints import _HERE, CIFAR10_CLASSES, SHIPPED, shipped_checkpoint
+from hwnas.supernet.checkpoints import (
+    _HERE,
+    CIFAR10_CLASSES,
+    SHIPPED,
+    shipped_checkpoint,
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +46,7 @@ def test_a_vit_checkpoint_is_found_by_space_and_classes(tiny_vit_dir) -> None:
 
     found = shipped_checkpoint("vit", [c.upper() for c in CIFAR10_CLASSES], directory=tiny_vit_dir)
     assert found == tiny_vit_dir / "vit_cifar10.pt"
-    space, supernet, payload = load_checkpoint(found)
+    space, _, payload = load_checkpoint(found)
     assert space.name == "vit" and space.input_shape == (3, 32, 32) and space.num_classes == 10
     assert payload["train_config"]["optimizer"] == "adamw"
     # another space, other classes, or a folder without the file: nothing

@@ -56,7 +56,7 @@ def _run(tmp_path: Path, phase, **env: str) -> subprocess.CompletedProcess:
             "VIT_RUNS": str(tmp_path / "runs"), "OUT": str(out), "SNAPSHOT": "0",
             "RUN": "t", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env}
     minutes = full.pop("MINUTES", "2")
-    return subprocess.run(["bash", str(SCRIPT), str(phase), minutes], env=full,
+    return subprocess.run(["bash", str(SCRIPT), str(phase), minutes], env=full, check=False,
                           capture_output=True, text=True, timeout=60)
 
 
