@@ -3,12 +3,17 @@
 
     python benchmarks/cifar_tools.py prepare --source cifar10 --out data/cifar10-decoded.npz
     python benchmarks/cifar_tools.py rank --out runs/nb --truth data/nb201_cifar100_accuracy.csv
+    python benchmarks/cifar_tools.py subset --source data/cifar10-jpeg.npz --per-class 500 \
+        --out data/c10_probe.npz
 
 ``prepare`` decodes a dataset once (Pillow for JPEGs) into a numpy-only ``.npz`` that
 ``hwnas train --dataset FILE`` reads on a machine without Pillow. ``rank`` evaluates random
 subnets of a trained run directory's supernet (BatchNorm recalibrated) and writes
 ``rank.json`` with the Kendall tau between their accuracies and ground-truth ones from a CSV
 (an ``arch`` column of canonical strings and an accuracy column), e.g. NAS-Bench-201's.
+``subset`` writes a cifar10-jpeg ``.npz`` of the first ``--per-class`` training images of each
+class (and a tenth as many test images), a few MiB that can travel where the whole file cannot
+(h200_vit.sh's speed probe).
 """
 
 from __future__ import annotations
@@ -84,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dataset to decode (default: cifar10, the shared cifar10-jpeg.npz)")
     q.add_argument("--out", required=True, help="the .npz to write")
     q.add_argument("--seed", type=int, default=0, help="seed of the train/validation split")
+    t = sub.add_parser("subset", help="a small class-balanced cifar10-jpeg .npz (speed probes)")
+    t.add_argument("--source", required=True, help="a cifar10-jpeg .npz")
+    t.add_argument("--per-class", type=positive_int, default=500,
+                   help="training images per class (default 500; test: a tenth, at least 1)")
+    t.add_argument("--out", required=True, help="the .npz to write")
     r = sub.add_parser("rank", help="Kendall tau of a run's supernet accuracies against a CSV")
     r.add_argument("--out", required=True,
                    help="run directory of hwnas train (its supernet.pt, else checkpoint.pt)")
@@ -113,6 +123,46 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     print(f"decoded {data.name}: {len(data.train)} train, {len(data.val)} val, {len(data.test)} "
           f"test images {tuple(data.train.images.shape[1:])} in {time.perf_counter() - t0:.1f} s "
           f"-> {out} ({out.stat().st_size / 2**20:.0f} MiB)")
+    return 0
+
+
+def cmd_subset(args: argparse.Namespace) -> int:
+    from hwnas.core.io import write_atomic
+
+    out = Path(args.out)
+    if out.suffix.lower() != ".npz":
+        raise UserError(f"--out {out}: expected a file name ending in .npz")
+    keys = [f"{s}_{k}" for s in ("train", "test") for k in ("jpeg", "offsets", "labels")]
+    try:
+        with np.load(args.source, allow_pickle=False) as z:
+            src = {k: z[k] for k in [*keys, "classes"]}
+    except (OSError, ValueError, KeyError) as exc:
+        raise UserError(f"--source {args.source}: not a cifar10-jpeg .npz with {', '.join(keys)} "
+                        f"and classes ({str(exc).splitlines()[0]})") from None
+    arrays: dict[str, np.ndarray] = {"classes": src["classes"]}
+    for split, n in (("train", args.per_class), ("test", max(1, args.per_class // 10))):
+        labels, off, jpeg = src[f"{split}_labels"], src[f"{split}_offsets"], src[f"{split}_jpeg"]
+        picked = []
+        for c in range(len(src["classes"])):
+            idx = np.flatnonzero(labels == c)[:n]
+            if len(idx) < n:
+                raise UserError(f"--per-class {n}: the {split} split has {len(idx)} images of "
+                                f"class {c}")
+            picked.append(idx)
+        order = np.sort(np.concatenate(picked))  # the source's order, classes interleaved
+        parts = [jpeg[off[i]:off[i + 1]] for i in order]
+        arrays[f"{split}_jpeg"] = np.concatenate(parts)
+        arrays[f"{split}_offsets"] = np.concatenate(
+            [[0], np.cumsum([len(b) for b in parts])]).astype(np.int64)
+        arrays[f"{split}_labels"] = labels[order]
+
+    def save(tmp: Path) -> None:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+
+    write_atomic(out, save)
+    print(f"{len(arrays['train_labels'])} train and {len(arrays['test_labels'])} test images -> "
+          f"{out} ({out.stat().st_size / 2**20:.1f} MiB)")
     return 0
 
 
@@ -169,7 +219,8 @@ def cmd_rank(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"prepare": cmd_prepare, "rank": cmd_rank}[args.command](args)
+        return {"prepare": cmd_prepare, "rank": cmd_rank,
+                "subset": cmd_subset}[args.command](args)
     except UserError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

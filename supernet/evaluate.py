@@ -21,8 +21,11 @@ from torch import nn
 def recalibrate_bn(model: nn.Module, batches: Iterable, max_batches: int = 20) -> nn.Module:
     """Reset every BatchNorm's running statistics and re-estimate them as the exact average over
     up to ``max_batches`` batches (``(x, y)`` pairs, ``y`` ignored). Returns the model in eval
-    mode."""
+    mode. A model without BatchNorm (a transformer's LayerNorm keeps no statistics) is returned
+    as is, without a forward pass."""
     bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not bns:
+        return model.eval()
     saved = [m.momentum for m in bns]
     for m in bns:
         m.reset_running_stats()

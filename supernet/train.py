@@ -95,6 +95,7 @@ __all__ = [
     "save_checkpoint",
     "save_standalone",
     "schedule_config",
+    "space_recipe",
     "standalone_config",
     "train_standalone",
     "train_supernet",
@@ -293,13 +294,26 @@ def _split_epochs(epochs: int, weights: list[float]) -> list[int]:
     return counts
 
 
-def default_config(space: SearchSpace, epochs: int, **kwargs: Any) -> TrainConfig:
-    """The training a space asks for (:meth:`SearchSpace.training_defaults`: its schedule
-    preset, default ``sandwich``, and settings), with ``kwargs`` overriding its settings; what
-    ``hwnas train`` and a search that trains its own supernet use."""
+def space_recipe(space: SearchSpace, schedule: str | None = None) -> tuple[str, dict[str, Any]]:
+    """The schedule preset (``schedule`` if given, else the space's, else ``sandwich``) and
+    the TrainConfig settings the space asks for (:meth:`SearchSpace.training_defaults`);
+    its ``full_fraction`` only where the preset is ``deps``, the one that takes it."""
     settings = dict(space.training_defaults())
-    schedule = settings.pop("schedule", "sandwich")
-    return schedule_config(schedule, space, epochs, **{**settings, **kwargs})
+    own = settings.pop("schedule", "sandwich")
+    schedule = schedule or own
+    if schedule != "deps":
+        settings.pop("full_fraction", None)
+    return schedule, settings
+
+
+def default_config(space: SearchSpace, epochs: int, *, schedule: str | None = None,
+                   **kwargs: Any) -> TrainConfig:
+    """The training a space asks for (:func:`space_recipe`), with ``kwargs`` that are not
+    None overriding its settings; what ``hwnas train`` and a search that trains its own
+    supernet use."""
+    schedule, settings = space_recipe(space, schedule)
+    given = {k: v for k, v in kwargs.items() if v is not None}
+    return schedule_config(schedule, space, epochs, **{**settings, **given})
 
 
 def schedule_config(name: str, space: SearchSpace, epochs: int, **kwargs: Any) -> TrainConfig:

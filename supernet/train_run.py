@@ -67,21 +67,19 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def train_config(settings: dict[str, Any], space):
     """The :class:`hwnas.supernet.train.TrainConfig` of ``settings``: the schedule preset and
     settings given, the rest the space's training defaults (validated)."""
-    from hwnas.supernet.train import schedule_config, standalone_config
+    from hwnas.supernet.train import default_config, space_recipe, standalone_config
 
-    defaults = dict(space.training_defaults())
-    schedule = settings.get("schedule") or defaults.pop("schedule", "sandwich")
-    defaults.pop("schedule", None)
-    kw = {**defaults, **{k: settings[k] for k in CONFIG_KEYS if settings.get(k) is not None}}
+    kw = {k: settings[k] for k in CONFIG_KEYS if settings.get(k) is not None}
     epochs = settings["epochs"]
     if settings.get("standalone"):
-        config = standalone_config(epochs, **kw)
+        _, defaults = space_recipe(space, "standalone")  # the space's recipe, no schedule
+        config = standalone_config(epochs, **{**defaults, **kw})
     else:
         if settings.get("num_random") is not None:
             kw["num_random"] = settings["num_random"]
-        if schedule == "deps" and settings.get("full_fraction") is not None:
+        if settings.get("full_fraction") is not None:  # deps only (settings_from_args)
             kw["full_fraction"] = settings["full_fraction"]
-        config = schedule_config(schedule, space, epochs, **kw)
+        config = default_config(space, epochs, schedule=settings.get("schedule"), **kw)
     config.validate()
     return config
 
@@ -235,11 +233,11 @@ def _main(args: argparse.Namespace, kind: str, out: Path | None, ctx, device: to
         channels_last={"auto": None, "on": True, "off": False}[args.channels_last], dist=ctx,
         dataset=data.name, compile=settings["compile"] or False)
 
-    def fit(**kw):
+    def fit(cfg=None, **kw):
         if arch is not None:
-            return train_standalone(model, data, config=config, space=space, arch=arch,
+            return train_standalone(model, data, config=cfg or config, space=space, arch=arch,
                                     options=options, **kw)
-        return train_supernet(model, space, data, config, options, **kw)
+        return train_supernet(model, space, data, cfg or config, options, **kw)
 
     def save_final(path: Path, result, train_seconds: float | None = None) -> None:
         record = training_record(data)
@@ -253,7 +251,7 @@ def _main(args: argparse.Namespace, kind: str, out: Path | None, ctx, device: to
                             if train_seconds is not None else None)
 
     if args.bench_steps is not None:
-        return _bench(args, fit, out, ctx, device, config, settings, arch, say)
+        return _bench(args, fit, out, ctx, device, config, settings, arch, say, len(data.train))
     if kind == "file":
         result = fit()
         if ctx.is_main:
@@ -305,18 +303,40 @@ def _main(args: argparse.Namespace, kind: str, out: Path | None, ctx, device: to
     return 0
 
 
-def _bench(args, fit, out, ctx, device, config, settings, arch, say) -> int:
-    """--bench-steps: training images/s over that many steps after a short warm-up."""
-    warm = min(5, args.bench_steps)
-    fit(max_steps=warm)
-    result = fit(max_steps=args.bench_steps)
-    say(f"bench: {result.step} steps, {result.images} images in {result.seconds:.2f} s: "
-        f"{result.images_per_s:.0f} images/s (batch {config.batch_size}, "
-        f"{'standalone' if arch is not None else config.stages[0].name} step)")
+def _bench(args, fit, out, ctx, device, config, settings, arch, say, train_size: int) -> int:
+    """--bench-steps: training images/s over that many steps after a short warm-up, for each
+    kind of stage of the schedule (a DEpS supernet's full-network step and its sandwich step
+    differ about threefold), and the training time they add up to, to plan epochs."""
+    from dataclasses import replace
+
+    kinds = {}  # one stage per kind: sandwich or not, and its choices
+    for stage in config.stages:
+        kinds.setdefault((stage.sandwich, repr(stage.choices)), stage)
+    stages, warm = list(kinds.values()), min(5, args.bench_steps)
+    rows, estimate = [], 0.0
+    for stage in stages:
+        cfg = replace(config, stages=[replace(stage, epochs=max(1, stage.epochs))])
+        fit(cfg, max_steps=warm)
+        result = fit(cfg, max_steps=args.bench_steps)
+        kind = "standalone" if arch is not None else stage.name
+        epoch_s = train_size / max(result.images_per_s, 1e-9)
+        epochs = sum(s.epochs for s in config.stages
+                     if (s.sandwich, repr(s.choices)) == (stage.sandwich, repr(stage.choices)))
+        estimate += epochs * epoch_s
+        rows.append({"stage": kind, "steps": result.step, "seconds": result.seconds,
+                     "images_per_s": result.images_per_s, "epoch_seconds": epoch_s,
+                     "epochs": epochs})
+        say(f"bench: {result.step} steps, {result.images} images in {result.seconds:.2f} s: "
+            f"{result.images_per_s:.0f} images/s (batch {config.batch_size}, {kind} step) = "
+            f"{epoch_s:.1f} s per epoch of {train_size} images x {epochs} epochs")
+    say(f"bench: {config.epochs} epochs would train for about {estimate / 60:.1f} minutes at "
+        f"these rates (first-use and evaluation time not included)")
     if out is not None and ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        write_json(out / "bench.json", {"steps": result.step, "seconds": result.seconds,
-                                        "images_per_s": result.images_per_s,
+        first = rows[0]
+        write_json(out / "bench.json", {"steps": first["steps"], "seconds": first["seconds"],
+                                        "images_per_s": first["images_per_s"],
+                                        "stages": rows, "estimated_train_seconds": estimate,
                                         "batch_size": config.batch_size,
                                         "world_size": ctx.world_size, "device": str(device),
                                         "settings": settings})
@@ -390,8 +410,9 @@ def _evaluate(args, model, space, arch, data, device, settings, done, out, say) 
     for r in rows:
         say(f"  {r['role']:9s} test top-1 {r['top1']:6.2f}%  {r['flops'] / 1e6:7.1f} MFLOPs  "
             f"{r['params'] / 1e6:5.2f} M params  {r['arch']}")
+    has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
     recal = ({"batches": args.calib_batches, "batch_size": args.calib_batch_size,
-              "augmented": True} if arch is None else False)
+              "augmented": True} if arch is None and has_bn else False)
     write_json(out / "eval.json", {"split": "test", "images": len(data.test),
                                    "bn_recalibration": recal, "training_completed": done,
                                    "subnets": rows, "seconds": time.perf_counter() - t0,

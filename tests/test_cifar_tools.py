@@ -81,3 +81,49 @@ def test_rank_a_trained_run(decoded, tmp_path, capsys, one_torch_thread):
     truth.write_text("arch,acc\nnot-an-arch,1.0\n")
     assert cifar_tools.main(args) == 2
     assert "lacks 4 of the sampled architectures" in capsys.readouterr().err
+
+
+def _jpeg_npz(path, per_class: int, classes=("a", "b", "c")):
+    """A cifar10-jpeg-style .npz of per_class 32x32 JPEGs per class in each split."""
+    import io
+
+    from PIL import Image
+
+    arrays = {"classes": np.asarray(classes)}
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        labels = np.tile(np.arange(len(classes), dtype=np.uint8), per_class)
+        blobs = []
+        for _ in labels:
+            buf = io.BytesIO()
+            Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(buf, "JPEG")
+            blobs.append(np.frombuffer(buf.getvalue(), dtype=np.uint8))
+        arrays[f"{split}_jpeg"] = np.concatenate(blobs)
+        arrays[f"{split}_offsets"] = np.concatenate([[0], np.cumsum([len(b) for b in blobs])])
+        arrays[f"{split}_labels"] = labels
+    np.savez(path, **arrays)
+    return arrays
+
+
+def test_subset_keeps_the_first_images_of_each_class(tmp_path, capsys):
+    from hwnas.supernet.data import load_dataset
+
+    src = _jpeg_npz(tmp_path / "src.npz", per_class=20)
+    out = tmp_path / "small.npz"
+    assert cifar_tools.main(["subset", "--source", str(tmp_path / "src.npz"), "--per-class", "10",
+                             "--out", str(out)]) == 0
+    with np.load(out) as z:
+        assert np.bincount(z["train_labels"]).tolist() == [10, 10, 10]
+        assert np.bincount(z["test_labels"]).tolist() == [1, 1, 1]
+        first = z["train_jpeg"][: z["train_offsets"][1]]  # image 0 of the source comes first
+        assert np.array_equal(first, src["train_jpeg"][: src["train_offsets"][1]])
+    data = load_dataset(str(out), seed=0)
+    assert len(data.train) + len(data.val) == 30 and len(data.test) == 3
+    assert cifar_tools.main(["subset", "--source", str(tmp_path / "src.npz"), "--per-class", "21",
+                             "--out", str(tmp_path / "big.npz")]) == 2
+    assert "has 20 images of class 0" in capsys.readouterr().err
+    assert not (tmp_path / "big.npz").exists()
+    (tmp_path / "bad.npz").write_bytes(b"not an npz")
+    assert cifar_tools.main(["subset", "--source", str(tmp_path / "bad.npz"),
+                             "--out", str(tmp_path / "x.npz")]) == 2
+    assert "not a cifar10-jpeg .npz" in capsys.readouterr().err

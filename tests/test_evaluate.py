@@ -137,3 +137,17 @@ def test_accuracy_without_samples_raises():
         accuracy(_FirstPixelClassifier(), [])
 
 
+def test_a_model_without_batchnorm_needs_no_calibration_pass() -> None:
+    """A vit subnet (LayerNorm only) is returned in eval mode without reading a batch."""
+    from hwnas.supernet.spaces import ViTConfig, ViTSpace
+
+    space = ViTSpace(ViTConfig(tokenizer_channels=(4,), embed_choices=(8,), depth_choices=(1,),
+                               heads_choices=(1,), mlp_ratio_choices=(1.0,), head_dim=4))
+    model = space.build_supernet().extract(space.largest()).train()
+
+    def never():
+        raise AssertionError("a calibration batch was read")
+        yield
+
+    assert recalibrate_bn(model, never(), 40) is model and not model.training
+

@@ -77,13 +77,25 @@ def test_progressive_schedule_opens_the_vit_dimensions(space) -> None:
 
 
 def test_the_space_asks_for_delayed_shrinking(space) -> None:
+    """The compact-transformer recipe: DEpS with 40 % full-network epochs, AdamW, the largest
+    subnet's full loss; TrivialAugment only for CIFAR-sized RGB images."""
     from hwnas.supernet.train import default_config, sandwich_config
 
     config = default_config(space, 10, seed=3)
     assert [(s.name, s.epochs, s.sandwich) for s in config.stages] == [
-        ("full", 5, False), ("shrink", 5, True)]
-    assert config.lr == 0.01 and config.seed == 3
+        ("full", 4, False), ("shrink", 6, True)]
+    assert (config.optimizer, config.lr, config.weight_decay, config.warmup_epochs) == (
+        "adamw", 1e-3, 0.05, 5.0)
+    assert config.subnet_loss == "largest+mean" and config.seed == 3
+    assert config.augment == "trivial_crop_flip_cutout"
     assert default_config(space, 10, lr=0.02).lr == 0.02  # the caller's setting wins
+    assert default_config(space, 10, augment=None).augment == "trivial_crop_flip_cutout"
+    assert [s.epochs for s in default_config(space, 10, full_fraction=0.5).stages] == [5, 5]
+    # another preset drops the DEpS share; the other settings stay the space's
+    other = default_config(space, 10, schedule="sandwich")
+    assert [s.name for s in other.stages] == ["sandwich"] and other.optimizer == "adamw"
+    digits = get_space("vit", in_channels=1, image_size=8, num_classes=10)
+    assert default_config(digits, 10).augment is None  # grayscale: the dataset's own
     mbv3 = get_space("mbv3-tiny")  # the convolutional spaces keep the plain sandwich
     assert default_config(mbv3, 4, seed=1) == sandwich_config(4, seed=1)
 

@@ -4,6 +4,8 @@ onnxruntime parity, one epoch of ``hwnas train`` and re-initialisation."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hwnas.supernet.layers import Layer
@@ -216,14 +218,18 @@ def test_hwnas_train_space_vit_one_epoch(tmp_path, monkeypatch) -> None:
                         name="vit")
 
     monkeypatch.setitem(spaces._FACTORIES, "vit", factory)
-    out = tmp_path / "vit.pt"
+    run = tmp_path / "vit-run"
     assert main(["train", "--space", "vit", "--dataset", str(tmp_path / "digits32"),
-                 "--epochs", "1", "--out", str(out), "--quiet"]) == 0
-    space, supernet, payload = load_checkpoint(out)
+                 "--epochs", "1", "--out", str(run), "--quiet", "--eval"]) == 0
+    evaluated = json.loads((run / "eval.json").read_text())  # no BatchNorm: no recalibration
+    assert evaluated["bn_recalibration"] is False and len(evaluated["subnets"]) == 5
+    space, supernet, payload = load_checkpoint(run / "supernet.pt")
     assert space.name == "vit" and payload["space_config"]["embed_choices"] == [16, 32]
     assert space.input_shape == (3, 32, 32) and space.num_classes == 3
-    trained = payload["train_config"]  # the space's own recipe: delayed shrinking at lr 0.01
-    assert [s["name"] for s in trained["stages"]] == ["full", "shrink"] and trained["lr"] == 0.01
+    trained = payload["train_config"]  # the space's own recipe: delayed shrinking with AdamW
+    assert [s["name"] for s in trained["stages"]] == ["full", "shrink"]
+    assert (trained["optimizer"], trained["lr"]) == ("adamw", 1e-3)
+    assert trained["augment"] == "trivial_crop_flip_cutout"  # RGB 32x32 images
     x = torch.randn(2, 3, 32, 32)
     for arch in (space.smallest(), space.largest()):
         supernet.set_active(arch)

@@ -68,6 +68,8 @@ def test_defaults_are_the_spaces_as_before():
     vit = _config("--lr", "0.003", space="vit")
     assert vit.lr == 0.003 and [s.name for s in vit.stages] == ["full", "shrink"]
     assert _config("--schedule", "sandwich", space="vit").stages[0].name == "sandwich"
+    alone = _config("--standalone", "largest", space="vit")  # the recipe without the DEpS share
+    assert [s.name for s in alone.stages] == ["standalone"] and alone.optimizer == "adamw"
 
 
 def test_run_options_reach_train_options(tmp_path, monkeypatch, capsys):

@@ -319,16 +319,29 @@ class ViTSpace(SearchSpace[ViTArch]):
 
     # -- training --------------------------------------------------------------------------------
     def training_defaults(self) -> dict[str, Any]:
-        """Delayed shrinking at a fifth of the convolutional spaces' learning rate. The plain
-        sandwich from random weights collapses this supernet: in-place distillation pulls every
-        subnet towards the untrained largest one's near-uniform predictions, and as all of them
-        share the leading slices of every weight, the largest one does not start to learn (on
-        the digits' validation split, 2-6 epochs at SGD learning rates 0.003, 0.01 and 0.05 left
-        the largest and the smallest subnet at 10-14 %, chance being 10 %). Training the full
-        network first (DEpS) and shrinking from there reached 89 % / 87 % in 4 epochs at 0.01.
-        At 0.05, the convolutional spaces' rate, even the full network alone trained unstably
-        (its loss rose over the first 30 steps)."""
-        return {"schedule": "deps", "lr": 0.01}
+        """The compact-transformer recipe: AdamW with decoupled weight decay, warm-up, label
+        smoothing, delayed shrinking, and (for CIFAR-sized RGB images) TrivialAugment, crop,
+        flip and cutout.
+
+        Why each (benchmarks/supernet_cifar10.md says more): vision transformers on small
+        datasets are trained with AdamW, weight decay 0.05, a few warm-up epochs, label
+        smoothing 0.1 and strong augmentation (CCT, AutoFormer, DeiT); ``lr`` is CCT's rate
+        scaled by the square root of the batch (512 against CCT's 128, the square-root rule
+        for Adam). The plain sandwich from random weights collapses this supernet (in-place
+        distillation pulls every subnet towards the untrained largest one's near-uniform
+        predictions, and all share the leading slices of every weight), so the full network
+        trains alone first (DEpS); ``largest+mean`` keeps the largest subnet's full gradient
+        once shrinking starts, as for the convolutional supernets. The CIFAR-10 batch size
+        and epochs are the caller's (``--batch-size 512``); the default batch stays small
+        for CPU-sized datasets."""
+        c = self.cfg
+        defaults: dict[str, Any] = {
+            "schedule": "deps", "full_fraction": 0.4, "optimizer": "adamw", "lr": 1e-3,
+            "weight_decay": 0.05, "warmup_epochs": 5.0, "label_smoothing": 0.1,
+            "subnet_loss": "largest+mean"}
+        if c.in_channels == 3 and c.image_size == 32:
+            defaults["augment"] = "trivial_crop_flip_cutout"
+        return defaults
 
     # -- torch -----------------------------------------------------------------------------------
     def build_supernet(self):
