@@ -112,9 +112,9 @@ def timing_slot(cores: int | None = None) -> Iterator[None]:
     """The machine to this process alone for a timing (no gate: nothing to wait for), its
     threads pinned to ``cores`` fixed cores meanwhile (:func:`hwnas.core.affinity.pinned`;
     None: not pinned), so that the timing does not migrate between cores."""
-    with _GATE.exclusive() if _GATE is not None else contextlib.nullcontext():
-        with affinity.pinned(cores):
-            yield
+    gate = _GATE.exclusive() if _GATE is not None else contextlib.nullcontext()
+    with gate, affinity.pinned(cores):
+        yield
 
 
 def checkpoint() -> None:

@@ -47,10 +47,9 @@ def test_pinned_pins_every_thread_and_restores_each() -> None:
 @linux_only
 def test_pinned_restores_after_an_error_and_caps_at_the_allowed_cores() -> None:
     own = os.sched_getaffinity(0)
-    with pytest.raises(RuntimeError):
-        with affinity.pinned(len(own) + 5) as cores:
-            assert cores == frozenset(own)  # more than allowed: all of them
-            raise RuntimeError("timing failed")
+    with pytest.raises(RuntimeError), affinity.pinned(len(own) + 5) as cores:
+        assert cores == frozenset(own)  # more than allowed: all of them
+        raise RuntimeError("timing failed")
     assert os.sched_getaffinity(0) == own
     if len(own) > 1:
         narrow = {min(own)}
@@ -78,9 +77,8 @@ def test_pinned_refuses_a_bad_core_count() -> None:
     if not affinity.supported():
         pytest.skip("no sched_setaffinity here")
     for bad in (0, -1, True, 1.5):
-        with pytest.raises(ValueError):
-            with affinity.pinned(bad):
-                pass
+        with pytest.raises(ValueError), affinity.pinned(bad):
+            pass
 
 
 @linux_only
