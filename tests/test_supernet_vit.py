@@ -246,3 +246,19 @@ def test_reinitialize_resets_layernorm_of_a_vit_subnet(vit_tiny) -> None:
     reinitialize(model, seed=0)
     assert torch.equal(model.norm.weight, torch.ones_like(model.norm.weight))
     assert torch.equal(model.blocks[0].norm1.bias, torch.zeros_like(model.blocks[0].norm1.bias))
+
+
+def test_training_attention_is_the_fused_kernel_with_the_same_maths(space, supernet) -> None:
+    """Training runs attention through scaled_dot_product_attention (one fused kernel on a
+    GPU); it computes what the evaluation path (the static model's operations) computes."""
+    supernet.set_active(space.largest())
+    x = torch.randn(4, *space.input_shape)
+    try:
+        supernet.train()
+        with torch.no_grad():
+            fused = supernet(x)
+    finally:
+        supernet.eval()
+    with torch.no_grad():
+        plain = supernet(x)
+    torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-5)

@@ -200,8 +200,12 @@ class DynamicViTBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         e, h, d = x.size(-1), self.active_heads, self.head_dim
         y = self.qkv(self.norm1(x), h).unflatten(-1, (3, h, d)).permute(2, 0, 3, 1, 4)
-        attn = torch.softmax(torch.matmul(y[0], y[1].transpose(-2, -1)) * d**-0.5, dim=-1)
-        y = torch.matmul(attn, y[2]).transpose(1, 2).flatten(2)
+        if self.training:  # one fused kernel (flash / memory-efficient on a GPU), same maths
+            y = F.scaled_dot_product_attention(y[0], y[1], y[2], scale=d**-0.5)
+        else:  # the static model's operations, so extract() gives identical outputs
+            attn = torch.softmax(torch.matmul(y[0], y[1].transpose(-2, -1)) * d**-0.5, dim=-1)
+            y = torch.matmul(attn, y[2])
+        y = y.transpose(1, 2).flatten(2)
         x = x + self.proj(y, e)
         y = F.gelu(self.fc1(self.norm2(x), self.space.cfg.hidden(e, self.active_ratio)))
         return x + self.fc2(y, e)
