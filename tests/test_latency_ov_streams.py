@@ -1,13 +1,17 @@
 """OpenVINO streams: a runner that splits one call's batch into S sub-batches run on S parallel
-infer requests (``make_runner(..., streams=S)``) returns what the single-request runner returns,
-in order, and refuses what it cannot split. The OpenVINO cases skip when the ``openvino`` extra
+infer requests (``make_runner(..., streams=S)``, ``latency/ondevice.py --streams S``) returns
+what the single-request runner returns, in order, and refuses what it cannot split. The OpenVINO cases skip when the ``openvino`` extra
 is not installed; nothing here needs torch."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hwnas.latency.onnx_measure import make_runner, openvino_available, random_input
+from latency_support import ONDEVICE, run_ondevice_without
 from test_latency_runtimes import conv_model
 
 from hwnas.core.errors import UserError
@@ -68,3 +72,60 @@ def test_streams_are_openvino_only() -> None:
         make_runner(conv_model(), threads=2, streams=2)
     with pytest.raises(UserError, match="streams must be >= 1, got 0"):
         make_runner(conv_model(), runtime="openvino", streams=0)
+
+
+def _ondevice_module():  # noqa: ANN202
+    """The standalone script, imported as a module (it imports no hwnas)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ondevice_streams", ONDEVICE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@needs_ov
+def test_ondevice_streams_session_matches_one_request(tmp_path) -> None:
+    od = _ondevice_module()
+    path = tmp_path / "m.onnx"
+    path.write_bytes(conv_model())
+    feeds = {"x": np.random.default_rng(4).standard_normal((4, 3, 8, 8)).astype(np.float32)}
+    one = od.OpenVinoSession(path, 2, batch=4)
+    two = od.OpenVinoSession(path, 2, batch=4, streams=2)
+    assert [p.get_partial_shape()[0].get_length() for p in two.compiled.inputs] == [2]
+    np.testing.assert_allclose(two.run(None, feeds)[0], one.run(None, feeds)[0],
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(od.MeasureError, match="--batch 3 does not split into 2 equal"):
+        od.OpenVinoSession(path, 2, batch=3, streams=2)
+
+
+@needs_ov
+def test_ondevice_script_times_streams_without_hwnas(tmp_path) -> None:
+    d = tmp_path / "models"
+    d.mkdir()
+    (d / "trial_0.onnx").write_bytes(conv_model("arch-0"))
+    out = tmp_path / "m.csv"
+    proc = run_ondevice_without(
+        {"hwnas", "torch", "pandas"},
+        [d, "--out", out, "--repeats", "3", "--warmup", "1", "--max-cv", "100", "--runtime",
+         "openvino", "--threads", "2", "--batch", "4", "--streams", "2"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 stream(s)" in proc.stderr and "batch 4" in proc.stderr
+    assert out.read_text().splitlines()[1].startswith("arch-0,")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--streams", "2", "--batch", "4", "--threads", "2"], "add --runtime openvino"),
+    (["--runtime", "openvino", "--streams", "2", "--batch", "3", "--threads", "2"],
+     "--batch 3 does not split into 2 equal sub-batches"),
+    (["--runtime", "openvino", "--streams", "2", "--batch", "4"], "--streams 2 > --threads 1"),
+])
+def test_ondevice_refuses_streams_it_cannot_run(tmp_path, args, message) -> None:
+    d = tmp_path / "models"
+    d.mkdir()
+    (d / "a.onnx").write_bytes(conv_model())
+    proc = subprocess.run([sys.executable, "-I", str(ONDEVICE), str(d), "--out",
+                           str(tmp_path / "m.csv"), *args], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert message in proc.stderr and not (tmp_path / "m.csv").exists()
