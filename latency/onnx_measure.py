@@ -264,7 +264,7 @@ class _OvRunner(Runner):
             result = self.request.infer(dict(feeds))
             return [result[port] for port in self.compiled.outputs]
         n = min(len(a) for a in feeds.values())
-        parts = min(self.streams, n)  # a dynamic batch smaller than S: fewer sub-batches
+        parts = max(1, min(self.streams, n))  # a dynamic batch smaller than S: fewer parts
         split = {name: np.array_split(a, parts) for name, a in feeds.items()}
         started, error = [], None
         for i, request in enumerate(self.requests[:parts]):
