@@ -47,7 +47,7 @@ from hwnas.latency.onnx_measure import (
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
 
-__all__ = ["CandidateFile", "DeviceCandidate", "Recommendation", "STREAM_COUNTS", "choose_fastest",
+__all__ = ["STREAM_COUNTS", "CandidateFile", "DeviceCandidate", "Recommendation", "choose_fastest",
            "recommend_file", "reduced_precisions", "stream_counts", "time_candidates",
            "verify_candidates"]
 

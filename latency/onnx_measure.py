@@ -270,14 +270,14 @@ class _OvRunner(Runner):
         for i, request in enumerate(self.requests[:parts]):
             try:
                 request.start_async({name: chunks[i] for name, chunks in split.items()})
-            except Exception as exc:  # waited for below: no request is left running
+            except Exception as exc:  # noqa: BLE001 - raised below, once no request still runs
                 error = exc
                 break
             started.append(request)
         for request in started:
             try:
                 request.wait()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - raised below, after every wait
                 error = error or exc
         if error is not None:
             raise error

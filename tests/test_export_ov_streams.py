@@ -10,7 +10,12 @@ import numpy as np
 import onnx
 import pytest
 from hwnas.export import recommend as rec
-from hwnas.export.recommend import CandidateFile, recommend_file, stream_counts, verify_candidates
+from hwnas.export.recommend import (
+    CandidateFile,
+    recommend_file,
+    stream_counts,
+    verify_candidates,
+)
 from hwnas.latency.onnx_measure import openvino_available
 from onnx import TensorProto, helper, numpy_helper
 
@@ -52,9 +57,9 @@ def test_stream_candidates_take_the_verification_and_carry_their_settings(monkey
     passes = []
     real = rec._agreement
     monkeypatch.setattr(rec, "_agreement", lambda runner, *a: passes.append(runner) or real(runner, *a))
-    cands, runners, notes = verify_candidates(runtime="openvino", threads=2, files=files,
-                                              references=refs, images=x, labels=labels, batch=4,
-                                              streams=None)
+    cands, runners, _ = verify_candidates(runtime="openvino", threads=2, files=files,
+                                          references=refs, images=x, labels=labels, batch=4,
+                                          streams=None)
     by = {c.label: c for c in cands}
     split = by["m.onnx@f32x2"]
     assert split.streams == 2 and split.verified and split.precision == "fp32"
@@ -78,7 +83,7 @@ def test_stream_candidates_take_the_verification_and_carry_their_settings(monkey
 def test_a_chosen_stream_candidate_names_its_streams(monkeypatch) -> None:
     files, refs, x, labels = _problem()
 
-    def timing(runners, *, batch, rounds, runs, **_):  # noqa: ANN001, ANN202
+    def timing(runners, *, batch, rounds, runs, **_):
         assert runners["m.onnx@f32x2"].at_batch(batch).get_inputs()[0].shape[0] == batch
         # the two-stream runner is the fastest in every round
         return {label: np.full((rounds, runs), 5.0 if label.endswith("x2") else 10.0)
