@@ -7,7 +7,10 @@ exports FP32 (BatchNorm folded) and int8 QDQ files (every conv/linear layer, as
 :func:`hwnas.export.qdq.build_qdq` writes it: exact, and requantized for onnxruntime's integer
 kernels) and, at each batch size and thread
 count, runs them as candidates of :mod:`hwnas.export.recommend`: onnxruntime FP32 and int8;
-OpenVINO FP32 and int8, and each file under the bf16/f16 precision hints the CPU plugin runs.
+OpenVINO FP32 and int8, and each file under the bf16/f16 precision hints the CPU plugin runs;
+at two threads or more and a batch of two or more also OpenVINO's f32/bf16 candidates split over
+2 and 4 streams (``ov bf16 x2``: the batch as two sub-batches on parallel infer requests, the
+threads shared between them; :func:`hwnas.export.recommend.stream_counts`).
 Every candidate is verified on the test images (top-1 agreement >= 99 % with the PyTorch model
 it implements; accuracy within 0.3 point of the FP32 PyTorch model) and all are timed in ONE
 paired, interleaved measurement, so the speed-ups against onnxruntime FP32 are fair on a shared
@@ -58,6 +61,17 @@ except ModuleNotFoundError:
 ROLES = export_ort.ROLES
 int_list = export_ort.int_list
 SHORT = {"onnxruntime": "ort", "openvino": "ov"}
+
+
+def precision_name(row: dict) -> str:
+    """``PRECISION[ xS]`` of a result row: ``bf16 x2`` runs over 2 OpenVINO streams."""
+    streams = row.get("streams", 1)
+    return row["precision"] + (f" x{streams}" if streams > 1 else "")
+
+
+def candidate_name(row: dict, runtime: str | None = None) -> str:
+    """``RUNTIME PRECISION[ xS]`` of a result row (``ov bf16 x2``); ``runtime`` names it."""
+    return f"{runtime or SHORT[row['runtime']]} {precision_name(row)}"
 
 
 def logits(model: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
@@ -114,6 +128,7 @@ def measure(files: list[CandidateFile], refs: dict, test_x: np.ndarray,
             "runtime": c.settings["runtime"], "precision": c.precision, "file": c.path,
             "label": c.label, "settings": {k: v for k, v in c.settings.items() if k != "runtime"},
             "runtime_precision": c.runtime_precision, "batch": batch, "threads": threads,
+            "streams": c.streams,
             "fp32_ms": fp32.median_ms, "ms": c.median_ms, "p95_ms": c.p95_ms,
             "speedup_vs_ort_fp32": None if c.median_ms is None else fp32.median_ms / c.median_ms,
             "top1": c.test_accuracy, "agreement": c.top1_agreement, "verified": c.verified,
@@ -142,7 +157,9 @@ def markdown(doc: dict) -> str:
              "tables and runs move with the machine's load. Precisions: `int8` is the exact "
              "QDQ file (`qdq/`, Q/DQ where the fake-quant model has them), `int8-requant` the "
              "same requantized so every layer is an onnxruntime integer kernel (`qdq-requant/`); "
-             "`+bf16`/`+f16`: OpenVINO's INFERENCE_PRECISION_HINT.", ""]
+             "`+bf16`/`+f16`: OpenVINO's INFERENCE_PRECISION_HINT; `xN`: OpenVINO with "
+             "NUM_STREAMS N, the batch run as N sub-batches on parallel infer requests "
+             "sharing the threads.", ""]
     for run in doc.get("runs", []):
         note = f" ({run['note']})" if run.get("note") else ""
         lines.append(f"- {run.get('date')}: `{run.get('command')}` on {run.get('machine')}{note}")
@@ -160,7 +177,7 @@ def markdown(doc: dict) -> str:
             base = next(r for r in group if r["runtime"] == "onnxruntime"
                         and r["precision"] == "fp32")
             summary.append(f"| {key[0]} | {key[1]} | {key[2]} | {base['fp32_ms']:.2f} | "
-                           f"{pick['runtime']} {pick['precision']} | {pick['ms']:.2f} | "
+                           f"{candidate_name(pick, pick['runtime'])} | {pick['ms']:.2f} | "
                            f"{pick['speedup_vs_ort_fp32']:.2f}x | {_fmt(pick['top1'], '.2f')} | "
                            f"{_fmt(base['top1'], '.2f')} |")
         lines += ["Picks:", ""] + summary + ["", "All candidates:", "",
@@ -172,7 +189,7 @@ def markdown(doc: dict) -> str:
             agree = "" if r["agreement"] is None else f"{100 * r['agreement']:.2f}"
             lines.append(
                 f"| {r['model']} | {r['batch']} | {r['threads']} | {r['runtime']} | "
-                f"{r['precision']} | {_fmt(r['ms'], '.2f')} | "
+                f"{precision_name(r)} | {_fmt(r['ms'], '.2f')} | "
                 f"{_fmt(r['speedup_vs_ort_fp32'], '.2f')} | {_fmt(r['top1'], '.2f')} | {agree} | "
                 f"{'yes' if r['verified'] else 'no'} | {'**pick**' if r['recommended'] else ''} | "
                 f"{r.get('note', '')} |")
@@ -283,11 +300,11 @@ def main(argv: list[str] | None = None) -> int:
                 pick = next(r for r in rows if r["recommended"])
                 print(f"{role:8s} batch {batch:3d} threads {t}: ORT FP32 {rows[0]['fp32_ms']:8.2f}"
                       f" ms | " + " | ".join(
-                          f"{SHORT[r['runtime']]} {r['precision']} "
+                          f"{candidate_name(r)} "
                           + (f"{r['ms']:.2f} ({r['speedup_vs_ort_fp32']:.2f}x)" if r['ms']
                              else "-") + ("" if r["verified"] else " unverified")
                           for r in rows[1:])
-                      + f" | pick {SHORT[pick['runtime']]} {pick['precision']}", flush=True)
+                      + f" | pick {candidate_name(pick)}", flush=True)
                 doc["seconds"] = round(time.perf_counter() - start, 1)
                 # written after every group, so a run cut off later keeps what it measured
                 merged = merge(out, json.loads(json.dumps(doc)), args.merge)

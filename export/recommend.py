@@ -5,6 +5,12 @@ candidates are every exported file the device's runtime can run - FP32, the sear
 policy, the per-device int8/float variants - and, on OpenVINO, the same files under a reduced
 inference precision hint (``bf16``, ``f16``) where the CPU plugin reports that it uses it (on a
 CPU without BF16 it falls back to f32; the candidate is then dropped and the fall-back noted).
+On OpenVINO devices with two threads or more timed at a batch of two or more, each verified
+candidate under the f32 or bf16 hint also runs with 2 and 4 streams (:func:`stream_counts`):
+the batch split into that many sub-batches on parallel infer requests, the threads shared
+between them - OpenVINO's way to keep many cores busy with a network too small for one
+request. Such a candidate computes exactly what its one-stream twin does, so it takes that
+verification (no second pass over the test images) and is only timed.
 
 Each candidate is verified on the test images with the device's runtime: top-1 agreement with
 the PyTorch model the file implements (the float model for FP32 and reduced precision, the
@@ -17,8 +23,8 @@ recommendation, the speed-up printed and the timings written all come from that 
 in both halves of the measurement, so a lucky stretch of timing never recommends a file that
 is slower than FP32. Candidates that beat FP32 and tie with the fastest within the paired
 timing's noise (:func:`hwnas.latency.onnx_measure.paired_margin`, at least 3 %) are a tie:
-the smallest file wins it (then the one the runtime runs at its own f32 precision), so noise
-does not flip the recommendation between near-equal files.
+the smallest file wins it (then the one the runtime runs at its own f32 precision, then the one
+with fewer streams), so noise does not flip the recommendation between near-equal files.
 
 Torch-free: reference logits come in as arrays.
 """
@@ -26,7 +32,7 @@ Torch-free: reference logits come in as arrays.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -41,11 +47,25 @@ from hwnas.latency.onnx_measure import (
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
 
-__all__ = ["CandidateFile", "DeviceCandidate", "Recommendation", "choose_fastest",
-           "recommend_file", "reduced_precisions", "time_candidates", "verify_candidates"]
+__all__ = ["STREAM_COUNTS", "CandidateFile", "DeviceCandidate", "Recommendation", "choose_fastest",
+           "recommend_file", "reduced_precisions", "stream_counts", "time_candidates",
+           "verify_candidates"]
 
 #: Reduced inference precisions a runtime can be asked for (beyond running the file as written).
 _REDUCED = {"onnxruntime": (), "openvino": ("bf16", "f16")}
+#: OpenVINO stream counts tried beside one stream, and the precision hints they are tried under
+#: (f16 runs slower than f32 on CPUs and breaks int8 files: not worth the timing).
+STREAM_COUNTS = (2, 4)
+_STREAM_HINTS = ("f32", "bf16")
+
+
+def stream_counts(runtime: str, threads: int, batch: int | None) -> tuple[int, ...]:
+    """The stream counts beyond one tried on ``runtime`` at ``threads`` and ``batch``: on
+    OpenVINO those of :data:`STREAM_COUNTS` that divide the batch into equal sub-batches and
+    leave every stream at least one thread; none on onnxruntime, at one thread or at batch 1."""
+    if runtime != "openvino" or batch is None or threads < 2 or batch < 2:
+        return ()
+    return tuple(s for s in STREAM_COUNTS if s <= threads and batch % s == 0)
 
 
 def reduced_precisions(runtime: str) -> tuple[str, ...]:
@@ -91,6 +111,7 @@ class DeviceCandidate:
     p95_ms: float | None = None
     halves_ms: list[float] = field(default_factory=list)
     size_bytes: int = 0  # the file's size (0: unknown); the smaller wins a tie within noise
+    streams: int = 1  # OpenVINO streams: the batch runs as this many parallel sub-batches
 
 
 @dataclass
@@ -148,8 +169,8 @@ def choose_fastest(candidates: Sequence[DeviceCandidate], times: Mapping[str, np
     """Fill each timed candidate's figures from ``times`` (one paired measurement) and return
     the one to deploy among the verified candidates that beat FP32 in the whole measurement
     and in each of its halves: of those the fastest does not clearly beat (within the pair's
-    timing noise), the smallest file, then one at the runtime's f32 precision, then the
-    fastest; FP32 when none beat it."""
+    timing noise), the smallest file, then one at the runtime's f32 precision, then the one
+    with fewer streams, then the fastest; FP32 when none beat it."""
     by_label = {c.label: c for c in candidates}
     for label, t in times.items():
         c = by_label[label]
@@ -173,7 +194,7 @@ def choose_fastest(candidates: Sequence[DeviceCandidate], times: Mapping[str, np
     fastest = min(beating, key=lambda c: c.median_ms)
     ties = [c for c in beating if not clearly_faster(times[fastest.label], times[c.label])]
     best = min(ties, key=lambda c: (c.size_bytes or float("inf"), c.runtime_precision != "f32",
-                                    c.median_ms))
+                                    c.streams, c.median_ms))
     for c in ties:
         if c is not best:
             c.note = c.note or (f"as fast as {best.label} within the paired timing's noise; "
@@ -207,16 +228,18 @@ def verify_candidates(*, runtime: str, threads: int, files: Sequence[CandidateFi
                       references: Mapping[str, np.ndarray], images: np.ndarray,
                       labels: np.ndarray | None, min_agreement: float = 0.99,
                       max_drop: float = 0.3, cache: dict | None = None, batch: int | None = None,
-                      sessions: dict | None = None,
+                      sessions: dict | None = None, streams: Sequence[int] | None = None,
                       ) -> tuple[list[DeviceCandidate], dict[str, Runner], list[str]]:
     """Every candidate of ``files`` on ``runtime`` (each file as written and, on OpenVINO,
     under each reduced precision hint the CPU runs), verified on ``images``: ``(candidates,
     runners of the verified ones and of the FP32 file, notes)``. Split from
     :func:`recommend_file` so that candidates of several runtimes can be timed together.
     ``cache``: ``{(runtime, path, precision): (agreement, accuracy) or error}`` already
-    known; ``sessions``: ``{(runtime, path, threads, hint): runner}`` to reuse. ``batch``: the
-    batch the candidates will be timed at; OpenVINO times them compiled for that static batch,
-    so their settings name it (``static_batch``)."""
+    known; ``sessions``: ``{(runtime, path, threads, hint[, streams]): runner}`` to reuse.
+    ``batch``: the batch the candidates will be timed at; OpenVINO times them compiled for that
+    static batch, so their settings name it (``static_batch``). ``streams``: the stream counts
+    beyond one tried under the f32 and bf16 hints (default :func:`stream_counts`); such a
+    candidate's settings add ``NUM_STREAMS`` and its ``static_batch`` is the sub-batch."""
     cache = {} if cache is None else cache
     sessions = {} if sessions is None else sessions
     notes: list[str] = []
@@ -224,6 +247,7 @@ def verify_candidates(*, runtime: str, threads: int, files: Sequence[CandidateFi
                for k, v in references.items()}
     candidates: list[DeviceCandidate] = []
     runners: dict[str, Runner] = {}
+    counts = stream_counts(runtime, threads, batch) if streams is None else tuple(streams)
     for f in files:
         seen: set[str] = set()
         for hint in ("f32", *reduced_precisions(runtime)):
@@ -272,7 +296,44 @@ def verify_candidates(*, runtime: str, threads: int, files: Sequence[CandidateFi
             candidates.append(c)
             if c.verified or c.label == files[0].path:
                 runners[c.label] = runner
+            if c.verified and hint in _STREAM_HINTS:
+                for extra in _with_streams(c, f, runner, hint, counts, runtime=runtime,
+                                           threads=threads, batch=batch, sessions=sessions,
+                                           notes=notes):
+                    candidates.append(extra)
+                    runners[extra.label] = sessions[(runtime, f.path, threads, hint,
+                                                     extra.streams)]
     return candidates, runners, notes
+
+
+def _with_streams(c: DeviceCandidate, f: CandidateFile, runner: Runner, hint: str,
+                  counts: Sequence[int], *, runtime: str, threads: int, batch: int | None,
+                  sessions: dict, notes: list[str]) -> list[DeviceCandidate]:
+    """The verified candidate ``c`` with each stream count of ``counts``: its runner (kept in
+    ``sessions``), compiled for the sub-batch, and ``c``'s verification - the same file and
+    precision compute the same logits however the batch is split. A count the runtime cannot
+    run, or that makes the plugin report another precision, is noted and left out."""
+    out = []
+    for streams in counts:
+        label = f"{f.path}@{hint}x{streams}"
+        made = (runtime, f.path, threads, hint, streams)
+        try:
+            if batch is None:
+                raise UserError("streams need the batch the candidates are timed at")
+            split = sessions.get(made) or make_runner(f.data, runtime=runtime, threads=threads,
+                                                      precision=hint, batch=batch,
+                                                      streams=streams)
+        except UserError as exc:
+            notes.append(f"{label}: {first_line(exc)}")
+            continue
+        sessions[made] = split
+        if split.precision != runner.precision:
+            notes.append(f"{label}: ran in {split.precision}, not {runner.precision} as with one "
+                         f"stream; not a separate candidate")
+            continue
+        settings = {**c.settings, "NUM_STREAMS": streams, "static_batch": batch // streams}
+        out.append(replace(c, label=label, settings=settings, streams=streams, note=""))
+    return out
 
 
 def recommend_file(device: str, *, runtime: str, threads: int, batch: int,

@@ -8,15 +8,18 @@ it can be copied to a Jetson, a Raspberry Pi or a phone (Termux) and run there::
     python ondevice.py MODELS_DIR --out measurements.csv [--threads N] [--repeats 50]
 
 On an Intel CPU, GPU or NPU time the models with OpenVINO instead (``pip install openvino``;
-only then is it imported): ``--runtime openvino [--ov-device CPU] [--precision f32|bf16|f16]``.
-The timing is the same (the model is read by onnxruntime for its inputs and metadata, then
-run by OpenVINO); the precision OpenVINO reports it used is printed, since a CPU without
-BF16/FP16 support falls back to f32.
+only then is it imported): ``--runtime openvino [--ov-device CPU] [--precision f32|bf16|f16]
+[--streams S]``. The timing is the same (the model is read by onnxruntime for its inputs and
+metadata, then run by OpenVINO); the precision OpenVINO reports it used is printed, since a CPU
+without BF16/FP16 support falls back to f32. ``--streams S`` times a model as an export
+recommends it with ``NUM_STREAMS`` S: compiled with S streams sharing ``--threads`` for the
+sub-batch ``--batch`` / S, each call's batch split into S sub-batches run on S parallel infer
+requests (OpenVINO's way to keep many cores busy with a small network).
 
 Every ``*.onnx`` file of MODELS_DIR (as ``hwnas latency reference --export DIR`` writes the
 models a new device should measure first, or as ``hwnas run`` exports them: ``trial_NNNN.onnx``;
-other files are ignored) is run with random input at batch 1: ``--warmup`` untimed runs, then
-``--repeats`` timed ones.
+other files are ignored) is run with random input at batch ``--batch`` (default 1):
+``--warmup`` untimed runs, then ``--repeats`` timed ones (times are per call of the batch).
 The CSV has one row per model::
 
     arch,latency_ms,p95_ms,cv,file
@@ -120,34 +123,56 @@ def time_session(session: ort.InferenceSession, feeds: dict, warmup: int, repeat
 class OpenVinoSession:
     """An OpenVINO compiled model behind the ``run(None, feeds)`` call of an onnxruntime
     session, so that :func:`time_session` times both runtimes the same way. A dynamic batch
-    dimension is fixed at 1, the batch measured: OpenVINO runs static shapes faster, as a
-    deployment at a fixed batch would compile them."""
+    dimension is fixed at ``batch``, the batch measured: OpenVINO runs static shapes faster, as
+    a deployment at a fixed batch would compile them. With ``streams`` S > 1 the model is
+    compiled with ``NUM_STREAMS`` S for the sub-batch ``batch`` / S, and each call splits its
+    batch into S sub-batches run on S infer requests at once, the outputs concatenated in
+    order."""
 
-    def __init__(self, path: Path, threads: int, device: str = "CPU", precision: str = "f32"):
+    def __init__(self, path: Path, threads: int, device: str = "CPU", precision: str = "f32",
+                 batch: int = 1, streams: int = 1):
         try:
             import openvino as ov
         except ImportError:
             raise MeasureError("--runtime openvino needs OpenVINO: pip install openvino") from None
+        if batch % streams:
+            raise MeasureError(f"--batch {batch} does not split into {streams} equal "
+                               f"sub-batches; expected a batch divisible by --streams")
         config = {"INFERENCE_PRECISION_HINT": precision}
         if device == "CPU":
             config["INFERENCE_NUM_THREADS"] = threads
+        if streams > 1:
+            config["NUM_STREAMS"] = streams
         try:
             core = ov.Core()
             model = core.read_model(str(path))
-            model.reshape({port.get_any_name(): [1, *port.get_partial_shape()[1:]]
+            model.reshape({port.get_any_name(): [batch // streams, *port.get_partial_shape()[1:]]
                            for port in model.inputs if port.get_partial_shape().rank.is_static
-                           and port.get_partial_shape()[0].is_dynamic})
+                           and (port.get_partial_shape()[0].is_dynamic or streams > 1)})
             self.compiled = core.compile_model(model, device, config)
+            got = int(self.compiled.get_property("NUM_STREAMS"))
         except Exception as exc:
             first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()),
                          type(exc).__name__)
             raise MeasureError(f"OpenVINO cannot load {path.name} on {device}: {first}") from exc
+        if streams > 1 and got != streams:
+            raise MeasureError(f"OpenVINO compiled {path.name} with {got} stream(s) on {device}, "
+                               f"not the {streams} of --streams")
         self.precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
-        self.request = self.compiled.create_infer_request()
+        self.streams = streams
+        self.requests = [self.compiled.create_infer_request() for _ in range(streams)]
 
     def run(self, output_names, feeds: dict) -> list:
-        result = self.request.infer(feeds)
-        return [result[port] for port in self.compiled.outputs]
+        if self.streams == 1:
+            result = self.requests[0].infer(feeds)
+            return [result[port] for port in self.compiled.outputs]
+        split = {name: np.split(a, self.streams) for name, a in feeds.items()}
+        for i, request in enumerate(self.requests):
+            request.start_async({name: parts[i] for name, parts in split.items()})
+        for request in self.requests:
+            request.wait()
+        return [np.concatenate([r.get_output_tensor(i).data for r in self.requests])
+                for i in range(len(self.compiled.outputs))]
 
 
 def list_models(models_dir: Path) -> list[Path]:
@@ -208,7 +233,10 @@ def main(argv: list | None = None) -> int:
     parser = _Parser(prog="ondevice.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("models_dir", help="directory of .onnx models")
     parser.add_argument("--out", default="measurements.csv", help="CSV to write (default measurements.csv)")
-    parser.add_argument("--threads", type=_positive, default=1, help="onnxruntime intra-op threads (default 1)")
+    parser.add_argument("--threads", type=_positive, default=1,
+                        help="onnxruntime intra-op threads, OpenVINO inference threads (default 1)")
+    parser.add_argument("--batch", type=_positive, default=1,
+                        help="images per timed call, for a dynamic batch dimension (default 1)")
     parser.add_argument("--repeats", type=_positive, default=50, help="timed runs per model (default 50)")
     parser.add_argument("--warmup", type=_non_negative, default=10, help="untimed runs first (default 10)")
     parser.add_argument("--max-cv", type=_cv_limit, default=0.1,
@@ -222,14 +250,25 @@ def main(argv: list | None = None) -> int:
                         help="OpenVINO device: CPU, GPU, NPU ... (default CPU)")
     parser.add_argument("--precision", choices=("f32", "bf16", "f16"), default="f32",
                         help="OpenVINO inference precision hint (default f32)")
+    parser.add_argument("--streams", type=_positive, default=1,
+                        help="OpenVINO streams: each call's batch split into this many "
+                             "sub-batches run in parallel (default 1; needs --batch divisible "
+                             "by it)")
     parser.add_argument("--quiet", action="store_true", help="no per-model lines")
     args = parser.parse_args(argv)
 
     prog = parser.prog
     try:
-        if args.runtime != "openvino" and (args.precision != "f32" or args.ov_device != "CPU"):
-            raise MeasureError("--precision and --ov-device are OpenVINO settings; add "
-                               "--runtime openvino")
+        if args.runtime != "openvino" and (args.precision != "f32" or args.ov_device != "CPU"
+                                           or args.streams != 1):
+            raise MeasureError("--precision, --ov-device and --streams are OpenVINO settings; "
+                               "add --runtime openvino")
+        if args.batch % args.streams:
+            raise MeasureError(f"--batch {args.batch} does not split into {args.streams} equal "
+                               f"sub-batches; expected a batch divisible by --streams")
+        if args.ov_device == "CPU" and args.streams > args.threads:
+            raise MeasureError(f"--streams {args.streams} > --threads {args.threads}: every "
+                               f"stream needs at least one thread")
         if args.provider not in ort.get_available_providers():
             raise MeasureError(f"provider {args.provider} is not available here; available: "
                                f"{', '.join(ort.get_available_providers())}")
@@ -243,18 +282,22 @@ def main(argv: list | None = None) -> int:
                 import openvino as ov
             except ImportError:
                 raise MeasureError("--runtime openvino needs OpenVINO: pip install openvino") from None
-            runtime = f"OpenVINO {ov.__version__} on {args.ov_device}, precision hint {args.precision}"
+            runtime = (f"OpenVINO {ov.__version__} on {args.ov_device}, precision hint "
+                       f"{args.precision}, {args.streams} stream(s)")
         if not args.quiet:
             print(f"# {platform.machine()} {platform.processor() or platform.platform()}, "
-                  f"{runtime}, {args.threads} thread(s), {len(files)} models", file=sys.stderr)
+                  f"{runtime}, {args.threads} thread(s), batch {args.batch}, {len(files)} models",
+                  file=sys.stderr)
         rows, unstable = [], []
         for path in files:
             session = session_for(path, args.threads, args.provider)
-            feeds = random_feeds(session)
+            feeds = random_feeds(session, args.batch)
             arch = model_arch(session, path)
             used = ""
             if args.runtime == "openvino":
-                session = OpenVinoSession(path, args.threads, args.ov_device, args.precision)
+                batch = len(next(iter(feeds.values())))  # a fixed batch dimension as exported
+                session = OpenVinoSession(path, args.threads, args.ov_device, args.precision,
+                                          batch, args.streams)
                 used = f", precision {session.precision}"
             stats = time_session(session, feeds, args.warmup, args.repeats)
             if stats["cv"] > args.max_cv:  # one retry: noise is often a passing background task

@@ -9,7 +9,9 @@ so a caller can re-measure or distrust a noisy one.
 Two runtimes (:data:`RUNTIMES`) run the same ONNX file: onnxruntime (the default, always
 installed) and OpenVINO (the ``openvino`` extra, imported only when asked for), which reads
 ONNX directly and takes an inference precision hint (``f32``, ``bf16``, ``f16``; the CPU
-plugin may fall back to another precision, so a runner records the one it reports). Both are
+plugin may fall back to another precision, so a runner records the one it reports) and a number
+of streams (parallel infer requests, each with its share of the threads: how OpenVINO keeps
+many cores busy with a small network, see :func:`make_runner`). Both are
 wrapped as a :class:`Runner`, and every timing of hwnas - one model here, several interleaved
 in :func:`time_interleaved` - goes through the same timed call (:func:`timed_runs`).
 
@@ -194,14 +196,16 @@ class InputArg:
 class Runner:
     """One ONNX model compiled by one runtime: ``run(feeds)`` returns the outputs in order.
 
-    ``runtime``, ``threads`` and ``precision`` (what the runtime reports it computes in:
+    ``runtime``, ``threads``, ``precision`` (what the runtime reports it computes in:
     ``f32`` for onnxruntime, the OpenVINO CPU plugin's ``INFERENCE_PRECISION_HINT`` after
-    compilation) travel with every timing, so a number is never separated from its settings.
+    compilation) and ``streams`` (OpenVINO: parallel infer requests one call is split over; 1
+    otherwise) travel with every timing, so a number is never separated from its settings.
     """
 
     runtime: str
     threads: int
     precision: str
+    streams: int = 1
 
     def get_inputs(self) -> list:
         raise NotImplementedError
@@ -229,16 +233,25 @@ class _OrtRunner(Runner):
 
 
 class _OvRunner(Runner):
+    """An OpenVINO compiled model. With ``streams`` S > 1 it holds S infer requests of a model
+    compiled with ``NUM_STREAMS`` S, and ``run`` splits the batch into S sub-batches along the
+    first axis, starts them all asynchronously, waits for all and concatenates the outputs in
+    order: one call's latency is what a user deploying that way waits for a batch."""
+
     runtime = "openvino"
 
     def __init__(self, compiled: Any, threads: int,
-                 recompile: Callable[[int], Runner] | None = None) -> None:
+                 recompile: Callable[[int], Runner] | None = None, streams: int = 1) -> None:
         self.compiled, self.threads, self._recompile = compiled, threads, recompile
+        self.streams = streams
         self.precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
-        self.request = compiled.create_infer_request()
+        self.requests = [compiled.create_infer_request() for _ in range(streams)]
+        self.request = self.requests[0]
         self.inputs = []
         for port in compiled.inputs:
             shape = [d.get_length() if d.is_static else "?" for d in port.get_partial_shape()]
+            if shape and shape[0] != "?":
+                shape[0] *= streams  # a call takes all the sub-batches at once
             kind = "tensor(float)" if port.get_element_type().get_type_name() == "f32" \
                 else f"tensor({port.get_element_type().get_type_name()})"
             self.inputs.append(InputArg(port.get_any_name(), kind, shape))
@@ -247,8 +260,29 @@ class _OvRunner(Runner):
         return list(self.inputs)
 
     def run(self, feeds):
-        result = self.request.infer(dict(feeds))
-        return [result[port] for port in self.compiled.outputs]
+        if self.streams == 1:
+            result = self.request.infer(dict(feeds))
+            return [result[port] for port in self.compiled.outputs]
+        n = min(len(a) for a in feeds.values())
+        parts = max(1, min(self.streams, n))  # a dynamic batch smaller than S: fewer parts
+        split = {name: np.array_split(a, parts) for name, a in feeds.items()}
+        started, error = [], None
+        for i, request in enumerate(self.requests[:parts]):
+            try:
+                request.start_async({name: chunks[i] for name, chunks in split.items()})
+            except Exception as exc:  # noqa: BLE001 - raised below, once no request still runs
+                error = exc
+                break
+            started.append(request)
+        for request in started:
+            try:
+                request.wait()
+            except Exception as exc:  # noqa: BLE001 - raised below, after every wait
+                error = error or exc
+        if error is not None:
+            raise error
+        return [np.concatenate([r.get_output_tensor(i).data for r in started])
+                for i in range(len(self.compiled.outputs))]
 
     def at_batch(self, batch: int) -> Runner:
         if self._recompile is None or all(a.shape[:1] == [batch] for a in self.inputs):
@@ -266,7 +300,8 @@ def openvino_available() -> bool:
 
 
 def make_runner(model: str | Path | bytes, *, runtime: str = "onnxruntime", threads: int = 1,
-                precision: str | None = None, batch: int | None = None) -> Runner:
+                precision: str | None = None, batch: int | None = None,
+                streams: int = 1) -> Runner:
     """A :class:`Runner` of ``model`` (path or bytes) on this CPU with ``threads`` threads.
 
     onnxruntime: the session of :func:`make_session` (it has one precision, ``f32``; asking
@@ -275,9 +310,17 @@ def make_runner(model: str | Path | bytes, *, runtime: str = "onnxruntime", thre
     not the plugin's own default, which is bf16 on AMX CPUs). ``batch``: OpenVINO compiles the
     model for that static batch (a dynamic batch dimension costs it speed; the runner then takes
     only that batch, and :meth:`Runner.at_batch` gives one for another); onnxruntime runs
-    dynamic shapes at full speed and ignores it. Errors are :class:`UserError`.
+    dynamic shapes at full speed and ignores it.
+
+    ``streams`` S (OpenVINO only; default 1): the model is compiled with ``NUM_STREAMS`` S and
+    ``INFERENCE_NUM_THREADS`` ``threads`` - S streams sharing the threads, so the total stays
+    the device's; S must not exceed ``threads`` - for the static sub-batch ``batch`` / S
+    (``batch`` divisible by S), and each call runs its batch as S sub-batches on S parallel
+    infer requests (OpenVINO's throughput recipe for networks too small to keep all cores busy
+    in one request). Errors are :class:`UserError`.
     """
     threads = _check_int("threads", threads, 1)
+    streams = _check_int("streams", streams, 1)
     if runtime not in RUNTIMES:
         raise UserError(f"runtime {runtime!r}; expected one of {', '.join(RUNTIMES)}")
     if precision is not None and precision not in PRECISIONS:
@@ -286,27 +329,55 @@ def make_runner(model: str | Path | bytes, *, runtime: str = "onnxruntime", thre
         if precision not in (None, "f32"):
             raise UserError(f"onnxruntime's CPU provider runs ONNX files as written; precision "
                             f"{precision!r} needs runtime 'openvino'")
+        if streams != 1:
+            raise UserError(f"streams={streams} needs runtime 'openvino'; onnxruntime runs one "
+                            f"call on one request (expected streams=1)")
         return _OrtRunner(make_session(model, threads=threads), threads)
+    if streams > threads:
+        raise UserError(f"streams={streams} > threads={threads}: every OpenVINO stream needs at "
+                        f"least one of the threads; expected streams <= threads")
+    if batch is not None and _check_int("batch", batch, 1) % streams:
+        raise UserError(f"batch {batch} does not split into {streams} equal sub-batches; "
+                        f"expected a batch divisible by streams={streams}")
     try:
         import openvino as ov
     except ImportError:
         raise UserError("runtime 'openvino' needs OpenVINO: pip install 'hwnas[openvino]'") from None
     source, what = _source(model)
     config = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": precision or "f32"}
+    if streams > 1:
+        config["NUM_STREAMS"] = streams
+
+    def load_error(exc: Exception) -> UserError:  # OpenVINO raises RuntimeError and friends
+        return UserError(f"OpenVINO cannot load {what} (expected a valid ONNX model): "
+                         f"{first_line(exc)}")
 
     def compile_at(static_batch: int | None) -> Runner:
         try:
             core = ov.Core()
             graph = core.read_model(source)
-            if static_batch is not None:
-                graph.reshape({port.get_any_name(): [static_batch, *port.get_partial_shape()[1:]]
-                               for port in graph.inputs if port.get_partial_shape().rank.is_static
-                               and port.get_partial_shape()[0].is_dynamic})
+        except Exception as exc:
+            raise load_error(exc) from exc
+        shapes = [port.get_partial_shape() for port in graph.inputs]
+        fixed = [s[0].get_length() for s in shapes if s.rank.is_static and s[0].is_static]
+        if streams > 1 and static_batch is None and fixed:
+            static_batch = fixed[0]  # a file written for one batch: split that batch
+        if static_batch is not None and static_batch % streams:
+            raise UserError(f"batch {static_batch} does not split into {streams} equal "
+                            f"sub-batches; expected a batch divisible by streams={streams}")
+        try:
+            if static_batch is not None:  # with streams every input takes the sub-batch
+                graph.reshape({port.get_any_name(): [static_batch // streams, *shape[1:]]
+                               for port, shape in zip(graph.inputs, shapes) if shape.rank.is_static
+                               and (shape[0].is_dynamic or streams > 1)})
             compiled = core.compile_model(graph, "CPU", config)
-        except Exception as exc:  # OpenVINO raises RuntimeError and friends
-            raise UserError(f"OpenVINO cannot load {what} (expected a valid ONNX model): "
-                            f"{first_line(exc)}") from exc
-        return _OvRunner(compiled, threads, recompile=compile_at)
+            got = int(compiled.get_property("NUM_STREAMS"))
+        except Exception as exc:
+            raise load_error(exc) from exc
+        if streams > 1 and got != streams:
+            raise UserError(f"OpenVINO compiled {what} with {got} stream(s), not the "
+                            f"{streams} asked for ({threads} threads)")
+        return _OvRunner(compiled, threads, recompile=compile_at, streams=streams)
 
     return compile_at(batch)
 

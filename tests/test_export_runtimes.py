@@ -118,3 +118,21 @@ def test_a_runtime_returning_no_rows_fails_verification(files, monkeypatch):
     cs, _, _ = rec.verify_candidates(runtime="onnxruntime", threads=1, files=fs[:1],
                                            references=refs, images=x, labels=y)
     assert not cs[0].verified and "shape [0, 10] for 48 images" in cs[0].note
+
+
+@pytest.mark.skipif(not openvino_available(), reason="OpenVINO is not installed")
+def test_stream_candidates_are_rows_of_the_paired_measurement(files):
+    fs, refs, x, y = files
+    rows = er.measure(fs[:1], refs, x, y, runtimes=["onnxruntime", "openvino"], batch=2,
+                      threads=2, rounds=1, runs=1, warmup=0, cache={})
+    split = [r for r in rows if r["streams"] == 2]
+    assert split and all(r["runtime"] == "openvino" and r["ms"] is not None for r in split)
+    assert all(r["settings"]["NUM_STREAMS"] == 2 and r["settings"]["static_batch"] == 1
+               for r in split)
+    assert {er.candidate_name(r) for r in split} >= {"ov fp32 x2"}
+    assert all(r["streams"] == 1 for r in rows if r["runtime"] == "onnxruntime")
+    for r in rows:
+        r.update(model="smallest", cpu="test cpu", integer_dot_product=False)
+    text = er.markdown(er.merge(None, {"command": "c", "machine": "m", "date": "d", "note": "",
+                                       "results": rows}, False))
+    assert "| smallest | 2 | 2 | openvino | fp32 x2 |" in text
