@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as _dt
+import functools
 import gzip
 import io
 import json
@@ -186,10 +187,13 @@ def choose_anchors(space: Any, archs: list[str], k: int) -> list[str]:
     quantiles ``(i + 0.5) / k``, ties broken by the string): deterministic for a given sample,
     so every session of a table measures the same anchors; FLOPs stands in for latency, which
     is unknown before measuring."""
-    if k <= 0 or not archs:
-        return []
     ranked = sorted(dict.fromkeys(archs), key=lambda a: (space.flops(space.from_string(a)), a))
-    k = min(k, len(ranked))
+    return spread(ranked, k)
+
+
+def spread(ranked: list[str] | tuple[str, ...], k: int) -> list[str]:
+    """The ``k`` items of ``ranked`` at the quantiles ``(i + 0.5) / k`` (all when fewer)."""
+    k = min(max(k, 0), len(ranked))
     return [ranked[int((i + 0.5) * len(ranked) / k)] for i in range(k)]
 
 
@@ -670,9 +674,22 @@ def run_anchors(args: argparse.Namespace, archs: dict[str, list[str]]) -> dict[s
     they do not depend on ``--n``), or None with ``--no-anchors``."""
     if args.no_anchors or args.anchors <= 0:
         return None
+    return {s: list(sample_anchors(s, args.anchors)) for s in archs}
+
+
+def sample_anchors(space_name: str, k: int) -> list[str]:
+    """:func:`choose_anchors` of the space's committed sample."""
+    return spread(_flops_ranked_sample(space_name), k)
+
+
+@functools.lru_cache(maxsize=8)
+def _flops_ranked_sample(space_name: str) -> tuple[str, ...]:
+    """The committed sample ordered as :func:`choose_anchors` orders it (cached: it computes
+    the FLOPs of every architecture of the sample)."""
     from hwnas.supernet.spaces import get_space
 
-    return {s: choose_anchors(get_space(s), read_sample(s, 10**9), args.anchors) for s in archs}
+    everything = read_sample(space_name, 10**9)
+    return tuple(choose_anchors(get_space(space_name), everything, len(everything)))
 
 
 def round_size(args: argparse.Namespace, unanchored: int,
