@@ -197,11 +197,10 @@ def spread(ranked: list[str] | tuple[str, ...], k: int) -> list[str]:
     return [ranked[int((i + 0.5) * len(ranked) / k)] for i in range(k)]
 
 
-def speed_factors(anchor_times: dict[tuple[str, str], dict[int, dict[str, float]]],
-                  devices: list[str]) -> dict[int, dict[str, float]]:
-    """Per round and device, the median over the anchors measured in that round of (the
-    anchor's time / its median over every round). ``anchor_times``: ``(space, arch) -> round ->
-    device -> ms``. A device without an anchor time in a round gets factor 1."""
+def anchor_ratios(anchor_times: dict[tuple[str, str], dict[int, dict[str, float]]],
+                  devices: list[str]) -> dict[int, dict[str, list[float]]]:
+    """Per round and device, each anchor's time in that round / its median over every round.
+    ``anchor_times``: ``(space, arch) -> round -> device -> ms``."""
     ref: dict[tuple[tuple[str, str], str], float] = {}
     for key, per_round in anchor_times.items():
         for d in devices:
@@ -209,13 +208,31 @@ def speed_factors(anchor_times: dict[tuple[str, str], dict[int, dict[str, float]
             if v:
                 ref[(key, d)] = float(np.median(v))
     rounds_seen = sorted({r for per_round in anchor_times.values() for r in per_round})
+    return {r: {d: [per_round[r][d] / ref[(key, d)] for key, per_round in anchor_times.items()
+                    if r in per_round and per_round[r].get(d, 0) > 0 and (key, d) in ref]
+                for d in devices} for r in rounds_seen}
+
+
+def speed_factors(anchor_times: dict[tuple[str, str], dict[int, dict[str, float]]],
+                  devices: list[str]) -> dict[int, dict[str, float]]:
+    """Per round and device, the median of :func:`anchor_ratios` (the round's speed relative
+    to the anchors' typical one); a device without an anchor time in a round gets factor 1."""
+    return {r: {d: float(np.median(v)) if v else 1.0 for d, v in per.items()}
+            for r, per in anchor_ratios(anchor_times, devices).items()}
+
+
+def factor_errors(anchor_times: dict[tuple[str, str], dict[int, dict[str, float]]],
+                  devices: list[str]) -> dict[int, dict[str, float]]:
+    """Per round and device, the standard error of the log speed factor from the anchors'
+    disagreement (robust: 1.4826 MAD of the log ratios, times 1.2533 / sqrt(n) for a median):
+    a drift no larger than this is the anchors' own noise. NaN with fewer than 2 anchors."""
     out: dict[int, dict[str, float]] = {}
-    for r in rounds_seen:
+    for r, per in anchor_ratios(anchor_times, devices).items():
         out[r] = {}
-        for d in devices:
-            ratios = [per_round[r][d] / ref[(key, d)] for key, per_round in anchor_times.items()
-                      if r in per_round and per_round[r].get(d, 0) > 0 and (key, d) in ref]
-            out[r][d] = float(np.median(ratios)) if ratios else 1.0
+        for d, v in per.items():
+            lg = np.log(np.array(v))
+            out[r][d] = (float(1.2533 * 1.4826 * np.median(np.abs(lg - np.median(lg)))
+                               / np.sqrt(len(lg))) if len(lg) >= 2 else float("nan"))
     return out
 
 
@@ -587,26 +604,34 @@ class Tables:
         return [a for a in self.archs[space]
                 if all(d in self.cells[space].get(a, {}) for d in self.devices)]
 
+    def anchor_times(self) -> dict[tuple[str, str], dict[int, dict[str, float]]]:
+        """``(space, anchor) -> round -> device -> ms`` of every anchor cell so far."""
+        return {(s, a): {r: {d: c[0] for d, c in cells.items()} for r, cells in per.items()}
+                for s, by_arch in self.anchor_cells.items() for a, per in by_arch.items()}
+
     def factors(self) -> dict[int, dict[str, float]]:
         """Round -> device -> speed factor, from every anchor cell so far (empty unanchored)."""
-        times = {(s, a): {r: {d: c[0] for d, c in cells.items()} for r, cells in per.items()}
-                 for s, by_arch in self.anchor_cells.items() for a, per in by_arch.items()}
-        return speed_factors(times, self.devices) if self.anchored else {}
+        return speed_factors(self.anchor_times(), self.devices) if self.anchored else {}
 
     def anchor_summary(self) -> dict | None:
         """The anchors, every round's factors and their spread per device (the drift: the
-        largest factor over the smallest, and the standard deviation of log factors)."""
+        largest factor over the smallest, the standard deviation of log factors, and beside it
+        the typical standard error of one round's log factor, :func:`factor_errors`)."""
         if not self.anchored:
             return None
         f = self.factors()
+        se = factor_errors(self.anchor_times(), self.devices)
         drift = {}
         for d in self.devices:
             v = np.array([f[r][d] for r in f])
+            e = np.array([se[r][d] for r in se])
             if len(v):
                 drift[d] = {"factor_min": round(float(v.min()), 4),
                             "factor_max": round(float(v.max()), 4),
                             "max_over_min": round(float(v.max() / v.min()), 4),
-                            "log_sd": round(float(np.log(v).std()), 4)}
+                            "log_sd": round(float(np.log(v).std()), 4),
+                            "log_se_median": round(float(np.nanmedian(e)), 4)
+                            if np.isfinite(e).any() else None}
         return {"k": max((len(v) for v in self.anchors.values()), default=0),
                 "archs": self.anchors, "rounds_this_session_from": self.next_round,
                 "factors": {str(r): {d: round(x, 5) for d, x in v.items()} for r, v in f.items()},

@@ -85,6 +85,14 @@ def test_speed_factors_follow_the_rounds():
     assert np.allclose(ratio, ratio[0], rtol=0.02)  # the same factors up to one scale
     assert abs(got[0]["d"] - 1.0) < 0.03  # relative to the anchors' median round
     assert all(got[r]["missing"] == 1.0 for r in got)
+    se = mlt.factor_errors(times, ["d", "missing"])
+    # (the round that is most anchors' median has ratios of exactly 1: its error reads 0)
+    assert all(se[r]["d"] < 0.01 for r in se) and np.median([se[r]["d"] for r in se]) > 0
+    assert np.isnan(se[0]["missing"])
+    noisy = {k: {r: {"d": t["d"] * np.exp(0.5 * rng.standard_normal())} for r, t in v.items()}
+             for k, v in times.items()}
+    noisy_se = mlt.factor_errors(noisy, ["d"])
+    assert np.median([noisy_se[r]["d"] for r in noisy_se]) > 0.05
 
 
 def test_round_size_and_jobs():
@@ -117,6 +125,7 @@ def test_normalised_table_undoes_round_drift(tmp_path, fake_timer):
     f = np.array([anchors["factors"][str(r)]["t-ort-1t"] for r in range(6)])
     assert np.allclose(f / f[0], np.array(fake_timer["factors"]), rtol=0.03)
     assert anchors["drift"]["t-ort-1t"]["max_over_min"] == pytest.approx(5.0, rel=0.05)
+    assert anchors["drift"]["t-ort-1t"]["log_se_median"] < 0.01
     head, rows = read(out / "vit_t.csv.gz")
     # the 60 architectures and the 8 anchors (an anchor among the 60 is measured as an anchor)
     plain = [a for a in mlt.read_sample("vit", 60) if a not in anchors["archs"]["vit"]]
