@@ -181,3 +181,36 @@ def test_resume_refuses_mixed_tables(tmp_path, fake_timer):
     with pytest.raises(SystemExit, match="anchors"):
         mlt.main(["--out", str(tmp_path / "z"), "--n", "6", "--resume", str(anchored),
                   "--anchors", "4", *COMMON])
+
+
+def test_gpu_loop_measures_anchors_every_round(tmp_path, monkeypatch):
+    """The GPU loop with a stand-in timing (no GPU here): anchors of both spaces in each round,
+    shuffled among the architectures, their times and the factors recorded."""
+    import torch
+    from hwnas.latency.devices import MeasuredDevice
+
+    seen = []
+
+    def fake(self, space, archs):
+        seen.append((space.name, archs[0]))
+        return np.array([1.0 + self.batch / 100]), np.array([0.01])
+
+    monkeypatch.setattr(mlt, "versions", lambda: {"torch": "fake"})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    monkeypatch.setattr(MeasuredDevice, "latency_with_std", fake)
+    out = tmp_path / "out"
+    assert mlt.main(["--out", str(out), "--spaces", "nb201", "fbnet", "--n", "4", "2",
+                     "--runtimes", "gpu", "--anchors", "2", "--round", "3"]) == 0
+    doc = json.loads((out / "machine_h200.json").read_text())
+    anchors = doc["anchors"]["archs"]
+    assert doc["rounds_done"] == 2 and len(doc["anchors"]["factors"]) == 2
+    assert all(v == 1.0 for f in doc["anchors"]["factors"].values() for v in f.values())
+    for space in ("nb201", "fbnet"):
+        _, anc = read(out / f"{space}_h200_anchors.csv.gz")
+        assert sorted((r[0], r[1]) for r in anc) == sorted(
+            (a, r) for a in anchors[space] for r in ("0", "1"))
+    archs = [a for _, a in seen[::4]]  # four devices per item
+    assert len(archs) == 2 * 4 + 6  # each round: its 3 architectures and the 4 anchors
+    assert archs[:7] != sorted(archs[:7], key=lambda a: a in anchors["nb201"] + anchors["fbnet"])
