@@ -112,7 +112,8 @@ def load_devices(space: Any, tables_dir: Path | None = TABLES_DIR) -> tuple[dict
         for d, cells in read_gz_table(path, space).items():
             archs = list(cells)
             devices[d] = (archs, np.array([cells[a] for a in archs]))
-        sources.append(f"{path.relative_to(REPO)} ({len(archs)} architectures)")
+        shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+        sources.append(f"{shown} ({len(archs)} architectures)")
     return devices, sources
 
 
