@@ -12,7 +12,8 @@ each list in a seeded random order. ``--spaces`` picks the spaces (default nb201
 
 * CPU (``--runtimes cpu``), at each of ``--threads``: onnxruntime (``ort``, intra-op threads),
   PyTorch eager (``torch``) and frozen TorchScript (``ts``) with ``torch.set_num_threads``, and
-  OpenVINO (``ov``, ``INFERENCE_NUM_THREADS``, f32) when it imports;
+  OpenVINO (``ov``, ``INFERENCE_NUM_THREADS``, f32) when it imports (``--cpu-runtimes``
+  picks some of them);
 * GPU (``--runtimes gpu``, when CUDA is present): PyTorch eager (``torch``) and a replayed
   CUDA graph (``cudagraph``) at batch 1 and 64 (``hwnas.latency.devices.MeasuredDevice``).
 
@@ -43,8 +44,9 @@ by the round's speed factor when anchored, an anchor's row the median over its r
 and ``<space>_<tag>_anchors.csv.gz`` (arch, round, raw ms of every anchor measurement), and
 ``machine_<tag>.json`` (CPU model and flags, cores, library versions, settings, coverage, the
 anchors, every round's factors and their spread per device as the drift). Tables without the
-raw file (measured before anchors) read as before. ``<tag>`` is the CPU's family (``xeon``, ``epyc`` ...) for CPU
-runtimes and the GPU's name (``h200``) for GPU ones. See results/latency_tables/DEVICE_COMMAND.md.
+raw file (measured before anchors) read as before. ``<tag>`` is the CPU's family (``xeon``,
+``epyc`` ...) for CPU runtimes and the GPU's name (``h200``) for GPU ones. See
+results/latency_tables/DEVICE_COMMAND.md.
 
     python benchmarks/measure_latency_tables.py --out OUT --runtimes cpu --threads 1 4 16 \\
         --workers 16 --max-minutes 8.5
@@ -644,7 +646,8 @@ class Tables:
             cells = self.cells[space]
             done = self.complete(space)
             listed = set(self.archs[space])
-            extra = [a for a in cells if a not in listed and all(d in cells[a] for d in self.devices)]
+            extra = [a for a in cells
+                     if a not in listed and all(d in cells[a] for d in self.devices)]
             done += extra  # resumed cells of architectures beyond this run's --n
             # an anchor's rounds measured on every device
             anchors = {a: {r: c for r, c in per.items() if all(d in c for d in self.devices)}
@@ -694,7 +697,8 @@ class Tables:
 MAX_CV = [0.1]  # set from --max-cv (read by Tables.write)
 
 
-def run_anchors(args: argparse.Namespace, archs: dict[str, list[str]]) -> dict[str, list[str]] | None:
+def run_anchors(args: argparse.Namespace,
+                archs: dict[str, list[str]]) -> dict[str, list[str]] | None:
     """The anchors of each space (:func:`choose_anchors` over the whole committed sample, so
     they do not depend on ``--n``), or None with ``--no-anchors``."""
     if args.no_anchors or args.anchors <= 0:
