@@ -708,13 +708,15 @@ def run_anchors(args: argparse.Namespace,
 
 def sample_anchors(space_name: str, k: int) -> list[str]:
     """:func:`choose_anchors` of the space's committed sample."""
-    return spread(_flops_ranked_sample(space_name), k)
+    path = sample_path(space_name)
+    stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else (0, 0)
+    return spread(_flops_ranked_sample(space_name, str(path), stamp), k)
 
 
 @functools.lru_cache(maxsize=8)
-def _flops_ranked_sample(space_name: str) -> tuple[str, ...]:
-    """The committed sample ordered as :func:`choose_anchors` orders it (cached: it computes
-    the FLOPs of every architecture of the sample)."""
+def _flops_ranked_sample(space_name: str, path: str, stamp: tuple[int, int]) -> tuple[str, ...]:
+    """The committed sample (``path``, as of ``stamp``) ordered as :func:`choose_anchors`
+    orders it; cached, as it computes the FLOPs of every architecture of the sample."""
     from hwnas.supernet.spaces import get_space
 
     everything = read_sample(space_name, 10**9)

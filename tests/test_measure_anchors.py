@@ -74,6 +74,17 @@ def test_choose_anchors_spread_over_flops_and_deterministic():
     assert mlt.choose_anchors(space, archs, 0) == []
 
 
+def test_sample_anchors_follow_the_sample_file(tmp_path, monkeypatch):
+    import gzip
+
+    archs = mlt.read_sample("vit", 20)
+    monkeypatch.setattr(mlt, "TABLES_DIR", tmp_path)
+    for part in (archs[:10], archs[10:]):
+        mlt.sample_path("vit").write_bytes(gzip.compress("\n".join(part).encode()))
+        got = mlt.sample_anchors("vit", 3)
+        assert got == mlt.choose_anchors(get_space("vit"), part, 3)  # not a cached other sample
+
+
 def test_speed_factors_follow_the_rounds():
     rng = np.random.default_rng(1)
     f = [1.0, 2.0, 0.5, 1.5, 1.0]
