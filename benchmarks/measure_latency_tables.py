@@ -735,14 +735,15 @@ def round_size(args: argparse.Namespace, unanchored: int,
 
 def round_jobs(rnd: list[tuple[str, int]], anchors: dict[str, list[str]] | None,
                rng: np.random.Generator) -> list[tuple[str, str, int]]:
-    """A round's items, ``(kind, space, index)`` with kind ``arch`` or ``anchor`` (the anchors
-    of the spaces in the round), shuffled together with ``rng``; unanchored, the round as is
-    (no shuffle: the order and random stream of runs before anchors)."""
+    """A round's items, ``(kind, space, index)`` with kind ``arch`` or ``anchor`` (every anchor
+    of the run, also of spaces with nothing left to measure: each round's factor then rests on
+    the same anchors), shuffled together with ``rng``; unanchored, the round as is (no shuffle:
+    the order and random stream of runs before anchors)."""
     items = [("arch", s, i) for s, i in rnd]
     if anchors is None:
         return items
-    for s in dict.fromkeys(s for s, _ in rnd):
-        items += [("anchor", s, j) for j in range(len(anchors[s]))]
+    for s, names in anchors.items():
+        items += [("anchor", s, j) for j in range(len(names))]
     return [items[k] for k in rng.permutation(len(items))]
 
 
