@@ -569,8 +569,12 @@ class Tables:
                     n += 1
                 continue
             cvs = {row[0]: [float(v) for v in row[1:]] for row in cv[1:]}
+            anc_path = folder / f"{space}_{tag}_anchors.csv.gz"
+            if not anc_path.is_file():
+                raise SystemExit(f"{anc_path} is missing: copy it with {raw_path.name}, or "
+                                 f"measure into a new table")
             raw = read_csv_gz(raw_path)
-            anc = read_csv_gz(folder / f"{space}_{tag}_anchors.csv.gz")
+            anc = read_csv_gz(anc_path)
             if raw[0] != ["arch", "round", *self.devices] or anc[0] != raw[0]:
                 raise SystemExit(f"{raw_path}: unexpected columns {raw[0]}")
             prev = sorted({row[0] for row in anc[1:]})

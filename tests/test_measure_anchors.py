@@ -192,6 +192,10 @@ def test_resume_refuses_mixed_tables(tmp_path, fake_timer):
     with pytest.raises(SystemExit, match="anchors"):
         mlt.main(["--out", str(tmp_path / "z"), "--n", "6", "--resume", str(anchored),
                   "--anchors", "4", *COMMON])
+    (anchored / "vit_t_anchors.csv.gz").unlink()
+    with pytest.raises(SystemExit, match="vit_t_anchors.csv.gz is missing"):
+        mlt.main(["--out", str(tmp_path / "w"), "--n", "6", "--resume", str(anchored),
+                  "--anchors", "3", *COMMON])
 
 
 def test_gpu_loop_measures_anchors_every_round(tmp_path, monkeypatch):
