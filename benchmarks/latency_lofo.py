@@ -100,18 +100,20 @@ def read_gz_table(path: Path, space: Any) -> dict[str, dict[str, float]]:
 
 def load_devices(space: Any, tables_dir: Path | None = TABLES_DIR) -> tuple[dict, list[str]]:
     """Every device of the space: ``device -> (archs, latency array)``; and the sources read.
-    HELP's table first, then ``<space>_*.csv.gz`` (not the ``_cv`` ones) of ``tables_dir``."""
+    HELP's table first, then ``<space>_*.csv.gz`` (not the ``_cv``, ``_raw`` and ``_anchors``
+    ones) of ``tables_dir``."""
     help_table = load_shared_table(space.name, space=space)
     devices = {d: (list(help_table.archs), help_table.column(d)) for d in help_table.devices}
     sources = [f"HELP {space.name} table ({len(help_table)} architectures)"]
     paths = [] if tables_dir is None else sorted(tables_dir.glob(f"{space.name}_*.csv.gz"))
     for path in paths:
-        if path.name.endswith("_cv.csv.gz"):
-            continue
+        if path.name.endswith(("_cv.csv.gz", "_raw.csv.gz", "_anchors.csv.gz")):
+            continue  # per-cell variation, raw (unnormalised) times, anchor measurements
         for d, cells in read_gz_table(path, space).items():
             archs = list(cells)
             devices[d] = (archs, np.array([cells[a] for a in archs]))
-        sources.append(f"{path.relative_to(REPO)} ({len(archs)} architectures)")
+        shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+        sources.append(f"{shown} ({len(archs)} architectures)")
     return devices, sources
 
 

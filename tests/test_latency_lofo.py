@@ -47,6 +47,31 @@ def test_read_gz_table_canonicalises_and_skips_empty(tmp_path):
     assert t["x-ort-1t"] == {a: 1.5, b: 2.5} and t["x-ov-1t"] == {b: 3.0}
 
 
+def test_load_devices_reads_the_normalised_tables_only(tmp_path, monkeypatch):
+    """Anchored tables come with ``_raw``, ``_anchors`` and ``_cv`` files beside the table;
+    only ``<space>_<tag>.csv.gz`` holds devices."""
+    from types import SimpleNamespace
+
+    from hwnas.supernet.spaces import get_space
+
+    space = get_space("nb201")
+    a = space.to_string(space.sample(np.random.default_rng(0)))
+    class HelpTable(SimpleNamespace):
+        def __len__(self):
+            return 1
+
+    help_table = HelpTable(archs=[a], devices=["h1"], column=lambda d: np.array([1.0]))
+    monkeypatch.setattr(lofo, "load_shared_table", lambda name, space: help_table)
+    (tmp_path / "nb201_t.csv.gz").write_bytes(gzip.compress(f"arch,t-ort-1t\n{a},2\n".encode()))
+    for suffix, head in (("_cv", "arch,t-ort-1t"), ("_raw", "arch,round,t-ort-1t"),
+                         ("_anchors", "arch,round,t-ort-1t")):
+        (tmp_path / f"nb201_t{suffix}.csv.gz").write_bytes(
+            gzip.compress(f"{head}\n{a},0,9\n".encode()))
+    devices, sources = lofo.load_devices(space, tmp_path)
+    assert set(devices) == {"h1", "t-ort-1t"} and devices["t-ort-1t"][1].tolist() == [2.0]
+    assert len(sources) == 2
+
+
 def test_meta_opcount_block_changes_nothing_at_zero_and_round_trips(tmp_path):
     from hwnas.latency.predictors import MetaPredictor
     from hwnas.latency.predictors.base import LatencyPredictor

@@ -97,7 +97,7 @@ def test_end_to_end_tiny(tmp_path, one_torch_thread):
     out = tmp_path / "out"
     assert mlt.main(["--out", str(out), "--spaces", "nb201", "--n", "1", "--threads", "1",
                      "--repeats", "1", "--warmup", "0", "--runtimes", "cpu", "--no-openvino",
-                     "--tag", "t"]) == 0
+                     "--tag", "t", "--no-anchors"]) == 0
     rows = list(csv.reader(io.StringIO(gzip.decompress(
         (out / "nb201_t.csv.gz").read_bytes()).decode())))
     assert rows[0] == ["arch", "t-ort-1t", "t-torch-1t", "t-ts-1t"]
@@ -113,7 +113,7 @@ def test_budget_stops_cleanly(tmp_path, one_torch_thread):
     # no budget left: no round starts, the JSON still says what happened
     assert mlt.main(["--out", str(out), "--spaces", "nb201", "--n", "2", "--round", "1",
                      "--threads", "1", "--runtimes", "cpu", "--no-openvino", "--tag", "t",
-                     "--max-minutes", "0"]) == 0
+                     "--max-minutes", "0", "--no-anchors"]) == 0
     doc = json.loads((out / "machine_t.json").read_text())
     assert doc["stopped_by_budget"] and doc["rounds_done"] == 0 and doc["spaces"] == {}
 
@@ -136,7 +136,7 @@ def test_gpu_loop_with_a_stand_in_device(tmp_path, monkeypatch):
     monkeypatch.setattr(MeasuredDevice, "latency_with_std", fake)
     out = tmp_path / "out"
     assert mlt.main(["--out", str(out), "--spaces", "nb201", "fbnet", "--n", "2", "1",
-                     "--runtimes", "gpu"]) == 0
+                     "--runtimes", "gpu", "--no-anchors"]) == 0
     rows = list(csv.reader(io.StringIO(gzip.decompress(
         (out / "nb201_h200.csv.gz").read_bytes()).decode())))
     assert rows[0] == ["arch", "h200-torch-b1", "h200-torch-b64", "h200-cudagraph-b1",
@@ -155,7 +155,7 @@ def test_gpu_loop_with_a_stand_in_device(tmp_path, monkeypatch):
 def test_resume_measures_only_what_is_missing(tmp_path, one_torch_thread):
     first, second = tmp_path / "a", tmp_path / "b"
     common = ["--spaces", "nb201", "--threads", "1", "--repeats", "1", "--warmup", "0",
-              "--runtimes", "cpu", "--no-openvino", "--tag", "t"]
+              "--runtimes", "cpu", "--no-openvino", "--tag", "t", "--no-anchors"]
     assert mlt.main(["--out", str(first), "--n", "1", *common]) == 0
     assert mlt.main(["--out", str(second), "--n", "2", "--resume", str(first), *common]) == 0
     read = lambda p: list(csv.reader(io.StringIO(gzip.decompress(  # noqa: E731
