@@ -54,11 +54,19 @@ from hwnas.latency.predictors import (
 from hwnas.latency.tables import load_shared_table
 from hwnas.supernet.spaces import get_space
 
+try:  # run as a script (benchmarks/ on sys.path) or imported as benchmarks.latency_lofo
+    import latency_ceiling as ceiling
+except ImportError:  # pragma: no cover - depends on how it is run
+    from benchmarks import latency_ceiling as ceiling
+
 REPO = Path(__file__).resolve().parent.parent
 TABLES_DIR = REPO / "benchmarks" / "results" / "latency_tables"
 OUT_JSON = Path(__file__).with_suffix(".json")
 PREDICTORS = ("meta", "flops", "opcount", "meta+opcount", "meta|opcount", "lowrank",
               "meta+lowrank")
+#: a family whose split-half ceiling reaches this is one where the predictor, not the data,
+#: limits the score (``clean_mean``: the mean over those families)
+CLEAN_CEILING = 0.95
 _META_ROWS = {"meta", "meta+opcount", "meta|opcount", "meta+lowrank"}
 N = 10
 
@@ -96,6 +104,36 @@ def read_gz_table(path: Path, space: Any) -> dict[str, dict[str, float]]:
             if v and np.isfinite(float(v)) and float(v) > 0:
                 out[d][a] = float(v)
     return out
+
+
+def load_cv(space: Any, tables_dir: Path | None = TABLES_DIR) -> dict[str, dict[str, float]]:
+    """``device -> {canonical arch: cv}``: the coefficient of variation of each cell's repeated
+    timings (``<space>_*_cv.csv.gz``; HELP's tables have none)."""
+    out: dict[str, dict[str, float]] = {}
+    paths = [] if tables_dir is None else sorted(tables_dir.glob(f"{space.name}_*_cv.csv.gz"))
+    for path in paths:
+        out.update(read_gz_table(path, space))
+    return out
+
+
+def ceiling_rows(space: Any, fam: str, held: list[str], devices: dict,
+                 cvs: dict[str, dict[str, float]]) -> list[dict]:
+    """Rows ``ceiling[fit]`` (split-half) and, where repeats were timed, ``ceiling[cv]`` of the
+    held-out devices (:mod:`latency_ceiling`), in the shape of the predictors' rows."""
+    rows = []
+    for d in held:
+        archs, y = devices[d]
+        fit = ceiling.split_half(ceiling.ceiling_features(space, archs), y)
+        base = {"space": space.name, "predictor": "ceiling", "n_measurements": N,
+                "family": fam, "device": d, "architectures": len(archs), "spearman_std": 0.0,
+                "seeds": 1}
+        rows.append({**base, "measurements": "fit", "spearman_mean": round(fit["best"], 4),
+                     "models": {k: round(v, 4) for k, v in fit.items() if k != "best"}})
+        if d in cvs:
+            cv = np.array([cvs[d].get(a, np.nan) for a in archs])
+            rows.append({**base, "measurements": "cv",
+                         "spearman_mean": round(ceiling.repeat_ceiling(y, cv), 4)})
+    return rows
 
 
 def load_devices(space: Any, tables_dir: Path | None = TABLES_DIR) -> tuple[dict, list[str]]:
@@ -203,9 +241,11 @@ def score_device(space: Any, meta: MetaPredictor | None, archs: list[str], y: np
 
 def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list[str] | None,
               meta_options: dict, log: Any, tables_dir: Path | None = TABLES_DIR,
-              lowrank_options: dict | None = None) -> tuple[list[dict], dict]:
+              lowrank_options: dict | None = None,
+              with_ceiling: bool = True) -> tuple[list[dict], dict]:
     space = get_space(name)
     devices, sources = load_devices(space, tables_dir)
+    cvs = load_cv(space, tables_dir) if with_ceiling else {}
     fams: dict[str, list[str]] = defaultdict(list)
     for d in devices:
         fams[family(d)].append(d)
@@ -218,6 +258,11 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
         if families and fam not in families:
             continue
         held = fams[fam]
+        if with_ceiling:
+            rows += ceiling_rows(space, fam, held, devices, cvs)
+        if not predictors:
+            log(f"  {fam}: ceiling only")
+            continue
         train = [d for d in devices if d not in held]
         t0 = time.perf_counter()
         train_set = {a for d in train for a in devices[d][0]}
@@ -304,6 +349,17 @@ def summarize(rows: list[dict]) -> list[dict]:
                         fam_means.values()))), 4),
                     "per_family": {f: round(v, 4) for f, v in sorted(fam_means.items())},
                     "worst_family": worst, "worst_spearman": round(fam_means[worst], 4)})
+    for space in {s["space"] for s in out}:
+        ceil = [s for s in out if (s["space"], s["predictor"], s["measurements"])
+                == (space, "ceiling", "fit")]
+        if not ceil:
+            continue
+        clean = sorted(f for f, v in ceil[0]["per_family"].items() if v >= CLEAN_CEILING)
+        for s in out:
+            if s["space"] == space:
+                have = [s["per_family"][f] for f in clean if f in s["per_family"]]
+                s["clean_families"] = clean
+                s["clean_mean"] = round(float(np.mean(have)), 4) if have else None
     return out
 
 
@@ -314,13 +370,17 @@ def print_table(summary: list[dict]) -> None:
         print(f"\n{space} - leave-one-family-out, 10-shot Spearman over all architectures "
               f"(family = mean over its devices)")
         print(f"{'predictor':<22}" + "".join(f"{f[:15]:>16}" for f in fams)
-              + f"{'mean':>8}{'worst':>8}")
+              + f"{'mean':>8}{'worst':>8}{'clean':>8}")
         for s in sorted(sel, key=lambda s: (s["measurements"], PREDICTORS.index(s["predictor"])
                                             if s["predictor"] in PREDICTORS else 99)):
             label = f"{s['predictor']}[{s['measurements']}]"
             print(f"{label:<22}" + "".join(f"{s['per_family'].get(f, float('nan')):>16.3f}"
                                            for f in fams)
-                  + f"{s['spearman_mean']:>8.3f}{s['worst_spearman']:>8.3f}")
+                  + f"{s['spearman_mean']:>8.3f}{s['worst_spearman']:>8.3f}"
+                  + (f"{s['clean_mean']:>8.3f}" if s.get("clean_mean") is not None else ""))
+        if sel[0].get("clean_families") is not None:
+            print(f"clean = mean over the families whose split-half ceiling is >= "
+                  f"{CLEAN_CEILING}: {', '.join(sel[0]['clean_families'])}")
 
 
 def parse_lowrank_options(opts: list[str]) -> dict[str, Any]:
@@ -358,6 +418,10 @@ def main(argv: list[str] | None = None) -> int:
                          "layer_vars=0,0.1,1)")
     ap.add_argument("--help-only", action="store_true",
                     help="HELP's devices only (ignore the measured tables)")
+    ap.add_argument("--no-ceiling", action="store_true",
+                    help="skip the noise ceilings (latency_ceiling.py; minutes on HELP's tables)")
+    ap.add_argument("--ceiling-only", action="store_true",
+                    help="only the noise ceilings, no predictor")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -370,9 +434,10 @@ def main(argv: list[str] | None = None) -> int:
     lowrank_options = parse_lowrank_options(args.lowrank_option)
     rows, spaces = [], []
     for name in args.spaces:
-        r, info = run_space(name, args.seeds, tuple(args.predictors), args.families,
+        r, info = run_space(name, args.seeds,
+                            () if args.ceiling_only else tuple(args.predictors), args.families,
                             meta_options, log, None if args.help_only else TABLES_DIR,
-                            lowrank_options)
+                            lowrank_options, with_ceiling=not args.no_ceiling)
         rows += r
         spaces.append(info)
     summary = summarize(rows)
