@@ -26,9 +26,11 @@ from typing import Any
 import numpy as np
 from hwnas.latency.predictors.features import (
     arch_strings,
+    encoding_positions,
     executed,
     execution_variants,
     features,
+    pair_products,
 )
 
 #: training / scoring architectures per fold at most (a seeded subsample of larger halves)
@@ -42,23 +44,6 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
     if np.ptp(a) == 0 or np.ptp(b) == 0:
         return 0.0
     return float(spearmanr(a, b)[0])
-
-
-def pair_products(E: np.ndarray, positions: list[np.ndarray], adjacent_only: bool) -> np.ndarray:
-    """Products of the one-hot encodings of two positions (every pair of positions, or only
-    neighbouring ones): one column per (choice at i, choice at j)."""
-    pairs = ([(i, i + 1) for i in range(len(positions) - 1)] if adjacent_only else
-             [(i, j) for i in range(len(positions)) for j in range(i + 1, len(positions))])
-    cols = [(E[:, positions[i]][:, :, None] * E[:, positions[j]][:, None, :]).reshape(len(E), -1)
-            for i, j in pairs]
-    return np.hstack(cols) if cols else np.zeros((len(E), 0))
-
-
-def encoding_positions(space: Any) -> list[np.ndarray]:
-    """Column indices of each position of a ``position=choice`` one-hot encoding."""
-    names = list(space.feature_names)
-    order = list(dict.fromkeys(n.split("=", 1)[0] for n in names))
-    return [np.array([k for k, n in enumerate(names) if n.split("=", 1)[0] == p]) for p in order]
 
 
 def ceiling_features(space: Any, archs: list[str]) -> dict[str, np.ndarray]:

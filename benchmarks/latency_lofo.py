@@ -63,11 +63,12 @@ REPO = Path(__file__).resolve().parent.parent
 TABLES_DIR = REPO / "benchmarks" / "results" / "latency_tables"
 OUT_JSON = Path(__file__).with_suffix(".json")
 PREDICTORS = ("meta", "flops", "opcount", "meta+opcount", "meta|opcount", "lowrank",
-              "meta+lowrank")
+              "meta+lowrank", "ens-loo")
 #: a family whose split-half ceiling reaches this is one where the predictor, not the data,
 #: limits the score (``clean_mean``: the mean over those families)
 CLEAN_CEILING = 0.95
-_META_ROWS = {"meta", "meta+opcount", "meta|opcount", "meta+lowrank"}
+_META_ROWS = {"meta", "meta+opcount", "meta|opcount", "meta+lowrank", "ens-loo"}
+_LOWRANK_ROWS = {"lowrank", "meta+lowrank", "ens-loo"}
 N = 10
 
 #: HELP's device columns -> family (regular expressions, first match wins)
@@ -182,6 +183,29 @@ def loo_log_error(make: Any, archs: list[str], y: np.ndarray, seed: int) -> floa
     return float(np.mean(errs))
 
 
+def loo_ensemble(members: dict[str, tuple[Any, np.ndarray | None]], archs: list[str],
+                 y: np.ndarray, query: list[str], seed: int) -> np.ndarray:
+    """``ens-loo``: a weighted geometric mean of the members' predictions on ``query`` (each
+    divided by its mean over the measured architectures), weights ``1 / e^2`` with ``e`` the
+    member's leave-one-out mean absolute log error on the measurements: the choice is made per
+    device, from its own measurements. ``members``: name -> (predictor, its prediction on
+    ``query`` when it is already adapted to all measurements, else None)."""
+    logs, weights = [], []
+    for pred, full in members.values():
+        err = []
+        for i in range(len(archs)):
+            keep = [j for j in range(len(archs)) if j != i]
+            p = pred.adapt([archs[j] for j in keep], y[keep], seed=seed).predict([archs[i]])[0]
+            err.append(abs(np.log(max(p, 1e-12) / y[i])))
+        pred.adapt(archs, y, seed=seed)
+        full = pred.predict(query) if full is None else full
+        fit = pred.predict(archs)
+        logs.append(np.log(np.maximum(full, 1e-12) / max(float(np.mean(fit)), 1e-12)))
+        weights.append(1.0 / (float(np.mean(err)) ** 2 + 1e-6))
+    w = np.array(weights) / np.sum(weights)
+    return np.exp(np.tensordot(w, np.array(logs), 1))
+
+
 def rank_mean(*preds: np.ndarray) -> np.ndarray:
     """Mean of the predictions' ranks (an ensemble that only needs each member's order)."""
     from scipy.stats import rankdata
@@ -201,7 +225,7 @@ def score_device(space: Any, meta: MetaPredictor | None, archs: list[str], y: np
     m_archs, m_y = [archs[i] for i in rows], y[rows]
     out = {}
     pm = pl = None
-    if {"meta", "meta+opcount", "meta+lowrank"} & set(predictors):
+    if {"meta", "meta+opcount", "meta+lowrank", "ens-loo"} & set(predictors):
         t0 = time.perf_counter()
         meta.adapt(m_archs, m_y, seed=seed)
         times["meta"] = time.perf_counter() - t0
@@ -210,7 +234,7 @@ def score_device(space: Any, meta: MetaPredictor | None, archs: list[str], y: np
             out["meta"] = spearman(pm, y)
         if "meta+opcount" in predictors:
             out["meta+opcount"] = spearman(combined(meta, space, m_archs, m_y, archs, pm, seed), y)
-    if {"lowrank", "meta+lowrank"} & set(predictors):
+    if _LOWRANK_ROWS & set(predictors):
         lr = rows if lowrank_rows is None else lowrank_rows
         t0 = time.perf_counter()
         lowrank.adapt([archs[i] for i in lr], y[lr], seed=seed)
@@ -220,6 +244,15 @@ def score_device(space: Any, meta: MetaPredictor | None, archs: list[str], y: np
             out["lowrank"] = spearman(pl, y)
         if "meta+lowrank" in predictors:
             out["meta+lowrank"] = spearman(rank_mean(pm, pl), y)
+    if "ens-loo" in predictors:
+        t0 = time.perf_counter()
+        # every member on the same 10 measurements (under ``ref``, meta's references)
+        members = {"meta": (meta, pm), "lowrank": (lowrank, pl if lowrank_rows is None
+                                                   else None),
+                   "opcount": (OpCountPredictor(space), None)}
+        p = loo_ensemble(members, m_archs, m_y, archs, seed)
+        times["ens-loo"] = time.perf_counter() - t0 + times["meta"] + times["lowrank"]
+        out["ens-loo"] = spearman(p, y)
     if "meta|opcount" in predictors:
         import copy
 
@@ -278,7 +311,7 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
         common = set.intersection(*(set(devices[d][0]) for d in held))
         meta = lowrank = None
         refs = lr_refs = None
-        use_lowrank = bool({"lowrank", "meta+lowrank"} & set(predictors))
+        use_lowrank = bool(_LOWRANK_ROWS & set(predictors))
         if _META_ROWS & set(predictors) or not use_lowrank:
             meta = MetaPredictor(space, **meta_options).meta_fit(space, train_archs, cols, seed=0)
             if not set(meta.reference_archs[:N]) <= common:
@@ -372,7 +405,7 @@ def print_table(summary: list[dict]) -> None:
         print(f"{'predictor':<22}" + "".join(f"{f[:15]:>16}" for f in fams)
               + f"{'mean':>8}{'worst':>8}{'clean':>8}")
         for s in sorted(sel, key=lambda s: (s["measurements"], PREDICTORS.index(s["predictor"])
-                                            if s["predictor"] in PREDICTORS else 99)):
+                                            if s["predictor"] in PREDICTORS else -1)):
             label = f"{s['predictor']}[{s['measurements']}]"
             print(f"{label:<22}" + "".join(f"{s['per_family'].get(f, float('nan')):>16.3f}"
                                            for f in fams)
@@ -395,8 +428,9 @@ def parse_lowrank_options(opts: list[str]) -> dict[str, Any]:
                 values.append(float(v))
             except ValueError:
                 values.append(v)
-        scalar = key in ("rank", "surrogate_ridge", "n_reference", "pool_size")
-        if scalar and key != "surrogate_ridge":
+        scalar = key in ("rank", "surrogate_ridge", "n_reference", "pool_size", "pairs",
+                         "temperature", "objective")
+        if key in ("rank", "n_reference", "pool_size"):
             values = [int(v) for v in values]
         out[key] = values[0] if scalar else tuple(values)
     return out

@@ -22,7 +22,9 @@ def nb201():
 def test_pair_products_one_column_per_choice_pair():
     E = np.array([[1, 0, 0, 1, 0], [0, 1, 1, 0, 0]], float)
     pos = [np.array([0, 1]), np.array([2, 3, 4])]
-    P = ceiling.pair_products(E, pos, adjacent_only=False)
+    from hwnas.latency.predictors.features import pair_products
+
+    P = pair_products(E, pos, adjacent_only=False)
     assert P.shape == (2, 6)
     assert P[0].tolist() == [0, 1, 0, 0, 0, 0] and P[1].tolist() == [0, 0, 0, 1, 0, 0]
 
