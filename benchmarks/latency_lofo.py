@@ -217,11 +217,14 @@ def score_device(space: Any, meta: MetaPredictor | None, archs: list[str], y: np
                  rows: np.ndarray, seed: int, predictors: tuple[str, ...],
                  lowrank: LowRankPredictor | None = None,
                  lowrank_rows: np.ndarray | None = None,
-                 times: dict[str, float] | None = None) -> dict[str, float]:
+                 times: dict[str, float] | None = None,
+                 score: np.ndarray | None = None) -> dict[str, float]:
     """Spearman over all ``archs`` of each predictor adapted to ``rows`` (the low-rank
     predictor to ``lowrank_rows`` when given: its own reference architectures); the seconds
-    ``adapt`` took go to ``times`` (meta, lowrank)."""
+    ``adapt`` took go to ``times`` (meta, lowrank). ``score``: rows to score on (a
+    subsample, for development runs), default all."""
     times = {} if times is None else times
+    query, yq = (archs, y) if score is None else ([archs[i] for i in score], y[score])
     m_archs, m_y = [archs[i] for i in rows], y[rows]
     out = {}
     pm = pl = None
@@ -229,53 +232,55 @@ def score_device(space: Any, meta: MetaPredictor | None, archs: list[str], y: np
         t0 = time.perf_counter()
         meta.adapt(m_archs, m_y, seed=seed)
         times["meta"] = time.perf_counter() - t0
-        pm = meta.predict(archs)
+        pm = meta.predict(query)
         if "meta" in predictors:
-            out["meta"] = spearman(pm, y)
+            out["meta"] = spearman(pm, yq)
         if "meta+opcount" in predictors:
-            out["meta+opcount"] = spearman(combined(meta, space, m_archs, m_y, archs, pm, seed), y)
+            out["meta+opcount"] = spearman(combined(meta, space, m_archs, m_y, query, pm, seed),
+                                           yq)
     if _LOWRANK_ROWS & set(predictors):
         lr = rows if lowrank_rows is None else lowrank_rows
         t0 = time.perf_counter()
         lowrank.adapt([archs[i] for i in lr], y[lr], seed=seed)
         times["lowrank"] = time.perf_counter() - t0
-        pl = lowrank.predict(archs)
+        pl = lowrank.predict(query)
         if "lowrank" in predictors:
-            out["lowrank"] = spearman(pl, y)
+            out["lowrank"] = spearman(pl, yq)
         if "meta+lowrank" in predictors:
-            out["meta+lowrank"] = spearman(rank_mean(pm, pl), y)
+            out["meta+lowrank"] = spearman(rank_mean(pm, pl), yq)
     if "ens-loo" in predictors:
         t0 = time.perf_counter()
         # every member on the same 10 measurements (under ``ref``, meta's references)
         members = {"meta": (meta, pm), "lowrank": (lowrank, pl if lowrank_rows is None
                                                    else None),
                    "opcount": (OpCountPredictor(space), None)}
-        p = loo_ensemble(members, m_archs, m_y, archs, seed)
+        p = loo_ensemble(members, m_archs, m_y, query, seed)
         times["ens-loo"] = time.perf_counter() - t0 + times["meta"] + times["lowrank"]
-        out["ens-loo"] = spearman(p, y)
+        out["ens-loo"] = spearman(p, yq)
     if "meta|opcount" in predictors:
         import copy
 
         e_meta = loo_log_error(lambda: copy.deepcopy(meta), m_archs, m_y, seed)
         e_oc = loo_log_error(lambda: OpCountPredictor(space), m_archs, m_y, seed)
         if e_oc < e_meta:
-            p = OpCountPredictor(space).adapt(m_archs, m_y, seed=seed).predict(archs)
+            p = OpCountPredictor(space).adapt(m_archs, m_y, seed=seed).predict(query)
         else:
-            p = meta.adapt(m_archs, m_y, seed=seed).predict(archs)
-        out["meta|opcount"] = spearman(p, y)
+            p = meta.adapt(m_archs, m_y, seed=seed).predict(query)
+        out["meta|opcount"] = spearman(p, yq)
     if "flops" in predictors:
         out["flops"] = spearman(FlopsPredictor(space).adapt(m_archs, m_y, seed=seed)
-                                .predict(archs), y)
+                                .predict(query), yq)
     if "opcount" in predictors:
         out["opcount"] = spearman(OpCountPredictor(space).adapt(m_archs, m_y, seed=seed)
-                                  .predict(archs), y)
+                                  .predict(query), yq)
     return out
 
 
 def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list[str] | None,
               meta_options: dict, log: Any, tables_dir: Path | None = TABLES_DIR,
               lowrank_options: dict | None = None,
-              with_ceiling: bool = True) -> tuple[list[dict], dict]:
+              with_ceiling: bool = True,
+              score_subsample: int | None = None) -> tuple[list[dict], dict]:
     space = get_space(name)
     devices, sources = load_devices(space, tables_dir)
     cvs = load_cv(space, tables_dir) if with_ceiling else {}
@@ -330,11 +335,15 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
         for d in held:
             archs, y = devices[d]
             idx = {x: i for i, x in enumerate(archs)}
+            score = None
+            if score_subsample and len(archs) > score_subsample:
+                score = np.sort(np.random.default_rng(7).choice(len(archs), score_subsample,
+                                                                replace=False))
             ref_rows = np.array([idx[a] for a in refs])
             lr_rows = None if lr_refs is None else np.array([idx[a] for a in lr_refs])
             times: dict[str, float] = {}
             for p, v in score_device(space, meta, archs, y, ref_rows, 0, predictors,
-                                     lowrank, lr_rows, times).items():
+                                     lowrank, lr_rows, times, score).items():
                 acc[(p, "ref", d)].append(v)
                 if p in times:
                     sec[(p, "ref", d)].append(times[p])
@@ -342,7 +351,7 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
                 rnd = np.random.default_rng(1000 + s).choice(len(archs), N, replace=False)
                 times = {}
                 for p, v in score_device(space, meta, archs, y, rnd, s, predictors,
-                                         lowrank, None, times).items():
+                                         lowrank, None, times, score).items():
                     acc[(p, "random", d)].append(v)
                     if p in times:
                         sec[(p, "random", d)].append(times[p])
@@ -452,6 +461,9 @@ def main(argv: list[str] | None = None) -> int:
                          "layer_vars=0,0.1,1)")
     ap.add_argument("--help-only", action="store_true",
                     help="HELP's devices only (ignore the measured tables)")
+    ap.add_argument("--score-subsample", type=int, default=None, metavar="N",
+                    help="score on N seeded architectures of each larger table (development "
+                         "runs; final figures over all)")
     ap.add_argument("--no-ceiling", action="store_true",
                     help="skip the noise ceilings (latency_ceiling.py; minutes on HELP's tables)")
     ap.add_argument("--ceiling-only", action="store_true",
@@ -471,7 +483,8 @@ def main(argv: list[str] | None = None) -> int:
         r, info = run_space(name, args.seeds,
                             () if args.ceiling_only else tuple(args.predictors), args.families,
                             meta_options, log, None if args.help_only else TABLES_DIR,
-                            lowrank_options, with_ceiling=not args.no_ceiling)
+                            lowrank_options, with_ceiling=not args.no_ceiling,
+                            score_subsample=args.score_subsample)
         rows += r
         spaces.append(info)
     summary = summarize(rows)
@@ -481,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
                    + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": describe_machine("no GPU used"),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "n_measurements": N, "seeds": args.seeds,
+        "n_measurements": N, "seeds": args.seeds, "score_subsample": args.score_subsample,
         "meta_training": {"seeds_per_fold": 1, "options": meta_options or "defaults",
                           "lowrank_options": lowrank_options or "defaults"},
         "seconds": round(time.perf_counter() - t0, 1),
