@@ -137,6 +137,22 @@ def ceiling_rows(space: Any, fam: str, held: list[str], devices: dict,
     return rows
 
 
+def ceiling_rows_from(path: Path, spaces: list[str], families: list[str] | None) -> list[dict]:
+    """The ``ceiling`` rows of an earlier run's JSON (the spaces and families asked for)."""
+    import json
+
+    from hwnas.core.errors import UserError
+
+    try:
+        doc = json.loads(path.read_text())
+        rows = [r for r in doc["results"] if r["predictor"] == "ceiling"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--ceiling-from {path}: expected a latency_lofo JSON with ceiling rows "
+                        f"({e})") from None
+    return [r for r in rows if r["space"] in spaces
+            and (not families or r["family"] in families)]
+
+
 def load_devices(space: Any, tables_dir: Path | None = TABLES_DIR) -> tuple[dict, list[str]]:
     """Every device of the space: ``device -> (archs, latency array)``; and the sources read.
     HELP's table first, then ``<space>_*.csv.gz`` (not the ``_cv`` ones) of ``tables_dir``."""
@@ -466,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
                          "runs; final figures over all)")
     ap.add_argument("--no-ceiling", action="store_true",
                     help="skip the noise ceilings (latency_ceiling.py; minutes on HELP's tables)")
+    ap.add_argument("--ceiling-from", type=Path, default=None, metavar="JSON",
+                    help="with --no-ceiling: take the ceiling rows of an earlier run's JSON "
+                         "(for the clean-family mean)")
     ap.add_argument("--ceiling-only", action="store_true",
                     help="only the noise ceilings, no predictor")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
@@ -487,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
                             score_subsample=args.score_subsample)
         rows += r
         spaces.append(info)
+    if args.ceiling_from is not None:
+        rows += ceiling_rows_from(args.ceiling_from, args.spaces, args.families)
     summary = summarize(rows)
     print_table(summary)
     write_json(args.out, {
