@@ -454,7 +454,7 @@ def parse_lowrank_options(opts: list[str]) -> dict[str, Any]:
             except ValueError:
                 values.append(v)
         scalar = key in ("rank", "surrogate_ridge", "n_reference", "pool_size", "pairs",
-                         "temperature", "objective")
+                         "pair_scale", "temperature", "objective")
         if key in ("rank", "n_reference", "pool_size"):
             values = [int(v) for v in values]
         out[key] = values[0] if scalar else tuple(values)

@@ -77,14 +77,15 @@ def test_temperature_and_rank_objective(nb201) -> None:
 def test_options_are_checked_and_saved(nb201, tmp_path) -> None:
     space, archs = nb201
     for bad in ({"pairs": "some"}, {"objective": "kendall"}, {"temperature": 0.5},
-                {"temperature": float("nan")}):
+                {"temperature": float("nan")}, {"pair_scale": 0.0}):
         with pytest.raises(UserError):
             LowRankPredictor(space, **bad)
     table = pair_devices(space, archs, 4, seed=5)
-    pred = LowRankPredictor(space, pool_size=300, pairs="all", temperature=2.0,
+    pred = LowRankPredictor(space, pool_size=300, pairs="all", pair_scale=0.5, temperature=2.0,
                             objective="rank").meta_fit(space, archs, table, seed=0)
     back = LatencyPredictor.load(pred.save(tmp_path / "p.npz"))
-    assert (back.pairs, back.temperature, back.objective) == ("all", 2.0, "rank")
+    assert (back.pairs, back.pair_scale, back.temperature, back.objective) == (
+        "all", 0.5, 2.0, "rank")
     y = table["dev0"]
     rows = np.arange(10)
     np.testing.assert_allclose(

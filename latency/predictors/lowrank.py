@@ -114,6 +114,7 @@ class LowRankPredictor(DesignedPredictor):
         n_reference: int = 20,
         pool_size: int = 2000,
         pairs: str = "none",
+        pair_scale: float = 1.0,
         temperature: float = 1.0,
         objective: str = "ls",
     ) -> None:
@@ -136,11 +137,14 @@ class LowRankPredictor(DesignedPredictor):
         if pairs not in PAIRS or objective not in OBJECTIVES:
             raise UserError(f"pairs {pairs!r} / objective {objective!r}; expected one of "
                             f"{list(PAIRS)} / {list(OBJECTIVES)}")
+        if not (np.isfinite(pair_scale) and pair_scale > 0):
+            raise UserError(f"pair_scale must be a number > 0, got {pair_scale}")
         if not (np.isfinite(temperature) and temperature >= 1):
             raise UserError(f"temperature must be a number >= 1, got {temperature}")
         self.n_reference = int(n_reference)
         self.pool_size = int(pool_size)
         self.pairs = str(pairs)
+        self.pair_scale = float(pair_scale)
         self.temperature = float(temperature)
         self.objective = str(objective)
         self.devices_: list[str] = []
@@ -157,8 +161,9 @@ class LowRankPredictor(DesignedPredictor):
         E = features(self.space, ek, "encode")
         X = np.hstack([E, flag[:, None]])
         if self.pairs != "none":
-            X = np.hstack([X, pair_products(E, encoding_positions(self.space),
-                                            self.pairs == "adjacent")])
+            # pair_scale < 1: pair costs shrink more (ridge) and vary less under the prior
+            X = np.hstack([X, self.pair_scale * pair_products(
+                E, encoding_positions(self.space), self.pairs == "adjacent")])
         return X, features(self.space, ek, "layers")
 
     def _width(self) -> int:
@@ -340,7 +345,7 @@ class LowRankPredictor(DesignedPredictor):
                 "iso_vars": list(self.iso_vars), "layer_vars": list(self.layer_vars),
                 "lams": list(self.lams), "targets": list(self.targets),
                 "surrogate_ridge": self.surrogate_ridge, "n_reference": self.n_reference,
-                "pool_size": self.pool_size, "pairs": self.pairs,
+                "pool_size": self.pool_size, "pairs": self.pairs, "pair_scale": self.pair_scale,
                 "temperature": self.temperature, "objective": self.objective,
                 "devices": list(self.devices_),
                 "execution_prior": dict(self.execution_prior_),
@@ -352,7 +357,7 @@ class LowRankPredictor(DesignedPredictor):
                     arrays: Mapping[str, np.ndarray]) -> LowRankPredictor:
         hyper = {k: meta[k] for k in ("rank", "pc_vars", "iso_vars", "layer_vars", "lams",
                                       "targets", "surrogate_ridge", "n_reference", "pool_size",
-                                      "pairs", "temperature", "objective")
+                                      "pairs", "pair_scale", "temperature", "objective")
                  if k in meta}
         obj = cls(space, **hyper)
         obj.devices_ = list(meta.get("devices", []))
