@@ -20,12 +20,19 @@ after scaling each to the measured mean, and ``meta|opcount``, whichever of the 
 leave-one-out log error on the 10 measurements; ``lowrank`` (:class:`LowRankPredictor`: a
 low-rank prior over the meta-training devices' per-operation cost vectors, each family weighing
 the same, measured on its own reference architectures) and ``meta+lowrank`` (the mean of the
-two predictions' ranks). Meta-training uses every architecture some table
+two predictions' ranks); ``ens-loo``, meta, lowrank and opcount weighted by their leave-one-out
+error on the device's own 10 measurements. Beside them, ``ceiling[fit]`` and ``ceiling[cv]``:
+each held-out device's noise ceiling (``latency_ceiling.py``), and every row's ``clean`` mean
+over the families whose split-half ceiling is >= 0.95 (where the predictor, not the table's
+noise, is the limit). Meta-training uses every architecture some table
 holds (a device measured on a sample is fitted on its sample) and one seed per fold; when a
 held-out table lacks a reference architecture, the references are chosen again among the
 architectures every held-out table holds (``MetaPredictor.redesign``).
 
     OMP_NUM_THREADS=1 python benchmarks/latency_lofo.py --spaces nb201 fbnet
+
+Development runs may score on a seeded subsample of each large table (``--score-subsample``)
+and skip the ceilings (``--no-ceiling``, ``--ceiling-from`` an earlier run's JSON).
 """
 
 from __future__ import annotations
