@@ -20,12 +20,19 @@ after scaling each to the measured mean, and ``meta|opcount``, whichever of the 
 leave-one-out log error on the 10 measurements; ``lowrank`` (:class:`LowRankPredictor`: a
 low-rank prior over the meta-training devices' per-operation cost vectors, each family weighing
 the same, measured on its own reference architectures) and ``meta+lowrank`` (the mean of the
-two predictions' ranks). Meta-training uses every architecture some table
+two predictions' ranks); ``ens-loo``, meta, lowrank and opcount weighted by their leave-one-out
+error on the device's own 10 measurements. Beside them, ``ceiling[fit]`` and ``ceiling[cv]``:
+each held-out device's noise ceiling (``latency_ceiling.py``), and every row's ``clean`` mean
+over the families whose split-half ceiling is >= 0.95 (where the predictor, not the table's
+noise, is the limit). Meta-training uses every architecture some table
 holds (a device measured on a sample is fitted on its sample) and one seed per fold; when a
 held-out table lacks a reference architecture, the references are chosen again among the
 architectures every held-out table holds (``MetaPredictor.redesign``).
 
     OMP_NUM_THREADS=1 python benchmarks/latency_lofo.py --spaces nb201 fbnet
+
+Development runs may score on a seeded subsample of each large table (``--score-subsample``)
+and skip the ceilings (``--no-ceiling``, ``--ceiling-from`` an earlier run's JSON).
 """
 
 from __future__ import annotations
@@ -54,12 +61,21 @@ from hwnas.latency.predictors import (
 from hwnas.latency.tables import load_shared_table
 from hwnas.supernet.spaces import get_space
 
+try:  # run as a script (benchmarks/ on sys.path) or imported as benchmarks.latency_lofo
+    import latency_ceiling as ceiling
+except ImportError:  # pragma: no cover - depends on how it is run
+    from benchmarks import latency_ceiling as ceiling
+
 REPO = Path(__file__).resolve().parent.parent
 TABLES_DIR = REPO / "benchmarks" / "results" / "latency_tables"
 OUT_JSON = Path(__file__).with_suffix(".json")
 PREDICTORS = ("meta", "flops", "opcount", "meta+opcount", "meta|opcount", "lowrank",
-              "meta+lowrank")
-_META_ROWS = {"meta", "meta+opcount", "meta|opcount", "meta+lowrank"}
+              "meta+lowrank", "ens-loo")
+#: a family whose split-half ceiling reaches this is one where the predictor, not the data,
+#: limits the score (``clean_mean``: the mean over those families)
+CLEAN_CEILING = 0.95
+_META_ROWS = {"meta", "meta+opcount", "meta|opcount", "meta+lowrank", "ens-loo"}
+_LOWRANK_ROWS = {"lowrank", "meta+lowrank", "ens-loo"}
 N = 10
 
 #: HELP's device columns -> family (regular expressions, first match wins)
@@ -96,6 +112,52 @@ def read_gz_table(path: Path, space: Any) -> dict[str, dict[str, float]]:
             if v and np.isfinite(float(v)) and float(v) > 0:
                 out[d][a] = float(v)
     return out
+
+
+def load_cv(space: Any, tables_dir: Path | None = TABLES_DIR) -> dict[str, dict[str, float]]:
+    """``device -> {canonical arch: cv}``: the coefficient of variation of each cell's repeated
+    timings (``<space>_*_cv.csv.gz``; HELP's tables have none)."""
+    out: dict[str, dict[str, float]] = {}
+    paths = [] if tables_dir is None else sorted(tables_dir.glob(f"{space.name}_*_cv.csv.gz"))
+    for path in paths:
+        out.update(read_gz_table(path, space))
+    return out
+
+
+def ceiling_rows(space: Any, fam: str, held: list[str], devices: dict,
+                 cvs: dict[str, dict[str, float]]) -> list[dict]:
+    """Rows ``ceiling[fit]`` (split-half) and, where repeats were timed, ``ceiling[cv]`` of the
+    held-out devices (:mod:`latency_ceiling`), in the shape of the predictors' rows."""
+    rows = []
+    for d in held:
+        archs, y = devices[d]
+        fit = ceiling.split_half(ceiling.ceiling_features(space, archs), y)
+        base = {"space": space.name, "predictor": "ceiling", "n_measurements": N,
+                "family": fam, "device": d, "architectures": len(archs), "spearman_std": 0.0,
+                "seeds": 1}
+        rows.append({**base, "measurements": "fit", "spearman_mean": round(fit["best"], 4),
+                     "models": {k: round(v, 4) for k, v in fit.items() if k != "best"}})
+        if d in cvs:
+            cv = np.array([cvs[d].get(a, np.nan) for a in archs])
+            rows.append({**base, "measurements": "cv",
+                         "spearman_mean": round(ceiling.repeat_ceiling(y, cv), 4)})
+    return rows
+
+
+def ceiling_rows_from(path: Path, spaces: list[str], families: list[str] | None) -> list[dict]:
+    """The ``ceiling`` rows of an earlier run's JSON (the spaces and families asked for)."""
+    import json
+
+    from hwnas.core.errors import UserError
+
+    try:
+        doc = json.loads(path.read_text())
+        rows = [r for r in doc["results"] if r["predictor"] == "ceiling"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--ceiling-from {path}: expected a latency_lofo JSON with ceiling rows "
+                        f"({e})") from None
+    return [r for r in rows if r["space"] in spaces
+            and (not families or r["family"] in families)]
 
 
 def load_devices(space: Any, tables_dir: Path | None = TABLES_DIR) -> tuple[dict, list[str]]:
@@ -146,6 +208,29 @@ def loo_log_error(make: Any, archs: list[str], y: np.ndarray, seed: int) -> floa
     return float(np.mean(errs))
 
 
+def loo_ensemble(members: dict[str, tuple[Any, np.ndarray | None]], archs: list[str],
+                 y: np.ndarray, query: list[str], seed: int) -> np.ndarray:
+    """``ens-loo``: a weighted geometric mean of the members' predictions on ``query`` (each
+    divided by its mean over the measured architectures), weights ``1 / e^2`` with ``e`` the
+    member's leave-one-out mean absolute log error on the measurements: the choice is made per
+    device, from its own measurements. ``members``: name -> (predictor, its prediction on
+    ``query`` when it is already adapted to all measurements, else None)."""
+    logs, weights = [], []
+    for pred, full in members.values():
+        err = []
+        for i in range(len(archs)):
+            keep = [j for j in range(len(archs)) if j != i]
+            p = pred.adapt([archs[j] for j in keep], y[keep], seed=seed).predict([archs[i]])[0]
+            err.append(abs(np.log(max(p, 1e-12) / y[i])))
+        pred.adapt(archs, y, seed=seed)
+        full = pred.predict(query) if full is None else full
+        fit = pred.predict(archs)
+        logs.append(np.log(np.maximum(full, 1e-12) / max(float(np.mean(fit)), 1e-12)))
+        weights.append(1.0 / (float(np.mean(err)) ** 2 + 1e-6))
+    w = np.array(weights) / np.sum(weights)
+    return np.exp(np.tensordot(w, np.array(logs), 1))
+
+
 def rank_mean(*preds: np.ndarray) -> np.ndarray:
     """Mean of the predictions' ranks (an ensemble that only needs each member's order)."""
     from scipy.stats import rankdata
@@ -157,57 +242,73 @@ def score_device(space: Any, meta: MetaPredictor | None, archs: list[str], y: np
                  rows: np.ndarray, seed: int, predictors: tuple[str, ...],
                  lowrank: LowRankPredictor | None = None,
                  lowrank_rows: np.ndarray | None = None,
-                 times: dict[str, float] | None = None) -> dict[str, float]:
+                 times: dict[str, float] | None = None,
+                 score: np.ndarray | None = None) -> dict[str, float]:
     """Spearman over all ``archs`` of each predictor adapted to ``rows`` (the low-rank
     predictor to ``lowrank_rows`` when given: its own reference architectures); the seconds
-    ``adapt`` took go to ``times`` (meta, lowrank)."""
+    ``adapt`` took go to ``times`` (meta, lowrank). ``score``: rows to score on (a
+    subsample, for development runs), default all."""
     times = {} if times is None else times
+    query, yq = (archs, y) if score is None else ([archs[i] for i in score], y[score])
     m_archs, m_y = [archs[i] for i in rows], y[rows]
     out = {}
     pm = pl = None
-    if {"meta", "meta+opcount", "meta+lowrank"} & set(predictors):
+    if {"meta", "meta+opcount", "meta+lowrank", "ens-loo"} & set(predictors):
         t0 = time.perf_counter()
         meta.adapt(m_archs, m_y, seed=seed)
         times["meta"] = time.perf_counter() - t0
-        pm = meta.predict(archs)
+        pm = meta.predict(query)
         if "meta" in predictors:
-            out["meta"] = spearman(pm, y)
+            out["meta"] = spearman(pm, yq)
         if "meta+opcount" in predictors:
-            out["meta+opcount"] = spearman(combined(meta, space, m_archs, m_y, archs, pm, seed), y)
-    if {"lowrank", "meta+lowrank"} & set(predictors):
+            out["meta+opcount"] = spearman(combined(meta, space, m_archs, m_y, query, pm, seed),
+                                           yq)
+    if _LOWRANK_ROWS & set(predictors):
         lr = rows if lowrank_rows is None else lowrank_rows
         t0 = time.perf_counter()
         lowrank.adapt([archs[i] for i in lr], y[lr], seed=seed)
         times["lowrank"] = time.perf_counter() - t0
-        pl = lowrank.predict(archs)
+        pl = lowrank.predict(query)
         if "lowrank" in predictors:
-            out["lowrank"] = spearman(pl, y)
+            out["lowrank"] = spearman(pl, yq)
         if "meta+lowrank" in predictors:
-            out["meta+lowrank"] = spearman(rank_mean(pm, pl), y)
+            out["meta+lowrank"] = spearman(rank_mean(pm, pl), yq)
+    if "ens-loo" in predictors:
+        t0 = time.perf_counter()
+        # every member on the same 10 measurements (under ``ref``, meta's references)
+        members = {"meta": (meta, pm), "lowrank": (lowrank, pl if lowrank_rows is None
+                                                   else None),
+                   "opcount": (OpCountPredictor(space), None)}
+        p = loo_ensemble(members, m_archs, m_y, query, seed)
+        times["ens-loo"] = time.perf_counter() - t0 + times["meta"] + times["lowrank"]
+        out["ens-loo"] = spearman(p, yq)
     if "meta|opcount" in predictors:
         import copy
 
         e_meta = loo_log_error(lambda: copy.deepcopy(meta), m_archs, m_y, seed)
         e_oc = loo_log_error(lambda: OpCountPredictor(space), m_archs, m_y, seed)
         if e_oc < e_meta:
-            p = OpCountPredictor(space).adapt(m_archs, m_y, seed=seed).predict(archs)
+            p = OpCountPredictor(space).adapt(m_archs, m_y, seed=seed).predict(query)
         else:
-            p = meta.adapt(m_archs, m_y, seed=seed).predict(archs)
-        out["meta|opcount"] = spearman(p, y)
+            p = meta.adapt(m_archs, m_y, seed=seed).predict(query)
+        out["meta|opcount"] = spearman(p, yq)
     if "flops" in predictors:
         out["flops"] = spearman(FlopsPredictor(space).adapt(m_archs, m_y, seed=seed)
-                                .predict(archs), y)
+                                .predict(query), yq)
     if "opcount" in predictors:
         out["opcount"] = spearman(OpCountPredictor(space).adapt(m_archs, m_y, seed=seed)
-                                  .predict(archs), y)
+                                  .predict(query), yq)
     return out
 
 
 def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list[str] | None,
               meta_options: dict, log: Any, tables_dir: Path | None = TABLES_DIR,
-              lowrank_options: dict | None = None) -> tuple[list[dict], dict]:
+              lowrank_options: dict | None = None,
+              with_ceiling: bool = True,
+              score_subsample: int | None = None) -> tuple[list[dict], dict]:
     space = get_space(name)
     devices, sources = load_devices(space, tables_dir)
+    cvs = load_cv(space, tables_dir) if with_ceiling else {}
     fams: dict[str, list[str]] = defaultdict(list)
     for d in devices:
         fams[family(d)].append(d)
@@ -220,6 +321,11 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
         if families and fam not in families:
             continue
         held = fams[fam]
+        if with_ceiling:
+            rows += ceiling_rows(space, fam, held, devices, cvs)
+        if not predictors:
+            log(f"  {fam}: ceiling only")
+            continue
         train = [d for d in devices if d not in held]
         t0 = time.perf_counter()
         train_set = {a for d in train for a in devices[d][0]}
@@ -235,7 +341,7 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
         common = set.intersection(*(set(devices[d][0]) for d in held))
         meta = lowrank = None
         refs = lr_refs = None
-        use_lowrank = bool({"lowrank", "meta+lowrank"} & set(predictors))
+        use_lowrank = bool(_LOWRANK_ROWS & set(predictors))
         if _META_ROWS & set(predictors) or not use_lowrank:
             meta = MetaPredictor(space, **meta_options).meta_fit(space, train_archs, cols, seed=0)
             if not set(meta.reference_archs[:N]) <= common:
@@ -254,11 +360,15 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
         for d in held:
             archs, y = devices[d]
             idx = {x: i for i, x in enumerate(archs)}
+            score = None
+            if score_subsample and len(archs) > score_subsample:
+                score = np.sort(np.random.default_rng(7).choice(len(archs), score_subsample,
+                                                                replace=False))
             ref_rows = np.array([idx[a] for a in refs])
             lr_rows = None if lr_refs is None else np.array([idx[a] for a in lr_refs])
             times: dict[str, float] = {}
             for p, v in score_device(space, meta, archs, y, ref_rows, 0, predictors,
-                                     lowrank, lr_rows, times).items():
+                                     lowrank, lr_rows, times, score).items():
                 acc[(p, "ref", d)].append(v)
                 if p in times:
                     sec[(p, "ref", d)].append(times[p])
@@ -266,7 +376,7 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
                 rnd = np.random.default_rng(1000 + s).choice(len(archs), N, replace=False)
                 times = {}
                 for p, v in score_device(space, meta, archs, y, rnd, s, predictors,
-                                         lowrank, None, times).items():
+                                         lowrank, None, times, score).items():
                     acc[(p, "random", d)].append(v)
                     if p in times:
                         sec[(p, "random", d)].append(times[p])
@@ -306,6 +416,17 @@ def summarize(rows: list[dict]) -> list[dict]:
                         fam_means.values()))), 4),
                     "per_family": {f: round(v, 4) for f, v in sorted(fam_means.items())},
                     "worst_family": worst, "worst_spearman": round(fam_means[worst], 4)})
+    for space in {s["space"] for s in out}:
+        ceil = [s for s in out if (s["space"], s["predictor"], s["measurements"])
+                == (space, "ceiling", "fit")]
+        if not ceil:
+            continue
+        clean = sorted(f for f, v in ceil[0]["per_family"].items() if v >= CLEAN_CEILING)
+        for s in out:
+            if s["space"] == space:
+                have = [s["per_family"][f] for f in clean if f in s["per_family"]]
+                s["clean_families"] = clean
+                s["clean_mean"] = round(float(np.mean(have)), 4) if have else None
     return out
 
 
@@ -316,13 +437,17 @@ def print_table(summary: list[dict]) -> None:
         print(f"\n{space} - leave-one-family-out, 10-shot Spearman over all architectures "
               f"(family = mean over its devices)")
         print(f"{'predictor':<22}" + "".join(f"{f[:15]:>16}" for f in fams)
-              + f"{'mean':>8}{'worst':>8}")
+              + f"{'mean':>8}{'worst':>8}{'clean':>8}")
         for s in sorted(sel, key=lambda s: (s["measurements"], PREDICTORS.index(s["predictor"])
-                                            if s["predictor"] in PREDICTORS else 99)):
+                                            if s["predictor"] in PREDICTORS else -1)):
             label = f"{s['predictor']}[{s['measurements']}]"
             print(f"{label:<22}" + "".join(f"{s['per_family'].get(f, float('nan')):>16.3f}"
                                            for f in fams)
-                  + f"{s['spearman_mean']:>8.3f}{s['worst_spearman']:>8.3f}")
+                  + f"{s['spearman_mean']:>8.3f}{s['worst_spearman']:>8.3f}"
+                  + (f"{s['clean_mean']:>8.3f}" if s.get("clean_mean") is not None else ""))
+        if sel[0].get("clean_families") is not None:
+            print(f"clean = mean over the families whose split-half ceiling is >= "
+                  f"{CLEAN_CEILING}: {', '.join(sel[0]['clean_families'])}")
 
 
 def parse_lowrank_options(opts: list[str]) -> dict[str, Any]:
@@ -337,8 +462,9 @@ def parse_lowrank_options(opts: list[str]) -> dict[str, Any]:
                 values.append(float(v))
             except ValueError:
                 values.append(v)
-        scalar = key in ("rank", "surrogate_ridge", "n_reference", "pool_size")
-        if scalar and key != "surrogate_ridge":
+        scalar = key in ("rank", "surrogate_ridge", "n_reference", "pool_size", "pairs",
+                         "pair_scale", "temperature", "objective")
+        if key in ("rank", "n_reference", "pool_size"):
             values = [int(v) for v in values]
         out[key] = values[0] if scalar else tuple(values)
     return out
@@ -360,6 +486,16 @@ def main(argv: list[str] | None = None) -> int:
                          "layer_vars=0,0.1,1)")
     ap.add_argument("--help-only", action="store_true",
                     help="HELP's devices only (ignore the measured tables)")
+    ap.add_argument("--score-subsample", type=int, default=None, metavar="N",
+                    help="score on N seeded architectures of each larger table (development "
+                         "runs; final figures over all)")
+    ap.add_argument("--no-ceiling", action="store_true",
+                    help="skip the noise ceilings (latency_ceiling.py; minutes on HELP's tables)")
+    ap.add_argument("--ceiling-from", type=Path, default=None, metavar="JSON",
+                    help="with --no-ceiling: take the ceiling rows of an earlier run's JSON "
+                         "(for the clean-family mean)")
+    ap.add_argument("--ceiling-only", action="store_true",
+                    help="only the noise ceilings, no predictor")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -372,11 +508,15 @@ def main(argv: list[str] | None = None) -> int:
     lowrank_options = parse_lowrank_options(args.lowrank_option)
     rows, spaces = [], []
     for name in args.spaces:
-        r, info = run_space(name, args.seeds, tuple(args.predictors), args.families,
+        r, info = run_space(name, args.seeds,
+                            () if args.ceiling_only else tuple(args.predictors), args.families,
                             meta_options, log, None if args.help_only else TABLES_DIR,
-                            lowrank_options)
+                            lowrank_options, with_ceiling=not args.no_ceiling,
+                            score_subsample=args.score_subsample)
         rows += r
         spaces.append(info)
+    if args.ceiling_from is not None:
+        rows += ceiling_rows_from(args.ceiling_from, args.spaces, args.families)
     summary = summarize(rows)
     print_table(summary)
     write_json(args.out, {
@@ -384,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                    + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": describe_machine("no GPU used"),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "n_measurements": N, "seeds": args.seeds,
+        "n_measurements": N, "seeds": args.seeds, "score_subsample": args.score_subsample,
         "meta_training": {"seeds_per_fold": 1, "options": meta_options or "defaults",
                           "lowrank_options": lowrank_options or "defaults"},
         "seconds": round(time.perf_counter() - t0, 1),

@@ -134,3 +134,23 @@ def test_meta_fit_with_missing_cells_and_redesign():
         MetaPredictor(space).meta_fit(space, archs, {"a": full, "b": np.r_[part[:5],
                                                                            np.full(295, np.nan)]},
                                       seed=0)
+
+
+def test_loo_ensemble_weighs_the_member_that_predicts_left_out_measurements():
+    """ens-loo: a member whose leave-one-out error is tiny dominates the weighted mean."""
+    from hwnas.latency.predictors import FlopsPredictor, OpCountPredictor
+    from hwnas.latency.predictors.opcount import op_count_matrix
+    from hwnas.supernet.spaces import get_space
+
+    space = get_space("nb201")
+    rng = np.random.default_rng(3)
+    archs = list(dict.fromkeys(space.to_string(space.sample(rng)) for _ in range(120)))
+    counts, _ = op_count_matrix(space, archs)
+    y = 0.5 + counts @ np.array([0.0, 0.9, 0.05, 0.1, 0.6])  # cheap convs, dear skips/pools
+    rows = np.arange(10)
+    m_archs, m_y = [archs[i] for i in rows], y[rows]
+    members = {"opcount": (OpCountPredictor(space), None), "flops": (FlopsPredictor(space), None)}
+    p = lofo.loo_ensemble(members, m_archs, m_y, archs, seed=0)
+    oc = OpCountPredictor(space).adapt(m_archs, m_y, seed=0)
+    exact = oc.predict(archs) / np.mean(oc.predict(m_archs))
+    np.testing.assert_allclose(p, exact, rtol=1e-3)

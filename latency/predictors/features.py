@@ -34,8 +34,9 @@ from hwnas.supernet.layers import OPS, Layer
 
 from hwnas.core.errors import UserError
 
-__all__ = ["LAYER_KINDS", "LAYER_QUANTITIES", "arch_strings", "execution_variants", "executed",
-           "features", "layer_features", "layer_feature_names", "clear_cache"]
+__all__ = ["LAYER_KINDS", "LAYER_QUANTITIES", "arch_strings", "encoding_positions",
+           "execution_variants", "executed", "features", "layer_features", "layer_feature_names",
+           "pair_products", "clear_cache"]
 
 #: Layer kinds: convolutions split by shape, then every other op of :data:`hwnas.supernet.layers.OPS`.
 #: The list is fixed and only ever appended to: shipped meta predictors store the indices of
@@ -165,6 +166,27 @@ def executed(space: Any, keys: Sequence[str], variant: str) -> tuple[list[str], 
         out.append(hit[0])
         flags[i] = hit[1]
     return out, flags
+
+
+def encoding_positions(space: Any) -> list[np.ndarray]:
+    """Column indices of each position of a ``position=choice`` one-hot encoding (NB-201: its 6
+    edges; FBNet: its 22 layers)."""
+    names = list(space.feature_names)
+    order = list(dict.fromkeys(n.split("=", 1)[0] for n in names))
+    return [np.array([k for k, n in enumerate(names) if n.split("=", 1)[0] == p]) for p in order]
+
+
+def pair_products(E: np.ndarray, positions: Sequence[np.ndarray],
+                  adjacent_only: bool = False) -> np.ndarray:
+    """Products of the one-hot encodings of two positions (every pair of positions, or only
+    neighbouring ones), one column per (choice at i, choice at j): the non-additive terms of a
+    cell (an operation whose cost depends on what feeds it)."""
+    n = len(positions)
+    pairs = ([(i, i + 1) for i in range(n - 1)] if adjacent_only else
+             [(i, j) for i in range(n) for j in range(i + 1, n)])
+    cols = [(E[:, positions[i]][:, :, None] * E[:, positions[j]][:, None, :]).reshape(len(E), -1)
+            for i, j in pairs]
+    return np.hstack(cols) if cols else np.zeros((len(E), 0))
 
 
 def clear_cache() -> None:

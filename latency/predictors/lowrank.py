@@ -29,9 +29,11 @@ from hwnas.latency.predictors.base import (
 )
 from hwnas.latency.predictors.features import (
     arch_strings,
+    encoding_positions,
     executed,
     execution_variants,
     features,
+    pair_products,
 )
 from hwnas.latency.predictors.meta import DesignedPredictor, _ridge, greedy_design
 
@@ -40,6 +42,8 @@ from hwnas.core.errors import UserError
 __all__ = ["LowRankPredictor"]
 
 TARGETS = ("linear", "log")
+PAIRS = ("none", "all", "adjacent")
+OBJECTIVES = ("ls", "rank")
 _BLOCKS = ("m", "p", "i", "l", "c")
 
 
@@ -50,6 +54,42 @@ def _positive_grid(name: str, values: Sequence[float], *, allow_zero: bool) -> t
         bound = ">= 0" if allow_zero else "> 0"
         raise UserError(f"{name} must be a non-empty list of numbers {bound}, got {list(values)}")
     return out
+
+
+#: members of the hyper-parameter average refitted with the ranking objective (the heaviest)
+_RANK_MEMBERS = 8
+
+
+def _rank_fit(K: np.ndarray, y: np.ndarray, alpha0: np.ndarray, lam: float,
+              sig2: float) -> tuple[np.ndarray, float]:
+    """Refit one member with a pairwise ranking likelihood: the latent values ``f = K beta`` at
+    the measured architectures minimise ``sum over ordered pairs softplus(-(f_i - f_j) / s)``
+    plus the Gaussian prior ``beta' K beta / (2 sig2)`` (``s``: the member's noise of a
+    difference); then ``a f + b`` is matched to ``y`` by least squares so that predictions are
+    latencies again. Returns the weights (``a beta``) and the offset ``b``."""
+    from scipy.optimize import minimize
+
+    i, j = np.nonzero(y[:, None] > y[None, :])
+    s = np.sqrt(2.0 * lam * sig2)
+
+    def loss(beta: np.ndarray) -> tuple[float, np.ndarray]:
+        f = K @ beta
+        d = (f[i] - f[j]) / s
+        g_pair = -0.5 * (1.0 - np.tanh(0.5 * d)) / s  # d softplus(-d) / d(f_i - f_j)
+        g = np.zeros_like(f)
+        np.add.at(g, i, g_pair)
+        np.add.at(g, j, -g_pair)
+        val = float(np.sum(np.logaddexp(0.0, -d))) + 0.5 * float(beta @ f) / sig2
+        return val, K @ g + f / sig2
+
+    beta = minimize(loss, alpha0, jac=True, method="L-BFGS-B",
+                    options={"maxiter": 200}).x
+    f = K @ beta
+    A = np.c_[f, np.ones_like(f)]
+    a, b = np.linalg.lstsq(A, y, rcond=None)[0]
+    if not np.isfinite(a) or a <= 0:  # the ranking fit lost the order: keep least squares
+        return alpha0, 0.0
+    return a * beta, float(b)
 
 
 @register_predictor_class
@@ -73,6 +113,10 @@ class LowRankPredictor(DesignedPredictor):
         surrogate_ridge: float = 1e-2,
         n_reference: int = 20,
         pool_size: int = 2000,
+        pairs: str = "none",
+        pair_scale: float = 1.0,
+        temperature: float = 1.0,
+        objective: str = "ls",
     ) -> None:
         super().__init__(space)
         if int(rank) < 1 or int(n_reference) < 1 or int(pool_size) < 2:
@@ -90,8 +134,19 @@ class LowRankPredictor(DesignedPredictor):
         self.lams = _positive_grid("lams", lams, allow_zero=False)
         self.targets = tuple(dict.fromkeys(str(t) for t in targets))
         self.surrogate_ridge = float(surrogate_ridge)
+        if pairs not in PAIRS or objective not in OBJECTIVES:
+            raise UserError(f"pairs {pairs!r} / objective {objective!r}; expected one of "
+                            f"{list(PAIRS)} / {list(OBJECTIVES)}")
+        if not (np.isfinite(pair_scale) and pair_scale > 0):
+            raise UserError(f"pair_scale must be a number > 0, got {pair_scale}")
+        if not (np.isfinite(temperature) and temperature >= 1):
+            raise UserError(f"temperature must be a number >= 1, got {temperature}")
         self.n_reference = int(n_reference)
         self.pool_size = int(pool_size)
+        self.pairs = str(pairs)
+        self.pair_scale = float(pair_scale)
+        self.temperature = float(temperature)
+        self.objective = str(objective)
         self.devices_: list[str] = []
         self.execution_prior_: dict[str, float] = {}
         self._ref: list[str] = []
@@ -103,8 +158,17 @@ class LowRankPredictor(DesignedPredictor):
         """Encoding of the executed networks plus their constant-output flag, and their
         per-layer-kind sums (all columns; standardised later)."""
         ek, flag = executed(self.space, keys, variant)
-        X = np.hstack([features(self.space, ek, "encode"), flag[:, None]])
+        E = features(self.space, ek, "encode")
+        X = np.hstack([E, flag[:, None]])
+        if self.pairs != "none":
+            # pair_scale < 1: pair costs shrink more (ridge) and vary less under the prior
+            X = np.hstack([X, self.pair_scale * pair_products(
+                E, encoding_positions(self.space), self.pairs == "adjacent")])
         return X, features(self.space, ek, "layers")
+
+    def _width(self) -> int:
+        """Columns of the cost vector (encoding, constant-output flag, pair products)."""
+        return self._design_matrix([self.space.to_string(self.space.smallest())], "raw")[0].shape[1]
 
     def meta_fit(self, space: Any, archs: Sequence[Any], table: Mapping[str, np.ndarray], *,
                  seed: int, groups: Mapping[str, str] | None = None) -> LowRankPredictor:
@@ -231,12 +295,23 @@ class LowRankPredictor(DesignedPredictor):
                           + np.log(prior) + jac)
                     members.append((ml, target, variant, s2, lam, alpha, sig2, chol))
         mls = np.array([m[0] for m in members])
-        w = np.exp(mls - mls.max())
+        # temperature > 1 flattens the average over hyper-parameters (more members, so more
+        # of the prior's smaller scales: shrinks towards the prior)
+        w = np.exp((mls - mls.max()) / self.temperature)
         w /= w.sum()
         keep = [i for i in np.argsort(-w) if w[i] > 1e-4]
+        if self.objective == "rank":
+            keep = keep[:_RANK_MEMBERS]
         wk = w[keep] / w[keep].sum()
-        self._post = {"scale": scale, "blocks": blocks,
-                      "members": [(wi,) + members[i][1:] for wi, i in zip(wk, keep)],
+        post = []
+        for wi, i in zip(wk, keep):
+            ml, target, variant, s2, lam, alpha, sig2, chol = members[i]
+            offset = 0.0
+            if self.objective == "rank":
+                y = np.log(rel) if target == "log" else rel
+                alpha, offset = _rank_fit(chol @ chol.T - lam * np.eye(n), y, alpha, lam, sig2)
+            post.append((wi, target, variant, s2, lam, alpha, sig2, chol, offset))
+        self._post = {"scale": scale, "blocks": blocks, "members": post,
                       "floor": 0.01 * float(latency_ms.min())}
 
     def _predict(self, keys: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -244,12 +319,12 @@ class LowRankPredictor(DesignedPredictor):
         new: dict[tuple[str, str], dict[str, np.ndarray]] = {}
         first = np.zeros(len(keys))
         second = np.zeros(len(keys))
-        for wi, target, variant, s2, lam, alpha, sig2, chol in post["members"]:
+        for wi, target, variant, s2, lam, alpha, sig2, chol, offset in post["members"]:
             if (target, variant) not in new:
                 new[target, variant] = self._blocks(keys, variant, target)
             B, Bt = new[target, variant], post["blocks"][target, variant]
             k = sum(s2[b] * (B[b] @ Bt[b].T) for b in _BLOCKS)  # N x n
-            mu = k @ alpha
+            mu = k @ alpha + offset
             u = np.linalg.solve(chol, k.T)
             # + lam: the deviation is that of a *measurement* (what a table or a user compares)
             var = (np.maximum(sum(s2[b] * np.sum(B[b] ** 2, 1) for b in _BLOCKS)
@@ -270,7 +345,9 @@ class LowRankPredictor(DesignedPredictor):
                 "iso_vars": list(self.iso_vars), "layer_vars": list(self.layer_vars),
                 "lams": list(self.lams), "targets": list(self.targets),
                 "surrogate_ridge": self.surrogate_ridge, "n_reference": self.n_reference,
-                "pool_size": self.pool_size, "devices": list(self.devices_),
+                "pool_size": self.pool_size, "pairs": self.pairs, "pair_scale": self.pair_scale,
+                "temperature": self.temperature, "objective": self.objective,
+                "devices": list(self.devices_),
                 "execution_prior": dict(self.execution_prior_),
                 "reference_archs": list(self._ref)}
         return meta, dict(self._p)
@@ -279,7 +356,8 @@ class LowRankPredictor(DesignedPredictor):
     def _from_state(cls, space: Any, meta: dict[str, Any],
                     arrays: Mapping[str, np.ndarray]) -> LowRankPredictor:
         hyper = {k: meta[k] for k in ("rank", "pc_vars", "iso_vars", "layer_vars", "lams",
-                                      "targets", "surrogate_ridge", "n_reference", "pool_size")
+                                      "targets", "surrogate_ridge", "n_reference", "pool_size",
+                                      "pairs", "pair_scale", "temperature", "objective")
                  if k in meta}
         obj = cls(space, **hyper)
         obj.devices_ = list(meta.get("devices", []))
@@ -291,10 +369,10 @@ class LowRankPredictor(DesignedPredictor):
                                                   for a in ("mu", "pcs", "iso")}
         if not needed <= set(obj._p):
             raise UserError(f"lowrank predictor file lacks {sorted(needed - set(obj._p))}")
-        if obj._p[f"{obj.targets[0]}.mu"].shape[0] != space.feature_dim + 2:
-            raise UserError(f"lowrank predictor was trained on encodings of "
-                            f"{obj._p[f'{obj.targets[0]}.mu'].shape[0] - 2} features; space "
-                            f"{space.name} has {space.feature_dim}")
+        if obj._p[f"{obj.targets[0]}.mu"].shape[0] != obj._width() + 1:
+            raise UserError(f"lowrank predictor was trained on cost vectors of "
+                            f"{obj._p[f'{obj.targets[0]}.mu'].shape[0] - 1} features; space "
+                            f"{space.name} with pairs={obj.pairs!r} has {obj._width()}")
         obj.execution_prior_ = {str(k): float(v) for k, v in
                                 (meta.get("execution_prior") or {"raw": 1.0}).items()}
         bad = [v for v in obj.execution_prior_ if v not in execution_variants(space)]

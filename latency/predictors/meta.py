@@ -52,7 +52,7 @@ def greedy_design(F: np.ndarray, n: int, lam: float,
         S = S - np.outer(s, s) / (lam + F[j] @ s)
     while len(out) < min(n, len(F)):
         A = F @ S
-        gain = np.einsum("ij,jk,ik->i", A, M, A) / (lam + np.einsum("ij,ij->i", A, F))
+        gain = np.sum((A @ M) * A, 1) / (lam + np.sum(A * F, 1))
         gain[out] = -np.inf
         j = int(np.argmax(gain))
         out.append(j)
