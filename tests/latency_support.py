@@ -10,10 +10,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pandas as pd
+import pytest
+from hwnas.latency.onnx_measure import openvino_available
 from hwnas.supernet.spaces import get_space
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 SPACE = "mbv3-tiny"
+#: marks a test that needs OpenVINO (the ``openvino`` extra)
+needs_ov = pytest.mark.skipif(not openvino_available(),
+                              reason="OpenVINO is not installed (pip install -e '.[openvino]')")
 #: the standalone on-device script, copied to devices as it is
 ONDEVICE = Path(__file__).resolve().parents[1] / "latency" / "ondevice.py"
 
@@ -75,3 +80,16 @@ def run_ondevice_without(blocked: set[str], args: list[str], cwd: Path,
     )
     return subprocess.run([sys.executable, "-I", "-c", blocker], capture_output=True, text=True,
                           timeout=120, cwd=cwd)
+
+
+def linear_onnx(weight: np.ndarray) -> bytes:
+    """``y = x @ weight`` on a dynamic-batch ``[N, k]`` float input: a model whose predictions
+    are ``argmax(x @ weight)``, for tests of verification and timing."""
+    k, m = weight.shape
+    w = numpy_helper.from_array(weight.astype(np.float32), name="W")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "lin",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", m])],
+                              initializer=[w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=8).SerializeToString()

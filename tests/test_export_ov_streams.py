@@ -16,23 +16,12 @@ from hwnas.export.recommend import (
     stream_counts,
     verify_candidates,
 )
-from hwnas.latency.onnx_measure import openvino_available
-from onnx import TensorProto, helper, numpy_helper
-
-needs_ov = pytest.mark.skipif(not openvino_available(),
-                              reason="OpenVINO is not installed (pip install -e '.[openvino]')")
+from latency_support import linear_onnx, needs_ov
+from onnx import numpy_helper
 
 
 def _linear_model() -> bytes:
-    """y = x @ W on a dynamic-batch [N, 4] input: its predictions are argmax(x W)."""
-    w = numpy_helper.from_array(
-        np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32), name="W")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "lin",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
-                              initializer=[w])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                             ir_version=8).SerializeToString()
+    return linear_onnx(np.random.default_rng(0).standard_normal((4, 4)))
 
 
 def _problem() -> tuple[list[CandidateFile], dict, np.ndarray, np.ndarray]:

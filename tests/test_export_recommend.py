@@ -20,7 +20,7 @@ from hwnas.export.recommend import (
 from hwnas.export.run_export import _summary_line
 from hwnas.latency.onnx_measure import openvino_available
 from hwnas.quant.policy import uniform
-from onnx import TensorProto, helper, numpy_helper
+from latency_support import linear_onnx
 from torch import nn
 
 from hwnas.core.errors import UserError
@@ -145,13 +145,7 @@ def test_one_truth_with_drifting_timings(net, data, tmp_path, monkeypatch, int8_
 
 
 def _linear_model() -> bytes:
-    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), name="W")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "lin",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
-                              initializer=[w])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                             ir_version=8).SerializeToString()
+    return linear_onnx(np.eye(4))
 
 
 def test_a_candidate_losing_accuracy_is_not_verified(monkeypatch) -> None:

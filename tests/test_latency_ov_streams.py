@@ -10,14 +10,11 @@ import sys
 
 import numpy as np
 import pytest
-from hwnas.latency.onnx_measure import make_runner, openvino_available, random_input
-from latency_support import ONDEVICE, run_ondevice_without
+from hwnas.latency.onnx_measure import make_runner, random_input
+from latency_support import ONDEVICE, needs_ov, run_ondevice_without
 from test_latency_runtimes import conv_model
 
 from hwnas.core.errors import UserError
-
-needs_ov = pytest.mark.skipif(not openvino_available(),
-                              reason="OpenVINO is not installed (pip install -e '.[openvino]')")
 
 
 @needs_ov

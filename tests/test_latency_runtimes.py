@@ -15,17 +15,13 @@ from hwnas.latency.onnx_measure import (
     Runner,
     make_runner,
     measure_onnx,
-    openvino_available,
     random_input,
     time_interleaved,
 )
-from latency_support import ONDEVICE, run_ondevice_without
+from latency_support import ONDEVICE, needs_ov, run_ondevice_without
 from onnx import TensorProto, helper, numpy_helper
 
 from hwnas.core.errors import UserError
-
-needs_ov = pytest.mark.skipif(not openvino_available(),
-                              reason="OpenVINO is not installed (pip install -e '.[openvino]')")
 
 
 def conv_model(arch: str | None = None) -> bytes:
