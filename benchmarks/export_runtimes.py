@@ -160,11 +160,11 @@ def accuracy_markdown(doc: dict) -> list[str]:
     if not doc.get("results"):
         return []
     lines = ["## Accuracy of every file on all test images", "",
-             "Written by `benchmarks/export_runtimes.py --accuracy-only`: every candidate "
-             "verified as above, no timing (accuracy depends on the runtime, the precision and "
-             "the CPU's instruction set, not on threads or batch). `drop`: top-1 points lost "
-             "against the float PyTorch model on the same images; `agree`: top-1 agreement "
-             "with the PyTorch model the file implements.", ""]
+             ("Written by `benchmarks/export_runtimes.py --accuracy-only`: every candidate "
+              "verified as above, no timing (accuracy depends on the runtime, the precision and "
+              "the CPU's instruction set, not on threads or batch). `drop`: top-1 points lost "
+              "against the float PyTorch model on the same images; `agree`: top-1 agreement "
+              "with the PyTorch model the file implements."), ""]
     for run in doc.get("runs", []):
         note = f" ({run['note']})" if run.get("note") else ""
         lines.append(f"- {run.get('date')}: `{run.get('command')}` on {run.get('machine')}{note}")
@@ -174,11 +174,11 @@ def accuracy_markdown(doc: dict) -> list[str]:
         for model in dict.fromkeys(r["model"] for r in rows):
             group = [r for r in rows if r["model"] == model]
             first = group[0]
-            lines += [f"### {model} ({cpu}, {first['n_images']} test images, float PyTorch "
-                      f"top-1 {_fmt(first['float_top1'], '.2f') or '-'} %)", "",
+            lines += [(f"### {model} ({cpu}, {first['n_images']} test images, float PyTorch "
+                       f"top-1 {_fmt(first['float_top1'], '.2f') or '-'} %)"), "",
                       f"`{first['arch']}`", "",
-                      "| runtime | precision | file | top-1 % | drop | agree % | verified | "
-                      "note |", "|---|---|---|---|---|---|---|---|"]
+                      "| runtime | precision | file | top-1 % | drop | agree % | verified | note |",
+                      "|---|---|---|---|---|---|---|---|"]
             for r in group:
                 agree = "" if r["agreement"] is None else f"{100 * r['agreement']:.2f}"
                 lines.append(f"| {r['runtime']} | {r['precision']} | {r['file']} | "
