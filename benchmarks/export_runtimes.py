@@ -22,6 +22,13 @@ keeps rows of other CPUs/configs already in ``--out``::
 
     python benchmarks/export_runtimes.py --threads 1 --batches 1 32 --test-images 2000 --rounds 3
     python benchmarks/export_runtimes.py --threads 1 8 --merge        # e.g. on the GPU host
+
+``--accuracy-only`` verifies every candidate of every model (the same files, references and
+verification, no timing) and writes the accuracy table to ``--accuracy-out``: accuracy depends on
+the runtime, the precision and the CPU's instruction set, not on threads or batch, so it runs
+once on all test images while the timing runs use a sample. Both JSONs feed the one .md::
+
+    python benchmarks/export_runtimes.py --accuracy-only --threads 2   # all 10,000 test images
 """
 
 from __future__ import annotations
@@ -138,11 +145,72 @@ def measure(files: list[CandidateFile], refs: dict, test_x: np.ndarray,
     return rows
 
 
+def accuracy_rows(files: list[CandidateFile], refs: dict, test_x: np.ndarray,
+                  test_y: np.ndarray | None, *, runtimes: list[str], threads: int) -> list[dict]:
+    """One row per candidate (runtime x file x precision): its verification on all of
+    ``test_x`` (:func:`verify_candidates`, no timing), with the float PyTorch model's top-1
+    beside it so the loss of each file reads off the row."""
+    float_top1 = None if test_y is None else float(
+        100.0 * (refs["float"].argmax(1) == test_y).mean())
+    rows = []
+    for rt in runtimes:
+        cs, _, notes = verify_candidates(runtime=rt, threads=threads, files=files,
+                                         references=refs, images=test_x, labels=test_y)
+        for c in cs:
+            rows.append({
+                "runtime": rt, "precision": c.precision, "file": c.path,
+                "settings": c.settings, "runtime_precision": c.runtime_precision,
+                "top1": c.test_accuracy, "float_top1": float_top1,
+                "drop": (None if c.test_accuracy is None or float_top1 is None
+                         else float_top1 - c.test_accuracy),
+                "agreement": c.top1_agreement, "verified": c.verified, "note": c.note,
+                "n_images": len(test_x)})
+        if notes and rows:
+            rows[-1].setdefault("runtime_notes", []).extend(f"{rt}: {n}" for n in notes)
+    return rows
+
+
+def accuracy_markdown(doc: dict) -> list[str]:
+    """The accuracy section of the .md: per CPU, a table per model of every candidate."""
+    if not doc.get("results"):
+        return []
+    lines = ["## Accuracy of every file on all test images", "",
+             ("Written by `benchmarks/export_runtimes.py --accuracy-only`: every candidate "
+              "verified as above, no timing (accuracy depends on the runtime, the precision and "
+              "the CPU's instruction set, not on threads or batch). `drop`: top-1 points lost "
+              "against the float PyTorch model on the same images; `agree`: top-1 agreement "
+              "with the PyTorch model the file implements."), ""]
+    for run in doc.get("runs", []):
+        note = f" ({run['note']})" if run.get("note") else ""
+        lines.append(f"- {run.get('date')}: `{run.get('command')}` on {run.get('machine')}{note}")
+    lines.append("")
+    for cpu in dict.fromkeys(r["cpu"] for r in doc["results"]):
+        rows = [r for r in doc["results"] if r["cpu"] == cpu]
+        for model in dict.fromkeys(r["model"] for r in rows):
+            group = [r for r in rows if r["model"] == model]
+            first = group[0]
+            lines += [(f"### {model} ({cpu}, {first['n_images']} test images, float PyTorch "
+                       f"top-1 {_fmt(first['float_top1'], '.2f') or '-'} %)"), "",
+                      f"`{first['arch']}`", "",
+                      "| runtime | precision | file | top-1 % | drop | agree % | verified | note |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for r in group:
+                agree = "" if r["agreement"] is None else f"{100 * r['agreement']:.2f}"
+                lines.append(f"| {r['runtime']} | {r['precision']} | {r['file']} | "
+                             f"{_fmt(r['top1'], '.2f')} | {_fmt(r['drop'], '+.2f')} | {agree} | "
+                             f"{'yes' if r['verified'] else 'no'} | {r.get('note', '')} |")
+            lines.append("")
+            notes = sorted({n for r in group for n in r.get("runtime_notes", [])})
+            if notes:
+                lines += ["Runtime notes: " + "; ".join(notes), ""]
+    return lines
+
+
 def _fmt(v: Any, spec: str) -> str:
     return "" if v is None else format(v, spec)
 
 
-def markdown(doc: dict) -> str:
+def markdown(doc: dict, accuracy: dict | None = None) -> str:
     lines = ["# Every runtime and precision: mbv3 CIFAR-10 subnets", "",
              "Written by `benchmarks/export_runtimes.py`. Per model, batch and thread count, all "
              "candidates (runtime x file x precision hint) are timed in one paired, interleaved "
@@ -166,7 +234,7 @@ def markdown(doc: dict) -> str:
     lines.append("")
     if doc.get("findings"):  # the reader's summary of the figures below, kept in the JSON
         lines += ["## What the figures show", ""] + [f"- {f}" for f in doc["findings"]] + [""]
-    for cpu in dict.fromkeys(r["cpu"] for r in doc["results"]):
+    for cpu in dict.fromkeys(r["cpu"] for r in doc.get("results", [])):
         rows = [r for r in doc["results"] if r["cpu"] == cpu]
         lines += [f"## {cpu}", ""]
         summary = ["| model | batch | threads | ORT FP32 ms | pick | pick ms | x ORT FP32 | "
@@ -197,17 +265,20 @@ def markdown(doc: dict) -> str:
         notes = sorted({n for r in rows for n in r.get("runtime_notes", [])})
         if notes:
             lines += ["Runtime notes: " + "; ".join(notes), ""]
+    lines += accuracy_markdown(accuracy or {})
     return "\n".join(lines) + "\n"
 
 
-def merge(out: Path, doc: dict, merge_rows: bool) -> dict:
-    """``doc`` merged into the JSON at ``out``: rows keyed by (model, cpu, batch, threads)."""
+def merge(out: Path, doc: dict, merge_rows: bool,
+          fields: tuple[str, ...] = ("model", "cpu", "batch", "threads")) -> dict:
+    """``doc`` merged into the JSON at ``out``: rows keyed by ``fields`` (the accuracy table's
+    rows by model and cpu)."""
     run = {k: doc[k] for k in ("command", "machine", "date", "note")}
     if not (merge_rows and out.is_file()):
         doc["runs"] = [run]
         return doc
     old = json.loads(out.read_text())
-    key = lambda r: (r["model"], r["cpu"], r["batch"], r["threads"])
+    key = lambda r: tuple(r[f] for f in fields)
     new = {key(r) for r in doc["results"]}
     doc["results"] = [r for r in old.get("results", []) if key(r) not in new] + doc["results"]
     runs = [r for r in old.get("runs", []) if r.get("date") != doc["date"]]
@@ -215,6 +286,14 @@ def merge(out: Path, doc: dict, merge_rows: bool) -> dict:
         doc.setdefault("findings", old["findings"])
     doc["runs"] = runs + [run]
     return doc
+
+
+def write_markdown(out: Path, acc_out: Path) -> None:
+    """The .md beside ``out`` from the timing JSON and the accuracy JSON, whichever exist."""
+    def read(path: Path) -> dict:
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    write_atomic(out.with_suffix(".md"), markdown(read(out), read(acc_out)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,10 +314,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--merge", action="store_true", help="keep other rows already in --out")
     p.add_argument("--note", default="", help="a note on this run, written in the report")
     p.add_argument("--markdown-only", action="store_true", help="only rewrite the .md")
+    p.add_argument("--accuracy-only", action="store_true",
+                   help="verify every candidate on the test images, no timing; write "
+                        "--accuracy-out (batches, rounds and runs are not used)")
+    p.add_argument("--accuracy-out", help="the accuracy table (default: beside --out, "
+                                          "<name>_accuracy.json)")
     args = p.parse_args(argv)
     out = Path(args.out)
+    acc_out = Path(args.accuracy_out or out.with_name(f"{out.stem}_accuracy.json"))
     if args.markdown_only:
-        write_atomic(out.with_suffix(".md"), markdown(json.loads(out.read_text())))
+        write_markdown(out, acc_out)
         return 0
     export_ort.check_models(args.models)
     if any(r not in RUNTIMES for r in args.runtimes) or "onnxruntime" not in args.runtimes:
@@ -277,9 +362,13 @@ def main(argv: list[str] | None = None) -> int:
     np_x, np_y = test_x.numpy(), None if test_y is None else test_y.numpy()
     config = PTQConfig(max_images=args.calib_images, seed=args.seed)
     out.parent.mkdir(parents=True, exist_ok=True)
+    acc_out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"command": command, "machine": machine, "checkpoint": str(ckpt),
            "date": datetime.now(UTC).isoformat(timespec="seconds"), "note": args.note,
            "calibration": source, "rounds": args.rounds, "runs": args.runs, "results": []}
+    acc_doc = {"command": command, "machine": machine, "checkpoint": str(ckpt),
+               "date": doc["date"], "note": args.note, "calibration": source,
+               "threads": max(threads), "results": []}
     start = time.perf_counter()
     for role in args.models:
         arch = export_ort.subnet_archs(space)[role]
@@ -287,6 +376,22 @@ def main(argv: list[str] | None = None) -> int:
             data, payload.get("train_config"))) if data is not None
             else supernet.extract(arch)).eval()
         files, refs = export_files(role, model, calib, test_x, config)
+        if args.accuracy_only:
+            rows = accuracy_rows(files, refs, np_x, np_y, runtimes=args.runtimes,
+                                 threads=max(threads))
+            for r in rows:
+                r.update({"model": role, "arch": space.to_string(arch), "cpu": cpu,
+                          "flags": flags})
+                print(f"{role:8s} {SHORT[r['runtime']]} {r['precision']:18s} top-1 "
+                      f"{_fmt(r['top1'], '6.2f')} agree {_fmt(r['agreement'], '.4f')} "
+                      f"{'verified' if r['verified'] else 'NOT verified: ' + r['note']}",
+                      flush=True)
+            acc_doc["results"] += rows
+            acc_doc["seconds"] = round(time.perf_counter() - start, 1)
+            merged = merge(acc_out, json.loads(json.dumps(acc_doc)), args.merge, ("model", "cpu"))
+            write_atomic(acc_out, json.dumps(merged, indent=1) + "\n")
+            write_markdown(out, acc_out)
+            continue
         cache: dict = {}
         for batch in batches:
             for t in threads:
@@ -309,8 +414,8 @@ def main(argv: list[str] | None = None) -> int:
                 # written after every group, so a run cut off later keeps what it measured
                 merged = merge(out, json.loads(json.dumps(doc)), args.merge)
                 write_atomic(out, json.dumps(merged, indent=1) + "\n")
-                write_atomic(out.with_suffix(".md"), markdown(merged))
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+                write_markdown(out, acc_out)
+    print(f"wrote {acc_out if args.accuracy_only else out} and {out.with_suffix('.md')}")
     return 0
 
 

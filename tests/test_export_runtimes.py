@@ -136,3 +136,66 @@ def test_stream_candidates_are_rows_of_the_paired_measurement(files):
     text = er.markdown(er.merge(None, {"command": "c", "machine": "m", "date": "d", "note": "",
                                        "results": rows}, False))
     assert "| smallest | 2 | 2 | openvino | fp32 x2 |" in text
+
+
+# -- --accuracy-only: every candidate verified on the test images, no timing -------------------
+
+def test_accuracy_rows_verify_every_candidate_without_timing(files):
+    fs, refs, x, y = files
+    runtimes = ["onnxruntime"] + (["openvino"] if openvino_available() else [])
+    rows = er.accuracy_rows(fs, refs, x, y, runtimes=runtimes, threads=1)
+    ort_rows = [r for r in rows if r["runtime"] == "onnxruntime"]
+    assert [r["precision"] for r in ort_rows] == ["fp32", "int8", "int8-requant"]
+    if "openvino" in runtimes:  # each file as written and under the bf16/f16 hints it runs
+        assert {"fp32", "int8", "int8-requant"} <= {r["precision"] for r in rows
+                                                    if r["runtime"] == "openvino"}
+    float_top1 = 100.0 * float((refs["float"].argmax(1) == y).mean())
+    for r in rows:
+        assert "ms" not in r and r["n_images"] == len(x) and r["float_top1"] == float_top1
+        if r["top1"] is None:  # the runtime could not run it
+            assert not r["verified"] and r["note"].startswith("failed to run")
+            continue
+        assert r["drop"] == pytest.approx(float_top1 - r["top1"])
+        assert r["verified"] == (r["agreement"] >= 0.99 and r["drop"] <= 0.3 + 1e-9)
+    assert ort_rows[0]["agreement"] == 1.0 and ort_rows[0]["verified"]
+
+
+def test_accuracy_section_beside_the_timing_tables(files, tmp_path):
+    fs, refs, x, y = files
+    rows = er.accuracy_rows(fs, refs, x, y, runtimes=["onnxruntime"], threads=1)
+    for r in rows:
+        r.update(model="smallest", arch="k3e3", cpu="cpu b", flags=["avx512_vnni"])
+    out = tmp_path / "acc.json"
+    out.write_text(json.dumps({"runs": [{"date": "a"}], "results": [
+        dict(rows[0], cpu="cpu a"), dict(rows[0], precision="stale")]}))
+    doc = {"command": "c", "machine": "m", "date": "b", "note": "", "results": rows}
+    acc = er.merge(out, doc, True, ("model", "cpu"))
+    assert sorted({(r["cpu"], r["precision"]) for r in acc["results"]}) == [
+        ("cpu a", "fp32"), ("cpu b", "fp32"), ("cpu b", "int8"), ("cpu b", "int8-requant")]
+    timing = {"runs": [], "results": [], "findings": ["kept"]}
+    text = er.markdown(timing, acc)
+    assert "## What the figures show" in text and "- kept" in text
+    assert "## Accuracy of every file on all test images" in text
+    assert text.count("### smallest (") == 2  # one table per model and CPU
+    assert f"| onnxruntime | int8-requant | qdq-requant/smallest.onnx | {rows[2]['top1']:.2f} |" \
+        in text
+    assert "## Accuracy" not in er.markdown(timing)
+
+
+def test_accuracy_only_run_writes_the_table_not_the_timings(tmp_path, monkeypatch):
+    from hwnas.supernet.spaces import get_space
+
+    torch.manual_seed(0)  # a tiny untrained mbv3 space stands in for the shipped supernet
+    space = get_space("mbv3-tiny", in_channels=3, image_size=32, num_classes=10)
+    monkeypatch.setattr(er.export_ort, "load_mbv3",
+                        lambda ckpt: ("tiny.pt", space, space.build_supernet(), {}))
+    out = tmp_path / "er.json"
+    er.main(["--accuracy-only", "--models", "smallest", "--runtimes", "onnxruntime", "--data",
+             "", "--test-images", "8", "--calib-images", "8", "--threads", "1",
+             "--out", str(out)])
+    assert not out.exists()
+    doc = json.loads((tmp_path / "er_accuracy.json").read_text())
+    assert [r["precision"] for r in doc["results"]] == ["fp32", "int8", "int8-requant"]
+    assert all(r["model"] == "smallest" and r["n_images"] == 8 and r["top1"] is None
+               for r in doc["results"])
+    assert "### smallest (" in (tmp_path / "er.md").read_text()
