@@ -24,11 +24,9 @@ from typing import Any
 
 import numpy as np
 from hwnas.latency.predictors.base import (
-    check_table,
     register_predictor_class,
 )
 from hwnas.latency.predictors.features import (
-    arch_strings,
     encoding_positions,
     executed,
     execution_variants,
@@ -176,13 +174,7 @@ class LowRankPredictor(DesignedPredictor):
         NaN in ``table`` = not measured (a device measured on a sample is fitted on it).
         ``groups`` (device -> group name) makes each group weigh the same in the prior."""
         self.space = space
-        table = check_table(archs, table, allow_missing=True)
-        if len(table) < 2:
-            raise UserError(f"meta-training needs the latency tables of at least 2 devices, got "
-                            f"{len(table)}")
-        keys = arch_strings(space, archs)
-        if len(set(keys)) != len(keys):
-            raise UserError("meta-training architectures repeat; expected each once")
+        table, keys = self._meta_inputs(space, archs, table)
         groups = dict(groups or {})
         unknown = sorted(set(groups) - set(table))
         if unknown:

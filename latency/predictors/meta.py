@@ -81,6 +81,20 @@ class DesignedPredictor(LatencyPredictor):
     devices_: list
     _ref: list[str]
 
+    @staticmethod
+    def _meta_inputs(space: Any, archs: Sequence[Any], table: Mapping[str, np.ndarray]
+                     ) -> tuple[dict[str, np.ndarray], list[str]]:
+        """The checked meta-training table (NaN = not measured) and the architectures' keys:
+        UserError for fewer than 2 devices or a repeated architecture."""
+        table = check_table(archs, table, allow_missing=True)
+        if len(table) < 2:
+            raise UserError(f"meta-training needs the latency tables of at least 2 devices, got "
+                            f"{len(table)}")
+        keys = arch_strings(space, archs)
+        if len(set(keys)) != len(keys):
+            raise UserError("meta-training architectures repeat; expected each once")
+        return table, keys
+
     @property
     def is_meta_trained(self) -> bool:
         return bool(self.devices_)
@@ -182,13 +196,7 @@ class MetaPredictor(DesignedPredictor):
         architectures (see module). A NaN in ``table`` is an architecture the device was not
         measured on: its profile is fitted on the ones it was (tables of different samples)."""
         self.space = space
-        table = check_table(archs, table, allow_missing=True)
-        if len(table) < 2:
-            raise UserError(f"meta-training needs the latency tables of at least 2 devices, got "
-                            f"{len(table)}")
-        keys = arch_strings(space, archs)
-        if len(set(keys)) != len(keys):
-            raise UserError("meta-training architectures repeat; expected each once")
+        table, keys = self._meta_inputs(space, archs, table)
         if len(keys) < 10:
             raise UserError(f"meta-training needs at least 10 architectures, got {len(keys)}")
         known = execution_variants(space)
