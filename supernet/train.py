@@ -67,6 +67,7 @@ from hwnas.supernet.distributed import (
     broadcast_state,
     shard,
 )
+from hwnas.supernet.divergence import DivergenceGuard
 from hwnas.supernet.fingerprint import training_record
 from hwnas.supernet.space import SearchSpace
 from hwnas.supernet.train_options import (
@@ -349,6 +350,8 @@ class TrainResult:
     total_steps: int = 0
     total_seconds: float = 0.0
     images: int = 0
+    #: stretches of steps rolled back for non-finite gradients (:class:`DivergenceGuard`)
+    rollbacks: list[dict[str, Any]] = field(default_factory=list)
 
 
 # -- progress without a hard tqdm dependency -----------------------------------------------------
@@ -503,6 +506,27 @@ def _train(job: _Job, data: DatasetSplits, config: TrainConfig, opts: TrainOptio
     images = 0
     stop = max_steps is not None and step >= max_steps
     sums = torch.zeros(n_losses, dtype=torch.float64, device=device)
+    counted = 0  # steps whose losses are in sums (fewer than the epoch's after a roll-back)
+    guard = DivergenceGuard(model, optimizer, device)
+    guard.snapshot(step)
+
+    def finite_since_check(epoch: int, lr: float) -> bool:
+        """The guard's check; after a roll-back the epoch's loss sums go back with the weights."""
+        nonlocal sums, counted
+        if guard.check(step, epoch, lr):
+            guard.extra = (sums.clone(), counted)
+            return True
+        back = guard.snapshot_step
+        if back // steps_per_epoch == epoch and back % steps_per_epoch and guard.extra is not None:
+            sums, counted = guard.extra[0].clone(), guard.extra[1]
+        else:
+            sums, counted = torch.zeros_like(sums), 0
+        r = guard.rollbacks[-1]
+        print(f"warning: non-finite gradients between steps {r['back_to']} and {r['step']} "
+              f"(epoch {epoch + 1}, learning rate {lr:.3g}); rolled back to step {r['back_to']} "
+              f"and went on ({len(guard.rollbacks)} of at most {guard.max_rollbacks})",
+              file=sys.stderr, flush=True)
+        return False
 
     record = training_record(data) if checkpoint_path is not None and ctx.is_main else None
 
@@ -527,9 +551,10 @@ def _train(job: _Job, data: DatasetSplits, config: TrainConfig, opts: TrainOptio
         if skip == 0 and stage_first_epoch[stage_i] == epoch and job.on_stage_start is not None:
             job.on_stage_start(stage_i, optimizer)
         if skip and partial is not None:
-            sums = torch.tensor(partial, dtype=torch.float64, device=device)
+            sums, counted = torch.tensor(partial, dtype=torch.float64, device=device), skip
         else:
-            sums = torch.zeros(n_losses, dtype=torch.float64, device=device)
+            sums, counted = torch.zeros(n_losses, dtype=torch.float64, device=device), 0
+        guard.extra = (sums.clone(), counted)
         partial = None
         loader.set_epoch(epoch)
         batches = iter(loader)
@@ -545,15 +570,21 @@ def _train(job: _Job, data: DatasetSplits, config: TrainConfig, opts: TrainOptio
             optimizer.zero_grad(set_to_none=True)
             losses = job.step_fn(x, y, stage_i, amp)
             sums += losses.to(torch.float64)
+            counted += 1
             all_reduce_gradients(model.parameters(), ctx)
             if config.grad_clip:
-                nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+                guard.observe(nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+            else:
+                guard.observe(nn.utils.get_total_norm(
+                    [p.grad for p in model.parameters() if p.grad is not None]))
             optimizer.step()
             step += 1
             images += x.size(0) * ctx.world_size
             bar.update(1)
+            if guard.due(step) or step % steps_per_epoch == 0:
+                finite_since_check(epoch, lr)
             if step % steps_per_epoch == 0:
-                means = (sums / steps_per_epoch).tolist()
+                means = (sums / max(1, counted)).tolist()
                 # .tolist() above waited for the GPU, so the clock is the epoch's true end
                 history.append({"stage": stage.name, "epoch": epoch + 1,
                                 **dict(zip(job.loss_names, means)),
@@ -567,7 +598,10 @@ def _train(job: _Job, data: DatasetSplits, config: TrainConfig, opts: TrainOptio
                 break
             every = opts.checkpoint_every_s
             if every is not None and time.perf_counter() - last_save >= every:
+                finite_since_check(epoch, lr)
                 save()
+    if step % guard.every and step % steps_per_epoch:  # the last stretch, before it is saved
+        finite_since_check(step // steps_per_epoch, lr_at(max(0, step - 1)))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
@@ -577,7 +611,7 @@ def _train(job: _Job, data: DatasetSplits, config: TrainConfig, opts: TrainOptio
     return TrainResult(
         epochs=config.epochs, seconds=seconds, images_per_s=images / max(seconds, 1e-9),
         history=history, completed=step >= total_steps, step=step, total_steps=total_steps,
-        total_seconds=prior_seconds + seconds, images=images,
+        total_seconds=prior_seconds + seconds, images=images, rollbacks=list(guard.rollbacks),
     )
 
 

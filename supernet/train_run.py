@@ -350,7 +350,7 @@ def _log_chunk(log, log_file, result, ctx, device, settings, config) -> float:
         "seconds": result.seconds, "images_per_s": result.images_per_s,
         "world_size": ctx.world_size, "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
+        "torch": torch.__version__, "rollbacks": result.rollbacks,
     })
     images = sum(c["images"] for c in log["chunks"])
     secs = sum(c["seconds"] for c in log["chunks"])
