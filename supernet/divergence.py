@@ -75,8 +75,8 @@ class DivergenceGuard:
             raise UserError(
                 f"training diverged: the gradients went non-finite {len(self.rollbacks)} times "
                 f"(last between steps {self.snapshot_step} and {step}, epoch {epoch + 1}, "
-                f"learning rate {lr:.3g}); the weights are the last finite ones; train again "
-                f"with a lower --lr or --grad-clip")
+                f"learning rate {lr:.3g}); train again with a lower --lr (or a smaller "
+                f"--grad-clip)")
         return False
 
     def _restore(self) -> None:

@@ -85,7 +85,7 @@ def test_the_space_asks_for_delayed_shrinking(space) -> None:
     assert [(s.name, s.epochs, s.sandwich) for s in config.stages] == [
         ("full", 4, False), ("shrink", 6, True)]
     assert (config.optimizer, config.lr, config.weight_decay, config.warmup_epochs) == (
-        "adamw", 1e-3, 0.05, 5.0)
+        "adamw", 5e-4, 0.05, 5.0)
     assert config.subnet_loss == "largest+mean" and config.seed == 3
     assert config.augment == "trivial_crop_flip_cutout"
     assert default_config(space, 10, lr=0.02).lr == 0.02  # the caller's setting wins

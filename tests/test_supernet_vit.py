@@ -228,7 +228,7 @@ def test_hwnas_train_space_vit_one_epoch(tmp_path, monkeypatch) -> None:
     assert space.input_shape == (3, 32, 32) and space.num_classes == 3
     trained = payload["train_config"]  # the space's own recipe: delayed shrinking with AdamW
     assert [s["name"] for s in trained["stages"]] == ["full", "shrink"]
-    assert (trained["optimizer"], trained["lr"]) == ("adamw", 1e-3)
+    assert (trained["optimizer"], trained["lr"]) == ("adamw", 5e-4)
     assert trained["augment"] == "trivial_crop_flip_cutout"  # RGB 32x32 images
     x = torch.randn(2, 3, 32, 32)
     for arch in (space.smallest(), space.largest()):
