@@ -33,7 +33,9 @@ def _problem() -> tuple[list[CandidateFile], dict, np.ndarray, np.ndarray]:
 
 
 def test_stream_counts_need_openvino_two_threads_and_a_batch_to_split() -> None:
-    assert stream_counts("openvino", 8, 32) == (2, 4)
+    assert stream_counts("openvino", 8, 32) == (2, 4, 8)
+    assert stream_counts("openvino", 4, 32) == (2, 4)  # 8 streams would leave some without a thread
+    assert stream_counts("openvino", 16, 12) == (2, 4)  # 12 images do not split into 8 equal parts
     assert stream_counts("openvino", 2, 32) == (2,)  # 4 streams would leave some without a thread
     assert stream_counts("openvino", 8, 6) == (2,)  # 6 images do not split into 4 equal parts
     assert stream_counts("openvino", 1, 32) == stream_counts("openvino", 8, 1) == ()
