@@ -65,16 +65,25 @@ def _calls(tmp_path: Path) -> list[str]:
 
 
 def test_start_resume_and_what_comes_back(tmp_path) -> None:
-    (tmp_path / "c10.npz.part0").write_bytes(b"abc")
+    (tmp_path / "c10.npz.part0").write_bytes(b"abc")  # carried by the probe's command
+    probe = _run(tmp_path, "probe", VIT_PROBE_DATA=str(tmp_path / "c10.npz.part0"), JOBS="sn")
+    assert probe.returncode == 0, probe.stderr
+    (tmp_path / "c10.npz.part0").unlink()  # the next command carries only the other part
     (tmp_path / "c10.npz.part1").write_bytes(b"def")
     first = _run(tmp_path, 1)
     assert first.returncode == 0, first.stderr
-    assert (tmp_path / "c10.npz").read_bytes() == b"abcdef"  # the parts, joined in order
+    joined = tmp_path / "runs" / "data" / "c10.npz"
+    assert joined.read_bytes() == b"abcdef"  # the parts, joined in order where runs are kept
+    assert not (tmp_path / "c10.npz").exists()
+    (tmp_path / "runs" / "calls.log").write_text(  # only the training phase's calls below
+        "\n".join(c for c in _calls(tmp_path) if "--bench-steps" not in c) + "\n")
     calls = _calls(tmp_path)
     assert len(calls) == 4 and all("--overwrite" in c and "--resume" not in c for c in calls)
+    assert all(f"--dataset {joined} " in c for c in calls)
     sn = next(c for c in calls if "--out " + str(tmp_path / "runs/sn") in c)
     assert "--schedule deps --full-fraction 0.4 --half-weights" in sn and "--compile" not in sn
-    assert "--space vit --epochs 200 --batch-size 512" in sn
+    epochs = (tmp_path / "runs" / "epochs.txt").read_text().strip()  # the probe's choice
+    assert f"--space vit --epochs {epochs} --batch-size 512" in sn
     for job in ("largest", "smallest", "random1"):
         assert sum(f"--standalone {job} --compile" in c for c in calls) == 1
     minutes = [float(c.split("--max-minutes ")[1].split()[0]) for c in calls]
@@ -97,7 +106,7 @@ def test_start_resume_and_what_comes_back(tmp_path) -> None:
     with tarfile.open(out2 / "vit_t_p2.tgz") as tar:
         names = tar.getnames()
     assert "runs/sn/train_log.json" in names and "runs/phases.log" in names
-    assert not any(n.endswith(".pt") for n in names)
+    assert not any(n.endswith((".pt", ".npz")) or ".part" in n for n in names)
 
 
 def test_missing_data_stops_before_any_job(tmp_path) -> None:

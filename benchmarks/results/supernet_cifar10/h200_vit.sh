@@ -15,7 +15,8 @@
 # writes the EPOCHS that fit PHASES (default 3) commands of MINUTES each into
 # $VIT_RUNS/epochs.txt, which phase 1 takes when EPOCHS is not given.
 # PHASE 1 starts every job afresh (--overwrite); later phases resume the run directories under
-# $VIT_RUNS (default runs/vit_c10; the device machine keeps them while it stays warm). A job
+# $VIT_RUNS (default /tmp/hwnas_vit_c10: the device machine keeps /tmp while it stays warm,
+# but not the working tree's ignored files). A job
 # whose run directory is gone (the machine was replaced) starts afresh, and phases.log says so.
 # Each job stops MINUTES after the command's start less a margin for evaluation and packaging
 # (--max-minutes, checkpointed), evaluates once its training is complete (LAST=1: also when not),
@@ -26,20 +27,22 @@
 #   sa-<job>.pt              each finished standalone model
 # The resumable checkpoint.pt files (AdamW state: 3x the weights) stay on the machine.
 #
-# VIT_DATA: the cifar10-jpeg .npz; where it is missing and VIT_DATA.part* exist, they are joined
-# into it first (the npz does not fit one call's 64 MiB next to the working tree: carry one part
-# per call). Settings: EPOCHS (default: the probe's, else 200), BATCH (512), FULL (0.4, the full-network share of
+# VIT_DATA: the cifar10-jpeg .npz. Where it is missing, the VIT_DATA.part* files a command
+# carries are kept in $VIT_RUNS/data and joined there by the first training phase (the npz does
+# not fit one call's 64 MiB next to the working tree: carry part00 with the probe, part01 with
+# phase 1; give every phase, the probe included, VIT_DATA). Settings: EPOCHS (default: the probe's, else 200), BATCH (512), FULL (0.4, the full-network share of
 # DEpS), LR, RUN (a name for the logs), JOBS (default "sn largest smallest random1"), DEVICE
 # (cuda; cpu for a check of this script), SMOKE (extra flags for every job, e.g. a CPU check:
 # SMOKE="--limit-train 256 --limit-eval 128 --batch-size 64" DEVICE=cpu COMPILE= EPOCHS=1),
 # COMPILE (default --compile for the standalone jobs), MARGIN_SN / MARGIN_SA (minutes kept
-# for evaluation and packaging, default 0.9 / 0.6), HWNAS (the command, default hwnas, which
-# is installed from this checkout with pip install --no-deps -e . where the machine lacks it).
+# for evaluation and packaging, default 0.9 / 0.6), HWNAS (the command, default python3 -m hwnas,
+# installed from this checkout with pip install --no-deps -e . where the machine lacks it; Optuna
+# must be importable, e.g. from carried wheels on PYTHONPATH).
 # Everything else is the vit space's recipe (AdamW, DEpS, TrivialAugment + crop + flip + cutout).
 set -u
 PHASE=${1:?usage: h200_vit.sh PHASE MINUTES}
 MIN=${2:?usage: h200_vit.sh PHASE MINUTES}
-R=${VIT_RUNS:-runs/vit_c10}
+R=${VIT_RUNS:-/tmp/hwnas_vit_c10}
 if [ "$PHASE" = probe ]; then DATA=${VIT_PROBE_DATA:?set VIT_PROBE_DATA to a small cifar10-jpeg .npz}
 else DATA=${VIT_DATA:?set VIT_DATA to the cifar10-jpeg .npz}; fi
 EPOCHS=${EPOCHS:-$(cat "$R/epochs.txt" 2>/dev/null || echo 200)}
@@ -48,7 +51,7 @@ FULL=${FULL:-0.4}
 RUN=${RUN:-vit1}
 JOBS=${JOBS:-sn largest smallest random1}
 COMPILE=${COMPILE---compile}
-HWNAS=${HWNAS:-hwnas}
+HWNAS=${HWNAS:-python3 -m hwnas}
 START=$(date +%s)
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$(cd "$R" && pwd)/inductor TORCHINDUCTOR_COMPILE_THREADS=4
@@ -57,15 +60,26 @@ left() {  # minutes until the stop time, less $1 minutes
   python3 -c "import time; print(round(max(0.05, ($START + $MIN * 60 - time.time()) / 60 - $1), 3))"
 }
 
-if [ "$HWNAS" = hwnas ] && ! command -v hwnas >/dev/null; then  # a bare device machine
+if [ "$HWNAS" = "python3 -m hwnas" ] && ! python3 -c "import hwnas.supernet.train" 2>/dev/null; then
+  # a bare device machine
   python3 -m pip install -q --no-deps --no-build-isolation -e . > "$R/install.log" 2>&1 \
     || { log "hwnas is not installed and pip install -e . failed (see $R/install.log)"; exit 2; }
 fi
-if [ ! -f "$DATA" ] && ls "$DATA".part* >/dev/null 2>&1; then
-  cat $(ls "$DATA".part* | sort) > "$DATA.tmp" && mv "$DATA.tmp" "$DATA"
-  log "joined $(ls "$DATA".part* | wc -l) parts into $DATA ($(stat -c %s "$DATA") bytes)"
+# parts of VIT_DATA that this command carried go to $R/data, which outlives the command (the
+# working tree's ignored files do not); the training phases join them there when VIT_DATA is absent
+STORE="$R/data"
+if [ -n "${VIT_DATA:-}" ] && [ ! -f "$VIT_DATA" ]; then
+  mkdir -p "$STORE"
+  for part in "$VIT_DATA".part*; do [ -f "$part" ] && cp "$part" "$STORE/"; done
+  if [ "$PHASE" != probe ]; then
+    DATA="$STORE/$(basename "$VIT_DATA")"
+    if [ ! -f "$DATA" ] && ls "$DATA".part* >/dev/null 2>&1; then
+      cat $(ls "$DATA".part* | sort) > "$DATA.tmp" && mv "$DATA.tmp" "$DATA"
+      log "joined $(ls "$DATA".part* | wc -l) parts into $DATA ($(stat -c %s "$DATA") bytes)"
+    fi
+  fi
 fi
-[ -f "$DATA" ] || { log "no data: $DATA (nor $DATA.part*)"; exit 2; }
+[ -f "$DATA" ] || { log "no data: $DATA (nor its .part* files)"; exit 2; }
 
 log "$RUN phase $PHASE start $(date -u +%FT%TZ) minutes $MIN epochs $EPOCHS batch $BATCH full $FULL jobs [$JOBS]"
 SMI=
@@ -116,7 +130,7 @@ print(f"probe: all jobs {seconds_per_epoch:.2f} s per epoch -> EPOCHS={epochs} "
 EOF
   if [ -n "${OUT:-}" ]; then
     (cd "$(dirname "$R")" && tar czf "$OUT/vit_${RUN}_probe.tgz" --exclude='*.pt' \
-      --exclude=inductor "$(basename "$R")")
+      --exclude=inductor --exclude='*.npz' --exclude='*.npz.part*' "$(basename "$R")")
   fi
   tail -n 12 "$R/probe.log"
   exit 0
@@ -173,7 +187,7 @@ for job in sys.argv[2:]:
 EOF
 
 if [ -n "${OUT:-}" ]; then
-  tar czf "$OUT/vit_${RUN}_p${PHASE}.tgz" --exclude='*.pt' --exclude=inductor \
+  tar czf "$OUT/vit_${RUN}_p${PHASE}.tgz" --exclude='*.pt' --exclude=inductor --exclude='*.npz' --exclude='*.npz.part*' \
     -C "$(dirname "$R")" "$(basename "$R")"
   if [ -f "$R/sn/supernet.pt" ]; then
     cp "$R/sn/supernet.pt" "$OUT/vit_cifar10.pt"
