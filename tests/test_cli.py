@@ -49,6 +49,8 @@ def tiny_run(tmp_path_factory) -> Path:
         assert lines and all("quantized parity failed" in line for line in lines), proc.stderr
     assert "Pareto front on edgetpu-est" in proc.stdout
     assert "Pareto-optimal models to" in proc.stdout
+    assert "no supernet checkpoint for space mbv3-tiny" in proc.stdout  # said before training
+    assert "training one first, 2 epochs on cpu" in proc.stdout
     return out / "tiny"
 
 
