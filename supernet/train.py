@@ -37,7 +37,10 @@ Checkpoints (:func:`save_checkpoint`) hold the space and its configuration; with
 ``checkpoint_path`` training also stores its full state (optimizer, step, RNG states, partial
 epoch sums, history), and ``resume_from`` continues bit-exactly where it stopped (on the CPU;
 on a GPU up to the nondeterminism of its kernels). ``max_seconds`` / ``max_steps`` stop a call
-early with a checkpoint, so a long training fits any per-command time limit.
+early with a checkpoint, so a long training fits any per-command time limit. A stretch of steps
+whose gradients go non-finite is rolled back and skipped, and a run that keeps diverging stops
+with one error line (:class:`hwnas.supernet.divergence.DivergenceGuard`); a checkpoint is only
+written after a finite stretch.
 
 Several processes (``torchrun``): pass a :class:`hwnas.supernet.distributed.DistContext`; see
 :mod:`hwnas.supernet.distributed`.
