@@ -351,6 +351,26 @@ def time_calls(fn: Any, warmup: int, repeats: int) -> tuple[float, float]:
     return float(np.median(t)), float(t.std() / mean) if mean > 0 else 0.0
 
 
+def forget_torchscript_types() -> None:
+    """Drop the TorchScript types that tracing registered process-wide (ONNX export traces too).
+
+    Why: every traced architecture leaves its compiled types, graphs and frozen constants in
+    TorchScript's global registry, about 35 MB per NB-201 network, so a worker that exports
+    hundreds of them ran out of memory (23 GB after 650). Nothing traced is alive when this runs
+    (the files are written; measurement loads them anew). These are the calls PyTorch's own JIT
+    tests make between tests; without them (another PyTorch) the leak stays, nothing breaks."""
+    import torch
+
+    state = getattr(torch.jit, "_state", None)
+    for clear in (getattr(state, "_clear_class_state", None),
+                  getattr(torch._C, "_jit_clear_class_registry", None)):
+        if clear is not None:
+            clear()
+    recursive = getattr(torch.jit, "_recursive", None)
+    if recursive is not None and hasattr(recursive, "ConcreteTypeStore"):
+        recursive.concrete_type_store = recursive.ConcreteTypeStore()
+
+
 class CpuRunner:
     """Times one architecture's runtimes in this process (models cached per architecture)."""
 
@@ -379,13 +399,14 @@ class CpuRunner:
         model = self.module(space_name, arch)
         x = torch.zeros(1, *get_space(space_name).input_shape)
         write_atomic(onnx_path, onnx_bytes(model, x))
-        if ts_path is None:
-            return
-        with torch.inference_mode():
-            ts = torch.jit.freeze(torch.jit.trace(model, x))
-        buf = io.BytesIO()
-        torch.jit.save(ts, buf)
-        write_atomic(ts_path, buf.getvalue())
+        if ts_path is not None:
+            with torch.inference_mode():
+                ts = torch.jit.freeze(torch.jit.trace(model, x))
+            buf = io.BytesIO()
+            torch.jit.save(ts, buf)
+            del ts
+            write_atomic(ts_path, buf.getvalue())
+        forget_torchscript_types()
 
     def measure(self, runtime: str, threads: int, space_name: str, arch: str, onnx_path: Path,
                 ts_path: Path) -> tuple[float, float]:
