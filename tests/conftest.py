@@ -73,6 +73,15 @@ def small_digits():
 
 
 @pytest.fixture(scope="module")
+def two_step_digits():
+    """128 digits training images: 2 steps of 64 per epoch, for tests that follow the steps of
+    a training (counts, resumption), not what it learns."""
+    from hwnas.supernet.decoded import load_training_data
+
+    return load_training_data("digits", limit_train=128, limit_eval=100)
+
+
+@pytest.fixture(scope="module")
 def digits():
     """The built-in digits dataset (seed 0 split)."""
     from hwnas.supernet.data import load_dataset

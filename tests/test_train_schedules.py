@@ -75,15 +75,6 @@ def test_progressive_needs_elastic_dimensions():
         progressive_config(Plain(), 4)
 
 
-@pytest.fixture(scope="module")
-def two_step_digits():
-    """128 digits training images: 2 steps of 64 per epoch, for tests that follow the steps of
-    a training, not its result."""
-    from hwnas.supernet.decoded import load_training_data
-
-    return load_training_data("digits", limit_train=128, limit_eval=100)
-
-
 def test_training_samples_only_allowed_choices(two_step_digits, monkeypatch):
     space = get_space("mbv3-tiny")
     torch.manual_seed(0)
