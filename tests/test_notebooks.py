@@ -70,7 +70,7 @@ def kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 #: running at full size.
 TEST_BUDGETS = {
     "01_pareto_fronts.ipynb": [("epochs=5,", "epochs=1,"), ("trials=24,", "trials=8,")],
-    "03_quantization.ipynb": [("SEED, EPOCHS = 0, 6", "SEED, EPOCHS = 0, 2")],
+    "03_quantization.ipynb": [("SEED, EPOCHS = 0, 6", "SEED, EPOCHS = 0, 1")],
     "04_cnn_vs_transformer.ipynb": [('epochs=6, name="04-vit-digits"',
                                      'epochs=2, name="04-vit-digits"')],
 }
