@@ -14,9 +14,8 @@ import optuna
 import pandas as pd
 import pytest
 import torch
-from hwnas.supernet.train import load_checkpoint
-
 from fuzz_support import run_cli
+from hwnas.supernet.train import load_checkpoint
 
 from hwnas.cli import main
 
