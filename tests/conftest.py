@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# One OpenMP thread for torch (and the processes the tests start) unless the caller chose a
+# number: set here, before any test module imports torch. The tests' networks are tiny, and on a
+# small machine two intra-op threads competing with other processes make them many times slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="module")
