@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# One OpenMP thread for torch (and the processes the tests start) unless the caller chose a
+# number: set here, before any test module imports torch. The tests' networks are tiny, and on a
+# small machine two intra-op threads competing with other processes make them many times slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +77,15 @@ def small_digits():
     from hwnas.supernet.decoded import load_training_data
 
     return load_training_data("digits", limit_train=320, limit_eval=100)
+
+
+@pytest.fixture(scope="module")
+def two_step_digits():
+    """128 digits training images: 2 steps of 64 per epoch, for tests that follow the steps of
+    a training (counts, resumption), not what it learns."""
+    from hwnas.supernet.decoded import load_training_data
+
+    return load_training_data("digits", limit_train=128, limit_eval=100)
 
 
 @pytest.fixture(scope="module")

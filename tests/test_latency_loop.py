@@ -1,7 +1,7 @@
 """The loop a user runs to profile a new device, end to end on this CPU: ``hwnas latency
 reference`` exports the models -> the standalone ``latency/ondevice.py`` measures them (a
 subprocess, as on a device) -> ``hwnas latency adapt`` -> ``hwnas latency predict``, checked
-against fresh measurements of 50 other architectures."""
+against fresh measurements of 30 other architectures."""
 
 from __future__ import annotations
 
@@ -58,9 +58,10 @@ def test_reference_measure_adapt_predict(tmp_path, monkeypatch, capsys, nb201_sa
     assert "more measurements would likely" in out or "too few" in out
     assert "not the predictor's reference architectures" not in out
 
-    # 50 other architectures, exported and measured the same way, then predicted
+    # 30 other architectures, exported and measured the same way, then predicted (a rank
+    # correlation above 0.6 on 30 architectures is far from chance)
     _, candidates = nb201_sample(80, seed=7)
-    others = [a for a in candidates if a not in measured][:50]
+    others = [a for a in candidates if a not in measured][:30]
     fresh = tmp_path / "fresh"
     export_reference(get_space("nb201"), ReferenceSet(others, 0, "random"), fresh)
     ondevice(fresh, tmp_path / "fresh.csv")
@@ -71,4 +72,4 @@ def test_reference_measure_adapt_predict(tmp_path, monkeypatch, capsys, nb201_sa
     assert set(predicted) == set(others) == set(truth)
     rho = spearman(np.array([predicted[a] for a in others]), np.array([truth[a] for a in others]))
     # far below what the loop reaches even on a busy shared CPU, far above unrelated rankings
-    assert rho > 0.6, f"Spearman of the predictions on 50 fresh measurements: {rho:.3f}"
+    assert rho > 0.6, f"Spearman of the predictions on 30 fresh measurements: {rho:.3f}"

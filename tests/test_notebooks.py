@@ -64,13 +64,52 @@ def kernel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+#: Smaller budgets for executing the notebooks here (their own settings are sized for a reader's
+#: results; every cell runs the same code at either size). Each text must occur exactly once in
+#: the notebook's code, so a notebook whose settings change fails here instead of silently
+#: running at full size.
+TEST_BUDGETS = {
+    "01_pareto_fronts.ipynb": [("epochs=5,", "epochs=1,"), ("trials=24,", "trials=8,")],
+    "03_quantization.ipynb": [("SEED, EPOCHS = 0, 6", "SEED, EPOCHS = 0, 1")],
+    "04_cnn_vs_transformer.ipynb": [('epochs=6, name="04-vit-digits"',
+                                     'epochs=2, name="04-vit-digits"')],
+}
+#: where the notebooks write their runs (notebooks/runs/); the test writes into a temporary folder
+RUNS_OUT = 'out="runs"'
+
+
+def with_test_budgets(nb, name: str, runs: Path):
+    """``nb`` with the budgets of :data:`TEST_BUDGETS` and its runs written under ``runs``
+    (a reader's notebooks/runs/ is neither reused nor overwritten)."""
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    for old, new in TEST_BUDGETS.get(name, []):
+        hits = sum(cell.source.count(old) for cell in code)
+        assert hits == 1, f"{name}: {old!r} occurs {hits} times in its code (expected once)"
+        for cell in code:
+            cell.source = cell.source.replace(old, new)
+    for cell in code:
+        cell.source = cell.source.replace(RUNS_OUT, f"out={str(runs)!r}")
+    return nb
+
+
+def test_test_budgets_apply_once_and_move_the_runs(tmp_path: Path) -> None:
+    for path in NOTEBOOKS:
+        nb = with_test_budgets(nbformat.read(path, as_version=4), path.name, tmp_path)
+        assert RUNS_OUT not in "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert set(TEST_BUDGETS) <= {p.name for p in NOTEBOOKS}
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("EPOCHS = 3")])
+    with pytest.raises(AssertionError, match="occurs 0 times"):
+        with_test_budgets(nb, "03_quantization.ipynb", tmp_path)
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
-def test_notebook_executes(path: Path, kernel_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_notebook_executes(path: Path, kernel_dir: Path, tmp_path: Path,
+                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JUPYTER_PATH", os.pathsep.join(
         [str(kernel_dir), *filter(None, [os.environ.get("JUPYTER_PATH")])]))
     # one thread each for torch/BLAS: the notebooks are small and CI machines are shared
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
-    nb = nbformat.read(path, as_version=4)
+    nb = with_test_budgets(nbformat.read(path, as_version=4), path.name, tmp_path / "runs")
     client = nbclient.NotebookClient(
         nb, timeout=CELL_TIMEOUT, kernel_name=KERNEL_NAME,
         resources={"metadata": {"path": str(path.parent)}})

@@ -38,10 +38,10 @@ DEVICE = "edgetpu-est"
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, one_torch_thread) -> Path:
-    path = tmp_path_factory.mktemp("ckpt") / "supernet.pt"
-    assert main(["train", "--epochs", "1", "--out", str(path), "--quiet"]) == 0
-    return path
+def checkpoint(digits_checkpoint, one_torch_thread) -> Path:
+    """The session's one-epoch digits supernet (``hwnas train --epochs 1``, tests/conftest.py):
+    the searches here only read it."""
+    return digits_checkpoint
 
 
 # -- a fast search: real objective and cheap metrics, synthetic accuracy ----------------------

@@ -24,7 +24,7 @@ from train_support import fresh, same_weights
 from hwnas.core.errors import UserError
 
 
-def test_resume_is_exact(small_digits, tmp_path):
+def test_resume_is_exact(two_step_digits, tmp_path):
     """2 epochs in one go == 1 epoch, checkpoint, resume, 1 epoch; also across a mid-epoch stop
     and a channel-sorting stage boundary."""
     space = get_space("mbv3-tiny")
@@ -33,20 +33,20 @@ def test_resume_is_exact(small_digits, tmp_path):
                                             sort_channels=True)],
                          batch_size=64, warmup_epochs=0.5)
     ref = fresh(space)
-    r_ref = train_supernet(ref, space, small_digits, config, progress=False)
-    assert r_ref.completed and r_ref.step == r_ref.total_steps == 15
+    r_ref = train_supernet(ref, space, two_step_digits, config, progress=False)
+    assert r_ref.completed and r_ref.step == r_ref.total_steps == 6
 
     ckpt = tmp_path / "ckpt.pt"
     net = fresh(space)
-    r1 = train_supernet(net, space, small_digits, config, progress=False, checkpoint_path=ckpt,
-                        max_steps=5)  # exactly one epoch, before the sorting stage starts
-    assert not r1.completed and r1.step == 5 and len(r1.history) == 1
+    r1 = train_supernet(net, space, two_step_digits, config, progress=False,
+                        checkpoint_path=ckpt, max_steps=2)  # one epoch, before the sorting stage
+    assert not r1.completed and r1.step == 2 and len(r1.history) == 1
     assert not same_weights(net, ref)
-    for stop in (8, None):  # mid-epoch, then to the end
+    for stop in (3, None):  # mid-epoch (1 of its 2 steps), then to the end
         net = fresh(space)  # a fresh process: everything comes from the checkpoint
-        r = train_supernet(net, space, small_digits, config, progress=False, checkpoint_path=ckpt,
-                           resume_from=ckpt, max_steps=stop)
-    assert r.completed and r.step == 15
+        r = train_supernet(net, space, two_step_digits, config, progress=False,
+                           checkpoint_path=ckpt, resume_from=ckpt, max_steps=stop)
+    assert r.completed and r.step == 6
     assert same_weights(net, ref)
     def losses(history):  # the per-epoch clock differs between the two runs
         return [{k: v for k, v in h.items() if k != "seconds"} for h in history]
@@ -54,7 +54,7 @@ def test_resume_is_exact(small_digits, tmp_path):
     assert losses(r.history) == losses(r_ref.history)
     times = [h["seconds"] for h in r.history]
     assert times == sorted(times) and times[0] > 0  # the clock runs on across resumed calls
-    assert r.images == 7 * 64  # this call's images only
+    assert r.images == 3 * 64  # this call's images only
     assert r.total_seconds >= r.seconds
 
 

@@ -75,7 +75,7 @@ def test_progressive_needs_elastic_dimensions():
         progressive_config(Plain(), 4)
 
 
-def test_training_samples_only_allowed_choices(small_digits, monkeypatch):
+def test_training_samples_only_allowed_choices(two_step_digits, monkeypatch):
     space = get_space("mbv3-tiny")
     torch.manual_seed(0)
     net = space.build_supernet()
@@ -92,8 +92,8 @@ def test_training_samples_only_allowed_choices(small_digits, monkeypatch):
         TrainStage("k", 1, num_random=2, choices={"kernel": [3, 7], "depth": [3], "expand": [6]}),
         TrainStage("d", 1, num_random=2, choices={"depth": [2, 3], "expand": [4, 6]}),
     ])
-    train_supernet(net, space, small_digits, config, progress=False)
-    per_epoch = 5 * 4  # steps x (largest, smallest, 2 random)
+    train_supernet(net, space, two_step_digits, config, progress=False)
+    per_epoch = 2 * 4  # steps x (largest, smallest, 2 random)
     first, second = seen[:per_epoch], seen[per_epoch:2 * per_epoch]
     assert all(a.depths == (3, 3, 3) and {e for st in a.stages for _, e in st} == {6}
                and {k for st in a.stages for k, _ in st} <= {3, 7} for a in first)
@@ -103,10 +103,10 @@ def test_training_samples_only_allowed_choices(small_digits, monkeypatch):
     assert any(k == 5 for a in second for st in a.stages for k, _ in st)  # kernel unrestricted
     bad = TrainConfig(stages=[TrainStage("x", 1, choices={"kernel": [9]})])
     with pytest.raises(UserError, match="kernel"):
-        train_supernet(net, space, small_digits, bad, progress=False)
+        train_supernet(net, space, two_step_digits, bad, progress=False)
 
 
-def test_sort_channels_stage_calls_supernet(small_digits, monkeypatch):
+def test_sort_channels_stage_calls_supernet(two_step_digits, monkeypatch):
     space = get_space("mbv3-tiny")
     torch.manual_seed(0)
     net = space.build_supernet()
@@ -116,7 +116,7 @@ def test_sort_channels_stage_calls_supernet(small_digits, monkeypatch):
     config = TrainConfig(stages=[TrainStage("a", 1, choices={"expand": [6]}),
                                  TrainStage("skip", 0, sort_channels=True),
                                  TrainStage("b", 1, choices={"expand": [4, 6]}, sort_channels=True)])
-    train_supernet(net, space, small_digits, config, progress=False)
+    train_supernet(net, space, two_step_digits, config, progress=False)
     assert len(calls) == 1  # the 0-epoch stage is skipped
     assert calls[0][0] == {"expand": [6]} and isinstance(calls[0][1], torch.optim.SGD)
 
@@ -126,19 +126,20 @@ def test_sort_channels_stage_calls_supernet(small_digits, monkeypatch):
 # --------------------------------------------------------------------------------------------
 
 
-def test_config_augment_overrides_the_datasets(small_digits):
+def test_config_augment_overrides_the_datasets(two_step_digits):
     """TrainConfig.augment replaces the dataset's augmentation for the training batches: the
     same training as on a copy of the data with that augmentation, unlike the dataset's own."""
     space = get_space("mbv3-tiny")
-    assert small_digits.augment == "shift"
+    assert two_step_digits.augment == "shift"
     by_config = fresh(space)
-    train_supernet(by_config, space, small_digits, sandwich_config(1, batch_size=64, augment="none"),
-                   progress=False)
+    train_supernet(by_config, space, two_step_digits,
+                   sandwich_config(1, batch_size=64, augment="none"), progress=False)
     by_data = fresh(space)
-    train_supernet(by_data, space, dataclasses.replace(small_digits, augment="none"),
+    train_supernet(by_data, space, dataclasses.replace(two_step_digits, augment="none"),
                    sandwich_config(1, batch_size=64), progress=False)
     shifted = fresh(space)
-    train_supernet(shifted, space, small_digits, sandwich_config(1, batch_size=64), progress=False)
+    train_supernet(shifted, space, two_step_digits, sandwich_config(1, batch_size=64),
+                   progress=False)
     assert same_weights(by_config, by_data)
     assert not same_weights(by_config, shifted)
 
@@ -225,7 +226,7 @@ def test_subnet_loss_is_validated_and_defaults_to_sum():
     assert TrainConfig.from_dict(old) == TrainConfig()
 
 
-def test_compile_runs_only_the_fixed_subnets_compiled(small_digits, monkeypatch):
+def test_compile_runs_only_the_fixed_subnets_compiled(two_step_digits, monkeypatch):
     """compile=True sends each stage's largest and smallest subnet through the compiled module
     and the random ones through the eager supernet; the training itself is unchanged."""
     space = get_space("mbv3-tiny")
@@ -245,10 +246,10 @@ def test_compile_runs_only_the_fixed_subnets_compiled(small_digits, monkeypatch)
 
     monkeypatch.setattr(torch, "compile", lambda module, mode=None: Recorder(module, mode))
     ref = fresh(space)
-    train_supernet(ref, space, small_digits, config, progress=False)
+    train_supernet(ref, space, two_step_digits, config, progress=False)
     net = fresh(space)
-    train_supernet(net, space, small_digits, config, progress=False, compile=True)
+    train_supernet(net, space, two_step_digits, config, progress=False, compile=True)
     assert same_weights(net, ref)
     largest, smallest = space.to_string(space.largest()), space.to_string(space.smallest())
-    assert seen.count(largest) == 10 and seen.count(smallest) == 5  # 5 steps per epoch
+    assert seen.count(largest) == 4 and seen.count(smallest) == 2  # 2 steps per epoch
     assert set(seen) == {largest, smallest}
