@@ -434,7 +434,8 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
         supernet_source = _checkpoint_source(cfg, data, run_dir)
         if supernet_source is None:
             log(f"no supernet checkpoint for space {cfg.space} on {data.name} (none shipped, no "
-                f"--supernet): training one first, {cfg.epochs} epochs on {cfg.torch_device} "
+                f"--supernet): training one first, {cfg.epochs} epoch{'s' * (cfg.epochs != 1)} on "
+                f"{cfg.torch_device} "
                 f"(the progress bar estimates the time; --supernet FILE uses a trained one)")
         space, supernet, train_result, train_config, record = resolve_supernet(cfg, data, run_dir,
                                                                                progress)
