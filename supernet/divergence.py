@@ -57,14 +57,15 @@ class DivergenceGuard:
                           for p, state in self.optimizer.state.items()}
         self.snapshot_step, self.extra = step, extra
 
-    def check(self, step: int, epoch: int, lr: float) -> bool:
+    def check(self, step: int, epoch: int, lr: float, extra: object = None) -> bool:
         """Read the stretch since the last check (one host synchronisation). True: it was finite
-        and a new snapshot is taken. False: the state was rolled back to the snapshot (the caller
-        restores ``extra``). :class:`UserError` once the roll-backs exceed ``max_rollbacks``."""
+        and a new snapshot is taken (with ``extra``). False: the state was rolled back to the
+        snapshot (the caller restores its ``extra``). :class:`UserError` once the roll-backs
+        exceed ``max_rollbacks``."""
         finite = bool(torch.isfinite(self._worst))
         self._worst.zero_()
         if finite:
-            self.snapshot(step)
+            self.snapshot(step, extra)
             return True
         if self.snapshot_step < 0:
             raise RuntimeError("DivergenceGuard.check before the first snapshot")

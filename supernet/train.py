@@ -516,8 +516,7 @@ def _train(job: _Job, data: DatasetSplits, config: TrainConfig, opts: TrainOptio
     def finite_since_check(epoch: int, lr: float) -> bool:
         """The guard's check; after a roll-back the epoch's loss sums go back with the weights."""
         nonlocal sums, counted
-        if guard.check(step, epoch, lr):
-            guard.extra = (sums.clone(), counted)
+        if guard.check(step, epoch, lr, extra=(sums.clone(), counted)):
             return True
         back = guard.snapshot_step
         if back // steps_per_epoch == epoch and back % steps_per_epoch and guard.extra is not None:
