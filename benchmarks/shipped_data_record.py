@@ -12,7 +12,7 @@ The check (always run): the largest and smallest subnets' accuracy and cross-ent
 test set. Memorised images score clearly better than unseen ones, and the validation split must
 score like the test set, not like the training split::
 
-    python benchmarks/shipped_data_record.py [--write] [--images 1000]
+    python benchmarks/shipped_data_record.py [--space mbv3|vit] [--write] [--images 1000]
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from hwnas.supernet.train import load_checkpoint, with_training_augment
 
 from hwnas.core.io import write_atomic
 
-CHECKPOINT = shipped_checkpoint("mbv3", CIFAR10_CLASSES)
 LIMIT_BYTES = 20 * 2**20
 
 
@@ -56,7 +55,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--write", action="store_true", help="add the record to the checkpoint")
     p.add_argument("--images", type=int, default=1000, help="images per split for the check")
+    p.add_argument("--space", default="mbv3", help="the shipped CIFAR-10 supernet's space (mbv3, vit)")
     args = p.parse_args()
+    CHECKPOINT = shipped_checkpoint(args.space, CIFAR10_CLASSES)
+    if CHECKPOINT is None:
+        raise SystemExit(f"no shipped CIFAR-10 checkpoint for space {args.space!r}")
     base = shared_data_dir()
     if base is None:
         raise SystemExit("shared data not found: set HWNAS_SHARED_DATA")

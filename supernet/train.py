@@ -63,6 +63,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from hwnas.supernet.data import AUGMENT_KINDS, BatchLoader, DatasetSplits
+from hwnas.supernet.data.mix import mix_batch
 from hwnas.supernet.distributed import (
     DistContext,
     agree,
@@ -162,6 +163,10 @@ class TrainConfig:
     #: ``"sgd"`` (Nesterov, ``momentum``) or ``"adamw"`` (betas 0.9, 0.999, for vision
     #: transformers); either decays only weights, not norms, biases or position embeddings.
     optimizer: str = "sgd"
+    #: Beta alphas of MixUp and CutMix (:func:`hwnas.supernet.data.mix.mix_batch`; 0 = off):
+    #: each training batch mixed in pairs, the targets then class probabilities.
+    mixup: float = 0.0
+    cutmix: float = 0.0
 
     @property
     def epochs(self) -> int:
@@ -178,7 +183,8 @@ class TrainConfig:
             raise UserError(f"learning rate must be positive, got {self.lr}")
         for name, low, high in (("weight_decay", 0.0, math.inf), ("warmup_epochs", 0.0, math.inf),
                                 ("grad_clip", 0.0, math.inf), ("label_smoothing", 0.0, 1.0),
-                                ("momentum", 0.0, 1.0)):
+                                ("momentum", 0.0, 1.0), ("mixup", 0.0, math.inf),
+                                ("cutmix", 0.0, math.inf)):
             value = getattr(self, name)
             if not (low <= value < high):
                 raise UserError(f"{name} must be in [{low:g}, {high:g}), got {value}")
@@ -457,6 +463,7 @@ def _train(job: _Job, data: DatasetSplits, config: TrainConfig, opts: TrainOptio
     device = torch.device(opts.device)
     amp_dtype = _autocast_dtype(opts.precision, device)
     use_cl = device.type == "cuda" if opts.channels_last is None else opts.channels_last
+    mixing = config.mixup > 0 or config.cutmix > 0
     resume_from, checkpoint_path = opts.resume_from, opts.checkpoint_path
     max_seconds, max_steps = opts.max_seconds, opts.max_steps
     if config.batch_size % ctx.world_size:
@@ -564,6 +571,9 @@ def _train(job: _Job, data: DatasetSplits, config: TrainConfig, opts: TrainOptio
             next(batches)
         for x, y in batches:
             x, y = shard(x, ctx), shard(y, ctx)
+            if mixing:
+                x, y = mix_batch(x, y, data.num_classes, mixup=config.mixup,
+                                 cutmix=config.cutmix, seed=config.seed, step=step)
             if use_cl:
                 x = x.contiguous(memory_format=torch.channels_last)
             lr = lr_at(step)

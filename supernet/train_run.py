@@ -38,10 +38,10 @@ __all__ = ["RUN_KEYS", "eval_archs", "resolve_out", "run_train", "settings_from_
 RUN_KEYS = ("data", "space", "schedule", "epochs", "batch_size", "lr", "weight_decay",
             "label_smoothing", "warmup_epochs", "grad_clip", "num_random", "full_fraction", "seed",
             "standalone", "limit_train", "limit_eval", "compile", "subnet_loss", "augment",
-            "optimizer")
+            "optimizer", "mixup", "cutmix")
 #: TrainConfig fields a setting overrides when given (else the space's default, else TrainConfig's).
 CONFIG_KEYS = ("batch_size", "lr", "weight_decay", "label_smoothing", "warmup_epochs",
-               "grad_clip", "seed", "subnet_loss", "augment", "optimizer")
+               "grad_clip", "seed", "subnet_loss", "augment", "optimizer", "mixup", "cutmix")
 #: Seed of the random subnets that --eval reports (and --standalone randomN trains).
 EVAL_SEED = 2024
 NUM_RANDOM_EVAL = 3

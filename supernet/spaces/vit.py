@@ -321,7 +321,8 @@ class ViTSpace(SearchSpace[ViTArch]):
     def training_defaults(self) -> dict[str, Any]:
         """The compact-transformer recipe: AdamW with decoupled weight decay, warm-up, label
         smoothing, delayed shrinking, and (for CIFAR-sized RGB images) TrivialAugment, crop,
-        flip and cutout.
+        flip and cutout, then MixUp or CutMix per batch (DeiT's alphas): without mixing, the
+        CIFAR-10 supernet memorised its training images (benchmarks/supernet_cifar10.md).
 
         Why each (benchmarks/supernet_cifar10.md says more): vision transformers on small
         datasets are trained with AdamW, weight decay 0.05, a few warm-up epochs, label
@@ -340,7 +341,7 @@ class ViTSpace(SearchSpace[ViTArch]):
             "weight_decay": 0.05, "warmup_epochs": 5.0, "label_smoothing": 0.1,
             "subnet_loss": "largest+mean"}
         if c.in_channels == 3 and c.image_size == 32:
-            defaults["augment"] = "trivial_crop_flip_cutout"
+            defaults.update(augment="trivial_crop_flip_cutout", mixup=0.8, cutmix=1.0)
         return defaults
 
     # -- torch -----------------------------------------------------------------------------------
