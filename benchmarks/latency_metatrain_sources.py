@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import latency_lofo as lofo  # noqa: E402
-from hwnas.latency.machine import describe_machine  # noqa: E402
-from hwnas.latency.predictors import MetaPredictor  # noqa: E402
-from hwnas.latency.tables import help_protocol  # noqa: E402
-from hwnas.supernet.spaces import get_space  # noqa: E402
+import latency_lofo as lofo
+from hwnas.latency.machine import describe_machine
+from hwnas.latency.predictors import MetaPredictor
+from hwnas.latency.tables import help_protocol
+from hwnas.supernet.spaces import get_space
 
 OUT = Path(__file__).resolve().parent / "results" / "latency_lofo" / "metatrain_sources.json"
 
