@@ -309,14 +309,15 @@ def test_training_writes_the_record_of_its_training_split(tmp_path: Path, one_to
     assert record.fingerprint == dataset_fingerprint(data) and record.dataset == "digits"
 
 
-def test_shipped_cifar10_supernet_records_its_seed0_split():
+@pytest.mark.parametrize("space", ["mbv3", "vit"])
+def test_shipped_cifar10_supernet_records_its_seed0_split(space):
     """The shipped checkpoint's record is the seed-0 split of the shared npz it was trained on:
     a sample of that split's training images is in it, of its validation images is not."""
     from hwnas.supernet.data import shared_data_dir
     from hwnas.supernet.data.splits import _rng, _stratified_take
     from hwnas.supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint
 
-    path = shipped_checkpoint("mbv3", CIFAR10_CLASSES)
+    path = shipped_checkpoint(space, CIFAR10_CLASSES)
     assert path is not None and path.stat().st_size < 20 * 2**20
     record = read_record(torch.load(path, map_location="cpu", weights_only=True), str(path))
     assert record is not None and record.classes == CIFAR10_CLASSES
