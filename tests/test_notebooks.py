@@ -73,7 +73,7 @@ TEST_BUDGETS = {
     "03_quantization.ipynb": [("SEED, EPOCHS = 0, 6", "SEED, EPOCHS = 0, 1")],
     "04_cnn_vs_transformer.ipynb": [('epochs=6, name="04-vit-digits"',
                                      'epochs=2, name="04-vit-digits"'),
-                                    ("trials=16, eval_images=1000", "trials=2, eval_images=200")],
+                                    ("trials=16, eval_images=1000", "trials=1, eval_images=100")],
 }
 #: where the notebooks write their runs (notebooks/runs/); the test writes into a temporary folder
 RUNS_OUT = 'out="runs"'
