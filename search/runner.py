@@ -148,6 +148,8 @@ def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits, overwrite: bool) -> 
         return run_dir, False
     saved = json.loads((run_dir / CONFIG_FILE).read_text())
     current = settings_of(cfg, data, run_dir.name)
+    # a run written before a setting existed ran at its default (every image: eval_images 0)
+    saved.setdefault("eval_images", 0)
     diff = [k for k in RESUME_KEYS if saved.get(k) != current.get(k)]
     if diff:
         raise UserError(f"{run_dir} holds a run with other settings: " + ", ".join(

@@ -77,3 +77,20 @@ def test_a_search_scores_on_the_subset_and_records_it(tmp_path, digits_checkpoin
                    objectives="accuracy,latency:edgetpu-est", trials=3, out=str(tmp_path),
                    name="cut", sensitivity_seeds=False, eval_images=0, progress=False,
                    log=lambda *a: None)
+
+
+def test_a_run_written_before_the_setting_continues(tmp_path, digits_checkpoint) -> None:
+    import json
+
+    from hwnas import search
+    from hwnas.search.rundir import RunDir
+
+    settings = dict(supernet=str(digits_checkpoint), devices=["edgetpu-est"],
+                    objectives="accuracy,latency:edgetpu-est", out=str(tmp_path), name="old",
+                    sensitivity_seeds=False, progress=False, log=lambda *a: None)
+    search.run(trials=1, **settings)
+    config = RunDir(tmp_path / "old").config
+    saved = json.loads(config.read_text())
+    del saved["eval_images"]  # as an earlier hwnas wrote it
+    config.write_text(json.dumps(saved))
+    assert len(search.run(trials=2, **settings).trials) == 2
