@@ -106,6 +106,10 @@ def _search_options(p: argparse.ArgumentParser, d) -> None:
                         f"candidate (default {d.calib_batches}, sized for a CPU; on CIFAR-10 it "
                         f"reads about 0.6-1 point low with about 0.5 points of noise against 40 "
                         f"batches of 256: raise it on a GPU)")
+    p.add_argument("--eval-images", type=non_negative_int, default=d.eval_images,
+                   help="validation images scoring each candidate and test images scoring each "
+                        "front model, at most (a stratified seeded subset; default 0: every "
+                        "image; e.g. 2000 on a CPU with CIFAR-10)")
     p.add_argument("--trials", type=positive_int, default=d.trials,
                    help=f"completed trials in total over all workers (default {d.trials})")
     p.add_argument("--storage", help="Optuna storage URL (default: SQLite in the run directory); "
@@ -239,7 +243,7 @@ def config_from_args(args: argparse.Namespace):
         trials=args.trials, seed=args.seed, storage=args.storage, study_name=args.study_name,
         workers=args.workers, name=args.name, out=args.out, torch_device=args.device,
         accuracy=args.accuracy, predictor_samples=args.predictor_samples,
-        calib_batches=args.calib_batches, augment=args.augment,
+        calib_batches=args.calib_batches, eval_images=args.eval_images, augment=args.augment,
         # settings without a flag, from --config only
         **{k: getattr(args, k) for k in _FILE_ONLY if hasattr(args, k)})
 

@@ -29,7 +29,7 @@ DEFAULT_DEVICES = ("cpu-ort-1t", "edgetpu-est", "fpga-zcu102-est", "jetson-orin-
 #: settings that must match when a run directory is continued (the budget may grow)
 RESUME_KEYS = ("space", "dataset", "data_seed", "supernet", "epochs", "objectives",
                "constraints", "devices", "bits", "bit_choices", "sampler", "seed", "study_name",
-               "calib_batches", "ptq_images", "accuracy", "predictor_samples", "augment")
+               "calib_batches", "ptq_images", "eval_images", "accuracy", "predictor_samples", "augment")
 #: keys a run's config.json adds to the fields (what the run resolved); :meth:`SearchConfig.from_dict`
 #: reads past them, taking the devices the user asked for from ``reported_devices``
 RUN_ONLY_KEYS = ("format", "reported_devices", "dataset_name")
@@ -62,6 +62,9 @@ class SearchConfig:
     torch_device: str = "cpu"
     calib_batches: int = 10
     ptq_images: int = 256
+    #: validation images scoring each candidate and test images scoring each front model, at
+    #: most (a stratified seeded subset; 0: the whole splits): a CPU budget for large datasets
+    eval_images: int = 0
     sensitivity_seeds: bool = True
     accuracy: str = "supernet"
     predictor_samples: int = 60
@@ -119,6 +122,10 @@ class SearchConfig:
             check_augment(self.augment)
         if self.calib_batches <= 0 or self.ptq_images <= 0:
             raise UserError("calib_batches and ptq_images must be positive")
+        if isinstance(self.eval_images, bool) or not isinstance(self.eval_images, int) \
+                or self.eval_images < 0:
+            raise UserError(f"--eval-images must be a non-negative number of images (0: every "
+                            f"image), got {self.eval_images!r}")
         if not self.bits and list(self.bit_choices) != list(DEFAULT_BIT_CHOICES):
             raise UserError(f"--no-bits searches float models only, but --bit-choices "
                             f"{','.join(map(str, self.bit_choices))} asks for bit-widths; "

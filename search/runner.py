@@ -68,7 +68,7 @@ from hwnas.search.study import (
 )
 from hwnas.supernet.checkpoints import shipped_checkpoint
 from hwnas.supernet.data.sources import load_dataset
-from hwnas.supernet.data.splits import DatasetSplits
+from hwnas.supernet.data.splits import DatasetSplits, subsample_eval
 from hwnas.supernet.evaluate import accuracy, eval_loader
 from hwnas.supernet.fingerprint import disjoint_validation, training_record
 from hwnas.supernet.space import SearchSpace
@@ -148,6 +148,8 @@ def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits, overwrite: bool) -> 
         return run_dir, False
     saved = json.loads((run_dir / CONFIG_FILE).read_text())
     current = settings_of(cfg, data, run_dir.name)
+    # a run written before a setting existed ran at its default (every image: eval_images 0)
+    saved.setdefault("eval_images", 0)
     diff = [k for k in RESUME_KEYS if saved.get(k) != current.get(k)]
     if diff:
         raise UserError(f"{run_dir} holds a run with other settings: " + ", ".join(
@@ -398,6 +400,7 @@ def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int, worker: in
     data = disjoint_validation(data, payload, str(RunDir(run_dir).supernet),
                                seed=cfg.data_seed, log=lambda *a: None)  # as the main process
     data = with_training_augment(data, payload.get("train_config"))
+    data = subsample_eval(data, cfg.eval_images, seed=cfg.data_seed)
     evaluator = _evaluator(cfg, space, supernet, data, run_dir=run_dir)
     if cfg.accuracy == "predictor":
         fn = accuracy_predictor(cfg, space, evaluator, Path(run_dir), log=lambda *a: None)
@@ -443,6 +446,10 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
             data = disjoint_validation(data, {"data_record": record}, str(supernet_source),
                                        seed=cfg.data_seed, log=log)
         data = with_training_augment(data, train_config.to_dict() if train_config else None)
+        data = subsample_eval(data, cfg.eval_images, seed=cfg.data_seed)
+        if cfg.eval_images:
+            log(f"scoring on {len(data.val)} validation and {len(data.test)} test images "
+                f"(eval_images {cfg.eval_images})")
         timings["supernet_s"] = time.perf_counter() - t0
         if train_result:
             log(f"trained supernet {space.name} on {data.name}: {train_result.epochs} epochs in "

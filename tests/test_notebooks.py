@@ -72,7 +72,8 @@ TEST_BUDGETS = {
     "01_pareto_fronts.ipynb": [("epochs=5,", "epochs=1,"), ("trials=24,", "trials=8,")],
     "03_quantization.ipynb": [("SEED, EPOCHS = 0, 6", "SEED, EPOCHS = 0, 1")],
     "04_cnn_vs_transformer.ipynb": [('epochs=6, name="04-vit-digits"',
-                                     'epochs=2, name="04-vit-digits"')],
+                                     'epochs=2, name="04-vit-digits"'),
+                                    ("trials=16, eval_images=1000", "trials=1, eval_images=100")],
 }
 #: where the notebooks write their runs (notebooks/runs/); the test writes into a temporary folder
 RUNS_OUT = 'out="runs"'
@@ -157,7 +158,8 @@ def test_notebook_without_shared_data(path: Path, kernel_dir: Path, tmp_path: Pa
     monkeypatch.setenv("JUPYTER_PATH", str(kernel_dir))
     monkeypatch.setenv("HWNAS_SHARED_DATA", str(tmp_path / "no-such-dir"))
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
-    nb = nbformat.read(path, as_version=4)
+    # the test budgets, and runs written under tmp_path (never into the checkout)
+    nb = with_test_budgets(nbformat.read(path, as_version=4), path.name, tmp_path / "runs")
     nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name=KERNEL_NAME,
                             resources={"metadata": {"path": str(path.parent)}}).execute()
     stdout = "".join(out.get("text", "") for cell in nb.cells if cell.cell_type == "code"

@@ -21,6 +21,7 @@ from hwnas.supernet.data.splits import (
     ImageSplit,
     check_class_names,
     require_every_class,
+    subsample_eval,
 )
 from hwnas.supernet.train_options import AUGMENT_KINDS, check_augment
 
@@ -40,4 +41,5 @@ __all__ = [
     "load_dataset",
     "require_every_class",
     "shared_data_dir",
+    "subsample_eval",
 ]

@@ -8,7 +8,7 @@ readers (:mod:`.cifar`, :mod:`.image_folder`, :mod:`.sources`) decode images and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ __all__ = [
     "check_class_names",
     "require_every_class",
     "split_from_train",
+    "subsample_eval",
     "split_single_pool",
 ]
 
@@ -154,6 +155,24 @@ def _stratified_take(labels: np.ndarray, count: int,
     mask = np.ones(n, dtype=bool)
     mask[taken_idx] = False
     return np.flatnonzero(mask), taken_idx
+
+
+def subsample_eval(data: DatasetSplits, count: int, *, seed: int) -> DatasetSplits:
+    """``data`` with its validation and test splits cut to at most ``count`` images each
+    (stratified, seeded; training untouched): a CPU-sized budget for scoring many candidates.
+    ``count`` 0 keeps every image."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise UserError(f"eval_images must be a non-negative integer (0: every image), "
+                        f"got {count!r}")
+
+    def cut(split: ImageSplit, stream: int) -> ImageSplit:
+        if count == 0 or len(split) <= count:
+            return split
+        labels = split.labels.numpy()
+        _, idx = _stratified_take(labels, count, _rng(seed, stream))
+        return _make_split(split.images, labels, idx)
+
+    return replace(data, val=cut(data.val, 11), test=cut(data.test, 12))
 
 
 def _holdout_count(n: int, fraction: float, what: str, pool: str) -> int:
