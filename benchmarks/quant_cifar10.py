@@ -1,12 +1,16 @@
-"""Quantization table on CIFAR-10 for the trained mbv3 supernet (GPU): FP32, int8 PTQ (min-max,
-percentile, MSE), W4A8 PTQ and QAT, and a mixed policy at about 5 average weight bits, for the
-largest, middle and smallest subnets.
+"""Quantization table on CIFAR-10 for a trained supernet checkpoint of any space (mbv3, vit).
+
+FP32, int8 PTQ (min-max, percentile, MSE), W4A8 PTQ and QAT, and a mixed policy at about 5
+average weight bits, for the largest, middle and smallest subnets.
 
     python benchmarks/quant_cifar10.py --checkpoint CKPT.pt --data cifar10 --device cuda
+    python benchmarks/quant_cifar10.py --checkpoint supernet/checkpoints/vit_cifar10.pt \
+        --device cpu --subnets smallest --out benchmarks/quant_cifar10_vit.json --merge
 
-Prints a table and writes benchmarks/quant_cifar10.json (keys of /work/shared/BENCHMARKS.md).
-Targets (issue 5): int8 PTQ within 0.5 points of FP32, W4A8 QAT within 1.5, mixed within 1.
-The recipes are in benchmarks/quant_recipes.py. Imports only torch, numpy and hwnas packages.
+Prints a table and writes --out (default benchmarks/quant_cifar10.json, the mbv3 table; keys of
+/work/shared/BENCHMARKS.md). Targets (issue 5): int8 PTQ within 0.5 points of FP32, W4A8 QAT
+within 1.5, mixed within 1. The recipes are in benchmarks/quant_recipes.py. Imports only torch,
+numpy and hwnas packages.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ HERE = Path(__file__).resolve().parent
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True, help="mbv3 CIFAR-10 supernet checkpoint")
+    p.add_argument("--checkpoint", required=True, help="CIFAR-10 supernet checkpoint of any space (e.g. supernet/checkpoints/"
+                        "mbv3_cifar10.pt or vit_cifar10.pt)")
     p.add_argument("--data", default="cifar10",
                    help="'cifar10' (shared npz via $HWNAS_SHARED_DATA) or a dataset path")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -50,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--subnets", default=",".join(ROLES))
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(HERE / "quant_cifar10.json"))
+    p.add_argument("--out", default=str(HERE / "quant_cifar10.json"),
+                   help="JSON to write (keep one file per space, e.g. quant_cifar10_vit.json)")
     p.add_argument("--merge", action="store_true",
                    help="keep the rows of other subnets/methods already in --out (run one subnet per "
                         "command and build up one file)")
