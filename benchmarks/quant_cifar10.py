@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--qat-max-steps", type=int, default=None)
     p.add_argument("--qat-batch-size", type=int, default=256)
     p.add_argument("--qat-lr", type=float, default=3e-3)
+    p.add_argument("--qat-scale-lr", type=float, default=None,
+                   help="LSQ step-size learning rate (default: --qat-lr, one rate as LSQ prescribes)")
     p.add_argument("--calib-images", type=int, default=512)
     p.add_argument("--hessian-samples", type=int, default=8)
     p.add_argument("--hessian-images", type=int, default=256)
@@ -64,6 +66,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def bench_config(args: argparse.Namespace) -> QuantBenchConfig:
+    """The table's settings from the parsed command line (the step sizes learn at --qat-lr
+    unless --qat-scale-lr is given)."""
+    return QuantBenchConfig(
+        subnets=tuple(s for s in args.subnets.split(",") if s),
+        methods=tuple(m for m in args.methods.split(",") if m),
+        calib_images=args.calib_images, qat_epochs=args.qat_epochs,
+        qat_max_steps=args.qat_max_steps, qat_batch_size=args.qat_batch_size, qat_lr=args.qat_lr,
+        qat_scale_lr=args.qat_lr if args.qat_scale_lr is None else args.qat_scale_lr,
+        hessian_samples=args.hessian_samples, hessian_images=args.hessian_images, qat_amp=args.amp,
+        seed=args.seed, progress=not args.quiet)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -79,13 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"checkpoint space {space.name} expects inputs {space.input_shape} and "
                         f"{space.num_classes} classes; dataset {args.data} has "
                         f"{(data.in_channels, *data.image_size)} and {data.num_classes}")
-    config = QuantBenchConfig(
-        subnets=tuple(s for s in args.subnets.split(",") if s),
-        methods=tuple(m for m in args.methods.split(",") if m),
-        calib_images=args.calib_images, qat_epochs=args.qat_epochs,
-        qat_max_steps=args.qat_max_steps, qat_batch_size=args.qat_batch_size, qat_lr=args.qat_lr,
-        hessian_samples=args.hessian_samples, hessian_images=args.hessian_images, qat_amp=args.amp,
-        seed=args.seed, progress=not args.quiet)
+    config = bench_config(args)
     rows = run_quant_benchmark(supernet, space, data, config)
     commands = []
     if args.merge and Path(args.out).is_file():

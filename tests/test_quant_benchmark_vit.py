@@ -55,3 +55,19 @@ def test_every_method_runs_on_a_vit_subnet(vit_tiny, synthetic) -> None:
     for r in rows:
         assert 0.0 <= r["top1"] <= 100.0
     assert all(torch.equal(v, supernet.state_dict()[k]) for k, v in before.items())
+
+
+def test_cifar10_script_step_size_rate_follows_the_weight_rate_unless_given() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "quant_cifar10.py"
+    spec = importlib.util.spec_from_file_location("quant_cifar10", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    base = ["--checkpoint", "x.pt", "--subnets", "smallest", "--methods", "fp32,qat_w4a8"]
+    config = module.bench_config(module.parse_args([*base, "--qat-lr", "3e-4"]))
+    assert config.qat_lr == config.qat_scale_lr == 3e-4
+    assert config.subnets == ("smallest",) and config.methods == ("fp32", "qat_w4a8")
+    config = module.bench_config(module.parse_args([*base, "--qat-lr", "3e-4", "--qat-scale-lr", "1e-3"]))
+    assert (config.qat_lr, config.qat_scale_lr) == (3e-4, 1e-3)
