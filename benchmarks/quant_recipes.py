@@ -6,7 +6,8 @@ CIFAR-10), and by the test that runs the table on a tiny budget. Each row report
 test split, the policy's average weight bits and its packed model size
 (:func:`hwnas.quant.cost.model_size_bytes`). Recipes (also written into each row's ``recipe``):
 
-* ``fp32``: the subnet, BatchNorm recalibrated on augmented training images;
+* ``fp32``: the subnet, BatchNorm (where it has any; a vit subnet has none) recalibrated on
+  augmented training images;
 * ``ptq_int8_{minmax,percentile,mse}``: every layer W8A8, per-channel min-max weights, the
   named activation observer, bias correction;
 * ``ptq_w4a8``: W4A8 with the first and last layer at W8A8, per-channel MSE weights, MSE
@@ -213,8 +214,9 @@ def run_quant_benchmark(supernet: torch.nn.Module, space, data: DatasetSplits,
         start = time.perf_counter()
         fp32 = accuracy(model, test)
         if "fp32" in config.methods:
+            has_bn = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
             emit(_row(role, arch_str, "fp32", None, layers, fp32, time.perf_counter() - start,
-                      "float subnet, BN recalibrated"))
+                      "float subnet, BN recalibrated" if has_bn else "float subnet (no BatchNorm)"))
         int8 = uniform(model, 8, 8)
         for method, cfg in ptq_int8.items():
             if method in config.methods:
