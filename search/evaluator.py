@@ -9,7 +9,7 @@
 * latency per device (:func:`device_latency`): estimated devices run their estimator on the
   layer list *as the device executes it* (:func:`hwnas.quant.device_rules.effective_layers`), so an
   Edge TPU sees int8 and host fallbacks, an FPGA sees the bit-widths; measured devices time the
-  float subnet here; table, adapted and measured devices scale their float latency by the
+  float subnet here, once per architecture; table, adapted and measured devices scale their float latency by the
   device family's per-layer speed factors (:func:`hwnas.quant.device_rules.speed_factor`), weighted by
   each layer's share of the multiply-accumulates. onnxruntime/GPU-class families assume *no*
   int8 gain unless a measured speed-up table says otherwise (int8 can be slower).
@@ -112,6 +112,12 @@ COST_METRICS: dict[str, Callable[[list[Layer], list[Layer], QuantPolicy | None],
 }
 
 
+def _device_rules(device: Device) -> DeviceQuantRules:
+    """The device family's quantization rules, with the device's measured int8 speed-ups."""
+    rules = get_device_rules(device.quant_rules)
+    return rules.with_speedups(device.int8_speedup) if device.int8_speedup else rules
+
+
 def device_latencies(device: Device, space: SearchSpace, archs: Sequence[Any],
                      policies: Sequence[QuantPolicy | None],
                      q_layers: Sequence[list[Layer]] | None = None,
@@ -122,9 +128,7 @@ def device_latencies(device: Device, space: SearchSpace, archs: Sequence[Any],
     in one call."""
     if q_layers is None:
         q_layers = [quantized_layers(space, a, p)[1] for a, p in zip(archs, policies)]
-    rules = get_device_rules(device.quant_rules)
-    if device.int8_speedup:
-        rules = rules.with_speedups(device.int8_speedup)
+    rules = _device_rules(device)
     if isinstance(device, EstimatedDevice):
         return np.array([float(device.estimator.estimate(effective_layers(q, rules)))
                          for q in q_layers], dtype=np.float64), None
@@ -168,6 +172,22 @@ class TrialEvaluator:
                 device.int8_speedup = dict(int8_speedups[name])
             self.devices[name] = device
         self.cache: dict[tuple[str, str], dict[str, float]] = {}
+        #: (device, arch) -> float (ms, std) on a device measured here: timed once per
+        #: architecture, so every policy of it scales the same timing (timed again per policy,
+        #: a noisy machine once ranked an int8 copy slower than its float subnet)
+        self._float_ms: dict[tuple[str, str], tuple[float, float | None]] = {}
+
+    def _measured_latency(self, name: str, device: MeasuredDevice, arch: Any, arch_str: str,
+                          policy: QuantPolicy | None, q_layers: list[Layer]
+                          ) -> tuple[float, float | None]:
+        """Latency on a device measured here: the architecture's float timing (see
+        ``_float_ms``) times the policy's speed factor, as :func:`device_latencies` computes."""
+        key = (name, arch_str)
+        if key not in self._float_ms:
+            self._float_ms[key] = device_latency(device, self.space, arch, None)
+        mean, std = self._float_ms[key]
+        factor = 1.0 if policy is None else _mac_weighted_factor(q_layers, _device_rules(device))
+        return mean * factor, (None if std is None else std * factor)
 
     def _model_of(self, arch: Any) -> nn.Module:
         return self._current[self.space.to_string(arch)]
@@ -215,7 +235,10 @@ class TrialEvaluator:
         metrics.update({col: f(layers, q_layers, policy) for col, f in COST_METRICS.items()})
         self._current = {key[0]: model.cpu().eval()}
         for name, device in self.devices.items():
-            mean, std = device_latency(device, self.space, arch, policy)
+            if isinstance(device, MeasuredDevice):
+                mean, std = self._measured_latency(name, device, arch, key[0], policy, q_layers)
+            else:
+                mean, std = device_latency(device, self.space, arch, policy)
             if not np.isfinite(mean) or mean <= 0:
                 raise UserError(f"device {name!r} gave latency {mean!r} for {key[0]}; expected a "
                                 f"positive number of ms")
