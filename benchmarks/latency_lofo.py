@@ -179,6 +179,19 @@ def load_devices(space: Any, tables_dir: Path | None = TABLES_DIR) -> tuple[dict
     return devices, sources
 
 
+def nan_columns(devices: dict, names: list[str], archs: list[str]) -> dict[str, np.ndarray]:
+    """Each named device's latencies over ``archs`` (every architecture its table holds must be
+    among them), NaN where it was not measured: the meta-training input of tables of different
+    samples."""
+    pos = {a: i for i, a in enumerate(archs)}
+    cols = {}
+    for d in names:
+        measured, y = devices[d]
+        cols[d] = np.full(len(archs), np.nan)
+        cols[d][[pos[x] for x in measured]] = y
+    return cols
+
+
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
     from scipy.stats import spearmanr
 
@@ -330,13 +343,7 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
         t0 = time.perf_counter()
         train_set = {a for d in train for a in devices[d][0]}
         train_archs = [a for a in all_archs if a in train_set]
-        pos = {a: i for i, a in enumerate(train_archs)}
-        cols = {}
-        for d in train:
-            a, y = devices[d]
-            col = np.full(len(train_archs), np.nan)
-            col[[pos[x] for x in a]] = y
-            cols[d] = col
+        cols = nan_columns(devices, train, train_archs)
         # the reference architectures must be ones every held-out table holds
         common = set.intersection(*(set(devices[d][0]) for d in held))
         meta = lowrank = None

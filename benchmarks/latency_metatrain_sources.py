@@ -36,13 +36,8 @@ OUT = Path(__file__).resolve().parent / "results" / "latency_lofo" / "metatrain_
 
 def _meta(space, devices: dict, train: list[str]) -> MetaPredictor:
     archs = list(dict.fromkeys(a for d in train for a in devices[d][0]))
-    pos = {a: i for i, a in enumerate(archs)}
-    cols = {}
-    for d in train:
-        a, y = devices[d]
-        cols[d] = np.full(len(archs), np.nan)
-        cols[d][[pos[x] for x in a]] = y
-    return MetaPredictor(space).meta_fit(space, archs, cols, seed=0)
+    return MetaPredictor(space).meta_fit(space, archs, lofo.nan_columns(devices, train, archs),
+                                         seed=0)
 
 
 def run(name: str, seeds: int) -> list[dict]:

@@ -112,27 +112,25 @@ COST_METRICS: dict[str, Callable[[list[Layer], list[Layer], QuantPolicy | None],
 }
 
 
-def _device_rules(device: Device) -> DeviceQuantRules:
-    """The device family's quantization rules, with the device's measured int8 speed-ups."""
-    rules = get_device_rules(device.quant_rules)
-    return rules.with_speedups(device.int8_speedup) if device.int8_speedup else rules
-
-
 def device_latencies(device: Device, space: SearchSpace, archs: Sequence[Any],
                      policies: Sequence[QuantPolicy | None],
                      q_layers: Sequence[list[Layer]] | None = None,
+                     float_latency: tuple[Any, Any] | None = None,
                      ) -> tuple[np.ndarray, np.ndarray | None]:
     """(latency ms, std or None) of each ``archs[i]`` under ``policies[i]`` on ``device`` (see
     the module docstring for how quantization enters); ``q_layers`` are the candidates'
-    quantized layer lists when already built. Table and adapted devices answer the whole batch
-    in one call."""
+    quantized layer lists when already built, ``float_latency`` the device's
+    ``latency_with_std`` of ``archs`` when already measured. Table and adapted devices answer
+    the whole batch in one call."""
     if q_layers is None:
         q_layers = [quantized_layers(space, a, p)[1] for a, p in zip(archs, policies)]
-    rules = _device_rules(device)
+    rules = get_device_rules(device.quant_rules)
+    if device.int8_speedup:
+        rules = rules.with_speedups(device.int8_speedup)
     if isinstance(device, EstimatedDevice):
         return np.array([float(device.estimator.estimate(effective_layers(q, rules)))
                          for q in q_layers], dtype=np.float64), None
-    mean, std = device.latency_with_std(space, list(archs))
+    mean, std = float_latency or device.latency_with_std(space, list(archs))
     factor = np.array([1.0 if p is None else _mac_weighted_factor(q, rules)
                        for p, q in zip(policies, q_layers)])
     mean = np.asarray(mean, dtype=np.float64) * factor
@@ -140,10 +138,10 @@ def device_latencies(device: Device, space: SearchSpace, archs: Sequence[Any],
 
 
 def device_latency(device: Device, space: SearchSpace, arch: Any, policy: QuantPolicy | None,
-                   ) -> tuple[float, float | None]:
+                   float_latency: tuple[Any, Any] | None = None) -> tuple[float, float | None]:
     """(latency ms, std or None) of ``arch`` under ``policy`` on ``device``: the one-candidate
     case of :func:`device_latencies`."""
-    mean, std = device_latencies(device, space, [arch], [policy])
+    mean, std = device_latencies(device, space, [arch], [policy], float_latency=float_latency)
     return float(mean[0]), (None if std is None else float(std[0]))
 
 
@@ -172,22 +170,10 @@ class TrialEvaluator:
                 device.int8_speedup = dict(int8_speedups[name])
             self.devices[name] = device
         self.cache: dict[tuple[str, str], dict[str, float]] = {}
-        #: (device, arch) -> float (ms, std) on a device measured here: timed once per
+        #: (device, arch) -> the float (ms, std) of a device measured here: timed once per
         #: architecture, so every policy of it scales the same timing (timed again per policy,
         #: a noisy machine once ranked an int8 copy slower than its float subnet)
-        self._float_ms: dict[tuple[str, str], tuple[float, float | None]] = {}
-
-    def _measured_latency(self, name: str, device: MeasuredDevice, arch: Any, arch_str: str,
-                          policy: QuantPolicy | None, q_layers: list[Layer]
-                          ) -> tuple[float, float | None]:
-        """Latency on a device measured here: the architecture's float timing (see
-        ``_float_ms``) times the policy's speed factor, as :func:`device_latencies` computes."""
-        key = (name, arch_str)
-        if key not in self._float_ms:
-            self._float_ms[key] = device_latency(device, self.space, arch, None)
-        mean, std = self._float_ms[key]
-        factor = 1.0 if policy is None else _mac_weighted_factor(q_layers, _device_rules(device))
-        return mean * factor, (None if std is None else std * factor)
+        self._float_ms: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     def _model_of(self, arch: Any) -> nn.Module:
         return self._current[self.space.to_string(arch)]
@@ -235,10 +221,12 @@ class TrialEvaluator:
         metrics.update({col: f(layers, q_layers, policy) for col, f in COST_METRICS.items()})
         self._current = {key[0]: model.cpu().eval()}
         for name, device in self.devices.items():
+            timed = None
             if isinstance(device, MeasuredDevice):
-                mean, std = self._measured_latency(name, device, arch, key[0], policy, q_layers)
-            else:
-                mean, std = device_latency(device, self.space, arch, policy)
+                if (name, key[0]) not in self._float_ms:
+                    self._float_ms[(name, key[0])] = device.latency_with_std(self.space, [arch])
+                timed = self._float_ms[(name, key[0])]
+            mean, std = device_latency(device, self.space, arch, policy, float_latency=timed)
             if not np.isfinite(mean) or mean <= 0:
                 raise UserError(f"device {name!r} gave latency {mean!r} for {key[0]}; expected a "
                                 f"positive number of ms")
