@@ -169,14 +169,17 @@ def run_train(args: argparse.Namespace, *, started: float | None = None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     try:
-        return _main(args, kind, out, ctx, device, started)
-    finally:
-        shutdown(ctx)
+        status = _main(args, kind, out, ctx, device, started)
+    except BaseException:
+        shutdown(ctx, ok=False)
+        raise
+    shutdown(ctx)
+    return status
 
 
 def _main(args: argparse.Namespace, kind: str, out: Path | None, ctx, device: torch.device,
           started: float) -> int:
-    from hwnas.supernet.distributed import barrier
+    from hwnas.supernet.distributed import barrier, shutdown
     from hwnas.supernet.spaces import get_space
     from hwnas.supernet.train import (
         TrainConfig,
@@ -259,6 +262,7 @@ def _main(args: argparse.Namespace, kind: str, out: Path | None, ctx, device: to
         say(f"trained {space.name if arch is None else space.to_string(arch)} on {data.name}: "
             f"{result.epochs} epochs, {result.seconds:.0f} s, {result.images_per_s:.0f} images/s "
             f"-> {out}")
+        shutdown(ctx)  # the evaluation below needs no other rank
         if ctx.is_main:
             _print_val(model, space, arch, data, say)
         return 0
@@ -296,6 +300,7 @@ def _main(args: argparse.Namespace, kind: str, out: Path | None, ctx, device: to
         say(f"{out}: training already complete ({log.get('step')} steps)")
         if args.eval and ctx.is_main:
             model = _final_weights(out, ckpt, arch, space, device)
+    shutdown(ctx)  # rank 0's evaluation below needs no other rank
     if args.eval and (done or args.eval_unfinished) and ctx.is_main:
         _evaluate(args, model, space, arch, data, device, settings, done, out, say)
     elif args.eval and ctx.is_main:
