@@ -84,6 +84,20 @@ def test_hessian_sensitivity_decreases_with_bits_and_is_zero_for_float():
     assert set(table.extra["traces"]) == {"0", "3", "7"}
 
 
+def test_hessian_sensitivity_by_chunks_equals_one_chunk():
+    """The traces are linear in the loss: chunks of images (each chunk's graph freed before the
+    next, what keeps a run's memory down) give the one-chunk estimate with the same vectors."""
+    cands = [(4, 8), (8, 8)]
+    whole = hessian_sensitivity(_tiny_model(), _batches(), cands, n_samples=6, chunk=64)
+    for chunk in (7, 16):
+        parts = hessian_sensitivity(_tiny_model(), _batches(), cands, n_samples=6, chunk=chunk)
+        for name, trace in whole.extra["traces"].items():
+            assert parts.extra["traces"][name] == pytest.approx(trace, rel=1e-4, abs=1e-7)
+    assert whole.extra["traces"]["3"] != 0.0
+    with pytest.raises(UserError, match="chunk"):
+        hessian_sensitivity(_tiny_model(), _batches(), cands, n_samples=2, chunk=0)
+
+
 def test_measured_sensitivity_quantizes_one_layer_at_a_time():
     model = _tiny_model()
     table = measured_sensitivity(model, _batches(seed=1), _batches(seed=2), [(2, 2), (8, 8), (32, 32)])
