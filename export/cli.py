@@ -111,7 +111,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 def add_finetune_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     """Add the ``finetune`` command to ``sub``; return its handler."""
-    from hwnas.export.finetune import FinetuneSettings
+    from hwnas.export.finetune import DEFAULT_LR, FinetuneSettings
 
     d = FinetuneSettings()
     p = sub.add_parser("finetune", help="fine-tune one trial of a run by distillation from the "
@@ -124,8 +124,9 @@ def add_finetune_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
                         "required here or in --config")
     p.add_argument("--epochs", type=positive_int, default=d.epochs,
                    help=f"fine-tuning epochs (default {d.epochs})")
-    p.add_argument("--lr", type=positive_float, default=d.lr,
-                   help=f"peak learning rate of the cosine schedule (default {d.lr:g})")
+    p.add_argument("--lr", type=positive_float, default=None,
+                   help=f"peak learning rate of the cosine schedule (default: the space's; "
+                        f"{DEFAULT_LR:g}, vit 3e-4)")
     p.add_argument("--batch-size", type=positive_int, default=d.batch_size,
                    help=f"training batch size (default {d.batch_size})")
     p.add_argument("--device", default=d.device,

@@ -36,7 +36,7 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,16 +51,21 @@ FINETUNE_FORMAT = "hwnas-finetuned-1"
 CHECKPOINT, SUMMARY = "model.pt", "summary.json"
 
 
+#: the fine-tuning learning rate of the spaces that name none (tuned on mbv3: see quant/qat.py)
+DEFAULT_LR = 3e-3
+
+
 @dataclass
 class FinetuneSettings:
     """How a trial is fine-tuned. The loss is ``kd_weight * T^2 * softCE(student, teacher / T)
     + label_weight * CE(student, labels)`` with ``T = temperature``; ``lr`` is the peak of a
     cosine schedule after ``warmup_frac`` of the steps (SGD, Nesterov momentum 0.9), also for
-    the LSQ step sizes under QAT. ``seed``: None = the run's. ``max_test_images``: test images
-    of the export's parity checks."""
+    the LSQ step sizes under QAT; None = the space's (:meth:`for_space`: 3e-3, or what
+    ``SearchSpace.finetune_defaults`` says, e.g. 3e-4 for vit). ``seed``: None = the run's.
+    ``max_test_images``: test images of the export's parity checks."""
 
     epochs: int = 3
-    lr: float = 3e-3
+    lr: float | None = None
     batch_size: int = 128
     temperature: float = 2.0
     kd_weight: float = 1.0
@@ -81,6 +86,8 @@ class FinetuneSettings:
             raise UserError(f"fine-tuning asks for {self.epochs} epochs; at most 1000")
         for name in ("lr", "temperature"):
             value = getattr(self, name)
+            if name == "lr" and value is None:  # the space's, filled in by for_space
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
                     or value == float("inf"):
                 raise UserError(f"fine-tuning setting {name} must be a positive number, got "
@@ -92,8 +99,18 @@ class FinetuneSettings:
         if not self.weight_decay >= 0:
             raise UserError(f"weight_decay must be >= 0, got {self.weight_decay}")
 
+    def for_space(self, space: Any) -> "FinetuneSettings":
+        """These settings with what was left to the space (``None``) filled in from
+        ``space.finetune_defaults()``, else the toolkit's defaults."""
+        own = space.finetune_defaults()
+        lr = self.lr if self.lr is not None else own.get("lr", DEFAULT_LR)
+        return replace(self, lr=lr)
+
     def qat_config(self, seed: int, *, amp: bool):  # -> QATConfig
         from hwnas.quant.qat import QATConfig
+
+        if self.lr is None:
+            raise UserError("fine-tuning settings without lr: call for_space(space) first")
 
         config = QATConfig(epochs=self.epochs, lr=self.lr, scale_lr=self.lr,
                            warmup_frac=self.warmup_frac, weight_decay=self.weight_decay,
@@ -277,6 +294,7 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
                         f"cpu-ort-<N>t or cpu-ov-<N>t (OpenVINO installed), optionally with "
                         f"-b<batch>")
     space, supernet = run.space, run.supernet
+    settings = settings.for_space(space)
     seed = int(run.settings.get("seed", 0)) if settings.seed is None else int(settings.seed)
     supernet.to(device)
     evaluator = run.evaluator

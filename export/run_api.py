@@ -211,8 +211,8 @@ class Run:
         return export_run(self.path, front=front, select=select, out=out, settings=settings,
                           progress=progress, **options)
 
-    def finetune(self, trial: int, *, epochs: int = 3, lr: float = 3e-3, batch_size: int = 128,
-                 device: str = "cpu", out: str | Path | None = None, overwrite: bool = False,
+    def finetune(self, trial: int, *, epochs: int = 3, lr: float | None = None,
+                 batch_size: int = 128, device: str = "cpu", out: str | Path | None = None, overwrite: bool = False,
                  progress: bool = True, settings: Any = None,
                  export_settings: Any = None,
                  devices: Iterable[str] | None = None):  # -> FinetuneResult
@@ -220,8 +220,8 @@ class Run:
         QAT under its policy, if it has one), save it to ``out`` (default
         ``finetune/trial_NNNN``) and export it again
         (:func:`hwnas.export.finetune.finetune_trial`). ``settings``: a
-        :class:`hwnas.export.finetune.FinetuneSettings` (replaces ``epochs``, ``lr``,
-        ``batch_size`` and ``device``); ``devices``: where to time the exported files
+        :class:`hwnas.export.finetune.FinetuneSettings` (replaces ``epochs``, ``lr`` (None:
+        the space's), ``batch_size`` and ``device``); ``devices``: where to time the exported files
         (default the run's measured devices, ``()`` none)."""
         from hwnas.export.finetune import FinetuneSettings, finetune_trial
 

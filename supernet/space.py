@@ -118,6 +118,13 @@ class SearchSpace(ABC, Generic[Arch]):
         (:func:`hwnas.supernet.train.default_config`). Empty for the convolutional spaces."""
         return {}
 
+    def finetune_defaults(self) -> dict[str, Any]:
+        """Settings of :class:`hwnas.export.finetune.FinetuneSettings` (``hwnas finetune``: QAT
+        or distillation of a searched subnet) where this space needs other values than the
+        toolkit's, e.g. a transformer's lower ``lr``. Settings a caller passes win. Empty for
+        the convolutional spaces."""
+        return {}
+
     # -- torch -----------------------------------------------------------------------------------
     @abstractmethod
     def build_supernet(self) -> Any:

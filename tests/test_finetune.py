@@ -215,3 +215,21 @@ def test_qdq_builder_takes_the_given_quantized_model(one_torch_thread) -> None:
     assert kept.layers["stem_conv"].category == "float" and layer.w_bits == 8  # a copy changed
     with pytest.raises(UserError, match="another policy"):
         build_qdq(twin, uniform(model, 4, 8), calib, quantized=qmodel)
+
+
+def test_learning_rate_defaults_to_the_space_s() -> None:
+    """Left unset, the rate is the space's (vit fine-tunes at a tenth of the convolutional
+    spaces' rate); a rate the caller gives wins; QAT is never configured without one."""
+    from hwnas.core.errors import UserError
+    from hwnas.export.finetune import DEFAULT_LR
+    from hwnas.supernet.spaces import get_space
+
+    unset = FinetuneSettings()
+    unset.validate()
+    assert unset.lr is None
+    assert unset.for_space(get_space("vit")).lr == pytest.approx(3e-4)
+    assert unset.for_space(get_space("mbv3")).lr == DEFAULT_LR
+    assert FinetuneSettings(lr=0.01).for_space(get_space("vit")).lr == 0.01
+    with pytest.raises(UserError, match="without lr"):
+        unset.qat_config(0, amp=False)
+    assert unset.for_space(get_space("vit")).qat_config(0, amp=False).lr == pytest.approx(3e-4)
