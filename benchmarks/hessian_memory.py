@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+
+from hwnas.latency.machine import describe_machine
 
 OUT_JSON = Path(__file__).with_suffix(".json")
 
@@ -74,10 +75,12 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
             r = rows[-1]
-            print(f"{space:5s} chunk {chunk:4d}: {r['seconds']:7.1f} s, peak RSS {r['peak_rss_mb']:6d} MB "
-                  f"(before the traces {r['rss_before_mb']} MB)", flush=True)
+            print(f"{space:5s} chunk {chunk:4d}: {r['seconds']:7.1f} s, peak RSS "
+                  f"{r['peak_rss_mb']:6d} MB (peak before the traces {r['rss_before_mb']} MB)",
+                  flush=True)
     for r in rows:  # agreement with one chunk of all images
-        ref = next((q for q in rows if q["space"] == r["space"] and q["chunk"] >= args.images), None)
+        ref = next((q for q in rows
+                    if q["space"] == r["space"] and q["chunk"] >= args.images), None)
         if ref is not None:
             r["max_rel_diff_vs_one_chunk"] = max(
                 abs(r["traces"][k] - ref["traces"][k]) / max(abs(ref["traces"][k]), 1e-12)
@@ -88,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['space']} | {r['chunk']} | {r['seconds']:.1f} | {r['peak_rss_mb']} | "
               f"{r.get('max_rel_diff_vs_one_chunk', float('nan')):.1e} |")
     out = {"command": "python " + " ".join([f"benchmarks/{Path(__file__).name}", *sys.argv[1:]]),
-           "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-                      f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}",
+           "machine": describe_machine(
+               f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"),
            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "results": [{k: v for k, v in r.items() if k != "traces"} for r in rows]}
     args.out.write_text(json.dumps(out, indent=1) + "\n")

@@ -126,7 +126,7 @@ def add_finetune_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
                    help=f"fine-tuning epochs (default {d.epochs})")
     p.add_argument("--lr", type=positive_float, default=None,
                    help=f"peak learning rate of the cosine schedule (default: the space's; "
-                        f"{DEFAULT_LR:g}, vit 3e-4)")
+                        f"{DEFAULT_LR:g} where the space names none)")
     p.add_argument("--batch-size", type=positive_int, default=d.batch_size,
                    help=f"training batch size (default {d.batch_size})")
     p.add_argument("--device", default=d.device,

@@ -60,8 +60,8 @@ class FinetuneSettings:
     """How a trial is fine-tuned. The loss is ``kd_weight * T^2 * softCE(student, teacher / T)
     + label_weight * CE(student, labels)`` with ``T = temperature``; ``lr`` is the peak of a
     cosine schedule after ``warmup_frac`` of the steps (SGD, Nesterov momentum 0.9), also for
-    the LSQ step sizes under QAT; None = the space's (:meth:`for_space`: 3e-3, or what
-    ``SearchSpace.finetune_defaults`` says, e.g. 3e-4 for vit). ``seed``: None = the run's.
+    the LSQ step sizes under QAT; None = the space's (:meth:`for_space`:
+    ``SearchSpace.finetune_defaults``, else :data:`DEFAULT_LR`). ``seed``: None = the run's.
     ``max_test_images``: test images of the export's parity checks."""
 
     epochs: int = 3

@@ -212,8 +212,8 @@ class Run:
                           progress=progress, **options)
 
     def finetune(self, trial: int, *, epochs: int = 3, lr: float | None = None,
-                 batch_size: int = 128, device: str = "cpu", out: str | Path | None = None, overwrite: bool = False,
-                 progress: bool = True, settings: Any = None,
+                 batch_size: int = 128, device: str = "cpu", out: str | Path | None = None,
+                 overwrite: bool = False, progress: bool = True, settings: Any = None,
                  export_settings: Any = None,
                  devices: Iterable[str] | None = None):  # -> FinetuneResult
         """Fine-tune trial ``trial`` by distillation from the supernet's largest subnet (LSQ
@@ -221,8 +221,8 @@ class Run:
         ``finetune/trial_NNNN``) and export it again
         (:func:`hwnas.export.finetune.finetune_trial`). ``settings``: a
         :class:`hwnas.export.finetune.FinetuneSettings` (replaces ``epochs``, ``lr`` (None:
-        the space's), ``batch_size`` and ``device``); ``devices``: where to time the exported files
-        (default the run's measured devices, ``()`` none)."""
+        the space's), ``batch_size`` and ``device``); ``devices``: where to time the exported
+        files (default the run's measured devices, ``()`` none)."""
         from hwnas.export.finetune import FinetuneSettings, finetune_trial
 
         settings = settings or FinetuneSettings(epochs=epochs, lr=lr, batch_size=batch_size,

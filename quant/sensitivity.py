@@ -147,9 +147,12 @@ def hessian_sensitivity(model: nn.Module, batches: Iterable, candidates: Sequenc
     for each candidate, from the cross-entropy loss on up to ``max_images`` labelled images.
 
     The Hessian-vector products run ``chunk`` images at a time (:func:`hutchinson_trace` with
-    one loss per chunk): the double-backward graph of 128 CIFAR-10 images through the largest
-    mbv3 subnet held about 6 GB, the peak of a whole ``hwnas run`` on the CPU."""
+    one loss per chunk), so only one chunk's double-backward graph is held at once: over all
+    images it was the memory peak of a whole ``hwnas run`` on the CPU
+    (benchmarks/hessian_memory.md)."""
     candidates = _check_candidates(candidates)
+    if chunk < 1:
+        raise UserError(f"chunk must be positive, got {chunk}")
     device = _model_device(model)
     folded = _twice_differentiable(fold_bn(model).eval())
     x, y = _labelled(batches, max_images, device)
@@ -160,9 +163,6 @@ def hessian_sensitivity(model: nn.Module, batches: Iterable, candidates: Sequenc
         p.requires_grad_(False)
     for p in params.values():
         p.requires_grad_(True)
-
-    if chunk < 1:
-        raise UserError(f"chunk must be positive, got {chunk}")
 
     def chunk_loss(i: int) -> Callable[[], torch.Tensor]:  # this chunk's share of the mean loss
         return lambda: F.cross_entropy(folded(x[i:i + chunk]), y[i:i + chunk],

@@ -87,9 +87,9 @@ def shutdown(ctx: DistContext, *, ok: bool = True) -> None:
 
     After a run that ended well, every rank first waits at a barrier so that all leave
     together: a gloo rank that destroyed its group and exited while rank 0 was still writing
-    the checkpoint aborted now and then ("terminate called without an active exception", 2 of
-    20 runs of tests/test_train_entry.py here). After a failure there is no barrier (the other
-    ranks may be stuck or gone) and no teardown collective: the launcher ends the job.
+    the checkpoint aborted now and then ("terminate called without an active exception").
+    After a failure there is no barrier (the other ranks may be stuck or gone) and the group
+    is left as it is: the launcher ends the job.
     """
     if not (ctx.enabled and dist.is_initialized()):
         return
