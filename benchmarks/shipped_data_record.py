@@ -13,6 +13,7 @@ test set. Memorised images score clearly better than unseen ones, and the valida
 score like the test set, not like the training split::
 
     python benchmarks/shipped_data_record.py [--space mbv3|vit] [--write] [--images 1000]
+    python benchmarks/shipped_data_record.py --space vit --checkpoint other.pt   # check only
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -56,8 +58,12 @@ def main() -> int:
     p.add_argument("--write", action="store_true", help="add the record to the checkpoint")
     p.add_argument("--images", type=int, default=1000, help="images per split for the check")
     p.add_argument("--space", default="mbv3", help="the shipped CIFAR-10 supernet's space (mbv3, vit)")
+    p.add_argument("--checkpoint", help="check this supernet instead of the shipped one "
+                   "(a candidate trained on the same split; not with --write)")
     args = p.parse_args()
-    CHECKPOINT = shipped_checkpoint(args.space, CIFAR10_CLASSES)
+    if args.checkpoint and args.write:
+        raise SystemExit("--write records the split in the shipped checkpoint; drop --checkpoint")
+    CHECKPOINT = Path(args.checkpoint) if args.checkpoint else shipped_checkpoint(args.space, CIFAR10_CLASSES)
     if CHECKPOINT is None:
         raise SystemExit(f"no shipped CIFAR-10 checkpoint for space {args.space!r}")
     base = shared_data_dir()

@@ -149,9 +149,9 @@ def _train_options(p: argparse.ArgumentParser, d) -> None:
     h.add_argument("--weight-decay", type=non_negative_float, default=None, help="(default 5e-4)")
     h.add_argument("--label-smoothing", type=non_negative_float, default=None, help="(default 0.1)")
     h.add_argument("--mixup", type=non_negative_float, default=None, metavar="ALPHA",
-                   help="MixUp's Beta alpha; 0 = off (default 0; the vit recipe: 0.8 on CIFAR)")
+                   help="MixUp's Beta alpha; 0 = off (default 0)")
     h.add_argument("--cutmix", type=non_negative_float, default=None, metavar="ALPHA",
-                   help="CutMix's Beta alpha; 0 = off (default 0; the vit recipe: 1.0 on CIFAR). "
+                   help="CutMix's Beta alpha; 0 = off (default 0). "
                         "With both on, each batch is one or the other")
     h.add_argument("--warmup-epochs", type=non_negative_float, default=None,
                    help="linear warm-up before the cosine decay (default 1)")

@@ -75,11 +75,12 @@ def test_negative_alphas_are_refused():
         TrainConfig(stages=[TrainStage("s", 1)], mixup=-0.5).validate()
 
 
-def test_vit_recipe_mixes_on_cifar_sized_images_only():
-    cifar = default_config(get_space("vit"), 10)
-    assert (cifar.mixup, cifar.cutmix) == (0.8, 1.0)
-    mbv3 = default_config(get_space("mbv3-tiny"), 10)
-    assert (mbv3.mixup, mbv3.cutmix) == (0.0, 0.0)
+def test_mixing_is_off_unless_asked_for():
+    for name in ("vit", "mbv3-tiny"):
+        config = default_config(get_space(name), 10)
+        assert (config.mixup, config.cutmix) == (0.0, 0.0), name
+    asked = default_config(get_space("vit"), 10, mixup=0.8, cutmix=1.0)
+    assert (asked.mixup, asked.cutmix) == (0.8, 1.0)
 
 
 def test_a_supernet_trains_with_mixed_batches(digits):

@@ -146,13 +146,16 @@ def test_the_probe_sizes_the_epochs_of_phase_one(tmp_path) -> None:
     assert all("--epochs 50 " in c for c in _calls(tmp_path)[4:])
 
 
-def test_sn0_is_the_supernet_without_mixing_in_its_own_directory(tmp_path) -> None:
+def test_snb_is_the_supernet_with_extra_flags_in_its_own_directory(tmp_path) -> None:
     (tmp_path / "c10.npz").write_bytes(b"x")
-    result = _run(tmp_path, 1, EPOCHS="7", JOBS="sn sn0", DEVICE="cpu")
+    result = _run(tmp_path, 1, EPOCHS="7", JOBS="sn snb", DEVICE="cpu",
+                  SNB_FLAGS="--mixup 0.8 --cutmix 1.0")
     assert result.returncode == 0, result.stderr
     calls = _calls(tmp_path)
     assert len(calls) == 2
-    plain = next(c for c in calls if "/sn " in c + " " and "--mixup" not in c)
-    mixed_off = next(c for c in calls if "--mixup 0 --cutmix 0" in c)
-    assert "--schedule deps" in plain and "--schedule deps" in mixed_off
-    assert "/sn0" in mixed_off and "/sn0" not in plain
+    plain = next(c for c in calls if "/sn " in c + " ")
+    b = next(c for c in calls if "/snb" in c)
+    assert "--schedule deps" in plain and "--schedule deps" in b
+    assert "--mixup" not in plain and "--mixup 0.8 --cutmix 1.0" in b
+    missing = _run(tmp_path, 2, EPOCHS="7", JOBS="snb", DEVICE="cpu")
+    assert missing.returncode == 2 and "job snb needs SNB_FLAGS" in missing.stdout

@@ -327,14 +327,16 @@ class ViTSpace(SearchSpace[ViTArch]):
     def training_defaults(self) -> dict[str, Any]:
         """The compact-transformer recipe: AdamW with decoupled weight decay, warm-up, label
         smoothing, delayed shrinking, and (for CIFAR-sized RGB images) TrivialAugment, crop,
-        flip and cutout, then MixUp or CutMix per batch (DeiT's alphas): without mixing, the
-        CIFAR-10 supernet memorised its training images (benchmarks/supernet_cifar10.md).
+        flip and cutout. No MixUp/CutMix: on CIFAR-10, within the training-time budget, they
+        lowered every subnet's accuracy (benchmarks/supernet_cifar10.md); ``--mixup`` and
+        ``--cutmix`` turn them on.
 
         Why each (benchmarks/supernet_cifar10.md says more): vision transformers on small
         datasets are trained with AdamW, weight decay 0.05, a few warm-up epochs, label
         smoothing 0.1 and strong augmentation (CCT, AutoFormer, DeiT); ``lr`` is DeiT's
         linear rule at batch 512 (twice that, CCT's rate scaled by the square root of the
-        batch, diverged on CIFAR-10 in bf16 within 40 epochs). The plain sandwich from random weights collapses this supernet (in-place
+        batch, diverged on CIFAR-10 in bf16 within 40 epochs). The plain sandwich from random
+        weights collapses this supernet (in-place
         distillation pulls every subnet towards the untrained largest one's near-uniform
         predictions, and all share the leading slices of every weight), so the full network
         trains alone first (DEpS); ``largest+mean`` keeps the largest subnet's full gradient
@@ -347,7 +349,7 @@ class ViTSpace(SearchSpace[ViTArch]):
             "weight_decay": 0.05, "warmup_epochs": 5.0, "label_smoothing": 0.1,
             "subnet_loss": "largest+mean"}
         if c.in_channels == 3 and c.image_size == 32:
-            defaults.update(augment="trivial_crop_flip_cutout", mixup=0.8, cutmix=1.0)
+            defaults.update(augment="trivial_crop_flip_cutout")
         return defaults
 
     # -- torch -----------------------------------------------------------------------------------

@@ -31,8 +31,9 @@
 # carries are kept in $VIT_RUNS/data and joined there by the first training phase (the npz does
 # not fit one call's 64 MiB next to the working tree: carry part00 with the probe, part01 with
 # phase 1; give every phase, the probe included, VIT_DATA). Settings: EPOCHS (default: the probe's, else 200), BATCH (512), FULL (0.4, the full-network share of
-# DEpS), LR, RUN (a name for the logs), JOBS (default "sn largest smallest random1"; "sn0" is
-# the supernet without MixUp/CutMix, in $R/sn0, for an A/B beside "sn"), DEVICE
+# DEpS), LR, RUN (a name for the logs), JOBS (default "sn largest smallest random1"; "snb" is
+# the supernet with the extra flags SNB_FLAGS, e.g. "--mixup 0.8 --cutmix 1.0", in $R/snb, for an
+# A/B beside "sn"), DEVICE
 # (cuda; cpu for a check of this script), SMOKE (extra flags for every job, e.g. a CPU check:
 # SMOKE="--limit-train 256 --limit-eval 128 --batch-size 64" DEVICE=cpu COMPILE= EPOCHS=1),
 # COMPILE (default --compile for the standalone jobs), MARGIN_SN / MARGIN_SA (minutes kept
@@ -81,6 +82,9 @@ if [ -n "${VIT_DATA:-}" ] && [ ! -f "$VIT_DATA" ]; then
   fi
 fi
 [ -f "$DATA" ] || { log "no data: $DATA (nor its .part* files)"; exit 2; }
+case " $JOBS " in *" snb "*)
+  [ -n "${SNB_FLAGS:-}" ] || { log "job snb needs SNB_FLAGS (its extra training flags)"; exit 2; }
+esac
 
 log "$RUN phase $PHASE start $(date -u +%FT%TZ) minutes $MIN epochs $EPOCHS batch $BATCH full $FULL jobs [$JOBS]"
 SMI=
@@ -151,10 +155,10 @@ for job in $JOBS; do
   if [ "$job" = sn ]; then
     $HWNAS train $COMMON --schedule deps --full-fraction $FULL --half-weights --out "$R/sn" \
       $(start_args sn) $EVAL --max-minutes $(left ${MARGIN_SN:-0.9}) >> "$R/sn.log" 2>&1 &
-  elif [ "$job" = sn0 ]; then  # the same supernet without MixUp/CutMix (run 1's recipe)
-    $HWNAS train $COMMON --schedule deps --full-fraction $FULL --mixup 0 --cutmix 0 --half-weights \
-      --out "$R/sn0" $(start_args sn0) $EVAL --max-minutes $(left ${MARGIN_SN:-0.9}) \
-      >> "$R/sn0.log" 2>&1 &
+  elif [ "$job" = snb ]; then  # the same supernet with SNB_FLAGS: the B of an A/B
+    $HWNAS train $COMMON --schedule deps --full-fraction $FULL $SNB_FLAGS \
+      --half-weights --out "$R/snb" $(start_args snb) $EVAL --max-minutes $(left ${MARGIN_SN:-0.9}) \
+      >> "$R/snb.log" 2>&1 &
   else
     $HWNAS train $COMMON --standalone $job $COMPILE --out "$R/sa-$job" $(start_args sa-$job) \
       $EVAL --max-minutes $(left ${MARGIN_SA:-0.6}) >> "$R/sa-$job.log" 2>&1 &
@@ -172,7 +176,7 @@ import json, statistics, sys
 from pathlib import Path
 root = Path(sys.argv[1])
 for job in sys.argv[2:]:
-    d = root / (job if job in ("sn", "sn0") else f"sa-{job}")
+    d = root / (job if job in ("sn", "snb") else f"sa-{job}")
     try:
         log = json.loads((d / "train_log.json").read_text())
     except (OSError, ValueError):
@@ -207,7 +211,7 @@ save_checkpoint(sys.argv[2], net, space, dataset=p["dataset"], half=True,
 EOF
   fi
   for job in $JOBS; do
-    [ "$job" != sn ] && [ "$job" != sn0 ] && [ -f "$R/sa-$job/model.pt" ] && cp "$R/sa-$job/model.pt" "$OUT/sa-$job.pt"
+    [ "$job" != sn ] && [ "$job" != snb ] && [ -f "$R/sa-$job/model.pt" ] && cp "$R/sa-$job/model.pt" "$OUT/sa-$job.pt"
   done
   for f in "$OUT"/*; do  # one call returns files of at most 16 MiB
     [ "$(stat -c %s "$f")" -gt 16777216 ] && { log "$f is over 16 MiB: not returned"; rm -f "$f"; }
