@@ -261,7 +261,7 @@ def print_tables(space_name: str, rows: list[dict], devices: list[str],
             print(f"    {p:<16}" + "  ".join(vals) + f"   adapt {np.mean(t) * 1e3:.1f} ms")
     print("  table latency within 2 predicted std, 10 measurements (all architectures):")
     for p in names:
-        cover = [by[(p, d, 10, "all")].get("within_2sd") for d in devices]
+        cover = [by.get((p, d, 10, "all"), {}).get("within_2sd") for d in devices]
         if any(c is not None for c in cover):
             print(f"    {p:<16}" + "".join(f"{d}: {c:.2f}  " for d, c in zip(devices, cover)
                                              if c is not None))

@@ -42,7 +42,8 @@ step 2's measurements here, the architectures measured on every device of the gi
 ``benchmarks/measure_latency_tables.py`` (``<space>_<tag>.csv.gz``, e.g. ``vit_xeon`` and
 ``vit_h200``) with all their device columns, plus the estimators and synthetic devices; steps
 3 and 4 as above, the held-out device given by ``--held-out`` (default: the first onnxruntime
-column). Eager PyTorch on a GPU (``-torch-b<batch>``) is kept in the table but not
+column); ``--held-out-tables`` adds the check on every device of another machine's tables,
+meta-trained on none of them. Eager PyTorch on a GPU (``-torch-b<batch>``) is kept in the table but not
 meta-trained on (:func:`untrained`).
 
     python benchmarks/latency_metatrain_mbv3.py            # measure, score, ship
@@ -294,7 +295,8 @@ def pick_held_out(held_out: str | None, measured: list[str], name: str) -> str:
 def run_space(name: str, n: int, repeats: int, warmup: int, seed: int, seeds: int,
               from_csv: bool, tables: list[Path] | None = None, held_out: str | None = None,
               ship_dir: Path | None = None, results_dir: Path = RESULTS_DIR,
-              predictors: list[str] | None = None) -> dict:
+              predictors: list[str] | None = None,
+              held_out_tables: list[Path] | None = None) -> dict:
     space = get_space(name)
     path = results_dir / f"{name}.csv"
     t0 = time.perf_counter()
@@ -344,6 +346,23 @@ def run_space(name: str, n: int, repeats: int, warmup: int, seed: int, seeds: in
         print(f"\n== {name}, meta-training variant {variant} ({len(train)} devices)")
         print_tables(name, vrows, [vtask.device], None, ns)
         rows += vrows
+    if held_out_tables:  # a machine none of the meta-training devices ran on
+        h_archs, h_cols = measured_tables(space, held_out_tables)
+        h_path = results_dir / f"{name}_held_out_machine.csv"
+        write_csv(h_path, h_archs, h_cols)
+        h_table = load_latency_table(h_path, space=space)
+        h_tasks = [Task(h_table, d, None, np.arange(len(h_table))) for d in h_cols]
+        variant = "held-out-machine"
+        acc = evaluate(space, h_tasks, metas_for(space, table, usable, seeds), None,
+                       predictors or PREDICTORS, ns, seeds)
+        vrows = to_rows(name, acc, variant)
+        for r in vrows:
+            r["meta_train_devices"] = len(usable)
+        print(f"\n== {name}, {variant}: {len(h_table)} architectures of "
+              f"{', '.join(p.name for p in held_out_tables)}, meta-trained on {len(usable)} "
+              f"devices (the shipped set)")
+        print_tables(name, vrows, list(h_cols), None, ns)
+        rows += vrows
     shipped = MetaPredictor(space).meta_fit(space, table.archs, table.columns(usable), seed=0)
     target = pretrained_path(name) if ship_dir is None else ship_dir / pretrained_path(name).name
     out = shipped.save(target)
@@ -354,6 +373,7 @@ def run_space(name: str, n: int, repeats: int, warmup: int, seed: int, seeds: in
     ms = table.columns(measured)
     return {"space": name, "architectures": len(table), "devices": table.devices,
             "tables": [str(p) for p in tables or []], "held_out_device": held,
+            "held_out_tables": [str(p) for p in held_out_tables or []],
             "repeats": repeats, "warmup": warmup, "measure_seconds": measure_s,
             "measured_median_ms": {d: round(float(np.median(v)), 5) for d, v in ms.items()},
             "measured_range_ms": {d: [round(float(v.min()), 5), round(float(v.max()), 5)]
@@ -392,6 +412,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--held-out", default=None,
                     help="measured device of the held-out check (default: cpu-ort-2t, or the "
                          "first onnxruntime column of --tables)")
+    ap.add_argument("--held-out-tables", nargs="+", type=Path, default=None,
+                    help="measured tables of another machine (same space as --tables), none of "
+                         "whose devices is meta-trained on: each of their devices is scored "
+                         "few-shot on the architectures they hold")
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
                     help="where <space>.csv is written and read")
     ap.add_argument("--predictors", nargs="+", default=PREDICTORS, choices=PREDICTORS,
@@ -406,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     needs_tables = [s for s in args.spaces if s in TABLE_SPACES]
     if needs_tables and not args.tables:
         ap.error(f"{needs_tables[0]} has no measurement here: give its tables with --tables")
+    if args.held_out_tables and not args.tables:
+        ap.error("--held-out-tables needs --tables (the meta-training tables)")
     if args.tables and args.measure_gpu:
         ap.error("--tables and --measure-gpu exclude each other")
     t0 = time.perf_counter()
@@ -423,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         n, repeats = DEFAULTS.get(name, (0, 0))
         spaces.append(run_space(name, args.n or n, repeats, args.warmup, args.seed, args.seeds,
                                 args.from_csv, args.tables, args.held_out, args.ship_dir,
-                                results, args.predictors))
+                                results, args.predictors, args.held_out_tables))
     total = time.perf_counter() - t0
     write_json(args.out, {
         "command": "python benchmarks/latency_metatrain_mbv3.py " + " ".join(argv or sys.argv[1:]),

@@ -135,3 +135,25 @@ def test_metatrain_refuses_vit_without_tables_and_an_unknown_held_out(tmp_path) 
                   "--results-dir", str(tmp_path), "--ship-dir", str(tmp_path),
                   "--out", str(tmp_path / "x.json")])
     assert not (tmp_path / "vit_meta.npz").exists() and not (tmp_path / "x.json").exists()
+
+
+def test_held_out_tables_score_a_machine_none_of_whose_devices_is_meta_trained(tmp_path) -> None:
+    _, paths = _fake_tables(tmp_path)
+    cpu, gpu = paths
+    out = tmp_path / "out.json"
+    assert lmt.main(["--spaces", "vit", "--tables", str(cpu), "--held-out-tables", str(gpu),
+                     "--seeds", "1", "--predictors", "flops", "meta[random]",
+                     "--results-dir", str(tmp_path), "--ship-dir", str(tmp_path),
+                     "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())["spaces"][0]
+    assert doc["held_out_tables"] == [str(gpu)]
+    assert not any(d.startswith("h200") for d in doc["meta_trained_devices"])
+    held = [r for r in doc["results"] if r["split"] == "held-out-machine"]
+    assert {r["device"] for r in held} == {"h200-cudagraph-b1", "h200-torch-b1"}
+    assert {r["predictor"] for r in held} == {"flops", "meta[random]"}
+    # the fake GPU latency follows the depth, not the FLOPs: the adapted predictor sees it
+    graph = {r["predictor"]: r["spearman_mean"] for r in held
+             if r["device"] == "h200-cudagraph-b1" and r["n_measurements"] == 10}
+    assert graph["meta[random]"] > graph["flops"]
+    with pytest.raises(SystemExit):
+        lmt.main(["--spaces", "vit", "--held-out-tables", str(gpu), "--out", str(out)])
