@@ -43,8 +43,8 @@ step 2's measurements here, the architectures measured on every device of the gi
 ``vit_h200``) with all their device columns, plus the estimators and synthetic devices; steps
 3 and 4 as above, the held-out device given by ``--held-out`` (default: the first onnxruntime
 column); ``--held-out-tables`` adds the check on every device of another machine's tables,
-meta-trained on none of them. Eager PyTorch on a GPU (``-torch-b<batch>``) is kept in the table but not
-meta-trained on (:func:`untrained`).
+meta-trained on none of them. Eager PyTorch on a GPU (``-torch-b<batch>``) is kept in the
+table but not meta-trained on (:func:`untrained`).
 
     python benchmarks/latency_metatrain_mbv3.py            # measure, score, ship
     python benchmarks/latency_metatrain_mbv3.py --from-csv # reuse the measured tables

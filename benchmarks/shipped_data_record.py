@@ -63,7 +63,10 @@ def main() -> int:
     args = p.parse_args()
     if args.checkpoint and args.write:
         raise SystemExit("--write records the split in the shipped checkpoint; drop --checkpoint")
-    CHECKPOINT = Path(args.checkpoint) if args.checkpoint else shipped_checkpoint(args.space, CIFAR10_CLASSES)
+    if args.checkpoint and not Path(args.checkpoint).is_file():
+        raise SystemExit(f"--checkpoint {args.checkpoint}: no such file")
+    CHECKPOINT = (Path(args.checkpoint) if args.checkpoint
+                  else shipped_checkpoint(args.space, CIFAR10_CLASSES))
     if CHECKPOINT is None:
         raise SystemExit(f"no shipped CIFAR-10 checkpoint for space {args.space!r}")
     base = shared_data_dir()

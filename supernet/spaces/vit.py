@@ -336,9 +336,9 @@ class ViTSpace(SearchSpace[ViTArch]):
         smoothing 0.1 and strong augmentation (CCT, AutoFormer, DeiT); ``lr`` is DeiT's
         linear rule at batch 512 (twice that, CCT's rate scaled by the square root of the
         batch, diverged on CIFAR-10 in bf16 within 40 epochs). The plain sandwich from random
-        weights collapses this supernet (in-place
-        distillation pulls every subnet towards the untrained largest one's near-uniform
-        predictions, and all share the leading slices of every weight), so the full network
+        weights collapses this supernet (in-place distillation pulls every subnet towards the
+        untrained largest one's near-uniform predictions, and all share the leading slices of
+        every weight), so the full network
         trains alone first (DEpS); ``largest+mean`` keeps the largest subnet's full gradient
         once shrinking starts, as for the convolutional supernets. The CIFAR-10 batch size
         and epochs are the caller's (``--batch-size 512``); the default batch stays small
