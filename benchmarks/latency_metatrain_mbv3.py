@@ -330,38 +330,30 @@ def run_space(name: str, n: int, repeats: int, warmup: int, seed: int, seeds: in
     task = Task(table, held, None, np.arange(len(table)))
     rows, ns = [], list(FEW_SHOT_NS)
     usable = [d for d in table.devices if d not in untrained(gpu)]
-    variants = [(f"holdout-{held}", task, [d for d in usable if d != held]),
-                ("estimators-only", task, [d for d in usable if d not in measured])]
+    variants = [(f"holdout-{held}", [task], [d for d in usable if d != held]),
+                ("estimators-only", [task], [d for d in usable if d not in measured])]
     gpu_b64 = [d for d in gpu if d.endswith("-graph-b64")]
     if gpu_b64:
         variants.append((f"holdout-{gpu_b64[0]}",
-                         Task(table, gpu_b64[0], None, np.arange(len(table))),
+                         [Task(table, gpu_b64[0], None, np.arange(len(table)))],
                          [d for d in usable if d != gpu_b64[0]]))
-    for variant, vtask, train in variants:
-        acc = evaluate(space, [vtask], metas_for(space, table, train, seeds), None,
-                       predictors or PREDICTORS, ns, seeds)
-        vrows = to_rows(name, acc, variant)
-        for r in vrows:
-            r["meta_train_devices"] = len(train)
-        print(f"\n== {name}, meta-training variant {variant} ({len(train)} devices)")
-        print_tables(name, vrows, [vtask.device], None, ns)
-        rows += vrows
-    if held_out_tables:  # a machine none of the meta-training devices ran on
+    if held_out_tables:  # a machine none of the meta-training devices ran on: the shipped set
         h_archs, h_cols = measured_tables(space, held_out_tables)
         h_path = results_dir / f"{name}_held_out_machine.csv"
         write_csv(h_path, h_archs, h_cols)
         h_table = load_latency_table(h_path, space=space)
-        h_tasks = [Task(h_table, d, None, np.arange(len(h_table))) for d in h_cols]
-        variant = "held-out-machine"
-        acc = evaluate(space, h_tasks, metas_for(space, table, usable, seeds), None,
+        variants.append(("held-out-machine",
+                         [Task(h_table, d, None, np.arange(len(h_table))) for d in h_cols],
+                         usable))
+    for variant, vtasks, train in variants:
+        acc = evaluate(space, vtasks, metas_for(space, table, train, seeds), None,
                        predictors or PREDICTORS, ns, seeds)
         vrows = to_rows(name, acc, variant)
         for r in vrows:
-            r["meta_train_devices"] = len(usable)
-        print(f"\n== {name}, {variant}: {len(h_table)} architectures of "
-              f"{', '.join(p.name for p in held_out_tables)}, meta-trained on {len(usable)} "
-              f"devices (the shipped set)")
-        print_tables(name, vrows, list(h_cols), None, ns)
+            r["meta_train_devices"] = len(train)
+        print(f"\n== {name}, meta-training variant {variant} ({len(train)} devices; "
+              f"{len(vtasks[0].table)} architectures scored)")
+        print_tables(name, vrows, [t.device for t in vtasks], None, ns)
         rows += vrows
     shipped = MetaPredictor(space).meta_fit(space, table.archs, table.columns(usable), seed=0)
     target = pretrained_path(name) if ship_dir is None else ship_dir / pretrained_path(name).name

@@ -80,19 +80,21 @@ def hutchinson_trace(loss_fn: Callable[[], torch.Tensor] | Sequence[Callable[[],
     ``loss_fn``: one closure giving the loss, or several whose losses add up to it (e.g. one
     per chunk of images). The Hessian is linear in the loss, so each part's double-backward
     graph is built, used for every vector and freed before the next part: peak memory is one
-    part's graph, and the estimate is the one-closure estimate (the same vectors are used).
+    part's graph, and the estimate is the one-closure estimate (the same vectors, drawn again
+    from ``seed`` for each part rather than all kept: they would weigh ``n_samples`` times the
+    parameters).
     """
     if n_samples < 1:
         raise UserError(f"n_samples must be positive, got {n_samples}")
     parts = [loss_fn] if callable(loss_fn) else list(loss_fn)
     names, tensors = list(params), list(params.values())
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    vectors = [[(torch.randint(0, 2, t.shape, generator=gen) * 2 - 1).to(t.device, t.dtype)
-                for t in tensors] for _ in range(n_samples)]
     sums = [0.0] * len(tensors)
     for part in parts:
         grads = torch.autograd.grad(part(), tensors, create_graph=True)
-        for i, vs in enumerate(vectors):
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        for i in range(n_samples):
+            vs = [(torch.randint(0, 2, t.shape, generator=gen) * 2 - 1).to(t.device, t.dtype)
+                  for t in tensors]
             hvs = torch.autograd.grad(grads, tensors, grad_outputs=vs,
                                       retain_graph=i < n_samples - 1)
             for k, (v, hv) in enumerate(zip(vs, hvs)):

@@ -338,11 +338,10 @@ class ViTSpace(SearchSpace[ViTArch]):
         batch, diverged on CIFAR-10 in bf16 within 40 epochs). The plain sandwich from random
         weights collapses this supernet (in-place distillation pulls every subnet towards the
         untrained largest one's near-uniform predictions, and all share the leading slices of
-        every weight), so the full network
-        trains alone first (DEpS); ``largest+mean`` keeps the largest subnet's full gradient
-        once shrinking starts, as for the convolutional supernets. The CIFAR-10 batch size
-        and epochs are the caller's (``--batch-size 512``); the default batch stays small
-        for CPU-sized datasets."""
+        every weight), so the full network trains alone first (DEpS); ``largest+mean`` keeps
+        the largest subnet's full gradient once shrinking starts, as for the convolutional
+        supernets. The CIFAR-10 batch size and epochs are the caller's (``--batch-size 512``);
+        the default batch stays small for CPU-sized datasets."""
         c = self.cfg
         defaults: dict[str, Any] = {
             "schedule": "deps", "full_fraction": 0.4, "optimizer": "adamw", "lr": 5e-4,
