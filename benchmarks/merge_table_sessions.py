@@ -1,0 +1,161 @@
+"""Average several sessions of one latency table into one table.
+
+A CPU table's anchors remove each round's overall speed, but cells still move between sessions
+(on the 2-core VMs two sessions of the same 2,000 NB-201 architectures agree at Spearman
+0.77-0.96 per runtime); averaging sessions is the one remedy for that noise that does not
+depend on a model. Each session is a folder written by ``measure_latency_tables.py`` (same
+space, tag and devices). Per device, each session's anchor-normalised column is scaled to the
+first session's level (the median log ratio over the architectures both hold: a session's
+overall speed says nothing about the architectures), then each cell is the geometric mean over
+the sessions that hold it. Its variation is the root sum of squares of the sessions' cv over
+their number (the cv of a mean of independent timings). ``<space>_<out-tag>_sessions.json``
+records the sessions, the scale factors and the sessions' Spearman per device.
+
+    python benchmarks/merge_table_sessions.py S1 S2 --space nb201 --tag epyc \\
+        --out benchmarks/results/latency_tables --out-tag epyc1t
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+
+from hwnas.core.maths import spearman
+
+try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
+    from compare_table_sessions import read_table
+    from measure_latency_tables import read_csv_gz, write_csv_gz
+except ModuleNotFoundError:
+    from benchmarks.compare_table_sessions import read_table
+    from benchmarks.measure_latency_tables import read_csv_gz, write_csv_gz
+
+
+def _read_session(folder: Path, space: str, tag: str) -> tuple[dict, dict]:
+    """``(times, cv)``: ``device -> {arch: ms}`` (anchor-normalised) and ``device -> {arch: cv}``
+    (empty where the session has no cv file)."""
+    path = folder / f"{space}_{tag}.csv.gz"
+    if not path.is_file():
+        raise ValueError(f"{folder}: no {path.name} (expected a folder written by "
+                         f"measure_latency_tables.py with --spaces {space} --tag {tag})")
+    times = read_table(folder, space, tag)[0]
+    cv_path = folder / f"{space}_{tag}_cv.csv.gz"
+    cv: dict = {}
+    if cv_path.is_file():
+        rows = read_csv_gz(cv_path)
+        cv = {d: {r[0]: float(r[i]) for r in rows[1:] if r[i] != ""}
+              for i, d in enumerate(rows[0]) if i}
+    return times, cv
+
+
+def merge(folders: list[Path], space: str, tag: str) -> tuple[list[str], list[str], np.ndarray,
+                                                               np.ndarray, dict]:
+    """``(devices, archs, ms, cv, record)`` of the averaged table; ``ms``/``cv`` are
+    (archs, devices) arrays, NaN where no session holds the cell (cv: or none has a cv)."""
+    if len(folders) < 2:
+        raise ValueError(f"give at least two session folders to merge, got {len(folders)}")
+    sessions = [_read_session(f, space, tag) for f in folders]
+    devices = list(sessions[0][0])
+    for f, (times, _) in zip(folders[1:], sessions[1:]):
+        if set(times) != set(devices):
+            raise ValueError(f"{f}: devices {sorted(times)} differ from {folders[0]}'s "
+                             f"{sorted(devices)}; sessions of one table measure the same devices")
+    archs = list(dict.fromkeys(a for times, _ in sessions for col in times.values() for a in col))
+    index = {a: i for i, a in enumerate(archs)}
+    ms = np.full((len(archs), len(devices)), np.nan)
+    cv = np.full_like(ms, np.nan)
+    record: dict = {"sessions": [str(f) for f in folders], "space": space, "tag": tag,
+                    "devices": {}}
+    for j, d in enumerate(devices):
+        logs = np.full((len(sessions), len(archs)), np.nan)
+        cvs = np.full_like(logs, np.nan)
+        for k, (times, cv_k) in enumerate(sessions):
+            for a, v in times[d].items():
+                if not v > 0:
+                    raise ValueError(f"{folders[k]}: {d} has a non-positive time {v} for {a}")
+                logs[k, index[a]] = np.log(v)
+            for a, v in cv_k.get(d, {}).items():
+                cvs[k, index[a]] = v
+        scales = [0.0]
+        for k in range(1, len(sessions)):
+            both = ~np.isnan(logs[0]) & ~np.isnan(logs[k])
+            if not both.any():
+                raise ValueError(f"{folders[k]} and {folders[0]} hold no architecture of {d} "
+                                 "in common: their levels cannot be matched")
+            shift = float(np.median(logs[0, both] - logs[k, both]))
+            logs[k] += shift
+            scales.append(shift)
+        held = ~np.isnan(logs)
+        n = held.sum(axis=0)
+        ms[:, j] = np.where(n > 0, np.exp(np.nansum(logs, axis=0) / np.maximum(n, 1)), np.nan)
+        has_cv = ~np.isnan(cvs)
+        cv[:, j] = np.where(has_cv.any(axis=0),
+                            np.sqrt(np.nansum(cvs**2, axis=0)) / np.maximum(has_cv.sum(axis=0), 1),
+                            np.nan)
+        pairs = {}
+        for a, b in combinations(range(len(sessions)), 2):
+            both = held[a] & held[b]
+            pairs[f"{a + 1}-{b + 1}"] = round(spearman(logs[a, both], logs[b, both]), 4)
+        record["devices"][d] = {
+            "scale_to_session_1": [round(float(np.exp(s)), 4) for s in scales],
+            "spearman_between_sessions": pairs,
+            "architectures": int((n > 0).sum()),
+            "architectures_in_every_session": int((n == len(sessions)).sum()),
+        }
+    return devices, archs, ms, cv, record
+
+
+def _fmt(v: float) -> str:
+    return "" if np.isnan(v) else f"{v:.6g}"
+
+
+def write(out: Path, space: str, out_tag: str, devices: list[str], archs: list[str],
+          ms: np.ndarray, cv: np.ndarray, record: dict) -> list[Path]:
+    """Write the averaged table, its cv table and the sessions' record; each file whole or not
+    at all (written beside its name, then renamed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    targets = [out / f"{space}_{out_tag}.csv.gz", out / f"{space}_{out_tag}_cv.csv.gz",
+               out / f"{space}_{out_tag}_sessions.json"]
+    temps = [t.with_name(t.name + ".tmp") for t in targets]
+    try:
+        for tmp, values in zip(temps[:2], (ms, cv)):
+            write_csv_gz(tmp, ["arch", *devices],
+                         [[a, *(_fmt(v) for v in row)] for a, row in zip(archs, values)])
+        temps[2].write_text(json.dumps(record, indent=1) + "\n")
+        for tmp, target in zip(temps, targets):
+            os.replace(tmp, target)
+    finally:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+    return targets
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sessions", type=Path, nargs="+", help="session folders, the first sets the level")
+    ap.add_argument("--space", default="nb201")
+    ap.add_argument("--tag", required=True, help="the tag the sessions were measured with")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out-tag", help="machine tag of the averaged table (default: --tag)")
+    args = ap.parse_args(argv)
+    try:
+        devices, archs, ms, cv, record = merge(args.sessions, args.space, args.tag)
+    except ValueError as exc:
+        print(f"merge_table_sessions: {exc}", file=sys.stderr)
+        return 2
+    paths = write(args.out, args.space, args.out_tag or args.tag, devices, archs, ms, cv, record)
+    for d, row in record["devices"].items():
+        print(f"{d:24s} {row['architectures']:5d} archs ({row['architectures_in_every_session']} "
+              f"in every session)  scale {row['scale_to_session_1']}  "
+              f"spearman {row['spearman_between_sessions']}")
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
