@@ -26,11 +26,17 @@ except ModuleNotFoundError:
     from benchmarks.measure_latency_tables import read_csv_gz
 
 
+def read_columns(path: Path) -> dict[str, dict[str, float]]:
+    """``device -> {arch: value}`` of a table with one column per device after ``arch``
+    (empty cells left out)."""
+    rows = read_csv_gz(path)
+    return {d: {r[0]: float(r[i]) for r in rows[1:] if r[i] != ""}
+            for i, d in enumerate(rows[0]) if i}
+
+
 def read_table(folder: Path, space: str, tag: str) -> tuple[dict, dict, set[str]]:
     """``(normalised, raw, anchors)``: ``device -> {arch: ms}`` twice and the anchor rows."""
-    main = read_csv_gz(folder / f"{space}_{tag}.csv.gz")
-    head = main[0]
-    norm = {d: {r[0]: float(r[i]) for r in main[1:]} for i, d in enumerate(head) if i}
+    norm = read_columns(folder / f"{space}_{tag}.csv.gz")
     raw_path = folder / f"{space}_{tag}_raw.csv.gz"
     if not raw_path.is_file():
         return norm, norm, set()

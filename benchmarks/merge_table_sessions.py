@@ -18,22 +18,21 @@ records the sessions, the scale factors and the sessions' Spearman per device.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 
+from hwnas.core.io import write_json
 from hwnas.core.maths import spearman
 
 try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
-    from compare_table_sessions import read_table
-    from measure_latency_tables import read_csv_gz, write_csv_gz
+    from compare_table_sessions import read_columns
+    from measure_latency_tables import write_csv_gz
 except ModuleNotFoundError:
-    from benchmarks.compare_table_sessions import read_table
-    from benchmarks.measure_latency_tables import read_csv_gz, write_csv_gz
+    from benchmarks.compare_table_sessions import read_columns
+    from benchmarks.measure_latency_tables import write_csv_gz
 
 
 def _read_session(folder: Path, space: str, tag: str) -> tuple[dict, dict]:
@@ -43,14 +42,8 @@ def _read_session(folder: Path, space: str, tag: str) -> tuple[dict, dict]:
     if not path.is_file():
         raise ValueError(f"{folder}: no {path.name} (expected a folder written by "
                          f"measure_latency_tables.py with --spaces {space} --tag {tag})")
-    times = read_table(folder, space, tag)[0]
     cv_path = folder / f"{space}_{tag}_cv.csv.gz"
-    cv: dict = {}
-    if cv_path.is_file():
-        rows = read_csv_gz(cv_path)
-        cv = {d: {r[0]: float(r[i]) for r in rows[1:] if r[i] != ""}
-              for i, d in enumerate(rows[0]) if i}
-    return times, cv
+    return read_columns(path), read_columns(cv_path) if cv_path.is_file() else {}
 
 
 def merge(folders: list[Path], space: str, tag: str) -> tuple[list[str], list[str], np.ndarray,
@@ -116,22 +109,14 @@ def _fmt(v: float) -> str:
 
 def write(out: Path, space: str, out_tag: str, devices: list[str], archs: list[str],
           ms: np.ndarray, cv: np.ndarray, record: dict) -> list[Path]:
-    """Write the averaged table, its cv table and the sessions' record; each file whole or not
-    at all (written beside its name, then renamed)."""
+    """Write the averaged table, its cv table and the sessions' record, each file atomically."""
     out.mkdir(parents=True, exist_ok=True)
     targets = [out / f"{space}_{out_tag}.csv.gz", out / f"{space}_{out_tag}_cv.csv.gz",
                out / f"{space}_{out_tag}_sessions.json"]
-    temps = [t.with_name(t.name + ".tmp") for t in targets]
-    try:
-        for tmp, values in zip(temps[:2], (ms, cv)):
-            write_csv_gz(tmp, ["arch", *devices],
-                         [[a, *(_fmt(v) for v in row)] for a, row in zip(archs, values)])
-        temps[2].write_text(json.dumps(record, indent=1) + "\n")
-        for tmp, target in zip(temps, targets):
-            os.replace(tmp, target)
-    finally:
-        for tmp in temps:
-            tmp.unlink(missing_ok=True)
+    for target, values in zip(targets, (ms, cv)):
+        write_csv_gz(target, ["arch", *devices],
+                     [[a, *(_fmt(v) for v in row)] for a, row in zip(archs, values)])
+    write_json(targets[2], record)
     return targets
 
 

@@ -1,6 +1,6 @@
 """benchmarks/merge_table_sessions.py: sessions of one table are brought to the first one's
-level and averaged in log; cv falls as for a mean; the averaged table is one the registry and
-LOFO read; bad input is one error line and writes nothing."""
+level and averaged in log; cv falls as for a mean; the CLI writes the table, its cv and its
+record; bad input is one error line and writes nothing."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_cells_of_one_session_only_are_kept(tmp_path):
     assert record["devices"]["d"]["architectures_in_every_session"] == 3
 
 
-def test_cli_writes_a_table_the_lofo_reads(tmp_path, capsys):
+def test_cli_writes_the_averaged_table_and_its_record(tmp_path, capsys):
     s1 = session(tmp_path / "s1", 1.0, {})
     s2 = session(tmp_path / "s2", 1.5, {})
     out = tmp_path / "out"
