@@ -53,7 +53,7 @@ from hwnas.export.recommend import (
     verify_candidates,
 )
 from hwnas.latency.machine import cpu_model
-from hwnas.latency.onnx_measure import RUNTIMES, openvino_available
+from hwnas.latency.onnx_measure import MAX_MARGIN, RUNTIMES, clearly_faster, openvino_available
 from hwnas.quant.policy import uniform
 from hwnas.quant.ptq import PTQConfig
 
@@ -135,14 +135,51 @@ def measure(files: list[CandidateFile], refs: dict, test_x: np.ndarray,
             "runtime": c.settings["runtime"], "precision": c.precision, "file": c.path,
             "label": c.label, "settings": {k: v for k, v in c.settings.items() if k != "runtime"},
             "runtime_precision": c.runtime_precision, "batch": batch, "threads": threads,
-            "streams": c.streams,
+            "streams": c.streams, "size_bytes": c.size_bytes,
             "fp32_ms": fp32.median_ms, "ms": c.median_ms, "p95_ms": c.p95_ms,
+            "round_ms": (None if c.label not in times else  # per-round medians, for --repick
+                         np.median(np.atleast_2d(times[c.label]), axis=1).round(4).tolist()),
             "speedup_vs_ort_fp32": None if c.median_ms is None else fp32.median_ms / c.median_ms,
             "top1": c.test_accuracy, "agreement": c.top1_agreement, "verified": c.verified,
             "recommended": c is chosen, "note": c.note})
     if notes:
         rows[0]["runtime_notes"] = notes
     return rows
+
+
+TIE_NOTE = "within the paired timing's noise"
+
+
+def repick(rows: list[dict]) -> dict:
+    """Re-apply the recommendation's tie rule (:func:`choose_fastest`, tie margin capped at
+    :data:`MAX_MARGIN`) to the stored rows of one model/batch/threads group and return the pick.
+    What beat FP32 is read off the rows (their notes). Rows with ``round_ms`` are re-decided
+    exactly; older rows (timed before the cap) keep only the ties they had whose median is within
+    ``MAX_MARGIN`` of the fastest's (the ratio of medians standing in for the per-round ratio)."""
+    fp32 = rows[0]
+    beating = [r for r in rows[1:] if r["verified"] and r["ms"] is not None
+               and not (r["note"] or "").startswith("not faster than FP32")]
+    if not beating:
+        return next(r for r in rows if r["recommended"])
+    fastest = min(beating, key=lambda r: r["ms"])
+    if all(r.get("round_ms") for r in beating):
+        per_round = lambda r: np.asarray(r["round_ms"], dtype=np.float64)[:, None]
+        ties = [r for r in beating if not clearly_faster(per_round(fastest), per_round(r))]
+    else:
+        ties = [r for r in beating if (r["recommended"] or TIE_NOTE in (r["note"] or ""))
+                and fastest["ms"] / r["ms"] >= 1.0 - MAX_MARGIN] or [fastest]
+    # the smaller file (older rows: an int8 file is smaller than the FP32 one), then f32, streams
+    size = lambda r: r.get("size_bytes") or (1 if r["precision"].startswith("int8") else 2)
+    best = min(ties, key=lambda r: (size(r), r["runtime_precision"] != "f32",
+                                    r.get("streams", 1), r["ms"]))
+    for r in rows:
+        r["recommended"] = r is best
+        if r is best or TIE_NOTE in (r["note"] or ""):  # notes as choose_fastest writes them
+            r["note"] = ""
+        if r in ties and r is not best:
+            r["note"] = (f"as fast as {best['label']} {TIE_NOTE}; {best['label']} is the "
+                         f"smaller or simpler file")
+    return best
 
 
 def accuracy_rows(files: list[CandidateFile], refs: dict, test_x: np.ndarray,
@@ -314,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--merge", action="store_true", help="keep other rows already in --out")
     p.add_argument("--note", default="", help="a note on this run, written in the report")
     p.add_argument("--markdown-only", action="store_true", help="only rewrite the .md")
+    p.add_argument("--repick", action="store_true",
+                   help="re-apply the current tie rule to the stored rows of --out, then "
+                        "rewrite the .md (no measuring)")
     p.add_argument("--accuracy-only", action="store_true",
                    help="verify every candidate on the test images, no timing; write "
                         "--accuracy-out (batches, rounds and runs are not used)")
@@ -322,7 +362,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     acc_out = Path(args.accuracy_out or out.with_name(f"{out.stem}_accuracy.json"))
-    if args.markdown_only:
+    if args.repick:
+        doc = json.loads(out.read_text())
+        groups: dict[tuple, list[dict]] = {}
+        for r in doc["results"]:
+            groups.setdefault((r["cpu"], r["model"], r["batch"], r["threads"]), []).append(r)
+        for key, rows in groups.items():
+            before = next(r["label"] for r in rows if r["recommended"])
+            after = repick(rows)["label"]
+            if after != before:
+                print(f"{' '.join(map(str, key))}: {before} -> {after}")
+        write_atomic(out, json.dumps(doc, indent=1) + "\n")
+    if args.markdown_only or args.repick:
         write_markdown(out, acc_out)
         return 0
     export_ort.check_models(args.models)

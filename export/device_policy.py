@@ -25,7 +25,7 @@ threads, so it is measured, not assumed:
 
 Every choice between candidates keeps int8 layers unless float clearly pays
 (:func:`prefer_int8`): the fastest candidate wins only over those it beats by more than the
-paired timing's noise (:func:`hwnas.latency.onnx_measure.paired_margin`, at least 3 %);
+paired timing's noise (:func:`hwnas.latency.onnx_measure.paired_margin`, 3-10 %);
 among the rest, the one with the fewest float layers is kept. So timing noise between two runs
 does not flip the choice between near-equal variants.
 

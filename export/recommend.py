@@ -22,7 +22,7 @@ recommendation, the speed-up printed and the timings written all come from that 
 (:func:`choose_fastest`): the fastest verified candidate, and only if it beat FP32 overall and
 in both halves of the measurement, so a lucky stretch of timing never recommends a file that
 is slower than FP32. Candidates that beat FP32 and tie with the fastest within the paired
-timing's noise (:func:`hwnas.latency.onnx_measure.paired_margin`, at least 3 %) are a tie:
+timing's noise (:func:`hwnas.latency.onnx_measure.paired_margin`, 3-10 %) are a tie:
 the smallest file wins it (then the one the runtime runs at its own f32 precision, then the one
 with fewer streams), so noise does not flip the recommendation between near-equal files.
 

@@ -36,9 +36,9 @@ import onnxruntime as ort
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
 
-__all__ = ["LatencyStats", "MIN_MARGIN", "PRECISIONS", "RUNTIMES", "Runner", "clearly_faster",
-           "make_runner", "make_session", "measure_onnx", "openvino_available", "order_settled",
-           "paired_margin", "random_input", "session_options", "time_interleaved", "timed_runs"]
+__all__ = ["LatencyStats", "MAX_MARGIN", "MIN_MARGIN", "PRECISIONS", "RUNTIMES", "Runner",
+           "clearly_faster", "make_runner", "make_session", "measure_onnx", "openvino_available",
+           "order_settled", "paired_margin", "random_input", "session_options", "time_interleaved", "timed_runs"]
 
 #: Runtimes that run an ONNX file here: onnxruntime (always), OpenVINO (the ``openvino`` extra).
 RUNTIMES = ("onnxruntime", "openvino")
@@ -467,6 +467,10 @@ def order_settled(times: Mapping[str, np.ndarray], baseline: str, *,
 #: The smallest relative difference between two models of one paired timing that counts as one
 #: being faster (a choice between them does not follow a smaller, noise-sized difference).
 MIN_MARGIN = 0.03
+#: The most that timing noise may ask: a model estimated this much faster than another (median
+#: per-round ratio) counts as faster however noisy the rounds, so one wild round on a shared
+#: machine cannot tie a file 20 % slower with the fastest and hand the choice to a tie-break.
+MAX_MARGIN = 0.10
 
 
 def _round_ratios(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -482,12 +486,12 @@ def paired_margin(a: np.ndarray, b: np.ndarray, floor: float = MIN_MARGIN) -> fl
     ms arrays of shape (rounds, runs)) must beat the other to count as faster: the timing's own
     noise - half the range, over the rounds, of the ratio of their per-round medians, relative
     to its median (a drift of the machine's speed hits both alike and cancels in the ratio) -
-    and at least ``floor``."""
+    at least ``floor`` and at most :data:`MAX_MARGIN`."""
     ratio = _round_ratios(a, b)
     noise = 0.0
     if len(ratio) > 1:
         noise = float((ratio.max() - ratio.min()) / 2.0 / np.median(ratio))
-    return max(float(floor), noise)
+    return max(float(floor), min(noise, MAX_MARGIN))
 
 
 def clearly_faster(fast: np.ndarray, slow: np.ndarray, floor: float = MIN_MARGIN) -> bool:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hwnas.export.device_policy import Candidate, choose_float_layers, prefer_int8
 from hwnas.export.recommend import DeviceCandidate, choose_fastest
-from hwnas.latency.onnx_measure import MIN_MARGIN, clearly_faster, paired_margin
+from hwnas.latency.onnx_measure import MAX_MARGIN, MIN_MARGIN, clearly_faster, paired_margin
 
 
 def _drifting(base: dict[str, float], rng: np.random.Generator, *, noise: float,
@@ -23,11 +23,14 @@ def test_paired_margin_measures_the_noise_not_the_drift() -> None:
     drift = np.linspace(1.0, 2.0, 5)[:, None] * np.ones((5, 3))
     assert paired_margin(10 * drift, 9 * drift) == MIN_MARGIN  # drift cancels in the ratio
     noisy = 10 * drift * np.array([1.0, 1.2, 1.0, 0.8, 1.0])[:, None]  # +-20 % per round
-    assert paired_margin(noisy, 9 * drift) == pytest.approx(0.2)
+    assert paired_margin(noisy, 9 * drift) == pytest.approx(MAX_MARGIN)  # 20 % noise, capped
+    mild = 10 * drift * np.array([1.0, 1.05, 1.0, 0.95, 1.0])[:, None]  # +-5 % per round
+    assert paired_margin(mild, 9 * drift) == pytest.approx(0.05)
     assert paired_margin(np.ones((1, 3)), np.ones((1, 3)), floor=0.05) == 0.05  # one round
     assert clearly_faster(9 * drift, 10 * drift)  # 10 % faster, no noise
     assert not clearly_faster(9.8 * drift, 10 * drift)  # 2 %: below the 3 % minimum
-    assert not clearly_faster(9 * drift, noisy)  # 10 % faster, but 20 % noise
+    assert not clearly_faster(9.2 * drift, noisy)  # 8 % faster, but 20 % noise
+    assert clearly_faster(8 * drift, noisy)  # 20 % faster: noise cannot tie that away
 
 
 def test_prefer_int8_keeps_int8_unless_float_clearly_pays() -> None:
@@ -121,3 +124,22 @@ def test_recommendation_ties_towards_the_smaller_file_and_never_a_slower_one() -
     fp32, qdq = _cand("m.onnx", "fp32", 400), _cand("qdq/m.onnx", "int8", 120)
     chosen = choose_fastest([fp32, qdq, slow], times, "m.onnx")
     assert chosen is not slow and chosen.median_ms <= fp32.median_ms
+
+
+def test_one_wild_round_does_not_tie_a_much_faster_file_away() -> None:
+    """The Xeon's case: a bf16 FP32 file ~20 % faster than the int8 file, one round 40 % off.
+    Half the range of the round ratios is then ~25 %, but the tie margin stops at MAX_MARGIN,
+    so the faster file is recommended, not the smaller one."""
+    drift = np.linspace(1.0, 1.3, 5)[:, None] * np.ones((5, 5))
+    wild = np.array([1.0, 1.0, 1.4, 1.0, 1.0])[:, None]
+    times = {"m.onnx": 27.0 * drift, "qdq/m.onnx@x4": 20.6 * drift,
+             "m.onnx@bf16x8": 16.3 * drift * wild}
+    assert paired_margin(times["m.onnx@bf16x8"], times["qdq/m.onnx@x4"]) == MAX_MARGIN
+    fp32, bf16 = _cand("m.onnx", "fp32", 400), _cand("m.onnx@bf16x8", "bf16", 400, "bf16")
+    qdq = _cand("qdq/m.onnx@x4", "int8", 120)
+    assert choose_fastest([fp32, qdq, bf16], times, "m.onnx") is bf16
+    # within MAX_MARGIN and within the noise: the smaller file still wins the tie
+    times["m.onnx@bf16x8"] = 19.2 * drift * wild
+    fp32, bf16 = _cand("m.onnx", "fp32", 400), _cand("m.onnx@bf16x8", "bf16", 400, "bf16")
+    qdq = _cand("qdq/m.onnx@x4", "int8", 120)
+    assert choose_fastest([fp32, qdq, bf16], times, "m.onnx") is qdq

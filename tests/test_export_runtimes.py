@@ -199,3 +199,38 @@ def test_accuracy_only_run_writes_the_table_not_the_timings(tmp_path, monkeypatc
     assert all(r["model"] == "smallest" and r["n_images"] == 8 and r["top1"] is None
                for r in doc["results"])
     assert "### smallest (" in (tmp_path / "er.md").read_text()
+
+
+def _row(label, ms, *, precision="fp32", rp="f32", streams=1, note="", rec=False, rounds=None,
+         size=None):
+    return {"label": label, "ms": ms, "precision": precision, "runtime_precision": rp,
+            "streams": streams, "note": note, "recommended": rec, "verified": True,
+            "round_ms": rounds, "size_bytes": size}
+
+
+def test_repick_caps_the_tie_margin_on_stored_rows() -> None:
+    tie = "as fast as qdq within the paired timing's noise; qdq is the smaller or simpler file"
+    rows = [_row("fp32", 27.0), _row("qdq x4", 20.6, precision="int8", streams=4, rec=True),
+            _row("bf16 x8", 16.3, rp="bf16", streams=8, note=tie),
+            _row("bf16 x4", 17.7, rp="bf16", streams=4, note=tie),
+            _row("slow", 30.0, note="not faster than FP32 overall and in both halves of the "
+                                    "paired timing")]
+    best = er.repick(rows)
+    # int8 x4 is 21 % slower than the fastest: no longer a tie; bf16 x4 is within 10 %
+    assert best["label"] == "bf16 x4" and best["recommended"] and best["note"] == ""
+    assert [r["recommended"] for r in rows] == [False, False, False, True, False]
+    assert rows[1]["note"] == "" and "bf16 x4" in rows[2]["note"]
+    assert rows[4]["note"].startswith("not faster")
+    # with per-round medians the decision is exact: the bf16 file's rounds +-8 % (the drift
+    # cancels in the ratio), the int8 file 6 % slower -> a tie, the smaller file wins
+    drift = np.array([1.0, 1.1, 1.2])
+    rows = [_row("fp32", 27.0, rounds=list(27.0 * drift), size=400),
+            _row("qdq", 17.0, precision="int8", rounds=list(17.0 * drift), size=120),
+            _row("bf16", 16.0, rp="bf16", rounds=list(16.0 * drift * [1.0, 1.08, 0.92]),
+                 size=400, rec=True)]
+    assert er.repick(rows)["label"] == "qdq"
+    rows[1]["round_ms"] = list(19.0 * drift)  # 16 % slower: more than any tie margin
+    assert er.repick(rows)["label"] == "bf16"
+    rows[2]["round_ms"] = list(16.0 * drift)  # 6 % with steady rounds: beyond the 3 % floor
+    rows[1]["round_ms"] = list(17.0 * drift)
+    assert er.repick(rows)["label"] == "bf16"
