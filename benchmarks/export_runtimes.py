@@ -29,6 +29,9 @@ the runtime, the precision and the CPU's instruction set, not on threads or batc
 once on all test images while the timing runs use a sample. Both JSONs feed the one .md::
 
     python benchmarks/export_runtimes.py --accuracy-only --threads 2   # all 10,000 test images
+
+``--repick`` re-applies the current tie rule to the stored rows (no measuring) when the rule
+changes; rows keep their per-round medians and file sizes for it.
 """
 
 from __future__ import annotations
