@@ -159,7 +159,9 @@ def repick(rows: list[dict]) -> dict:
     What beat FP32 is read off the rows (their notes). Rows with ``round_ms`` are re-decided
     exactly; older rows (timed before the cap) keep only the ties they had whose median is within
     ``MAX_MARGIN`` of the fastest's (the ratio of medians standing in for the per-round ratio)."""
-    fp32 = rows[0]
+    fp32 = rows[0]  # measure() writes onnxruntime FP32 first
+    if fp32["precision"] != "fp32":
+        raise UserError(f"{fp32['label']}: expected onnxruntime FP32 as the group's first row")
     beating = [r for r in rows[1:] if r["verified"] and r["ms"] is not None
                and not (r["note"] or "").startswith("not faster than FP32")]
     if not beating:
