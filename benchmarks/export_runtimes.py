@@ -50,13 +50,23 @@ import numpy as np
 import torch
 from hwnas.export.qdq import build_qdq, float_proto
 from hwnas.export.recommend import (
+    NOT_FASTER_NOTE,
+    TIE_PHRASE,
     CandidateFile,
     choose_fastest,
+    tie_note,
+    tie_order,
     time_candidates,
     verify_candidates,
 )
 from hwnas.latency.machine import cpu_model
-from hwnas.latency.onnx_measure import MAX_MARGIN, RUNTIMES, clearly_faster, openvino_available
+from hwnas.latency.onnx_measure import (
+    MAX_MARGIN,
+    RUNTIMES,
+    clearly_faster,
+    openvino_available,
+    round_medians,
+)
 from hwnas.quant.policy import uniform
 from hwnas.quant.ptq import PTQConfig
 
@@ -141,16 +151,13 @@ def measure(files: list[CandidateFile], refs: dict, test_x: np.ndarray,
             "streams": c.streams, "size_bytes": c.size_bytes,
             "fp32_ms": fp32.median_ms, "ms": c.median_ms, "p95_ms": c.p95_ms,
             "round_ms": (None if c.label not in times else  # per-round medians, for --repick
-                         np.median(np.atleast_2d(times[c.label]), axis=1).round(4).tolist()),
+                         round_medians(times[c.label]).round(4).tolist()),
             "speedup_vs_ort_fp32": None if c.median_ms is None else fp32.median_ms / c.median_ms,
             "top1": c.test_accuracy, "agreement": c.top1_agreement, "verified": c.verified,
             "recommended": c is chosen, "note": c.note})
     if notes:
         rows[0]["runtime_notes"] = notes
     return rows
-
-
-TIE_NOTE = "within the paired timing's noise"
 
 
 def repick(rows: list[dict]) -> dict:
@@ -163,7 +170,7 @@ def repick(rows: list[dict]) -> dict:
     if fp32["precision"] != "fp32":
         raise UserError(f"{fp32['label']}: expected onnxruntime FP32 as the group's first row")
     beating = [r for r in rows[1:] if r["verified"] and r["ms"] is not None
-               and not (r["note"] or "").startswith("not faster than FP32")]
+               and not (r["note"] or "").startswith(NOT_FASTER_NOTE)]
     if not beating:
         return next(r for r in rows if r["recommended"])
     fastest = min(beating, key=lambda r: r["ms"])
@@ -171,19 +178,18 @@ def repick(rows: list[dict]) -> dict:
         per_round = lambda r: np.asarray(r["round_ms"], dtype=np.float64)[:, None]
         ties = [r for r in beating if not clearly_faster(per_round(fastest), per_round(r))]
     else:
-        ties = [r for r in beating if (r["recommended"] or TIE_NOTE in (r["note"] or ""))
+        ties = [r for r in beating if (r["recommended"] or TIE_PHRASE in (r["note"] or ""))
                 and fastest["ms"] / r["ms"] >= 1.0 - MAX_MARGIN] or [fastest]
-    # the smaller file (older rows: an int8 file is smaller than the FP32 one), then f32, streams
+    # older rows have no size: an int8 file counts as smaller than the FP32 one
     size = lambda r: r.get("size_bytes") or (1 if r["precision"].startswith("int8") else 2)
-    best = min(ties, key=lambda r: (size(r), r["runtime_precision"] != "f32",
-                                    r.get("streams", 1), r["ms"]))
-    for r in rows:
+    best = min(ties, key=lambda r: tie_order(size(r), r["runtime_precision"],
+                                             r.get("streams", 1), r["ms"]))
+    for r in rows:  # notes as choose_fastest writes them
         r["recommended"] = r is best
-        if r is best or TIE_NOTE in (r["note"] or ""):  # notes as choose_fastest writes them
+        if r is best or TIE_PHRASE in (r["note"] or ""):
             r["note"] = ""
         if r in ties and r is not best:
-            r["note"] = (f"as fast as {best['label']} {TIE_NOTE}; {best['label']} is the "
-                         f"smaller or simpler file")
+            r["note"] = tie_note(best["label"])
     return best
 
 

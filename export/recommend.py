@@ -47,9 +47,9 @@ from hwnas.latency.onnx_measure import (
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
 
-__all__ = ["STREAM_COUNTS", "CandidateFile", "DeviceCandidate", "Recommendation", "choose_fastest",
-           "recommend_file", "reduced_precisions", "stream_counts", "time_candidates",
-           "verify_candidates"]
+__all__ = ["NOT_FASTER_NOTE", "STREAM_COUNTS", "TIE_PHRASE", "CandidateFile", "DeviceCandidate",
+           "Recommendation", "choose_fastest", "recommend_file", "reduced_precisions",
+           "stream_counts", "tie_note", "tie_order", "time_candidates", "verify_candidates"]
 
 #: Reduced inference precisions a runtime can be asked for (beyond running the file as written).
 _REDUCED = {"onnxruntime": (), "openvino": ("bf16", "f16")}
@@ -165,6 +165,25 @@ def _halves(times: np.ndarray) -> list[float]:
     return [float(np.median(flat[:mid])), float(np.median(flat[mid:]))]
 
 
+#: The note of a verified candidate that did not beat FP32 (so it is never recommended).
+NOT_FASTER_NOTE = "not faster than FP32 overall and in both halves of the paired timing"
+
+
+#: What the note of a candidate that tied with the fastest says (:func:`tie_note`).
+TIE_PHRASE = "within the paired timing's noise"
+
+
+def tie_note(best_label: str) -> str:
+    """The note of a candidate that tied with the fastest and lost the tie to ``best_label``."""
+    return f"as fast as {best_label} {TIE_PHRASE}; {best_label} is the smaller or simpler file"
+
+
+def tie_order(size_bytes: int, runtime_precision: str, streams: int, median_ms: float) -> tuple:
+    """How a tie within noise is broken: the smaller file (0: unknown, last), then the runtime's
+    own f32 precision, then fewer streams, then the faster."""
+    return (size_bytes or float("inf"), runtime_precision != "f32", streams, median_ms)
+
+
 def choose_fastest(candidates: Sequence[DeviceCandidate], times: Mapping[str, np.ndarray],
                    fp32_label: str) -> DeviceCandidate:
     """Fill each timed candidate's figures from ``times`` (one paired measurement) and return
@@ -186,20 +205,18 @@ def choose_fastest(candidates: Sequence[DeviceCandidate], times: Mapping[str, np
         beats = c.median_ms < fp32.median_ms and all(
             a < b for a, b in zip(c.halves_ms, fp32.halves_ms))
         if not beats:
-            c.note = c.note or ("not faster than FP32 overall and in both halves of the "
-                                "paired timing")
+            c.note = c.note or NOT_FASTER_NOTE
         else:
             beating.append(c)
     if not beating:
         return fp32
     fastest = min(beating, key=lambda c: c.median_ms)
     ties = [c for c in beating if not clearly_faster(times[fastest.label], times[c.label])]
-    best = min(ties, key=lambda c: (c.size_bytes or float("inf"), c.runtime_precision != "f32",
-                                    c.streams, c.median_ms))
+    best = min(ties, key=lambda c: tie_order(c.size_bytes, c.runtime_precision, c.streams,
+                                             c.median_ms))
     for c in ties:
         if c is not best:
-            c.note = c.note or (f"as fast as {best.label} within the paired timing's noise; "
-                                f"{best.label} is the smaller or simpler file")
+            c.note = c.note or tie_note(best.label)
     return best
 
 

@@ -38,7 +38,7 @@ from hwnas.core.io import first_line
 
 __all__ = ["LatencyStats", "MAX_MARGIN", "MIN_MARGIN", "PRECISIONS", "RUNTIMES", "Runner",
            "clearly_faster", "make_runner", "make_session", "measure_onnx", "openvino_available",
-           "order_settled", "paired_margin", "random_input", "session_options", "time_interleaved", "timed_runs"]
+           "order_settled", "paired_margin", "round_medians", "random_input", "session_options", "time_interleaved", "timed_runs"]
 
 #: Runtimes that run an ONNX file here: onnxruntime (always), OpenVINO (the ``openvino`` extra).
 RUNTIMES = ("onnxruntime", "openvino")
@@ -473,10 +473,14 @@ MIN_MARGIN = 0.03
 MAX_MARGIN = 0.10
 
 
+def round_medians(times: np.ndarray) -> np.ndarray:
+    """The median of each round of one model's paired timing (ms, shape (rounds, runs))."""
+    return np.median(np.atleast_2d(np.asarray(times, dtype=np.float64)), axis=1)
+
+
 def _round_ratios(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Per round of a paired timing, ``a``'s median over ``b``'s."""
-    ra = np.median(np.atleast_2d(np.asarray(a, dtype=np.float64)), axis=1)
-    rb = np.median(np.atleast_2d(np.asarray(b, dtype=np.float64)), axis=1)
+    ra, rb = round_medians(a), round_medians(b)
     n = min(len(ra), len(rb))
     return ra[:n] / rb[:n]
 
