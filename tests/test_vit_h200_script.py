@@ -159,3 +159,19 @@ def test_snb_is_the_supernet_with_extra_flags_in_its_own_directory(tmp_path) -> 
     assert "--mixup" not in plain and "--mixup 0.8 --cutmix 1.0" in b
     missing = _run(tmp_path, 2, EPOCHS="7", JOBS="snb", DEVICE="cpu")
     assert missing.returncode == 2 and "job snb needs SNB_FLAGS" in missing.stdout
+
+def test_recipe_trials_are_standalone_jobs_with_their_own_flags(tmp_path) -> None:
+    (tmp_path / "c10.npz").write_bytes(b"x")
+    result = _run(tmp_path, 1, EPOCHS="7", JOBS="x0 x1", DEVICE="cpu", XARCH="smallest",
+                  X1_FLAGS="--batch-size 128 --weight-decay 0.2")
+    assert result.returncode == 0, result.stderr
+    calls = _calls(tmp_path)
+    assert len(calls) == 2
+    x0 = next(c for c in calls if "/sa-x0" in c)
+    x1 = next(c for c in calls if "/sa-x1" in c)
+    assert "--standalone smallest" in x0 and "--standalone smallest" in x1
+    assert "--weight-decay" not in x0
+    # the trial's flags come after the common ones, so they win
+    assert x1.index("--batch-size 128") > x1.index("--batch-size 512")
+    assert "--weight-decay 0.2" in x1
+    assert "sa-x0: epoch" in result.stdout and "sa-x1: epoch" in result.stdout

@@ -33,7 +33,8 @@
 # phase 1; give every phase, the probe included, VIT_DATA). Settings: EPOCHS (default: the probe's, else 200), BATCH (512), FULL (0.4, the full-network share of
 # DEpS), LR, RUN (a name for the logs), JOBS (default "sn largest smallest random1"; "snb" is
 # the supernet with the extra flags SNB_FLAGS, e.g. "--mixup 0.8 --cutmix 1.0", in $R/snb, for an
-# A/B beside "sn"), DEVICE
+# A/B beside "sn"; "x0".."x9" are standalone recipe trials, each of XARCH (default largest) with
+# its own extra flags X<i>_FLAGS, e.g. X1_FLAGS="--batch-size 128", in $R/sa-x<i>), DEVICE
 # (cuda; cpu for a check of this script), SMOKE (extra flags for every job, e.g. a CPU check:
 # SMOKE="--limit-train 256 --limit-eval 128 --batch-size 64" DEVICE=cpu COMPILE= EPOCHS=1),
 # COMPILE (default --compile for the standalone jobs), MARGIN_SN / MARGIN_SA (minutes kept
@@ -159,6 +160,10 @@ for job in $JOBS; do
     $HWNAS train $COMMON --schedule deps --full-fraction $FULL $SNB_FLAGS \
       --half-weights --out "$R/snb" $(start_args snb) $EVAL --max-minutes $(left ${MARGIN_SN:-0.9}) \
       >> "$R/snb.log" 2>&1 &
+  elif [[ "$job" =~ ^x[0-9]$ ]]; then  # a standalone recipe trial: XARCH with X<i>_FLAGS
+    flags_var="X${job#x}_FLAGS"
+    $HWNAS train $COMMON --standalone ${XARCH:-largest} $COMPILE ${!flags_var:-} --out "$R/sa-$job" \
+      $(start_args sa-$job) $EVAL --max-minutes $(left ${MARGIN_SA:-0.6}) >> "$R/sa-$job.log" 2>&1 &
   else
     $HWNAS train $COMMON --standalone $job $COMPILE --out "$R/sa-$job" $(start_args sa-$job) \
       $EVAL --max-minutes $(left ${MARGIN_SA:-0.6}) >> "$R/sa-$job.log" 2>&1 &
