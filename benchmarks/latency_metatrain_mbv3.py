@@ -405,9 +405,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="measured device of the held-out check (default: cpu-ort-2t, or the "
                          "first onnxruntime column of --tables)")
     ap.add_argument("--held-out-tables", nargs="+", type=Path, default=None,
-                    help="measured tables of another machine (same space as --tables), none of "
-                         "whose devices is meta-trained on: each of their devices is scored "
-                         "few-shot on the architectures they hold")
+                    help="measured tables of another machine (same space as --tables, or as "
+                         "the shipped set with --from-csv), none of whose devices is meta-trained "
+                         "on: each of their devices is scored few-shot on the architectures they "
+                         "hold")
     ap.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
                     help="where <space>.csv is written and read")
     ap.add_argument("--predictors", nargs="+", default=PREDICTORS, choices=PREDICTORS,
@@ -422,8 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     needs_tables = [s for s in args.spaces if s in TABLE_SPACES]
     if needs_tables and not args.tables:
         ap.error(f"{needs_tables[0]} has no measurement here: give its tables with --tables")
-    if args.held_out_tables and not args.tables:
-        ap.error("--held-out-tables needs --tables (the meta-training tables)")
+    if args.held_out_tables and not (args.tables or args.from_csv):
+        ap.error("--held-out-tables needs the meta-training set: --tables, or --from-csv (the "
+                 "shipped set)")
     if args.tables and args.measure_gpu:
         ap.error("--tables and --measure-gpu exclude each other")
     t0 = time.perf_counter()

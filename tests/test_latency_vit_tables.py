@@ -157,3 +157,13 @@ def test_held_out_tables_score_a_machine_none_of_whose_devices_is_meta_trained(t
     assert graph["meta[random]"] > graph["flops"]
     with pytest.raises(SystemExit):
         lmt.main(["--spaces", "vit", "--held-out-tables", str(gpu), "--out", str(out)])
+
+
+def test_held_out_tables_need_a_meta_training_set(tmp_path, capsys) -> None:
+    """Without --tables or --from-csv there is nothing to meta-train on: one argparse error
+    naming both ways."""
+    with pytest.raises(SystemExit):
+        lmt.main(["--spaces", "mbv3", "--held-out-tables", str(tmp_path / "t.csv.gz"),
+                  "--out", str(tmp_path / "o.json")])
+    err = capsys.readouterr().err
+    assert "--held-out-tables needs the meta-training set" in err and "--from-csv" in err
