@@ -160,6 +160,7 @@ def test_snb_is_the_supernet_with_extra_flags_in_its_own_directory(tmp_path) -> 
     missing = _run(tmp_path, 2, EPOCHS="7", JOBS="snb", DEVICE="cpu")
     assert missing.returncode == 2 and "job snb needs SNB_FLAGS" in missing.stdout
 
+
 def test_recipe_trials_are_standalone_jobs_with_their_own_flags(tmp_path) -> None:
     (tmp_path / "c10.npz").write_bytes(b"x")
     result = _run(tmp_path, 1, EPOCHS="7", JOBS="x0 x1", DEVICE="cpu", XARCH="smallest",

@@ -160,12 +160,10 @@ for job in $JOBS; do
     $HWNAS train $COMMON --schedule deps --full-fraction $FULL $SNB_FLAGS \
       --half-weights --out "$R/snb" $(start_args snb) $EVAL --max-minutes $(left ${MARGIN_SN:-0.9}) \
       >> "$R/snb.log" 2>&1 &
-  elif [[ "$job" =~ ^x[0-9]$ ]]; then  # a standalone recipe trial: XARCH with X<i>_FLAGS
-    flags_var="X${job#x}_FLAGS"
-    $HWNAS train $COMMON --standalone ${XARCH:-largest} $COMPILE ${!flags_var:-} --out "$R/sa-$job" \
-      $(start_args sa-$job) $EVAL --max-minutes $(left ${MARGIN_SA:-0.6}) >> "$R/sa-$job.log" 2>&1 &
-  else
-    $HWNAS train $COMMON --standalone $job $COMPILE --out "$R/sa-$job" $(start_args sa-$job) \
+  else  # a standalone network; x<i>: a recipe trial, XARCH with the extra flags X<i>_FLAGS
+    arch=$job extra=
+    if [[ "$job" =~ ^x[0-9]$ ]]; then flags_var="X${job#x}_FLAGS"; arch=${XARCH:-largest} extra=${!flags_var:-}; fi
+    $HWNAS train $COMMON --standalone $arch $COMPILE $extra --out "$R/sa-$job" $(start_args sa-$job) \
       $EVAL --max-minutes $(left ${MARGIN_SA:-0.6}) >> "$R/sa-$job.log" 2>&1 &
   fi
   PIDS="$PIDS $!"
