@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -20,6 +21,9 @@ from hwnas.supernet.train import load_checkpoint
 from hwnas.cli import main
 
 DEVICES = "cpu-ort-1t,edgetpu-est"
+# a model's failure line when one of its quantized files (QDQ, INT4, uint8-input QDQ) failed
+QUANTIZED_FAILURE = re.compile(r"^trial_\d{4}: failed: (qdq|int4|uint8-qdq)[^/]*/trial_\d{4}\.onnx: "
+                               r"(quantized parity failed|the ONNX model's test accuracy)")
 
 
 def hwnas(*args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -43,11 +47,13 @@ def tiny_run(tmp_path_factory) -> Path:
     proc = hwnas("run", "--epochs", "1", "--trials", "8", "--devices", DEVICES, "--out", str(out),
                  "--name", "tiny", "--quiet")
     # exit 1 = some exported file failed its verification: allowed only for the quantized files
-    # of this barely trained supernet (near-tied logits), and then reported one line per model
+    # of this barely trained supernet (near-tied logits: int8 flips them, and which ones flip
+    # differs between CPUs), and then reported one line per model naming the quantized file and
+    # which of its checks failed (parity with the fake-quant model, or test accuracy against it)
     assert proc.returncode in (0, 1), proc.stderr
     if proc.returncode == 1:
         lines = proc.stderr.strip().splitlines()
-        assert lines and all("quantized parity failed" in line for line in lines), proc.stderr
+        assert lines and all(QUANTIZED_FAILURE.match(line) for line in lines), proc.stderr
     assert "Pareto front on edgetpu-est" in proc.stdout
     assert "Pareto-optimal models to" in proc.stdout
     assert "no supernet checkpoint for space mbv3-tiny" in proc.stdout  # said before training
