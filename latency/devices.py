@@ -64,6 +64,8 @@ __all__ = [
     "measured_tables",
     "measured_tables_dir",
     "parse_cpu_device",
+    "reliability",
+    "session_agreement",
     "resolve_space",
 ]
 
@@ -591,7 +593,56 @@ def table_description(column: str, tables: dict[str, Path] | None = None) -> str
         return head
     counts = ", ".join(f"{space} {_table_rows(str(p), p.stat().st_mtime)}"
                        for space, p in sorted(tables.items()))
-    return f"{head} ({counts} architectures)"
+    agree = []
+    for space, path in sorted(tables.items()):
+        found = session_agreement(path, column)
+        if found is not None:
+            k, rho = found
+            low = ", noise-level" if reliability(k, rho) < MIN_RELIABILITY else ""
+            agree.append(f"{space} {rho:.2f} ({k} sessions{low})")
+    sessions = (f"; its averaged sessions rank alike at Spearman {', '.join(agree)}"
+                if agree else "")
+    return f"{head} ({counts} architectures{sessions})"
+
+
+#: below this estimated reliability of a session-averaged column (:func:`reliability`), its
+#: description calls it noise-level: it ranks architectures about as much by chance as by cost
+MIN_RELIABILITY = 0.5
+
+
+def reliability(sessions: int, rho: float) -> float:
+    """Spearman-Brown estimate of how well the average of ``sessions`` measurement sessions
+    whose pairs correlate at ``rho`` would correlate with a fresh average of as many: what the
+    registered (averaged) column is worth as a ranking."""
+    rho = max(float(rho), 0.0)
+    return sessions * rho / (1.0 + (sessions - 1) * rho)
+
+
+def session_agreement(table: Path, column: str) -> tuple[int, float] | None:
+    """(sessions averaged, median Spearman between two of them) of ``column`` of a measured
+    table, from the ``<space>_<machine>_sessions.json`` that ``merge_table_sessions.py`` writes
+    beside it; ``None`` for a one-session table (no such file, or the column not in it)."""
+    name = table.name.removesuffix(".csv.gz")
+    info = table.with_name(f"{name}_sessions.json")
+    if not info.is_file():
+        return None
+    return _session_agreements(str(info), info.stat().st_mtime).get(column)
+
+
+@functools.lru_cache(maxsize=16)
+def _session_agreements(path: str, mtime: float) -> dict[str, tuple[int, float]]:
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+        out = {}
+        for column, entry in data["devices"].items():
+            pairs = [float(v) for v in entry["spearman_between_sessions"].values()]
+            if pairs:
+                out[column] = (len(data["sessions"]), float(np.median(pairs)))
+        return out
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
 
 
 def _table_entries() -> dict[str, dict[str, Path]]:

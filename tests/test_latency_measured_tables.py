@@ -18,6 +18,7 @@ from hwnas.latency.devices import (
     get_device,
     measured_tables,
     measured_tables_dir,
+    reliability,
 )
 from hwnas.latency.profiles import check_profile_name
 from hwnas.latency.tables import load_latency_table
@@ -73,6 +74,27 @@ def test_each_column_is_a_table_device_with_its_coverage(tables_dir):
     assert "PyTorch eager, batch 8 (ms per batch)" in infos["box-torch-b8"].description
     assert "box-ort-1t" in [i.name for i in available_devices("mbv3")]
     assert "box-torch-b8" not in [i.name for i in available_devices("mbv3")]
+
+
+def test_descriptions_say_how_well_averaged_sessions_agree(tables_dir):
+    folder, _, _ = tables_dir
+    pairs = {"box-ort-1t": {"1-2": 0.9, "1-3": 0.8, "2-3": 0.85}, "box-torch-b8": {"1-2": 0.1}}
+    (folder / "nb201_box_sessions.json").write_text(json.dumps(
+        {"sessions": ["s1", "s2", "s3"],
+         "devices": {c: {"spearman_between_sessions": p} for c, p in pairs.items()}}))
+    infos = {i.name: i for i in available_devices()}
+    assert "sessions rank alike at Spearman nb201 0.85 (3 sessions)" in infos["box-ort-1t"].description
+    # three sessions pairwise at 0.1 average to a reliability of 0.25: called noise-level
+    assert "nb201 0.10 (3 sessions, noise-level)" in infos["box-torch-b8"].description
+    (folder / "nb201_box_sessions.json").write_text("{not json")  # unreadable: no claim
+    infos = {i.name: i for i in available_devices()}
+    assert "Spearman" not in infos["box-ort-1t"].description
+
+
+def test_reliability_of_averaged_sessions():
+    assert reliability(1, 0.4) == pytest.approx(0.4)
+    assert reliability(4, 0.2) == pytest.approx(0.5)  # Spearman-Brown: 4 * 0.2 / (1 + 3 * 0.2)
+    assert reliability(2, 1.0) == pytest.approx(1.0) and reliability(3, -0.2) == 0.0
 
 
 def test_lookup_and_refusal(tables_dir):
