@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from hwnas.core.io import write_json
+from hwnas.latency.devices import reliability, session_agreement
 from hwnas.latency.machine import describe_machine
 from hwnas.latency.predictors import (
     FlopsPredictor,
@@ -160,10 +161,13 @@ def ceiling_rows_from(path: Path, spaces: list[str], families: list[str] | None)
             and (not families or r["family"] in families)]
 
 
-def load_devices(space: Any, tables_dir: Path | None = TABLES_DIR) -> tuple[dict, list[str]]:
+def load_devices(space: Any, tables_dir: Path | None = TABLES_DIR,
+                 min_reliability: float = 0.0) -> tuple[dict, list[str]]:
     """Every device of the space: ``device -> (archs, latency array)``; and the sources read.
     HELP's table first, then ``<space>_*.csv.gz`` (not the ``_cv``, ``_raw`` and ``_anchors``
-    ones) of ``tables_dir``."""
+    ones) of ``tables_dir``. ``min_reliability``: leave out a measured column whose averaged
+    sessions' Spearman-Brown reliability (:func:`hwnas.latency.devices.reliability`) is below
+    it (a one-session column, whose reliability is unknown, is kept)."""
     help_table = load_shared_table(space.name, space=space)
     devices = {d: (list(help_table.archs), help_table.column(d)) for d in help_table.devices}
     sources = [f"HELP {space.name} table ({len(help_table)} architectures)"]
@@ -171,11 +175,18 @@ def load_devices(space: Any, tables_dir: Path | None = TABLES_DIR) -> tuple[dict
     for path in paths:
         if path.name.endswith(("_cv.csv.gz", "_raw.csv.gz", "_anchors.csv.gz")):
             continue  # per-cell variation, raw (unnormalised) times, anchor measurements
+        left_out = []
         for d, cells in read_gz_table(path, space).items():
             archs = list(cells)
+            agreement = session_agreement(path, d)
+            if agreement is not None and reliability(*agreement) < min_reliability:
+                left_out.append(f"{d} {reliability(*agreement):.2f}")
+                continue
             devices[d] = (archs, np.array([cells[a] for a in archs]))
         shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
-        sources.append(f"{shown} ({len(archs)} architectures)")
+        sources.append(f"{shown} ({len(archs)} architectures"
+                       + (f"; left out, reliability below {min_reliability:g}: "
+                          f"{', '.join(left_out)}" if left_out else "") + ")")
     return devices, sources
 
 
@@ -318,9 +329,10 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
               meta_options: dict, log: Any, tables_dir: Path | None = TABLES_DIR,
               lowrank_options: dict | None = None,
               with_ceiling: bool = True,
-              score_subsample: int | None = None) -> tuple[list[dict], dict]:
+              score_subsample: int | None = None,
+              min_reliability: float = 0.0) -> tuple[list[dict], dict]:
     space = get_space(name)
-    devices, sources = load_devices(space, tables_dir)
+    devices, sources = load_devices(space, tables_dir, min_reliability)
     cvs = load_cv(space, tables_dir) if with_ceiling else {}
     fams: dict[str, list[str]] = defaultdict(list)
     for d in devices:
@@ -503,6 +515,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(for the clean-family mean)")
     ap.add_argument("--ceiling-only", action="store_true",
                     help="only the noise ceilings, no predictor")
+    ap.add_argument("--min-reliability", type=float, default=0.0, metavar="R",
+                    help="leave out measured columns whose averaged sessions' Spearman-Brown "
+                         "reliability is below R (0.5: the registry's noise-level mark)")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -519,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
                             () if args.ceiling_only else tuple(args.predictors), args.families,
                             meta_options, log, None if args.help_only else TABLES_DIR,
                             lowrank_options, with_ceiling=not args.no_ceiling,
-                            score_subsample=args.score_subsample)
+                            score_subsample=args.score_subsample,
+                            min_reliability=args.min_reliability)
         rows += r
         spaces.append(info)
     if args.ceiling_from is not None:
@@ -532,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": describe_machine("no GPU used"),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "n_measurements": N, "seeds": args.seeds, "score_subsample": args.score_subsample,
+        "min_reliability": args.min_reliability,
         "meta_training": {"seeds_per_fold": 1, "options": meta_options or "defaults",
                           "lowrank_options": lowrank_options or "defaults"},
         "seconds": round(time.perf_counter() - t0, 1),

@@ -4,6 +4,7 @@ operation-count prior block (issue 23.2)."""
 from __future__ import annotations
 
 import gzip
+import json
 
 import numpy as np
 import pytest
@@ -70,6 +71,18 @@ def test_load_devices_reads_the_normalised_tables_only(tmp_path, monkeypatch):
     devices, sources = lofo.load_devices(space, tmp_path)
     assert set(devices) == {"h1", "t-ort-1t"} and devices["t-ort-1t"][1].tolist() == [2.0]
     assert len(sources) == 2
+
+    # a column whose averaged sessions are noise-level is left out on request, and said so
+    (tmp_path / "nb201_t.csv.gz").write_bytes(
+        gzip.compress(f"arch,t-ort-1t,t-torch-1t,t-ov-1t\n{a},2,3,4\n".encode()))
+    (tmp_path / "nb201_t_sessions.json").write_text(json.dumps(
+        {"sessions": ["s1", "s2"], "devices": {
+            "t-ort-1t": {"spearman_between_sessions": {"1-2": 0.9}},
+            "t-torch-1t": {"spearman_between_sessions": {"1-2": 0.1}}}}))
+    devices, sources = lofo.load_devices(space, tmp_path, min_reliability=0.5)
+    assert set(devices) == {"h1", "t-ort-1t", "t-ov-1t"}  # t-ov-1t: one session, kept
+    assert "left out, reliability below 0.5: t-torch-1t 0.18" in sources[1]
+    assert set(lofo.load_devices(space, tmp_path)[0]) == {"h1", "t-ort-1t", "t-torch-1t", "t-ov-1t"}
 
 
 def test_meta_opcount_block_changes_nothing_at_zero_and_round_trips(tmp_path):
