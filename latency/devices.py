@@ -16,7 +16,9 @@ Four kinds (:data:`KINDS`):
   and the project's own measured tables (:func:`measured_tables_dir`, written by
   ``benchmarks/measure_latency_tables.py``: ``<space>_<machine>.csv.gz``, columns
   ``<machine>-<runtime>-<threads or batch>`` such as ``xeon-ort-1t`` or ``h200-cudagraph-b64``),
-  where one device column covers every space it was measured on.
+  where one device column covers every space it was measured on. A table averaged over several
+  sessions (``merge_table_sessions.py``) has a ``_sessions.json`` beside it; the description
+  then says how alike the sessions ranked the architectures (:func:`session_agreement`).
 * ``estimated`` - an analytical estimator of :mod:`hwnas.latency.estimators` (``fpga-zcu102-est``,
   ``edgetpu-est``, ``jetson-orin-nano-est`` ...); any space, from its layer list.
 * ``adapted`` - a device profile (:mod:`hwnas.latency.profiles`): a predictor adapted to a user's own
