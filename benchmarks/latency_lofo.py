@@ -179,8 +179,9 @@ def load_devices(space: Any, tables_dir: Path | None = TABLES_DIR,
         for d, cells in read_gz_table(path, space).items():
             archs = list(cells)
             agreement = session_agreement(path, d)
-            if agreement is not None and reliability(*agreement) < min_reliability:
-                left_out.append(f"{d} {reliability(*agreement):.2f}")
+            worth = 1.0 if agreement is None else reliability(*agreement)
+            if worth < min_reliability:
+                left_out.append(f"{d} {worth:.2f}")
                 continue
             devices[d] = (archs, np.array([cells[a] for a in archs]))
         shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
