@@ -331,7 +331,8 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
               lowrank_options: dict | None = None,
               with_ceiling: bool = True,
               score_subsample: int | None = None,
-              min_reliability: float = 0.0) -> tuple[list[dict], dict]:
+              min_reliability: float = 0.0,
+              family_prior: bool = False) -> tuple[list[dict], dict]:
     space = get_space(name)
     devices, sources = load_devices(space, tables_dir, min_reliability)
     cvs = load_cv(space, tables_dir) if with_ceiling else {}
@@ -363,7 +364,9 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
         refs = lr_refs = None
         use_lowrank = bool(_LOWRANK_ROWS & set(predictors))
         if _META_ROWS & set(predictors) or not use_lowrank:
-            meta = MetaPredictor(space, **meta_options).meta_fit(space, train_archs, cols, seed=0)
+            meta = MetaPredictor(space, **meta_options).meta_fit(
+                space, train_archs, cols, seed=0,
+                groups={d: family(d) for d in train} if family_prior else None)
             if not set(meta.reference_archs[:N]) <= common:
                 meta.redesign([a for a in train_archs if a in common], seed=0)
             refs = meta.reference_archs[:N]
@@ -519,6 +522,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-reliability", type=float, default=0.0, metavar="R",
                     help="leave out measured columns whose averaged sessions' Spearman-Brown "
                          "reliability is below R (0.5: the registry's noise-level mark)")
+    ap.add_argument("--family-prior", action="store_true",
+                    help="meta: each meta-training family weighs the same in the prior over "
+                         "execution variants (MetaPredictor.meta_fit groups=)")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -536,7 +542,8 @@ def main(argv: list[str] | None = None) -> int:
                             meta_options, log, None if args.help_only else TABLES_DIR,
                             lowrank_options, with_ceiling=not args.no_ceiling,
                             score_subsample=args.score_subsample,
-                            min_reliability=args.min_reliability)
+                            min_reliability=args.min_reliability,
+                            family_prior=args.family_prior)
         rows += r
         spaces.append(info)
     if args.ceiling_from is not None:
@@ -549,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": describe_machine("no GPU used"),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "n_measurements": N, "seeds": args.seeds, "score_subsample": args.score_subsample,
-        "min_reliability": args.min_reliability,
+        "min_reliability": args.min_reliability, "family_prior": args.family_prior,
         "meta_training": {"seeds_per_fold": 1, "options": meta_options or "defaults",
                           "lowrank_options": lowrank_options or "defaults"},
         "seconds": round(time.perf_counter() - t0, 1),

@@ -340,7 +340,7 @@ def adapt_device(
 
 
 def _cmd_adapt(args: argparse.Namespace) -> int:
-    from hwnas.latency.fewshot import LOO_MAX_MEASUREMENTS, leave_one_out
+    from hwnas.latency.fewshot import LOO_MAX_MEASUREMENTS, execution_note, leave_one_out
     from hwnas.latency.profiles import check_profile_name, read_measurements
     from hwnas.supernet.spaces import get_space
 
@@ -371,6 +371,9 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
         print(f"more measurements would likely help: {len(data)} are too few to check the "
               f"predictor (leave-one-out needs {min_loo}; hwnas latency reference --n 10 "
               f"exports 10 models)")
+    note = execution_note(predictor, space.name)
+    if note:
+        print(note)
     refs = getattr(predictor, "reference_archs", None)
     if refs:
         want = set(refs[: profile.n_measurements])

@@ -168,6 +168,28 @@ LOO_MAX_MEASUREMENTS = 100
 LOO_HALF_SPLITS = 5
 
 
+#: ``hwnas latency adapt`` notes an unsettled execution variant when none reaches this posterior.
+EXECUTION_SETTLED = 0.9
+
+
+def execution_note(predictor: Any, space_name: str) -> str | None:
+    """One line when an adapted predictor's measurements leave open which network the device
+    runs (its execution variants' posterior, e.g. whether the runtime drops operations whose
+    output is unused, all below :data:`EXECUTION_SETTLED`), else ``None``. Random architectures
+    often leave it open where the reference ones, chosen to tell the variants apart, settle it;
+    on the measured NB-201 tables this is most of what random measurements lose
+    (``benchmarks/latency_lofo.md``)."""
+    explain = getattr(predictor, "explain", None)
+    post = explain().get("execution_posterior", {}) if callable(explain) else {}
+    if len(post) < 2 or max(post.values()) >= EXECUTION_SETTLED:
+        return None
+    shares = ", ".join(f"{v} {p:.2f}" for v, p in sorted(post.items(), key=lambda kv: -kv[1]))
+    return (f"note: the measurements do not settle which network the device runs (execution "
+            f"variants {shares}; a runtime may drop operations whose output is unused), so the "
+            f"predictions average them; the reference architectures are chosen to tell them "
+            f"apart: hwnas latency reference --space {space_name} --n 10 --export DIR")
+
+
 @dataclass(frozen=True)
 class LeaveOneOut:
     """Held-out scores of a predictor on ``n`` measurements, each predicted by the predictor

@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hwnas.latency.predictors import MetaPredictor, load_pretrained
-from hwnas.latency.predictors.features import executed, execution_variants, features
+from hwnas.latency.predictors.features import (
+    executed,
+    execution_prior,
+    execution_variants,
+    features,
+)
 from hwnas.latency.predictors.meta import greedy_design
 from hwnas.supernet.spaces import get_space
 
@@ -89,6 +94,58 @@ def test_meta_learns_which_network_a_device_runs(nb201, new_prunes: bool) -> Non
     raw_only.adapt(refs, new[[where[a] for a in refs]], seed=0)
     if new_prunes:
         assert rho(raw_only.predict(archs), new) < rho(meta.predict(archs), new) - 0.02
+
+
+def test_execution_prior_weighs_devices_or_groups() -> None:
+    """Each device one vote by default; with groups each group one vote, split among its
+    devices (fifteen raw GPUs of one family do not outvote two pruning CPU runtimes)."""
+    chosen = ["raw"] * 15 + ["pruned", "pruned", "raw"]
+    assert execution_prior(chosen, ("raw", "pruned")) == pytest.approx(
+        {"raw": 17 / 20, "pruned": 3 / 20})
+    groups = ["gpu"] * 15 + ["cpu-a", "cpu-b", "cpu-c"]
+    assert execution_prior(chosen, ("raw", "pruned"), groups) == pytest.approx(
+        {"raw": 3 / 6, "pruned": 3 / 6})
+    # a group split between variants gives each its share of the one vote
+    assert execution_prior(["raw", "pruned"], ("raw", "pruned"), ["g", "g"]) == pytest.approx(
+        {"raw": 0.5, "pruned": 0.5})
+
+
+def test_meta_fit_groups_set_the_execution_prior(nb201) -> None:
+    space, archs = nb201
+    table = synthetic_devices(space, archs[:400], [False, False, False, True], seed=2)
+    groups = {"dev0": "a", "dev1": "a", "dev2": "a", "dev3": "b"}
+    meta = MetaPredictor(space, pool_size=300).meta_fit(space, archs[:400], table, seed=0,
+                                                        groups=groups)
+    assert meta.device_execution_ == ["raw", "raw", "raw", "pruned"]
+    assert meta.execution_prior_ == pytest.approx({"raw": 0.5, "pruned": 0.5})
+    with pytest.raises(UserError, match="groups names device 'nope'"):
+        MetaPredictor(space).meta_fit(space, archs[:400], table, seed=0, groups={"nope": "a"})
+
+
+def test_adapt_notes_measurements_that_leave_the_execution_variant_open(nb201) -> None:
+    """Measured cells without dead operations run alike under both variants, so they cannot
+    tell a pruning device from the rest: ``execution_note`` says so; the reference
+    architectures settle it and the note stays silent; a predictor without variants has none."""
+    from hwnas.latency.fewshot import execution_note
+    from hwnas.latency.predictors import FlopsPredictor
+
+    space, archs = nb201
+    table = synthetic_devices(space, archs, [False, False, True, True, False], seed=4)
+    new = table.pop("dev4")
+    where = {a: i for i, a in enumerate(archs)}
+    meta = MetaPredictor(space, pool_size=600).meta_fit(space, archs, table, seed=0)
+    pruned, flag = executed(space, archs, "pruned")
+    alike = [a for a, k, f in zip(archs, pruned, flag) if k == a and not f][:10]
+    meta.adapt(alike, new[[where[a] for a in alike]], seed=0)
+    note = execution_note(meta, "nb201")
+    assert note is not None and "execution variants raw" in note and "pruned" in note
+    assert "hwnas latency reference --space nb201" in note
+    refs = meta.reference_archs[:10]
+    meta.adapt(refs, new[[where[a] for a in refs]], seed=0)
+    assert meta.explain()["execution_posterior"]["raw"] > 0.9
+    assert execution_note(meta, "nb201") is None
+    flops = FlopsPredictor(space).adapt(refs, new[[where[a] for a in refs]], seed=0)
+    assert execution_note(flops, "nb201") is None
 
 
 def test_robust_fit_survives_an_outlier(nb201) -> None:

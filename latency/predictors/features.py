@@ -35,7 +35,7 @@ from hwnas.supernet.layers import OPS, Layer
 from hwnas.core.errors import UserError
 
 __all__ = ["LAYER_KINDS", "LAYER_QUANTITIES", "arch_strings", "encoding_positions",
-           "execution_variants", "executed", "features", "layer_features", "layer_feature_names",
+           "execution_prior", "execution_variants", "executed", "features", "layer_features", "layer_feature_names",
            "pair_products", "clear_cache"]
 
 #: Layer kinds: convolutions split by shape, then every other op of :data:`hwnas.supernet.layers.OPS`.
@@ -142,6 +142,19 @@ def execution_variants(space: Any) -> tuple[str, ...]:
     for a candidate space without the capability)."""
     own = getattr(space, "execution_variants", None)
     return tuple(own()) if callable(own) else ("raw",)
+
+
+def execution_prior(chosen: Sequence[str], variants: Sequence[str],
+                    groups: Sequence[str] | None = None) -> dict[str, float]:
+    """Prior probability that a new device runs each execution variant: the share of the
+    meta-training devices whose profile runs it (``chosen``, one per device), Laplace-smoothed.
+    With ``groups`` (a group name per device) each group weighs the same, its devices splitting
+    one vote: a new device is of a family the meta-training set has not seen, so fifteen GPUs of
+    one family should not outvote one CPU runtime."""
+    names = list(range(len(chosen))) if groups is None else list(groups)
+    size = {g: names.count(g) for g in names}
+    votes = {v: sum(1.0 / size[g] for c, g in zip(chosen, names) if c == v) for v in variants}
+    return {v: (votes[v] + 1.0) / (len(size) + len(variants)) for v in variants}
 
 
 def executed(space: Any, keys: Sequence[str], variant: str) -> tuple[list[str], np.ndarray]:

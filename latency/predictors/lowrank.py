@@ -29,6 +29,7 @@ from hwnas.latency.predictors.base import (
 from hwnas.latency.predictors.features import (
     encoding_positions,
     executed,
+    execution_prior,
     execution_variants,
     features,
     pair_products,
@@ -221,8 +222,7 @@ class LowRankPredictor(DesignedPredictor):
             p[f"{t}.iso"] = np.array(float(np.sum(s[k:] ** 2) + 1e-3 * np.sum(s ** 2))
                                      / Wt.shape[1])
         self.devices_ = devices
-        self.execution_prior_ = {v: (chosen.count(v) + 1.0) / (len(devices) + len(variants))
-                                 for v in variants}
+        self.execution_prior_ = execution_prior(chosen, variants)
         self._p = p
         self._ref = self._design(keys, seed)
         self._keys = None

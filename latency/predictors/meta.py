@@ -25,6 +25,7 @@ from hwnas.latency.predictors.base import (
 from hwnas.latency.predictors.features import (
     arch_strings,
     executed,
+    execution_prior,
     execution_variants,
     features,
 )
@@ -191,11 +192,17 @@ class MetaPredictor(DesignedPredictor):
         return features(self.space, ek, "encode"), ek, flag
 
     def meta_fit(self, space: Any, archs: Sequence[Any], table: Mapping[str, np.ndarray], *,
-                 seed: int) -> MetaPredictor:
+                 seed: int, groups: Mapping[str, str] | None = None) -> MetaPredictor:
         """Fit the device profiles, each device's execution variant, and choose the reference
         architectures (see module). A NaN in ``table`` is an architecture the device was not
-        measured on: its profile is fitted on the ones it was (tables of different samples)."""
+        measured on: its profile is fitted on the ones it was (tables of different samples).
+        ``groups`` (device -> group name) makes each group weigh the same in the prior over
+        execution variants (:func:`execution_prior`)."""
         self.space = space
+        groups = dict(groups or {})
+        unknown = sorted(set(groups) - set(table))
+        if unknown:
+            raise UserError(f"groups names device {unknown[0]!r}, which the table does not have")
         table, keys = self._meta_inputs(space, archs, table)
         if len(keys) < 10:
             raise UserError(f"meta-training needs at least 10 architectures, got {len(keys)}")
@@ -254,8 +261,8 @@ class MetaPredictor(DesignedPredictor):
         Fl = np.stack([np.log(flops), flops], 1)
         self.devices_ = devices
         self.device_execution_ = chosen
-        self.execution_prior_ = {v: (chosen.count(v) + 1.0) / (D + len(variants))
-                                 for v in variants}
+        self.execution_prior_ = execution_prior(chosen, variants,
+                                                [groups.get(d, d) for d in devices])
         self._p = {
             "coef": coef, "coef_d": coef_d, "icpt": icpt, "floor": floor,
             "zl_mean": np.log(S).mean(0), "zl_std": np.log(S).std(0) + 1e-12,
