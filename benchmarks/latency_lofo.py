@@ -326,13 +326,30 @@ def score_device(space: Any, meta: MetaPredictor | None, archs: list[str], y: np
     return out
 
 
+def follow_up_rows(meta: MetaPredictor, archs: list[str], rnd: np.ndarray, k: int,
+                   seed: int) -> dict[str, np.ndarray]:
+    """Rows of ``k`` more measurements after the random ``rnd`` ones (``meta`` adapted to
+    them): ``random+k``, ``k`` more random architectures; ``random+k-settle``, the ``k`` whose
+    latency the predictor expects to differ most between execution variants
+    (:meth:`MetaPredictor.settling_archs`), topped up with those random ones once a variant
+    is settled. Both measure ``N + k`` architectures: what a user would add after ``adapt``."""
+    rest = np.setdiff1d(np.arange(len(archs)), rnd)
+    extra = np.random.default_rng(2000 + seed).permutation(rest)
+    idx = {a: i for i, a in enumerate(archs)}
+    settle = [idx[a] for a in meta.settling_archs([archs[i] for i in rest], k)]
+    settle += [i for i in extra if i not in settle][:k - len(settle)]
+    return {f"random+{k}": np.concatenate([rnd, extra[:k]]),
+            f"random+{k}-settle": np.concatenate([rnd, np.array(settle, dtype=int)])}
+
+
 def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list[str] | None,
               meta_options: dict, log: Any, tables_dir: Path | None = TABLES_DIR,
               lowrank_options: dict | None = None,
               with_ceiling: bool = True,
               score_subsample: int | None = None,
               min_reliability: float = 0.0,
-              family_prior: bool = False) -> tuple[list[dict], dict]:
+              family_prior: bool = False,
+              follow_up: int = 0) -> tuple[list[dict], dict]:
     space = get_space(name)
     devices, sources = load_devices(space, tables_dir, min_reliability)
     cvs = load_cv(space, tables_dir) if with_ceiling else {}
@@ -403,6 +420,10 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
                     acc[(p, "random", d)].append(v)
                     if p in times:
                         sec[(p, "random", d)].append(times[p])
+                if follow_up and meta is not None:
+                    for label, rows_k in follow_up_rows(meta, archs, rnd, follow_up, s).items():
+                        acc[("meta", label, d)].append(score_device(
+                            space, meta, archs, y, rows_k, s, ("meta",), score=score)["meta"])
         for (p, meas, d), v in sorted(acc.items()):
             rows.append({"space": name, "predictor": p, "measurements": meas,
                          "n_measurements": N, "family": fam, "device": d,
@@ -525,6 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--family-prior", action="store_true",
                     help="meta: each meta-training family weighs the same in the prior over "
                          "execution variants (MetaPredictor.meta_fit groups=)")
+    ap.add_argument("--follow-up", type=int, default=0, metavar="K",
+                    help="meta: also score K more measurements after the random ones, random "
+                         "or chosen to settle the execution variant (follow_up_rows)")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -543,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
                             lowrank_options, with_ceiling=not args.no_ceiling,
                             score_subsample=args.score_subsample,
                             min_reliability=args.min_reliability,
-                            family_prior=args.family_prior)
+                            family_prior=args.family_prior, follow_up=args.follow_up)
         rows += r
         spaces.append(info)
     if args.ceiling_from is not None:
@@ -557,6 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "n_measurements": N, "seeds": args.seeds, "score_subsample": args.score_subsample,
         "min_reliability": args.min_reliability, "family_prior": args.family_prior,
+        "follow_up": args.follow_up,
         "meta_training": {"seeds_per_fold": 1, "options": meta_options or "defaults",
                           "lowrank_options": lowrank_options or "defaults"},
         "seconds": round(time.perf_counter() - t0, 1),

@@ -9,13 +9,14 @@ a thin layer over :mod:`hwnas.latency.devices`, :mod:`hwnas.latency.profiles` an
                               [--threads N] [--repeats N] [--warmup N] [--max-cv 0.1]
                               [--out CSV] [--overwrite]
     hwnas latency adapt   --device NAME --space SPACE --measurements CSV [--predictor NAME]
-                              [--seed N] [--overwrite]
+                              [--seed N] [--overwrite] [--export-settling DIR]
     hwnas latency predict --device NAME --space SPACE --archs CSV --out CSV [--overwrite]
 
 ``reference`` writes the models a new device should measure first (ONNX, with their
 architectures, for the standalone ``latency/ondevice.py``); ``adapt`` takes the measurements of
 any architectures and prints its leave-one-out error on them and whether more measurements would
-likely help (:func:`hwnas.latency.fewshot.leave_one_out`).
+likely help (:func:`hwnas.latency.fewshot.leave_one_out`), and, when they leave open which
+network the device runs, which architectures would settle it (``--export-settling`` writes them).
 
 Bad input raises :class:`hwnas.core.errors.UserError` (one ``hwnas: error: ...`` line, exit 2) and
 writes nothing. ``measure`` leaves out models whose timing varies too much (cv above
@@ -106,6 +107,10 @@ def add_latency_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
                                        "meta predictor, else the FLOPs predictor)")
     a.add_argument("--seed", type=seed_int, default=0, help="seed of the adaptation (default 0)")
     a.add_argument("--overwrite", action="store_true", help="replace an existing profile")
+    a.add_argument("--export-settling", metavar="DIR",
+                   help="when the measurements leave open which network the device runs, write "
+                        "the models of the architectures that would settle it to DIR (new or "
+                        "empty; as 'reference --export' does), to measure and add")
 
     p = lsub.add_parser("predict", help="latency of a list of architectures on a device")
     p.add_argument("--device", required=True, help="any device of 'hwnas latency devices'")
@@ -339,6 +344,28 @@ def adapt_device(
     return profile, predictor, rho
 
 
+def _settling(predictor: Any, space: Any, measured: list[str], args: argparse.Namespace) -> None:
+    """Name (and with ``--export-settling`` export) the architectures that would settle an
+    open execution variant."""
+    from hwnas.latency.fewshot import settling_suggestions
+    from hwnas.latency.reference import ReferenceSet, export_reference
+
+    archs = settling_suggestions(predictor, space, measured, seed=args.seed)
+    if not archs:
+        return
+    print(f"measuring these {len(archs)} would settle it (add them to "
+          f"{args.measurements} and adapt again):")
+    for a in archs:
+        print(f"  {a}")
+    if args.export_settling:
+        paths = export_reference(space, ReferenceSet(archs, 0, predictor.name),
+                                 args.export_settling)
+        print(f"wrote their {len(paths)} ONNX models to {args.export_settling} (measure them "
+              f"with latency/ondevice.py)")
+    else:
+        print("(--export-settling DIR writes their ONNX models)")
+
+
 def _cmd_adapt(args: argparse.Namespace) -> int:
     from hwnas.latency.fewshot import LOO_MAX_MEASUREMENTS, execution_note, leave_one_out
     from hwnas.latency.profiles import check_profile_name, read_measurements
@@ -346,6 +373,10 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
 
     check_profile_name(args.device)
     space = get_space(args.space)
+    if args.export_settling:
+        from hwnas.latency.reference import check_export_target
+
+        check_export_target(Path(args.export_settling), False)
     data = read_measurements(args.measurements, space)  # bad rows fail before loading a predictor
     predictor = default_predictor(space, args.predictor)
     min_loo = max(3, int(getattr(predictor, "min_samples", 1)) + 1)
@@ -374,6 +405,7 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
     note = execution_note(predictor, space.name)
     if note:
         print(note)
+        _settling(predictor, space, data.archs, args)
     refs = getattr(predictor, "reference_archs", None)
     if refs:
         want = set(refs[: profile.n_measurements])

@@ -190,6 +190,30 @@ def execution_note(predictor: Any, space_name: str) -> str | None:
             f"apart: hwnas latency reference --space {space_name} --n 10 --export DIR")
 
 
+#: How many architectures ``adapt`` proposes to settle an open execution variant: on the
+#: NB-201 LOFO families 10 random + 3 of them ranked at 0.928 against 0.923 for 13 random and
+#: 0.931 for the 10 reference ones (``benchmarks/latency_lofo.md``).
+SETTLE_MEASUREMENTS = 3
+#: Random architectures of the space the proposals are chosen among.
+SETTLE_POOL = 2000
+
+
+def settling_suggestions(predictor: Any, space: Any, measured: Sequence[str], *,
+                         n: int = SETTLE_MEASUREMENTS, seed: int = 0) -> list[str]:
+    """Up to ``n`` architectures (canonical strings; none already ``measured``) whose
+    measurement would settle which network the device runs, among :data:`SETTLE_POOL` seeded
+    random ones of ``space`` (:meth:`MetaPredictor.settling_archs`); empty for a predictor
+    without execution variants."""
+    settle = getattr(predictor, "settling_archs", None)
+    if not callable(settle):
+        return []
+    rng = np.random.default_rng(SEED_OFFSET + int(seed))
+    seen = set(measured)
+    pool = [k for k in dict.fromkeys(space.to_string(space.sample(rng))
+                                     for _ in range(SETTLE_POOL)) if k not in seen]
+    return settle(pool, n)
+
+
 @dataclass(frozen=True)
 class LeaveOneOut:
     """Held-out scores of a predictor on ``n`` measurements, each predicted by the predictor

@@ -78,7 +78,9 @@ def choose_reference(space: Any, n: int, *, predictor: Any = None, seed: int = 0
     return ReferenceSet(chosen, len(refs), str(getattr(predictor, "name", type(predictor).__name__)))
 
 
-def _check_target(directory: Path, overwrite: bool) -> None:
+def check_export_target(directory: Path, overwrite: bool) -> None:
+    """Refuse an ``--export`` directory that could not take a reference export (a file, a
+    folder of other files, a missing parent), before any work."""
     if directory.exists() and not directory.is_dir():
         raise UserError(f"--export {directory} is a file; expected a directory for the models")
     if directory.is_dir() and any(directory.iterdir()):
@@ -103,7 +105,7 @@ def export_reference(space: Any, reference: ReferenceSet, directory: str | Path,
     holds nothing but an earlier reference export, then replaced in one rename). Returns the
     model paths."""
     directory = Path(directory)
-    _check_target(directory, overwrite)
+    check_export_target(directory, overwrite)
     import onnx
     import torch
     from hwnas.supernet.onnx import onnx_bytes, set_metadata

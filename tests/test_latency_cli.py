@@ -278,3 +278,44 @@ def test_measure_prints_csv_without_out(capsys, onnx_models):
 def test_devices_unknown_space(capsys):
     code, _, err = run_main(capsys, "latency", "devices", "--space", "nospace")
     assert_one_error_line(code, err, "unknown space 'nospace'")
+
+
+def test_adapt_names_and_exports_the_architectures_that_settle_the_execution_variant(
+        capsys, tmp_path, profile_dir):
+    """Ten measured cells without dead operations run alike whether or not the device drops
+    them, so they leave that open: ``adapt`` says so, names 3 architectures that would settle
+    it and, with ``--export-settling``, writes their models as ``reference --export`` does."""
+    import numpy as np
+    from hwnas.latency.predictors.features import executed
+
+    space = get_space("nb201")
+    rng = np.random.default_rng(3)
+    alike = []
+    while len(alike) < 10:
+        a = space.to_string(space.sample(rng))
+        ran, dead = executed(space, [a], "pruned")
+        if ran[0] == a and not dead[0] and a not in alike:
+            alike.append(a)
+    m = tmp_path / "m.csv"
+    pd.DataFrame({"arch": alike, "latency_ms": 1.0 + rng.uniform(0, 1, 10)}).to_csv(m, index=False)
+    out = tmp_path / "settle"
+    code, stdout, err = run_main(capsys, "latency", "adapt", "--device", "dev1", "--space", "nb201",
+                                 "--measurements", str(m), "--export-settling", str(out))
+    assert code == 0, err
+    assert "do not settle which network the device runs" in stdout
+    named = re.findall(r"^  (\|.*\|)$", stdout, flags=re.M)
+    assert len(named) == 3 and not set(named) & set(alike)
+    assert sorted(p.name for p in out.iterdir()) == ["archs.csv", "ref_01.onnx", "ref_02.onnx",
+                                                      "ref_03.onnx"]
+    assert list(pd.read_csv(out / "archs.csv")["arch"]) == named
+
+
+def test_adapt_refuses_a_bad_settling_export_before_adapting(capsys, tmp_path, profile_dir):
+    m = tmp_path / "m.csv"
+    write_measurements(m, 8, seed=1)
+    target = tmp_path / "taken.txt"
+    target.write_text("x")
+    code, _, err = run_main(capsys, "latency", "adapt", "--device", "dev1", "--space", SPACE,
+                            "--measurements", str(m), "--export-settling", str(target))
+    assert_one_error_line(code, err, "is a file; expected a directory")
+    assert files_under(profile_dir) == []

@@ -85,6 +85,22 @@ def test_load_devices_reads_the_normalised_tables_only(tmp_path, monkeypatch):
     assert set(lofo.load_devices(space, tmp_path)[0]) == {"h1", "t-ort-1t", "t-torch-1t", "t-ov-1t"}
 
 
+def test_follow_up_rows_add_k_settling_or_random_measurements():
+    class Meta:
+        def settling_archs(self, candidates, n):
+            assert "a3" not in candidates  # already measured
+            return ["a7"]  # one only: the rest are topped up at random
+
+    archs = [f"a{i}" for i in range(20)]
+    rnd = np.array([3, 5, 11])
+    rows = lofo.follow_up_rows(Meta(), archs, rnd, 4, seed=0)
+    assert set(rows) == {"random+4", "random+4-settle"}
+    for r in rows.values():
+        assert len(r) == 7 and r[:3].tolist() == [3, 5, 11] and len(set(r.tolist())) == 7
+    assert rows["random+4-settle"][3] == 7
+    assert rows["random+4-settle"][4:].tolist() == [i for i in rows["random+4"][3:] if i != 7][:3]
+
+
 def test_meta_opcount_block_changes_nothing_at_zero_and_round_trips(tmp_path):
     from hwnas.latency.predictors import MetaPredictor
     from hwnas.latency.predictors.base import LatencyPredictor

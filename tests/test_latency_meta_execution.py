@@ -140,6 +140,11 @@ def test_adapt_notes_measurements_that_leave_the_execution_variant_open(nb201) -
     note = execution_note(meta, "nb201")
     assert note is not None and "execution variants raw" in note and "pruned" in note
     assert "hwnas latency reference --space nb201" in note
+    # the architectures that would settle it are ones the variants run differently
+    settle = meta.settling_archs(archs[:400], 5)
+    assert len(settle) == 5 and not set(settle) & set(alike)
+    ran, dead = executed(space, settle, "pruned")
+    assert all(k != a or f for a, k, f in zip(settle, ran, dead))
     refs = meta.reference_archs[:10]
     meta.adapt(refs, new[[where[a] for a in refs]], seed=0)
     assert meta.explain()["execution_posterior"]["raw"] > 0.9

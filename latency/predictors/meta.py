@@ -417,6 +417,28 @@ class MetaPredictor(DesignedPredictor):
             f += sum(new[v][b] @ W[b] for b in _BLOCKS)
         return f, new
 
+    def settling_archs(self, candidates: Sequence[Any], n: int) -> list[str]:
+        """The ``n`` candidates whose latency the adapted predictor expects to differ most
+        between the execution variants still in play (each variant's own posterior mean,
+        relative to the measured level): measuring them settles which network the device runs
+        when the measurements so far leave it open (``fewshot.execution_note``). Empty when one
+        variant holds all the posterior weight."""
+        post = self._post
+        if not post:
+            return super().predict(candidates)  # raises the not-adapted error
+        mass: dict[str, float] = {}
+        for wi, v, *_rest in post["members"]:
+            mass[v] = mass.get(v, 0.0) + wi
+        live = [v for v in mass if mass[v] > 1e-3]
+        if len(live) < 2 or n <= 0:
+            return []
+        keys = arch_strings(self.space, candidates)
+        own = np.stack([sum(self._blocks(keys, v)[b] @ post["primal"][v][b] for b in _BLOCKS)
+                        / mass[v] for v in live])  # variant x candidate, in units of the level
+        spread = own.max(0) - own.min(0)
+        order = [i for i in np.argsort(-spread, kind="stable") if spread[i] > 0]
+        return list(dict.fromkeys(keys[i] for i in order))[:n]
+
     def predict(self, archs: Sequence[Any]) -> np.ndarray:
         """Predicted latency (ms); faster than :meth:`predict_with_std` (no variance)."""
         if not self.is_adapted:
