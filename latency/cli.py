@@ -359,7 +359,7 @@ def _settling(predictor: Any, space: Any, measured: list[str], args: argparse.Na
         print(f"  {a}")
     if args.export_settling:
         paths = export_reference(space, ReferenceSet(archs, 0, predictor.name),
-                                 args.export_settling)
+                                 args.export_settling, flag="--export-settling")
         print(f"wrote their {len(paths)} ONNX models to {args.export_settling} (measure them "
               f"with latency/ondevice.py)")
     else:
@@ -376,7 +376,7 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
     if args.export_settling:
         from hwnas.latency.reference import check_export_target
 
-        check_export_target(Path(args.export_settling), False)
+        check_export_target(Path(args.export_settling), False, "--export-settling")
     data = read_measurements(args.measurements, space)  # bad rows fail before loading a predictor
     predictor = default_predictor(space, args.predictor)
     min_loo = max(3, int(getattr(predictor, "min_samples", 1)) + 1)

@@ -78,34 +78,34 @@ def choose_reference(space: Any, n: int, *, predictor: Any = None, seed: int = 0
     return ReferenceSet(chosen, len(refs), str(getattr(predictor, "name", type(predictor).__name__)))
 
 
-def check_export_target(directory: Path, overwrite: bool) -> None:
-    """Refuse an ``--export`` directory that could not take a reference export (a file, a
-    folder of other files, a missing parent), before any work."""
+def check_export_target(directory: Path, overwrite: bool, flag: str = "--export") -> None:
+    """Refuse a directory (given as ``flag``) that could not take a reference export (a file,
+    a folder of other files, a missing parent), before any work."""
     if directory.exists() and not directory.is_dir():
-        raise UserError(f"--export {directory} is a file; expected a directory for the models")
+        raise UserError(f"{flag} {directory} is a file; expected a directory for the models")
     if directory.is_dir() and any(directory.iterdir()):
         if not overwrite:
-            raise UserError(f"--export {directory} is not empty; pass --overwrite to replace "
-                            f"it or choose a new directory")
+            how = "pass --overwrite to replace it or " if flag == "--export" else ""
+            raise UserError(f"{flag} {directory} is not empty; {how}choose a new directory")
         others = sorted(p.name for p in directory.iterdir()
                         if not (p.name == ARCHS_FILE or _MODEL_NAME.match(p.name)))
         if others:  # --overwrite replaces a reference export, never a folder of other files
-            raise UserError(f"--export {directory} holds files other than a reference export "
+            raise UserError(f"{flag} {directory} holds files other than a reference export "
                             f"({others[0]!r}); --overwrite only replaces an earlier "
                             f"'hwnas latency reference' folder - choose a new directory")
     if not directory.parent.is_dir():
-        raise UserError(f"--export {directory}: directory {directory.parent} does not exist")
-    check_writable(directory, "--export")
+        raise UserError(f"{flag} {directory}: directory {directory.parent} does not exist")
+    check_writable(directory, flag)
 
 
 def export_reference(space: Any, reference: ReferenceSet, directory: str | Path, *,
-                     overwrite: bool = False) -> list[Path]:
+                     overwrite: bool = False, flag: str = "--export") -> list[Path]:
     """Write ``ref_NN.onnx`` for each architecture of ``reference`` and ``archs.csv`` into
     ``directory`` (created; an existing non-empty one only with ``overwrite`` and only when it
     holds nothing but an earlier reference export, then replaced in one rename). Returns the
     model paths."""
     directory = Path(directory)
-    check_export_target(directory, overwrite)
+    check_export_target(directory, overwrite, flag)
     import onnx
     import torch
     from hwnas.supernet.onnx import onnx_bytes, set_metadata
@@ -139,7 +139,7 @@ def export_reference(space: Any, reference: ReferenceSet, directory: str | Path,
             os.rename(old, directory)  # the previous directory back
             old = None
         if isinstance(exc, OSError):
-            raise UserError(f"--export {directory}: cannot write the models "
+            raise UserError(f"{flag} {directory}: cannot write the models "
                             f"({exc.strerror or first_line(exc)}); nothing was written") from None
         raise
     finally:

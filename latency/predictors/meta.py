@@ -423,9 +423,9 @@ class MetaPredictor(DesignedPredictor):
         relative to the measured level): measuring them settles which network the device runs
         when the measurements so far leave it open (``fewshot.execution_note``). Empty when one
         variant holds all the posterior weight."""
-        post = self._post
-        if not post:
+        if not self.is_adapted:
             return super().predict(candidates)  # raises the not-adapted error
+        post = self._post
         mass: dict[str, float] = {}
         for wi, v, *_rest in post["members"]:
             mass[v] = mass.get(v, 0.0) + wi
