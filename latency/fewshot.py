@@ -191,7 +191,7 @@ def execution_note(predictor: Any, space_name: str) -> str | None:
 
 
 #: How many architectures ``adapt`` proposes to settle an open execution variant: on the
-#: NB-201 LOFO families 10 random + 3 of them ranked at 0.928 against 0.923 for 13 random and
+#: NB-201 LOFO families 10 random + 3 of them ranked at 0.929 against 0.923 for 13 random and
 #: 0.931 for the 10 reference ones (``benchmarks/latency_lofo.md``).
 SETTLE_MEASUREMENTS = 3
 #: Random architectures of the space the proposals are chosen among.

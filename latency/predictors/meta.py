@@ -436,8 +436,21 @@ class MetaPredictor(DesignedPredictor):
         own = np.stack([sum(self._blocks(keys, v)[b] @ post["primal"][v][b] for b in _BLOCKS)
                         / mass[v] for v in live])  # variant x candidate, in units of the level
         spread = own.max(0) - own.min(0)
-        order = [i for i in np.argsort(-spread, kind="stable") if spread[i] > 0]
-        return list(dict.fromkeys(keys[i] for i in order))[:n]
+        # greedy, each pick discounted by its likeness to the ones already picked (the share
+        # of encoding choices they have in common), so the picks are not near neighbours
+        X = features(self.space, keys, "encode")
+        norm = np.maximum(np.einsum("ij,ij->i", X, X), 1e-12)
+        like = np.zeros(len(keys))
+        picked: list[int] = []
+        while len(picked) < min(n, len(keys)):
+            score = np.where(spread > 0, spread * (1.0 - like), -np.inf)
+            score[picked] = -np.inf
+            i = int(np.argmax(score))
+            if not np.isfinite(score[i]):
+                break
+            picked.append(i)
+            like = np.maximum(like, (X @ X[i]) / np.sqrt(norm * norm[i]))
+        return list(dict.fromkeys(keys[i] for i in picked))
 
     def predict(self, archs: Sequence[Any]) -> np.ndarray:
         """Predicted latency (ms); faster than :meth:`predict_with_std` (no variance)."""
