@@ -175,11 +175,7 @@ class LowRankPredictor(DesignedPredictor):
         NaN in ``table`` = not measured (a device measured on a sample is fitted on it).
         ``groups`` (device -> group name) makes each group weigh the same in the prior."""
         self.space = space
-        table, keys = self._meta_inputs(space, archs, table)
-        groups = dict(groups or {})
-        unknown = sorted(set(groups) - set(table))
-        if unknown:
-            raise UserError(f"groups names device {unknown[0]!r}, which the table does not have")
+        table, keys, groups = self._meta_inputs(space, archs, table, groups)
         variants = execution_variants(space)
         mats = {v: self._design_matrix(keys, v) for v in variants}
         Lraw = mats["raw"][1]

@@ -83,10 +83,12 @@ class DesignedPredictor(LatencyPredictor):
     _ref: list[str]
 
     @staticmethod
-    def _meta_inputs(space: Any, archs: Sequence[Any], table: Mapping[str, np.ndarray]
-                     ) -> tuple[dict[str, np.ndarray], list[str]]:
-        """The checked meta-training table (NaN = not measured) and the architectures' keys:
-        UserError for fewer than 2 devices or a repeated architecture."""
+    def _meta_inputs(space: Any, archs: Sequence[Any], table: Mapping[str, np.ndarray],
+                     groups: Mapping[str, str] | None = None
+                     ) -> tuple[dict[str, np.ndarray], list[str], dict[str, str]]:
+        """The checked meta-training table (NaN = not measured), the architectures' keys and
+        the device groups: UserError for fewer than 2 devices, a repeated architecture or a
+        group naming a device the table lacks."""
         table = check_table(archs, table, allow_missing=True)
         if len(table) < 2:
             raise UserError(f"meta-training needs the latency tables of at least 2 devices, got "
@@ -94,7 +96,11 @@ class DesignedPredictor(LatencyPredictor):
         keys = arch_strings(space, archs)
         if len(set(keys)) != len(keys):
             raise UserError("meta-training architectures repeat; expected each once")
-        return table, keys
+        groups = dict(groups or {})
+        unknown = sorted(set(groups) - set(table))
+        if unknown:
+            raise UserError(f"groups names device {unknown[0]!r}, which the table does not have")
+        return table, keys, groups
 
     @property
     def is_meta_trained(self) -> bool:
@@ -199,11 +205,7 @@ class MetaPredictor(DesignedPredictor):
         ``groups`` (device -> group name) makes each group weigh the same in the prior over
         execution variants (:func:`execution_prior`)."""
         self.space = space
-        groups = dict(groups or {})
-        unknown = sorted(set(groups) - set(table))
-        if unknown:
-            raise UserError(f"groups names device {unknown[0]!r}, which the table does not have")
-        table, keys = self._meta_inputs(space, archs, table)
+        table, keys, groups = self._meta_inputs(space, archs, table, groups)
         if len(keys) < 10:
             raise UserError(f"meta-training needs at least 10 architectures, got {len(keys)}")
         known = execution_variants(space)
@@ -432,7 +434,7 @@ class MetaPredictor(DesignedPredictor):
         live = [v for v in mass if mass[v] > 1e-3]
         if len(live) < 2 or n <= 0:
             return []
-        keys = arch_strings(self.space, candidates)
+        keys = list(dict.fromkeys(arch_strings(self.space, candidates)))
         own = np.stack([sum(self._blocks(keys, v)[b] @ post["primal"][v][b] for b in _BLOCKS)
                         / mass[v] for v in live])  # variant x candidate, in units of the level
         spread = own.max(0) - own.min(0)
@@ -450,7 +452,7 @@ class MetaPredictor(DesignedPredictor):
                 break
             picked.append(i)
             like = np.maximum(like, (X @ X[i]) / np.sqrt(norm * norm[i]))
-        return list(dict.fromkeys(keys[i] for i in picked))
+        return [keys[i] for i in picked]
 
     def predict(self, archs: Sequence[Any]) -> np.ndarray:
         """Predicted latency (ms); faster than :meth:`predict_with_std` (no variance)."""
