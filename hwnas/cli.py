@@ -38,6 +38,7 @@ from hwnas.supernet.train_options import (
     PRECISIONS,
     SCHEDULES,
     SUBNET_LOSSES,
+    TEACHER_MODES,
 )
 
 
@@ -153,6 +154,19 @@ def _train_options(p: argparse.ArgumentParser, d) -> None:
     h.add_argument("--cutmix", type=non_negative_float, default=None, metavar="ALPHA",
                    help="CutMix's Beta alpha; 0 = off (default 0). "
                         "With both on, each batch is one or the other")
+    h.add_argument("--teacher", metavar="CHECKPOINT",
+                   help="also learn from this trained network (DeiT-style distillation): the "
+                        "largest subnet, or the --standalone network, mixes the labels' loss "
+                        "with the teacher's; a supernet checkpoint (its --teacher-arch subnet) or "
+                        "a standalone one, trained on this dataset's training images only")
+    h.add_argument("--teacher-arch", metavar="ARCH",
+                   help="with a supernet --teacher: its subnet, 'largest' (default), 'smallest' "
+                        "or an arch string")
+    h.add_argument("--teacher-weight", type=positive_float, default=None,
+                   help="with --teacher: share of the teacher's loss, in (0, 1] (default 0.5)")
+    h.add_argument("--teacher-mode", choices=TEACHER_MODES, default=None,
+                   help="with --teacher: its probabilities (soft, default) or its top class (hard) "
+                        "as targets")
     h.add_argument("--warmup-epochs", type=non_negative_float, default=None,
                    help="linear warm-up before the cosine decay (default 1)")
     h.add_argument("--grad-clip", type=non_negative_float, default=None,

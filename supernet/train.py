@@ -25,7 +25,7 @@ One learning-rate schedule (linear warm-up, cosine decay) spans all stages.
 
 Speed on a GPU (``device="cuda"``): bf16 autocast, channels-last tensors, the uint8 training
 split kept on the GPU and augmented there (:class:`hwnas.supernet.data.BatchLoader`), no per-step
-host synchronisation (losses are summed on the device and read once per epoch).
+host synchronisation (losses are summed on the device and read once per epoch), fused AdamW.
 ``torch.compile``: a static subnet (:func:`train_standalone`) has fixed shapes and compiles
 once. Every subnet of a supernet has other channel counts and kernel sizes, so compiling it for
 every sampled subnet would recompile nearly every step; :func:`train_supernet` therefore runs
@@ -79,6 +79,7 @@ from hwnas.supernet.train_options import (
     OPTIMIZERS,
     SCHEDULES,
     SUBNET_LOSSES,
+    TEACHER_MODES,
     TrainOptions,
 )
 from torch import nn
@@ -95,7 +96,9 @@ __all__ = [
     "TrainResult",
     "TrainStage",
     "default_config",
+    "label_loss",
     "load_checkpoint",
+    "load_network",
     "load_standalone",
     "save_checkpoint",
     "save_standalone",
@@ -167,6 +170,15 @@ class TrainConfig:
     #: each training batch mixed in pairs, the targets then class probabilities.
     mixup: float = 0.0
     cutmix: float = 0.0
+    #: An external teacher (DeiT-style distillation, :mod:`hwnas.supernet.teacher`): the
+    #: checkpoint file and subnet it is, recorded here (the network itself is passed to the
+    #: training call). The network trained on the labels (a supernet's largest subnet, a
+    #: standalone network) then learns ``1 - teacher_weight`` of the labels' loss plus
+    #: ``teacher_weight`` of the teacher's: its probabilities (``"soft"``) or its top class
+    #: (``"hard"``) as targets; the other subnets still learn from the largest one. None: none.
+    teacher: str | None = None
+    teacher_weight: float = 0.5
+    teacher_mode: str = "soft"
 
     @property
     def epochs(self) -> int:
@@ -197,6 +209,11 @@ class TrainConfig:
             raise UserError(f"augment must be one of {list(AUGMENT_KINDS)}, got {self.augment!r}")
         if self.optimizer not in OPTIMIZERS:
             raise UserError(f"optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
+        if not (0.0 < self.teacher_weight <= 1.0):
+            raise UserError(f"teacher_weight must be in (0, 1], got {self.teacher_weight}")
+        if self.teacher_mode not in TEACHER_MODES:
+            raise UserError(f"teacher_mode must be one of {list(TEACHER_MODES)}, got "
+                            f"{self.teacher_mode!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -343,6 +360,22 @@ def soft_cross_entropy(logits: torch.Tensor, target_probs: torch.Tensor) -> torc
     return -(target_probs * F.log_softmax(logits, dim=1)).sum(dim=1).mean()
 
 
+def label_loss(logits: torch.Tensor, y: torch.Tensor, config: TrainConfig,
+               teacher_logits: torch.Tensor | None = None) -> torch.Tensor:
+    """The loss of the network that learns from the labels (a supernet's largest subnet, a
+    standalone network): cross-entropy with label smoothing, mixed with an external teacher's
+    targets as :attr:`TrainConfig.teacher_mode` / ``teacher_weight`` say when one is given."""
+    loss = F.cross_entropy(logits, y, label_smoothing=config.label_smoothing)
+    if teacher_logits is None:
+        return loss
+    if config.teacher_mode == "hard":
+        taught = F.cross_entropy(logits, teacher_logits.argmax(1),
+                                 label_smoothing=config.label_smoothing)
+    else:
+        taught = soft_cross_entropy(logits, F.softmax(teacher_logits, dim=1))
+    return (1.0 - config.teacher_weight) * loss + config.teacher_weight * taught
+
+
 @dataclass
 class TrainResult:
     """What a training call did. ``seconds``/``images_per_s``/``images`` are this call's;
@@ -407,6 +440,39 @@ def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return None
 
 
+def _channels_last(opts: TrainOptions, device: torch.device) -> bool:
+    return device.type == "cuda" if opts.channels_last is None else bool(opts.channels_last)
+
+
+def _prepare_teacher(teacher: nn.Module | None, config: TrainConfig,
+                     opts: TrainOptions) -> nn.Module | None:
+    """The external teacher, frozen on the training device (compiled with ``opts.compile``: it
+    has one set of shapes); :class:`UserError` when the configuration and the call disagree on
+    whether there is one."""
+    if (teacher is None) != (config.teacher is None):
+        raise UserError(f"the training configuration names teacher {config.teacher!r} but no "
+                        f"teacher network was passed" if teacher is None else
+                        "a teacher network was passed but the training configuration names "
+                        "none (set TrainConfig.teacher)")
+    if teacher is None:
+        return None
+    device = torch.device(opts.device)
+    teacher = teacher.to(device).eval().requires_grad_(False)
+    if _channels_last(opts, device):
+        teacher.to(memory_format=torch.channels_last)
+    if opts.compile:
+        return torch.compile(teacher, mode=None if opts.compile is True else str(opts.compile))
+    return teacher
+
+
+def _teacher_logits(teacher: nn.Module | None, x: torch.Tensor,
+                    amp: Callable) -> torch.Tensor | None:
+    if teacher is None:
+        return None
+    with torch.no_grad(), amp():
+        return teacher(x).float()
+
+
 #: Parameter names that are never decayed besides 1-d ones (norms, biases): NB201's edge
 #: transforms and position embeddings.
 _NO_DECAY_NAMES = ("transforms", "pos_embed", "position")
@@ -420,7 +486,9 @@ def _make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimi
     groups = [{"params": decay, "weight_decay": config.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     if config.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.999))
+        # one fused kernel per step on a GPU instead of a launch per parameter group and op
+        fused = all(p.is_cuda for p in model.parameters()) or None
+        return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.999), fused=fused)
     return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, nesterov=True)
 
 
@@ -462,7 +530,7 @@ def _train(job: _Job, data: DatasetSplits, config: TrainConfig, opts: TrainOptio
     ctx = opts.dist or DistContext()
     device = torch.device(opts.device)
     amp_dtype = _autocast_dtype(opts.precision, device)
-    use_cl = device.type == "cuda" if opts.channels_last is None else opts.channels_last
+    use_cl = _channels_last(opts, device)
     mixing = config.mixup > 0 or config.cutmix > 0
     resume_from, checkpoint_path = opts.resume_from, opts.checkpoint_path
     max_seconds, max_steps = opts.max_seconds, opts.max_steps
@@ -635,6 +703,8 @@ def train_supernet(
     data: DatasetSplits,
     config: TrainConfig,
     options: TrainOptions | None = None,
+    *,
+    teacher: nn.Module | None = None,
     **overrides: Any,
 ) -> TrainResult:
     """Train ``supernet`` in place following ``config``; returns timing and per-epoch losses.
@@ -644,7 +714,8 @@ def train_supernet(
     one stopped it), the resumable checkpoint to write or continue from (same space,
     configuration and dataset size, else :class:`UserError`). With ``compile`` the largest and
     smallest subnet of each stage run compiled, the random ones eagerly (see the module
-    docstring).
+    docstring). ``teacher``: the external teacher network that ``config.teacher`` names
+    (:func:`hwnas.supernet.teacher.load_teacher`); the largest subnet learns from it.
     """
     opts = TrainOptions.of(options, **overrides)
     compile = opts.compile
@@ -653,6 +724,7 @@ def train_supernet(
     if any(s.sort_channels for s in config.stages) and not hasattr(supernet, "sort_channels"):
         raise UserError(f"the schedule sorts channels, but the {space.name} supernet has no "
                         f"sort_channels()")
+    teacher = _prepare_teacher(teacher, config, opts)
     rng = np.random.default_rng(config.seed)
     tops = [(sub.largest(), sub.smallest()) for sub in restricted]
     compiled: nn.Module | None = None
@@ -672,9 +744,10 @@ def train_supernet(
         subnets = ([smallest] + [sub.sample(rng) for _ in range(stage.num_random)]
                    if stage.sandwich else [])
         weight, sub_weight = subnet_loss_weights(config.subnet_loss, len(subnets))
+        taught = _teacher_logits(teacher, x, amp)
         with amp():
             logits = forward(x, largest, tops[stage_i]).float()
-        loss = F.cross_entropy(logits, y, label_smoothing=config.label_smoothing)
+        loss = label_loss(logits, y, config, taught)
         (loss * weight if weight != 1.0 else loss).backward()
         sub_total = torch.zeros((), device=x.device)
         if subnets:
@@ -762,6 +835,7 @@ def train_standalone(
     space: SearchSpace | None = None,
     arch: Any = None,
     options: TrainOptions | None = None,
+    teacher: nn.Module | None = None,
     **overrides: Any,
 ) -> TrainResult:
     """Train a static network (e.g. ``supernet.extract(arch)`` after :func:`reinitialize`) on
@@ -771,7 +845,7 @@ def train_standalone(
     as for :func:`train_supernet`. ``space``/``arch`` are recorded in checkpoints (needed for
     ``checkpoint_path``/``resume_from``, which rebuild the model as
     ``space.build_supernet().extract(arch)``). The saved weights are always the uncompiled
-    module's.
+    module's. ``teacher``: as for :func:`train_supernet`.
     """
     opts = TrainOptions.of(options, **overrides)
     compile, checkpoint_path, resume_from = opts.compile, opts.checkpoint_path, opts.resume_from
@@ -787,11 +861,13 @@ def train_standalone(
     if compile:
         mode = None if compile is True else str(compile)
         runner = torch.compile(model, mode=mode)
+    teacher = _prepare_teacher(teacher, config, opts)
 
     def step_fn(x: torch.Tensor, y: torch.Tensor, stage_i: int, amp: Callable) -> torch.Tensor:
+        taught = _teacher_logits(teacher, x, amp)
         with amp():
             logits = runner(x).float()
-        loss = F.cross_entropy(logits, y, label_smoothing=config.label_smoothing)
+        loss = label_loss(logits, y, config, taught)
         loss.backward()
         return loss.detach().reshape(1)
 
@@ -875,12 +951,13 @@ def _save(path: str | Path, job: _Job, dataset: str, config: TrainConfig,
                         train_config=config, train_state=train_state, data_record=data_record)
 
 
-def _read_payload(path: str | Path, fmt: str) -> dict[str, Any]:
+def _read_payload(path: str | Path, fmt: str | None) -> dict[str, Any]:
+    """The checked payload of a checkpoint of format ``fmt`` (None: either kind)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; expected a file written by "
                         f"'hwnas train' or 'hwnas run'")
-    what = "supernet" if fmt == SUPERNET_FORMAT else "standalone subnet"
+    what = {SUPERNET_FORMAT: "supernet", STANDALONE_FORMAT: "standalone subnet"}.get(fmt, "hwnas")
     try:
         with warnings.catch_warnings():  # e.g. about the pickle protocol of a foreign file
             warnings.simplefilter("ignore")
@@ -892,9 +969,9 @@ def _read_payload(path: str | Path, fmt: str) -> dict[str, Any]:
     except Exception as exc:  # torch raises many types for a corrupt or foreign file
         raise UserError(f"cannot read {what} checkpoint {path}: {first_line(exc)}") from None
     if not isinstance(payload, dict) or payload.get("format") not in (SUPERNET_FORMAT, STANDALONE_FORMAT):
-        what = "supernet" if fmt == SUPERNET_FORMAT else "standalone subnet"
-        raise UserError(f"{path} is not an hwnas {what} checkpoint (no {fmt!r} format tag)")
-    if payload["format"] != fmt:
+        tag = repr(fmt) if fmt else f"{SUPERNET_FORMAT!r} or {STANDALONE_FORMAT!r}"
+        raise UserError(f"{path} is not an hwnas {what} checkpoint (no {tag} format tag)")
+    if fmt is not None and payload["format"] != fmt:
         kinds = {SUPERNET_FORMAT: "a supernet", STANDALONE_FORMAT: "a standalone subnet"}
         raise UserError(f"{path} holds {kinds[payload['format']]} checkpoint, not "
                         f"{kinds[fmt]} checkpoint")
@@ -946,20 +1023,38 @@ def load_checkpoint(path: str | Path, *, device: str | torch.device = "cpu",
     payload = _read_payload(path, SUPERNET_FORMAT)
     if space is not None:
         _check_same_space(payload, space, path)
-    ckpt_space = _space_of(payload, path)
-    supernet = _build(ckpt_space, path)
-    _load_state(supernet, payload, path, ckpt_space)
+    ckpt_space, _, supernet = _network_of(payload, path)
     return ckpt_space, supernet.to(device), payload
 
 
 def load_standalone(path: str | Path, *, device: str | torch.device = "cpu"):
     """Load a standalone subnet checkpoint; returns (space, arch, model in eval mode, payload)."""
     payload = _read_payload(path, STANDALONE_FORMAT)
-    space = _space_of(payload, path)
-    arch = space.parse(payload["arch"])
-    model = _build(space, path).extract(arch)
-    _load_state(model, payload, path, space)
+    space, arch, model = _network_of(payload, path)
     return space, arch, model.to(device).eval(), payload
+
+
+def load_network(path: str | Path, *, device: str | torch.device = "cpu"):
+    """Load a checkpoint of either kind; returns (space, arch, network, payload): the supernet
+    and ``arch`` None for a supernet checkpoint, the subnet (eval mode) and its architecture
+    for a standalone one."""
+    payload = _read_payload(path, None)
+    space, arch, model = _network_of(payload, path)
+    model = model.to(device)
+    return space, arch, (model if arch is None else model.eval()), payload
+
+
+def _network_of(payload: dict[str, Any], path: str | Path) -> tuple[SearchSpace, Any, nn.Module]:
+    """(space, arch, network with the payload's weights) of a checked payload; arch is None
+    for a supernet."""
+    space = _space_of(payload, path)
+    if payload["format"] == SUPERNET_FORMAT:
+        arch, model = None, _build(space, path)
+    else:
+        arch = space.parse(payload["arch"])
+        model = _build(space, path).extract(arch)
+    _load_state(model, payload, path, space)
+    return space, arch, model
 
 
 def _build(space: SearchSpace, path: str | Path) -> nn.Module:

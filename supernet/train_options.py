@@ -13,7 +13,7 @@ from typing import Any
 from hwnas.core.errors import UserError
 
 __all__ = ["AUGMENT_KINDS", "COMPILE_MODES", "MAX_EPOCHS", "OPTIMIZERS", "PRECISIONS",
-           "SCHEDULES", "SUBNET_LOSSES", "TrainOptions", "check_augment"]
+           "SCHEDULES", "SUBNET_LOSSES", "TEACHER_MODES", "TrainOptions", "check_augment"]
 
 #: More epochs than any real run needs: a typo such as 1e30 fails at once instead of growing a
 #: per-epoch history without end.
@@ -28,6 +28,9 @@ SCHEDULES: tuple[str, ...] = ("sandwich", "progressive", "deps")
 SUBNET_LOSSES: tuple[str, ...] = ("sum", "mean", "largest+mean")
 #: Optimizers of ``TrainConfig.optimizer``: SGD with Nesterov momentum, or AdamW (transformers).
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
+#: What an external teacher's predictions are as targets (``TrainConfig.teacher_mode``): its
+#: class probabilities, or its top class (DeiT's hard distillation).
+TEACHER_MODES: tuple[str, ...] = ("soft", "hard")
 #: Autocast precisions: ``auto`` = bf16 on CUDA, fp32 elsewhere.
 PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp32")
 #: ``torch.compile`` modes (``off``: none; it changes speed only, so a resumed run may differ).

@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,12 @@ __all__ = ["RUN_KEYS", "eval_archs", "resolve_out", "run_train", "settings_from_
 RUN_KEYS = ("data", "space", "schedule", "epochs", "batch_size", "lr", "weight_decay",
             "label_smoothing", "warmup_epochs", "grad_clip", "num_random", "full_fraction", "seed",
             "standalone", "limit_train", "limit_eval", "compile", "subnet_loss", "augment",
-            "optimizer", "mixup", "cutmix")
+            "optimizer", "mixup", "cutmix", "teacher", "teacher_arch", "teacher_weight",
+            "teacher_mode")
 #: TrainConfig fields a setting overrides when given (else the space's default, else TrainConfig's).
 CONFIG_KEYS = ("batch_size", "lr", "weight_decay", "label_smoothing", "warmup_epochs",
-               "grad_clip", "seed", "subnet_loss", "augment", "optimizer", "mixup", "cutmix")
+               "grad_clip", "seed", "subnet_loss", "augment", "optimizer", "mixup", "cutmix",
+               "teacher_weight", "teacher_mode")
 #: Seed of the random subnets that --eval reports (and --standalone randomN trains).
 EVAL_SEED = 2024
 NUM_RANDOM_EVAL = 3
@@ -57,6 +60,12 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.full_fraction is not None and args.schedule != "deps":
         raise UserError(f"--full-fraction {args.full_fraction} applies to --schedule deps only; "
                         f"pass --schedule deps or drop it")
+    if not getattr(args, "teacher", None):
+        given = [k for k in ("teacher_arch", "teacher_weight", "teacher_mode")
+                 if getattr(args, k, None) is not None]
+        if given:
+            raise UserError(f"--{given[0].replace('_', '-')} applies with --teacher only; pass "
+                            f"--teacher CHECKPOINT or drop it")
     s = {k: getattr(args, k, None) for k in RUN_KEYS if k != "data"}
     s["data"] = args.dataset
     if s["compile"] == "off":
@@ -217,6 +226,16 @@ def _main(args: argparse.Namespace, kind: str, out: Path | None, ctx, device: to
         config = train_config(settings, space)
     check_augment(config.augment or data.augment, data.in_channels)
     data = with_training_augment(data, config.to_dict())  # BN recalibration augments like training
+    teacher = None
+    if settings.get("teacher"):
+        from hwnas.supernet.teacher import load_teacher
+
+        teacher, name = load_teacher(settings["teacher"], data, arch=settings.get("teacher_arch"),
+                                     device=device, log=say)
+        if recorded.get("train_config") is not None and config.teacher != name:
+            raise UserError(f"--resume: the run learns from teacher {config.teacher!r}; "
+                            f"{settings['teacher']} is {name!r}")
+        config = replace(config, teacher=name)
     torch.manual_seed(config.seed)
     supernet = space.build_supernet()
     arch = None
@@ -239,8 +258,8 @@ def _main(args: argparse.Namespace, kind: str, out: Path | None, ctx, device: to
     def fit(cfg=None, **kw):
         if arch is not None:
             return train_standalone(model, data, config=cfg or config, space=space, arch=arch,
-                                    options=options, **kw)
-        return train_supernet(model, space, data, cfg or config, options, **kw)
+                                    options=options, teacher=teacher, **kw)
+        return train_supernet(model, space, data, cfg or config, options, teacher=teacher, **kw)
 
     def save_final(path: Path, result, train_seconds: float | None = None) -> None:
         record = training_record(data)

@@ -79,7 +79,7 @@ def test_run_options_reach_train_options(tmp_path, monkeypatch, capsys):
 
     calls = []
 
-    def fake(supernet, space, data, config, options=None, **overrides):
+    def fake(supernet, space, data, config, options=None, *, teacher=None, **overrides):
         calls.append(TrainOptions.of(options, **overrides))
         return TrainResult(epochs=config.epochs, seconds=1.0, images_per_s=64.0, history=[],
                            step=2, total_steps=2, images=128)
