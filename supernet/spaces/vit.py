@@ -329,7 +329,9 @@ class ViTSpace(SearchSpace[ViTArch]):
         smoothing, delayed shrinking, and (for CIFAR-sized RGB images) TrivialAugment, crop,
         flip and cutout. No MixUp/CutMix: on CIFAR-10, within the training-time budget, they
         lowered every subnet's accuracy (benchmarks/supernet_cifar10.md); ``--mixup`` and
-        ``--cutmix`` turn them on.
+        ``--cutmix`` turn them on. No teacher either: ``--teacher`` (a convolutional network
+        hwnas trained on the same images) added about a point on CIFAR-10, but a default naming
+        one dataset's checkpoint would not hold for another.
 
         Why each (benchmarks/supernet_cifar10.md says more): vision transformers on small
         datasets are trained with AdamW, weight decay 0.05, a few warm-up epochs, label
