@@ -31,6 +31,10 @@ architectures every held-out table holds (``MetaPredictor.redesign``).
 
     OMP_NUM_THREADS=1 python benchmarks/latency_lofo.py --spaces nb201 fbnet
 
+``--execution-known onnx|declared`` pins the execution variant of the measured families whose
+runtime says it (:data:`EXECUTION_KNOWN`), as ``hwnas latency adapt`` does for measurements of
+ONNX files or with ``--execution``.
+
 Development runs may score on a seeded subsample of each large table (``--score-subsample``)
 and skip the ceilings (``--no-ceiling``, ``--ceiling-from`` an earlier run's JSON).
 """
@@ -98,6 +102,30 @@ def family(device: str) -> str:
             return fam
     parts = device.split("-")
     return "-".join(parts[:2]) if len(parts) >= 3 else device
+
+
+#: ``--execution-known``: what a user can tell ``hwnas latency adapt`` about how a measured
+#: family ran the network. ``onnx``: the runtimes that time hwnas's ONNX exports (onnxruntime,
+#: OpenVINO), which hold no dead operations -- what ``adapt`` infers by itself from the ``file``
+#: column of ``ondevice.py``; ``declared``: also the runtimes whose behaviour a user knows and
+#: passes as ``--execution`` (frozen TorchScript drops dead code; eager PyTorch and a CUDA graph
+#: of it run every operation). HELP's families are never pinned (how they ran is not recorded).
+EXECUTION_KNOWN = {"onnx": (("ort", "ov"), ()),
+                   "declared": (("ort", "ov", "ts"), ("torch", "cudagraph"))}
+
+
+def known_execution(space: Any, fam: str, mode: str | None) -> str | None:
+    """The execution variant ``mode`` (:data:`EXECUTION_KNOWN`) pins for the measured family
+    ``fam`` (``<machine>-<runtime>``), or None (weighed by the measurements)."""
+    from hwnas.latency.predictors.features import execution_variants, export_execution
+
+    if mode is None or len(execution_variants(space)) < 2 or fam.count("-") != 1:
+        return None
+    pruned, raw = EXECUTION_KNOWN[mode]
+    runtime = fam.split("-")[1]
+    if runtime in pruned:
+        return export_execution(space)
+    return "raw" if runtime in raw else None
 
 
 def read_gz_table(path: Path, space: Any) -> dict[str, dict[str, float]]:
@@ -349,7 +377,8 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
               score_subsample: int | None = None,
               min_reliability: float = 0.0,
               family_prior: bool = False,
-              follow_up: int = 0) -> tuple[list[dict], dict]:
+              follow_up: int = 0,
+              execution_known: str | None = None) -> tuple[list[dict], dict]:
     space = get_space(name)
     devices, sources = load_devices(space, tables_dir, min_reliability)
     cvs = load_cv(space, tables_dir) if with_ceiling else {}
@@ -387,6 +416,7 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
             if not set(meta.reference_archs[:N]) <= common:
                 meta.redesign([a for a in train_archs if a in common], seed=0)
             refs = meta.reference_archs[:N]
+            meta.pin_execution(known_execution(space, fam, execution_known))
         if use_lowrank:
             lowrank = LowRankPredictor(space, **(lowrank_options or {})).meta_fit(
                 space, train_archs, cols, seed=0, groups={d: family(d) for d in train})
@@ -549,6 +579,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--follow-up", type=int, default=0, metavar="K",
                     help="meta: also score K more measurements after the random ones, random "
                          "or chosen to settle the execution variant (follow_up_rows)")
+    ap.add_argument("--execution-known", choices=sorted(EXECUTION_KNOWN), default=None,
+                    help="meta: pin the execution variant of the measured families whose "
+                         "runtime says it (EXECUTION_KNOWN), as hwnas latency adapt does")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -567,7 +600,8 @@ def main(argv: list[str] | None = None) -> int:
                             lowrank_options, with_ceiling=not args.no_ceiling,
                             score_subsample=args.score_subsample,
                             min_reliability=args.min_reliability,
-                            family_prior=args.family_prior, follow_up=args.follow_up)
+                            family_prior=args.family_prior, follow_up=args.follow_up,
+                            execution_known=args.execution_known)
         rows += r
         spaces.append(info)
     if args.ceiling_from is not None:
@@ -581,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "n_measurements": N, "seeds": args.seeds, "score_subsample": args.score_subsample,
         "min_reliability": args.min_reliability, "family_prior": args.family_prior,
-        "follow_up": args.follow_up,
+        "follow_up": args.follow_up, "execution_known": args.execution_known,
         "meta_training": {"seeds_per_fold": 1, "options": meta_options or "defaults",
                           "lowrank_options": lowrank_options or "defaults"},
         "seconds": round(time.perf_counter() - t0, 1),

@@ -10,6 +10,7 @@ a thin layer over :mod:`hwnas.latency.devices`, :mod:`hwnas.latency.profiles` an
                               [--out CSV] [--overwrite]
     hwnas latency adapt   --device NAME --space SPACE --measurements CSV [--predictor NAME]
                               [--seed N] [--overwrite] [--export-settling DIR]
+                              [--execution auto|raw|pruned]
     hwnas latency predict --device NAME --space SPACE --archs CSV --out CSV [--overwrite]
 
 ``reference`` writes the models a new device should measure first (ONNX, with their
@@ -17,6 +18,8 @@ architectures, for the standalone ``latency/ondevice.py``); ``adapt`` takes the 
 any architectures and prints its leave-one-out error on them and whether more measurements would
 likely help (:func:`hwnas.latency.fewshot.leave_one_out`), and, when they leave open which
 network the device runs, which architectures would settle it (``--export-settling`` writes them).
+Measurements of ONNX files (the ``file`` column of ``ondevice.py``) settle it without more: hwnas
+exports hold no dead operations, so ``adapt`` assumes the ``pruned`` network (``--execution``).
 
 Bad input raises :class:`hwnas.core.errors.UserError` (one ``hwnas: error: ...`` line, exit 2) and
 writes nothing. ``measure`` leaves out models whose timing varies too much (cv above
@@ -111,6 +114,12 @@ def add_latency_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
                    help="when the measurements leave open which network the device runs, write "
                         "the models of the architectures that would settle it to DIR (new or "
                         "empty; as 'reference --export' does), to measure and add")
+    a.add_argument("--execution", default="auto", metavar="auto|raw|pruned",
+                   help="which network the device ran, where a space has variants (NB-201): raw "
+                        "(every operation, e.g. eager PyTorch), pruned (without operations whose "
+                        "output is unused: ONNX files hwnas exported, frozen TorchScript, TFLite); "
+                        "auto (default): pruned when every measured model was an ONNX file (the "
+                        "measurements' file column), else weighed by the measurements")
 
     p = lsub.add_parser("predict", help="latency of a list of architectures on a device")
     p.add_argument("--device", required=True, help="any device of 'hwnas latency devices'")
@@ -366,6 +375,32 @@ def _settling(predictor: Any, space: Any, measured: list[str], args: argparse.Na
         print("(--export-settling DIR writes their ONNX models)")
 
 
+def _pin_execution(choice: str, predictor: Any, space: Any, data: Any) -> None:
+    """Pin the execution variant ``--execution`` names on ``predictor``; with ``auto``, the
+    variant of hwnas's ONNX exports when every measured model was an ONNX file (nothing
+    otherwise: the measurements weigh the variants)."""
+    from hwnas.latency.predictors.features import execution_variants, export_execution
+
+    variants = execution_variants(space)
+    if choice == "auto":
+        onnx = bool(data.files) and all(f.lower().endswith(".onnx") for f in data.files)
+        if len(variants) < 2 or not onnx or not hasattr(predictor, "pin_execution"):
+            return
+        choice, why = export_execution(space), ("every measured model is an ONNX file, and "
+                                                "hwnas exports hold no dead operations")
+    elif choice not in variants:
+        raise UserError(f"--execution {choice!r}: space {space.name} has the execution "
+                        f"variant(s) {', '.join(variants)} (or auto)")
+    elif not hasattr(predictor, "pin_execution"):
+        raise UserError(f"--execution {choice}: predictor "
+                        f"{getattr(predictor, 'name', type(predictor).__name__)} does not weigh "
+                        f"execution variants; use the meta predictor or --execution auto")
+    else:
+        why = "--execution"
+    predictor.pin_execution(choice)
+    print(f"execution: the device is taken to run the {choice} network ({why})")
+
+
 def _cmd_adapt(args: argparse.Namespace) -> int:
     from hwnas.latency.fewshot import LOO_MAX_MEASUREMENTS, execution_note, leave_one_out
     from hwnas.latency.profiles import check_profile_name, read_measurements
@@ -379,6 +414,7 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
         check_export_target(Path(args.export_settling), False, "--export-settling")
     data = read_measurements(args.measurements, space)  # bad rows fail before loading a predictor
     predictor = default_predictor(space, args.predictor)
+    _pin_execution(args.execution, predictor, space, data)
     min_loo = max(3, int(getattr(predictor, "min_samples", 1)) + 1)
     loo = None
     if min_loo <= len(data) <= LOO_MAX_MEASUREMENTS:  # before adapting: it adapts copies

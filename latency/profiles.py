@@ -106,6 +106,9 @@ class Measurements:
     latency_ms: np.ndarray
     path: Path
     sha256: str
+    #: the ``file`` column (the measured model files, as ``latency/ondevice.py`` writes it)
+    #: when the CSV has one with an entry on every row, else None
+    files: tuple[str, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.archs)
@@ -131,7 +134,8 @@ def read_measurements(path: str | Path, space: SearchSpace, *, min_rows: int = 1
     Every architecture must parse in ``space`` (it is canonicalised), appear once, and have a
     finite latency > 0; at least ``min_rows`` rows. Anything else raises :class:`UserError`
     naming the file line (the header is line 1). Extra columns (``p95_ms``, ``cv``, ``file``
-    as the measurement script writes them) are ignored.
+    as the measurement script writes them) are ignored, except that ``file`` is kept
+    (:attr:`Measurements.files`: it tells whether the models were ONNX files).
     """
     path = Path(path)
     if not path.is_file():
@@ -156,6 +160,8 @@ def read_measurements(path: str | Path, space: SearchSpace, *, min_rows: int = 1
             f"{','.join(header)}); expected a header with arch,latency_ms"
         )
     ia, il = header.index("arch"), header.index("latency_ms")
+    i_file = header.index("file") if "file" in header else None
+    files: list[str] = []
     archs: list[str] = []
     values: list[float] = []
     seen: dict[str, int] = {}
@@ -188,6 +194,8 @@ def read_measurements(path: str | Path, space: SearchSpace, *, min_rows: int = 1
                             f"of one inference; expected {MIN_LATENCY_MS:g} to {MAX_LATENCY_MS:g} ms")
         archs.append(canonical)
         values.append(ms)
+        if i_file is not None:
+            files.append(row[i_file].strip())
     if not archs:
         raise UserError(f"measurements file {path} has a header but no rows")
     if len(archs) < min_rows:
@@ -195,7 +203,8 @@ def read_measurements(path: str | Path, space: SearchSpace, *, min_rows: int = 1
             f"measurements file {path} has {len(archs)} measurement(s); at least {min_rows} are "
             f"needed"
         )
-    return Measurements(archs, np.asarray(values, dtype=np.float64), path, _sha256(path))
+    return Measurements(archs, np.asarray(values, dtype=np.float64), path, _sha256(path),
+                        tuple(files) if i_file is not None and all(files) else None)
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,6 +26,22 @@ def test_families_of_help_and_measured_devices():
     assert fam["oddball"] == "oddball"
 
 
+def test_known_execution_pins_what_a_user_can_tell():
+    from hwnas.supernet.spaces import get_space
+
+    nb201, fbnet = get_space("nb201"), get_space("fbnet")
+    onnx = {f: lofo.known_execution(nb201, f, "onnx")
+            for f in ("xeon-ort", "vm-ov", "xeon-ts", "h200-torch", "phone")}
+    assert onnx == {"xeon-ort": "pruned", "vm-ov": "pruned", "xeon-ts": None,
+                    "h200-torch": None, "phone": None}
+    declared = {f: lofo.known_execution(nb201, f, "declared")
+                for f in ("xeon-ort", "epyc-ts", "h200-torch", "h200-cudagraph", "desktop-gpu")}
+    assert declared == {"xeon-ort": "pruned", "epyc-ts": "pruned", "h200-torch": "raw",
+                        "h200-cudagraph": "raw", "desktop-gpu": None}
+    assert lofo.known_execution(nb201, "xeon-ort", None) is None
+    assert lofo.known_execution(fbnet, "xeon-ort", "declared") is None  # one variant only
+
+
 def test_summary_means_families_not_devices_and_finds_the_worst():
     rows = [{"space": "s", "predictor": "p", "measurements": "ref", "family": f, "device": d,
              "spearman_mean": v}

@@ -35,7 +35,8 @@ from hwnas.supernet.layers import OPS, Layer
 from hwnas.core.errors import UserError
 
 __all__ = ["LAYER_KINDS", "LAYER_QUANTITIES", "arch_strings", "encoding_positions",
-           "execution_prior", "execution_variants", "executed", "features", "layer_features",
+           "execution_prior", "execution_variants", "executed", "export_execution", "features",
+           "layer_features",
            "layer_feature_names", "pair_products", "clear_cache"]
 
 #: Layer kinds: convolutions split by shape, then every other op of :data:`hwnas.supernet.layers.OPS`.
@@ -142,6 +143,18 @@ def execution_variants(space: Any) -> tuple[str, ...]:
     for a candidate space without the capability)."""
     own = getattr(space, "execution_variants", None)
     return tuple(own()) if callable(own) else ("raw",)
+
+
+def export_execution(space: Any) -> str:
+    """The execution variant of the ONNX files hwnas exports for ``space``
+    (:func:`hwnas.supernet.onnx.onnx_bytes`: ``reference --export``, ``hwnas run``): the
+    exporter traces the network, so operations whose output reaches no output are not in the
+    file and no runtime can run them -- ``pruned`` where the space has that variant, else
+    ``raw`` (tests/test_latency_execution_pin.py checks it against exported files). The
+    exporter also merges identical parameter-free operations on one input (the pools of two
+    NB-201 edges leaving one node), which no variant models; they cost little."""
+    variants = execution_variants(space)
+    return "pruned" if "pruned" in variants else variants[0]
 
 
 def execution_prior(chosen: Sequence[str], variants: Sequence[str],

@@ -181,6 +181,9 @@ class MetaPredictor(DesignedPredictor):
         self.devices_: list[str] = []
         self.device_execution_: list[str] = []  # the variant each meta-training device runs
         self.execution_prior_: dict[str, float] = {}
+        #: the execution variant the next adaptations assume (:meth:`pin_execution`); None:
+        #: weighed by the measurements under the meta-trained prior
+        self.pinned_execution: str | None = None
         self._ref: list[str] = []
         self._p: dict[str, np.ndarray] = {}  # meta-trained arrays
         self._post: dict[str, Any] = {}  # adapted posterior
@@ -191,6 +194,18 @@ class MetaPredictor(DesignedPredictor):
     def variants(self) -> tuple[str, ...]:
         """The execution variants the predictor weighs (``raw`` first)."""
         return tuple(self.execution_prior_) or ("raw",)
+
+    def pin_execution(self, variant: str | None) -> MetaPredictor:
+        """Assume the device runs ``variant`` (None: weigh the variants by the measurements, the
+        default) in the adaptations that follow; returns ``self``. For when how the network
+        was run is known, e.g. from ONNX files exported by hwnas, which hold no dead operations
+        (:func:`hwnas.latency.predictors.features.export_execution`): ten random measurements
+        often cannot tell the variants apart (benchmarks/latency_lofo.md)."""
+        if variant is not None and variant not in self.variants:
+            raise UserError(f"execution variant {variant!r} is not one the {self.space.name} "
+                            f"meta predictor knows; expected one of {list(self.variants)}")
+        self.pinned_execution = variant
+        return self
 
     def _encoded(self, keys: list[str], variant: str) -> tuple[np.ndarray, list[str], np.ndarray]:
         """Encoding of the executed architectures, their strings and constant-output flags."""
@@ -378,8 +393,9 @@ class MetaPredictor(DesignedPredictor):
         y = latency_ms / scale - 1.0
         blocks: dict[str, dict[str, np.ndarray]] = {}
         members = []
+        pin = self.pinned_execution
         for variant, prior in self.execution_prior_.items():
-            if prior <= 0:
+            if prior <= 0 or (pin is not None and variant != pin):
                 continue
             bl = blocks[variant] = self._blocks(keys, variant)
             grams = {b: bl[b] @ bl[b].T for b in _BLOCKS}
@@ -497,6 +513,7 @@ class MetaPredictor(DesignedPredictor):
         total = total / (total.sum() or 1.0)
         return {"hyper_posterior": top,
                 "execution_posterior": dict(post["execution_posterior"]),
+                "pinned_execution": self.pinned_execution,
                 "device_weights": {d: float(t) for d, t in zip(self.devices_, total)},
                 "device_execution": dict(zip(self.devices_, self.device_execution_))}
 
@@ -513,6 +530,7 @@ class MetaPredictor(DesignedPredictor):
                 "opcounts": list(self.opcounts), "min_profile_r2": self.min_profile_r2,
                 "devices": list(self.devices_), "device_execution": list(self.device_execution_),
                 "execution_prior": dict(self.execution_prior_),
+                "pinned_execution": self.pinned_execution,
                 "reference_archs": list(self._ref)}
         return meta, dict(self._p)
 
@@ -549,4 +567,5 @@ class MetaPredictor(DesignedPredictor):
         if bad:
             raise UserError(f"meta predictor file uses execution variant {bad[0]!r}, which "
                             f"space {space.name} does not have")
-        return obj
+        pinned = meta.get("pinned_execution")
+        return obj.pin_execution(None if pinned is None else str(pinned))
