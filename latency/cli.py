@@ -10,7 +10,7 @@ a thin layer over :mod:`hwnas.latency.devices`, :mod:`hwnas.latency.profiles` an
                               [--out CSV] [--overwrite]
     hwnas latency adapt   --device NAME --space SPACE --measurements CSV [--predictor NAME]
                               [--seed N] [--overwrite] [--export-settling DIR]
-                              [--execution auto|raw|pruned]
+                              [--execution auto|RUNTIME|raw|pruned]
     hwnas latency predict --device NAME --space SPACE --archs CSV --out CSV [--overwrite]
 
 ``reference`` writes the models a new device should measure first (ONNX, with their
@@ -114,12 +114,14 @@ def add_latency_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
                    help="when the measurements leave open which network the device runs, write "
                         "the models of the architectures that would settle it to DIR (new or "
                         "empty; as 'reference --export' does), to measure and add")
-    a.add_argument("--execution", default="auto", metavar="auto|raw|pruned",
+    a.add_argument("--execution", default="auto", metavar="auto|RUNTIME|raw|pruned",
                    help="which network the device ran, where a space has variants (NB-201): raw "
-                        "(every operation, e.g. eager PyTorch), pruned (without operations whose "
-                        "output is unused: ONNX files hwnas exported, frozen TorchScript, TFLite); "
-                        "auto (default): pruned when every measured model was an ONNX file (the "
-                        "measurements' file column), else weighed by the measurements")
+                        "(every operation), pruned (without operations whose output is unused), "
+                        "or the runtime that ran it (onnxruntime, openvino, tensorrt, tflite, "
+                        "litert, torchscript, pytorch-mobile, executorch, torch.compile: pruned; "
+                        "pytorch, eager, cudagraph: raw); auto (default): pruned when every "
+                        "measured model was an ONNX file (the measurements' file column: hwnas "
+                        "exports hold no dead operations), else weighed by the measurements")
 
     p = lsub.add_parser("predict", help="latency of a list of architectures on a device")
     p.add_argument("--device", required=True, help="any device of 'hwnas latency devices'")
@@ -375,28 +377,41 @@ def _settling(predictor: Any, space: Any, measured: list[str], args: argparse.Na
         print("(--export-settling DIR writes their ONNX models)")
 
 
+#: ``--execution`` by runtime: whether it drops operations whose output is unused (graph
+#: compilers do; eager PyTorch, and a CUDA graph captured from it, run every operation).
+RUNTIME_DROPS_DEAD_CODE = {
+    "onnxruntime": True, "openvino": True, "tensorrt": True, "tflite": True, "litert": True,
+    "torchscript": True, "pytorch-mobile": True, "executorch": True, "torch.compile": True,
+    "pytorch": False, "eager": False, "cudagraph": False}
+
+
 def _pin_execution(choice: str, predictor: Any, space: Any, data: Any) -> None:
-    """Pin the execution variant ``--execution`` names on ``predictor``; with ``auto``, the
-    variant of hwnas's ONNX exports when every measured model was an ONNX file (nothing
-    otherwise: the measurements weigh the variants)."""
+    """Pin the execution variant ``--execution`` names (a variant, or a runtime of
+    :data:`RUNTIME_DROPS_DEAD_CODE`) on ``predictor``; with ``auto``, the variant of hwnas's
+    ONNX exports when every measured model was an ONNX file (nothing otherwise: the
+    measurements weigh the variants)."""
     from hwnas.latency.predictors.features import execution_variants, export_execution
 
     variants = execution_variants(space)
-    if choice == "auto":
+    why = f"--execution {choice}"
+    if choice in RUNTIME_DROPS_DEAD_CODE:
+        choice = export_execution(space) if RUNTIME_DROPS_DEAD_CODE[choice] else "raw"
+        if len(variants) < 2:  # nothing to pin: the space has no dead code
+            return
+    elif choice == "auto":
         onnx = bool(data.files) and all(f.lower().endswith(".onnx") for f in data.files)
         if len(variants) < 2 or not onnx or not hasattr(predictor, "pin_execution"):
             return
         choice, why = export_execution(space), ("every measured model is an ONNX file, and "
                                                 "hwnas exports hold no dead operations")
     elif choice not in variants:
-        raise UserError(f"--execution {choice!r}: space {space.name} has the execution "
-                        f"variant(s) {', '.join(variants)} (or auto)")
-    elif not hasattr(predictor, "pin_execution"):
+        raise UserError(f"--execution {choice!r}: expected auto, a runtime "
+                        f"({', '.join(RUNTIME_DROPS_DEAD_CODE)}) or an execution variant of "
+                        f"space {space.name} ({', '.join(variants)})")
+    if not hasattr(predictor, "pin_execution"):
         raise UserError(f"--execution {choice}: predictor "
                         f"{getattr(predictor, 'name', type(predictor).__name__)} does not weigh "
                         f"execution variants; use the meta predictor or --execution auto")
-    else:
-        why = "--execution"
     predictor.pin_execution(choice)
     print(f"execution: the device is taken to run the {choice} network ({why})")
 

@@ -125,13 +125,17 @@ def test_adapt_pins_the_export_variant_for_onnx_measurements(capsys, tmp_path, m
     code, out, err = _adapt(capsys, "--device", "d3", "--space", "nb201", "--measurements",
                             str(plain_csv), "--execution", "raw")
     assert code == 0, err
-    assert "run the raw network (--execution)" in out
+    assert "run the raw network (--execution raw)" in out
 
+    code, out, err = _adapt(capsys, "--device", "d6", "--space", "nb201", "--measurements",
+                            str(plain_csv), "--execution", "tflite")
+    assert code == 0, err
+    assert "run the pruned network (--execution tflite)" in out
     code, out, err = _adapt(capsys, "--device", "d4", "--space", "nb201", "--measurements",
                             str(plain_csv), "--execution", "folded")
-    assert code == 2 and "--execution 'folded': space nb201 has the execution variant(s) raw, " \
-                         "pruned (or auto)" in err
+    assert code == 2 and "--execution 'folded': expected auto, a runtime (onnxruntime" in err
+    assert "or an execution variant of space nb201 (raw, pruned)" in err
     code, out, err = _adapt(capsys, "--device", "d5", "--space", "nb201", "--measurements",
                             str(plain_csv), "--execution", "pruned", "--predictor", "flops")
     assert code == 2 and "does not weigh execution variants" in err
-    assert sorted(p.name for p in (tmp_path / "profiles").iterdir()) == ["d1", "d2", "d3"]
+    assert sorted(p.name for p in (tmp_path / "profiles").iterdir()) == ["d1", "d2", "d3", "d6"]
