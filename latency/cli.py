@@ -378,7 +378,10 @@ def _settling(predictor: Any, space: Any, measured: list[str], args: argparse.Na
 
 
 #: ``--execution`` by runtime: whether it drops operations whose output is unused (graph
-#: compilers do; eager PyTorch, and a CUDA graph captured from it, run every operation).
+#: compilers do; eager PyTorch, and a CUDA graph captured from it, run every operation). It
+#: holds for hwnas's models (its ONNX exports, its PyTorch modules, which leave a dead
+#: operation's output unused); a model built elsewhere may keep them alive (a ``none`` edge
+#: written as a multiplication by zero), and then only ``raw`` or ``pruned`` says it.
 RUNTIME_DROPS_DEAD_CODE = {
     "onnxruntime": True, "openvino": True, "tensorrt": True, "tflite": True, "litert": True,
     "torchscript": True, "pytorch-mobile": True, "executorch": True, "torch.compile": True,
