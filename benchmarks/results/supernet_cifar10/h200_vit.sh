@@ -32,7 +32,8 @@
 # not fit one call's 64 MiB next to the working tree: carry part00 with the probe, part01 with
 # phase 1; give every phase, the probe included, VIT_DATA). Settings: EPOCHS (default: the probe's, else 200), BATCH (512), FULL (0.4, the full-network share of
 # DEpS), LR, RUN (a name for the logs), JOBS (default "sn largest smallest random1"; "snb" is
-# the supernet with the extra flags SNB_FLAGS, e.g. "--mixup 0.8 --cutmix 1.0", in $R/snb, for an
+# the supernet with the extra flags SNB_FLAGS, e.g. "--mixup 0.8 --cutmix 1.0" or "--teacher
+# supernet/checkpoints/mbv3_cifar10.pt --teacher-weight 1.0", in $R/snb, for an
 # A/B beside "sn"; "x0".."x9" are standalone recipe trials, each of XARCH (default largest) with
 # its own extra flags X<i>_FLAGS, e.g. X1_FLAGS="--batch-size 128", in $R/sa-x<i>), DEVICE
 # (cuda; cpu for a check of this script), SMOKE (extra flags for every job, e.g. a CPU check:
