@@ -36,8 +36,7 @@ from hwnas.core.errors import UserError
 
 __all__ = ["LAYER_KINDS", "LAYER_QUANTITIES", "arch_strings", "encoding_positions",
            "execution_prior", "execution_variants", "executed", "export_execution", "features",
-           "layer_features",
-           "layer_feature_names", "pair_products", "clear_cache"]
+           "layer_features", "layer_feature_names", "pair_products", "clear_cache"]
 
 #: Layer kinds: convolutions split by shape, then every other op of :data:`hwnas.supernet.layers.OPS`.
 #: The list is fixed and only ever appended to: shipped meta predictors store the indices of
