@@ -105,27 +105,28 @@ def family(device: str) -> str:
 
 
 #: ``--execution-known``: what a user can tell ``hwnas latency adapt`` about how a measured
-#: family ran the network. ``onnx``: the runtimes that time hwnas's ONNX exports (onnxruntime,
-#: OpenVINO), which hold no dead operations -- what ``adapt`` infers by itself from the ``file``
-#: column of ``ondevice.py``; ``declared``: also the runtimes whose behaviour a user knows and
-#: passes as ``--execution`` (frozen TorchScript drops dead code; eager PyTorch and a CUDA graph
-#: of it run every operation). HELP's families are never pinned (how they ran is not recorded).
-EXECUTION_KNOWN = {"onnx": (("ort", "ov"), ()),
-                   "declared": (("ort", "ov", "ts"), ("torch", "cudagraph"))}
+#: family (``<machine>-<runtime>``) ran the network, as runtimes of
+#: :data:`~hwnas.latency.predictors.features.RUNTIME_DROPS_DEAD_CODE`. ``onnx``: the runtimes
+#: that time hwnas's ONNX exports, which hold no dead operations -- what ``adapt`` infers by
+#: itself from the ``file`` column of ``ondevice.py``; ``declared``: also the runtimes whose
+#: behaviour a user knows and passes as ``--execution``. HELP's families are never pinned (how
+#: they ran is not recorded).
+FAMILY_RUNTIMES = {"ort": "onnxruntime", "ov": "openvino", "ts": "torchscript",
+                   "torch": "pytorch", "cudagraph": "cudagraph"}
+EXECUTION_KNOWN = {"onnx": ("ort", "ov"), "declared": tuple(FAMILY_RUNTIMES)}
 
 
 def known_execution(space: Any, fam: str, mode: str | None) -> str | None:
     """The execution variant ``mode`` (:data:`EXECUTION_KNOWN`) pins for the measured family
-    ``fam`` (``<machine>-<runtime>``), or None (weighed by the measurements)."""
-    from hwnas.latency.predictors.features import execution_variants, export_execution
+    ``fam``, or None (weighed by the measurements)."""
+    from hwnas.latency.predictors.features import execution_variants, runtime_execution
 
     if mode is None or len(execution_variants(space)) < 2 or fam.count("-") != 1:
         return None
-    pruned, raw = EXECUTION_KNOWN[mode]
     runtime = fam.split("-")[1]
-    if runtime in pruned:
-        return export_execution(space)
-    return "raw" if runtime in raw else None
+    if runtime not in EXECUTION_KNOWN[mode]:
+        return None
+    return runtime_execution(space, FAMILY_RUNTIMES[runtime])
 
 
 def read_gz_table(path: Path, space: Any) -> dict[str, dict[str, float]]:

@@ -377,28 +377,22 @@ def _settling(predictor: Any, space: Any, measured: list[str], args: argparse.Na
         print("(--export-settling DIR writes their ONNX models)")
 
 
-#: ``--execution`` by runtime: whether it drops operations whose output is unused (graph
-#: compilers do; eager PyTorch, and a CUDA graph captured from it, run every operation). It
-#: holds for hwnas's models (its ONNX exports, its PyTorch modules, which leave a dead
-#: operation's output unused); a model built elsewhere may keep them alive (a ``none`` edge
-#: written as a multiplication by zero), and then only ``raw`` or ``pruned`` says it.
-RUNTIME_DROPS_DEAD_CODE = {
-    "onnxruntime": True, "openvino": True, "tensorrt": True, "tflite": True, "litert": True,
-    "torchscript": True, "pytorch-mobile": True, "executorch": True, "torch.compile": True,
-    "pytorch": False, "eager": False, "cudagraph": False}
-
-
 def _pin_execution(choice: str, predictor: Any, space: Any, data: Any) -> None:
     """Pin the execution variant ``--execution`` names (a variant, or a runtime of
-    :data:`RUNTIME_DROPS_DEAD_CODE`) on ``predictor``; with ``auto``, the variant of hwnas's
-    ONNX exports when every measured model was an ONNX file (nothing otherwise: the
-    measurements weigh the variants)."""
-    from hwnas.latency.predictors.features import execution_variants, export_execution
+    :data:`~hwnas.latency.predictors.features.RUNTIME_DROPS_DEAD_CODE`) on ``predictor``; with
+    ``auto``, the variant of hwnas's ONNX exports when every measured model was an ONNX file
+    (nothing otherwise: the measurements weigh the variants)."""
+    from hwnas.latency.predictors.features import (
+        RUNTIME_DROPS_DEAD_CODE,
+        execution_variants,
+        export_execution,
+        runtime_execution,
+    )
 
     variants = execution_variants(space)
     why = f"--execution {choice}"
     if choice in RUNTIME_DROPS_DEAD_CODE:
-        choice = export_execution(space) if RUNTIME_DROPS_DEAD_CODE[choice] else "raw"
+        choice = runtime_execution(space, choice)
         if len(variants) < 2:  # nothing to pin: the space has no dead code
             return
     elif choice == "auto":

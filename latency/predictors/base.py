@@ -105,14 +105,18 @@ class LatencyPredictor(ABC):
         """Predicted latency (ms) of each architecture."""
         return self.predict_with_std(archs)[0]
 
-    def predict_with_std(self, archs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None]:
-        """Predicted latency (ms) and its standard deviation (ms), or ``None`` where the
-        predictor has no uncertainty estimate."""
+    def _require_adapted(self) -> None:
+        """:class:`UserError` unless :meth:`adapt` has been called."""
         if not self.is_adapted:
             raise UserError(
                 f"the {self.name} latency predictor has not been adapted to a device; call "
                 f"adapt() with measurements first"
             )
+
+    def predict_with_std(self, archs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None]:
+        """Predicted latency (ms) and its standard deviation (ms), or ``None`` where the
+        predictor has no uncertainty estimate."""
+        self._require_adapted()
         keys = arch_strings(self.space, archs)
         mean, std = self._predict(keys)
         return np.asarray(mean, dtype=np.float64), (None if std is None else

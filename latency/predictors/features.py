@@ -36,7 +36,8 @@ from hwnas.core.errors import UserError
 
 __all__ = ["LAYER_KINDS", "LAYER_QUANTITIES", "arch_strings", "encoding_positions",
            "execution_prior", "execution_variants", "executed", "export_execution", "features",
-           "layer_features", "layer_feature_names", "pair_products", "clear_cache"]
+           "layer_features", "layer_feature_names", "pair_products", "clear_cache",
+           "RUNTIME_DROPS_DEAD_CODE", "runtime_execution"]
 
 #: Layer kinds: convolutions split by shape, then every other op of :data:`hwnas.supernet.layers.OPS`.
 #: The list is fixed and only ever appended to: shipped meta predictors store the indices of
@@ -154,6 +155,24 @@ def export_execution(space: Any) -> str:
     NB-201 edges leaving one node), which no variant models; they cost little."""
     variants = execution_variants(space)
     return "pruned" if "pruned" in variants else variants[0]
+
+
+#: Whether a runtime drops operations whose output is unused (graph compilers do; eager
+#: PyTorch, and a CUDA graph captured from it, run every operation). It holds for hwnas's
+#: models (its ONNX exports, its PyTorch modules, which leave a dead operation's output
+#: unused); a model built elsewhere may keep them alive (a ``none`` edge written as a
+#: multiplication by zero), and then only the variant itself says how it ran.
+RUNTIME_DROPS_DEAD_CODE = {
+    "onnxruntime": True, "openvino": True, "tensorrt": True, "tflite": True, "litert": True,
+    "torchscript": True, "pytorch-mobile": True, "executorch": True, "torch.compile": True,
+    "pytorch": False, "eager": False, "cudagraph": False}
+
+
+def runtime_execution(space: Any, runtime: str) -> str:
+    """The execution variant a runtime of :data:`RUNTIME_DROPS_DEAD_CODE` runs hwnas's models
+    of ``space`` under: the export's (:func:`export_execution`) where it drops dead code, else
+    ``raw``."""
+    return export_execution(space) if RUNTIME_DROPS_DEAD_CODE[runtime] else "raw"
 
 
 def execution_prior(chosen: Sequence[str], variants: Sequence[str],

@@ -441,8 +441,7 @@ class MetaPredictor(DesignedPredictor):
         relative to the measured level): measuring them settles which network the device runs
         when the measurements so far leave it open (``fewshot.execution_note``). Empty when one
         variant holds all the posterior weight."""
-        if not self.is_adapted:
-            return super().predict(candidates)  # raises the not-adapted error
+        self._require_adapted()
         post = self._post
         mass: dict[str, float] = {}
         for wi, v, *_rest in post["members"]:
@@ -472,8 +471,7 @@ class MetaPredictor(DesignedPredictor):
 
     def predict(self, archs: Sequence[Any]) -> np.ndarray:
         """Predicted latency (ms); faster than :meth:`predict_with_std` (no variance)."""
-        if not self.is_adapted:
-            return super().predict(archs)  # raises the not-adapted error
+        self._require_adapted()
         keys = arch_strings(self.space, archs)
         f, _ = self._mean(keys)
         return np.maximum((1.0 + f) * self._post["scale"], self._post["floor"])
