@@ -24,6 +24,7 @@
 #   vit_<RUN>_p<PHASE>.tgz   every log, run.json, train_log.json, eval.json and the GPU samples
 #   vit_cifar10.pt           the finished supernet (float16 weights, the file to ship), or
 #   sn_snapshot.pt           while unfinished: its current weights in float16 (not resumable)
+#   vit_cifar10_snb.pt / snb_snapshot.pt   the same for job snb
 #   sa-<job>.pt              each finished standalone model
 # The resumable checkpoint.pt files (AdamW state: 3x the weights) stay on the machine.
 #
@@ -202,18 +203,21 @@ EOF
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/vit_${RUN}_p${PHASE}.tgz" --exclude='*.pt' --exclude=inductor --exclude='*.npz' --exclude='*.npz.part*' \
     -C "$(dirname "$R")" "$(basename "$R")"
-  if [ -f "$R/sn/supernet.pt" ]; then
-    cp "$R/sn/supernet.pt" "$OUT/vit_cifar10.pt"
-  elif [ -f "$R/sn/checkpoint.pt" ] && [ "${SNAPSHOT:-1}" = 1 ]; then
-    python3 - "$R/sn/checkpoint.pt" "$OUT/sn_snapshot.pt" <<'EOF'
+  for sn in sn snb; do  # the supernet jobs: sn -> vit_cifar10.pt, snb -> vit_cifar10_snb.pt
+    name=vit_cifar10; [ "$sn" = snb ] && name=vit_cifar10_snb
+    if [ -f "$R/$sn/supernet.pt" ]; then
+      cp "$R/$sn/supernet.pt" "$OUT/$name.pt"
+    elif [ -f "$R/$sn/checkpoint.pt" ] && [ "${SNAPSHOT:-1}" = 1 ]; then
+      python3 - "$R/$sn/checkpoint.pt" "$OUT/${sn}_snapshot.pt" <<'PYEOF'
 import sys
 from hwnas.supernet.train import TrainConfig, load_checkpoint, save_checkpoint
 space, net, p = load_checkpoint(sys.argv[1])
 save_checkpoint(sys.argv[2], net, space, dataset=p["dataset"], half=True,
                 train_config=TrainConfig.from_dict(p["train_config"]),
                 data_record=p.get("data_record"), extra={"step": p["train_state"]["step"]})
-EOF
-  fi
+PYEOF
+    fi
+  done
   for job in $JOBS; do
     [ "$job" != sn ] && [ "$job" != snb ] && [ -f "$R/sa-$job/model.pt" ] && cp "$R/sa-$job/model.pt" "$OUT/sa-$job.pt"
   done
