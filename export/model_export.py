@@ -225,6 +225,7 @@ class DeviceEntry:
     float_layers: list[str] = field(default_factory=list)
     candidates: list[dict[str, Any]] = field(default_factory=list)
     rounds_timed: int | None = None
+    busy: bool = False  # timed while other work competed for the cores: the note says so
     note: str = ""
 
 
@@ -711,7 +712,7 @@ def _fill_entry(entry: DeviceEntry, rec: Recommendation) -> None:
     quantized = [c for c in rec.candidates if c.verified and c.median_ms is not None
                  and c.precision.startswith(("int8", "mixed"))]
     entry.candidates = [asdict(c) for c in rec.candidates]
-    entry.rounds_timed = rec.rounds
+    entry.rounds_timed, entry.busy = rec.rounds, rec.busy
     entry.fp32_ms, entry.recommended_ms, entry.speedup = fp32.median_ms, chosen.median_ms, rec.speedup
     entry.quantized_ms = min((c.median_ms for c in quantized), default=None)
     entry.recommended, entry.precision, entry.settings = chosen.path, chosen.precision, chosen.settings

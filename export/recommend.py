@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 from hwnas.latency.onnx_measure import (
     Runner,
+    busy_machine,
     clearly_faster,
     make_runner,
     order_settled,
@@ -129,6 +130,7 @@ class Recommendation:
     candidates: list[DeviceCandidate]
     notes: list[str] = field(default_factory=list)
     rounds: int = 0  # rounds of the paired timing that ran (fewer than asked: settled early)
+    busy: bool = False  # other work competed for the cores while it was timed (a note says so)
 
     @property
     def speedup(self) -> float:
@@ -139,6 +141,7 @@ class Recommendation:
         return {"device": self.device, "runtime": self.runtime, "threads": self.threads,
                 "batch": self.batch, "fp32": self.fp32.label, "chosen": self.chosen.label,
                 "speedup": self.speedup, "notes": list(self.notes), "rounds": self.rounds,
+                "busy": self.busy,
                 "candidates": [asdict(c) for c in self.candidates]}
 
 
@@ -382,5 +385,8 @@ def recommend_file(device: str, *, runtime: str, threads: int, batch: int,
                             seed=seed, fp32_label=fp32.label, min_rounds=min_rounds)
     chosen = choose_fastest(candidates, times, fp32.label)
     rounds_run = max((np.asarray(t).shape[0] for t in times.values()), default=0)
+    busy = busy_machine(threads)  # the load average just after the timing, which it spans
+    if busy:
+        notes.append(busy)
     return Recommendation(device, runtime, threads, batch, fp32, chosen, candidates, notes,
-                          rounds_run)
+                          rounds_run, bool(busy))

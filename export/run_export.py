@@ -579,6 +579,8 @@ def _summary_line(result: Any) -> str:
             hint = "".join(f" {k}={v}" for k, v in d.settings.items())
             parts.append(f"{d.device}: {d.recommended} {d.precision}{hint} {d.recommended_ms:.3f} ms "
                          f"vs fp32 {d.fp32_ms:.3f} ms ({d.speedup:.2f}x)")
+        if d.busy and d.recommended is not None and d.fp32_ms is not None:
+            parts[-1] += " [timed on a busy machine: may not hold on a quiet one]"
     written = sum(1 for f in result.files if f.written)
     return f"{result.name}: ok: {written} file(s)" + "".join(f"; {p}" for p in parts)
 

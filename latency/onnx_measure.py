@@ -24,6 +24,7 @@ only onnxruntime and numpy are installed.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -36,9 +37,10 @@ import onnxruntime as ort
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
 
-__all__ = ["LatencyStats", "MAX_MARGIN", "MIN_MARGIN", "PRECISIONS", "RUNTIMES", "Runner",
-           "clearly_faster", "make_runner", "make_session", "measure_onnx", "openvino_available",
-           "order_settled", "paired_margin", "round_medians", "random_input", "session_options", "time_interleaved", "timed_runs"]
+__all__ = ["BUSY_SLACK", "LatencyStats", "MAX_MARGIN", "MIN_MARGIN", "PRECISIONS", "RUNTIMES",
+           "Runner", "busy_machine", "clearly_faster", "make_runner", "make_session",
+           "measure_onnx", "openvino_available", "order_settled", "paired_margin",
+           "round_medians", "random_input", "session_options", "time_interleaved", "timed_runs"]
 
 #: Runtimes that run an ONNX file here: onnxruntime (always), OpenVINO (the ``openvino`` extra).
 RUNTIMES = ("onnxruntime", "openvino")
@@ -503,6 +505,32 @@ def clearly_faster(fast: np.ndarray, slow: np.ndarray, floor: float = MIN_MARGIN
     over the rounds, of their per-round ratio (drift cancels in it) below ``1 - margin``."""
     ratio = float(np.median(_round_ratios(fast, slow)))
     return ratio < 1.0 - paired_margin(fast, slow, floor)
+
+
+#: How far the 1-minute load average may exceed the machine's cores before timings are flagged:
+#: a timing that fills every core (``threads`` = cores) reads a little above the core count.
+BUSY_SLACK = 0.5
+
+
+def busy_machine(threads: int, *, load: float | None = None, cores: int | None = None) -> str:
+    """A note when other work competed for this machine's cores while a timing ran, else "".
+
+    The 1-minute load average counts runnable threads, the timing's own ``threads`` among them;
+    more of them than cores (plus :data:`BUSY_SLACK`) means timed runs waited for a core, and
+    not alike for every model of a paired timing, so its verdict may not hold on a quiet
+    machine. ``load`` / ``cores`` default to this machine's (``os.getloadavg``, ``os.cpu_count``);
+    where there is no load average (Windows) nothing is said."""
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            return ""
+    cores = cores or os.cpu_count() or 1
+    if load <= cores + BUSY_SLACK:
+        return ""
+    return (f"timed on a busy machine (1-minute load {load:.1f} on {cores} cores, this timing "
+            f"{threads} thread(s)): other work competed for the cores, so these timings and a "
+            f"choice made from them may not hold on a quiet machine; time again there")
 
 
 def _stats(times_ms: np.ndarray, *, warmup: int, threads: int, batch: int, runtime: str,

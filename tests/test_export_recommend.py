@@ -61,6 +61,12 @@ def data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return calib, test, labels
 
 
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch) -> None:
+    """The machine's real load must not change what these tests print (see the busy test)."""
+    monkeypatch.setattr(rec, "busy_machine", lambda threads: "")
+
+
 def _candidate(label: str, precision: str = "int8", verified: bool = True) -> DeviceCandidate:
     return DeviceCandidate(label, label.split("@")[0], precision, verified=verified)
 
@@ -142,6 +148,26 @@ def test_one_truth_with_drifting_timings(net, data, tmp_path, monkeypatch, int8_
                 f"{entry.fp32_ms:.3f} ms ({entry.speedup:.2f}x)") in line
     meta = {p.key for p in onnx.load(tmp_path / "qdq-cpu-ort-1t/m.onnx").metadata_props}
     assert "device_choice" in meta  # its timings are not in the file: the manifest has them
+
+
+def test_a_busy_timing_says_so(net, data, tmp_path, monkeypatch) -> None:
+    """Timed while other work competed for the cores: the recommendation stands, but the
+    manifest's entry and the line printed say that it may not hold on a quiet machine."""
+    import hwnas.export.model_export as me
+
+    monkeypatch.setattr(me, "choose_float_layers", _fake_choice(14.0, 10.0))
+    monkeypatch.setattr(rec, "time_candidates", _drifting(
+        {"m.onnx": 1.0, "qdq/m.onnx": 3.0, "qdq-cpu-ort-1t/m.onnx": 0.7}))
+    monkeypatch.setattr(rec, "busy_machine", lambda threads: f"busy, {threads} thread(s)")
+    calib, test, labels = data
+    result = export_model(net, name="m", out_dir=tmp_path, example=test[:1], test_images=test,
+                          test_labels=labels, policy=uniform(net, 8, 8), calibration=[calib],
+                          devices={"cpu-ort-1t": 1}, settings=FAST)
+    entry = result.devices[0]
+    assert entry.busy and entry.recommended == "qdq-cpu-ort-1t/m.onnx"
+    assert entry.note.endswith("(busy, 1 thread(s))")
+    assert _summary_line(result).endswith(
+        "[timed on a busy machine: may not hold on a quiet one]")
 
 
 def _linear_model() -> bytes:

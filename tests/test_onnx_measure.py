@@ -156,3 +156,25 @@ def test_import_does_not_pull_in_torch() -> None:
     code = "import hwnas.latency, hwnas.latency.onnx_measure, sys; assert 'torch' not in sys.modules, 'torch imported'"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_busy_machine_flags_more_runnable_threads_than_cores(monkeypatch) -> None:
+    """A load average above the cores (plus the slack a full-machine timing reads) is a busy
+    machine; at or below it, or where the platform has no load average, nothing is said."""
+    import os
+
+    from hwnas.latency.onnx_measure import BUSY_SLACK, busy_machine
+
+    assert busy_machine(1, load=1.0, cores=2) == ""
+    assert busy_machine(16, load=16.0 + BUSY_SLACK, cores=16) == ""  # a timing filling every core
+    note = busy_machine(1, load=3.3, cores=2)
+    assert "busy machine (1-minute load 3.3 on 2 cores, this timing 1 thread(s))" in note
+    assert "may not hold on a quiet machine" in note
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (5.0, 4.0, 3.0))
+    assert "load 5.0 on 2 cores" in busy_machine(1)
+
+    def no_load_average():
+        raise OSError("not available")
+    monkeypatch.setattr(os, "getloadavg", no_load_average)
+    assert busy_machine(1) == ""
