@@ -19,6 +19,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from hwnas.latency.onnx_measure import prime_openvino
+
 from hwnas.core import affinity, cooperate
 
 __all__ = ["TimingGate", "auto_workers", "checkpoint", "install_gate", "timing_slot"]
@@ -111,7 +113,11 @@ def install_gate(gate: TimingGate | None) -> None:
 def timing_slot(cores: int | None = None) -> Iterator[None]:
     """The machine to this process alone for a timing (no gate: nothing to wait for), its
     threads pinned to ``cores`` fixed cores meanwhile (:func:`hwnas.core.affinity.pinned`;
-    None: not pinned), so that the timing does not migrate between cores."""
+    None: not pinned), so that the timing does not migrate between cores. OpenVINO is primed
+    first (:func:`hwnas.latency.onnx_measure.prime_openvino`): a pin must not become its
+    lasting view of the machine."""
+    if cores is not None:
+        prime_openvino()
     gate = _GATE.exclusive() if _GATE is not None else contextlib.nullcontext()
     with gate, affinity.pinned(cores):
         yield

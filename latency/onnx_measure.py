@@ -40,7 +40,8 @@ from hwnas.core.io import first_line
 __all__ = ["BUSY_SLACK", "LatencyStats", "MAX_MARGIN", "MIN_MARGIN", "PRECISIONS", "RUNTIMES",
            "Runner", "busy_machine", "clearly_faster", "make_runner", "make_session",
            "measure_onnx", "openvino_available", "order_settled", "paired_margin",
-           "round_medians", "random_input", "session_options", "time_interleaved", "timed_runs"]
+           "prime_openvino", "round_medians", "random_input", "session_options",
+           "time_interleaved", "timed_runs"]
 
 #: Runtimes that run an ONNX file here: onnxruntime (always), OpenVINO (the ``openvino`` extra).
 RUNTIMES = ("onnxruntime", "openvino")
@@ -299,6 +300,31 @@ def openvino_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+_OPENVINO_PRIMED = False
+
+
+def prime_openvino() -> None:
+    """Let OpenVINO's CPU plugin read this process's CPU affinity now, before a pinned timing.
+
+    The plugin reads the affinity once, at its first use in the process, and keeps it: first
+    used while a timing had pinned the process to one core (:func:`hwnas.core.affinity.pinned`),
+    every model the process compiles later gets one thread and one stream, whatever it asks for
+    (OpenVINO 2026.4). Call it before pinning; it does nothing once done or
+    where OpenVINO is not installed."""
+    global _OPENVINO_PRIMED
+    if _OPENVINO_PRIMED:
+        return
+    try:
+        import openvino as ov
+    except ImportError:
+        return
+    try:
+        ov.Core().get_property("CPU", "FULL_DEVICE_NAME")
+    except Exception:  # no CPU plugin: nothing to prime, and make_runner will say so
+        pass
+    _OPENVINO_PRIMED = True
 
 
 def make_runner(model: str | Path | bytes, *, runtime: str = "onnxruntime", threads: int = 1,

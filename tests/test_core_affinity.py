@@ -92,3 +92,35 @@ def test_timing_slot_pins_as_many_cores_as_the_timing_has_threads() -> None:
     assert os.sched_getaffinity(0) == own
     with pytest.raises(UserError):
         ExportSettings(pin_timings="yes").validate()
+
+
+@linux_only
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 if affinity.supported() else True,
+                    reason="needs two allowed cores")
+def test_openvino_first_used_in_a_pinned_timing_still_sees_every_core() -> None:
+    """OpenVINO's CPU plugin keeps the affinity of its first use: first used inside a timing
+    slot pinned to one core, a later 2-thread, 2-stream model would get one of each. The slot
+    primes it before pinning. A fresh process, since the plugin's view lasts the process."""
+    import subprocess
+    import sys
+
+    from hwnas.latency.onnx_measure import openvino_available
+
+    if not openvino_available():
+        pytest.skip("OpenVINO is not installed")
+    code = """
+import numpy as np
+from hwnas.export.parallel import timing_slot
+from hwnas.latency.onnx_measure import make_runner
+from latency_support import linear_onnx
+model = linear_onnx(np.eye(4))
+with timing_slot(1):
+    make_runner(model, runtime="openvino", threads=1, batch=2)
+runner = make_runner(model, runtime="openvino", threads=2, batch=2, streams=2)
+print(runner.threads, runner.compiled.get_property("INFERENCE_NUM_THREADS"))
+"""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": tests})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "2"]
