@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from hwnas.latency.onnx_measure import PRECISIONS, RUNTIMES
+from hwnas.latency.onnx_measure import PRECISIONS, RUNTIMES, busy_machine
 
 from hwnas.core.errors import UserError
 from hwnas.core.io import check_writable, write_atomic
@@ -266,6 +266,9 @@ def _cmd_measure(args: argparse.Namespace) -> int:
     stable, unstable = measure_dir(args.dir, threads=args.threads, repeats=args.repeats,
                                    warmup=args.warmup, max_cv=args.max_cv, progress=say,
                                    runtime=args.runtime, precision=args.precision)
+    busy = busy_machine(args.threads)  # slower, and unequally, than the device on its own
+    if busy:
+        print(f"hwnas: warning: {busy}", file=sys.stderr)
     if not stable:
         raise UserError(
             f"all {len(unstable)} models were unstable (cv > {args.max_cv} twice); nothing "

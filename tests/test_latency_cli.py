@@ -267,6 +267,22 @@ def test_measure_partial_instability_exits_1(capsys, tmp_path, onnx_models, monk
     assert "1 unstable models left out" in stdout
 
 
+def test_measure_warns_when_the_machine_was_busy(capsys, tmp_path, onnx_models, monkeypatch):
+    """Measurements taken while other work competed for the cores are written, with a warning
+    that they may not hold on a quiet machine; on a quiet one nothing is said."""
+    import hwnas.latency.cli as lc
+
+    args = ["latency", "measure", str(onnx_models[0]), "--quiet", "--repeats", "3", "--warmup",
+            "0", "--max-cv", "100", "--threads", "2"]
+    monkeypatch.setattr(lc, "busy_machine", lambda threads: f"busy at {threads} thread(s)")
+    code, _, err = run_main(capsys, *args, "--out", str(tmp_path / "busy.csv"))
+    assert code == 0 and "hwnas: warning: busy at 2 thread(s)" in err
+    assert len(pd.read_csv(tmp_path / "busy.csv")) == 4
+    monkeypatch.setattr(lc, "busy_machine", lambda threads: "")
+    code, _, err = run_main(capsys, *args, "--out", str(tmp_path / "quiet.csv"))
+    assert code == 0 and "warning" not in err
+
+
 def test_measure_prints_csv_without_out(capsys, onnx_models):
     code, stdout, err = run_main(capsys, "latency", "measure", str(onnx_models[0]), "--quiet",
                                  "--repeats", "3", "--warmup", "0", "--max-cv", "100")
