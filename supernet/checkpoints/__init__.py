@@ -1,9 +1,9 @@
 """Supernet checkpoints shipped with the package, found by space and dataset.
 
-``hwnas run --space mbv3 --dataset cifar10`` (and ``--space vit`` once
-``vit_cifar10.pt`` is here) uses the shipped CIFAR-10 supernet instead of training one. A checkpoint is matched on the space name and the dataset's class names, so a
-CIFAR-10 loaded from the npz file, the pickle directory or an ImageFolder with the same classes
-all find it.
+``hwnas run --space mbv3 --dataset cifar10`` (or ``--space vit``) uses the shipped CIFAR-10
+supernet instead of training one (how each was trained: ``benchmarks/supernet_cifar10.md``). A
+checkpoint is matched on the space name and the dataset's class names, so a CIFAR-10 loaded
+from the npz file, the pickle directory or an ImageFolder with the same classes all find it.
 """
 
 from __future__ import annotations
