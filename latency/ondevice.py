@@ -29,7 +29,8 @@ The CSV has one row per model::
 and ``cv`` the coefficient of variation (std / mean) of the timed runs. A model whose ``cv``
 exceeds ``--max-cv`` is re-measured once (noise is often a passing background task); if it is
 still too noisy it is NOT written to the CSV - a noisy number would mislead the predictor - and
-the script says so. The exit status is 0 when every model was written, 1 when some were left out
+the script says so. It warns (and still writes the CSV) when the load average says that other
+programs competed for the cores while it timed. The exit status is 0 when every model was written, 1 when some were left out
 as unstable, 2 when none could be written (or on bad arguments; nothing is written then).
 
 Copy the CSV back and turn it into a device profile with::
@@ -229,6 +230,24 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
 
 
+def busy_note() -> str:
+    """A warning when the 1-minute load average exceeds the cores (plus 0.5): other programs
+    competed for them while timing, so the latencies are slower than the device alone, and not
+    alike for every model. The rule of ``hwnas.latency.onnx_measure.busy_machine``, restated
+    because this script runs without hwnas. Nothing where there is no load average (Windows,
+    some phones)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return ""
+    cores = os.cpu_count() or 1
+    if load <= cores + 0.5:
+        return ""
+    return (f"the 1-minute load average is {load:.1f} on {cores} cores: other programs competed "
+            f"for them while timing, so these latencies may be slower than the device alone; "
+            f"close them and measure again")
+
+
 def main(argv: list | None = None) -> int:
     parser = _Parser(prog="ondevice.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("models_dir", help="directory of .onnx models")
@@ -315,6 +334,9 @@ def main(argv: list | None = None) -> int:
         if not rows:
             raise MeasureError(f"all {len(files)} models were unstable (cv > {args.max_cv}); "
                                f"nothing written - close other programs or raise --max-cv")
+        busy = busy_note()
+        if busy:
+            print(f"{prog}: warning: {busy}", file=sys.stderr)
         write_csv_atomic(rows, out)
     except MeasureError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)

@@ -70,3 +70,19 @@ def test_ondevice_refuses_unstable_and_bad_input(onnx_models, tmp_path):
     proc = subprocess.run([sys.executable, "-I", str(ONDEVICE), str(tmp_path / "nope")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "not a directory" in proc.stderr
+
+
+def test_ondevice_warns_when_the_device_was_busy(onnx_models, tmp_path):
+    """A load average above the cores: the CSV is written, with a warning on stderr."""
+    d, _ = onnx_models
+    out = tmp_path / "m.csv"
+    code = ("import os, sys, runpy\n"
+            "os.getloadavg = lambda: (99.0, 99.0, 99.0)\n"
+            f"sys.argv = ['ondevice.py', {str(d)!r}, '--out', {str(out)!r}, '--repeats', '3', "
+            "'--warmup', '0', '--max-cv', '100', '--quiet']\n"
+            f"runpy.run_path({str(ONDEVICE)!r}, run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "ondevice.py: warning: the 1-minute load average is 99.0" in proc.stderr
+    assert len(pd.read_csv(out)) == 4
