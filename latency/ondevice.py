@@ -230,22 +230,34 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
 
 
+#: How far the 1-minute load average may exceed the machine's cores before a timing counts as
+#: made on a busy machine: a timing that fills every core reads a little above the core count.
+BUSY_SLACK = 0.5
+
+
+def busy_load(load: float | None = None, cores: int | None = None) -> tuple[float, int] | None:
+    """``(load, cores)`` when the 1-minute load average exceeds the cores by more than
+    :data:`BUSY_SLACK` - more runnable threads than cores, so timed runs waited for a core, and
+    not alike for every model - else None. ``load`` / ``cores`` default to this machine's;
+    where there is no load average (Windows, some phones) None. The one rule for hwnas too
+    (:func:`hwnas.latency.onnx_measure.busy_machine`): this script runs without hwnas."""
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            return None
+    cores = cores or os.cpu_count() or 1
+    return (load, cores) if load > cores + BUSY_SLACK else None
+
+
 def busy_note() -> str:
-    """A warning when the 1-minute load average exceeds the cores (plus 0.5): other programs
-    competed for them while timing, so the latencies are slower than the device alone, and not
-    alike for every model. The rule of ``hwnas.latency.onnx_measure.busy_machine``, restated
-    because this script runs without hwnas. Nothing where there is no load average (Windows,
-    some phones)."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
+    """The warning this script prints after timing on a busy machine (:func:`busy_load`), or ""."""
+    busy = busy_load()
+    if busy is None:
         return ""
-    cores = os.cpu_count() or 1
-    if load <= cores + 0.5:
-        return ""
-    return (f"the 1-minute load average is {load:.1f} on {cores} cores: other programs competed "
-            f"for them while timing, so these latencies may be slower than the device alone; "
-            f"close them and measure again")
+    return (f"the 1-minute load average is {busy[0]:.1f} on {busy[1]} cores: other programs "
+            f"competed for them while timing, so these latencies may be slower than the device "
+            f"alone; close them and measure again")
 
 
 def main(argv: list | None = None) -> int:

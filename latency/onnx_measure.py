@@ -16,7 +16,8 @@ wrapped as a :class:`Runner`, and every timing of hwnas - one model here, severa
 in :func:`time_interleaved` - goes through the same timed call (:func:`timed_runs`).
 
 This module deliberately imports only the standard library, numpy and onnxruntime
-(and :mod:`hwnas.core.errors`, which is dependency-free) - never torch - because it is
+(and :mod:`hwnas.core.errors`, which is dependency-free, and the stand-alone
+:mod:`hwnas.latency.ondevice`, which needs no more) - never torch - because it is
 also the seed of a stand-alone measurement script that runs on target devices where
 only onnxruntime and numpy are installed.
 """
@@ -24,7 +25,6 @@ only onnxruntime and numpy are installed.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+
+from hwnas.latency.ondevice import BUSY_SLACK, busy_load
 
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
@@ -533,30 +535,19 @@ def clearly_faster(fast: np.ndarray, slow: np.ndarray, floor: float = MIN_MARGIN
     return ratio < 1.0 - paired_margin(fast, slow, floor)
 
 
-#: How far the 1-minute load average may exceed the machine's cores before timings are flagged:
-#: a timing that fills every core (``threads`` = cores) reads a little above the core count.
-BUSY_SLACK = 0.5
-
-
 def busy_machine(threads: int, *, load: float | None = None, cores: int | None = None) -> str:
     """A note when other work competed for this machine's cores while a timing ran, else "".
 
-    The 1-minute load average counts runnable threads, the timing's own ``threads`` among them;
-    more of them than cores (plus :data:`BUSY_SLACK`) means timed runs waited for a core, and
-    not alike for every model of a paired timing, so its verdict may not hold on a quiet
-    machine. ``load`` / ``cores`` default to this machine's (``os.getloadavg``, ``os.cpu_count``);
-    where there is no load average (Windows) nothing is said."""
-    if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except (AttributeError, OSError):
-            return ""
-    cores = cores or os.cpu_count() or 1
-    if load <= cores + BUSY_SLACK:
+    The rule is :func:`hwnas.latency.ondevice.busy_load` (the load average above the cores by
+    more than :data:`BUSY_SLACK`): the timing's own ``threads`` are among the runnable ones, and
+    timed runs that waited for a core did so unequally for the models of a paired timing, so its
+    verdict may not hold on a quiet machine. ``load`` / ``cores`` default to this machine's."""
+    busy = busy_load(load, cores)
+    if busy is None:
         return ""
-    return (f"timed on a busy machine (1-minute load {load:.1f} on {cores} cores, this timing "
-            f"{threads} thread(s)): other work competed for the cores, so these timings and a "
-            f"choice made from them may not hold on a quiet machine; time again there")
+    return (f"timed on a busy machine (1-minute load {busy[0]:.1f} on {busy[1]} cores, this "
+            f"timing {threads} thread(s)): other work competed for the cores, so these timings "
+            f"and a choice made from them may not hold on a quiet machine; time again there")
 
 
 def _stats(times_ms: np.ndarray, *, warmup: int, threads: int, batch: int, runtime: str,

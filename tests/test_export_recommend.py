@@ -113,20 +113,26 @@ def _drifting(factors: dict[str, float]):  # noqa: ANN202
     return time_candidates
 
 
-@pytest.mark.parametrize("int8_factor", [1.2, 0.7])
-def test_one_truth_with_drifting_timings(net, data, tmp_path, monkeypatch, int8_factor) -> None:
-    """The per-layer search claims int8 is 1.40x faster; the paired timing (drifting) says
-    otherwise (1.2: slower) or agrees (0.7). The recommendation, the line printed and the
-    manifest's figures all follow the paired timing."""
+def _export_timed(net, data, tmp_path, monkeypatch, int8_factor: float):
+    """Export ``net`` for cpu-ort-1t with the per-layer search claiming int8 1.40x faster and
+    the paired timing (drifting) giving the int8 file ``int8_factor`` of FP32's time."""
     import hwnas.export.model_export as me
 
     monkeypatch.setattr(me, "choose_float_layers", _fake_choice(14.0, 10.0))
     factors = {"m.onnx": 1.0, "qdq/m.onnx": 3.0, "qdq-cpu-ort-1t/m.onnx": int8_factor}
     monkeypatch.setattr(rec, "time_candidates", _drifting(factors))
     calib, test, labels = data
-    result = export_model(net, name="m", out_dir=tmp_path, example=test[:1], test_images=test,
-                          test_labels=labels, policy=uniform(net, 8, 8), calibration=[calib],
-                          devices={"cpu-ort-1t": 1}, settings=FAST)
+    return export_model(net, name="m", out_dir=tmp_path, example=test[:1], test_images=test,
+                        test_labels=labels, policy=uniform(net, 8, 8), calibration=[calib],
+                        devices={"cpu-ort-1t": 1}, settings=FAST)
+
+
+@pytest.mark.parametrize("int8_factor", [1.2, 0.7])
+def test_one_truth_with_drifting_timings(net, data, tmp_path, monkeypatch, int8_factor) -> None:
+    """The per-layer search claims int8 is 1.40x faster; the paired timing (drifting) says
+    otherwise (1.2: slower) or agrees (0.7). The recommendation, the line printed and the
+    manifest's figures all follow the paired timing."""
+    result = _export_timed(net, data, tmp_path, monkeypatch, int8_factor)
     assert result.status == "ok", result.errors
     entry = result.devices[0]
     timed = {c["label"]: c for c in entry.candidates}
@@ -153,16 +159,8 @@ def test_one_truth_with_drifting_timings(net, data, tmp_path, monkeypatch, int8_
 def test_a_busy_timing_says_so(net, data, tmp_path, monkeypatch) -> None:
     """Timed while other work competed for the cores: the recommendation stands, but the
     manifest's entry and the line printed say that it may not hold on a quiet machine."""
-    import hwnas.export.model_export as me
-
-    monkeypatch.setattr(me, "choose_float_layers", _fake_choice(14.0, 10.0))
-    monkeypatch.setattr(rec, "time_candidates", _drifting(
-        {"m.onnx": 1.0, "qdq/m.onnx": 3.0, "qdq-cpu-ort-1t/m.onnx": 0.7}))
     monkeypatch.setattr(rec, "busy_machine", lambda threads: f"busy, {threads} thread(s)")
-    calib, test, labels = data
-    result = export_model(net, name="m", out_dir=tmp_path, example=test[:1], test_images=test,
-                          test_labels=labels, policy=uniform(net, 8, 8), calibration=[calib],
-                          devices={"cpu-ort-1t": 1}, settings=FAST)
+    result = _export_timed(net, data, tmp_path, monkeypatch, 0.7)
     entry = result.devices[0]
     assert entry.busy and entry.recommended == "qdq-cpu-ort-1t/m.onnx"
     assert entry.note.endswith("(busy, 1 thread(s))")
