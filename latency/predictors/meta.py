@@ -34,8 +34,16 @@ from hwnas.core.errors import UserError
 
 __all__ = ["MetaPredictor", "greedy_design"]
 
-_BLOCKS = ("zl", "zm", "x", "o", "l", "f", "d", "c")
+_BLOCKS = ("zl", "zm", "x", "o", "p", "l", "f", "d", "c")
+#: encodings wider than this get no pairwise block (its columns grow with the square)
+_MAX_PAIR_DIM = 64
 _CONST = 3.0
+
+
+def _pair_products(X: np.ndarray) -> np.ndarray:
+    """Products of every two columns of ``X`` (upper triangle, no squares)."""
+    i, j = np.triu_indices(X.shape[1], 1)
+    return X[:, i] * X[:, j]
 
 
 def greedy_design(F: np.ndarray, n: int, lam: float,
@@ -62,11 +70,19 @@ def greedy_design(F: np.ndarray, n: int, lam: float,
     return out
 
 
-def _ridge(X: np.ndarray, y: np.ndarray, ridge: float) -> tuple[np.ndarray, float]:
-    """Ridge regression with a free intercept: ``(coef, intercept)``."""
-    m = X.mean(0)
-    Xc = X - m
-    coef = np.linalg.solve(Xc.T @ Xc + ridge * np.eye(X.shape[1]), Xc.T @ (y - y.mean()))
+def _ridge(X: np.ndarray, y: np.ndarray, ridge: float,
+           cache: dict | None = None, key: Any = None) -> tuple[np.ndarray, float]:
+    """Ridge regression with a free intercept: ``(coef, intercept)``. With ``cache`` and
+    ``key`` (naming ``X``), the centred Gram matrix is computed once per key: the devices of
+    one table share their architectures, and the Gram is the fit's cost."""
+    if cache is not None and key in cache:
+        m, G = cache[key]
+    else:
+        m = X.mean(0)
+        G = (X - m).T @ (X - m)
+        if cache is not None:
+            cache[key] = (m, G)
+    coef = np.linalg.solve(G + ridge * np.eye(X.shape[1]), (X - m).T @ (y - y.mean()))
     return coef, float(y.mean() - m @ coef)
 
 
@@ -153,6 +169,8 @@ class MetaPredictor(DesignedPredictor):
         robust_iterations: int = 10,
         robust_nu: float = 4.0,
         opcounts: Sequence[float] = (0.0,),
+        pairs: Sequence[float] = (0.0,),
+        pair_profiles: float = 0.0,
         min_profile_r2: float = 0.0,
     ) -> None:
         super().__init__(space)
@@ -173,6 +191,12 @@ class MetaPredictor(DesignedPredictor):
         self.robust_nu = float(robust_nu)
         #: prior variances of the operation-count block (0: no such block)
         self.opcounts = tuple(float(o) for o in opcounts)
+        #: prior variances of the pairwise block (products of two encoding choices: terms one
+        #: choice's cost has only beside another's; 0: no such block)
+        self.pairs = tuple(float(v) for v in pairs)
+        #: > 0: the meta-training devices' profiles get pair terms too (products of two
+        #: encoding choices, scaled by this before the ridge: a smaller value shrinks them more)
+        self.pair_profiles = float(pair_profiles)
         #: meta-train only on devices whose profile predicts held-out cells with R^2 >= this
         self.min_profile_r2 = float(min_profile_r2)
         if self.robust_iterations < 0 or self.robust_nu <= 0:
@@ -232,31 +256,42 @@ class MetaPredictor(DesignedPredictor):
         devices = list(table)
         Y = np.stack([table[d] for d in devices], 1)  # n x D
         enc = {v: self._encoded(keys, v) for v in variants}
-        design_x = {v: np.hstack([enc[v][0], enc[v][2][:, None]]) for v in variants}
+        pf = self.pair_profiles
+        if pf and enc["raw"][0].shape[1] > _MAX_PAIR_DIM:
+            raise UserError(f"pair_profiles: the {space.name} encoding has "
+                            f"{enc['raw'][0].shape[1]} columns; pairs need at most {_MAX_PAIR_DIM}")
+        design_x = {v: np.hstack([enc[v][0], enc[v][2][:, None]]
+                                 + ([pf * _pair_products(enc[v][0])] if pf else []))
+                    for v in variants}
         half = np.arange(len(keys)) % 2 == 0
         p_dim = enc["raw"][0].shape[1]
         D = len(devices)
         coef, coef_d, icpt = np.zeros((D, p_dim)), np.zeros(D), np.zeros(D)
+        coef_p = np.zeros((D, design_x["raw"].shape[1] - p_dim - 1))
+        grams: dict = {}  # centred Gram matrices, by (variant, rows)
         r2 = np.ones(D)
         chosen: list[str] = []
         for j in range(D):
             has = ~np.isnan(Y[:, j])  # a device measured on a sample: its profile fits those
+            rows = hash(has.tobytes())
             y = Y[has, j]
             tr = half[has]
             err = {}  # two-fold (even/odd rows) cross-validated error of each variant's profile
             for v in variants if len(variants) > 1 else ():
                 xv = design_x[v][has]
-                c, b = _ridge(xv[tr], y[tr], self.surrogate_ridge)
+                c, b = _ridge(xv[tr], y[tr], self.surrogate_ridge, grams, (v, rows, "half"))
                 err[v] = float(np.mean((xv[~tr] @ c + b - y[~tr]) ** 2))
             chosen.append(min(err, key=err.get) if err else "raw")
             if self.min_profile_r2 > 0:  # how well the profile predicts the device's other half
                 if chosen[j] not in err:
                     xv = design_x[chosen[j]][has]
-                    c, b = _ridge(xv[tr], y[tr], self.surrogate_ridge)
+                    c, b = _ridge(xv[tr], y[tr], self.surrogate_ridge, grams,
+                                  (chosen[j], rows, "half"))
                     err[chosen[j]] = float(np.mean((xv[~tr] @ c + b - y[~tr]) ** 2))
                 r2[j] = 1.0 - err[chosen[j]] / max(float(np.var(y[~tr])), 1e-30)
-            c, icpt[j] = _ridge(design_x[chosen[j]][has], y, self.surrogate_ridge)
-            coef[j], coef_d[j] = c[:p_dim], c[p_dim]
+            c, icpt[j] = _ridge(design_x[chosen[j]][has], y, self.surrogate_ridge, grams,
+                                (chosen[j], rows, "all"))
+            coef[j], coef_d[j], coef_p[j] = c[:p_dim], c[p_dim], c[p_dim + 1:]
         if self.min_profile_r2 > 0:  # leave out devices whose profile is mostly noise
             keep = np.flatnonzero(r2 >= self.min_profile_r2)
             if len(keep) < 2:
@@ -264,9 +299,11 @@ class MetaPredictor(DesignedPredictor):
             devices = [devices[j] for j in keep]
             chosen = [chosen[j] for j in keep]
             Y, coef, coef_d, icpt = Y[:, keep], coef[keep], coef_d[keep], icpt[keep]
+            coef_p = coef_p[keep]
             D = len(devices)
         floor = 0.5 * np.nanmin(Y, 0)
-        S = np.stack([np.maximum(design_x[chosen[j]] @ np.append(coef[j], coef_d[j]) + icpt[j],
+        S = np.stack([np.maximum(design_x[chosen[j]] @ np.concatenate([coef[j], [coef_d[j]],
+                                                                      coef_p[j]]) + icpt[j],
                                  floor[j]) for j in range(D)], 1)
         X = enc["raw"][0]
         x_mean = X.mean(0)
@@ -276,6 +313,13 @@ class MetaPredictor(DesignedPredictor):
         l_cols = np.flatnonzero(l_std > 1e-9 * (np.abs(L).mean(0) + 1e-30))
         flops = np.maximum(features(space, keys, "flops")[:, 0], 1.0)
         Fl = np.stack([np.log(flops), flops], 1)
+        if any(self.pairs):
+            if X.shape[1] > _MAX_PAIR_DIM:
+                raise UserError(f"pairs: the {space.name} encoding has {X.shape[1]} columns; "
+                                f"the pairwise block needs at most {_MAX_PAIR_DIM}")
+            P = _pair_products(X)
+            p_mean = P.mean(0)
+            p_scale = float(np.sqrt(np.mean(np.sum((P - p_mean) ** 2, 1)))) or 1.0
         self.devices_ = devices
         self.device_execution_ = chosen
         self.execution_prior_ = execution_prior(chosen, variants,
@@ -288,6 +332,10 @@ class MetaPredictor(DesignedPredictor):
             "l_cols": l_cols, "l_mean": L[:, l_cols].mean(0), "l_std": l_std[l_cols],
             "f_mean": Fl.mean(0), "f_std": Fl.std(0) + 1e-12,
         }
+        if any(self.pairs):
+            self._p.update(p_mean=p_mean, p_scale=np.array(p_scale))
+        if pf:  # the profiles' pair terms, in the units of plain pair products
+            self._p["coef_p"] = pf * coef_p
         self._ref = self._design(keys, seed)
         self._keys = None
         self._post = {}
@@ -298,7 +346,8 @@ class MetaPredictor(DesignedPredictor):
         pool = rng.choice(len(keys), size=min(self.pool_size, len(keys)), replace=False)
         pool_keys = [keys[i] for i in pool]
         a_s, b_s, lam_s = self.design
-        s2 = {"zl": 0.5, "zm": 0.5, "x": a_s, "o": 0.0, "l": b_s, "f": 0.0, "d": 0.0, "c": 1.0}
+        s2 = {"zl": 0.5, "zm": 0.5, "x": a_s, "o": 0.0, "p": 0.0, "l": b_s, "f": 0.0, "d": 0.0,
+              "c": 1.0}
         raw = self._blocks(pool_keys, "raw")
         F = self._scaled(raw, s2)
         others = [v for v in self.variants if v != "raw"]
@@ -316,7 +365,10 @@ class MetaPredictor(DesignedPredictor):
         """Unscaled prior feature blocks of canonical strings, executed under ``variant``."""
         p = self._p
         X, ek, flag = self._encoded(keys, variant)
-        S = np.maximum(X @ p["coef"].T + np.outer(flag, p["coef_d"]) + p["icpt"], p["floor"])
+        S = X @ p["coef"].T + np.outer(flag, p["coef_d"]) + p["icpt"]
+        if "coef_p" in p:
+            S = S + _pair_products(X) @ p["coef_p"].T
+        S = np.maximum(S, p["floor"])
         D = len(self.devices_)
         L = features(self.space, ek, "layers")[:, p["l_cols"]]
         q = max(len(p["l_cols"]), 1)
@@ -327,6 +379,7 @@ class MetaPredictor(DesignedPredictor):
             "zm": (S - p["zm_mean"]) / p["zm_std"] / np.sqrt(D),
             "x": (X - p["x_mean"]) / float(p["x_scale"]),
             "o": self._op_block(X),
+            "p": self._pair_block(X),
             "l": (L - p["l_mean"]) / p["l_std"] / np.sqrt(q),
             "f": (Fl - p["f_mean"]) / p["f_std"] / np.sqrt(2.0),
             "d": flag[:, None],
@@ -343,15 +396,24 @@ class MetaPredictor(DesignedPredictor):
             return np.zeros((len(X), 0))
         return (X - self._p["x_mean"]) @ groups[0] / float(self._p["x_scale"])
 
+    def _pair_block(self, X: np.ndarray) -> np.ndarray:
+        """Centred products of every two encoding columns (zero columns when the predictor was
+        meta-trained without pairs)."""
+        if "p_mean" not in self._p:
+            return np.zeros((len(X), 0))
+        return (_pair_products(X) - self._p["p_mean"]) / float(self._p["p_scale"])
+
     @staticmethod
     def _scaled(blocks: dict[str, np.ndarray], s2: dict[str, float]) -> np.ndarray:
         return np.hstack([np.sqrt(s2[b]) * blocks[b] for b in _BLOCKS])
 
     def _members(self, variant: str) -> list[tuple[dict[str, float], float]]:
         d = self.disconnected_var if variant != "raw" else 0.0
-        return [({"zl": 0.5, "zm": 0.5, "x": a, "o": o, "l": b, "f": g, "d": d, "c": 1.0}, lam)
-                for a, o, b, g, lam in itertools.product(self.alphas, self.opcounts, self.betas,
-                                                         self.gammas, self.lams)]
+        return [({"zl": 0.5, "zm": 0.5, "x": a, "o": o, "p": q, "l": b, "f": g, "d": d,
+                  "c": 1.0}, lam)
+                for a, o, q, b, g, lam in itertools.product(self.alphas, self.opcounts,
+                                                            self.pairs, self.betas, self.gammas,
+                                                            self.lams)]
 
     # -- adaptation --------------------------------------------------------------------------------
     def _fit_member(self, K0: np.ndarray, lam: float,
@@ -503,7 +565,8 @@ class MetaPredictor(DesignedPredictor):
             raise UserError("the meta predictor has not been adapted; nothing to explain")
         post = self._post
         top = [{"weight": float(m[0]), "execution": m[1], "alpha": m[2]["x"],
-                "beta": m[2]["l"], "gamma": m[2]["f"], "opcount": m[2]["o"], "lambda": m[6]}
+                "beta": m[2]["l"], "gamma": m[2]["f"], "opcount": m[2]["o"], "pairs": m[2]["p"],
+                "lambda": m[6]}
                for m in post["members"][:5]]
         total = np.zeros(len(self.devices_))
         for W in post["primal"].values():
@@ -525,7 +588,9 @@ class MetaPredictor(DesignedPredictor):
                 "disconnected_var": self.disconnected_var, "design_delta": self.design_delta,
                 "design_delta_after": self.design_delta_after,
                 "robust_iterations": self.robust_iterations, "robust_nu": self.robust_nu,
-                "opcounts": list(self.opcounts), "min_profile_r2": self.min_profile_r2,
+                "opcounts": list(self.opcounts), "pairs": list(self.pairs),
+                "pair_profiles": self.pair_profiles,
+                "min_profile_r2": self.min_profile_r2,
                 "devices": list(self.devices_), "device_execution": list(self.device_execution_),
                 "execution_prior": dict(self.execution_prior_),
                 "pinned_execution": self.pinned_execution,
@@ -539,7 +604,7 @@ class MetaPredictor(DesignedPredictor):
                                       "pool_size", "surrogate_ridge", "execution",
                                       "disconnected_var", "design_delta", "design_delta_after",
                                       "robust_iterations", "robust_nu", "opcounts",
-                                      "min_profile_r2")
+                                      "pairs", "pair_profiles", "min_profile_r2")
                  if k in meta}
         obj = cls(space, **hyper)
         obj.devices_ = list(meta.get("devices", []))
