@@ -24,26 +24,22 @@ from hwnas.latency.predictors.base import (
 )
 from hwnas.latency.predictors.features import (
     arch_strings,
+    encoding_positions,
     executed,
     execution_prior,
     execution_variants,
     features,
+    pair_products,
 )
 
 from hwnas.core.errors import UserError
 
 __all__ = ["MetaPredictor", "greedy_design"]
 
-_BLOCKS = ("zl", "zm", "x", "o", "p", "l", "f", "d", "c")
-#: encodings wider than this get no pairwise block (its columns grow with the square)
+_BLOCKS = ("zl", "zm", "ql", "qm", "x", "o", "l", "f", "d", "c")
+#: pair profiles need an encoding at most this wide (their columns grow with its square)
 _MAX_PAIR_DIM = 64
 _CONST = 3.0
-
-
-def _pair_products(X: np.ndarray) -> np.ndarray:
-    """Products of every two columns of ``X`` (upper triangle, no squares)."""
-    i, j = np.triu_indices(X.shape[1], 1)
-    return X[:, i] * X[:, j]
 
 
 def greedy_design(F: np.ndarray, n: int, lam: float,
@@ -169,7 +165,6 @@ class MetaPredictor(DesignedPredictor):
         robust_iterations: int = 10,
         robust_nu: float = 4.0,
         opcounts: Sequence[float] = (0.0,),
-        pairs: Sequence[float] = (0.0,),
         pair_profiles: float = 0.0,
         min_profile_r2: float = 0.0,
     ) -> None:
@@ -191,11 +186,10 @@ class MetaPredictor(DesignedPredictor):
         self.robust_nu = float(robust_nu)
         #: prior variances of the operation-count block (0: no such block)
         self.opcounts = tuple(float(o) for o in opcounts)
-        #: prior variances of the pairwise block (products of two encoding choices: terms one
-        #: choice's cost has only beside another's; 0: no such block)
-        self.pairs = tuple(float(v) for v in pairs)
-        #: > 0: the meta-training devices' profiles get pair terms too (products of two
-        #: encoding choices, scaled by this before the ridge: a smaller value shrinks them more)
+        #: > 0: a second set of meta-training profiles with pair terms (what an operation costs
+        #: beside another: products of two positions' choices, scaled by this before the ridge,
+        #: so a smaller value shrinks them more), weighed against the additive profiles by each
+        #: adaptation's evidence like the execution variants; 0: additive profiles only
         self.pair_profiles = float(pair_profiles)
         #: meta-train only on devices whose profile predicts held-out cells with R^2 >= this
         self.min_profile_r2 = float(min_profile_r2)
@@ -260,14 +254,11 @@ class MetaPredictor(DesignedPredictor):
         if pf and enc["raw"][0].shape[1] > _MAX_PAIR_DIM:
             raise UserError(f"pair_profiles: the {space.name} encoding has "
                             f"{enc['raw'][0].shape[1]} columns; pairs need at most {_MAX_PAIR_DIM}")
-        design_x = {v: np.hstack([enc[v][0], enc[v][2][:, None]]
-                                 + ([pf * _pair_products(enc[v][0])] if pf else []))
-                    for v in variants}
+        design_x = {v: np.hstack([enc[v][0], enc[v][2][:, None]]) for v in variants}
         half = np.arange(len(keys)) % 2 == 0
         p_dim = enc["raw"][0].shape[1]
         D = len(devices)
         coef, coef_d, icpt = np.zeros((D, p_dim)), np.zeros(D), np.zeros(D)
-        coef_p = np.zeros((D, design_x["raw"].shape[1] - p_dim - 1))
         grams: dict = {}  # centred Gram matrices, by (variant, rows)
         r2 = np.ones(D)
         chosen: list[str] = []
@@ -291,7 +282,7 @@ class MetaPredictor(DesignedPredictor):
                 r2[j] = 1.0 - err[chosen[j]] / max(float(np.var(y[~tr])), 1e-30)
             c, icpt[j] = _ridge(design_x[chosen[j]][has], y, self.surrogate_ridge, grams,
                                 (chosen[j], rows, "all"))
-            coef[j], coef_d[j], coef_p[j] = c[:p_dim], c[p_dim], c[p_dim + 1:]
+            coef[j], coef_d[j] = c[:p_dim], c[p_dim]
         if self.min_profile_r2 > 0:  # leave out devices whose profile is mostly noise
             keep = np.flatnonzero(r2 >= self.min_profile_r2)
             if len(keep) < 2:
@@ -299,11 +290,9 @@ class MetaPredictor(DesignedPredictor):
             devices = [devices[j] for j in keep]
             chosen = [chosen[j] for j in keep]
             Y, coef, coef_d, icpt = Y[:, keep], coef[keep], coef_d[keep], icpt[keep]
-            coef_p = coef_p[keep]
             D = len(devices)
         floor = 0.5 * np.nanmin(Y, 0)
-        S = np.stack([np.maximum(design_x[chosen[j]] @ np.concatenate([coef[j], [coef_d[j]],
-                                                                      coef_p[j]]) + icpt[j],
+        S = np.stack([np.maximum(design_x[chosen[j]] @ np.append(coef[j], coef_d[j]) + icpt[j],
                                  floor[j]) for j in range(D)], 1)
         X = enc["raw"][0]
         x_mean = X.mean(0)
@@ -313,13 +302,6 @@ class MetaPredictor(DesignedPredictor):
         l_cols = np.flatnonzero(l_std > 1e-9 * (np.abs(L).mean(0) + 1e-30))
         flops = np.maximum(features(space, keys, "flops")[:, 0], 1.0)
         Fl = np.stack([np.log(flops), flops], 1)
-        if any(self.pairs):
-            if X.shape[1] > _MAX_PAIR_DIM:
-                raise UserError(f"pairs: the {space.name} encoding has {X.shape[1]} columns; "
-                                f"the pairwise block needs at most {_MAX_PAIR_DIM}")
-            P = _pair_products(X)
-            p_mean = P.mean(0)
-            p_scale = float(np.sqrt(np.mean(np.sum((P - p_mean) ** 2, 1)))) or 1.0
         self.devices_ = devices
         self.device_execution_ = chosen
         self.execution_prior_ = execution_prior(chosen, variants,
@@ -332,10 +314,8 @@ class MetaPredictor(DesignedPredictor):
             "l_cols": l_cols, "l_mean": L[:, l_cols].mean(0), "l_std": l_std[l_cols],
             "f_mean": Fl.mean(0), "f_std": Fl.std(0) + 1e-12,
         }
-        if any(self.pairs):
-            self._p.update(p_mean=p_mean, p_scale=np.array(p_scale))
-        if pf:  # the profiles' pair terms, in the units of plain pair products
-            self._p["coef_p"] = pf * coef_p
+        if pf:
+            self._p.update(self._pair_profiles(enc, Y, chosen, floor, grams))
         self._ref = self._design(keys, seed)
         self._keys = None
         self._post = {}
@@ -346,8 +326,8 @@ class MetaPredictor(DesignedPredictor):
         pool = rng.choice(len(keys), size=min(self.pool_size, len(keys)), replace=False)
         pool_keys = [keys[i] for i in pool]
         a_s, b_s, lam_s = self.design
-        s2 = {"zl": 0.5, "zm": 0.5, "x": a_s, "o": 0.0, "p": 0.0, "l": b_s, "f": 0.0, "d": 0.0,
-              "c": 1.0}
+        s2 = {"zl": 0.5, "zm": 0.5, "ql": 0.0, "qm": 0.0, "x": a_s, "o": 0.0, "l": b_s, "f": 0.0,
+              "d": 0.0, "c": 1.0}
         raw = self._blocks(pool_keys, "raw")
         F = self._scaled(raw, s2)
         others = [v for v in self.variants if v != "raw"]
@@ -365,10 +345,7 @@ class MetaPredictor(DesignedPredictor):
         """Unscaled prior feature blocks of canonical strings, executed under ``variant``."""
         p = self._p
         X, ek, flag = self._encoded(keys, variant)
-        S = X @ p["coef"].T + np.outer(flag, p["coef_d"]) + p["icpt"]
-        if "coef_p" in p:
-            S = S + _pair_products(X) @ p["coef_p"].T
-        S = np.maximum(S, p["floor"])
+        S = np.maximum(X @ p["coef"].T + np.outer(flag, p["coef_d"]) + p["icpt"], p["floor"])
         D = len(self.devices_)
         L = features(self.space, ek, "layers")[:, p["l_cols"]]
         q = max(len(p["l_cols"]), 1)
@@ -377,9 +354,9 @@ class MetaPredictor(DesignedPredictor):
         return {
             "zl": (np.log(S) - p["zl_mean"]) / p["zl_std"] / np.sqrt(D),
             "zm": (S - p["zm_mean"]) / p["zm_std"] / np.sqrt(D),
+            **self._pair_profile_blocks(X, flag),
             "x": (X - p["x_mean"]) / float(p["x_scale"]),
             "o": self._op_block(X),
-            "p": self._pair_block(X),
             "l": (L - p["l_mean"]) / p["l_std"] / np.sqrt(q),
             "f": (Fl - p["f_mean"]) / p["f_std"] / np.sqrt(2.0),
             "d": flag[:, None],
@@ -396,12 +373,40 @@ class MetaPredictor(DesignedPredictor):
             return np.zeros((len(X), 0))
         return (X - self._p["x_mean"]) @ groups[0] / float(self._p["x_scale"])
 
-    def _pair_block(self, X: np.ndarray) -> np.ndarray:
-        """Centred products of every two encoding columns (zero columns when the predictor was
-        meta-trained without pairs)."""
-        if "p_mean" not in self._p:
-            return np.zeros((len(X), 0))
-        return (_pair_products(X) - self._p["p_mean"]) / float(self._p["p_scale"])
+    def _pairs(self, X: np.ndarray) -> np.ndarray:
+        return pair_products(X, encoding_positions(self.space))
+
+    def _pair_profiles(self, enc: dict, Y: np.ndarray, chosen: list[str], floor: np.ndarray,
+                       grams: dict) -> dict[str, np.ndarray]:
+        """The meta-training devices' profiles with pair terms (each device under the execution
+        variant its additive profile chose), and their normalisation."""
+        pf = self.pair_profiles
+        design = {v: np.hstack([enc[v][0], enc[v][2][:, None], pf * self._pairs(enc[v][0])])
+                  for v in set(chosen)}
+        D = Y.shape[1]
+        p_dim = enc["raw"][0].shape[1]
+        coef, icpt = np.zeros((D, design[chosen[0]].shape[1])), np.zeros(D)
+        for j in range(D):
+            has = ~np.isnan(Y[:, j])
+            coef[j], icpt[j] = _ridge(design[chosen[j]][has], Y[has, j], self.surrogate_ridge,
+                                      grams, ("pairs", chosen[j], hash(has.tobytes())))
+        S = np.stack([np.maximum(design[chosen[j]] @ coef[j] + icpt[j], floor[j])
+                      for j in range(D)], 1)
+        return {"q_coef": coef[:, :p_dim], "q_coef_d": coef[:, p_dim],
+                "q_coef_p": pf * coef[:, p_dim + 1:], "q_icpt": icpt,
+                "ql_mean": np.log(S).mean(0), "ql_std": np.log(S).std(0) + 1e-12,
+                "qm_mean": S.mean(0), "qm_std": S.std(0) + 1e-12}
+
+    def _pair_profile_blocks(self, X: np.ndarray, flag: np.ndarray) -> dict[str, np.ndarray]:
+        """The ``ql`` / ``qm`` blocks (log and ms) of the pair profiles; zero columns without."""
+        p = self._p
+        if "q_coef" not in p:
+            return {"ql": np.zeros((len(X), 0)), "qm": np.zeros((len(X), 0))}
+        S = np.maximum(X @ p["q_coef"].T + np.outer(flag, p["q_coef_d"])
+                       + self._pairs(X) @ p["q_coef_p"].T + p["q_icpt"], p["floor"])
+        D = np.sqrt(len(self.devices_))
+        return {"ql": (np.log(S) - p["ql_mean"]) / p["ql_std"] / D,
+                "qm": (S - p["qm_mean"]) / p["qm_std"] / D}
 
     @staticmethod
     def _scaled(blocks: dict[str, np.ndarray], s2: dict[str, float]) -> np.ndarray:
@@ -409,11 +414,12 @@ class MetaPredictor(DesignedPredictor):
 
     def _members(self, variant: str) -> list[tuple[dict[str, float], float]]:
         d = self.disconnected_var if variant != "raw" else 0.0
-        return [({"zl": 0.5, "zm": 0.5, "x": a, "o": o, "p": q, "l": b, "f": g, "d": d,
-                  "c": 1.0}, lam)
-                for a, o, q, b, g, lam in itertools.product(self.alphas, self.opcounts,
-                                                            self.pairs, self.betas, self.gammas,
-                                                            self.lams)]
+        # the additive profiles, and the pair profiles where meta-trained: the evidence weighs them
+        profiles = [0.0, 1.0] if "q_coef" in self._p else [0.0]
+        return [({"zl": 0.5 * (1 - q), "zm": 0.5 * (1 - q), "ql": 0.5 * q, "qm": 0.5 * q,
+                  "x": a, "o": o, "l": b, "f": g, "d": d, "c": 1.0}, lam)
+                for q, a, o, b, g, lam in itertools.product(profiles, self.alphas, self.opcounts,
+                                                            self.betas, self.gammas, self.lams)]
 
     # -- adaptation --------------------------------------------------------------------------------
     def _fit_member(self, K0: np.ndarray, lam: float,
@@ -565,12 +571,14 @@ class MetaPredictor(DesignedPredictor):
             raise UserError("the meta predictor has not been adapted; nothing to explain")
         post = self._post
         top = [{"weight": float(m[0]), "execution": m[1], "alpha": m[2]["x"],
-                "beta": m[2]["l"], "gamma": m[2]["f"], "opcount": m[2]["o"], "pairs": m[2]["p"],
-                "lambda": m[6]}
+                "beta": m[2]["l"], "gamma": m[2]["f"], "opcount": m[2]["o"],
+                "profiles": "pairs" if m[2]["ql"] > 0 else "additive", "lambda": m[6]}
                for m in post["members"][:5]]
         total = np.zeros(len(self.devices_))
         for W in post["primal"].values():
             total += np.abs(W["zl"]) + np.abs(W["zm"])
+            if W["ql"].size:
+                total += np.abs(W["ql"]) + np.abs(W["qm"])
         total = total / (total.sum() or 1.0)
         return {"hyper_posterior": top,
                 "execution_posterior": dict(post["execution_posterior"]),
@@ -588,8 +596,7 @@ class MetaPredictor(DesignedPredictor):
                 "disconnected_var": self.disconnected_var, "design_delta": self.design_delta,
                 "design_delta_after": self.design_delta_after,
                 "robust_iterations": self.robust_iterations, "robust_nu": self.robust_nu,
-                "opcounts": list(self.opcounts), "pairs": list(self.pairs),
-                "pair_profiles": self.pair_profiles,
+                "opcounts": list(self.opcounts), "pair_profiles": self.pair_profiles,
                 "min_profile_r2": self.min_profile_r2,
                 "devices": list(self.devices_), "device_execution": list(self.device_execution_),
                 "execution_prior": dict(self.execution_prior_),
@@ -604,7 +611,7 @@ class MetaPredictor(DesignedPredictor):
                                       "pool_size", "surrogate_ridge", "execution",
                                       "disconnected_var", "design_delta", "design_delta_after",
                                       "robust_iterations", "robust_nu", "opcounts",
-                                      "pairs", "pair_profiles", "min_profile_r2")
+                                      "pair_profiles", "min_profile_r2")
                  if k in meta}
         obj = cls(space, **hyper)
         obj.devices_ = list(meta.get("devices", []))
