@@ -55,6 +55,9 @@ def test_pair_profiles_saved_and_checked(nb201, tmp_path) -> None:
     y, rows = table["dev0"], np.arange(10)
     np.testing.assert_allclose(_adapted(back, archs, y, rows).predict(archs),
                                _adapted(pred, archs, y, rows).predict(archs))
+    for bad in (-0.1, float("nan")):
+        with pytest.raises(UserError, match="pair_profiles"):
+            MetaPredictor(space, pair_profiles=bad)
     fbnet = get_space("fbnet")  # 22 layers x 9 blocks: too wide for pairs
     fb_archs = [fbnet.sample(np.random.default_rng(i)) for i in range(12)]
     fb_table = {f"d{k}": np.linspace(1.0, 2.0, 12) * (k + 1) for k in range(2)}

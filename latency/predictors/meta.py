@@ -191,6 +191,9 @@ class MetaPredictor(DesignedPredictor):
         #: so a smaller value shrinks them more), weighed against the additive profiles by each
         #: adaptation's evidence like the execution variants; 0: additive profiles only
         self.pair_profiles = float(pair_profiles)
+        if not np.isfinite(self.pair_profiles) or self.pair_profiles < 0:
+            raise UserError(f"pair_profiles must be 0 (off) or a positive scale, got "
+                            f"{pair_profiles}")
         #: meta-train only on devices whose profile predicts held-out cells with R^2 >= this
         self.min_profile_r2 = float(min_profile_r2)
         if self.robust_iterations < 0 or self.robust_nu <= 0:
@@ -264,7 +267,7 @@ class MetaPredictor(DesignedPredictor):
         chosen: list[str] = []
         for j in range(D):
             has = ~np.isnan(Y[:, j])  # a device measured on a sample: its profile fits those
-            rows = hash(has.tobytes())
+            rows = has.tobytes()
             y = Y[has, j]
             tr = half[has]
             err = {}  # two-fold (even/odd rows) cross-validated error of each variant's profile
@@ -389,7 +392,7 @@ class MetaPredictor(DesignedPredictor):
         for j in range(D):
             has = ~np.isnan(Y[:, j])
             coef[j], icpt[j] = _ridge(design[chosen[j]][has], Y[has, j], self.surrogate_ridge,
-                                      grams, ("pairs", chosen[j], hash(has.tobytes())))
+                                      grams, ("pairs", chosen[j], has.tobytes()))
         S = np.stack([np.maximum(design[chosen[j]] @ coef[j] + icpt[j], floor[j])
                       for j in range(D)], 1)
         return {"q_coef": coef[:, :p_dim], "q_coef_d": coef[:, p_dim],
