@@ -371,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-profile-r2", type=float, default=None,
                     help="MetaPredictor min_profile_r2 (meta-train only on devices whose profile "
                          "predicts held-out cells with at least this R^2; default: its default)")
+    ap.add_argument("--pair-profiles", type=float, default=None,
+                    help="MetaPredictor pair_profiles (a second set of meta-training profiles "
+                         "with pairwise cell terms, weighed by evidence; default: its default, off)")
     ap.add_argument("--lofo", nargs="*", default=None, metavar="LOFO_JSON",
                     help="add the family protocol's rows (leave-one-family-out, "
                          "benchmarks/latency_lofo.py): from the LOFO_JSON files (one per space, "
@@ -409,7 +412,8 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         tasks = [Task(table, d, protocol, pool) for d in devices]
         need_meta = any(p.startswith("meta") and p != "meta[v1]" for p in args.predictors)
         t0 = time.time()
-        opts = {} if args.min_profile_r2 is None else {"min_profile_r2": args.min_profile_r2}
+        opts = {k: v for k, v in (("min_profile_r2", args.min_profile_r2),
+                                  ("pair_profiles", args.pair_profiles)) if v is not None}
         metas = [meta_fit(space, table, protocol, s, **opts) if need_meta else None
                  for s in range(args.seeds)]
         metas_v1 = [meta_fit(space, table, protocol, s, **V1_OPTIONS)
