@@ -82,6 +82,23 @@ def _ridge(X: np.ndarray, y: np.ndarray, ridge: float,
     return coef, float(y.mean() - m @ coef)
 
 
+def _fit_profiles(design: Mapping[str, np.ndarray], Y: np.ndarray, chosen: list[str],
+                  floor: np.ndarray, ridge: float, grams: dict,
+                  tag: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each meta-training device's profile: a ridge fit of its measured cells (not NaN) on the
+    ``design`` of the execution variant it runs (``chosen``). Returns the coefficients
+    (devices x columns), intercepts and the profiles' latencies (architectures x devices, at
+    least ``floor``); Gram matrices shared through ``grams`` under ``tag``."""
+    coef, icpt = np.zeros((Y.shape[1], design[chosen[0]].shape[1])), np.zeros(Y.shape[1])
+    for j, v in enumerate(chosen):
+        has = ~np.isnan(Y[:, j])
+        coef[j], icpt[j] = _ridge(design[v][has], Y[has, j], ridge, grams,
+                                  (tag, v, has.tobytes()))
+    S = np.stack([np.maximum(design[v] @ coef[j] + icpt[j], floor[j])
+                  for j, v in enumerate(chosen)], 1)
+    return coef, icpt, S
+
+
 #: measurements one adaptation fits at most (a seeded subsample of more): the Gaussian-process
 #: fit holds n x n matrices, and a few hundred measurements already settle the predictor
 MAX_ADAPT_MEASUREMENTS = 2000
@@ -261,8 +278,7 @@ class MetaPredictor(DesignedPredictor):
         half = np.arange(len(keys)) % 2 == 0
         p_dim = enc["raw"][0].shape[1]
         D = len(devices)
-        coef, coef_d, icpt = np.zeros((D, p_dim)), np.zeros(D), np.zeros(D)
-        grams: dict = {}  # centred Gram matrices, by (variant, rows)
+        grams: dict = {}  # centred Gram matrices, by (fit, variant, rows)
         r2 = np.ones(D)
         chosen: list[str] = []
         for j in range(D):
@@ -273,30 +289,26 @@ class MetaPredictor(DesignedPredictor):
             err = {}  # two-fold (even/odd rows) cross-validated error of each variant's profile
             for v in variants if len(variants) > 1 else ():
                 xv = design_x[v][has]
-                c, b = _ridge(xv[tr], y[tr], self.surrogate_ridge, grams, (v, rows, "half"))
+                c, b = _ridge(xv[tr], y[tr], self.surrogate_ridge, grams, ("half", v, rows))
                 err[v] = float(np.mean((xv[~tr] @ c + b - y[~tr]) ** 2))
             chosen.append(min(err, key=err.get) if err else "raw")
             if self.min_profile_r2 > 0:  # how well the profile predicts the device's other half
                 if chosen[j] not in err:
                     xv = design_x[chosen[j]][has]
                     c, b = _ridge(xv[tr], y[tr], self.surrogate_ridge, grams,
-                                  (chosen[j], rows, "half"))
+                                  ("half", chosen[j], rows))
                     err[chosen[j]] = float(np.mean((xv[~tr] @ c + b - y[~tr]) ** 2))
                 r2[j] = 1.0 - err[chosen[j]] / max(float(np.var(y[~tr])), 1e-30)
-            c, icpt[j] = _ridge(design_x[chosen[j]][has], y, self.surrogate_ridge, grams,
-                                (chosen[j], rows, "all"))
-            coef[j], coef_d[j] = c[:p_dim], c[p_dim]
         if self.min_profile_r2 > 0:  # leave out devices whose profile is mostly noise
             keep = np.flatnonzero(r2 >= self.min_profile_r2)
             if len(keep) < 2:
                 keep = np.sort(np.argsort(-r2)[:2])
             devices = [devices[j] for j in keep]
             chosen = [chosen[j] for j in keep]
-            Y, coef, coef_d, icpt = Y[:, keep], coef[keep], coef_d[keep], icpt[keep]
-            D = len(devices)
+            Y = Y[:, keep]
         floor = 0.5 * np.nanmin(Y, 0)
-        S = np.stack([np.maximum(design_x[chosen[j]] @ np.append(coef[j], coef_d[j]) + icpt[j],
-                                 floor[j]) for j in range(D)], 1)
+        c, icpt, S = _fit_profiles(design_x, Y, chosen, floor, self.surrogate_ridge, grams, "all")
+        coef, coef_d = c[:, :p_dim], c[:, p_dim]
         X = enc["raw"][0]
         x_mean = X.mean(0)
         x_scale = float(np.sqrt(np.mean(np.sum((X - x_mean) ** 2, 1)))) or 1.0
@@ -386,15 +398,9 @@ class MetaPredictor(DesignedPredictor):
         pf = self.pair_profiles
         design = {v: np.hstack([enc[v][0], enc[v][2][:, None], pf * self._pairs(enc[v][0])])
                   for v in set(chosen)}
-        D = Y.shape[1]
         p_dim = enc["raw"][0].shape[1]
-        coef, icpt = np.zeros((D, design[chosen[0]].shape[1])), np.zeros(D)
-        for j in range(D):
-            has = ~np.isnan(Y[:, j])
-            coef[j], icpt[j] = _ridge(design[chosen[j]][has], Y[has, j], self.surrogate_ridge,
-                                      grams, ("pairs", chosen[j], has.tobytes()))
-        S = np.stack([np.maximum(design[chosen[j]] @ coef[j] + icpt[j], floor[j])
-                      for j in range(D)], 1)
+        coef, icpt, S = _fit_profiles(design, Y, chosen, floor, self.surrogate_ridge, grams,
+                                      "pairs")
         return {"q_coef": coef[:, :p_dim], "q_coef_d": coef[:, p_dim],
                 "q_coef_p": pf * coef[:, p_dim + 1:], "q_icpt": icpt,
                 "ql_mean": np.log(S).mean(0), "ql_std": np.log(S).std(0) + 1e-12,
