@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import matplotlib.pyplot as plt  # headless: matplotlib picks Agg by itself without a display
@@ -22,9 +23,17 @@ from hwnas.core.io import write_atomic
 
 
 def _save(fig, path: Path) -> Path:
+    """Draw and write ``fig``. A font cache left by another matplotlib installation (seen on CI
+    machines) lacks the mathtext fonts of log-axis ticks: matplotlib then falls back to DejaVu
+    Sans, harmlessly, but warns once per family on stderr, burying the CLI's one line per
+    problem; those warnings are held back while drawing."""
+    fonts = logging.getLogger("matplotlib.font_manager")
+    level = fonts.level
+    fonts.setLevel(logging.ERROR)
     try:
         return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     finally:
+        fonts.setLevel(level)
         plt.close(fig)
 
 

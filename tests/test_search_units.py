@@ -199,6 +199,54 @@ def test_plots_are_written_atomically(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.png", "f.png"]
 
 
+STALE_FONT_CACHE = """
+import json
+from pathlib import Path
+import matplotlib
+from matplotlib import font_manager  # noqa: F401 (builds the cache)
+(cache,) = Path(matplotlib.get_cachedir()).glob("fontlist-*.json")
+data = json.loads(cache.read_text())
+data["ttflist"] = [f for f in data["ttflist"] if f["name"] == "DejaVu Sans"]
+cache.write_text(json.dumps(data))
+"""
+
+LOG_PLOT = """
+import sys
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots(); ax.set_yscale("log"); ax.plot([1, 2, 3], [1, 10, 100])
+fig.savefig(sys.argv[1])
+"""
+
+ACROSS_DEVICES = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from test_search_units import _frame
+from hwnas.search.objectives import parse_objectives
+from hwnas.search.outputs import device_front
+from hwnas.search.plots import plot_across_devices
+frame, objs = _frame(), parse_objectives("accuracy,latency:x")
+plot_across_devices(frame, {d: device_front(frame, d, objs) for d in ("x", "y")}, sys.argv[1])
+"""
+
+
+def test_plots_keep_stderr_clean_with_a_stale_font_cache(tmp_path):
+    """A font cache from another matplotlib install (only system DejaVu fonts listed, as on the CI
+    machines) makes log-axis ticks warn per mathtext font; the plots hold those warnings back."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "MPLCONFIGDIR": str(tmp_path / "mpl")}
+    run = lambda code, *args: subprocess.run([sys.executable, "-c", code, *args], env=env,  # noqa: E731
+                                             capture_output=True, text=True, check=True)
+    run(STALE_FONT_CACHE)
+    assert "findfont" in run(LOG_PLOT, str(tmp_path / "bare.png")).stderr  # the setup reproduces it
+    out = tmp_path / "d.png"
+    proc = run(ACROSS_DEVICES, str(out), str(Path(__file__).parent))
+    assert proc.stderr == "" and out.read_bytes()[:4] == b"\x89PNG"
+
+
 # -- the accuracy predictor -----------------------------------------------------------------------
 
 def test_accuracy_predictor_ranks_a_learnable_target_and_reports_honestly():
