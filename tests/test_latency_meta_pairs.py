@@ -28,7 +28,8 @@ def test_pair_profiles_win_where_costs_pair_and_not_where_they_add(nb201) -> Non
     for pair_weight, must_gain in ((3.0, True), (0.0, False)):
         table = pair_devices(space, archs, 9, seed=1, pair_weight=pair_weight)
         new = table.pop("dev8")
-        plain = MetaPredictor(space, pool_size=300).meta_fit(space, archs, table, seed=0)
+        plain = MetaPredictor(space, pool_size=300, pair_profiles=0.0).meta_fit(
+            space, archs, table, seed=0)
         pairs = MetaPredictor(space, pool_size=300, pair_profiles=0.1).meta_fit(
             space, archs, table, seed=0)
         assert pairs._p["q_coef_p"].shape == (8, 15 * 25)  # 6 edges: 15 pairs of 5 x 5 choices
@@ -63,3 +64,28 @@ def test_pair_profiles_saved_and_checked(nb201, tmp_path) -> None:
     fb_table = {f"d{k}": np.linspace(1.0, 2.0, 12) * (k + 1) for k in range(2)}
     with pytest.raises(UserError, match="pair_profiles"):
         MetaPredictor(fbnet, pair_profiles=0.1).meta_fit(fbnet, fb_archs, fb_table, seed=0)
+
+
+def test_pair_profiles_default_per_space_and_off_for_older_files(nb201, tmp_path) -> None:
+    """NB-201 has them by default (chosen on the family protocol), FBNet does not; a file
+    written before they existed (no ``pair_profiles`` key) loads with them off."""
+    import json
+
+    space, archs = nb201
+    assert MetaPredictor(space).pair_profiles == 0.1
+    assert MetaPredictor(get_space("fbnet")).pair_profiles == 0.0
+    table = pair_devices(space, archs, 4, seed=5)
+    pred = MetaPredictor(space, pool_size=300, pair_profiles=0.0).meta_fit(space, archs, table,
+                                                                          seed=0)
+    path = pred.save(tmp_path / "old.npz")
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    doc = json.loads(arrays["__meta__"].tobytes().decode("utf-8"))
+    doc["state"].pop("pair_profiles")
+    arrays["__meta__"] = np.frombuffer(json.dumps(doc).encode("utf-8"), dtype=np.uint8)
+    np.savez(tmp_path / "older.npz", **arrays)
+    back = LatencyPredictor.load(tmp_path / "older.npz")
+    assert back.pair_profiles == 0.0
+    y, rows = table["dev0"], np.arange(10)
+    np.testing.assert_allclose(_adapted(back, archs, y, rows).predict(archs),
+                               _adapted(pred, archs, y, rows).predict(archs))

@@ -155,6 +155,11 @@ class DesignedPredictor(LatencyPredictor):
         raise NotImplementedError
 
 
+#: options chosen per space on the family protocol and checked on HELP's validation devices
+#: (benchmarks/latency_lofo.md, "pairwise cell terms"); an argument to the constructor wins
+SPACE_OPTIONS: dict[str, dict[str, float]] = {"nb201": {"pair_profiles": 0.1}}
+
+
 @register_predictor_class
 class MetaPredictor(DesignedPredictor):
     """Meta-learned GP prior over devices + Bayesian model averaging over hyper-parameters and
@@ -182,7 +187,7 @@ class MetaPredictor(DesignedPredictor):
         robust_iterations: int = 10,
         robust_nu: float = 4.0,
         opcounts: Sequence[float] = (0.0,),
-        pair_profiles: float = 0.0,
+        pair_profiles: float | None = None,
         min_profile_r2: float = 0.0,
     ) -> None:
         super().__init__(space)
@@ -206,7 +211,11 @@ class MetaPredictor(DesignedPredictor):
         #: > 0: a second set of meta-training profiles with pair terms (what an operation costs
         #: beside another: products of two positions' choices, scaled by this before the ridge,
         #: so a smaller value shrinks them more), weighed against the additive profiles by each
-        #: adaptation's evidence like the execution variants; 0: additive profiles only
+        #: adaptation's evidence like the execution variants; 0: additive profiles only;
+        #: None: the space's choice in SPACE_OPTIONS (off where it has none)
+        if pair_profiles is None:
+            pair_profiles = SPACE_OPTIONS.get(getattr(space, "name", ""), {}).get(
+                "pair_profiles", 0.0)
         self.pair_profiles = float(pair_profiles)
         if not np.isfinite(self.pair_profiles) or self.pair_profiles < 0:
             raise UserError(f"pair_profiles must be 0 (off) or a positive scale, got "
@@ -622,6 +631,7 @@ class MetaPredictor(DesignedPredictor):
                                       "robust_iterations", "robust_nu", "opcounts",
                                       "pair_profiles", "min_profile_r2")
                  if k in meta}
+        hyper.setdefault("pair_profiles", 0.0)  # files written before pair profiles existed
         obj = cls(space, **hyper)
         obj.devices_ = list(meta.get("devices", []))
         obj._ref = list(meta.get("reference_archs", []))
