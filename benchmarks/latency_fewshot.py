@@ -85,7 +85,7 @@ LOFO_NAMES = {"meta": "meta", "flops": "flops", "opcount": "opcount", "lowrank":
               "meta+lowrank": "meta+lowrank", "meta+opcount": "meta+opcount",
               "meta|opcount": "meta|opcount"}
 #: Options that turn the current meta predictor into the previous version (``meta[v1]``).
-V1_OPTIONS: dict[str, Any] = {"execution": ("raw",), "robust_iterations": 0}
+V1_OPTIONS: dict[str, Any] = {"execution": ("raw",), "robust_iterations": 0, "pair_profiles": 0.0}
 
 
 def machine() -> str:
