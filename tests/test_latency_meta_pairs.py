@@ -3,6 +3,8 @@ cell terms, weighed against the additive ones by each adaptation's evidence."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hwnas.latency.predictors import LatencyPredictor, MetaPredictor
@@ -69,8 +71,6 @@ def test_pair_profiles_saved_and_checked(nb201, tmp_path) -> None:
 def test_pair_profiles_default_per_space_and_off_for_older_files(nb201, tmp_path) -> None:
     """NB-201 has them by default (chosen on the family protocol), FBNet does not; a file
     written before they existed (no ``pair_profiles`` key) loads with them off."""
-    import json
-
     space, archs = nb201
     assert MetaPredictor(space).pair_profiles == 0.1
     assert MetaPredictor(get_space("fbnet")).pair_profiles == 0.0
