@@ -209,7 +209,7 @@ def quantize_model(model: nn.Module, policy: QuantPolicy, *, residual: str = "fl
     for name, module in modules:
         if name in follows and policy[follows[name]][1] < FLOAT_BITS:
             _set_module(qmodel, name, QuantMatMul.from_float(module, policy[follows[name]][1],
-                                                             follows[name]))
+                                                             follows[name]).to(_model_device(qmodel)))
             continue
         if name not in policy:
             continue
