@@ -1,0 +1,288 @@
+"""The GPU matrix: every registered space and every stage through the command line on a GPU.
+
+CI runs on CPUs only, so this is the one place where the GPU paths a user takes are run:
+``hwnas run --device cuda`` for every registered space x {float (``--no-bits``), searched bits}
+x {digits, cifar10}, plus ``hwnas train`` (each schedule, bf16 and fp32, a standalone subnet
+compiled, ``--resume`` after a SIGKILL), ``hwnas finetune`` of a quantized trial and
+``hwnas export --device cuda``. Each cell records pass/fail, the first error line, wall
+seconds, the seconds per stage that the commands print and the training images/s.
+
+Budgets are small (a smoke matrix, not a benchmark of accuracy). Cells run one after the other;
+results are written after every cell, and cells already in ``--results`` are skipped, so a
+command cut off by its time limit resumes where it stopped::
+
+    # on the GPU machine, with a stratified CIFAR-10 subset under $HWNAS_SHARED_DATA/cifar10
+    python benchmarks/gpu_matrix.py --out $OUT --budget-s 540
+    python benchmarks/gpu_matrix.py --results prev/gpu_matrix.json --out $OUT   # resume
+
+Writes ``gpu_matrix.json`` and ``gpu_matrix.md`` into ``--out`` (commit them as
+``benchmarks/gpu_matrix.{json,md}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+HWNAS = [sys.executable, "-m", "hwnas"]
+
+#: (pattern, key) of the lines ``hwnas run`` / ``train`` print with a stage's seconds
+STAGE_LINES = (
+    (re.compile(r"trained supernet .*: (\d+) epochs? in ([\d.]+) s \(([\d.]+) images/s\)"), "train"),
+    (re.compile(r"sensitivity seeds: .* in ([\d.]+) s"), "sensitivity"),
+    (re.compile(r"search: .* new by this process in ([\d.]+) s"), "search"),
+    (re.compile(r"wall time: ([\d.]+) s"), "wall"),
+)
+IMAGES_PER_S = re.compile(r"([\d.]+) images/s")
+
+
+def first_error(text: str) -> str | None:
+    """The line a user would read first: ``hwnas: error: ...``, else a traceback's last line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith("hwnas: error:"):
+            return ln
+    for i, ln in enumerate(lines):
+        if ln.startswith("Traceback"):
+            tail = [x for x in lines[i:] if re.match(r"^[A-Za-z_.]+(Error|Exception)\b", x)]
+            return tail[0] if tail else lines[-1]
+    failed = [ln for ln in lines if "FAILED" in ln or "failed" in ln.split(":")[-1:][0]]
+    return failed[0] if failed else (lines[-1] if lines else None)
+
+
+def stages(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for pattern, key in STAGE_LINES:
+        m = pattern.search(text)
+        if m:
+            out[f"{key}_s"] = float(m.group(2) if key == "train" else m.group(1))
+            if key == "train":
+                out["train_images_per_s"] = float(m.group(3))
+    if "train_images_per_s" not in out:
+        rates = IMAGES_PER_S.findall(text)
+        if rates:
+            out["train_images_per_s"] = float(rates[-1])
+    return out
+
+
+def run_cli(args: list[str], timeout: float, env: dict | None = None) -> tuple[int, str, float]:
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(HWNAS + args, capture_output=True, text=True, timeout=timeout,
+                           env=env)
+        return p.returncode, p.stdout + p.stderr, time.perf_counter() - t0
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return 124, out + f"\nTIMEOUT after {timeout:.0f} s", time.perf_counter() - t0
+
+
+def export_failures(run_dir: Path) -> list[str]:
+    """Files the export could not verify (the manifest's failed entries), as one line each."""
+    manifest = run_dir / "export" / "manifest.json"
+    if not manifest.exists():
+        return ["no export/manifest.json"]
+    data = json.loads(manifest.read_text())
+    bad = [f"{f}" for f in data.get("failed") or []]
+    for m in data.get("models", []):
+        bad += [f"{m['name']}: {e}" for e in m.get("errors") or []]
+        for f in m.get("files", []):
+            if f.get("status") != "ok" or f.get("error"):
+                bad.append(f"{f.get('path')}: {f.get('error') or f.get('status')}")
+    return bad
+
+
+def cells(spaces: list[str], base: str = "mbv3") -> list[dict]:
+    """The matrix: run cells first (what users run), then the training / finetune / export ones."""
+    out = []
+    for dataset in ("digits", "cifar10"):
+        for space in spaces:
+            for bits in (False, True):
+                if space == "mbv3-tiny" and dataset == "cifar10":
+                    continue  # an 8x8 single-channel space: digits only (UserError otherwise)
+                out.append({"id": f"run/{space}/{dataset}/{'bits' if bits else 'float'}",
+                            "kind": "run", "space": space, "dataset": dataset, "bits": bits})
+    for schedule in ("sandwich", "progressive", "deps"):
+        out.append({"id": f"train/mbv3/digits/{schedule}", "kind": "train", "space": "mbv3",
+                    "dataset": "digits", "args": ["--schedule", schedule]})
+    out.append({"id": "train/mbv3/cifar10/bf16", "kind": "train", "space": "mbv3",
+                "dataset": "cifar10", "args": ["--precision", "bf16"]})
+    out.append({"id": "train/mbv3/cifar10/fp32", "kind": "train", "space": "mbv3",
+                "dataset": "cifar10", "args": ["--precision", "fp32"]})
+    out.append({"id": "train/vit/cifar10/standalone-compiled", "kind": "train", "space": "vit",
+                "dataset": "cifar10", "args": ["--standalone", "smallest", "--compile"]})
+    out.append({"id": "train/mbv3/cifar10/resume-after-kill", "kind": "resume", "space": "mbv3",
+                "dataset": "cifar10"})
+    out.append({"id": f"finetune/{base}/digits/quantized-trial", "kind": "finetune",
+                "needs": f"run/{base}/digits/bits"})
+    out.append({"id": f"export/{base}/digits/cuda", "kind": "export", "needs": f"run/{base}/digits/bits"})
+    out.append({"id": "export/vit/cifar10/cuda", "kind": "export", "needs": "run/vit/cifar10/bits"})
+    return out
+
+
+def run_cell(cell: dict, work: Path, a: argparse.Namespace) -> dict:
+    res: dict = {"id": cell["id"]}
+    common = ["--device", a.device, "--quiet"]
+    if cell["kind"] == "run":
+        out = work / cell["id"].replace("/", "_")
+        args = ["run", "--space", cell["space"], "--dataset", cell["dataset"], *common,
+                "--trials", str(a.trials), "--epochs", str(a.epochs), "--out", str(out),
+                "--name", "r", "--overwrite"]
+        if not cell["bits"]:
+            args.append("--no-bits")
+        rc, text, wall = run_cli(args, a.cell_timeout)
+        res.update(rc=rc, seconds=round(wall, 1), **stages(text))
+        res["run_dir"] = str(out / "r")
+        if rc == 0:
+            bad = export_failures(out / "r")
+            if bad:
+                res.update(rc=1, error=f"{len(bad)} file(s) failed: {bad[0]}")
+    elif cell["kind"] == "train":
+        out = work / cell["id"].replace("/", "_")
+        shutil.rmtree(out, ignore_errors=True)
+        args = ["train", "--space", cell["space"], "--dataset", cell["dataset"], *common,
+                "--epochs", str(a.epochs), "--out", str(out), *cell["args"]]
+        if cell["dataset"] == "cifar10":
+            args += ["--limit-train", str(a.limit_train), "--limit-eval", "1000", "--eval"]
+        rc, text, wall = run_cli(args, a.cell_timeout)
+        res.update(rc=rc, seconds=round(wall, 1), **stages(text))
+    elif cell["kind"] == "resume":
+        out = work / "resume"
+        shutil.rmtree(out, ignore_errors=True)
+        args = ["train", "--space", cell["space"], "--dataset", cell["dataset"], *common,
+                "--epochs", "3", "--limit-train", str(a.limit_train), "--limit-eval", "1000",
+                "--checkpoint-every-s", "3", "--out", str(out)]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(HWNAS + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        ckpt, killed = out / "checkpoint.pt", False
+        while proc.poll() is None and time.perf_counter() - t0 < a.cell_timeout:
+            if ckpt.exists() and time.perf_counter() - t0 > 15:
+                os.killpg(proc.pid, signal.SIGKILL)
+                killed = True
+                break
+            time.sleep(0.5)
+        proc.wait()
+        res["killed_at_s"] = round(time.perf_counter() - t0, 1) if killed else None
+        if not killed:
+            res.update(rc=1, error="training ended before a checkpoint could be killed")
+        else:
+            rc, text, wall = run_cli(["train", "--out", str(out), "--resume", *common],
+                                     a.cell_timeout)
+            done = (out / "supernet.pt").exists()
+            res.update(rc=rc if done or rc else 1, seconds=round(time.perf_counter() - t0, 1),
+                       **stages(text))
+            if rc == 0 and not done:
+                res["error"] = "resumed run wrote no supernet.pt"
+    else:
+        need = a.results_by_id.get(cell["needs"])
+        if not need or need.get("rc") != 0:
+            return {**res, "rc": 1, "status": "fail", "error": f"skipped: {cell['needs']} did not pass"}
+        run_dir = need["run_dir"]
+        if cell["kind"] == "finetune":
+            with open(Path(run_dir, "trials.csv"), newline="") as f:
+                rows = list(csv.DictReader(f))
+            quant = [r for r in rows if r.get("bits", "float") not in ("float", "")]
+            if not quant:
+                return {**res, "rc": 1, "status": "fail", "error": "no quantized trial in the run"}
+            args = ["finetune", run_dir, "--trial", quant[0]["trial"], "--epochs", "1",
+                    *common, "--overwrite"]
+        else:
+            args = ["export", run_dir, *common]
+        rc, text, wall = run_cli(args, a.cell_timeout)
+        res.update(rc=rc, seconds=round(wall, 1), **stages(text))
+        if cell["kind"] == "export" and rc == 0:
+            bad = export_failures(Path(run_dir))
+            if bad:
+                res.update(rc=1, error=f"{len(bad)} file(s) failed: {bad[0]}")
+    if res.get("rc") and "error" not in res:
+        res["error"] = first_error(text)
+    if res.get("rc"):
+        res["log_tail"] = text[-3000:]
+    res["status"] = "pass" if res.get("rc") == 0 else "fail"
+    return res
+
+
+def machine() -> dict:
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "gpu": gpu, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def write(path: Path, doc: dict) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)
+    rows = ["| cell | status | s | train img/s | stages (s) | first error |", "|---|---|---:|---:|---|---|"]
+    for r in doc["cells"]:
+        st = ", ".join(f"{k[:-2]} {v:g}" for k, v in r.items()
+                       if k.endswith("_s") and k not in ("killed_at_s",))
+        err = (r.get("error") or "").replace("|", "\\|")[:160]
+        rows.append(f"| {r['id']} | {r['status']} | {r.get('seconds', '')} | "
+                    f"{r.get('train_images_per_s', '')} | {st} | {err} |")
+    passed = sum(r["status"] == "pass" for r in doc["cells"])
+    head = (f"# GPU matrix\n\n`{doc['command']}` on {doc['machine'].get('gpu')} "
+            f"({doc['date']}): {passed} of {len(doc['cells'])} cells pass.\n\n")
+    path.with_suffix(".md").write_text(head + "\n".join(rows) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True, help="folder for gpu_matrix.json/.md")
+    p.add_argument("--results", type=Path, help="an earlier gpu_matrix.json: its cells are kept")
+    p.add_argument("--only", nargs="*", default=None, help="cell ids (prefixes) to run")
+    p.add_argument("--rerun-failed", action="store_true", help="run the kept failed cells again")
+    p.add_argument("--device", default="cuda", help="torch device of every cell (cpu: a smoke test)")
+    p.add_argument("--base-space", default="mbv3", help="the space whose digits run is fine-tuned and exported")
+    p.add_argument("--trials", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--limit-train", type=int, default=5000)
+    p.add_argument("--cell-timeout", type=float, default=300)
+    p.add_argument("--budget-s", type=float, default=1e9, help="start no cell after this many s")
+    p.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
+    a = p.parse_args(argv)
+    from hwnas.supernet.spaces import available_spaces  # the registry
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    out_json = a.out / "gpu_matrix.json"
+    kept = json.loads(a.results.read_text())["cells"] if a.results else []
+    if a.rerun_failed:
+        kept = [c for c in kept if c["status"] == "pass"]
+    a.results_by_id = {c["id"]: c for c in kept}
+    doc = {"command": "python benchmarks/gpu_matrix.py " + " ".join(argv or sys.argv[1:]),
+           "machine": machine(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "cells": kept}
+    work = a.work or Path(tempfile.mkdtemp(prefix="gpu_matrix_"))
+    t0 = time.perf_counter()
+    for cell in cells(available_spaces(), a.base_space):
+        if cell["id"] in a.results_by_id or (a.only and not any(cell["id"].startswith(o) for o in a.only)):
+            continue
+        if time.perf_counter() - t0 > a.budget_s:
+            print(f"budget spent: {cell['id']} and later cells left for the next command")
+            break
+        res = run_cell(cell, work, a)
+        print(f"{res['status']:4} {res.get('seconds', 0):7.1f} s  {cell['id']}  {res.get('error') or ''}",
+              flush=True)
+        doc["cells"] = [c for c in doc["cells"] if c["id"] != res["id"]] + [res]
+        a.results_by_id[res["id"]] = res
+        write(out_json, doc)
+    write(out_json, doc)
+    return 0 if all(c["status"] == "pass" for c in doc["cells"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
