@@ -46,12 +46,14 @@ class MatMul(nn.Module):
 class Attention(nn.Module):
     """Static multi-head self-attention: qkv projection, scaled Q·Kᵀ, softmax, × V, projection."""
 
-    def __init__(self, qkv: nn.Linear, proj: nn.Linear, heads: int, head_dim: int) -> None:
+    def __init__(self, qkv: nn.Linear, proj: nn.Linear, heads: int, head_dim: int,
+                 attn_drop: float = 0.0) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, head_dim
         self.qkv = qkv
         self.qk = MatMul(transpose_b=True, scale=head_dim**-0.5)
         self.softmax = nn.Softmax(dim=-1)
+        self.attn_drop = attn_drop  # a float, not a module: no node in the exported graph
         self.av = MatMul()
         self.proj = proj
 
@@ -59,6 +61,8 @@ class Attention(nn.Module):
         # (B, N, 3·h·d) -> (3, B, h, N, d)
         qkv = self.qkv(x).unflatten(-1, (3, self.heads, self.head_dim)).permute(2, 0, 3, 1, 4)
         attn = self.softmax(self.qk(qkv[0], qkv[1]))
+        if self.training and self.attn_drop:
+            attn = F.dropout(attn, self.attn_drop)
         out = self.av(attn, qkv[2]).transpose(1, 2).flatten(2)
         return self.proj(out)
 
@@ -72,16 +76,38 @@ class Mlp(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
-class ViTBlock(nn.Module):
-    """Static pre-norm transformer block (names match :meth:`ViTSpace.block_layers`)."""
+def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
+    """Stochastic depth (Huang et al. 2016): in training, zero a residual branch for a random
+    ``rate`` of the samples and scale the others by ``1 / (1 - rate)``; the identity otherwise."""
+    if not training or rate <= 0.0:
+        return x
+    keep = torch.empty((x.size(0),) + (1,) * (x.dim() - 1), device=x.device, dtype=x.dtype)
+    return x * keep.bernoulli_(1.0 - rate).div_(1.0 - rate)
 
-    def __init__(self, norm1: nn.LayerNorm, attn: Attention, norm2: nn.LayerNorm, mlp: Mlp) -> None:
+
+def block_rates(rate: float, depth: int) -> list[float]:
+    """CCT's stochastic-depth rates: rising linearly from 0 at the first block to ``rate`` at
+    the last of ``depth`` blocks (the supernet's maximum depth, so a block keeps its rate in
+    every subnet)."""
+    return [rate * b / (depth - 1) if depth > 1 else 0.0 for b in range(depth)]
+
+
+class ViTBlock(nn.Module):
+    """Static transformer block (names match :meth:`ViTSpace.block_layers`): pre-norm, or with
+    ``cct_norm`` CCT's block, whose second norm normalises the residual stream itself."""
+
+    def __init__(self, norm1: nn.LayerNorm, attn: Attention, norm2: nn.LayerNorm, mlp: Mlp,
+                 cct_norm: bool = False, drop_path: float = 0.0) -> None:
         super().__init__()
         self.norm1, self.attn, self.norm2, self.mlp = norm1, attn, norm2, mlp
+        self.cct_norm, self.drop_path = cct_norm, drop_path
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        x = x + drop_path(self.attn(self.norm1(x)), self.drop_path, self.training)
+        if self.cct_norm:
+            x = self.norm2(x)
+            return x + drop_path(self.mlp(x), self.drop_path, self.training)
+        return x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)
 
 
 class TokenizerStage(nn.Module):
@@ -97,19 +123,33 @@ class TokenizerStage(nn.Module):
 
 
 class ViTNet(nn.Module):
-    """A standalone subnet: tokenizer, blocks, norm, token mean, classifier."""
+    """A standalone subnet: tokenizer, (positional embedding), blocks, norm, token mean or
+    sequence pooling, classifier."""
 
     def __init__(self, tokenizer: list[TokenizerStage], blocks: list[ViTBlock],
-                 norm: nn.LayerNorm, classifier: nn.Linear) -> None:
+                 norm: nn.LayerNorm, classifier: nn.Linear, pos_embed: torch.Tensor | None = None,
+                 attention_pool: nn.Linear | None = None) -> None:
         super().__init__()
         self.tokenizer = nn.Sequential(*tokenizer)
+        self.pos_embed = nn.Parameter(pos_embed) if pos_embed is not None else None
         self.blocks = nn.Sequential(*blocks)
         self.norm = norm
+        # CCT's sequence pooling: a score per token, softmax over the tokens, the tokens'
+        # weighted sum (a product of two activations); named as in the layer list
+        self.seq_pool = attention_pool is not None
+        if attention_pool is not None:
+            self.attention_pool, self.pool_softmax, self.pool = (
+                attention_pool, nn.Softmax(dim=1), MatMul())
         self.classifier = classifier
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.tokenizer(x).flatten(2).transpose(1, 2)  # (B, C, H, W) -> (B, H·W, C)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed
         x = self.norm(self.blocks(x))
+        if self.seq_pool:
+            w = self.pool_softmax(self.attention_pool(x)).transpose(1, 2)  # (B, 1, N)
+            return self.classifier(self.pool(w, x).flatten(1))
         return self.classifier(x.mean(1))
 
 
@@ -196,27 +236,33 @@ class DynamicViTBlock(nn.Module):
         self.fc2 = DynamicLinear(c.hidden(max_e, c.mlp_ratio_choices[-1]), max_e)
         self.active_heads = max_h
         self.active_ratio = float(c.mlp_ratio_choices[-1])
+        self.drop_path = 0.0  # this block's stochastic-depth rate (set by the supernet)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.space.cfg
         e, h, d = x.size(-1), self.active_heads, self.head_dim
         y = self.qkv(self.norm1(x), h).unflatten(-1, (3, h, d)).permute(2, 0, 3, 1, 4)
         if self.training:  # one fused kernel (flash / memory-efficient on a GPU), same maths
-            y = F.scaled_dot_product_attention(y[0], y[1], y[2], scale=d**-0.5)
+            y = F.scaled_dot_product_attention(y[0], y[1], y[2], scale=d**-0.5,
+                                               dropout_p=c.attn_drop)
         else:  # the static model's operations, so extract() gives identical outputs
             attn = torch.softmax(torch.matmul(y[0], y[1].transpose(-2, -1)) * d**-0.5, dim=-1)
             y = torch.matmul(attn, y[2])
         y = y.transpose(1, 2).flatten(2)
-        x = x + self.proj(y, e)
-        y = F.gelu(self.fc1(self.norm2(x), self.space.cfg.hidden(e, self.active_ratio)))
-        return x + self.fc2(y, e)
+        x = x + drop_path(self.proj(y, e), self.drop_path, self.training)
+        if c.cct_norm:
+            x = self.norm2(x)
+        y = F.gelu(self.fc1(x if c.cct_norm else self.norm2(x), c.hidden(e, self.active_ratio)))
+        return x + drop_path(self.fc2(y, e), self.drop_path, self.training)
 
     def static(self, embed: int) -> ViTBlock:
         c, h = self.space.cfg, self.active_heads
         hidden = c.hidden(embed, self.active_ratio)
         attn = Attention(self.qkv.static(embed, h), self.proj.static(h * self.head_dim, embed),
-                         h, self.head_dim)
+                         h, self.head_dim, attn_drop=c.attn_drop)
         mlp = Mlp(self.fc1.static(embed, hidden), self.fc2.static(hidden, embed))
-        return ViTBlock(self.norm1.static(embed), attn, self.norm2.static(embed), mlp)
+        return ViTBlock(self.norm1.static(embed), attn, self.norm2.static(embed), mlp,
+                        cct_norm=c.cct_norm, drop_path=self.drop_path)
 
 
 class ViTSupernet(nn.Module):
@@ -233,8 +279,15 @@ class ViTSupernet(nn.Module):
             self.tokenizer.append(DynamicConv2d(in_ch, ch, c.tokenizer_kernel))
             in_ch = ch
         self.tokenizer.append(DynamicConv2d(in_ch, max_e, c.tokenizer_kernel))
+        self.pos_embed = None
+        if c.pos_embed:  # CCT's learnable positional embedding (its initialisation)
+            self.pos_embed = nn.Parameter(torch.empty(1, c.num_tokens, max_e))
+            nn.init.trunc_normal_(self.pos_embed, std=0.2)
         self.blocks = nn.ModuleList(DynamicViTBlock(space) for _ in range(c.max_depth))
+        for block, rate in zip(self.blocks, block_rates(c.drop_path, c.max_depth)):
+            block.drop_path = rate
         self.norm = DynamicLayerNorm(max_e, eps=c.ln_eps)
+        self.attention_pool = DynamicLinear(max_e, 1) if c.seq_pool else None
         self.classifier = DynamicLinear(max_e, c.num_classes)
         self.active_embed, self.active_depth = max_e, c.max_depth
         self.set_active(space.largest())
@@ -256,9 +309,14 @@ class ViTSupernet(nn.Module):
         for conv, width in zip(self.tokenizer, widths):
             x = F.max_pool2d(F.relu(conv(x, width)), 3, 2, 1)
         x = x.flatten(2).transpose(1, 2)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed[..., : x.size(-1)]
         for block in self.blocks[: self.active_depth]:
             x = block(x)
         x = self.norm(x)
+        if self.attention_pool is not None:  # as ViTNet computes it
+            w = torch.softmax(self.attention_pool(x, 1), dim=1).transpose(1, 2)
+            return self.classifier(torch.matmul(w, x).flatten(1), self.space.cfg.num_classes)
         return self.classifier(x.mean(1), self.space.cfg.num_classes)
 
     @torch.no_grad()
@@ -276,8 +334,11 @@ class ViTSupernet(nn.Module):
             for conv, width in zip(self.tokenizer, widths):
                 tokenizer.append(TokenizerStage(conv.static(in_ch, width)))
                 in_ch = width
+            pos = self.pos_embed[..., :e].clone() if self.pos_embed is not None else None
+            pool = self.attention_pool.static(e, 1) if self.attention_pool is not None else None
             net = ViTNet(tokenizer, [b.static(e) for b in self.blocks[: self.active_depth]],
-                         self.norm.static(e), self.classifier.static(e, c.num_classes))
+                         self.norm.static(e), self.classifier.static(e, c.num_classes),
+                         pos_embed=pos, attention_pool=pool)
         finally:
             self.set_active(previous)
         device = next(self.parameters()).device

@@ -13,7 +13,7 @@ from hwnas.supernet.space import SearchSpace
 from hwnas.supernet.spaces.fbnet import FBNetArch, FBNetConfig, FBNetSpace
 from hwnas.supernet.spaces.mbv3 import MBV3Arch, MBV3Config, MBV3Space
 from hwnas.supernet.spaces.nb201 import NB201Arch, NB201Config, NB201Space
-from hwnas.supernet.spaces.vit import ViTArch, ViTConfig, ViTSpace
+from hwnas.supernet.spaces.vit import CCT_CONFIG, CCTSpace, ViTArch, ViTConfig, ViTSpace
 
 from hwnas.core.errors import UserError
 
@@ -105,6 +105,16 @@ def _vit(*, in_channels=None, image_size=None, num_classes=None, config=None) ->
 
 register_space("vit", _vit)
 
+
+def _cct(*, in_channels=None, image_size=None, num_classes=None, config=None) -> CCTSpace:
+    """Compact Convolutional Transformers as a space (sequence pooling, positional embedding,
+    stochastic depth): CCT-2/3x2 to CCT-7/3x2; see :class:`hwnas.supernet.spaces.vit.CCTSpace`."""
+    cfg = ViTConfig.from_dict(config) if config else CCT_CONFIG
+    return CCTSpace(replace(cfg, **_overrides(in_channels, image_size, num_classes)), name="cct")
+
+
+register_space("cct", _cct)
+
 __all__ = [
     "MBV3Arch",
     "MBV3Config",
@@ -118,6 +128,7 @@ __all__ = [
     "ViTArch",
     "ViTConfig",
     "ViTSpace",
+    "CCTSpace",
     "available_spaces",
     "get_space",
     "register_space",

@@ -71,6 +71,30 @@ class ViTConfig(SpaceConfig):
     mlp_ratio_choices: tuple[float, ...] = (1.0, 1.5, 2.0)
     head_dim: int = 64
     ln_eps: float = 1e-5
+    #: CCT's parts (Hassani et al. 2021), each off by default so that ``vit`` stays as shipped:
+    #: ``seq_pool`` -- sequence pooling (a linear score per token, softmax over the tokens,
+    #: their weighted sum) in place of the token mean; ``pos_embed`` -- a learned positional
+    #: embedding added to the tokens; ``cct_norm`` -- CCT's block, which normalises the
+    #: residual stream after the attention (``x = norm2(x + attn(norm1(x))); x + mlp(x)``);
+    #: ``drop_path`` -- stochastic depth, rising linearly over the blocks to this rate;
+    #: ``attn_drop`` -- dropout of the attention weights. The last two act in training only.
+    seq_pool: bool = False
+    pos_embed: bool = False
+    cct_norm: bool = False
+    drop_path: float = 0.0
+    attn_drop: float = 0.0
+
+    #: the CCT settings and their off values: left out of ``to_dict`` when off, so that the
+    #: configuration stored with checkpoints written before they existed still matches
+    CCT_OFF = {"seq_pool": False, "pos_embed": False, "cct_norm": False, "drop_path": 0.0,
+               "attn_drop": 0.0}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        for k, off in self.CCT_OFF.items():
+            if d.get(k) == off:
+                d.pop(k)
+        return d
 
     def __post_init__(self) -> None:
         for name in ("embed_choices", "depth_choices", "heads_choices", "mlp_ratio_choices"):
@@ -90,6 +114,9 @@ class ViTConfig(SpaceConfig):
             raise ValueError(f"tokenizer_channels must be positive, got {self.tokenizer_channels}")
         if min(self.in_channels, self.image_size, self.num_classes) < 1 or self.ln_eps <= 0:
             raise ValueError("in_channels, image_size, num_classes and ln_eps must be positive")
+        if not (0.0 <= self.drop_path < 1.0 and 0.0 <= self.attn_drop < 1.0):
+            raise ValueError(f"drop_path and attn_drop must be in [0, 1), got {self.drop_path}, "
+                             f"{self.attn_drop}")
 
     @property
     def max_depth(self) -> int:
@@ -166,7 +193,7 @@ class ViTSpace(SearchSpace[ViTArch]):
             return self
         changes = restrict_choices(self, choices, kind="numbers",
                                    number=lambda dim, v: float(v) if dim == "mlp_ratio" else int(v))
-        return ViTSpace(replace(self.cfg, **changes), name=self.name)
+        return type(self)(replace(self.cfg, **changes), name=self.name)
 
     # -- members ---------------------------------------------------------------------------------
     def sample(self, rng: np.random.Generator) -> ViTArch:
@@ -284,13 +311,18 @@ class ViTSpace(SearchSpace[ViTArch]):
             layers += [conv, pool]
             size, in_ch = pool.out_h, out_ch
         n, e = c.num_tokens, arch.embed
+        if c.pos_embed:
+            layers.append(Layer("pos_add", "add", e, e, in_h=n, in_w=1))
         for b, (heads, ratio) in enumerate(arch.blocks):
             layers += self.block_layers(f"blocks.{b}", e, heads, ratio)
-        layers += [
-            Layer("norm", "layernorm", e, e, bias=True, in_h=n, in_w=1),
-            Layer("pool", "avgpool", e, e, in_h=n, in_w=1),
-            Layer("classifier", "linear", e, c.num_classes, bias=True),
-        ]
+        layers.append(Layer("norm", "layernorm", e, e, bias=True, in_h=n, in_w=1))
+        if c.seq_pool:  # a score per token, softmax over the tokens, (1 x N) @ (N x e)
+            layers += [Layer("attention_pool", "linear", e, 1, bias=True, in_h=n, in_w=1),
+                       Layer("pool_softmax", "softmax", n, n),
+                       Layer("pool", "matmul", n, e)]
+        else:
+            layers.append(Layer("pool", "avgpool", e, e, in_h=n, in_w=1))
+        layers.append(Layer("classifier", "linear", e, c.num_classes, bias=True))
         return layers
 
     # -- Optuna ----------------------------------------------------------------------------------
@@ -358,3 +390,29 @@ class ViTSpace(SearchSpace[ViTArch]):
         from hwnas.supernet.nn.vit import ViTSupernet
 
         return ViTSupernet(self)
+
+
+#: CCT's CIFAR models as a space (Hassani et al. 2021): ``vit`` with sequence pooling, a
+#: learned positional embedding, CCT's block, stochastic depth 0.1 and attention dropout 0.1;
+#: embed 128-256, depth 2-7. Its smallest member is CCT-2/3x2, its largest CCT-7/3x2.
+CCT_CONFIG = ViTConfig(embed_choices=(128, 192, 256), depth_choices=(2, 3, 4, 5, 6, 7),
+                       seq_pool=True, pos_embed=True, cct_norm=True, drop_path=0.1,
+                       attn_drop=0.1)
+
+
+class CCTSpace(ViTSpace):
+    """The ``cct`` space: :data:`CCT_CONFIG` and CCT's own CIFAR recipe."""
+
+    def __init__(self, config: ViTConfig | None = None, name: str = "cct") -> None:
+        super().__init__(config or CCT_CONFIG, name)
+
+    def training_defaults(self) -> dict[str, Any]:
+        """CCT's CIFAR-10 recipe (its configs/datasets/cifar10.yml): AdamW at 5.5e-4 for batch
+        128, weight decay 0.06, 10 warm-up epochs, label smoothing 0.1, MixUp 0.8 / CutMix 1.0
+        (one or the other per batch), and strong augmentation -- TrivialAugment, crop, flip
+        and cutout here, where CCT uses RandAugment, random resized crops and random erasing.
+        The supernet schedule is ``vit``'s (the full network first)."""
+        defaults = super().training_defaults()
+        defaults.update(lr=5.5e-4, weight_decay=0.06, warmup_epochs=10.0, mixup=0.8, cutmix=1.0,
+                        batch_size=128)
+        return defaults

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# CCT reproduction on one H200, as resumable phases (benchmarks/supernet_cifar10.md, "CCT").
+#
+#   bash benchmarks/results/supernet_cifar10/h200_cct.sh MINUTES
+#
+# Each call: restores every job's run directory (from /tmp if this machine ran it before, else
+# from the parts a previous call returned, carried in data/cct_resume/), starts the jobs that
+# are not running, in their own process session so that they outlive this call while the
+# machine is held, waits MINUTES, then returns through $OUT each job's logs (cct_logs.tgz) and
+# the resumable checkpoints of the main jobs, split into 15 MB parts (cct7.ckpt.partNN ...).
+# Carry: data/c10 (the full cifar10-jpeg.npz) and, when resuming on a new machine,
+# data/cct_resume (the returned parts).
+set -u
+MINUTES=${1:-9}
+ROOT=/tmp/cct
+DATA=${CCT_DATA:-data/c10/cifar10-jpeg.npz}
+mkdir -p "$ROOT"
+pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || true
+export PYTHONUNBUFFERED=1
+
+# name | hwnas train arguments (--epochs included)
+JOBS=(
+  "cct7|--space cct --standalone largest --epochs 200"
+  "cct2|--space cct --standalone smallest --epochs 200"
+  "ablA_cct7_50|--space cct --standalone largest --epochs 50"
+  "ablB_vitarch_cctrecipe_50|--space vit --standalone largest --epochs 50 --batch-size 128 --lr 5.5e-4 --weight-decay 0.06 --warmup-epochs 10 --mixup 0.8 --cutmix 1.0"
+  "ablC_cct7_vitrecipe_50|--space cct --standalone largest --epochs 50 --batch-size 512 --lr 5e-4 --weight-decay 0.05 --warmup-epochs 5 --mixup 0 --cutmix 0"
+)
+RETURN_CKPT="${RETURN_CKPT:-cct7 cct2}"
+
+for spec in "${JOBS[@]}"; do
+  name=${spec%%|*}; args=${spec#*|}
+  dir=$ROOT/$name
+  if [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
+    echo "$name: running"; continue
+  fi
+  if [ -f "$dir/eval.json" ]; then echo "$name: done"; continue; fi
+  if [ ! -f "$dir/checkpoint.pt" ] && ls data/cct_resume/"$name".ckpt.part* >/dev/null 2>&1; then
+    mkdir -p "$dir"
+    cat data/cct_resume/"$name".ckpt.part* > "$dir/checkpoint.pt"
+    tar -xzf data/cct_resume/cct_logs.tgz -C "$ROOT" "$name/run.json" "$name/train_log.json" 2>/dev/null
+    echo "$name: restored from carried parts"
+  fi
+  if [ -f "$dir/checkpoint.pt" ] && [ -f "$dir/run.json" ]; then
+    cmd="python3 -m hwnas train --out $dir --resume --device cuda --compile --quiet --eval"
+  else
+    rm -rf "$dir"
+    cmd="python3 -m hwnas train $args --dataset $DATA --out $dir --device cuda --compile --quiet --eval --checkpoint-every-s 90"
+  fi
+  mkdir -p "$dir"
+  echo "$name: $cmd" | tee -a "$ROOT/phases.log"
+  setsid nohup bash -c "$cmd >> $dir.log 2>&1" >/dev/null 2>&1 &
+  echo $! > "$dir/pid"
+done
+
+end=$(( $(date +%s) + ${MINUTES%.*} * 60 ))
+while [ "$(date +%s)" -lt "$end" ]; do
+  sleep 30
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader >> "$ROOT/smi.log"
+  running=0
+  for spec in "${JOBS[@]}"; do
+    d=$ROOT/${spec%%|*}; [ -f "$d/pid" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null && running=1
+  done
+  [ "$running" = 0 ] && break
+done
+
+cd "$ROOT" && tar -czf "$OUT/cct_logs.tgz" phases.log smi.log ./*.log ./*/run.json ./*/train_log.json ./*/eval.json 2>/dev/null
+cd - >/dev/null
+for name in $RETURN_CKPT; do
+  [ -f "$ROOT/$name/checkpoint.pt" ] && [ ! -f "$ROOT/$name/eval.json" ] \
+    && split -b 15M -d -a 2 "$ROOT/$name/checkpoint.pt" "$OUT/$name.ckpt.part"
+  [ -f "$ROOT/$name/model.pt" ] && cp "$ROOT/$name/model.pt" "$OUT/$name.model.pt"
+done
+for spec in "${JOBS[@]}"; do
+  name=${spec%%|*}
+  echo "== $name"; tail -c 600 "$ROOT/$name.log" 2>/dev/null | tr '\r' '\n' | tail -4
+  [ -f "$ROOT/$name/eval.json" ] && cat "$ROOT/$name/eval.json" | head -c 600
+done
+ls -la "$OUT"
