@@ -1,0 +1,81 @@
+"""The ``cct`` space: ``vit`` with CCT's parts (sequence pooling, positional embedding, CCT's
+block norm, stochastic depth, attention dropout). Its extremes have the published CCT sizes, the
+parts are off in ``vit`` (old checkpoints keep matching), the training-only parts vanish in
+eval mode, and a subnet exports to a QDQ file that agrees with its fake-quant model."""
+
+from __future__ import annotations
+
+import pytest
+from hwnas.quant.policy import product_sources, uniform
+from hwnas.supernet.layers import total_params
+from hwnas.supernet.spaces import CCTSpace, ViTConfig, get_space
+
+torch = pytest.importorskip("torch")
+
+
+def test_extremes_have_cct_2_and_cct_7_sizes() -> None:
+    space = get_space("cct")
+    assert isinstance(space, CCTSpace)
+    net_s = space.build_supernet().extract(space.smallest())
+    net_l = space.build_supernet().extract(space.largest())
+    n_s = sum(p.numel() for p in net_s.parameters())
+    n_l = sum(p.numel() for p in net_l.parameters())
+    # CCT's README: CCT-2/3x2 0.28 M, CCT-7/3x2 3.85 M (its Q/K/V have no biases: 5 k fewer)
+    assert 0.27e6 < n_s < 0.29e6 and 3.84e6 < n_l < 3.87e6
+    # the layer list counts every parameter but the positional embedding's tokens x embed
+    for arch, n in ((space.smallest(), n_s), (space.largest(), n_l)):
+        assert total_params(space.layers(arch)) + space.cfg.num_tokens * arch.embed == n
+
+
+def test_vit_keeps_its_configuration_and_the_cct_parts_are_off() -> None:
+    vit = get_space("vit")
+    assert not {"seq_pool", "pos_embed", "cct_norm", "drop_path", "attn_drop"} & set(vit.config())
+    assert get_space("vit", config=vit.config()).config() == vit.config()
+    cct = get_space("cct")
+    assert get_space("cct", config=cct.config()).config() == cct.config()
+    assert cct.training_defaults()["batch_size"] == 128 and cct.training_defaults()["mixup"] == 0.8
+    with pytest.raises(ValueError, match="drop_path"):
+        ViTConfig(drop_path=1.0)
+
+
+def test_training_only_parts_act_in_training_and_vanish_in_eval() -> None:
+    space = get_space("cct")
+    torch.manual_seed(0)
+    supernet = space.build_supernet()
+    net = supernet.extract(space.largest())
+    x = torch.randn(8, 3, 32, 32)
+    net.train()
+    assert not torch.equal(net(x), net(x))  # stochastic depth and attention dropout draw anew
+    net.eval()
+    assert torch.equal(net(x), net(x))
+    supernet.eval()
+    supernet.set_active(space.largest())
+    assert torch.allclose(supernet(x), net(x), atol=1e-5)
+
+
+def test_sequence_pooling_product_follows_its_score_layer() -> None:
+    space = get_space("cct")
+    layers = space.layers(space.smallest())
+    names = [la.name for la in layers]
+    assert names.index("pos_add") < names.index("blocks.0.norm1")
+    assert names[-4:] == ["attention_pool", "pool_softmax", "pool", "classifier"]
+    assert product_sources(layers)["pool"] == "attention_pool"
+
+
+def test_cct_subnet_exports_to_a_qdq_file_that_agrees_with_its_fake_quant_model() -> None:
+    pytest.importorskip("onnxruntime")
+    from hwnas.export.onnx_export import check_parity
+    from hwnas.export.qdq import build_qdq
+
+    space = CCTSpace(ViTConfig(tokenizer_channels=(8,), embed_choices=(16, 24),
+                               depth_choices=(1, 2), heads_choices=(1, 2),
+                               mlp_ratio_choices=(1.0, 2.0), head_dim=8, seq_pool=True,
+                               pos_embed=True, cct_norm=True, drop_path=0.1, attn_drop=0.1))
+    torch.manual_seed(0)
+    model = space.build_supernet().extract(space.largest())
+    images = torch.randn(64, *space.input_shape, generator=torch.Generator().manual_seed(1))
+    built = build_qdq(model, uniform(model, 8, 8), [images[:32]])
+    data = built.proto(requantize=True).SerializeToString()
+    with built.reference(requantize=True) as ref:
+        exact = check_parity(data, ref, images[32:], atol=float("inf"))
+    assert exact.top1_agreement >= 0.99 and exact.max_abs_diff < 1e-3
