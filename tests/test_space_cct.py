@@ -79,3 +79,31 @@ def test_cct_subnet_exports_to_a_qdq_file_that_agrees_with_its_fake_quant_model(
     with built.reference(requantize=True) as ref:
         exact = check_parity(data, ref, images[32:], atol=float("inf"))
     assert exact.top1_agreement >= 0.99 and exact.max_abs_diff < 1e-3
+
+
+def test_standalone_training_with_the_stochastic_parts_resumes_exactly(two_step_digits, tmp_path):
+    """Stochastic depth, attention dropout and MixUp/CutMix draw from the RNG state the
+    checkpoint keeps: 2 epochs in one go == 3 steps, a fresh process, the rest."""
+    from hwnas.supernet.train import reinitialize, standalone_config, train_standalone
+    from train_support import same_weights
+
+    space = get_space("cct", in_channels=1, image_size=8, num_classes=10)
+    arch = space.smallest()
+
+    def fresh():
+        torch.manual_seed(0)
+        return reinitialize(space.build_supernet().extract(arch).train(), seed=1)
+
+    config = standalone_config(2, batch_size=64, lr=1e-3, optimizer="adamw", mixup=0.8,
+                               cutmix=1.0, warmup_epochs=0.5)
+    ref = fresh()
+    train_standalone(ref, two_step_digits, config=config, progress=False)
+    ckpt = tmp_path / "s.pt"
+    m = fresh()
+    train_standalone(m, two_step_digits, config=config, space=space, arch=arch, progress=False,
+                     checkpoint_path=ckpt, max_steps=3)
+    assert not same_weights(m, ref)
+    m = fresh()
+    train_standalone(m, two_step_digits, config=config, space=space, arch=arch, progress=False,
+                     checkpoint_path=ckpt, resume_from=ckpt)
+    assert same_weights(m, ref)
