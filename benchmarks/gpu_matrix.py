@@ -215,6 +215,26 @@ def run_cell(cell: dict, work: Path, a: argparse.Namespace) -> dict:
     return res
 
 
+def stratified_subset(src: Path, dst: Path, per_class_train: int, per_class_test: int,
+                      seed: int = 0) -> None:
+    """A class-stratified subset of a cifar10-jpeg ``.npz`` (its splits are sorted by class, so
+    a plain head would hold one or two classes)."""
+    import numpy as np
+
+    d, rng, out = np.load(src), np.random.default_rng(seed), {}
+    for split, n in (("train", per_class_train), ("test", per_class_test)):
+        labels, offsets, jpeg = d[f"{split}_labels"], d[f"{split}_offsets"], d[f"{split}_jpeg"]
+        idx = np.sort(np.concatenate([rng.choice(np.flatnonzero(labels == c), n, replace=False)
+                                      for c in np.unique(labels)]))
+        chunks = [jpeg[offsets[i]:offsets[i + 1]] for i in idx]
+        o = np.zeros(len(idx) + 1, np.int64)
+        o[1:] = np.cumsum([len(c) for c in chunks])
+        out.update({f"{split}_jpeg": np.concatenate(chunks), f"{split}_offsets": o,
+                    f"{split}_labels": labels[idx]})
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(dst, classes=d["classes"], **out)
+
+
 def machine() -> dict:
     import torch
 
@@ -254,7 +274,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cell-timeout", type=float, default=300)
     p.add_argument("--budget-s", type=float, default=1e9, help="start no cell after this many s")
     p.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp dir)")
+    p.add_argument("--subset-from", type=Path, default=None,
+                   help="a full cifar10-jpeg .npz: write a stratified subset (1,000 training and "
+                        "500 test images per class) under $HWNAS_SHARED_DATA/cifar10 first")
     a = p.parse_args(argv)
+    if a.subset_from is not None:
+        from hwnas.core.paths import SHARED_DATA_ENV
+
+        dst = Path(os.environ[SHARED_DATA_ENV]) / "cifar10" / "cifar10-jpeg.npz"
+        if not dst.exists():
+            stratified_subset(a.subset_from, dst, 1000, 500)
     from hwnas.supernet.spaces import available_spaces  # the registry
 
     a.out.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ for label, pre in (("cudnn_on", ""), ("cudnn_off", "torch.backends.cudnn.enabled
                    ("cudnn_benchmark", "torch.backends.cudnn.benchmark = True; ")):
     code = (f"import torch; {pre}from hwnas.cli import main; "
             "raise SystemExit(main(['train', '--space', 'mbv3', '--dataset', 'digits', '--device', 'cuda', "
-            "'--epochs', '2', '--out', '/tmp/probe_%s.pt', '--overwrite', '--quiet']))" % label)
+            "'--epochs', '1', '--out', '/tmp/probe_%s.pt', '--overwrite', '--quiet']))" % label)
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     res[label] = {"rc": p.returncode, "seconds": round(time.perf_counter() - t0, 1),
