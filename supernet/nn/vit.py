@@ -269,16 +269,17 @@ class ViTSupernet(nn.Module):
         previous = self.active_arch()
         if arch is not None:
             self.set_active(arch)
-        try:
-            c, e = self.space.cfg, self.active_embed
-            widths = [*c.tokenizer_channels, e]
-            tokenizer, in_ch = [], c.in_channels
-            for conv, width in zip(self.tokenizer, widths):
-                tokenizer.append(TokenizerStage(conv.static(in_ch, width)))
-                in_ch = width
-            net = ViTNet(tokenizer, [b.static(e) for b in self.blocks[: self.active_depth]],
-                         self.norm.static(e), self.classifier.static(e, c.num_classes))
+        device = next(self.parameters()).device
+        try:  # built on the supernet's device: no copy through the default device
+            with torch.device(device):
+                c, e = self.space.cfg, self.active_embed
+                widths = [*c.tokenizer_channels, e]
+                tokenizer, in_ch = [], c.in_channels
+                for conv, width in zip(self.tokenizer, widths):
+                    tokenizer.append(TokenizerStage(conv.static(in_ch, width)))
+                    in_ch = width
+                net = ViTNet(tokenizer, [b.static(e) for b in self.blocks[: self.active_depth]],
+                             self.norm.static(e), self.classifier.static(e, c.num_classes))
         finally:
             self.set_active(previous)
-        device = next(self.parameters()).device
         return net.to(device).eval()
