@@ -379,8 +379,8 @@ def _verify_qdq(proto: onnx.ModelProto, build: QdqBuild, passes: ImagePasses, re
 def raw_images(images: torch.Tensor, spec: InputSpec) -> np.ndarray:
     """The uint8 NHWC pixels that normalised NCHW ``images`` were made from (the inverse of
     ``(uint8 / 255 - mean) / std``, rounded: exact for images that came from uint8)."""
-    mean = torch.tensor(spec.mean, dtype=torch.float64).view(1, -1, 1, 1)
-    std = torch.tensor(spec.std, dtype=torch.float64).view(1, -1, 1, 1)
+    mean = torch.tensor(spec.mean, dtype=torch.float64, device="cpu").view(1, -1, 1, 1)
+    std = torch.tensor(spec.std, dtype=torch.float64, device="cpu").view(1, -1, 1, 1)
     pixels = ((images.detach().cpu().double() * std + mean) * 255.0).round().clamp(0, 255)
     return pixels.to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
 

@@ -193,7 +193,7 @@ def weight_qparams(weight: torch.Tensor, bits: int, method: str = "minmax", *, g
         return absmax / qmax
     best_err = torch.full_like(absmax, math.inf)
     best_scale = absmax / qmax
-    for r in torch.linspace(1.0 / grid, 1.0, grid).tolist():
+    for r in torch.linspace(1.0 / grid, 1.0, grid, device="cpu").tolist():
         scale = (absmax * r / qmax)[:, None]
         err = ((torch.clamp(torch.round(w / scale), -qmax, qmax) * scale - w) ** 2).sum(dim=1)
         better = err < best_err
