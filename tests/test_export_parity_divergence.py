@@ -9,6 +9,7 @@ import pytest
 from hwnas.export.model_export import ExportSettings, export_model
 from hwnas.export.onnx_export import divergence_of
 from hwnas.export.passes import ImagePasses
+from hwnas.export.run_export import _summary_line
 from hwnas.quant.policy import uniform
 
 
@@ -86,3 +87,4 @@ def test_qdq_check_passes_rounding_flips_and_fails_a_systematic_difference(
     else:
         assert report.ok and report.written, report.error
         assert "near-tied logits" in report.parity_note and "% of images exact" in report.parity_note
+        assert "qdq/m.onnx agrees" in _summary_line(result)  # the line the CLI prints says so
