@@ -33,12 +33,12 @@ from hwnas.supernet.spaces import available_spaces, get_space  # noqa: E402
 SMALL: dict[str, tuple[dict, int]] = {
     "mbv3-tiny": ({}, 8),
     "mbv3": ({"stage_channels": [16, 24, 32, 40, 48], "depth_choices": [1, 2],
-              "head_channels": 64, "feature_mix_channels": 96}, 16),
+              "head_channels": 64, "feature_mix_channels": 96}, 8),
     "fbnet": ({"stage_channels": [8, 8, 16, 16, 24, 24, 32], "stage_layers": [1] * 7,
-               "head_channels": 64}, 16),
-    "nb201": ({"init_channels": 8, "cells_per_stage": 1}, 16),
+               "head_channels": 64}, 8),
+    "nb201": ({"init_channels": 8, "cells_per_stage": 1}, 8),
     "vit": ({"tokenizer_channels": [8], "embed_choices": [16, 24], "depth_choices": [1, 2],
-             "heads_choices": [1, 2], "mlp_ratio_choices": [1.0, 2.0], "head_dim": 8}, 16),
+             "heads_choices": [1, 2], "mlp_ratio_choices": [1.0, 2.0], "head_dim": 8}, 8),
 }
 POLICIES = ("int8", "mixed", "int8-shared-adds")
 
@@ -110,8 +110,8 @@ def test_float_paths_keep_to_the_model_device(setup) -> None:
         acc = accuracy(model, eval_loader(s.data, s.data.val, batch_size=16))
         teacher = net.extract(s.space.largest())
         distill(model, teacher, s.batches, QATConfig(epochs=1, max_steps=1), progress=False)
-        hessian_sensitivity(model, s.batches, [(4, 8), (8, 8)], max_images=16, n_samples=2,
-                            chunk=8)
+        # two vectors: the batched Hessian-vector product
+        hessian_sensitivity(model, s.batches, [(4, 8), (8, 8)], max_images=8, n_samples=2)
     assert 0.0 <= acc <= 100.0
     for module in (model.eval(), net.eval()):
         assert not stray_tensor_attributes(module)
