@@ -73,7 +73,7 @@ def _twice_differentiable(model: nn.Module) -> nn.Module:
 
 def hutchinson_trace(loss_fn: Callable[[], torch.Tensor] | Sequence[Callable[[], torch.Tensor]],
                      params: Mapping[str, torch.Tensor], *, n_samples: int = 32,
-                     seed: int = 0, batch: int = 8) -> dict[str, float]:
+                     seed: int = 0, batch: int | None = None) -> dict[str, float]:
     """Hutchinson estimates of ``Tr(H_p)`` for each parameter ``p`` (the diagonal block of the
     Hessian of the loss w.r.t. ``p``), averaged over ``n_samples`` Rademacher vectors.
 
@@ -86,16 +86,19 @@ def hutchinson_trace(loss_fn: Callable[[], torch.Tensor] | Sequence[Callable[[],
 
     ``batch`` vectors go through one batched double-backward pass (``is_grads_batched``, vmap
     over the backward graph): the same products as one pass per vector, in larger kernels and
-    fewer launches. The vectors are drawn on the CPU from ``seed`` (the same on every device)
-    and the sums stay on the parameters' device until the end (one host sync, not one per
-    vector and layer).
+    fewer launches. Default: one at a time on the CPU (batched, it measured 19-23 % slower
+    there: benchmarks/hessian_batched.md), 8 on other devices, where launches dominate. The
+    vectors are drawn on the CPU from ``seed`` (the same on every device) and the sums stay on
+    the parameters' device until the end (one host sync, not one per vector and layer).
     """
     if n_samples < 1:
         raise UserError(f"n_samples must be positive, got {n_samples}")
-    if batch < 1:
+    if batch is not None and batch < 1:
         raise UserError(f"batch must be positive, got {batch}")
     parts = [loss_fn] if callable(loss_fn) else list(loss_fn)
     names, tensors = list(params), list(params.values())
+    if batch is None:
+        batch = 1 if not tensors or tensors[0].device.type == "cpu" else 8
     sums = [torch.zeros((), dtype=torch.float64, device=t.device) for t in tensors]
     for part in parts:
         # a parameter the loss does not use (a layer cut off by a "none" edge) has trace 0
@@ -169,7 +172,7 @@ def _labelled(batches: Iterable, max_images: int, device: torch.device) -> tuple
 
 def hessian_sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[Pair], *,
                         max_images: int = 512, n_samples: int = 32, weight_observer: str = "minmax",
-                        seed: int = 0, chunk: int = 32, probe_batch: int = 8) -> SensitivityTable:
+                        seed: int = 0, chunk: int = 32, probe_batch: int | None = None) -> SensitivityTable:
     """HAWQ-V2 sensitivity of every Conv2d/Linear of ``model`` (BN folded; ``model`` unchanged)
     for each candidate, from the cross-entropy loss on up to ``max_images`` labelled images.
 
@@ -177,7 +180,7 @@ def hessian_sensitivity(model: nn.Module, batches: Iterable, candidates: Sequenc
     one loss per chunk), so only one chunk's double-backward graph is held at once: over all
     images it was the memory peak of a whole ``hwnas run`` on the CPU
     (benchmarks/hessian_memory.md). ``probe_batch`` Rademacher vectors share one batched
-    Hessian-vector product (benchmarks/hessian_batched.md)."""
+    Hessian-vector product (default: see :func:`hutchinson_trace`)."""
     candidates = _check_candidates(candidates)
     if chunk < 1:
         raise UserError(f"chunk must be positive, got {chunk}")
