@@ -581,6 +581,11 @@ def _summary_line(result: Any) -> str:
                          f"vs fp32 {d.fp32_ms:.3f} ms ({d.speedup:.2f}x)")
         if d.busy and d.recommended is not None and d.fp32_ms is not None:
             parts[-1] += " [timed on a busy machine: may not hold on a quiet one]"
+    tied = [f for f in result.files if getattr(f, "parity_note", "")]
+    if tied:  # passed below min_agreement: say why (the manifest's parity_note has the figures)
+        parts.append(", ".join(f"{f.path} agrees {100 * f.top1_agreement:.1f}% with its "
+                               f"fake-quant model" for f in tied)
+                     + ": rounding flips on near-tied logits (parity_note in the manifest)")
     written = sum(1 for f in result.files if f.written)
     return f"{result.name}: ok: {written} file(s)" + "".join(f"; {p}" for p in parts)
 

@@ -109,9 +109,12 @@ class FakeQuantize(nn.Module):
     (:mod:`hwnas.quant.ptq`); until then an enabled activation quantizer refuses to run, so an
     uncalibrated model can never be evaluated by mistake. ``enabled=False`` makes it the
     identity (used to observe float activations and to quantize one layer at a time).
+    ``device``: where its parameters and buffers are made (the model's device: made on the
+    default device and moved, they would cost a copy each, and one left behind fails on a GPU).
     """
 
-    def __init__(self, bits: int, kind: str, channels: int = 1, ch_axis: int = 0) -> None:
+    def __init__(self, bits: int, kind: str, channels: int = 1, ch_axis: int = 0,
+                 device: torch.device | str | None = None) -> None:
         super().__init__()
         if bits not in SUPPORTED_BITS:
             raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits}")
@@ -120,11 +123,11 @@ class FakeQuantize(nn.Module):
         if kind == "act" and channels != 1:
             raise ValueError("activation quantizers are per tensor (channels=1)")
         self.bits, self.kind, self.ch_axis = int(bits), kind, ch_axis
-        self.scale = nn.Parameter(torch.ones(channels), requires_grad=False)
-        self.register_buffer("zero_point", torch.zeros(channels))
+        self.scale = nn.Parameter(torch.ones(channels, device=device), requires_grad=False)
+        self.register_buffer("zero_point", torch.zeros(channels, device=device))
         # persisted in the state dict; mirrored in a Python bool so that forward never syncs
         # with the GPU to read it
-        self.register_buffer("calibrated_flag", torch.tensor(False))
+        self.register_buffer("calibrated_flag", torch.tensor(False, device=device))
         self._calibrated = False
         self.enabled = True
         #: LSQ gradient scale g; ``None`` = scale is not being learned
@@ -210,8 +213,8 @@ class FakeQuantize(nn.Module):
         return f"bits={self.bits}, kind={self.kind}, enabled={self.enabled}"
 
 
-def _act_quant(bits: int) -> FakeQuantize:
-    return FakeQuantize(bits, "act")
+def _act_quant(bits: int, device: torch.device | str | None = None) -> FakeQuantize:
+    return FakeQuantize(bits, "act", device=device)
 
 
 class _FakeQuantLayer:
@@ -227,8 +230,8 @@ class _FakeQuantLayer:
                 self.bias.copy_(layer.bias)
             else:
                 self.bias.zero_()
-        self.weight_quant = FakeQuantize(w_bits, "weight", channels, 0).to(layer.weight.device)
-        self.input_quant = _act_quant(a_bits).to(layer.weight.device)
+        self.weight_quant = FakeQuantize(w_bits, "weight", channels, 0, device=layer.weight.device)
+        self.input_quant = _act_quant(a_bits, layer.weight.device)
         self.weight_quant.numel_per_sample = numel_per_sample
         self.train(layer.training)
 
@@ -283,9 +286,9 @@ class SharedAddQuant(nn.Module):
     runtime that adds integer tensors without requantizing needs. ``bits=32`` is a float add.
     """
 
-    def __init__(self, bits: int = 8) -> None:
+    def __init__(self, bits: int = 8, device: torch.device | str | None = None) -> None:
         super().__init__()
-        self.input_quant = _act_quant(bits)
+        self.input_quant = _act_quant(bits, device)
 
     @property
     def a_bits(self) -> int:
@@ -302,9 +305,11 @@ class QuantMatMul(MatMul):
     follows: str = ""
 
     @classmethod
-    def from_float(cls, matmul: MatMul, a_bits: int, follows: str) -> QuantMatMul:
+    def from_float(cls, matmul: MatMul, a_bits: int, follows: str,
+                   device: torch.device | str | None = None) -> QuantMatMul:
+        """``device``: the model's (a product has no tensors of its own to take it from)."""
         new = cls(matmul.transpose_b, matmul.scale)
-        new.a_quant, new.b_quant = _act_quant(a_bits), _act_quant(a_bits)
+        new.a_quant, new.b_quant = _act_quant(a_bits, device), _act_quant(a_bits, device)
         new.follows = follows
         new.train(matmul.training)
         return new

@@ -39,9 +39,11 @@ WEIGHT_OBSERVERS = ("minmax", "mse")
 def affine_qparams(lo: torch.Tensor | float, hi: torch.Tensor | float, bits: int
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and integer zero point mapping ``[lo, hi]`` (widened to include 0) onto
-    ``[0, 2^bits - 1]``."""
-    lo_t = torch.as_tensor(lo, dtype=torch.float32).clamp(max=0.0)
-    hi_t = torch.as_tensor(hi, dtype=torch.float32).clamp(min=0.0)
+    ``[0, 2^bits - 1]``. On the device of ``lo`` when it is a tensor, else on the CPU (two host
+    scalars: never on whatever the default device is)."""
+    device = lo.device if isinstance(lo, torch.Tensor) else "cpu"
+    lo_t = torch.as_tensor(lo, dtype=torch.float32, device=device).clamp(max=0.0)
+    hi_t = torch.as_tensor(hi, dtype=torch.float32, device=device).clamp(min=0.0)
     qmax = 2 ** bits - 1
     scale = ((hi_t - lo_t) / qmax).clamp_min(1e-8)
     zero_point = torch.round(-lo_t / scale).clamp(0, qmax)
@@ -191,7 +193,7 @@ def weight_qparams(weight: torch.Tensor, bits: int, method: str = "minmax", *, g
         return absmax / qmax
     best_err = torch.full_like(absmax, math.inf)
     best_scale = absmax / qmax
-    for r in torch.linspace(1.0 / grid, 1.0, grid).tolist():
+    for r in torch.linspace(1.0 / grid, 1.0, grid, device="cpu").tolist():
         scale = (absmax * r / qmax)[:, None]
         err = ((torch.clamp(torch.round(w / scale), -qmax, qmax) * scale - w) ** 2).sum(dim=1)
         better = err < best_err

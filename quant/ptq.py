@@ -167,7 +167,7 @@ def insert_shared_add_quant(model: nn.Module, bits: int = 8) -> nn.Module:
         used.add(name)
         parent_name, _, child = name.rpartition(".")
         parent = gm.get_submodule(parent_name) if parent_name else gm
-        parent.add_module(child, SharedAddQuant(bits).to(_model_device(model)))
+        parent.add_module(child, SharedAddQuant(bits, _model_device(model)))
         with gm.graph.inserting_after(node):
             new = gm.graph.call_module(name, node.args)
         node.replace_all_uses_with(new)
@@ -208,8 +208,8 @@ def quantize_model(model: nn.Module, policy: QuantPolicy, *, residual: str = "fl
          else "matmul" if isinstance(m, MatMul) else "") for name, m in modules)
     for name, module in modules:
         if name in follows and policy[follows[name]][1] < FLOAT_BITS:
-            _set_module(qmodel, name, QuantMatMul.from_float(module, policy[follows[name]][1],
-                                                             follows[name]).to(_model_device(qmodel)))
+            _set_module(qmodel, name, QuantMatMul.from_float(
+                module, policy[follows[name]][1], follows[name], _model_device(qmodel)))
             continue
         if name not in policy:
             continue

@@ -73,7 +73,7 @@ def _twice_differentiable(model: nn.Module) -> nn.Module:
 
 def hutchinson_trace(loss_fn: Callable[[], torch.Tensor] | Sequence[Callable[[], torch.Tensor]],
                      params: Mapping[str, torch.Tensor], *, n_samples: int = 32,
-                     seed: int = 0) -> dict[str, float]:
+                     seed: int = 0, batch: int | None = None) -> dict[str, float]:
     """Hutchinson estimates of ``Tr(H_p)`` for each parameter ``p`` (the diagonal block of the
     Hessian of the loss w.r.t. ``p``), averaged over ``n_samples`` Rademacher vectors.
 
@@ -83,24 +83,52 @@ def hutchinson_trace(loss_fn: Callable[[], torch.Tensor] | Sequence[Callable[[],
     part's graph, and the estimate is the one-closure estimate (the same vectors, drawn again
     from ``seed`` for each part rather than all kept: they would weigh ``n_samples`` times the
     parameters).
+
+    ``batch`` vectors go through one batched double-backward pass (``is_grads_batched``, vmap
+    over the backward graph): the same products as one pass per vector, in larger kernels and
+    fewer launches. Default: one at a time on the CPU (batched, it measured 19-23 % slower
+    there: benchmarks/hessian_batched.md), 8 on other devices, where launches dominate. The
+    vectors are drawn on the CPU from ``seed`` (the same on every device) and the sums stay on
+    the parameters' device until the end (one host sync, not one per vector and layer).
     """
     if n_samples < 1:
         raise UserError(f"n_samples must be positive, got {n_samples}")
+    if batch is not None and batch < 1:
+        raise UserError(f"batch must be positive, got {batch}")
     parts = [loss_fn] if callable(loss_fn) else list(loss_fn)
     names, tensors = list(params), list(params.values())
-    sums = [0.0] * len(tensors)
+    if batch is None:
+        batch = 1 if not tensors or tensors[0].device.type == "cpu" else 8
+    sums = [torch.zeros((), dtype=torch.float64, device=t.device) for t in tensors]
     for part in parts:
-        grads = torch.autograd.grad(part(), tensors, create_graph=True)
+        # a parameter the loss does not use (a layer cut off by a "none" edge) has trace 0
+        grads = torch.autograd.grad(part(), tensors, create_graph=True, allow_unused=True)
+        used = [k for k, g in enumerate(grads) if g is not None and g.requires_grad]
+        outs = [grads[k] for k in used]
         gen = torch.Generator(device="cpu").manual_seed(seed)
-        for i in range(n_samples):
-            vs = [(torch.randint(0, 2, t.shape, generator=gen) * 2 - 1).to(t.device, t.dtype)
-                  for t in tensors]
-            hvs = torch.autograd.grad(grads, tensors, grad_outputs=vs,
-                                      retain_graph=i < n_samples - 1)
-            for k, (v, hv) in enumerate(zip(vs, hvs)):
-                sums[k] += float((v * hv).sum())
-        del grads
-    return {n: s / n_samples for n, s in zip(names, sums)}
+        for start in range(0, n_samples, batch):
+            n = min(batch, n_samples - start)
+            # vector i of every tensor, in the order one vector at a time would draw them
+            drawn = [[torch.randint(0, 2, t.shape, generator=gen, device="cpu") for t in tensors]
+                     for _ in range(n)]
+            if not outs:
+                continue
+            vs = [torch.stack([d[k] for d in drawn]).to(tensors[k].device, tensors[k].dtype)
+                  .mul_(2).sub_(1) for k in used]
+            retain = start + n < n_samples
+            if n == 1:
+                hvs = torch.autograd.grad(outs, tensors, grad_outputs=[v[0] for v in vs],
+                                          retain_graph=retain, allow_unused=True)
+                hvs = [None if h is None else h.unsqueeze(0) for h in hvs]
+            else:
+                hvs = torch.autograd.grad(outs, tensors, grad_outputs=vs, retain_graph=retain,
+                                          is_grads_batched=True, allow_unused=True)
+            for v, k in zip(vs, used):
+                if hvs[k] is not None:
+                    sums[k] += (v * hvs[k]).sum(dtype=torch.float64)
+        del grads, outs
+    totals = torch.stack([s.to("cpu") for s in sums]).tolist() if sums else []
+    return {n: s / n_samples for n, s in zip(names, totals)}
 
 
 @torch.no_grad()
@@ -144,14 +172,15 @@ def _labelled(batches: Iterable, max_images: int, device: torch.device) -> tuple
 
 def hessian_sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[Pair], *,
                         max_images: int = 512, n_samples: int = 32, weight_observer: str = "minmax",
-                        seed: int = 0, chunk: int = 32) -> SensitivityTable:
+                        seed: int = 0, chunk: int = 32, probe_batch: int | None = None) -> SensitivityTable:
     """HAWQ-V2 sensitivity of every Conv2d/Linear of ``model`` (BN folded; ``model`` unchanged)
     for each candidate, from the cross-entropy loss on up to ``max_images`` labelled images.
 
     The Hessian-vector products run ``chunk`` images at a time (:func:`hutchinson_trace` with
     one loss per chunk), so only one chunk's double-backward graph is held at once: over all
     images it was the memory peak of a whole ``hwnas run`` on the CPU
-    (benchmarks/hessian_memory.md)."""
+    (benchmarks/hessian_memory.md). ``probe_batch`` Rademacher vectors share one batched
+    Hessian-vector product (default: see :func:`hutchinson_trace`)."""
     candidates = _check_candidates(candidates)
     if chunk < 1:
         raise UserError(f"chunk must be positive, got {chunk}")
@@ -171,7 +200,7 @@ def hessian_sensitivity(model: nn.Module, batches: Iterable, candidates: Sequenc
                                        reduction="sum") / x.shape[0]
 
     traces = hutchinson_trace([chunk_loss(i) for i in range(0, x.shape[0], chunk)], params,
-                              n_samples=n_samples, seed=seed)
+                              n_samples=n_samples, seed=seed, batch=probe_batch)
     # Away from a minimum (or from estimator noise) a layer's trace can come out <= 0; the
     # quadratic model then promises a free lunch, which is wrong. Such traces are floored at a
     # small fraction of the mean positive average trace, keeping the order by perturbation.

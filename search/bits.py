@@ -235,7 +235,8 @@ def sensitivity_seeds(space: SearchSpace, supernet: Any, data: Any, choices: Seq
     if not quantized:
         return []
     arch = space.largest()
-    model = recalibrated_subnet(supernet, arch, data, seed=seed).cpu()
+    # on the supernet's device: a GPU run computes the traces on the GPU
+    model = recalibrated_subnet(supernet, arch, data, seed=seed)
     loader = calibration_loader(data, batch_size=128, seed=seed)
     candidates = [(b, ACTIVATION_BITS) for b in quantized]
     table = hessian_sensitivity(model, loader, candidates, max_images=max_images, n_samples=4, seed=seed)

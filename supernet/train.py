@@ -809,13 +809,13 @@ def reinitialize(model: nn.Module, seed: int = 0) -> nn.Module:
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             fan_out = m.out_channels // m.groups * m.kernel_size[0] * m.kernel_size[1]
-            m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * math.sqrt(2.0 / fan_out))
+            m.weight.copy_(torch.randn(m.weight.shape, generator=gen, device="cpu") * math.sqrt(2.0 / fan_out))
             if m.bias is not None:
                 m.bias.zero_()
         elif isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.LayerNorm)):
             m.reset_parameters()
         elif isinstance(m, nn.Linear):
-            m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * 0.01)
+            m.weight.copy_(torch.randn(m.weight.shape, generator=gen, device="cpu") * 0.01)
             if m.bias is not None:
                 m.bias.zero_()
     return model

@@ -72,6 +72,22 @@ def _batches(n: int = 2, seed: int = 0):
             for _ in range(n)]
 
 
+def test_batched_hessian_vector_products_give_the_one_at_a_time_traces():
+    """Vectors batched into one double-backward pass (4 + 1 of 5, over 2 chunks) give what one
+    pass per vector gives (the same vectors); a parameter the loss does not use has trace 0."""
+    model = _tiny_model()
+    one = hessian_sensitivity(model, _batches(), [(4, 8)], n_samples=5, chunk=32, probe_batch=1)
+    batched = hessian_sensitivity(model, _batches(), [(4, 8)], n_samples=5, chunk=32,
+                                  probe_batch=4)
+    for name, trace in one.extra["traces"].items():
+        assert batched.extra["traces"][name] == pytest.approx(trace, rel=1e-4, abs=1e-6)
+    w = torch.randn(3, requires_grad=True)
+    unused = torch.randn(2, requires_grad=True)
+    traces = hutchinson_trace(lambda: (w ** 4).sum(), {"w": w, "unused": unused}, n_samples=3,
+                              batch=2)
+    assert traces["unused"] == 0.0 and traces["w"] == pytest.approx(float((12 * w.detach() ** 2).sum()))
+
+
 def test_hessian_sensitivity_decreases_with_bits_and_is_zero_for_float():
     model = _tiny_model()
     cands = [(2, 8), (4, 8), (8, 8), (32, 32)]

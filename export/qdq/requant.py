@@ -89,8 +89,9 @@ def _fq8(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
     """``x`` on the uint8 grid of (scale, zero point), as Q then DQ compute it (PyTorch's
     kernel takes the scale as float32; on the CPU its faster bit-identical twin runs)."""
     if x.device.type == "cpu" and not (torch.is_grad_enabled() and x.requires_grad):
-        return fake_quant_per_tensor(x.float(), torch.tensor(float(scale), dtype=torch.float32),
-                                     torch.tensor(int(zero_point)), 0, 255).to(x.dtype)
+        return fake_quant_per_tensor(
+            x.float(), torch.tensor(float(scale), dtype=torch.float32, device=x.device),
+            torch.tensor(int(zero_point), device=x.device), 0, 255).to(x.dtype)
     return torch.fake_quantize_per_tensor_affine(x.float(), float(scale), int(zero_point), 0,
                                                  255).to(x.dtype)
 

@@ -55,8 +55,9 @@ class BatchLoader:
             raise UserError(f"batch_size must be a positive integer, got {batch_size!r}")
         channels = int(split.images.shape[1])
         check_augment(augment, channels)  # here, so that training fails before it starts
-        mean_t = torch.as_tensor(list(mean), dtype=torch.float32).flatten()
-        std_t = torch.as_tensor(list(std), dtype=torch.float32).flatten()
+        # host-side statistics, moved to the device below (never on the default device)
+        mean_t = torch.as_tensor(list(mean), dtype=torch.float32, device="cpu").flatten()
+        std_t = torch.as_tensor(list(std), dtype=torch.float32, device="cpu").flatten()
         if mean_t.numel() != channels or std_t.numel() != channels:
             raise ValueError(
                 f"mean and std need one value per channel ({channels}), got {mean_t.numel()} "
@@ -93,7 +94,7 @@ class BatchLoader:
     def _batches(self, generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         n = int(self._labels.shape[0])
         if self.shuffle:
-            order = torch.randperm(n, generator=generator).to(self.device)
+            order = torch.randperm(n, generator=generator, device="cpu").to(self.device)
         else:
             order = torch.arange(n, device=self.device)
         for b in range(len(self)):

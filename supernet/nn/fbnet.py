@@ -214,13 +214,14 @@ class FBNetSupernet(nn.Module):
         previous = self.active_arch()
         if arch is not None:
             self.set_active(arch)
-        try:
-            net = FBNetNet(
-                copy.deepcopy(self.stem), [layer.static() for layer in self.blocks],
-                copy.deepcopy(self.head_conv), copy.deepcopy(self.head_bn),
-                copy.deepcopy(self.classifier),
-            )
+        device = next(self.parameters()).device
+        try:  # built on the supernet's device: no copy through the default device
+            with torch.device(device):
+                net = FBNetNet(
+                    copy.deepcopy(self.stem), [layer.static() for layer in self.blocks],
+                    copy.deepcopy(self.head_conv), copy.deepcopy(self.head_bn),
+                    copy.deepcopy(self.classifier),
+                )
         finally:
             self.set_active(previous)
-        device = next(self.parameters()).device
         return net.to(device).eval()

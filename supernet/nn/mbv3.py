@@ -291,23 +291,24 @@ class MBV3Supernet(nn.Module):
         previous = self.active_arch()
         if arch is not None:
             self.set_active(arch)
-        try:
-            blocks = [
-                block.static()
-                for stage_blocks, d in zip(self.stages, self.active_depths)
-                for block in stage_blocks[:d]
-            ]
-            cfg = self.space.cfg
-            net = MBV3Net(
-                stem_conv=_copy(self.stem_conv), stem_bn=_copy(self.stem_bn),
-                stem_act=cfg.stem_activation, first_block=_copy(self.first_block), blocks=blocks,
-                head_conv=_copy(self.head_conv), head_bn=_copy(self.head_bn),
-                head_act=cfg.head_activation, feature_mix=_copy(self.feature_mix),
-                classifier=_copy(self.classifier),
-            )
+        device = next(self.parameters()).device
+        try:  # built on the supernet's device: no copy through the default device
+            with torch.device(device):
+                blocks = [
+                    block.static()
+                    for stage_blocks, d in zip(self.stages, self.active_depths)
+                    for block in stage_blocks[:d]
+                ]
+                cfg = self.space.cfg
+                net = MBV3Net(
+                    stem_conv=_copy(self.stem_conv), stem_bn=_copy(self.stem_bn),
+                    stem_act=cfg.stem_activation, first_block=_copy(self.first_block), blocks=blocks,
+                    head_conv=_copy(self.head_conv), head_bn=_copy(self.head_bn),
+                    head_act=cfg.head_activation, feature_mix=_copy(self.feature_mix),
+                    classifier=_copy(self.classifier),
+                )
         finally:
             self.set_active(previous)
-        device = next(self.parameters()).device
         return net.to(device).eval()
 
 

@@ -201,12 +201,13 @@ class NB201Supernet(nn.Module):
         previous = self.active_arch()
         if arch is not None:
             self.set_active(arch)
-        try:
-            cells = [c.static() if isinstance(c, SuperCell) else copy.deepcopy(c)
-                     for c in self.cells]
-            net = NB201Net(copy.deepcopy(self.stem), cells, copy.deepcopy(self.last_bn),
-                           copy.deepcopy(self.classifier))
+        device = next(self.parameters()).device
+        try:  # built on the supernet's device: no copy through the default device
+            with torch.device(device):
+                cells = [c.static() if isinstance(c, SuperCell) else copy.deepcopy(c)
+                         for c in self.cells]
+                net = NB201Net(copy.deepcopy(self.stem), cells, copy.deepcopy(self.last_bn),
+                               copy.deepcopy(self.classifier))
         finally:
             self.set_active(previous)
-        device = next(self.parameters()).device
         return net.to(device).eval()

@@ -327,19 +327,21 @@ class ViTSupernet(nn.Module):
         previous = self.active_arch()
         if arch is not None:
             self.set_active(arch)
-        try:
-            c, e = self.space.cfg, self.active_embed
-            widths = [*c.tokenizer_channels, e]
-            tokenizer, in_ch = [], c.in_channels
-            for conv, width in zip(self.tokenizer, widths):
-                tokenizer.append(TokenizerStage(conv.static(in_ch, width)))
-                in_ch = width
-            pos = self.pos_embed[..., :e].clone() if self.pos_embed is not None else None
-            pool = self.attention_pool.static(e, 1) if self.attention_pool is not None else None
-            net = ViTNet(tokenizer, [b.static(e) for b in self.blocks[: self.active_depth]],
-                         self.norm.static(e), self.classifier.static(e, c.num_classes),
-                         pos_embed=pos, attention_pool=pool)
+        device = next(self.parameters()).device
+        try:  # built on the supernet's device: no copy through the default device
+            with torch.device(device):
+                c, e = self.space.cfg, self.active_embed
+                widths = [*c.tokenizer_channels, e]
+                tokenizer, in_ch = [], c.in_channels
+                for conv, width in zip(self.tokenizer, widths):
+                    tokenizer.append(TokenizerStage(conv.static(in_ch, width)))
+                    in_ch = width
+                pos = self.pos_embed[..., :e].clone() if self.pos_embed is not None else None
+                pool = (self.attention_pool.static(e, 1) if self.attention_pool is not None
+                        else None)
+                net = ViTNet(tokenizer, [b.static(e) for b in self.blocks[: self.active_depth]],
+                             self.norm.static(e), self.classifier.static(e, c.num_classes),
+                             pos_embed=pos, attention_pool=pool)
         finally:
             self.set_active(previous)
-        device = next(self.parameters()).device
         return net.to(device).eval()
