@@ -14,7 +14,7 @@ Four kinds (:data:`KINDS`):
   refused. Named by the column. Two sources: the shared HW-NAS-Bench/HELP tables
   (``nb201_latency_ms.csv``, ``fbnet_latency_ms.csv``: ``pixel3``, ``fpga``, ``1080ti_32`` ...)
   and the project's own measured tables (:func:`measured_tables_dir`, written by
-  ``benchmarks/measure_latency_tables.py``: ``<space>_<machine>.csv.gz``, columns
+  ``benchmarks/measure_latency_tables.py``, shipped as package data: ``<space>_<machine>.csv.gz``, columns
   ``<machine>-<runtime>-<threads or batch>`` such as ``xeon-ort-1t`` or ``h200-cudagraph-b64``),
   where one device column covers every space it was measured on. A table averaged over several
   sessions (``merge_table_sessions.py``) has a ``_sessions.json`` beside it; the description
@@ -48,6 +48,7 @@ from hwnas.supernet.space import SearchSpace
 
 from hwnas.core.errors import UserError
 from hwnas.core.paths import shared_data_candidate
+from hwnas.core.resources import package_path
 
 __all__ = [
     "KINDS",
@@ -65,6 +66,7 @@ __all__ = [
     "latency_tables",
     "measured_tables",
     "measured_tables_dir",
+    "packaged_tables_dir",
     "parse_cpu_device",
     "reliability",
     "session_agreement",
@@ -426,15 +428,21 @@ def latency_tables() -> dict[str, Path]:
     return {space: base / f for space, f in TABLE_FILES.items() if (base / f).is_file()}
 
 
+def packaged_tables_dir() -> Path:
+    """The measured tables shipped with hwnas: its package data ``hwnas/latency/data/tables``
+    (``latency/data/tables/`` of the checkout), the same in a wheel and in a checkout."""
+    return package_path("hwnas.latency", "data", "tables")
+
+
 def measured_tables_dir() -> Path | None:
     """The folder of the project's measured latency tables: ``$HWNAS_LATENCY_TABLES`` when set
-    (empty: none), else ``benchmarks/results/latency_tables`` of the checkout this package runs
-    from; ``None`` when that folder does not exist (e.g. an installed wheel)."""
+    (empty: none), else the shipped ones (:func:`packaged_tables_dir`); ``None`` when that
+    folder does not exist."""
     env = os.environ.get(MEASURED_TABLES_ENV)
     if env is not None:
         path = Path(env).expanduser() if env.strip() else None
     else:
-        path = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "latency_tables"
+        path = packaged_tables_dir()
     return path if path is not None and path.is_dir() else None
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hwnas.core.resources import package_path
 from hwnas.latency.predictors.base import (
     LatencyPredictor,
     predictor_classes,
@@ -69,7 +70,7 @@ __all__ = [
 DEFAULT_PREDICTOR = "meta"
 
 #: Where the shipped meta-trained predictors live: ``<package>/latency/data/<space>_meta.npz``.
-PRETRAINED_DIR = Path(__file__).resolve().parent.parent / "data"
+PRETRAINED_DIR = package_path("hwnas.latency", "data")
 
 _REGISTRY: dict[str, type[LatencyPredictor]] = {
     "flops": FlopsPredictor,
