@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["run"]
+
 
 def run(config: Any = None, *, overwrite: bool = False, progress: bool = True, log=print,
         **settings: Any):
