@@ -109,7 +109,13 @@ class ExportSettings:
     :func:`hwnas.export.run_export.export_run` (0: one per two cores, at most 8); timings never
     overlap other work. ``device``: torch device of BatchNorm recalibration, of PTQ's
     calibration passes and of the PyTorch reference outputs (onnxruntime always runs on the
-    CPU)."""
+    CPU).
+
+    >>> from hwnas.export import ExportSettings, export_run
+    >>> settings = ExportSettings(int4=True)    # add ONNX INT4 weights; export_run(run_dir, settings=settings)
+    >>> settings.opset, settings.int4
+    (17, True)
+    """
 
     opset: int = 17
     requantize: bool = True
