@@ -111,10 +111,11 @@ class ExportSettings:
     calibration passes and of the PyTorch reference outputs (onnxruntime always runs on the
     CPU).
 
-    >>> from hwnas.export import ExportSettings, export_run
-    >>> settings = ExportSettings(int4=True)    # add ONNX INT4 weights; export_run(run_dir, settings=settings)
-    >>> settings.opset, settings.int4
-    (17, True)
+    Examples:
+        >>> from hwnas.export import ExportSettings, export_run
+        >>> settings = ExportSettings(int4=True)    # add ONNX INT4 weights; export_run(run_dir, settings=settings)
+        >>> settings.opset, settings.int4
+        (17, True)
     """
 
     opset: int = 17

@@ -206,11 +206,12 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     (``cpu-ov-2t``, ``cpu-ort-1t-b32`` ...). ``report(line)``: called with one line per model
     (default: print).
 
-    >>> from hwnas.export import export_run
-    >>> result = export_run(run_dir, front="edgetpu-est", select="fastest:1", out="exported",
-    ...                     progress=False, report=lambda line: None)   # run_dir: a finished search
-    >>> len(result.models), sorted(p.name for p in result.out_dir.glob("*.json"))
-    (1, ['manifest.json'])
+    Examples:
+        >>> from hwnas.export import export_run
+        >>> result = export_run(run_dir, front="edgetpu-est", select="fastest:1", out="exported",
+        ...                     progress=False, report=lambda line: None)   # run_dir: a finished search
+        >>> len(result.models), sorted(p.name for p in result.out_dir.glob("*.json"))
+        (1, ['manifest.json'])
     """
     from hwnas.export.model_export import ExportSettings, measurable_devices, write_manifest
     from hwnas.export.parallel import auto_workers

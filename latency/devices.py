@@ -115,15 +115,16 @@ class Device(ABC):
     """A device: ``name``, ``kind`` (one of :data:`KINDS`), the spaces it covers (``None``:
     any space) and :meth:`latency`.
 
-    >>> from hwnas.latency import get_device
-    >>> from hwnas.supernet import get_space
-    >>> space = get_space("mbv3-tiny")
-    >>> device = get_device("edgetpu-est")          # a Device
-    >>> device.kind, device.supports(space)
-    ('estimated', True)
-    >>> ms = device.latency(space, [space.smallest(), space.largest()])
-    >>> bool(ms[0] < ms[1])
-    True
+    Examples:
+        >>> from hwnas.latency import get_device
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> device = get_device("edgetpu-est")          # a Device
+        >>> device.kind, device.supports(space)
+        ('estimated', True)
+        >>> ms = device.latency(space, [space.smallest(), space.largest()])
+        >>> bool(ms[0] < ms[1])
+        True
     """
 
     name: str
@@ -806,12 +807,13 @@ def _all_infos() -> list[DeviceInfo]:
 def available_devices(space: SearchSpace | str | None = None) -> list[DeviceInfo]:
     """Every device (optionally: those covering ``space``), in :data:`KINDS` order then name.
 
-    >>> from hwnas.latency import available_devices
-    >>> infos = available_devices("nb201")
-    >>> sorted({i.kind for i in infos}) >= ['estimated', 'measured', 'table']
-    True
-    >>> next(i for i in infos if i.name == "xeon-ort-1t").kind   # a measured table, shipped
-    'table'
+    Examples:
+        >>> from hwnas.latency import available_devices
+        >>> infos = available_devices("nb201")
+        >>> sorted({i.kind for i in infos}) >= ['estimated', 'measured', 'table']
+        True
+        >>> next(i for i in infos if i.name == "xeon-ort-1t").kind   # a measured table, shipped
+        'table'
     """
     name = _space_name(space)
     infos = [i for i in _all_infos() if name is None or i.spaces is None or name in i.spaces]
@@ -828,9 +830,10 @@ def get_device(name: str, space: SearchSpace | str | None = None, **options: Any
     ``options`` go to the device's constructor (e.g. ``model_fn``, ``repeats`` and ``warmup``
     for measured devices). Unknown names raise :class:`UserError` listing close names.
 
-    >>> from hwnas.latency import get_device
-    >>> get_device("cpu-ort-1t").kind, get_device("xeon-ort-1t", "nb201").kind
-    ('measured', 'table')
+    Examples:
+        >>> from hwnas.latency import get_device
+        >>> get_device("cpu-ort-1t").kind, get_device("xeon-ort-1t", "nb201").kind
+        ('measured', 'table')
     """
     if not isinstance(name, str) or not name:
         raise UserError(f"device name must be a non-empty string, got {name!r}")

@@ -58,10 +58,11 @@ class QuantPolicy:
     """Per-layer bit-widths. ``bits`` keeps insertion order (the model's layer order when built
     by :func:`uniform`), which :func:`first_last_8bit` relies on.
 
-    >>> from hwnas.quant import QuantPolicy
-    >>> policy = QuantPolicy({"stem_conv": (8, 8), "classifier": (4, 8)})
-    >>> policy.bits["classifier"]
-    (4, 8)
+    Examples:
+        >>> from hwnas.quant import QuantPolicy
+        >>> policy = QuantPolicy({"stem_conv": (8, 8), "classifier": (4, 8)})
+        >>> policy.bits["classifier"]
+        (4, 8)
     """
 
     bits: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -189,12 +190,13 @@ def layer_names_of(model_or_names: Any) -> list[str]:
 def uniform(model_or_layer_names: Any, w_bits: int, a_bits: int) -> QuantPolicy:
     """Every quantizable layer at ``(w_bits, a_bits)``.
 
-    >>> from hwnas.quant import uniform
-    >>> from hwnas.supernet import get_space
-    >>> space = get_space("mbv3-tiny")
-    >>> policy = uniform([l.name for l in space.layers(space.smallest()) if l.op in ("conv", "linear")], 4, 8)
-    >>> len(policy.bits), policy.bits["stem_conv"]
-    (12, (4, 8))
+    Examples:
+        >>> from hwnas.quant import uniform
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> policy = uniform([l.name for l in space.layers(space.smallest()) if l.op in ("conv", "linear")], 4, 8)
+        >>> len(policy.bits), policy.bits["stem_conv"]
+        (12, (4, 8))
     """
     names = layer_names_of(model_or_layer_names)
     if not names:
@@ -207,10 +209,11 @@ def first_last_8bit(policy: QuantPolicy) -> QuantPolicy:
     classifier for a policy built from a model) at 8/8 bits, the usual guard for the two most
     sensitive layers.
 
-    >>> from hwnas.quant import first_last_8bit, uniform
-    >>> policy = first_last_8bit(uniform(["stem", "block", "head"], 4, 8))
-    >>> [policy.bits[n] for n in ("stem", "block", "head")]
-    [(8, 8), (4, 8), (8, 8)]
+    Examples:
+        >>> from hwnas.quant import first_last_8bit, uniform
+        >>> policy = first_last_8bit(uniform(["stem", "block", "head"], 4, 8))
+        >>> [policy.bits[n] for n in ("stem", "block", "head")]
+        [(8, 8), (4, 8), (8, 8)]
     """
     names = policy.layer_names
     if not names:
@@ -247,14 +250,15 @@ def apply_to_layers(policy: QuantPolicy, layers: list) -> list:
     the QDQ export quantize it. Other layers (add, pool, LayerNorm) are returned unchanged. The
     result prices the policy with :mod:`hwnas.quant.cost`.
 
-    >>> from hwnas.quant import apply_to_layers, uniform
-    >>> from hwnas.supernet import get_space
-    >>> space = get_space("mbv3-tiny")
-    >>> layers = space.layers(space.smallest())
-    >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
-    >>> quantized = apply_to_layers(uniform(names, 4, 8), layers)
-    >>> quantized[0].w_bits, quantized[0].a_bits, layers[0].w_bits
-    (4, 8, 32)
+    Examples:
+        >>> from hwnas.quant import apply_to_layers, uniform
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> layers = space.layers(space.smallest())
+        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
+        >>> quantized = apply_to_layers(uniform(names, 4, 8), layers)
+        >>> quantized[0].w_bits, quantized[0].a_bits, layers[0].w_bits
+        (4, 8, 32)
     """
     policy.validate(layers)
     follows = product_sources(layers)
@@ -273,13 +277,14 @@ def average_weight_bits(policy: QuantPolicy, layers: list) -> float:
     """Mean weight bit-width over all weights of ``layers`` (weighted by each layer's weight
     count; float layers count 32).
 
-    >>> from hwnas.quant import average_weight_bits, uniform
-    >>> from hwnas.supernet import get_space
-    >>> space = get_space("mbv3-tiny")
-    >>> layers = space.layers(space.smallest())
-    >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
-    >>> average_weight_bits(uniform(names, 6, 8), layers)
-    6.0
+    Examples:
+        >>> from hwnas.quant import average_weight_bits, uniform
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> layers = space.layers(space.smallest())
+        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
+        >>> average_weight_bits(uniform(names, 6, 8), layers)
+        6.0
     """
     quantized = [layer for layer in apply_to_layers(policy, layers) if layer.op in _QUANT_OPS]
     total = sum(layer.weight_count for layer in quantized)

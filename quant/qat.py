@@ -61,10 +61,11 @@ class QATConfig:
     autocast on CUDA (off by default: on an H200 the fake-quantized MobileNetV3 subnets,
     launch-bound, ran 100 steps in 20.9 s with it and 15.1 s without).
 
-    >>> from hwnas.quant import QATConfig
-    >>> config = QATConfig(epochs=3, lr=0.003)   # for hwnas.quant.qat.qat(model, policy, ...)
-    >>> config.epochs, config.optimizer
-    (3, 'sgd')
+    Examples:
+        >>> from hwnas.quant import QATConfig
+        >>> config = QATConfig(epochs=3, lr=0.003)   # for hwnas.quant.qat.qat(model, policy, ...)
+        >>> config.epochs, config.optimizer
+        (3, 'sgd')
     """
 
     epochs: int = 3

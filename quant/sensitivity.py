@@ -153,14 +153,15 @@ def hessian_sensitivity(model: nn.Module, batches: Iterable, candidates: Sequenc
     images it was the memory peak of a whole ``hwnas run`` on the CPU
     (benchmarks/hessian_memory.md).
 
-    >>> import torch
-    >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-    ...                             torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)).eval()
-    >>> from hwnas.quant import hessian_sensitivity
-    >>> batches = [(torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)))]
-    >>> table = hessian_sensitivity(model, batches, [(8, 8), (4, 8)], n_samples=2)
-    >>> sorted(table.values), table.values["0"][(4, 8)] >= table.values["0"][(8, 8)]
-    (['0', '4'], True)
+    Examples:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        ...                             torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)).eval()
+        >>> from hwnas.quant import hessian_sensitivity
+        >>> batches = [(torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)))]
+        >>> table = hessian_sensitivity(model, batches, [(8, 8), (4, 8)], n_samples=2)
+        >>> sorted(table.values), table.values["0"][(4, 8)] >= table.values["0"][(8, 8)]
+        (['0', '4'], True)
     """
     candidates = _check_candidates(candidates)
     if chunk < 1:
@@ -218,14 +219,15 @@ def measured_sensitivity(model: nn.Module, calib_batches: Iterable, eval_batches
     then each layer alone is switched on and the loss increase (``metric="loss"``) or top-1
     drop in points (``"accuracy"``) vs float is measured on ``eval_batches``.
 
-    >>> import torch
-    >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-    ...                             torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)).eval()
-    >>> from hwnas.quant import measured_sensitivity
-    >>> batches = [(torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)))]
-    >>> table = measured_sensitivity(model, batches, batches, [(8, 8), (2, 8)])
-    >>> sorted(table.values), table.kind
-    (['0', '4'], 'loss')
+    Examples:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        ...                             torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)).eval()
+        >>> from hwnas.quant import measured_sensitivity
+        >>> batches = [(torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)))]
+        >>> table = measured_sensitivity(model, batches, batches, [(8, 8), (2, 8)])
+        >>> sorted(table.values), table.kind
+        (['0', '4'], 'loss')
     """
     if metric not in ("loss", "accuracy"):
         raise UserError(f"unknown sensitivity metric {metric!r}; expected 'loss' or 'accuracy'")

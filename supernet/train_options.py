@@ -61,11 +61,12 @@ class TrainOptions:
     ``dataset``: the name checkpoints record (default the data's); ``compile``: True or a
     ``torch.compile`` mode.
 
-    >>> from hwnas.supernet import TrainOptions
-    >>> options = TrainOptions(device="cpu", progress=False, max_seconds=600,
-    ...                        checkpoint_path="run/checkpoint.pt")   # resumable chunks of 10 minutes
-    >>> options.device, options.max_seconds
-    ('cpu', 600)
+    Examples:
+        >>> from hwnas.supernet import TrainOptions
+        >>> options = TrainOptions(device="cpu", progress=False, max_seconds=600,
+        ...                        checkpoint_path="run/checkpoint.pt")   # resumable chunks of 10 minutes
+        >>> options.device, options.max_seconds
+        ('cpu', 600)
     """
 
     device: Any = "cpu"

@@ -14,9 +14,10 @@ __all__ = ["spearman"]
 def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
     """Spearman's rank correlation of ``a`` and ``b`` (0.0 when either is constant).
 
-    >>> from hwnas.latency import spearman
-    >>> round(spearman([1, 2, 3, 4], [10, 20, 40, 30]), 3)
-    0.8
+    Examples:
+        >>> from hwnas.latency import spearman
+        >>> round(spearman([1, 2, 3, 4], [10, 20, 40, 30]), 3)
+        0.8
     """
     from scipy.stats import spearmanr
 

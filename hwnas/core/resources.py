@@ -21,9 +21,10 @@ def package_path(package: str, *parts: str) -> Path:
     hwnas is installed as files (a wheel, or a checkout installed editable); a zipped import
     would give no filesystem path, and is refused.
 
-    >>> p = package_path("hwnas.core", "resources.py")
-    >>> p.name, p.is_file()
-    ('resources.py', True)
+    Examples:
+        >>> p = package_path("hwnas.core", "resources.py")
+        >>> p.name, p.is_file()
+        ('resources.py', True)
     """
     node = files(package)
     for part in parts:
