@@ -558,7 +558,7 @@ def _info(run_dir: Path, cfg: dict, front: str | None, select: str, settings: An
     return {"run_dir": str(run_dir), "space": cfg.get("space"), "dataset": cfg.get("dataset"),
             "front": front, "select": select, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
             "machine": _machine(), "settings": asdict(settings), "tuned_devices": tunable,
-            "layout": {"<name>.onnx": "FP32 (latency/ondevice.py DIR times these)",
+            "layout": {"<name>.onnx": "FP32 (python -m hwnas.latency.ondevice DIR times these)",
                        "qdq/<name>.onnx": "QDQ of the searched policy",
                        "qdq-<device>/<name>.onnx": "QDQ with the layers that lose on <device> "
                                                    "kept float (onnxruntime devices)",

@@ -79,3 +79,22 @@ def test_public_name_has_a_running_example(module_name, name, obj, tmp_path, mon
         runner.run(test)
     result = runner.summarize(verbose=False)
     assert result.failed == 0, f"{module_name}.{name}: {result.failed} example(s) failed (above)"
+
+
+def test_the_notebooks_use_only_listed_names():
+    """The tutorials (notebooks/) import from the public modules only names they list."""
+    import ast
+    import json
+    from pathlib import Path
+
+    unlisted = []
+    for path in sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        code = "\n".join(line for c in cells if c["cell_type"] == "code"
+                         for line in "".join(c["source"]).splitlines() if not line.startswith("%"))
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.ImportFrom) and node.module in PUBLIC_MODULES:
+                listed = importlib.import_module(node.module).__all__
+                unlisted += [f"{path.name}: {node.module}.{a.name}" for a in node.names
+                             if a.name not in listed and a.name != "search"]
+    assert not unlisted, unlisted
