@@ -26,8 +26,8 @@ holds the input's name, shape, layout and dtype, the mean/std and class names of
 
 FP32 files sit at the top so that the on-device script (``python -m hwnas.latency.ondevice
 OUT_DIR``) and ``hwnas latency measure`` (which read the ``*.onnx`` of one directory and key rows
-by the ``arch`` metadata) time the float architectures the latency predictors model; ``ondevice.py OUT_DIR/qdq-<device>`` times
-the quantized ones.
+by the ``arch`` metadata) time the float architectures the latency predictors model;
+``ondevice.py OUT_DIR/qdq-<device>`` times the quantized ones.
 
 Every file is verified before it is written (atomically; a file that fails is not written):
 ``onnx.checker``; FP32: max |ONNX - PyTorch| <= ``atol`` (1e-4). QDQ: top-1 agreement >=
