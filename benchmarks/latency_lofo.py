@@ -2,7 +2,8 @@
 
 A user's new device is, by definition, not of a family the meta-training set has seen, so every
 device is grouped by family (:func:`family`: desktop GPU, server CPU, phone, single-board
-computer, simulated accelerator, and for the tables of ``benchmarks/results/latency_tables``
+computer, simulated accelerator, and for the measured tables shipped with hwnas
+(``latency/data/tables``; their ``_cv`` files stay in ``benchmarks/results/latency_tables``)
 each runtime on each machine, e.g. ``xeon-ort`` or ``h200-cudagraph``). One family at a time is
 held out; the meta predictor is meta-trained on every other device and adapted to 10
 measurements of each held-out device, and ranks ALL architectures of that device's table
@@ -55,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from hwnas.core.io import write_json
-from hwnas.latency.devices import reliability, session_agreement
+from hwnas.latency.devices import packaged_tables_dir, reliability, session_agreement
 from hwnas.latency.machine import describe_machine
 from hwnas.latency.predictors import (
     FlopsPredictor,
@@ -72,7 +73,10 @@ except ImportError:  # pragma: no cover - depends on how it is run
     from benchmarks import latency_ceiling as ceiling
 
 REPO = Path(__file__).resolve().parent.parent
-TABLES_DIR = REPO / "benchmarks" / "results" / "latency_tables"
+#: the measured tables, read from the installed package like any user does
+TABLES_DIR = packaged_tables_dir()
+#: their per-cell variation (``<space>_<tag>_cv.csv.gz``), beside the rest of the evidence
+CV_DIR = REPO / "benchmarks" / "results" / "latency_tables"
 OUT_JSON = Path(__file__).with_suffix(".json")
 PREDICTORS = ("meta", "flops", "opcount", "meta+opcount", "meta|opcount", "lowrank",
               "meta+lowrank", "ens-loo")
@@ -144,11 +148,13 @@ def read_gz_table(path: Path, space: Any) -> dict[str, dict[str, float]]:
     return out
 
 
-def load_cv(space: Any, tables_dir: Path | None = TABLES_DIR) -> dict[str, dict[str, float]]:
+def load_cv(space: Any, *dirs: Path | None) -> dict[str, dict[str, float]]:
     """``device -> {canonical arch: cv}``: the coefficient of variation of each cell's repeated
-    timings (``<space>_*_cv.csv.gz``; HELP's tables have none)."""
+    timings (``<space>_*_cv.csv.gz`` of ``dirs``, default :data:`CV_DIR`; HELP's tables have
+    none)."""
     out: dict[str, dict[str, float]] = {}
-    paths = [] if tables_dir is None else sorted(tables_dir.glob(f"{space.name}_*_cv.csv.gz"))
+    dirs = dirs or (CV_DIR,)
+    paths = sorted(p for d in dirs if d is not None for p in d.glob(f"{space.name}_*_cv.csv.gz"))
     for path in paths:
         out.update(read_gz_table(path, space))
     return out
@@ -382,7 +388,8 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
               execution_known: str | None = None) -> tuple[list[dict], dict]:
     space = get_space(name)
     devices, sources = load_devices(space, tables_dir, min_reliability)
-    cvs = load_cv(space, tables_dir) if with_ceiling else {}
+    cv_dirs = (tables_dir, CV_DIR) if tables_dir == TABLES_DIR else (tables_dir,)
+    cvs = load_cv(space, *cv_dirs) if with_ceiling else {}
     fams: dict[str, list[str]] = defaultdict(list)
     for d in devices:
         fams[family(d)].append(d)

@@ -50,8 +50,8 @@ table but not meta-trained on (:func:`untrained`).
     python benchmarks/latency_metatrain_mbv3.py --from-csv # reuse the measured tables
     python benchmarks/latency_metatrain_mbv3.py --measure-gpu   # on the GPU machine
     python benchmarks/latency_metatrain_mbv3.py --spaces vit \
-        --tables benchmarks/results/latency_tables/vit_xeon.csv.gz \
-        benchmarks/results/latency_tables/vit_h200.csv.gz        # a vit predictor from tables
+        --tables latency/data/tables/vit_vm.csv.gz \
+        latency/data/tables/vit_h200.csv.gz        # a vit predictor from tables
 """
 
 from __future__ import annotations

@@ -12,7 +12,10 @@ their number (the cv of a mean of independent timings). ``<space>_<out-tag>_sess
 records the sessions, the scale factors and the sessions' Spearman per device.
 
     python benchmarks/merge_table_sessions.py S1 S2 --space nb201 --tag epyc \\
-        --out benchmarks/results/latency_tables --out-tag epyc1t
+        --out latency/data/tables --cv-out benchmarks/results/latency_tables --out-tag epyc1t
+
+The averaged table and its ``_sessions.json`` are what hwnas reads (package data,
+``latency/data/tables``); the ``_cv`` table is benchmark evidence (``--cv-out``, default ``--out``).
 """
 
 from __future__ import annotations
@@ -108,10 +111,13 @@ def _fmt(v: float) -> str:
 
 
 def write(out: Path, space: str, out_tag: str, devices: list[str], archs: list[str],
-          ms: np.ndarray, cv: np.ndarray, record: dict) -> list[Path]:
-    """Write the averaged table, its cv table and the sessions' record, each file atomically."""
-    out.mkdir(parents=True, exist_ok=True)
-    targets = [out / f"{space}_{out_tag}.csv.gz", out / f"{space}_{out_tag}_cv.csv.gz",
+          ms: np.ndarray, cv: np.ndarray, record: dict, cv_out: Path | None = None) -> list[Path]:
+    """Write the averaged table and the sessions' record to ``out``, its cv table to ``cv_out``
+    (default ``out``), each file atomically."""
+    cv_out = cv_out or out
+    for folder in (out, cv_out):
+        folder.mkdir(parents=True, exist_ok=True)
+    targets = [out / f"{space}_{out_tag}.csv.gz", cv_out / f"{space}_{out_tag}_cv.csv.gz",
                out / f"{space}_{out_tag}_sessions.json"]
     for target, values in zip(targets, (ms, cv)):
         write_csv_gz(target, ["arch", *devices],
@@ -125,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("sessions", type=Path, nargs="+", help="session folders, the first sets the level")
     ap.add_argument("--space", default="nb201")
     ap.add_argument("--tag", required=True, help="the tag the sessions were measured with")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True,
+                    help="folder of the averaged table and its _sessions.json")
+    ap.add_argument("--cv-out", type=Path, help="folder of the _cv table (default: --out)")
     ap.add_argument("--out-tag", help="machine tag of the averaged table (default: --tag)")
     args = ap.parse_args(argv)
     try:
@@ -133,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"merge_table_sessions: {exc}", file=sys.stderr)
         return 2
-    paths = write(args.out, args.space, args.out_tag or args.tag, devices, archs, ms, cv, record)
+    paths = write(args.out, args.space, args.out_tag or args.tag, devices, archs, ms, cv, record,
+                  args.cv_out)
     for d, row in record["devices"].items():
         print(f"{d:24s} {row['architectures']:5d} archs ({row['architectures_in_every_session']} "
               f"in every session)  scale {row['scale_to_session_1']}  "

@@ -11,8 +11,10 @@
 Names are imported on first use, so the command line can load this package without torch.
 """
 
-__all__ = ["export_onnx", "onnx_bytes", "check_parity", "ParityReport", "build_qdq",
-           "export_model", "export_run", "ExportSettings", "load_run", "Run"]
+#: The supported names (the docs' API reference); ``ParityReport`` (what :func:`check_parity`
+#: returns) and ``export_model`` (one model's files; :func:`export_run` calls it) stay importable.
+__all__ = ["export_onnx", "onnx_bytes", "check_parity", "build_qdq", "export_run",
+           "ExportSettings", "OrtLayerTimer", "load_run", "Run"]
 
 _LAZY = {"export_onnx": "hwnas.export.onnx_export", "onnx_bytes": "hwnas.export.onnx_export",
          "check_parity": "hwnas.export.onnx_export", "ParityReport": "hwnas.export.onnx_export",

@@ -24,10 +24,10 @@ Every file is self-describing (:func:`hwnas.export.onnx_export.describe_model`):
 holds the input's name, shape, layout and dtype, the mean/std and class names of
 ``input_spec``, the arch, policy, accuracy and the hwnas version.
 
-FP32 files sit at the top so that ``latency/ondevice.py OUT_DIR`` and ``hwnas latency measure``
-(which read the ``*.onnx`` of one directory and key rows by the ``arch`` metadata) time the
-float architectures the latency predictors model; ``ondevice.py OUT_DIR/qdq-<device>`` times
-the quantized ones.
+FP32 files sit at the top so that the on-device script (``python -m hwnas.latency.ondevice
+OUT_DIR``) and ``hwnas latency measure`` (which read the ``*.onnx`` of one directory and key rows
+by the ``arch`` metadata) time the float architectures the latency predictors model;
+``ondevice.py OUT_DIR/qdq-<device>`` times the quantized ones.
 
 Every file is verified before it is written (atomically; a file that fails is not written):
 ``onnx.checker``; FP32: max |ONNX - PyTorch| <= ``atol`` (1e-4). QDQ: top-1 agreement >=
@@ -110,7 +110,14 @@ class ExportSettings:
     :func:`hwnas.export.run_export.export_run` (0: one per two cores, at most 8); timings never
     overlap other work. ``device``: torch device of BatchNorm recalibration, of PTQ's
     calibration passes and of the PyTorch reference outputs (onnxruntime always runs on the
-    CPU)."""
+    CPU).
+
+    Examples:
+        >>> from hwnas.export import ExportSettings, export_run
+        >>> settings = ExportSettings(int4=True)    # add ONNX INT4 weights; export_run(run_dir, settings=settings)
+        >>> settings.opset, settings.int4
+        (17, True)
+    """
 
     opset: int = 17
     requantize: bool = True
@@ -508,7 +515,7 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
     for entry in entries.values():
         if not entry.measured:
             entry.note = ("not measurable on this machine; time the exported files there with "
-                          "latency/ondevice.py")
+                          "python -m hwnas.latency.ondevice")
 
     # -- FP32 -------------------------------------------------------------------------------
     fp32_rel = f"{name}.onnx"

@@ -55,6 +55,15 @@ def export_onnx(
     is validated with ``onnx.checker.check_model`` before anything is written, parent
     directories are created, and the file is written atomically: a failure never leaves a
     half-written file (or a stray temp file) behind.
+
+    Examples:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        ...                             torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)).eval()
+        >>> from hwnas.export import export_onnx
+        >>> path = export_onnx(model, torch.zeros(1, 1, 8, 8), "tiny.onnx")
+        >>> str(path).endswith("tiny.onnx")
+        True
     """
     path = Path(path)
     if path.is_dir():
@@ -191,6 +200,16 @@ def check_parity(
     ``batch_size`` to bound memory; PyTorch runs in eval mode under ``no_grad`` (the
     model's previous mode is restored). Raises :class:`UserError` for bad arguments or
     when the two produce outputs of different shapes.
+
+    Examples:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        ...                             torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)).eval()
+        >>> from hwnas.export import check_parity, onnx_bytes
+        >>> x = torch.randn(8, 1, 8, 8)
+        >>> report = check_parity(onnx_bytes(model, x[:1]), model, x, atol=1e-4)
+        >>> report.passed, report.top1_agreement
+        (True, 1.0)
     """
     if not isinstance(inputs, torch.Tensor) or inputs.dim() < 1 or inputs.shape[0] < 1:
         raise UserError("inputs must be a torch.Tensor with at least one sample along axis 0")

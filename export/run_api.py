@@ -35,13 +35,32 @@ __all__ = ["Run", "load_run"]
 
 def load_run(path: str | Path) -> Run:
     """The run in ``path`` (a directory written by ``hwnas search`` / ``hwnas run`` /
-    :func:`hwnas.search.run`); UserError (one line) when it is not one."""
+    :func:`hwnas.search.run`); UserError (one line) when it is not one.
+
+    Examples:
+        >>> import hwnas
+        >>> run = hwnas.load_run(run_dir)     # run_dir: a finished `hwnas search` / `hwnas run`
+        >>> run.config.space, len(run.trials) > 0
+        ('mbv3-tiny', True)
+        >>> front = run.fronts["edgetpu-est"]  # the Pareto front on a device, a DataFrame
+        >>> int(front.trial.iloc[0]) in set(run.trials.trial)
+        True
+    """
     return Run(path)
 
 
 class Run:
     """A run directory, read lazily: tables on first use, the supernet and dataset on the
-    first model or latency asked for."""
+    first model or latency asked for.
+
+    Examples:
+        >>> from hwnas.export import Run
+        >>> run = Run(run_dir)                # what hwnas.load_run(run_dir) returns
+        >>> fastest = run.fronts["edgetpu-est"].iloc[0]
+        >>> model = run.model(int(fastest.trial), quantized=False)   # its float subnet, an nn.Module
+        >>> run.latency(int(fastest.trial), "edgetpu-est") > 0      # ms, on any device
+        True
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.dir = RunDir(path)

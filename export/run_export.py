@@ -204,7 +204,15 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     several fronts are exported once). ``settings``: :class:`hwnas.export.model_export.ExportSettings`.
     ``devices``: devices measurable on this CPU to recommend a file for beside the run's own
     (``cpu-ov-2t``, ``cpu-ort-1t-b32`` ...). ``report(line)``: called with one line per model
-    (default: print)."""
+    (default: print).
+
+    Examples:
+        >>> from hwnas.export import export_run
+        >>> result = export_run(run_dir, front="edgetpu-est", select="fastest:1", out="exported",
+        ...                     progress=False, report=lambda line: None)   # run_dir: a finished search
+        >>> len(result.models), sorted(p.name for p in result.out_dir.glob("*.json"))
+        (1, ['manifest.json'])
+    """
     from hwnas.export.model_export import ExportSettings, measurable_devices, write_manifest
     from hwnas.export.parallel import auto_workers
 
@@ -550,7 +558,7 @@ def _info(run_dir: Path, cfg: dict, front: str | None, select: str, settings: An
     return {"run_dir": str(run_dir), "space": cfg.get("space"), "dataset": cfg.get("dataset"),
             "front": front, "select": select, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
             "machine": _machine(), "settings": asdict(settings), "tuned_devices": tunable,
-            "layout": {"<name>.onnx": "FP32 (latency/ondevice.py DIR times these)",
+            "layout": {"<name>.onnx": "FP32 (python -m hwnas.latency.ondevice DIR times these)",
                        "qdq/<name>.onnx": "QDQ of the searched policy",
                        "qdq-<device>/<name>.onnx": "QDQ with the layers that lose on <device> "
                                                    "kept float (onnxruntime devices)",

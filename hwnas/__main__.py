@@ -2,4 +2,5 @@
 
 from hwnas.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # importing it (the docs' API collector does) runs nothing
+    raise SystemExit(main())

@@ -96,6 +96,10 @@ def _search_options(p: argparse.ArgumentParser, d) -> None:
                         f"pool of candidates whose size and estimated/predicted latency are "
                         f"computed for free; cheap constraints screen the pool) (default "
                         f"{d.sampler})")
+    p.add_argument("--mlflow", metavar="URI", default=d.mlflow,
+                   help="log every completed trial to MLflow at this tracking URI (file:./mlruns, "
+                        "http://host:5000), one run per trial in an experiment named after the "
+                        "study (Optuna's MLflowCallback; pip install 'hwnas[mlflow]')")
     p.add_argument("--accuracy", choices=("supernet", "predictor"), default=d.accuracy,
                    help="accuracy objective: evaluate every trial on the supernet (default), or "
                         "a predictor fitted on --predictor-samples supernet evaluations")
@@ -256,7 +260,7 @@ def config_from_args(args: argparse.Namespace):
         bits=args.bits, bit_choices=list(args.bit_choices), sampler=args.sampler,
         trials=args.trials, seed=args.seed, storage=args.storage, study_name=args.study_name,
         workers=args.workers, name=args.name, out=args.out, torch_device=args.device,
-        accuracy=args.accuracy, predictor_samples=args.predictor_samples,
+        accuracy=args.accuracy, predictor_samples=args.predictor_samples, mlflow=args.mlflow,
         calib_batches=args.calib_batches, eval_images=args.eval_images, augment=args.augment,
         # settings without a flag, from --config only
         **{k: getattr(args, k) for k in _FILE_ONLY if hasattr(args, k)})

@@ -14,7 +14,8 @@ a thin layer over :mod:`hwnas.latency.devices`, :mod:`hwnas.latency.profiles` an
     hwnas latency predict --device NAME --space SPACE --archs CSV --out CSV [--overwrite]
 
 ``reference`` writes the models a new device should measure first (ONNX, with their
-architectures, for the standalone ``latency/ondevice.py``); ``adapt`` takes the measurements of
+architectures, for the standalone on-device script ``python -m hwnas.latency.ondevice``, whose
+one file ``ondevice.py`` is copied to the device); ``adapt`` takes the measurements of
 any architectures and prints its leave-one-out error on them and whether more measurements would
 likely help (:func:`hwnas.latency.fewshot.leave_one_out`), and, when they leave open which
 network the device runs, which architectures would settle it (``--export-settling`` writes them).
@@ -44,6 +45,7 @@ from hwnas.latency.onnx_measure import PRECISIONS, RUNTIMES, busy_machine
 from hwnas.core.errors import UserError
 from hwnas.core.io import check_writable, write_atomic
 from hwnas.core.maths import spearman
+from hwnas.core.resources import package_path
 
 __all__ = ["add_latency_parser", "run_latency", "measure_dir", "adapt_device", "predict_csv",
            "default_predictor"]
@@ -71,7 +73,7 @@ def add_latency_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     d.add_argument("--space", help="only devices that cover this space")
 
     r = lsub.add_parser("reference", help="export the models a new device should measure first "
-                                          "(ONNX, for latency/ondevice.py)")
+                                          "(ONNX, for python -m hwnas.latency.ondevice)")
     r.add_argument("--space", required=True, help="search space of the models")
     r.add_argument("--n", type=positive_int, default=10,
                    help="number of models (default 10): the predictor's first N reference "
@@ -181,9 +183,11 @@ def _cmd_reference(args: argparse.Namespace) -> int:
         print(f"note: the {reference.predictor} predictor has {n_ref} reference architecture(s) "
               f"for {space.name}; the other {len(paths) - n_ref} span the space (its smallest, "
               f"largest and seeded random architectures)")
-    script = Path(__file__).resolve().parent / "ondevice.py"
-    print(f"measure them on the device (needs only numpy and onnxruntime): python {script} "
-          f"{out} --out measurements.csv")
+    script = package_path("hwnas.latency", "ondevice.py")
+    print(f"measure them on the device: copy {script} (one file, needs only numpy and "
+          f"onnxruntime) and {out} there, then python ondevice.py {out.name} --out "
+          f"measurements.csv (on this machine: python -m hwnas.latency.ondevice {out} --out "
+          f"measurements.csv)")
     print(f"then: hwnas latency adapt --device MY_DEVICE --space {space.name} --measurements "
           f"measurements.csv")
     return 0
@@ -375,7 +379,7 @@ def _settling(predictor: Any, space: Any, measured: list[str], args: argparse.Na
         paths = export_reference(space, ReferenceSet(archs, 0, predictor.name),
                                  args.export_settling, flag="--export-settling")
         print(f"wrote their {len(paths)} ONNX models to {args.export_settling} (measure them "
-              f"with latency/ondevice.py)")
+              f"with python -m hwnas.latency.ondevice)")
     else:
         print("(--export-settling DIR writes their ONNX models)")
 

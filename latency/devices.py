@@ -14,7 +14,7 @@ Four kinds (:data:`KINDS`):
   refused. Named by the column. Two sources: the shared HW-NAS-Bench/HELP tables
   (``nb201_latency_ms.csv``, ``fbnet_latency_ms.csv``: ``pixel3``, ``fpga``, ``1080ti_32`` ...)
   and the project's own measured tables (:func:`measured_tables_dir`, written by
-  ``benchmarks/measure_latency_tables.py``: ``<space>_<machine>.csv.gz``, columns
+  ``benchmarks/measure_latency_tables.py``, shipped as package data: ``<space>_<machine>.csv.gz``, columns
   ``<machine>-<runtime>-<threads or batch>`` such as ``xeon-ort-1t`` or ``h200-cudagraph-b64``),
   where one device column covers every space it was measured on. A table averaged over several
   sessions (``merge_table_sessions.py``) has a ``_sessions.json`` beside it; the description
@@ -48,6 +48,7 @@ from hwnas.supernet.space import SearchSpace
 
 from hwnas.core.errors import UserError
 from hwnas.core.paths import shared_data_candidate
+from hwnas.core.resources import package_path
 
 __all__ = [
     "KINDS",
@@ -65,6 +66,7 @@ __all__ = [
     "latency_tables",
     "measured_tables",
     "measured_tables_dir",
+    "packaged_tables_dir",
     "parse_cpu_device",
     "reliability",
     "session_agreement",
@@ -111,7 +113,19 @@ def _space_name(space: SearchSpace | str | None) -> str | None:
 
 class Device(ABC):
     """A device: ``name``, ``kind`` (one of :data:`KINDS`), the spaces it covers (``None``:
-    any space) and :meth:`latency`."""
+    any space) and :meth:`latency`.
+
+    Examples:
+        >>> from hwnas.latency import get_device
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> device = get_device("edgetpu-est")          # a Device
+        >>> device.kind, device.supports(space)
+        ('estimated', True)
+        >>> ms = device.latency(space, [space.smallest(), space.largest()])
+        >>> bool(ms[0] < ms[1])
+        True
+    """
 
     name: str
     kind: str
@@ -426,15 +440,21 @@ def latency_tables() -> dict[str, Path]:
     return {space: base / f for space, f in TABLE_FILES.items() if (base / f).is_file()}
 
 
+def packaged_tables_dir() -> Path:
+    """The measured tables shipped with hwnas: its package data ``hwnas/latency/data/tables``
+    (``latency/data/tables/`` of the checkout), the same in a wheel and in a checkout."""
+    return package_path("hwnas.latency", "data", "tables")
+
+
 def measured_tables_dir() -> Path | None:
     """The folder of the project's measured latency tables: ``$HWNAS_LATENCY_TABLES`` when set
-    (empty: none), else ``benchmarks/results/latency_tables`` of the checkout this package runs
-    from; ``None`` when that folder does not exist (e.g. an installed wheel)."""
+    (empty: none), else the shipped ones (:func:`packaged_tables_dir`); ``None`` when that
+    folder does not exist."""
     env = os.environ.get(MEASURED_TABLES_ENV)
     if env is not None:
         path = Path(env).expanduser() if env.strip() else None
     else:
-        path = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "latency_tables"
+        path = packaged_tables_dir()
     return path if path is not None and path.is_dir() else None
 
 
@@ -785,7 +805,16 @@ def _all_infos() -> list[DeviceInfo]:
 
 
 def available_devices(space: SearchSpace | str | None = None) -> list[DeviceInfo]:
-    """Every device (optionally: those covering ``space``), in :data:`KINDS` order then name."""
+    """Every device (optionally: those covering ``space``), in :data:`KINDS` order then name.
+
+    Examples:
+        >>> from hwnas.latency import available_devices
+        >>> infos = available_devices("nb201")
+        >>> sorted({i.kind for i in infos}) >= ['estimated', 'measured', 'table']
+        True
+        >>> next(i for i in infos if i.name == "xeon-ort-1t").kind   # a measured table, shipped
+        'table'
+    """
     name = _space_name(space)
     infos = [i for i in _all_infos() if name is None or i.spaces is None or name in i.spaces]
     return sorted(infos, key=lambda i: (KINDS.index(i.kind), i.name))
@@ -800,6 +829,11 @@ def get_device(name: str, space: SearchSpace | str | None = None, **options: Any
 
     ``options`` go to the device's constructor (e.g. ``model_fn``, ``repeats`` and ``warmup``
     for measured devices). Unknown names raise :class:`UserError` listing close names.
+
+    Examples:
+        >>> from hwnas.latency import get_device
+        >>> get_device("cpu-ort-1t").kind, get_device("xeon-ort-1t", "nb201").kind
+        ('measured', 'table')
     """
     if not isinstance(name, str) or not name:
         raise UserError(f"device name must be a non-empty string, got {name!r}")

@@ -73,6 +73,13 @@ def choose_measurements(predictor: LatencyPredictor, table: LatencyTable, n: int
     ``n`` (a :class:`UserError` when it has fewer than ``n`` or the table lacks one). Otherwise
     the first ``n`` of a permutation of ``pool_rows`` (default: every row) seeded with
     ``SEED_OFFSET + seed``.
+
+    Examples:
+        >>> from hwnas.latency import choose_measurements, load_pretrained, load_shared_table
+        >>> table = load_shared_table("nb201")
+        >>> rows = choose_measurements(load_pretrained("nb201"), table, 5, seed=0)
+        >>> len(rows)
+        5
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise UserError(f"number of measurements must be a positive integer, got {n!r}")
@@ -105,6 +112,15 @@ def fewshot_scores(space: Any, table: LatencyTable, device: str, *,
     predictor's ``min_samples``, or more reference architectures than the predictor has (or
     one the table lacks). A predictor measured on its reference architectures gives the same
     score for every seed (its measurements do not depend on the seed).
+
+    Examples:
+        >>> from hwnas.latency import fewshot_scores, load_shared_table
+        >>> from hwnas.supernet import get_space
+        >>> table = load_shared_table("nb201")
+        >>> scores = fewshot_scores(get_space("nb201"), table, "pixel3", predictors=("flops",),
+        ...                         ns=(5,), seeds=1, eval_rows=range(2000))
+        >>> [(s.predictor, s.n_measurements) for s in scores], scores[0].spearman > 0.5
+        ([('flops', 5)], True)
     """
     table.check_devices([device])
     unknown = [p for p in predictors if p not in available_predictors()]

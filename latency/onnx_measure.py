@@ -586,6 +586,15 @@ def measure_onnx(
     random input of batch size ``batch``, with ``runtime`` (and OpenVINO's ``precision``
     hint, see :func:`make_runner`). Returns median, p95, mean (ms per call) and the
     coefficient of variation. Bad arguments and unloadable models raise :class:`UserError`.
+
+    Examples:
+        >>> import torch
+        >>> from hwnas.export import onnx_bytes
+        >>> from hwnas.latency import measure_onnx
+        >>> model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU()).eval()
+        >>> stats = measure_onnx(onnx_bytes(model, torch.zeros(1, 3, 16, 16)), repeats=5, warmup=1)
+        >>> stats.median_ms > 0, stats.repeats
+        (True, 5)
     """
     batch = _check_int("batch", batch, 1)
     warmup = _check_int("warmup", warmup, 0)

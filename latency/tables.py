@@ -256,7 +256,14 @@ def shared_table_path(space_name: str) -> Path:
 
 
 def load_shared_table(space_name: str, *, space: Any = None) -> LatencyTable:
-    """Load (and validate) the shared latency table of ``space_name``."""
+    """Load (and validate) the shared latency table of ``space_name``.
+
+    Examples:
+        >>> from hwnas.latency import load_shared_table
+        >>> table = load_shared_table("nb201")        # HW-NAS-Bench / HELP, from the shared data
+        >>> len(table), "pixel3" in table.devices
+        (15625, True)
+    """
     return load_latency_table(shared_table_path(space_name), space=space)
 
 
@@ -351,7 +358,14 @@ HELP_PROTOCOLS: dict[str, FewShotProtocol] = {
 
 
 def help_protocol(space_name: str) -> FewShotProtocol:
-    """The HELP protocol of ``space_name``; :class:`UserError` for other spaces."""
+    """The HELP protocol of ``space_name``; :class:`UserError` for other spaces.
+
+    Examples:
+        >>> from hwnas.latency import help_protocol
+        >>> protocol = help_protocol("nb201")         # HELP's device split, from the shared data
+        >>> "pixel3" in protocol.meta_train, len(protocol.test) > 0
+        (True, True)
+    """
     if space_name not in HELP_PROTOCOLS:
         raise UserError(f"no few-shot protocol for space {space_name!r}; expected one of "
                         f"{sorted(HELP_PROTOCOLS)}")

@@ -54,7 +54,13 @@ _LAZY = {
     "hutchinson_trace": "hwnas.quant.sensitivity",
 }
 
-__all__ = [
+#: Importable here but internal (building blocks of the functions below; may change).
+_INTERNAL = {"Allocation", "DeviceQuantRules", "greedy_pareto_walk", "product_sources",
+             "FakeQuantize", "QuantConv2d", "QuantLinear", "QuantMatMul", "SharedAddQuant",
+             "calibrate", "policy_of", "hutchinson_trace"}
+
+#: The supported names (the docs' API reference).
+__all__ = [n for n in [
     "SUPPORTED_BITS",
     "Allocation",
     "DeviceQuantRules",
@@ -76,7 +82,7 @@ __all__ = [
     "uniform",
     "weight_bits_budget_bytes",
     *_LAZY,
-]
+] if n not in _INTERNAL]
 
 
 def __getattr__(name: str) -> Any:

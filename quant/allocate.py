@@ -164,7 +164,22 @@ def allocate(table: SensitivityTable, layers: list[Layer], budget: float,
     """The policy minimising total sensitivity with total cost (over all ``layers``) <=
     ``budget``. ``cost``: "size" (bytes), "bops", or a function of a Layer with bit-widths set
     (e.g. :func:`hwnas.quant.device_rules.layer_latency_fn`). ``fixed``: layers held at given widths
-    (e.g. first and last at (8, 8)). UserError if no policy fits the budget."""
+    (e.g. first and last at (8, 8)). UserError if no policy fits the budget.
+
+    Examples:
+        >>> from hwnas.quant import apply_to_layers, uniform
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> layers = space.layers(space.smallest())
+        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
+        >>> int8 = apply_to_layers(uniform(names, 8, 8), layers)
+        >>> from hwnas.quant import allocate, model_size_bytes
+        >>> from hwnas.quant.allocate import SensitivityTable
+        >>> table = SensitivityTable({n: {(8, 8): 0.01, (4, 8): 0.1 + i / 100} for i, n in enumerate(names)})
+        >>> chosen = allocate(table, layers, budget=0.8 * model_size_bytes(int8))
+        >>> chosen.cost <= 0.8 * model_size_bytes(int8), sorted(set(chosen.policy.bits.values()))
+        (True, [(4, 8), (8, 8)])
+    """
     if method not in ("ilp", "greedy"):
         raise UserError(f"unknown allocation method {method!r}; expected 'ilp' or 'greedy'")
     if not (isinstance(budget, (int, float)) and math.isfinite(budget) and budget > 0):

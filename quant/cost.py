@@ -11,7 +11,19 @@ from hwnas.supernet.layers import Layer
 
 
 def model_size_bytes(layers: list[Layer]) -> int:
-    """Bytes needed to store the weights (at their bit-widths, packed) and the 32-bit biases."""
+    """Bytes needed to store the weights (at their bit-widths, packed) and the 32-bit biases.
+
+    Examples:
+        >>> from hwnas.quant import apply_to_layers, uniform
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> layers = space.layers(space.smallest())
+        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
+        >>> int8 = apply_to_layers(uniform(names, 8, 8), layers)
+        >>> from hwnas.quant import model_size_bytes
+        >>> model_size_bytes(layers), model_size_bytes(int8)      # float, then int8
+        (47016, 13032)
+    """
     bits = 0
     for layer in layers:
         bits += layer.weight_count * layer.w_bits
@@ -21,7 +33,19 @@ def model_size_bytes(layers: list[Layer]) -> int:
 
 def bops(layers: list[Layer]) -> int:
     """Bit operations: MACs × weight bits × activation bits, summed over layers (the usual
-    hardware-agnostic cost of mixed-precision networks)."""
+    hardware-agnostic cost of mixed-precision networks).
+
+    Examples:
+        >>> from hwnas.quant import apply_to_layers, uniform
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> layers = space.layers(space.smallest())
+        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
+        >>> int8 = apply_to_layers(uniform(names, 8, 8), layers)
+        >>> from hwnas.quant import bops
+        >>> bops(int8)         # MACs x 8 x 8
+        11968512
+    """
     return sum(layer.macs * layer.w_bits * layer.a_bits for layer in layers)
 
 
@@ -36,7 +60,19 @@ def layer_size_bits(layer: Layer) -> int:
 
 def layer_cost(layer: Layer, kind: str = "size") -> float:
     """The cost of one layer at its bit-widths: ``"size"`` in bytes (fractional, so that a sum
-    over layers equals :func:`model_size_bytes` up to its final rounding) or ``"bops"``."""
+    over layers equals :func:`model_size_bytes` up to its final rounding) or ``"bops"``.
+
+    Examples:
+        >>> from hwnas.quant import apply_to_layers, uniform
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> layers = space.layers(space.smallest())
+        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
+        >>> int8 = apply_to_layers(uniform(names, 8, 8), layers)
+        >>> from hwnas.quant import layer_cost
+        >>> layer_cost(int8[0], "size")       # bytes of the first conv's int8 weights and biases
+        208.0
+    """
     if kind == "size":
         return layer_size_bits(layer) / 8.0
     if kind == "bops":
@@ -46,7 +82,19 @@ def layer_cost(layer: Layer, kind: str = "size") -> float:
 
 def weight_bits_budget_bytes(layers: list[Layer], avg_weight_bits: float) -> float:
     """The model size in bytes at which the conv/linear weights average ``avg_weight_bits``
-    (biases at 32 bits): the size budget that "about N average weight bits" means."""
+    (biases at 32 bits): the size budget that "about N average weight bits" means.
+
+    Examples:
+        >>> from hwnas.quant import apply_to_layers, uniform
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> layers = space.layers(space.smallest())
+        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
+        >>> int8 = apply_to_layers(uniform(names, 8, 8), layers)
+        >>> from hwnas.quant import weight_bits_budget_bytes
+        >>> weight_bits_budget_bytes(layers, 6)   # the size at 6 weight bits on average
+        10200.0
+    """
     weights = sum(layer.weight_count for layer in layers if layer.op in ("conv", "linear"))
     biases = sum(layer.params - layer.weight_count for layer in layers)
     return (weights * avg_weight_bits + biases * 32) / 8.0

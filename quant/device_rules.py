@@ -136,7 +136,20 @@ def layer_key(layer: Layer) -> str:
 def effective_layers(layers: list[Layer], rules: DeviceQuantRules) -> list[Layer]:
     """The layer list as the device runs it: conv/linear ``w_bits``/``a_bits`` (and a quantized
     attention product's operand widths) replaced by the execution widths; ``extra`` gains ``placement`` ("device" or "host"), ``storage_w_bits``
-    and ``requested_bits``. Latency estimators read this instead of the requested widths."""
+    and ``requested_bits``. Latency estimators read this instead of the requested widths.
+
+    Examples:
+        >>> from hwnas.quant import apply_to_layers, uniform
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> layers = space.layers(space.smallest())
+        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
+        >>> int8 = apply_to_layers(uniform(names, 8, 8), layers)
+        >>> from hwnas.quant import effective_layers, get_device_rules
+        >>> four = apply_to_layers(uniform(names, 4, 8), layers)
+        >>> effective_layers(four, get_device_rules("edgetpu"))[1].w_bits   # runs as int8 there
+        8
+    """
     out: list[Layer] = []
     on_host = False
     for layer in layers:
@@ -163,7 +176,20 @@ def effective_layers(layers: list[Layer], rules: DeviceQuantRules) -> list[Layer
 
 
 def device_size_bytes(layers: list[Layer], rules: DeviceQuantRules) -> int:
-    """Model size on the device: weights at their storage width, biases at 32 bits."""
+    """Model size on the device: weights at their storage width, biases at 32 bits.
+
+    Examples:
+        >>> from hwnas.quant import apply_to_layers, uniform
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> layers = space.layers(space.smallest())
+        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
+        >>> int8 = apply_to_layers(uniform(names, 8, 8), layers)
+        >>> from hwnas.quant import device_size_bytes, get_device_rules
+        >>> four = apply_to_layers(uniform(names, 4, 8), layers)
+        >>> device_size_bytes(four, get_device_rules("edgetpu")) == device_size_bytes(int8, get_device_rules("edgetpu"))
+        True
+    """
     bits = 0
     for layer in layers:
         bits += layer.weight_count * storage_w_bits(rules, layer.w_bits)
@@ -189,7 +215,20 @@ def speed_factor(layer: Layer, rules: DeviceQuantRules) -> float:
 def layer_latency_fn(rules: DeviceQuantRules, float_latency: Callable[[Layer], float]
                      ) -> Callable[[Layer], float]:
     """A per-layer cost for :func:`hwnas.quant.allocate.allocate`: the layer's float latency on the
-    device (from a measured table or an estimator) times its :func:`speed_factor`."""
+    device (from a measured table or an estimator) times its :func:`speed_factor`.
+
+    Examples:
+        >>> from hwnas.quant import apply_to_layers, uniform
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> layers = space.layers(space.smallest())
+        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
+        >>> int8 = apply_to_layers(uniform(names, 8, 8), layers)
+        >>> from hwnas.quant import get_device_rules, layer_latency_fn
+        >>> cost = layer_latency_fn(get_device_rules("cpu-ort"), lambda layer: 1e-6 * layer.macs)
+        >>> cost(int8[1]) > 0
+        True
+    """
     def cost(layer: Layer) -> float:
         return float(float_latency(layer)) * speed_factor(layer, rules)
     return cost
@@ -199,7 +238,22 @@ def measure_int8_speedup(layers: Iterable[Layer], timer: Callable[[Layer, bool],
                          by: str = "name", progress: bool = False) -> dict[str, float]:
     """Measure float-time / int8-time for each conv/linear layer with ``timer(layer, int8)``
     (milliseconds). Returns a table for :meth:`DeviceQuantRules.with_speedups`, keyed by layer
-    name (``by="name"``) or shape key (``by="shape"``, layers of one shape measured once)."""
+    name (``by="name"``) or shape key (``by="shape"``, layers of one shape measured once).
+
+    Examples:
+        >>> from hwnas.quant import apply_to_layers, uniform
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> layers = space.layers(space.smallest())
+        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
+        >>> int8 = apply_to_layers(uniform(names, 8, 8), layers)
+        >>> from hwnas.quant import measure_int8_speedup
+        >>> def timer(layer, int8):            # ms; hwnas.export.OrtLayerTimer() times it for real
+        ...     return 1.0 if int8 else 2.0
+        >>> table = measure_int8_speedup(layers[:2], timer)
+        >>> table[layers[1].name]
+        2.0
+    """
     if by not in ("name", "shape"):
         raise UserError(f"measure_int8_speedup: by must be 'name' or 'shape', got {by!r}")
     from tqdm.auto import tqdm
@@ -240,7 +294,14 @@ def available_device_rules() -> list[str]:
 
 
 def get_device_rules(name: str) -> DeviceQuantRules:
-    """The rules of a device family by name (UserError for an unknown one)."""
+    """The rules of a device family by name (UserError for an unknown one).
+
+    Examples:
+        >>> from hwnas.quant import get_device_rules
+        >>> rules = get_device_rules("edgetpu")
+        >>> rules.name, 8 in rules.compute_bits
+        ('edgetpu', True)
+    """
     if name not in DEVICE_RULES:
         raise UserError(f"unknown device family {name!r} for quantization rules; expected one of "
                         f"{', '.join(available_device_rules())}")

@@ -125,6 +125,18 @@ def fold_bn(model: nn.Module, example_input: torch.Tensor | None = None) -> nn.M
     ``nn.Identity`` under its own name. The copy is in eval mode and computes the same outputs
     as ``model`` in eval mode. ``model`` itself is never modified. BatchNorms that do not follow
     a conv stay as they are (float).
+
+    Examples:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        ...                             torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)).eval()
+        >>> from hwnas.quant import fold_bn
+        >>> folded = fold_bn(model)
+        >>> any(isinstance(m, torch.nn.BatchNorm2d) for m in folded.modules())
+        False
+        >>> x = torch.randn(2, 1, 8, 8)
+        >>> torch.allclose(folded(x), model(x), atol=1e-5)
+        True
     """
     pairs = find_conv_bn_pairs(model, example_input)
     folded = copy.deepcopy(model)

@@ -56,7 +56,14 @@ def check_bits(value: Any, what: str, layer: str) -> int:
 @dataclass
 class QuantPolicy:
     """Per-layer bit-widths. ``bits`` keeps insertion order (the model's layer order when built
-    by :func:`uniform`), which :func:`first_last_8bit` relies on."""
+    by :func:`uniform`), which :func:`first_last_8bit` relies on.
+
+    Examples:
+        >>> from hwnas.quant import QuantPolicy
+        >>> policy = QuantPolicy({"stem_conv": (8, 8), "classifier": (4, 8)})
+        >>> policy.bits["classifier"]
+        (4, 8)
+    """
 
     bits: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -181,7 +188,16 @@ def layer_names_of(model_or_names: Any) -> list[str]:
 
 
 def uniform(model_or_layer_names: Any, w_bits: int, a_bits: int) -> QuantPolicy:
-    """Every quantizable layer at ``(w_bits, a_bits)``."""
+    """Every quantizable layer at ``(w_bits, a_bits)``.
+
+    Examples:
+        >>> from hwnas.quant import uniform
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> policy = uniform([l.name for l in space.layers(space.smallest()) if l.op in ("conv", "linear")], 4, 8)
+        >>> len(policy.bits), policy.bits["stem_conv"]
+        (12, (4, 8))
+    """
     names = layer_names_of(model_or_layer_names)
     if not names:
         raise UserError("cannot build a quant policy: the model has no Conv2d/Linear layers")
@@ -191,7 +207,14 @@ def uniform(model_or_layer_names: Any, w_bits: int, a_bits: int) -> QuantPolicy:
 def first_last_8bit(policy: QuantPolicy) -> QuantPolicy:
     """A copy with the first and the last layer (in the policy's order: the stem conv and the
     classifier for a policy built from a model) at 8/8 bits, the usual guard for the two most
-    sensitive layers."""
+    sensitive layers.
+
+    Examples:
+        >>> from hwnas.quant import first_last_8bit, uniform
+        >>> policy = first_last_8bit(uniform(["stem", "block", "head"], 4, 8))
+        >>> [policy.bits[n] for n in ("stem", "block", "head")]
+        [(8, 8), (4, 8), (8, 8)]
+    """
     names = policy.layer_names
     if not names:
         return QuantPolicy({})
@@ -226,6 +249,16 @@ def apply_to_layers(policy: QuantPolicy, layers: list) -> list:
     layer it follows (:func:`product_sources`) for both operands, as the fake-quant model and
     the QDQ export quantize it. Other layers (add, pool, LayerNorm) are returned unchanged. The
     result prices the policy with :mod:`hwnas.quant.cost`.
+
+    Examples:
+        >>> from hwnas.quant import apply_to_layers, uniform
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> layers = space.layers(space.smallest())
+        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
+        >>> quantized = apply_to_layers(uniform(names, 4, 8), layers)
+        >>> quantized[0].w_bits, quantized[0].a_bits, layers[0].w_bits
+        (4, 8, 32)
     """
     policy.validate(layers)
     follows = product_sources(layers)
@@ -242,7 +275,17 @@ def apply_to_layers(policy: QuantPolicy, layers: list) -> list:
 
 def average_weight_bits(policy: QuantPolicy, layers: list) -> float:
     """Mean weight bit-width over all weights of ``layers`` (weighted by each layer's weight
-    count; float layers count 32)."""
+    count; float layers count 32).
+
+    Examples:
+        >>> from hwnas.quant import average_weight_bits, uniform
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> layers = space.layers(space.smallest())
+        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
+        >>> average_weight_bits(uniform(names, 6, 8), layers)
+        6.0
+    """
     quantized = [layer for layer in apply_to_layers(policy, layers) if layer.op in _QUANT_OPS]
     total = sum(layer.weight_count for layer in quantized)
     if total == 0:

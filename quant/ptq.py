@@ -80,6 +80,12 @@ class PTQConfig:
     ``max_images``: calibration images used (a few hundred suffice). ``residual``: "float" keeps
     residual additions in float, "shared" quantizes both inputs of each add with one shared
     quantizer at ``add_bits`` (see :mod:`hwnas.quant.fake_quant`).
+
+    Examples:
+        >>> from hwnas.quant import PTQConfig
+        >>> config = PTQConfig(act_observer="percentile", percentile=99.9, weight_observer="mse")
+        >>> config.act_observer
+        'percentile'
     """
 
     act_observer: str = "minmax"
@@ -192,7 +198,20 @@ def quantize_model(model: nn.Module, policy: QuantPolicy, *, residual: str = "fl
                    example_input: torch.Tensor | None = None) -> nn.Module:
     """A new model: ``model`` with BN folded and each Conv2d/Linear replaced by its quantized
     version at the policy's bit-widths (weight scales set, activation ranges still to be
-    calibrated). ``model`` is not modified; a bad policy raises UserError first."""
+    calibrated). ``model`` is not modified; a bad policy raises UserError first.
+
+    Examples:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        ...                             torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)).eval()
+        >>> from hwnas.quant import quantize_model, uniform
+        >>> from hwnas.quant.ptq import PTQConfig, ptq
+        >>> policy = uniform(model, 8, 8)
+        >>> qmodel = quantize_model(model, policy)          # fake quantization inserted, not calibrated
+        >>> calibrated = ptq(model, policy, [(torch.randn(16, 1, 8, 8), None)])   # quantize + calibrate
+        >>> tuple(calibrated(torch.randn(2, 1, 8, 8)).shape)
+        (2, 10)
+    """
     if not isinstance(policy, QuantPolicy):
         raise UserError(f"expected a QuantPolicy, got {type(policy).__name__}")
     policy.validate(model)

@@ -59,7 +59,14 @@ class QATConfig:
     drifted and a mixed 2/4/6/8-bit policy of the run-7 CIFAR-10 smallest subnet fell from 93.5
     to 88.6 % validation top-1 in two epochs; at 3e-3 it stayed at 93.6. ``amp``: bf16
     autocast on CUDA (off by default: on an H200 the fake-quantized MobileNetV3 subnets,
-    launch-bound, ran 100 steps in 20.9 s with it and 15.1 s without)."""
+    launch-bound, ran 100 steps in 20.9 s with it and 15.1 s without).
+
+    Examples:
+        >>> from hwnas.quant import QATConfig
+        >>> config = QATConfig(epochs=3, lr=0.003)   # for hwnas.quant.qat.qat(model, policy, ...)
+        >>> config.epochs, config.optimizer
+        (3, 'sgd')
+    """
 
     epochs: int = 3
     max_steps: int | None = None

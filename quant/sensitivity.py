@@ -180,7 +180,18 @@ def hessian_sensitivity(model: nn.Module, batches: Iterable, candidates: Sequenc
     one loss per chunk), so only one chunk's double-backward graph is held at once: over all
     images it was the memory peak of a whole ``hwnas run`` on the CPU
     (benchmarks/hessian_memory.md). ``probe_batch`` Rademacher vectors share one batched
-    Hessian-vector product (default: see :func:`hutchinson_trace`)."""
+    Hessian-vector product (default: see :func:`hutchinson_trace`).
+
+    Examples:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        ...                             torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)).eval()
+        >>> from hwnas.quant import hessian_sensitivity
+        >>> batches = [(torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)))]
+        >>> table = hessian_sensitivity(model, batches, [(8, 8), (4, 8)], n_samples=2)
+        >>> sorted(table.values), table.values["0"][(4, 8)] >= table.values["0"][(8, 8)]
+        (['0', '4'], True)
+    """
     candidates = _check_candidates(candidates)
     if chunk < 1:
         raise UserError(f"chunk must be positive, got {chunk}")
@@ -235,7 +246,18 @@ def measured_sensitivity(model: nn.Module, calib_batches: Iterable, eval_batches
     """Sensitivity by measurement: for each candidate, the network is quantized and calibrated
     once (PTQ ranges come from float activations, so they do not depend on the other layers),
     then each layer alone is switched on and the loss increase (``metric="loss"``) or top-1
-    drop in points (``"accuracy"``) vs float is measured on ``eval_batches``."""
+    drop in points (``"accuracy"``) vs float is measured on ``eval_batches``.
+
+    Examples:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        ...                             torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)).eval()
+        >>> from hwnas.quant import measured_sensitivity
+        >>> batches = [(torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)))]
+        >>> table = measured_sensitivity(model, batches, batches, [(8, 8), (2, 8)])
+        >>> sorted(table.values), table.kind
+        (['0', '4'], 'loss')
+    """
     if metric not in ("loss", "accuracy"):
         raise UserError(f"unknown sensitivity metric {metric!r}; expected 'loss' or 'accuracy'")
     candidates = _check_candidates(candidates)

@@ -19,11 +19,22 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["run"]
+
 
 def run(config: Any = None, *, overwrite: bool = False, progress: bool = True, log=print,
         **settings: Any):
     """Run (or continue) a search; ``config`` is a :class:`hwnas.search.config.SearchConfig`, or pass
-    its fields as keyword arguments. Returns a :class:`hwnas.search.runner.SearchResult`."""
+    its fields as keyword arguments. Returns a :class:`hwnas.search.runner.SearchResult`.
+
+    Examples:
+        >>> from hwnas import search
+        >>> result = search.run(supernet=checkpoint, trials=2, objectives="accuracy,latency:edgetpu-est",
+        ...                     devices=["edgetpu-est"], sensitivity_seeds=False, out="runs",
+        ...                     name="doc", progress=False, log=lambda *a: None)
+        >>> len(result.trials), "edgetpu-est" in result.fronts      # checkpoint: a trained supernet
+        (2, True)
+    """
     from hwnas.search.config import SearchConfig
     from hwnas.search.runner import run_search
 

@@ -37,6 +37,19 @@ RUN_ONLY_KEYS = ("format", "reported_devices", "dataset_name")
 ACCURACY_SOURCES = ("supernet", "predictor")
 
 
+def check_mlflow(uri: str) -> None:
+    """A UserError, before anything runs, when ``--mlflow`` cannot work: an empty URI, or the
+    ``mlflow`` extra (optuna-integration and MLflow) not installed."""
+    import importlib.util
+
+    if not isinstance(uri, str) or not uri.strip():
+        raise UserError(f"--mlflow {uri!r}: expected an MLflow tracking URI, e.g. file:./mlruns")
+    missing = [m for m in ("mlflow", "optuna_integration")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(f"--mlflow needs {' and '.join(missing)}: pip install 'hwnas[mlflow]'")
+
+
 @dataclass
 class SearchConfig:
     """Everything a search needs; see ``hwnas search --help`` for each field."""
@@ -50,7 +63,9 @@ class SearchConfig:
     devices: list[str] = field(default_factory=lambda: list(DEFAULT_DEVICES))
     bits: bool = True
     bit_choices: list[int] = field(default_factory=lambda: list(DEFAULT_BIT_CHOICES))
-    sampler: str = DEFAULT_SAMPLER
+    #: a name of :data:`SAMPLERS`, or an Optuna sampler object (``optuna.samplers.NSGAIISampler(...)``,
+    #: used as given; the run records its class name)
+    sampler: Any = DEFAULT_SAMPLER
     trials: int = 60
     seed: int = 0
     data_seed: int = 0
@@ -71,6 +86,9 @@ class SearchConfig:
     #: training augmentation of a supernet trained for the run (None: the dataset's); a
     #: checkpoint recorded with another is refused
     augment: str | None = None
+    #: an MLflow tracking URI (``file:./mlruns``, ``http://host:5000``): every completed trial is
+    #: logged as an MLflow run by Optuna's own ``MLflowCallback`` (the ``mlflow`` extra)
+    mlflow: str | None = None
 
     # -- parsed views --------------------------------------------------------------------
     @property
@@ -101,10 +119,20 @@ class SearchConfig:
             raise UserError(f"--trials must be a positive number of trials, got {self.trials}")
         if self.supernet is None and self.epochs <= 0:
             raise UserError(f"--epochs must be positive, got {self.epochs}")
-        if self.sampler not in SAMPLERS:
+        if not isinstance(self.sampler, str):
+            if not callable(getattr(self.sampler, "sample_independent", None)):
+                raise UserError(f"sampler {self.sampler!r}: expected one of {list(SAMPLERS)} or an "
+                                f"Optuna sampler object (optuna.samplers.BaseSampler)")
+            if self.workers > 1:
+                raise UserError(f"--workers {self.workers} with a sampler object: each worker "
+                                f"process builds its own sampler from a name; pass a name, or "
+                                f"start the workers yourself on the same --storage")
+        elif self.sampler not in SAMPLERS:
             raise UserError(f"unknown sampler {self.sampler!r}; expected one of {list(SAMPLERS)}")
         if self.workers <= 0:
             raise UserError(f"--workers must be positive, got {self.workers}")
+        if self.mlflow is not None:
+            check_mlflow(self.mlflow)
         if self.workers > 1 and (self.storage is None or self.storage.startswith("sqlite")):
             raise UserError(f"--workers {self.workers} needs a server database: SQLite cannot be "
                             f"shared by several writers; pass --storage postgresql://USER@HOST/DB "
@@ -137,8 +165,17 @@ class SearchConfig:
         if self.sampler == "screening":
             check_screening_objectives(self.objective_metrics)
 
+    @property
+    def sampler_name(self) -> str:
+        """The sampler's name, or a sampler object's class name (what the run records)."""
+        return self.sampler if isinstance(self.sampler, str) else type(self.sampler).__name__
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        sampler, self.sampler = self.sampler, self.sampler_name  # asdict would deep-copy an object
+        try:
+            return asdict(self)
+        finally:
+            self.sampler = sampler
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> SearchConfig:

@@ -301,12 +301,31 @@ def build_sampler(cfg: SearchConfig, space: SearchSpace, evaluator: TrialEvaluat
     """The search's sampler, seeded by ``seed`` (default ``cfg.seed``); ``screening`` gets the
     search's problem (candidates with their bit policies, cheap objectives and constraints on
     the evaluator's devices)."""
+    if not isinstance(cfg.sampler, str):
+        return cfg.sampler  # the user's Optuna sampler object, as given
     problem = None
     if cfg.sampler == "screening":
         problem = screening_problem(space, cfg.objective_metrics, cfg.constraint_list,
                                     evaluator.devices, bits=cfg.bits, bit_choices=cfg.bit_choices)
     return make_sampler(cfg.sampler, cfg.seed if seed is None else seed, n_seeds=n_seeds,
                         problem=problem)
+
+
+def tracking_callbacks(cfg: SearchConfig) -> list:
+    """Optuna callbacks that log each completed trial to an experiment tracker: with
+    ``cfg.mlflow``, optuna-integration's ``MLflowCallback`` (one MLflow run per trial, in the
+    experiment named after the study; metrics named after the objectives, ``:`` as ``_``)."""
+    if cfg.mlflow is None:
+        return []
+    import warnings
+
+    from optuna_integration.mlflow import MLflowCallback
+
+    names = [m.key.replace(":", "_") for m in cfg.objective_metrics]
+    with warnings.catch_warnings():  # deprecated in optuna-integration 4.9, kept until 6.0 (the
+        warnings.simplefilter("ignore", FutureWarning)  # extra pins below 6)
+        return [MLflowCallback(tracking_uri=cfg.mlflow, metric_name=names,
+                               create_experiment=True, tag_study_user_attrs=True)]
 
 
 def _open(cfg: SearchConfig, run_dir: Path, sampler):
@@ -328,7 +347,7 @@ def study_attrs(cfg: SearchConfig, data: DatasetSplits, supernet_source: str | N
     return {"space": cfg.space, "dataset": data.name, "dataset_spec": cfg.dataset,
             "data_seed": cfg.data_seed, "supernet": supernet, "hwnas_version": __version__,
             "objectives": cfg.objectives, "constraints": list(cfg.constraints),
-            "devices": cfg.all_devices, "bits": cfg.bits, "sampler": cfg.sampler,
+            "devices": cfg.all_devices, "bits": cfg.bits, "sampler": cfg.sampler_name,
             "seed": cfg.seed}
 
 
@@ -408,7 +427,8 @@ def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int, worker: in
     _, study = _open(cfg, Path(run_dir), build_sampler(cfg, space, evaluator, n_seeds))
     study.sampler = build_sampler(cfg, space, evaluator, n_seeds,
                                   seed=sampler_seed(cfg.seed, len(study.trials), worker))
-    return run_trials(study, make_objective(space, evaluator, cfg), cfg.trials, progress=False)
+    return run_trials(study, make_objective(space, evaluator, cfg), cfg.trials, progress=False,
+                      callbacks=tracking_callbacks(cfg))
 
 
 def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = True,
@@ -502,7 +522,7 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
                 procs.append(p)
         try:
             new = run_trials(study, make_objective(space, search_evaluator, cfg), cfg.trials,
-                             progress=progress)
+                             progress=progress, callbacks=tracking_callbacks(cfg))
         finally:
             for p in procs:
                 p.join()
@@ -511,7 +531,7 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
             raise UserError(f"{len(failed)} of {cfg.workers - 1} extra worker(s) failed "
                             f"(exit codes {failed}); rerun the command to complete the budget")
         timings["search_s"] = time.perf_counter() - t0
-        log(f"search: {cfg.sampler} (seed {cfg.seed}), {len(completed(study))} trials in the "
+        log(f"search: {cfg.sampler_name} (seed {cfg.seed}), {len(completed(study))} trials in the "
             f"study, {new} new by this process in {timings['search_s']:.0f} s")
 
         t0 = time.perf_counter()
@@ -570,7 +590,7 @@ def write_outputs(study, cfg: SearchConfig, space: SearchSpace, evaluator: Trial
         outputs.write_frame(rd.trials_parquet, trials)
     history = outputs.hypervolume_history(trials, devices)
     outputs.write_frame(rd.hypervolume, history)
-    title = (f"{space.name} on {data.name}: {len(trials)} trials ({cfg.sampler}), "
+    title = (f"{space.name} on {data.name}: {len(trials)} trials ({cfg.sampler_name}), "
              f"objectives {cfg.objectives}")
     plot_fronts(trials, fronts, rd.plot(rd.FRONTS_PNG), title=title)
     if len(devices) > 1:

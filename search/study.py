@@ -243,9 +243,11 @@ def _install_sigint(handler):
 
 
 def run_trials(study: optuna.Study, objective: Callable[[optuna.Trial], Sequence[float]],
-               budget: int, *, progress: bool = True, desc: str = "search") -> int:
+               budget: int, *, progress: bool = True, desc: str = "search",
+               callbacks: Sequence[Callable] = ()) -> int:
     """Run trials until ``budget`` trials of the study have completed (over all workers);
-    returns how many this call completed."""
+    returns how many this call completed. ``callbacks``: more Optuna callbacks (experiment
+    tracking)."""
     before = len(completed(study))
     if before >= budget:
         return 0
@@ -291,7 +293,8 @@ def run_trials(study: optuna.Study, objective: Callable[[optuna.Trial], Sequence
     logging.getLogger("optuna").setLevel(logging.WARNING)
     previous = _install_sigint(on_sigint)
     try:
-        study.optimize(guarded, n_trials=budget - before, callbacks=[callback], catch=())
+        study.optimize(guarded, n_trials=budget - before, callbacks=[callback, *callbacks],
+                       catch=())
     finally:
         bar.close()
         _install_sigint(previous)

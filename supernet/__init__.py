@@ -26,11 +26,11 @@ _LAZY = {
     "TrainOptions": "hwnas.supernet.train_options",
 }
 
+#: The supported names (the docs' API reference); others importable here are internal.
 __all__ = [
-    *_LAZY,
+    *(n for n in _LAZY if n != "BatchLoader"),
     "Layer",
     "SearchSpace",
-    "UserError",
     "available_spaces",
     "get_space",
     "register_space",

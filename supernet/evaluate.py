@@ -45,7 +45,17 @@ def recalibrate_bn(model: nn.Module, batches: Iterable, max_batches: int = 20) -
 
 @torch.no_grad()
 def accuracy(model: nn.Module, batches: Iterable) -> float:
-    """Top-1 accuracy in percent over all ``(x, y)`` batches."""
+    """Top-1 accuracy in percent over all ``(x, y)`` batches.
+
+    Examples:
+        >>> from hwnas.supernet import get_space, load_dataset
+        >>> data = load_dataset("digits", seed=0)
+        >>> space = get_space("mbv3-tiny")
+        >>> from hwnas.supernet import accuracy, eval_loader
+        >>> model = space.build_supernet().extract(space.smallest()).eval()
+        >>> 0 <= accuracy(model, eval_loader(data, data.val)) <= 100
+        True
+    """
     model.eval()
     correct = total = 0
     for x, y in batches:
@@ -59,7 +69,17 @@ def accuracy(model: nn.Module, batches: Iterable) -> float:
 def calibration_loader(data: DatasetSplits, *, batch_size: int = 64, seed: int = 0,
                        device: str | torch.device = "cpu") -> BatchLoader:
     """Training images without augmentation, shuffled with a fixed seed: what quantization
-    observers calibrate activation ranges on (the images a deployed model will see)."""
+    observers calibrate activation ranges on (the images a deployed model will see).
+
+    Examples:
+        >>> from hwnas.supernet import get_space, load_dataset
+        >>> data = load_dataset("digits", seed=0)
+        >>> space = get_space("mbv3-tiny")
+        >>> from hwnas.supernet import calibration_loader
+        >>> x, y = next(iter(calibration_loader(data, batch_size=32)))
+        >>> tuple(x.shape), x.dtype
+        ((32, 1, 8, 8), torch.float32)
+    """
     return BatchLoader(data.train, batch_size=batch_size, mean=data.mean, std=data.std,
                        shuffle=True, seed=seed, device=device)
 
@@ -80,6 +100,16 @@ def bn_calibration_loader(data: DatasetSplits, *, batch_size: int = 64, seed: in
 
 def eval_loader(data: DatasetSplits, split: ImageSplit, *, batch_size: int = 256,
                 device: str | torch.device = "cpu") -> BatchLoader:
+    """Normalised ``(x, y)`` batches of ``split`` in order, without augmentation (for scoring).
+
+    Examples:
+        >>> from hwnas.supernet import get_space, load_dataset
+        >>> data = load_dataset("digits", seed=0)
+        >>> space = get_space("mbv3-tiny")
+        >>> from hwnas.supernet import eval_loader
+        >>> sum(len(y) for _, y in eval_loader(data, data.test)) == len(data.test)
+        True
+    """
     return BatchLoader(split, batch_size=batch_size, mean=data.mean, std=data.std, device=device)
 
 
@@ -118,7 +148,18 @@ def evaluate_subnet(supernet: nn.Module, arch, data: DatasetSplits, *, split: st
                     calib_batches: int = 20, calib_batch_size: int = 64, batch_size: int = 256,
                     seed: int = 0) -> tuple[float, nn.Module]:
     """:func:`recalibrated_subnet` and its top-1 accuracy in percent on ``split``:
-    (accuracy, the recalibrated standalone model)."""
+    (accuracy, the recalibrated standalone model).
+
+    Examples:
+        >>> from hwnas.supernet import get_space, load_dataset
+        >>> data = load_dataset("digits", seed=0)
+        >>> space = get_space("mbv3-tiny")
+        >>> from hwnas.supernet import evaluate_subnet
+        >>> supernet = space.build_supernet()
+        >>> acc, model = evaluate_subnet(supernet, space.smallest(), data)   # an untrained supernet
+        >>> 0 <= acc <= 100, type(model).__name__
+        (True, 'MBV3Net')
+    """
     device = next(supernet.parameters()).device
     model = recalibrated_subnet(supernet, arch, data, calib_batches=calib_batches,
                                 calib_batch_size=calib_batch_size, seed=seed)

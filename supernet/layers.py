@@ -45,6 +45,12 @@ class Layer:
     attention × V is ``matmul(h·n → h·d, groups=h, in_h=n)``. Both operands are activations:
     a matmul has no weights. ``layernorm`` has ``2 × in_channels`` parameters (scale, shift;
     ``bias=True``), ``softmax`` and ``gelu`` none; all three are element-wise work without MACs.
+
+    Examples:
+        >>> from hwnas.supernet import Layer
+        >>> conv = Layer("conv1", "conv", in_channels=3, out_channels=16, kernel=3, in_h=32, in_w=32)
+        >>> conv.macs, conv.params
+        (442368, 432)
     """
 
     name: str
@@ -144,17 +150,40 @@ class Layer:
 
 
 def total_macs(layers: list[Layer]) -> int:
+    """Multiply-accumulates of a layer list (convolutions, linear layers and attention products).
+
+    Examples:
+        >>> from hwnas.supernet import get_space, total_macs
+        >>> space = get_space("mbv3-tiny")
+        >>> total_macs(space.layers(space.smallest()))
+        187008
+    """
     return sum(layer.macs for layer in layers)
 
 
 def total_flops(layers: list[Layer]) -> int:
     """FLOPs counted as 2 × MACs (one multiply and one add), the convention of most profilers:
     attention's ``matmul`` counts, the element-wise ops (add, pooling, LayerNorm, softmax, GELU)
-    do not; the estimators price those by their element counts."""
+    do not; the estimators price those by their element counts.
+
+    Examples:
+        >>> from hwnas.supernet import get_space, total_flops
+        >>> space = get_space("mbv3-tiny")
+        >>> total_flops(space.layers(space.smallest()))
+        374016
+    """
     return 2 * total_macs(layers)
 
 
 def total_params(layers: list[Layer]) -> int:
+    """Parameters (weights and biases) of a layer list.
+
+    Examples:
+        >>> from hwnas.supernet import get_space, total_params
+        >>> space = get_space("mbv3-tiny")
+        >>> total_params(space.layers(space.smallest()))
+        11754
+    """
     return sum(layer.params for layer in layers)
 
 

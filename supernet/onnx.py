@@ -31,6 +31,15 @@ def onnx_bytes(model: torch.nn.Module, example: torch.Tensor, *, opset: int = 17
     batch dimension (axis 0), and constant folding applied. The model is traced in eval
     mode (BatchNorm uses running statistics, dropout is off); its previous train/eval
     mode is restored afterwards. Useful to measure latency without touching the disk.
+
+    Examples:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        ...                             torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)).eval()
+        >>> from hwnas.export import onnx_bytes
+        >>> data = onnx_bytes(model, torch.zeros(1, 1, 8, 8))   # feed it to onnxruntime or save it
+        >>> data[:2] != b"", len(data) > 1000
+        (True, True)
     """
     if not isinstance(model, torch.nn.Module):
         raise UserError(f"model must be a torch.nn.Module, got {type(model).__name__}")

@@ -25,6 +25,16 @@ class SearchSpace(ABC, Generic[Arch]):
 
     Architectures are immutable, hashable values of a space-specific type. Their canonical
     string (:meth:`to_string`) is how they are written to files and joined with tables.
+
+    Examples:
+        >>> import numpy as np
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")            # a SearchSpace
+        >>> arch = space.sample(np.random.default_rng(0))
+        >>> space.from_string(space.to_string(arch)) == arch
+        True
+        >>> space.to_string(space.smallest()), space.input_shape, space.num_classes
+        ('k3e2_k3e2_k3e2', (1, 8, 8), 10)
     """
 
     #: Registry name of the space, e.g. ``"mbv3-tiny"``.

@@ -127,6 +127,12 @@ class TrainStage:
     values); needs a space with ``restrict()``. ``sort_channels``: before the stage's first
     step, sort the supernet's channels by importance (Once-for-All's re-organization; needs a
     supernet with ``sort_channels()``).
+
+    Examples:
+        >>> from hwnas.supernet import TrainStage
+        >>> stage = TrainStage("shrink", epochs=5, num_random=2)   # largest, smallest and 2 random subnets
+        >>> stage.sandwich, stage.distill
+        (True, True)
     """
 
     name: str
@@ -140,6 +146,16 @@ class TrainStage:
 
 @dataclass
 class TrainConfig:
+    """How a supernet trains: its stages (a schedule), batch size, learning rate,
+    regularisation, augmentation and teacher.
+
+    Examples:
+        >>> from hwnas.supernet import TrainConfig, TrainStage
+        >>> config = TrainConfig(stages=[TrainStage("full", epochs=2, sandwich=False),
+        ...                              TrainStage("sandwich", epochs=8)], lr=0.1)
+        >>> config.total_epochs if hasattr(config, "total_epochs") else sum(s.epochs for s in config.stages)
+        10
+    """
     stages: list[TrainStage] = field(default_factory=lambda: [TrainStage("sandwich", 20)])
     batch_size: int = 64
     lr: float = 0.05
@@ -255,7 +271,14 @@ def check_torch_device(name: str) -> torch.device:
 
 
 def sandwich_config(epochs: int, *, num_random: int = 2, **kwargs: Any) -> TrainConfig:
-    """The default schedule: one sandwich stage of ``epochs`` epochs."""
+    """The default schedule: one sandwich stage of ``epochs`` epochs.
+
+    Examples:
+        >>> from hwnas.supernet import sandwich_config
+        >>> config = sandwich_config(epochs=30, lr=0.1)
+        >>> [(s.name, s.epochs) for s in config.stages], config.lr
+        ([('sandwich', 30)], 0.1)
+    """
     return TrainConfig(stages=[TrainStage("sandwich", epochs, num_random=num_random)], **kwargs)
 
 
@@ -716,6 +739,17 @@ def train_supernet(
     smallest subnet of each stage run compiled, the random ones eagerly (see the module
     docstring). ``teacher``: the external teacher network that ``config.teacher`` names
     (:func:`hwnas.supernet.teacher.load_teacher`); the largest subnet learns from it.
+
+    Examples:
+        >>> from hwnas.supernet import get_space, load_dataset
+        >>> data = load_dataset("digits", seed=0)
+        >>> space = get_space("mbv3-tiny")
+        >>> from hwnas.supernet import TrainOptions, sandwich_config, train_supernet
+        >>> supernet = space.build_supernet()
+        >>> history = train_supernet(supernet, space, data, sandwich_config(epochs=1),
+        ...                          TrainOptions(progress=False, max_steps=3))   # 3 steps only, here
+        >>> type(history).__name__
+        '...'
     """
     opts = TrainOptions.of(options, **overrides)
     compile = opts.compile

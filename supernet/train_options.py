@@ -59,7 +59,15 @@ class TrainOptions:
     ``checkpoint_every_s`` seconds). ``max_seconds``/``max_steps``: stop early, checkpointed.
     ``dist``: the process group (:class:`hwnas.supernet.distributed.DistContext`, torchrun);
     ``dataset``: the name checkpoints record (default the data's); ``compile``: True or a
-    ``torch.compile`` mode."""
+    ``torch.compile`` mode.
+
+    Examples:
+        >>> from hwnas.supernet import TrainOptions
+        >>> options = TrainOptions(device="cpu", progress=False, max_seconds=600,
+        ...                        checkpoint_path="run/checkpoint.pt")   # resumable chunks of 10 minutes
+        >>> options.device, options.max_seconds
+        ('cpu', 600)
+    """
 
     device: Any = "cpu"
     progress: bool = True

@@ -27,7 +27,8 @@ from hwnas.supernet.spaces import get_space
 from hwnas.core.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
-COMMITTED = REPO / "benchmarks" / "results" / "latency_tables"
+COMMITTED = REPO / "latency" / "data" / "tables"  # package data: hwnas/latency/data/tables
+EVIDENCE = REPO / "benchmarks" / "results" / "latency_tables"  # cv, raw, anchors, sessions
 
 
 def write_gz(path: Path, header: list[str], rows: list[list]) -> Path:
@@ -150,7 +151,7 @@ def test_gzip_tables_are_validated_like_csv(tmp_path, nb201_sample):
         load_latency_table(broken, space=space)
 
 
-@pytest.mark.skipif(not COMMITTED.is_dir(), reason="no benchmarks/results/latency_tables here")
+@pytest.mark.skipif(not COMMITTED.is_dir(), reason="no latency/data/tables here")
 def test_the_committed_tables_are_devices(monkeypatch):
     """Every column of every committed ``<space>_<machine>.csv.gz`` is a device giving the
     table's values."""
@@ -169,3 +170,21 @@ def test_the_committed_tables_are_devices(monkeypatch):
             assert column in names
             got = get_device(column, space_name).latency(space_name, [r[0] for r in body])
             np.testing.assert_allclose(got, [float(r[j]) for r in body])
+
+
+@pytest.mark.skipif(not EVIDENCE.is_dir(), reason="no benchmarks/results/latency_tables here")
+def test_every_table_hwnas_reads_is_package_data():
+    """A table left beside the benchmark evidence would be a device of the checkout only: every
+    ``<space>_<machine>.csv.gz`` (and its ``_sessions.json``) lives in the package data, whose
+    patterns in pyproject.toml ship it in the wheel."""
+    import fnmatch
+    import re
+    import tomllib
+
+    pattern = re.compile(r"^[A-Za-z0-9-]+_[A-Za-z0-9]+(\.csv\.gz|_sessions\.json)$")
+    assert not [p.name for p in EVIDENCE.iterdir() if pattern.match(p.name)]
+    shipped = tomllib.loads((REPO / "pyproject.toml").read_text())[
+        "tool"]["setuptools"]["package-data"]["hwnas.latency"]
+    for path in COMMITTED.iterdir():
+        rel = f"data/tables/{path.name}"
+        assert any(fnmatch.fnmatch(rel, g) for g in shipped), rel

@@ -1,6 +1,6 @@
 """Reproducible runs: ``--config FILE.toml`` for run/search/train/export with flags overriding
 it, a run's config.json accepted as a config (CLI and :meth:`SearchConfig.from_dict`),
-``hwnas --version``, the study's user attributes, the optuna-dashboard extra and the README's
+``hwnas --version``, the study's user attributes, the optuna-dashboard extra and the docs'
 command for it, and a Ctrl-C message that names a command that exists."""
 
 from __future__ import annotations
@@ -118,15 +118,16 @@ def test_the_study_says_what_it_is_about(small_run: Path, digits_checkpoint: Pat
 
 
 def test_dashboard_extra_and_the_readme_command(tmp_path: Path, monkeypatch) -> None:
-    """The README's optuna-dashboard command points at the study a default run writes, and
+    """The docs' optuna-dashboard command (docs/reference/cli.md, "Reproducible runs") points
+    at the study a default run writes, and
     that storage URL opens (with the dashboard's WSGI app when it is installed: no server, no
     network)."""
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(r.startswith("optuna-dashboard") for r in extras["dashboard"])
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "reference" / "cli.md").read_text()
     assert 'pip install -e ".[dashboard]"' in readme
     urls = re.findall(r"^optuna-dashboard (\S+)$", readme, flags=re.MULTILINE)
-    assert urls, "README has no optuna-dashboard command line"
+    assert urls, "docs/reference/cli.md has no optuna-dashboard command line"
     d = SearchConfig()
     default_run = Path(d.out) / f"{d.dataset}-{d.space}"
     assert urls[0] == f"sqlite:///{default_run / RunDir.STUDY}"

@@ -231,7 +231,19 @@ def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
 
     ``device``: torch device of the calibration passes (PTQ's ranges, bias correction, the
     requantization points; TF32 off). The returned build's fake-quant model is on the CPU, and
-    every check compares the graph with that model, wherever its ranges were computed."""
+    every check compares the graph with that model, wherever its ranges were computed.
+
+    Examples:
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        ...                             torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)).eval()
+        >>> from hwnas.export import build_qdq
+        >>> from hwnas.quant import uniform
+        >>> built = build_qdq(model, uniform(model, 8, 8), [(torch.randn(16, 1, 8, 8), None)])
+        >>> onnx_model = built.proto()           # the QDQ graph (an onnx.ModelProto)
+        >>> sorted(built.policy.bits)
+        ['0', '4']
+    """
     if not isinstance(policy, QuantPolicy):
         raise UserError(f"expected a QuantPolicy, got {type(policy).__name__}")
     config = config or PTQConfig()

@@ -9,4 +9,14 @@ from __future__ import annotations
 
 
 class UserError(Exception):
-    """Bad input from the user: say what is wrong and what was expected."""
+    """Bad input from the user: say what is wrong and what was expected.
+
+    Examples:
+        >>> import hwnas
+        >>> from hwnas.supernet import get_space
+        >>> try:
+        ...     get_space("no-such-space")
+        ... except hwnas.UserError as error:
+        ...     print("hwnas: error:", str(error).split(";")[0])
+        hwnas: error: unknown space 'no-such-space'
+    """

@@ -12,7 +12,13 @@ __all__ = ["spearman"]
 
 
 def spearman(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
-    """Spearman's rank correlation of ``a`` and ``b`` (0.0 when either is constant)."""
+    """Spearman's rank correlation of ``a`` and ``b`` (0.0 when either is constant).
+
+    Examples:
+        >>> from hwnas.latency import spearman
+        >>> round(spearman([1, 2, 3, 4], [10, 20, 40, 30]), 3)
+        0.8
+    """
     from scipy.stats import spearmanr
 
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)

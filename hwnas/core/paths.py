@@ -30,6 +30,12 @@ def shared_data_dir() -> Path | None:
 
     ``$HWNAS_SHARED_DATA`` when set, else ``<checkout>/../shared/data``; callers and tests skip
     or explain when it is missing.
+
+    Examples:
+        >>> from hwnas.supernet import shared_data_dir
+        >>> path = shared_data_dir()    # None where the reference data is absent
+        >>> path is None or (path / "README.md").exists()
+        True
     """
     path, _ = shared_data_candidate()
     return path if path.is_dir() else None

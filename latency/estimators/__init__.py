@@ -213,12 +213,28 @@ def register_estimator(name: str, factory: Callable[[], Estimator]) -> None:
 
 
 def available_estimators() -> list[str]:
-    """Names of the registered estimators, sorted."""
+    """Names of the registered estimators, sorted.
+
+    Examples:
+        >>> from hwnas.latency import available_estimators
+        >>> "edgetpu-est" in available_estimators()
+        True
+    """
     return sorted(_ESTIMATORS)
 
 
 def get_estimator(name: str) -> Estimator:
-    """A new instance of the estimator ``name``; :class:`UserError` (with close names) if unknown."""
+    """A new instance of the estimator ``name``; :class:`UserError` (with close names) if unknown.
+
+    Examples:
+        >>> from hwnas.latency import get_estimator
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("mbv3-tiny")
+        >>> estimator = get_estimator("fpga-zcu102-est")
+        >>> ms = estimator.estimate_many([space.layers(space.smallest())])
+        >>> ms.shape, bool(ms[0] > 0)
+        ((1,), True)
+    """
     if name not in _ESTIMATORS:
         close = difflib.get_close_matches(name, list(_ESTIMATORS), n=3, cutoff=0.4)
         hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""

@@ -32,6 +32,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hwnas.core.resources import package_path
 from hwnas.latency.predictors.base import (
     LatencyPredictor,
     predictor_classes,
@@ -69,7 +70,7 @@ __all__ = [
 DEFAULT_PREDICTOR = "meta"
 
 #: Where the shipped meta-trained predictors live: ``<package>/latency/data/<space>_meta.npz``.
-PRETRAINED_DIR = Path(__file__).resolve().parent.parent / "data"
+PRETRAINED_DIR = package_path("hwnas.latency", "data")
 
 _REGISTRY: dict[str, type[LatencyPredictor]] = {
     "flops": FlopsPredictor,
@@ -97,6 +98,19 @@ def get_predictor(name: str, space: Any, **options: Any) -> LatencyPredictor:
     ``meta`` returns the shipped meta-trained predictor of the space when there is one (and the
     space has the configuration it was trained for), else an untrained one that must be
     :meth:`~LatencyPredictor.meta_fit` before it can adapt.
+
+    Examples:
+        >>> import numpy as np
+        >>> from hwnas.latency import get_predictor
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("nb201")
+        >>> rng = np.random.default_rng(0)
+        >>> archs = [space.sample(rng) for _ in range(10)]
+        >>> predictor = get_predictor("flops", space)
+        >>> ms = [0.1 + 1e-8 * space.flops(a) for a in archs]   # ten measurements of a device
+        >>> predictor = predictor.adapt(archs, ms, seed=0)
+        >>> predictor.predict(archs[:2]).shape
+        (2,)
     """
     if name not in _REGISTRY:
         raise UserError(f"unknown latency predictor {name!r}; expected one of "
@@ -129,7 +143,16 @@ def available_pretrained() -> list[str]:
 
 
 def load_pretrained(space_name: str) -> LatencyPredictor:
-    """The shipped meta-trained predictor of ``space_name`` (not adapted to any device yet)."""
+    """The shipped meta-trained predictor of ``space_name`` (not adapted to any device yet).
+
+    Examples:
+        >>> from hwnas.latency import load_pretrained
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("nb201")
+        >>> predictor = load_pretrained("nb201")      # meta-trained, shipped with hwnas
+        >>> predictor.name, len(predictor.reference_archs) >= 10
+        ('meta', True)
+    """
     path = pretrained_path(space_name)
     if not path.is_file():
         raise UserError(f"no pretrained latency predictor for space {space_name!r}; pretrained "

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent
+from hwnas.core.resources import package_path
+
+#: This package's folder, where the checkpoints are (package data, found through importlib).
+_HERE = package_path(__name__)
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
                    "ship", "truck")

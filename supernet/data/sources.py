@@ -55,6 +55,12 @@ def load_dataset(
 
     Raises:
         UserError: for an unknown name, a missing path, a malformed file or an empty folder.
+
+    Examples:
+        >>> from hwnas.supernet import load_dataset
+        >>> data = load_dataset("digits", seed=0)      # scikit-learn's 8x8 digits, no download
+        >>> data.name, len(data.classes), tuple(data.train.images.shape[1:])
+        ('digits', 10, (1, 8, 8))
     """
     if not isinstance(spec, str) or not spec.strip():
         raise UserError(f"dataset must be a non-empty name or path, got {spec!r}")

@@ -23,11 +23,28 @@ _FACTORIES: dict[str, Callable[..., SearchSpace]] = {}
 
 def register_space(name: str, factory: Callable[..., SearchSpace]) -> None:
     """Make a space available by name. ``factory(in_channels=, image_size=, num_classes=,
-    config=None)`` returns the space; ``config`` is a dict from :meth:`SearchSpace.config`."""
+    config=None)`` returns the space; ``config`` is a dict from :meth:`SearchSpace.config`.
+
+    Examples:
+        >>> from hwnas.supernet import available_spaces, get_space, register_space
+        >>> def small_vit(in_channels=1, image_size=8, num_classes=10, config=None):
+        ...     return get_space("vit", in_channels=in_channels, image_size=image_size,
+        ...                      num_classes=num_classes, config=config)
+        >>> register_space("vit-digits", small_vit)
+        >>> "vit-digits" in available_spaces()
+        True
+    """
     _FACTORIES[name] = factory
 
 
 def available_spaces() -> list[str]:
+    """The names of the registered search spaces, sorted.
+
+    Examples:
+        >>> from hwnas.supernet import available_spaces
+        >>> available_spaces()
+        ['fbnet', 'mbv3', 'mbv3-tiny', 'nb201', 'vit']
+    """
     return sorted(_FACTORIES)
 
 
@@ -39,7 +56,14 @@ def get_space(
     num_classes: int | None = None,
     config: dict | None = None,
 ) -> SearchSpace:
-    """Create the space ``name`` for a dataset; ``config`` (from a checkpoint) wins over presets."""
+    """Create the space ``name`` for a dataset; ``config`` (from a checkpoint) wins over presets.
+
+    Examples:
+        >>> from hwnas.supernet import get_space
+        >>> space = get_space("nb201", in_channels=3, image_size=32, num_classes=10)
+        >>> space.name, space.num_classes
+        ('nb201', 10)
+    """
     if name not in _FACTORIES:
         raise UserError(f"unknown space {name!r}; expected one of {available_spaces()}")
     return _FACTORIES[name](
