@@ -43,7 +43,7 @@ def available_spaces() -> list[str]:
     Examples:
         >>> from hwnas.supernet import available_spaces
         >>> available_spaces()
-        ['fbnet', 'mbv3', 'mbv3-tiny', 'nb201', 'vit']
+        ['cct', 'fbnet', 'mbv3', 'mbv3-tiny', 'nb201', 'vit']
     """
     return sorted(_FACTORIES)
 
