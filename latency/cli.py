@@ -445,6 +445,9 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
     if loo is not None:
         print(loo.summary())
         print(loo.reason)
+        gain = loo.gain_line()
+        if gain:
+            print(gain)
     elif len(data) > LOO_MAX_MEASUREMENTS:
         print(f"held-out check skipped: {len(data)} measurements are more than "
               f"{LOO_MAX_MEASUREMENTS} (each check re-adapts the predictor); more would rarely "
