@@ -15,8 +15,9 @@ a thin layer over :mod:`hwnas.latency.devices`, :mod:`hwnas.latency.profiles` an
 
 ``reference`` writes the models a new device should measure first (ONNX, with their
 architectures, for the standalone ``latency/ondevice.py``); ``adapt`` takes the measurements of
-any architectures and prints its leave-one-out error on them and whether more measurements would
-likely help (:func:`hwnas.latency.fewshot.leave_one_out`), and, when they leave open which
+any architectures and prints its leave-one-out error on them, whether more measurements would
+likely help and its learning curve with what 20 more would likely bring
+(:func:`hwnas.latency.fewshot.leave_one_out`), and, when they leave open which
 network the device runs, which architectures would settle it (``--export-settling`` writes them).
 Measurements of ONNX files (the ``file`` column of ``ondevice.py``) settle it without more: hwnas
 exports hold no dead operations, so ``adapt`` assumes the ``pruned`` network (``--execution``).

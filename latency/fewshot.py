@@ -16,8 +16,9 @@ copying the benchmark's loop:
 * :func:`fewshot_scores`: every predictor × number of measurements × seed, as
   :class:`FewShotScore` records;
 * :func:`leave_one_out`: without a table, how well a predictor generalises from a user's own
-  measurements (each predicted by the predictor re-adapted to the others), and whether more
-  measurements would likely help (what ``hwnas latency adapt`` prints).
+  measurements (each predicted by the predictor re-adapted to the others), whether more
+  measurements would likely help, and the learning curve of those held-out scores with what
+  20 more measurements would likely bring (what ``hwnas latency adapt`` prints).
 
 Importing this module needs numpy only (scipy is imported to compute Spearman's rho).
 """

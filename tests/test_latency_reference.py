@@ -182,6 +182,7 @@ def test_adapt_prints_the_verdict(tmp_path, monkeypatch, capsys, nb201_sample):
     out = capsys.readouterr().out
     assert "leave-one-out on the 8 measurements" in out
     assert "more measurements would likely" in out
+    assert "learning curve (measurements fitted on" in out and "expected from 20 more" in out
     import hwnas.latency.fewshot as fewshot
 
     monkeypatch.setattr(fewshot, "LOO_MAX_MEASUREMENTS", 5)
