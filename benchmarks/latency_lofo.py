@@ -639,6 +639,25 @@ def print_table(summary: list[dict]) -> None:
                   f"{CLEAN_CEILING}: {', '.join(sel[0]['clean_families'])}")
 
 
+def print_curve(summary: list[dict]) -> None:
+    """The learning curve: each predictor's mean over families (and worst family) per number
+    of measurements, and the best baseline's at each."""
+    for space in sorted({s["space"] for s in summary}):
+        sel = [s for s in summary if s["space"] == space and s["predictor"] != "ceiling"]
+        ns = sorted({s["n_measurements"] for s in sel})
+        if len(ns) < 2:
+            continue
+        by = {(s["predictor"], s["measurements"], s["n_measurements"]): s for s in sel}
+        print(f"\n{space} - mean over families (worst family) by number of measurements")
+        print(f"{'predictor':<18}" + "".join(f"{n:>16}" for n in ns))
+        for p, m in sorted({(s["predictor"], s["measurements"]) for s in sel},
+                           key=lambda k: (k[1], PREDICTORS.index(k[0])
+                                          if k[0] in PREDICTORS else -1)):
+            print(f"{p + '[' + m + ']':<18}" + "".join(
+                f"{by[(p, m, n)]['spearman_mean']:>9.3f} ({by[(p, m, n)]['worst_spearman']:.2f})"
+                if (p, m, n) in by else f"{'-':>16}" for n in ns))
+
+
 def parse_lowrank_options(opts: list[str]) -> dict[str, Any]:
     """``KEY=V1[,V2...]`` strings -> LowRankPredictor keywords (numbers where they parse; the
     grids and ``targets`` as tuples, the others as one value)."""
@@ -736,6 +755,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += ceiling_rows_from(args.ceiling_from, args.spaces, args.families)
     summary = summarize(rows)
     print_table(summary)
+    print_curve(summary)
     write_json(args.out, {
         "command": "OMP_NUM_THREADS=1 python benchmarks/latency_lofo.py "
                    + " ".join(argv if argv is not None else sys.argv[1:]),
