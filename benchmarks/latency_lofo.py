@@ -78,8 +78,14 @@ TABLES_DIR = packaged_tables_dir()
 #: their per-cell variation (``<space>_<tag>_cv.csv.gz``), beside the rest of the evidence
 CV_DIR = REPO / "benchmarks" / "results" / "latency_tables"
 OUT_JSON = Path(__file__).with_suffix(".json")
-PREDICTORS = ("meta", "flops", "opcount", "meta+opcount", "meta|opcount", "lowrank",
-              "meta+lowrank", "ens-loo")
+PREDICTORS = ("meta", "flops", "opcount", "gbm", "gp", "meta+opcount", "meta|opcount",
+              "lowrank", "meta+lowrank", "ens-loo")
+#: processor kinds for ``--kinds`` (the "device unlike the training families" view): each
+#: held out with every family of it at once
+KINDS = {"arm-like": ("phone", "single-board"),
+         "gpu": ("desktop-gpu", "h200-torch", "h200-cudagraph"),
+         "accelerator": ("simulated-accel",),
+         "x86-cpu": ("server-cpu", "xeon-*", "epyc-*", "vm-*")}
 #: a family whose split-half ceiling reaches this is one where the predictor, not the data,
 #: limits the score (``clean_mean``: the mean over those families)
 CLEAN_CEILING = 0.95
@@ -291,6 +297,67 @@ def loo_ensemble(members: dict[str, tuple[Any, np.ndarray | None]], archs: list[
     return np.exp(np.tensordot(w, np.array(logs), 1))
 
 
+def arch_features(space: Any, keys: list[str]) -> np.ndarray:
+    """The simple baselines' architecture features: the encoding, log1p of the per-layer-kind
+    sums and log FLOPs."""
+    from hwnas.latency.predictors.features import features
+
+    L = np.log1p(np.maximum(features(space, keys, "layers"), 0.0))
+    flops = np.log(np.maximum(features(space, keys, "flops")[:, :1], 1.0))
+    return np.hstack([features(space, keys, "encode"), L, flops])
+
+
+def gbm_baseline(space: Any, archs: list[str], y: np.ndarray, query: list[str],
+                 seed: int) -> np.ndarray:
+    """``gbm``: scikit-learn's HistGradientBoostingRegressor on :func:`arch_features`, log
+    latency, fixed settings (leaves of at least n/10, 2 to 20 measurements)."""
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    model = HistGradientBoostingRegressor(max_iter=200, learning_rate=0.1, max_leaf_nodes=15,
+                                          min_samples_leaf=max(2, min(20, len(y) // 10)),
+                                          random_state=seed)
+    model.fit(arch_features(space, archs), np.log(y))
+    return np.exp(model.predict(arch_features(space, query)))
+
+
+def gp_baseline(space: Any, archs: list[str], y: np.ndarray, query: list[str],
+                seed: int) -> np.ndarray:
+    """``gp``: scikit-learn's GaussianProcessRegressor on the standardised encoding and log
+    FLOPs, log latency; kernel constant x RBF + linear + white noise, fitted by marginal
+    likelihood (one restart)."""
+    import warnings
+
+    from hwnas.latency.predictors.features import features
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, DotProduct, WhiteKernel
+    from sklearn.gaussian_process.kernels import ConstantKernel as C
+
+    def feats(keys: list[str]) -> np.ndarray:
+        flops = np.log(np.maximum(features(space, keys, "flops")[:, :1], 1.0))
+        return np.hstack([features(space, keys, "encode"), flops])
+
+    X, Xq = feats(archs), feats(query)
+    mu, sd = X.mean(0), X.std(0) + 1e-9
+    X, Xq = (X - mu) / sd, (Xq - mu) / sd
+    kernel = (C(1.0) * RBF(length_scale=float(np.sqrt(X.shape[1])))
+              + C(0.1) * DotProduct(sigma_0=1.0) + WhiteKernel(0.1))
+    gp = GaussianProcessRegressor(kernel, normalize_y=True, n_restarts_optimizer=1,
+                                  random_state=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        gp.fit(X, np.log(y))
+    return np.exp(gp.predict(Xq))
+
+
+def _top_up(first: list[int], order: np.ndarray, n: int) -> list[int]:
+    """``first[:n]``, topped up to ``n`` rows with the rows of ``order`` not among them."""
+    out = list(first[:n])
+    seen = set(out)
+    out += [int(i) for i in order if int(i) not in seen][:n - len(out)]
+    return out
+
+
 def rank_mean(*preds: np.ndarray) -> np.ndarray:
     """Mean of the predictions' ranks (an ensemble that only needs each member's order)."""
     from scipy.stats import rankdata
@@ -358,6 +425,10 @@ def score_device(space: Any, meta: MetaPredictor | None, archs: list[str], y: np
     if "opcount" in predictors:
         out["opcount"] = spearman(OpCountPredictor(space).adapt(m_archs, m_y, seed=seed)
                                   .predict(query), yq)
+    if "gbm" in predictors:
+        out["gbm"] = spearman(gbm_baseline(space, m_archs, m_y, query, seed), yq)
+    if "gp" in predictors:
+        out["gp"] = spearman(gp_baseline(space, m_archs, m_y, query, seed), yq)
     return out
 
 
@@ -385,7 +456,10 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
               min_reliability: float = 0.0,
               family_prior: bool = False,
               follow_up: int = 0,
-              execution_known: str | None = None) -> tuple[list[dict], dict]:
+              execution_known: str | None = None,
+              ns: tuple[int, ...] = (N,),
+              held_out_scoring: bool = False,
+              kinds: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
     space = get_space(name)
     devices, sources = load_devices(space, tables_dir, min_reliability)
     cv_dirs = (tables_dir, CV_DIR) if tables_dir == TABLES_DIR else (tables_dir,)
@@ -398,11 +472,19 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
     all_archs = list(dict.fromkeys(a for archs, _ in devices.values() for a in archs))
     log(f"{name}: {len(devices)} devices in {len(fams)} families, {len(all_archs)} architectures")
     rows: list[dict] = []
-    for fam in sorted(fams):
-        if families and fam not in families:
-            continue
-        held = fams[fam]
-        if with_ceiling:
+    if kinds:  # every family of one processor kind held out at once
+        import fnmatch
+
+        folds = {}
+        for kind in kinds:
+            members = sorted(f for f in fams if any(fnmatch.fnmatch(f, pat)
+                                                    for pat in KINDS[kind]))
+            if members:
+                folds[f"kind:{kind}"] = [d for f in members for d in fams[f]]
+    else:
+        folds = {f: fams[f] for f in sorted(fams) if not families or f in families}
+    for fam, held in folds.items():
+        if with_ceiling and not kinds:
             rows += ceiling_rows(space, fam, held, devices, cvs)
         if not predictors:
             log(f"  {fam}: ceiling only")
@@ -423,14 +505,14 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
                 groups={d: family(d) for d in train} if family_prior else None)
             if not set(meta.reference_archs[:N]) <= common:
                 meta.redesign([a for a in train_archs if a in common], seed=0)
-            refs = meta.reference_archs[:N]
+            refs = meta.reference_archs
             meta.pin_execution(known_execution(space, fam, execution_known))
         if use_lowrank:
             lowrank = LowRankPredictor(space, **(lowrank_options or {})).meta_fit(
                 space, train_archs, cols, seed=0, groups={d: family(d) for d in train})
             if not set(lowrank.reference_archs[:N]) <= common:
                 lowrank.redesign([a for a in train_archs if a in common], seed=0)
-            lr_refs = lowrank.reference_archs[:N]
+            lr_refs = lowrank.reference_archs
             refs = refs or lr_refs
         fit_s = time.perf_counter() - t0
         acc: dict[tuple, list[float]] = defaultdict(list)
@@ -442,62 +524,92 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
             if score_subsample and len(archs) > score_subsample:
                 score = np.sort(np.random.default_rng(7).choice(len(archs), score_subsample,
                                                                 replace=False))
-            ref_rows = np.array([idx[a] for a in refs])
-            lr_rows = None if lr_refs is None else np.array([idx[a] for a in lr_refs])
-            times: dict[str, float] = {}
-            for p, v in score_device(space, meta, archs, y, ref_rows, 0, predictors,
-                                     lowrank, lr_rows, times, score).items():
-                acc[(p, "ref", d)].append(v)
-                if p in times:
-                    sec[(p, "ref", d)].append(times[p])
-            for s in range(seeds):
-                rnd = np.random.default_rng(1000 + s).choice(len(archs), N, replace=False)
-                times = {}
-                for p, v in score_device(space, meta, archs, y, rnd, s, predictors,
-                                         lowrank, None, times, score).items():
-                    acc[(p, "random", d)].append(v)
-                    if p in times:
-                        sec[(p, "random", d)].append(times[p])
-                if follow_up and meta is not None:
-                    for label, rows_k in follow_up_rows(meta, archs, rnd, follow_up, s).items():
-                        acc[("meta", label, d)].append(score_device(
-                            space, meta, archs, y, rows_k, s, ("meta",), score=score)["meta"])
-        for (p, meas, d), v in sorted(acc.items()):
+            for n in ns:
+                if held_out_scoring and n + 50 > len(archs):
+                    continue  # too few architectures left to score
+                own = [idx[a] for a in refs if a in idx]
+                lr_own = None if lr_refs is None else [idx[a] for a in lr_refs if a in idx]
+                # ref: the predictor's reference architectures the table holds, then random
+                # ones beyond them (one draw when the references cover n, else ``seeds``)
+                draws = 1 if len(own) >= n and (lr_own is None or len(lr_own) >= n) else seeds
+                for kind in ("ref", "random"):
+                    for s in range(draws if kind == "ref" else seeds):
+                        if n == N and not held_out_scoring:  # the original 10-shot draws
+                            rnd = np.random.default_rng(1000 + s).choice(len(archs), N,
+                                                                         replace=False)
+                        else:
+                            rnd = np.random.default_rng(1000 + s).permutation(len(archs))[:n]
+                        top = np.random.default_rng(3000 + s).permutation(len(archs))
+                        if kind == "ref":
+                            rows_k = np.array(_top_up(own, top, n))
+                            lr_rows = None if lr_own is None else np.array(
+                                _top_up(lr_own, top, n))
+                        else:
+                            rows_k, lr_rows = rnd, None
+                        sc = score
+                        if held_out_scoring:  # only architectures none of the rows measured
+                            used = set(rows_k.tolist()) | (set() if lr_rows is None
+                                                           else set(lr_rows.tolist()))
+                            sc = np.array([i for i in (np.arange(len(archs)) if score is None
+                                                       else score) if i not in used])
+                        times: dict[str, float] = {}
+                        for p, v in score_device(space, meta, archs, y, rows_k, s, predictors,
+                                                 lowrank, lr_rows, times, sc).items():
+                            acc[(p, kind, d, n)].append(v)
+                            if p in times:
+                                sec[(p, kind, d, n)].append(times[p])
+                        if (follow_up and meta is not None and kind == "random" and n == N):
+                            for label, rows_f in follow_up_rows(meta, archs, rnd, follow_up,
+                                                                s).items():
+                                acc[("meta", label, d, n)].append(score_device(
+                                    space, meta, archs, y, rows_f, s, ("meta",),
+                                    score=score)["meta"])
+        for (p, meas, d, n), v in sorted(acc.items()):
             rows.append({"space": name, "predictor": p, "measurements": meas,
-                         "n_measurements": N, "family": fam, "device": d,
+                         "n_measurements": n, "family": fam, "device": d,
                          "architectures": len(devices[d][0]),
                          "spearman_mean": round(float(np.mean(v)), 4),
                          "spearman_std": round(float(np.std(v)), 4), "seeds": len(v)})
-            if sec.get((p, meas, d)):
-                rows[-1]["adapt_seconds"] = round(float(np.mean(sec[(p, meas, d)])), 4)
-        fam_rows = {(r["predictor"], r["measurements"]): [] for r in rows if r["family"] == fam}
+            if sec.get((p, meas, d, n)):
+                rows[-1]["adapt_seconds"] = round(float(np.mean(sec[(p, meas, d, n)])), 4)
+                rows[-1]["adapt_seconds_max"] = round(float(np.max(sec[(p, meas, d, n)])), 4)
+        fam_rows: dict[tuple, list[float]] = defaultdict(list)
         for r in rows:
-            if r["family"] == fam:
-                fam_rows[(r["predictor"], r["measurements"])].append(r["spearman_mean"])
+            if r["family"] == fam and r["predictor"] != "ceiling":
+                fam_rows[(r["predictor"], r["measurements"], r["n_measurements"])].append(
+                    r["spearman_mean"])
         log(f"  held out {fam} ({len(held)} devices; meta-fit {fit_s:.0f} s): "
-            + ", ".join(f"{p}[{m}] {np.mean(v):.3f}" for (p, m), v in sorted(fam_rows.items())))
+            + ", ".join(f"{p}[{m},{n}] {np.mean(v):.3f}"
+                        for (p, m, n), v in sorted(fam_rows.items())))
     info = {"space": name, "sources": sources, "families": {f: sorted(v) for f, v in fams.items()},
             "architectures": len(all_archs)}
     return rows, info
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """Per (space, predictor, measurements): each family's mean over its devices, then the mean
-    over families and the worst family."""
+    """Per (space, predictor, measurements, number of measurements): each family's mean over
+    its devices, then the mean over families and the worst family."""
     out = []
-    keys = sorted({(r["space"], r["predictor"], r["measurements"]) for r in rows})
-    for space, p, m in keys:
+    keys = sorted({(r["space"], r["predictor"], r["measurements"], r.get("n_measurements", N))
+                   for r in rows})
+    for space, p, m, n in keys:
         by_fam: dict[str, list[float]] = defaultdict(list)
         for r in rows:
-            if (r["space"], r["predictor"], r["measurements"]) == (space, p, m):
+            if (r["space"], r["predictor"], r["measurements"], r.get("n_measurements", N)) == (
+                    space, p, m, n):
                 by_fam[r["family"]].append(r["spearman_mean"])
         fam_means = {f: float(np.mean(v)) for f, v in by_fam.items()}
         worst = min(fam_means, key=fam_means.get)
-        out.append({"space": space, "predictor": p, "measurements": m, "n_measurements": N,
+        out.append({"space": space, "predictor": p, "measurements": m, "n_measurements": n,
                     "family": "mean", "spearman_mean": round(float(np.mean(list(
                         fam_means.values()))), 4),
                     "per_family": {f: round(v, 4) for f, v in sorted(fam_means.items())},
                     "worst_family": worst, "worst_spearman": round(fam_means[worst], 4)})
+        secs = [r["adapt_seconds_max"] for r in rows if "adapt_seconds_max" in r and (
+            r["space"], r["predictor"], r["measurements"], r["n_measurements"]) == (
+                space, p, m, n)]
+        if secs:
+            out[-1]["adapt_seconds_max"] = max(secs)
     for space in {s["space"] for s in out}:
         ceil = [s for s in out if (s["space"], s["predictor"], s["measurements"])
                 == (space, "ceiling", "fit")]
@@ -516,13 +628,15 @@ def print_table(summary: list[dict]) -> None:
     for space in sorted({s["space"] for s in summary}):
         sel = [s for s in summary if s["space"] == space]
         fams = sorted(sel[0]["per_family"])
-        print(f"\n{space} - leave-one-family-out, 10-shot Spearman over all architectures "
+        print(f"\n{space} - leave-one-family-out, Spearman after @n measurements "
               f"(family = mean over its devices)")
         print(f"{'predictor':<22}" + "".join(f"{f[:15]:>16}" for f in fams)
               + f"{'mean':>8}{'worst':>8}{'clean':>8}")
-        for s in sorted(sel, key=lambda s: (s["measurements"], PREDICTORS.index(s["predictor"])
+        for s in sorted(sel, key=lambda s: (s["n_measurements"], s["measurements"],
+                                            PREDICTORS.index(s["predictor"])
                                             if s["predictor"] in PREDICTORS else -1)):
-            label = f"{s['predictor']}[{s['measurements']}]"
+            label = f"{s['predictor']}[{s['measurements']}]" + (
+                f"@{s['n_measurements']}" if s["predictor"] != "ceiling" else "")
             print(f"{label:<22}" + "".join(f"{s['per_family'].get(f, float('nan')):>16.3f}"
                                            for f in fams)
                   + f"{s['spearman_mean']:>8.3f}{s['worst_spearman']:>8.3f}"
@@ -530,6 +644,25 @@ def print_table(summary: list[dict]) -> None:
         if sel[0].get("clean_families") is not None:
             print(f"clean = mean over the families whose split-half ceiling is >= "
                   f"{CLEAN_CEILING}: {', '.join(sel[0]['clean_families'])}")
+
+
+def print_curve(summary: list[dict]) -> None:
+    """The learning curve: each predictor's mean over families (and worst family) per number
+    of measurements, and the best baseline's at each."""
+    for space in sorted({s["space"] for s in summary}):
+        sel = [s for s in summary if s["space"] == space and s["predictor"] != "ceiling"]
+        ns = sorted({s["n_measurements"] for s in sel})
+        if len(ns) < 2:
+            continue
+        by = {(s["predictor"], s["measurements"], s["n_measurements"]): s for s in sel}
+        print(f"\n{space} - mean over families (worst family) by number of measurements")
+        print(f"{'predictor':<18}" + "".join(f"{n:>16}" for n in ns))
+        for p, m in sorted({(s["predictor"], s["measurements"]) for s in sel},
+                           key=lambda k: (k[1], PREDICTORS.index(k[0])
+                                          if k[0] in PREDICTORS else -1)):
+            print(f"{p + '[' + m + ']':<18}" + "".join(
+                f"{by[(p, m, n)]['spearman_mean']:>9.3f} ({by[(p, m, n)]['worst_spearman']:.2f})"
+                if (p, m, n) in by else f"{'-':>16}" for n in ns))
 
 
 def parse_lowrank_options(opts: list[str]) -> dict[str, Any]:
@@ -590,8 +723,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--execution-known", choices=sorted(EXECUTION_KNOWN), default=None,
                     help="meta: pin the execution variant of the measured families whose "
                          "runtime says it (EXECUTION_KNOWN), as hwnas latency adapt does")
+    ap.add_argument("--n", nargs="+", type=int, default=[N], metavar="N",
+                    help="numbers of measurements (default 10); beyond the predictor's "
+                         "reference architectures, `ref` tops them up with random ones")
+    ap.add_argument("--score-held-out", action="store_true",
+                    help="score each adaptation on the architectures it did not measure "
+                         "(default: on all, as the 10-shot protocol always did)")
+    ap.add_argument("--kinds", nargs="+", default=None, choices=sorted(KINDS),
+                    help="hold out every family of one processor kind at once (KINDS) instead "
+                         "of one family at a time")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
     args = ap.parse_args(argv)
+    if any(n < 2 for n in args.n):
+        ap.error("--n: every number of measurements must be at least 2")
     t0 = time.perf_counter()
     log = lambda msg: print(f"[{time.perf_counter() - t0:6.0f} s] {msg}", flush=True)  # noqa: E731
     meta_options: dict[str, Any] = {} if args.pool_size is None else {"pool_size": args.pool_size}
@@ -609,19 +753,23 @@ def main(argv: list[str] | None = None) -> int:
                             score_subsample=args.score_subsample,
                             min_reliability=args.min_reliability,
                             family_prior=args.family_prior, follow_up=args.follow_up,
-                            execution_known=args.execution_known)
+                            execution_known=args.execution_known, ns=tuple(args.n),
+                            held_out_scoring=args.score_held_out,
+                            kinds=tuple(args.kinds or ()))
         rows += r
         spaces.append(info)
     if args.ceiling_from is not None:
         rows += ceiling_rows_from(args.ceiling_from, args.spaces, args.families)
     summary = summarize(rows)
     print_table(summary)
+    print_curve(summary)
     write_json(args.out, {
         "command": "OMP_NUM_THREADS=1 python benchmarks/latency_lofo.py "
                    + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": describe_machine("no GPU used"),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "n_measurements": N, "seeds": args.seeds, "score_subsample": args.score_subsample,
+        "n_measurements": args.n, "seeds": args.seeds, "score_subsample": args.score_subsample,
+        "score_held_out": args.score_held_out, "kinds": args.kinds,
         "min_reliability": args.min_reliability, "family_prior": args.family_prior,
         "follow_up": args.follow_up, "execution_known": args.execution_known,
         "meta_training": {"seeds_per_fold": 1, "options": meta_options or "defaults",

@@ -16,8 +16,9 @@ a thin layer over :mod:`hwnas.latency.devices`, :mod:`hwnas.latency.profiles` an
 ``reference`` writes the models a new device should measure first (ONNX, with their
 architectures, for the standalone on-device script ``python -m hwnas.latency.ondevice``, whose
 one file ``ondevice.py`` is copied to the device); ``adapt`` takes the measurements of
-any architectures and prints its leave-one-out error on them and whether more measurements would
-likely help (:func:`hwnas.latency.fewshot.leave_one_out`), and, when they leave open which
+any architectures and prints its leave-one-out error on them, whether more measurements would
+likely help and its learning curve with what 20 more would likely bring
+(:func:`hwnas.latency.fewshot.leave_one_out`), and, when they leave open which
 network the device runs, which architectures would settle it (``--export-settling`` writes them).
 Measurements of ONNX files (the ``file`` column of ``ondevice.py``) settle it without more: hwnas
 exports hold no dead operations, so ``adapt`` assumes the ``pruned`` network (``--execution``).
@@ -449,6 +450,9 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
     if loo is not None:
         print(loo.summary())
         print(loo.reason)
+        gain = loo.gain_line()
+        if gain:
+            print(gain)
     elif len(data) > LOO_MAX_MEASUREMENTS:
         print(f"held-out check skipped: {len(data)} measurements are more than "
               f"{LOO_MAX_MEASUREMENTS} (each check re-adapts the predictor); more would rarely "

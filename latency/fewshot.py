@@ -16,8 +16,9 @@ copying the benchmark's loop:
 * :func:`fewshot_scores`: every predictor × number of measurements × seed, as
   :class:`FewShotScore` records;
 * :func:`leave_one_out`: without a table, how well a predictor generalises from a user's own
-  measurements (each predicted by the predictor re-adapted to the others), and whether more
-  measurements would likely help (what ``hwnas latency adapt`` prints).
+  measurements (each predicted by the predictor re-adapted to the others), whether more
+  measurements would likely help, and the learning curve of those held-out scores with what
+  20 more measurements would likely bring (what ``hwnas latency adapt`` prints).
 
 Importing this module needs numpy only (scipy is imported to compute Spearman's rho).
 """
@@ -182,6 +183,15 @@ LOO_MAX_FOLDS = 10
 LOO_MAX_MEASUREMENTS = 100
 #: Random half-splits of the learning-curve point.
 LOO_HALF_SPLITS = 5
+#: Shares of the measurements the learning curve's earlier points fit on (the half one is
+#: also the point of the "error still falls" verdict).
+CURVE_SHARES = (0.25, 0.5)
+#: ``adapt`` reports what this many more measurements would likely bring ...
+MORE_MEASUREMENTS = 20
+#: ... and says they pay when the held-out Spearman would likely rise by this much or the
+#: median relative error fall by this much (absolute).
+PAYS_SPEARMAN = 0.01
+PAYS_ERROR = 0.01
 
 
 #: ``hwnas latency adapt`` notes an unsettled execution variant when none reaches this posterior.
@@ -248,6 +258,37 @@ class LeaveOneOut:
     half_rel_error: float | None
     more_would_help: bool
     reason: str
+    #: the learning curve: ``(measurements fitted on, median relative error, Spearman)`` of the
+    #: held-out predictions, smallest first, its last point the leave-one-out one
+    curve: tuple[tuple[int, float, float], ...] = ()
+
+    def expected_gain(self, more: int = MORE_MEASUREMENTS) -> tuple[float, float] | None:
+        """What ``more`` measurements would likely change: ``(median relative error, held-out
+        Spearman)``, the slope of :attr:`curve`'s last two points (per log of the measurements
+        fitted on: curves flatten, so the latest slope, not an earlier steeper one) carried to
+        ``n_fit + more``; never a loss, never below 0 error or above 1 Spearman. None with
+        fewer than 2 points."""
+        if len(self.curve) < 2:
+            return None
+        (m0, e0, r0), (m1, e1, r1) = self.curve[-2:]
+        step = np.log((self.n_fit + more) / self.n_fit) / np.log(m1 / m0)
+        d_err = min((e1 - e0) * step, 0.0)
+        d_rho = max((r1 - r0) * step, 0.0)
+        return max(d_err, -self.median_rel_error), min(d_rho, 1.0 - self.spearman)
+
+    def gain_line(self, more: int = MORE_MEASUREMENTS) -> str | None:
+        """One line: the learning curve and what ``more`` measurements would likely bring."""
+        gain = self.expected_gain(more)
+        if gain is None:
+            return None
+        d_err, d_rho = gain
+        points = "; ".join(f"{m}: {100 * e:.1f}%, {r:.3f}" for m, e, r in self.curve)
+        pays = d_rho >= PAYS_SPEARMAN or -d_err >= PAYS_ERROR
+        return (f"learning curve (measurements fitted on: median held-out error, Spearman) "
+                f"{points}; expected from {more} more: error {100 * (self.median_rel_error + d_err):.1f}% "
+                f"({100 * d_err:+.1f} points), Spearman {self.spearman + d_rho:.3f} "
+                f"({d_rho:+.3f}): " + ("measuring them likely pays" if pays else
+                                       "measuring them likely pays little"))
 
     def summary(self) -> str:
         """One line: the held-out scores."""
@@ -300,13 +341,24 @@ def leave_one_out(predictor: Any, archs: Sequence[Any], latency_ms: Sequence[flo
 
     n_half = max(min_samples, (n + 1) // 2)
     half_err = None
-    if n_half < n_fit:
-        errors = []
+    curve = []
+    sizes = sorted({max(min_samples, 3, int(round(share * n))) for share in CURVE_SHARES}
+                   | {n_half})
+    for size in sizes:
+        if size >= n_fit:
+            continue
+        errors, rhos = [], []
         for _ in range(LOO_HALF_SPLITS):
             order = rng.permutation(n)
-            fit, rest = order[:n_half], order[n_half:]
-            errors.append(np.abs(predicted(fit, rest) - y[rest]) / y[rest])
-        half_err = float(np.median(np.concatenate(errors)))
+            fit, rest = order[:size], order[size:]
+            p = predicted(fit, rest)
+            errors.append(np.abs(p - y[rest]) / y[rest])
+            rhos.append(spearman(p, y[rest]) if len(rest) >= 3 else np.nan)
+        e = float(np.median(np.concatenate(errors)))
+        curve.append((size, e, float(np.nanmean(rhos)) if np.isfinite(rhos).any() else rho))
+        if size == n_half:
+            half_err = e
+    curve.append((n_fit, err, rho))
     falling = half_err is not None and err < LOO_FALLING * half_err and \
         half_err - err > LOO_MIN_GAIN
     if rho < LOO_MIN_SPEARMAN:
@@ -325,4 +377,4 @@ def leave_one_out(predictor: Any, archs: Sequence[Any], latency_ms: Sequence[flo
                                f"falls ({100 * half_err:.1f}% fitting on {n_half}, "
                                f"{100 * err:.1f}% on {n_fit})")
     return LeaveOneOut(n, folds, n_fit, rho, err, n_half if half_err is not None else None,
-                       half_err, more, reason)
+                       half_err, more, reason, tuple(curve))

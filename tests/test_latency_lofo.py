@@ -199,3 +199,41 @@ def test_loo_ensemble_weighs_the_member_that_predicts_left_out_measurements():
     oc = OpCountPredictor(space).adapt(m_archs, m_y, seed=0)
     exact = oc.predict(archs) / np.mean(oc.predict(m_archs))
     np.testing.assert_allclose(p, exact, rtol=1e-3)
+
+
+def test_summary_per_number_of_measurements_and_top_up():
+    rows = [{"space": "s", "predictor": "p", "measurements": "random", "family": "a",
+             "device": "a1", "n_measurements": n, "spearman_mean": v,
+             "adapt_seconds_max": 0.1 * n}
+            for n, v in ((10, 0.8), (100, 0.95))]
+    by_n = {s["n_measurements"]: s for s in lofo.summarize(rows)}
+    assert by_n[10]["spearman_mean"] == 0.8 and by_n[100]["spearman_mean"] == 0.95
+    assert by_n[100]["adapt_seconds_max"] == pytest.approx(10.0)
+    assert lofo._top_up([4, 2], np.array([2, 7, 4, 9]), 4) == [4, 2, 7, 9]
+    assert lofo._top_up([4, 2, 5], np.array([1]), 2) == [4, 2]
+
+
+def test_processor_kinds_cover_the_families():
+    import fnmatch
+
+    fams = ["desktop-gpu", "phone", "single-board", "simulated-accel", "server-cpu",
+            "h200-torch", "h200-cudagraph", "xeon-ort", "epyc-ts", "vm-ov"]
+    kind = {f: [k for k, pats in lofo.KINDS.items() if any(fnmatch.fnmatch(f, p) for p in pats)]
+            for f in fams}
+    assert all(len(v) == 1 for v in kind.values())  # every family in exactly one kind
+    assert kind["phone"] == kind["single-board"] == ["arm-like"]
+    assert kind["h200-torch"] == ["gpu"] and kind["epyc-ts"] == ["x86-cpu"]
+
+
+def test_simple_baselines_rank_an_op_count_device():
+    from hwnas.core.maths import spearman
+    from hwnas.supernet.spaces import get_space
+    from tests.test_latency_reference import opcount_truth
+
+    space = get_space("nb201")
+    rng = np.random.default_rng(3)
+    archs = list(dict.fromkeys(space.to_string(space.sample(rng)) for _ in range(400)))
+    y = opcount_truth(space, archs, 0.02, 0)
+    fit, rest = archs[:60], archs[60:]
+    for baseline in (lofo.gbm_baseline, lofo.gp_baseline):
+        assert spearman(baseline(space, fit, y[:60], rest, 0), y[60:]) > 0.8

@@ -182,6 +182,7 @@ def test_adapt_prints_the_verdict(tmp_path, monkeypatch, capsys, nb201_sample):
     out = capsys.readouterr().out
     assert "leave-one-out on the 8 measurements" in out
     assert "more measurements would likely" in out
+    assert "learning curve (measurements fitted on" in out and "expected from 20 more" in out
     import hwnas.latency.fewshot as fewshot
 
     monkeypatch.setattr(fewshot, "LOO_MAX_MEASUREMENTS", 5)
@@ -195,3 +196,20 @@ def test_adapt_prints_the_verdict(tmp_path, monkeypatch, capsys, nb201_sample):
     out = capsys.readouterr().out
     assert "are too few to check the predictor" in out
     assert "hwnas latency reference --space nb201 --n 2 --export DIR" in out  # random archs
+
+
+def test_loo_learning_curve_and_expected_gain(nb201_sample):
+    """The learning curve's points are the held-out fits on a quarter, a half and all but one
+    fold of the measurements; a predictor still short of its parameters expects a gain, one
+    that has them all expects none, and the line says whether measuring more pays."""
+    space, archs = nb201_sample(40, seed=8)
+    y = opcount_truth(space, archs, 0.0, 0)
+    loo = leave_one_out(OpCountPredictor(space), archs[:12], y[:12], seed=0)
+    assert [c[0] for c in loo.curve] == [3, 6, 10]  # 10-fold beyond 10: the last fits on 10
+    assert loo.expected_gain() == (0.0, 0.0) or loo.expected_gain()[1] < 0.005
+    assert "pays little" in loo.gain_line()
+    short = leave_one_out(OpCountPredictor(space), archs[:8], y[:8], seed=0)  # fits on 4 ...
+    d_err, d_rho = short.expected_gain()  # ... then 7: the curve still rises
+    assert d_err <= 0 and d_rho >= 0
+    assert short.median_rel_error + d_err >= 0 and short.spearman + d_rho <= 1
+    assert "expected from 20 more" in short.gain_line()

@@ -6,7 +6,9 @@ predictor for the whole space. Here the learning is Bayesian regression with a *
 (a GP over architectures whose features are the meta-training devices' additive profiles, the
 encoding, per-layer-kind sums and FLOPs), averaged over hyper-parameters and over the network a
 device really runs (execution variants): exact, no gradient steps at adaptation, with an
-uncertainty, and robust to wild measurements (Student-t noise). The full method is written
+uncertainty, and robust to wild measurements (Student-t noise). From 20 measurements on, a
+residual learner fitted on what the prior misses on each measurement left out (weighed by its
+own cross-validation) lets it keep learning where the prior cannot follow the device. The full method is written
 up in ``benchmarks/latency_fewshot.md`` ("Method"), with its figures.
 """
 
@@ -155,6 +157,22 @@ class DesignedPredictor(LatencyPredictor):
         raise NotImplementedError
 
 
+#: residual learners (``MetaPredictor(residual=)``): ``kernel``, a GP on the architectures'
+#: encodings whose covariance falls with the number of positions that differ (every order of
+#: interaction between positions); ``gbm``, gradient-boosted trees (scikit-learn) on the
+#: encoding, per-layer-kind sums and FLOPs; ``off``, none
+RESIDUALS = ("off", "kernel", "gbm")
+#: what a new predictor uses (files written before the residual learner load with ``off``)
+DEFAULT_RESIDUAL = "kernel"
+#: the residual learner is fitted from this many measurements on (below, its own
+#: cross-validation has too little to weigh it by, and the prior alone is better)
+RESIDUAL_MIN = 20
+#: folds of the residual learner's cross-validation, which sets its weight
+RESIDUAL_FOLDS = 5
+#: new predictors screen members by Gaussian evidence beyond SCREEN_AFTER measurements
+DEFAULT_SCREEN_MARGIN = 20.0
+SCREEN_AFTER = 20
+
 #: options chosen per space on the family protocol and checked on HELP's validation devices
 #: (benchmarks/latency_lofo.md, "pairwise cell terms"); an argument to the constructor wins
 SPACE_OPTIONS: dict[str, dict[str, float]] = {"nb201": {"pair_profiles": 0.1}}
@@ -189,6 +207,8 @@ class MetaPredictor(DesignedPredictor):
         opcounts: Sequence[float] = (0.0,),
         pair_profiles: float | None = None,
         min_profile_r2: float = 0.0,
+        residual: str | None = None,
+        screen_margin: float | None = None,
     ) -> None:
         super().__init__(space)
         self.alphas = tuple(float(a) for a in alphas)
@@ -222,6 +242,17 @@ class MetaPredictor(DesignedPredictor):
                             f"{pair_profiles}")
         #: meta-train only on devices whose profile predicts held-out cells with R^2 >= this
         self.min_profile_r2 = float(min_profile_r2)
+        #: the residual learner fitted on the prior's leave-one-out misses once there are
+        #: RESIDUAL_MIN measurements (RESIDUALS; "off": none, as predictors written before it)
+        self.residual = DEFAULT_RESIDUAL if residual is None else str(residual)
+        if self.residual not in RESIDUALS:
+            raise UserError(f"residual must be one of {list(RESIDUALS)}, got {residual!r}")
+        #: > 0: beyond SCREEN_AFTER measurements, only the members whose Gaussian evidence is
+        #: within this many nats of the best get the robust (Student-t) fit; 0: every member
+        self.screen_margin = float(DEFAULT_SCREEN_MARGIN if screen_margin is None
+                                   else screen_margin)
+        if not np.isfinite(self.screen_margin) or self.screen_margin < 0:
+            raise UserError(f"screen_margin must be a number >= 0, got {screen_margin}")
         if self.robust_iterations < 0 or self.robust_nu <= 0:
             raise UserError(f"robust_iterations must be >= 0 and robust_nu > 0, got "
                             f"{robust_iterations} and {robust_nu}")
@@ -440,20 +471,28 @@ class MetaPredictor(DesignedPredictor):
                                                             self.betas, self.gammas, self.lams)]
 
     # -- adaptation --------------------------------------------------------------------------------
-    def _fit_member(self, K0: np.ndarray, lam: float,
-                    y: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
+    def _fit_member(self, K0: np.ndarray, lam: float, y: np.ndarray,
+                    iterations: int | None = None) -> tuple[float, np.ndarray, float, np.ndarray]:
         """Exact GP fit with noise ``lam``, made robust by EM for a Student-t likelihood (each
         measurement's noise variance is ``lam / weight``, ``weight = (nu + 1) / (nu + r**2 /
         (sigma**2 lam))`` from its residual ``r``; at most ``robust_iterations`` rounds, stopped
         once the weights settle). Returns (log marginal likelihood with the scale profiled out,
         dual weights, scale, Cholesky factor)."""
+        from scipy.linalg import lapack  # Cholesky and its solve, without numpy's general LU
+
         n = len(y)
         weight = np.ones(n)
-        for it in range(self.robust_iterations + 1):
-            chol = np.linalg.cholesky(K0 + np.diag(lam / weight))
-            alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y))
+        diag = np.arange(n)
+        rounds = self.robust_iterations if iterations is None else iterations
+        for it in range(rounds + 1):
+            A = K0.copy()
+            A[diag, diag] += lam / weight
+            chol, info = lapack.dpotrf(A, lower=1, clean=1)
+            if info != 0:
+                raise np.linalg.LinAlgError("the member's covariance is not positive definite")
+            alpha, info = lapack.dpotrs(chol, y, lower=1)
             sig2 = max(float(y @ alpha) / n, 1e-12)
-            if it == self.robust_iterations:
+            if it == rounds:
                 break
             resid = lam / weight * alpha  # y - posterior mean at the measured architectures
             new = (self.robust_nu + 1.0) / (self.robust_nu + resid ** 2 / (sig2 * lam))
@@ -480,6 +519,7 @@ class MetaPredictor(DesignedPredictor):
         blocks: dict[str, dict[str, np.ndarray]] = {}
         members = []
         pin = self.pinned_execution
+        screen = self.screen_margin > 0 and len(keys) > SCREEN_AFTER
         for variant, prior in self.execution_prior_.items():
             if prior <= 0 or (pin is not None and variant != pin):
                 continue
@@ -488,10 +528,24 @@ class MetaPredictor(DesignedPredictor):
             for s2, lam in self._members(variant):
                 K0 = sum(s2[b] * grams[b] for b in _BLOCKS)
                 try:
-                    ml, alpha, sig2, chol = self._fit_member(K0, lam, y)
+                    ml, alpha, sig2, chol = self._fit_member(K0, lam, y, 0 if screen else None)
                 except np.linalg.LinAlgError:
                     continue
                 members.append((ml + np.log(prior), variant, s2, lam, alpha, sig2, chol))
+        if screen and members:  # the robust fit for the members the Gaussian one keeps in play
+            best = max(m[0] for m in members)
+            robust = []
+            for ml, v, s2, lam, *_rest in members:
+                if ml < best - self.screen_margin:
+                    continue
+                bl = blocks[v]
+                K0 = sum(s2[b] * (bl[b] @ bl[b].T) for b in _BLOCKS)
+                try:
+                    fit = self._fit_member(K0, lam, y)
+                except np.linalg.LinAlgError:  # pragma: no cover - lam > 0 on the diagonal
+                    continue
+                robust.append((fit[0] + np.log(self.execution_prior_[v]), v, s2, lam, *fit[1:]))
+            members = robust
         if not members:  # pragma: no cover - K always has lam > 0 on its diagonal
             raise UserError("the meta predictor could not fit these measurements")
         mls = np.array([m[0] for m in members])
@@ -512,6 +566,78 @@ class MetaPredictor(DesignedPredictor):
                       "execution_posterior": {v: float(sum(wi for wi, m in zip(w, members)
                                                            if m[1] == v)) for v in blocks},
                       "floor": 0.01 * float(latency_ms.min())}
+        if self.residual != "off" and len(keys) >= RESIDUAL_MIN:
+            self._post["residual"] = self._fit_residual(keys, latency_ms, seed)
+
+    def loo_predictions(self) -> np.ndarray:
+        """Each measurement's leave-one-out prediction (ms) by the adapted prior: every
+        member's exact GP leave-one-out mean (closed form from its factor), mixed with the
+        members' weights from all measurements (not re-weighed per left-out point)."""
+        self._require_adapted()
+        post = self._post
+        y = self._latency / post["scale"] - 1.0 if len(self._latency) == len(
+            post["members"][0][3]) else None
+        if y is None:  # subsampled beyond MAX_ADAPT_MEASUREMENTS: not the measurements' order
+            raise UserError("leave-one-out predictions need the adaptation's own measurements")
+        return self._loo(y)
+
+    def _loo(self, y: np.ndarray) -> np.ndarray:
+        from scipy.linalg import lapack
+
+        post = self._post
+        mu = np.zeros(len(y))
+        for wi, _v, _s2, alpha, _sig2, chol, _lam in post["members"]:
+            inv, _info = lapack.dpotri(chol, lower=1)
+            mu += wi * (y - alpha / np.diag(inv))
+        return np.maximum((1.0 + mu) * post["scale"], post["floor"])
+
+    def _fit_residual(self, keys: list[str], latency_ms: np.ndarray,
+                      seed: int) -> dict[str, Any]:
+        """The residual learner: fitted on the log ratio of each measurement to the prior's
+        leave-one-out prediction of it (what the prior misses on architectures it has not
+        seen), weighed by its own cross-validation on those residuals (the least-squares
+        weight of its out-of-fold predictions, clipped to [0, 1]): with few measurements or
+        nothing the prior misses the weight is 0, and it grows as the measurements show a
+        pattern the prior cannot follow."""
+        y = latency_ms / self._post["scale"] - 1.0
+        r = np.log(latency_ms) - np.log(self._loo(y))
+        X = self._residual_features(keys)
+        n = len(r)
+        parts = np.array_split(np.random.default_rng(seed).permutation(n),
+                               min(RESIDUAL_FOLDS, n))
+        cv = np.empty(n)
+        for part in parts:
+            fit = np.setdiff1d(np.arange(n), part)
+            cv[part] = self._residual_model(X[fit], r[fit], seed).predict(X[part])
+        weight = float(np.clip((r @ cv) / max(float(cv @ cv), 1e-12), 0.0, 1.0))
+        cv_gain = float(np.mean(r ** 2) - np.mean((r - weight * cv) ** 2))
+        model = self._residual_model(X, r, seed) if weight > 0 else None
+        return {"weight": weight, "model": model, "cv_gain": cv_gain,
+                "rms": float(np.sqrt(np.mean(r ** 2)))}
+
+    def _residual_features(self, keys: list[str]) -> np.ndarray:
+        X = features(self.space, keys, "encode")
+        if self.residual == "kernel":
+            return X
+        L = np.log1p(np.maximum(features(self.space, keys, "layers")[:, self._p["l_cols"]], 0))
+        flops = np.log(np.maximum(features(self.space, keys, "flops")[:, :1], 1.0))
+        return np.hstack([X, L, flops])
+
+    def _residual_model(self, X: np.ndarray, r: np.ndarray, seed: int) -> Any:
+        if self.residual == "kernel":
+            return _HammingGP(encoding_positions(self.space)).fit(X, r)
+        from sklearn.ensemble import HistGradientBoostingRegressor
+
+        return HistGradientBoostingRegressor(
+            max_iter=100, learning_rate=0.1, max_leaf_nodes=8,
+            min_samples_leaf=max(3, min(20, len(r) // 8)), random_state=seed).fit(X, r)
+
+    def _residual_factor(self, keys: list[str]) -> np.ndarray:
+        """exp(weight x the residual learner's prediction): what multiplies the prior's."""
+        res = self._post.get("residual")
+        if not res or res["model"] is None:
+            return np.ones(len(keys))
+        return np.exp(res["weight"] * res["model"].predict(self._residual_features(keys)))
 
     def _mean(self, keys: list[str]) -> tuple[np.ndarray, dict[str, dict[str, np.ndarray]]]:
         post = self._post
@@ -560,7 +686,8 @@ class MetaPredictor(DesignedPredictor):
         self._require_adapted()
         keys = arch_strings(self.space, archs)
         f, _ = self._mean(keys)
-        return np.maximum((1.0 + f) * self._post["scale"], self._post["floor"])
+        return (np.maximum((1.0 + f) * self._post["scale"], self._post["floor"])
+                * self._residual_factor(keys))
 
     def _predict(self, keys: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
         post = self._post
@@ -578,7 +705,9 @@ class MetaPredictor(DesignedPredictor):
             second += wi * (sig2 * (np.maximum(var, 0.0) + lam) + mu ** 2)
         var = np.maximum(second - f ** 2, 0.0)
         scale = post["scale"]
-        return np.maximum((1.0 + f) * scale, post["floor"]), np.sqrt(var) * scale
+        factor = self._residual_factor(keys)
+        return (np.maximum((1.0 + f) * scale, post["floor"]) * factor,
+                np.sqrt(var) * scale * factor)
 
     def explain(self) -> dict[str, Any]:
         """What the adaptation concluded: the posterior weight of each hyper-parameter setting
@@ -601,6 +730,8 @@ class MetaPredictor(DesignedPredictor):
         return {"hyper_posterior": top,
                 "execution_posterior": dict(post["execution_posterior"]),
                 "pinned_execution": self.pinned_execution,
+                "residual": ({k: post["residual"][k] for k in ("weight", "cv_gain", "rms")}
+                             if post.get("residual") else None),
                 "device_weights": {d: float(t) for d, t in zip(self.devices_, total)},
                 "device_execution": dict(zip(self.devices_, self.device_execution_))}
 
@@ -615,7 +746,8 @@ class MetaPredictor(DesignedPredictor):
                 "design_delta_after": self.design_delta_after,
                 "robust_iterations": self.robust_iterations, "robust_nu": self.robust_nu,
                 "opcounts": list(self.opcounts), "pair_profiles": self.pair_profiles,
-                "min_profile_r2": self.min_profile_r2,
+                "min_profile_r2": self.min_profile_r2, "residual": self.residual,
+                "screen_margin": self.screen_margin,
                 "devices": list(self.devices_), "device_execution": list(self.device_execution_),
                 "execution_prior": dict(self.execution_prior_),
                 "pinned_execution": self.pinned_execution,
@@ -629,9 +761,12 @@ class MetaPredictor(DesignedPredictor):
                                       "pool_size", "surrogate_ridge", "execution",
                                       "disconnected_var", "design_delta", "design_delta_after",
                                       "robust_iterations", "robust_nu", "opcounts",
-                                      "pair_profiles", "min_profile_r2")
+                                      "pair_profiles", "min_profile_r2", "residual",
+                                      "screen_margin")
                  if k in meta}
         hyper.setdefault("pair_profiles", 0.0)  # files written before pair profiles existed
+        hyper.setdefault("residual", "off")  # ... and before the residual learner
+        hyper.setdefault("screen_margin", 0.0)
         obj = cls(space, **hyper)
         obj.devices_ = list(meta.get("devices", []))
         obj._ref = list(meta.get("reference_archs", []))
@@ -658,3 +793,40 @@ class MetaPredictor(DesignedPredictor):
                             f"space {space.name} does not have")
         pinned = meta.get("pinned_execution")
         return obj.pin_execution(None if pinned is None else str(pinned))
+
+
+class _HammingGP:
+    """GP regression on one-hot encodings with covariance ``exp(-d / ell)``, ``d`` the number
+    of positions whose choice differs (a kernel over every order of interaction between
+    positions), a free mean; the length ``ell`` (a share of the positions) and the noise
+    chosen by marginal likelihood. Small and exact: the residual learner's default."""
+
+    ELLS = (1 / 6, 1 / 3, 2 / 3)
+    NOISES = (0.1, 0.3, 1.0, 3.0)
+
+    def __init__(self, positions: Sequence[np.ndarray]) -> None:
+        self.positions = len(positions)
+
+    def _k(self, A: np.ndarray, B: np.ndarray, ell: float) -> np.ndarray:
+        return np.exp(-(self.positions - A @ B.T) / (ell * self.positions))
+
+    def fit(self, X: np.ndarray, r: np.ndarray) -> _HammingGP:
+        n = len(r)
+        self.mean = float(r.mean())
+        rc = r - self.mean
+        best = None
+        for ell in self.ELLS:
+            K = self._k(X, X, ell)
+            for noise in self.NOISES:
+                chol = np.linalg.cholesky(K + noise * np.eye(n))
+                a = np.linalg.solve(chol.T, np.linalg.solve(chol, rc))
+                ml = -0.5 * n * np.log(max(float(rc @ a) / n, 1e-30)) - float(
+                    np.log(np.diag(chol)).sum())
+                if best is None or ml > best[0]:
+                    best = (ml, ell, a)
+        _, self.ell, self.alpha = best
+        self.X = X
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return self.mean + self._k(X, self.X, self.ell) @ self.alpha
