@@ -250,7 +250,7 @@ def write(path: Path, doc: dict) -> None:
     rows = ["| cell | status | s | train img/s | stages (s) | first error |", "|---|---|---:|---:|---|---|"]
     for r in doc["cells"]:
         st = ", ".join(f"{k[:-2]} {v:g}" for k, v in r.items()
-                       if k.endswith("_s") and k not in ("killed_at_s",))
+                       if k.endswith("_s") and k not in ("killed_at_s", "train_images_per_s"))
         err = (r.get("error") or "").replace("|", "\\|")[:160]
         rows.append(f"| {r['id']} | {r['status']} | {r.get('seconds', '')} | "
                     f"{r.get('train_images_per_s', '')} | {st} | {err} |")
