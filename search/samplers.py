@@ -30,8 +30,10 @@ from hwnas.core.errors import UserError
 if TYPE_CHECKING:
     import optuna
 
-SAMPLERS = ("tpe", "nsga2", "random", "gp", "screening")
-DEFAULT_SAMPLER = "tpe"
+SAMPLERS = ("auto", "tpe", "nsga2", "random", "gp", "screening")
+#: ``auto``: ``screening`` when an objective needs an evaluation (accuracy, latency measured
+#: here), else ``tpe`` (:func:`resolve_sampler`); chosen on ``benchmarks/search_nb201.py``
+DEFAULT_SAMPLER = "auto"
 STARTUP_TRIALS = 10
 #: size of the screening sampler's random candidate pool in a search (its cheap metrics cost
 #: about 0.5 ms per candidate on mbv3-tiny with bits: layer list, policy, estimators), refreshed
@@ -65,6 +67,18 @@ def check_screening_objectives(objectives: Sequence[Any]) -> None:
                         f"(accuracy, latency measured here) and screens candidates with the "
                         f"others; objectives {','.join(m.key for m in objectives)} have none: "
                         f"add accuracy or use another sampler")
+
+
+def resolve_sampler(name: str, objectives: Sequence[Any]) -> str:
+    """The sampler ``name`` stands for in a search with these objectives: ``auto`` is
+    ``screening`` where some objective needs an evaluation (its surrogate learns those and
+    screens candidates with the others), ``tpe`` where every objective is cheap (nothing to
+    learn: TPE on the cheap values); other names stand for themselves."""
+    if name != "auto":
+        return name
+    from hwnas.search.objectives import is_cheap
+
+    return "tpe" if all(is_cheap(m) for m in objectives) else "screening"
 
 
 def screening_problem(space: Any, objectives: Sequence[Any], constraints: Sequence[Any],
@@ -151,6 +165,9 @@ def make_sampler(name: str, seed: int, *, n_startup_trials: int = STARTUP_TRIALS
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
+    if name == "auto":
+        raise UserError("sampler 'auto' depends on the objectives: resolve it first with "
+                        "search.samplers.resolve_sampler(name, objectives)")
     if name == "screening":
         if problem is None:
             raise UserError("sampler 'screening' needs the search problem (candidates, cheap "
