@@ -1,12 +1,14 @@
 """Optuna samplers by name, always seeded.
 
-The default for categorical architecture spaces and budgets under ~1000 trials is multivariate
-TPE; NSGA-II needs larger budgets to pay off, random is the baseline every method must beat.
-``screening`` (:class:`hwnas.search.screening.ScreeningSampler`) learns only what is expensive: a GP
+The default, ``auto``, is ``screening`` wherever an objective needs an evaluation, else
+multivariate TPE (:func:`resolve_sampler`). ``screening``
+(:class:`hwnas.search.screening.ScreeningSampler`) learns only what is expensive: a GP
 surrogate of accuracy (and of latency measured here) screens a pool of candidates whose cheap
 metrics — size, BOPs, latency on estimated, table and adapted devices, under each candidate's
 bit policy — are computed for every candidate before one is chosen (:func:`screening_problem`).
-It is the best sampler of ``benchmarks/search_nb201.py``. Every option is set explicitly, so a
+It is the best sampler of ``benchmarks/search_nb201.py`` and ``benchmarks/search_mbv3_bits.py``;
+TPE is the best of Optuna's own there, NSGA-II needs larger budgets to pay off, random is the
+baseline every method must beat. Every option is set explicitly, so a
 change of Optuna's defaults does not silently change a study (Optuna 5: constraints come from
 ``trial.set_constraint``, which TPE, NSGA-II, GP and screening read without a
 ``constraints_func``).
