@@ -34,6 +34,7 @@ import argparse
 import csv
 import datetime as _dt
 import gzip
+import hashlib
 import sys
 import time
 import warnings
@@ -342,7 +343,9 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"{name:<11}" + "".join(
             f"{c['hv_ratio_mean']:>10.4f}±{c['hv_ratio_std']:.4f} ({c['hv_ratio_min']:.3f})"
             for c in cells))
-    out = args.out or (OUT_JSON if not argv or argv == ["--build-table"] else None)
+    standard = (args.table == TABLE and args.samplers == list(SAMPLER_CHOICES)
+                and args.seeds == 5 and budgets == [50, 100, 300])
+    out = args.out or (OUT_JSON if standard else None)
     if out is not None:
         from hwnas.search.samplers import DEFAULT_SAMPLER
 
@@ -352,6 +355,9 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "default_sampler": DEFAULT_SAMPLER,
             "table": args.table.name, "table_build": build,
+            "table_sha256": hashlib.sha256(args.table.read_bytes()).hexdigest(),
+            "objectives": ["accuracy (max, % of the digits validation split)",
+                           f"latency:{DEVICE} (min, ms; cheap)"],
             "candidates": len(acc), "true_front_size": front.size,
             "reference_point": {"accuracy": round(front.ref_accuracy, 4),
                                 "latency_ms": round(front.ref_latency, 6)},
