@@ -600,9 +600,8 @@ class ScreeningSampler(BaseSampler):
                         gp.add(x, None if H is None else H[i])
                 self._gp_keys += new
         preds = [gp.predict(Y[:, j]) for j, gp in enumerate(self._gps)]
-        if self.config.explore != 1.0:
-            preds = [(mu, sd * self.config.explore) for mu, sd in preds]
-        objective = [p for p, (kind, _) in zip(preds, targets) if kind == "objective"]
+        objective = [(mu, sd * self.config.explore) for (mu, sd), (kind, _) in zip(preds, targets)
+                     if kind == "objective"]
         pof = None
         for (mu, sd), (kind, _) in zip(preds, targets):
             if kind == "constraint":
