@@ -20,7 +20,10 @@ so far, scored with its TRUE accuracy and TRUE latency, / hypervolume of the tru
 latency on the true front x 1.01). Each run is one trajectory of ``max(--budgets)`` evaluations,
 read at every budget (100, 300, 1000); mean ± std over ``--seeds`` seeds (the sampler's seed).
 
-Samplers: ``tpe`` (multivariate TPE), ``nsga2`` and ``random`` from :mod:`hwnas.search.samplers`, and
+Samplers: ``auto`` (the default of ``hwnas run``, built by :func:`hwnas.search.samplers.make_sampler`
+with the run's settings: here the screening sampler, which sees the predicted latency but not
+its deviation), ``tpe`` (multivariate TPE), ``nsga2`` and ``random`` from
+:mod:`hwnas.search.samplers`, and
 ``screening`` (:class:`hwnas.search.screening.ScreeningSampler`: a GP surrogate of accuracy screens the
 whole space, whose predicted latency and its uncertainty are free, by expected hypervolume
 improvement). Every sampler sees the predicted latency as the second objective value; the
@@ -68,7 +71,7 @@ from hwnas.supernet.spaces import get_space  # noqa: E402
 from hwnas.core.errors import UserError  # noqa: E402
 
 OUT_JSON = Path(__file__).with_suffix(".json")
-SAMPLER_CHOICES = ("tpe", "nsga2", "random", "screening")
+SAMPLER_CHOICES = ("auto", "tpe", "nsga2", "random", "screening")
 BEST_METHOD = "screening"
 ACCURACY_FILE = Path("nb201") / "nb201_cifar100_accuracy.csv"
 
@@ -192,8 +195,17 @@ def make_problem(space: Any, table: LatencyTable, device: str, accuracy: dict[st
 
 def make_study_sampler(name: str, seed: int, space: Any, problem: Problem,
                        std_scale: float = 0.0):
-    from hwnas.search.samplers import make_sampler
+    from hwnas.search.samplers import ScreeningProblem, make_sampler
 
+    if name == "auto":  # the default of `hwnas run`, built as the run builds it
+        row = {a: i for i, a in enumerate(problem.archs)}
+
+        def seen(archs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None]:
+            rows = [row[space.to_string(a)] for a in archs]
+            return problem.seen_latency[rows], None
+
+        return make_sampler("screening", seed, problem=ScreeningProblem(
+            space=space, directions=("maximize", "minimize"), cheap=seen, cheap_indices=(1,)))
     if name == "screening":
         row = {a: i for i, a in enumerate(problem.archs)}
 
@@ -285,7 +297,10 @@ def summarize(rows: list[dict], devices: list[str]) -> list[dict]:
         out.append({"sampler": sampler, "evaluations": b,
                     "hv_ratio_mean_over_devices": round(float(np.mean(
                         [r["hv_ratio_mean"] for r in sel])), 4),
-                    "hv_ratio_min_over_devices": round(min(r["hv_ratio_mean"] for r in sel), 4)})
+                    "hv_ratio_min_over_devices": round(min(r["hv_ratio_mean"] for r in sel), 4),
+                    "worst_device": min(sel, key=lambda r: r["hv_ratio_mean"])["device"],
+                    "hv_ratio_worst_seed": round(min(min(r["hv_ratio_per_seed"])
+                                                     for r in sel), 4)})
     return out
 
 
@@ -305,15 +320,34 @@ def print_tables(rows: list[dict], problems: list[Problem], budgets: list[int]) 
             print(f"{s:<11}" + "".join(f"{c['hv_ratio_mean']:>9.4f}±{c['hv_ratio_std']:.4f}"
                                        for c in cells)
                   + f"{np.mean([c['hv_ratio_mean'] for c in cells]):>9.4f}")
-    print("\nmean over devices")
-    print(f"{'sampler':<11}" + "".join(f"{f'@{b}':>9}" for b in budgets))
+    print("\nmean over devices (worst device's mean, worst seed of any device)")
+    print(f"{'sampler':<11}" + "".join(f"{f'@{b}':>26}" for b in budgets))
     for s in samplers:
+        cells = [[by[(d, s, b)] for d in devices] for b in budgets]
         print(f"{s:<11}" + "".join(
-            f"{np.mean([by[(d, s, b)]['hv_ratio_mean'] for d in devices]):>9.4f}"
-            for b in budgets))
+            f"{np.mean([c['hv_ratio_mean'] for c in cs]):>10.4f}"
+            f" ({min(c['hv_ratio_mean'] for c in cs):.4f}, "
+            f"{min(min(c['hv_ratio_per_seed']) for c in cs):.4f})" for cs in cells))
     print("\ndevices: " + ", ".join(
         f"{p.device} (front {p.front.size}, seen-latency Spearman {p.spearman:.3f})"
         for p in problems))
+
+
+def previous_runs(path: Path) -> list[dict]:
+    """The runs a JSON file already holds (its own, then those it kept), to keep beside a new
+    run: rows of other predictors and settings stay comparable across commits."""
+    if not path.is_file():
+        return []
+    import json
+
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise UserError(f"{path} exists but is not a JSON file; move it away or pass "
+                        f"another --out") from None
+    keep = ("command", "date", "default_sampler", "latency_source", "budgets", "devices",
+            "summary", "results")
+    return [{k: old[k] for k in keep if k in old}, *old.get("previous_runs", [])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -423,6 +457,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
                          "seen_latency_spearman": round(p.spearman, 4)} for p in problems],
             "summary": summarize(rows, devices),
             "results": rows,
+            "previous_runs": previous_runs(out),
         })
         print(f"wrote {out}")
     return 0

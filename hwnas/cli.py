@@ -92,9 +92,10 @@ def _search_options(p: argparse.ArgumentParser, d) -> None:
                         f"{','.join(map(str, d.bit_choices))})")
     p.add_argument("--sampler", choices=SAMPLERS, default=d.sampler,
                    help=f"Optuna sampler, seeded by --seed: tpe (multivariate TPE), nsga2, random, "
-                        f"gp, or screening (a GP surrogate of accuracy picks each trial from a "
+                        f"gp, screening (a GP surrogate of accuracy picks each trial from a "
                         f"pool of candidates whose size and estimated/predicted latency are "
-                        f"computed for free; cheap constraints screen the pool) (default "
+                        f"computed for free; cheap constraints screen the pool), or auto "
+                        f"(screening when an objective needs an evaluation, else tpe) (default "
                         f"{d.sampler})")
     p.add_argument("--mlflow", metavar="URI", default=d.mlflow,
                    help="log every completed trial to MLflow at this tracking URI (file:./mlruns, "

@@ -32,16 +32,19 @@ class PoolGP:
     """
 
     def __init__(self, pool: np.ndarray, *, length_factors: Sequence[float],
-                 noises: Sequence[float], floor_quantile: float, max_fit: int = 400) -> None:
+                 noises: Sequence[float], floor_quantile: float, max_fit: int = 400,
+                 trend: np.ndarray | None = None) -> None:
         self.max_fit = int(max_fit)
         self.length_factors = tuple(float(v) for v in length_factors)
         self.noises = tuple(float(v) for v in noises)
         self.floor_quantile = float(floor_quantile)
         self.X = np.zeros((0, pool.shape[1]))
+        self.H = np.zeros((0, 0))  # trend features of the training points
+        self.beta = np.zeros(0)
         self._cap = 0
         self._L = np.zeros((0, 0))
         self._V = np.zeros((0, len(pool)))
-        self.set_pool(pool)
+        self.set_pool(pool, trend)
         self.two_l2 = 1.0
         self.noise = self.noises[0]
 
@@ -59,9 +62,12 @@ class PoolGP:
     def _k_pool(self, a: np.ndarray) -> np.ndarray:
         return np.exp(-self._d2(a, self.pool, self._pool_sq) / self.two_l2)
 
-    def set_pool(self, pool: np.ndarray) -> None:
-        """Replace the candidates (the factor is rebuilt by the next :meth:`refit`)."""
+    def set_pool(self, pool: np.ndarray, trend: np.ndarray | None = None) -> None:
+        """Replace the candidates (the factor is rebuilt by the next :meth:`refit`);
+        ``trend`` (N x k, optional) are the candidates' features of a linear mean."""
         self.pool = np.asarray(pool, dtype=np.float64)
+        self.pool_trend = (np.zeros((len(self.pool), 0)) if trend is None
+                           else np.asarray(trend, dtype=np.float64).reshape(len(self.pool), -1))
         self._pool_sq = (self.pool * self.pool).sum(1)
         n = len(self.pool)
         sub = self.pool[:: max(1, n // 400)]
@@ -84,12 +90,29 @@ class PoolGP:
         return y
 
     # -- fitting ---------------------------------------------------------------------------------
-    def refit(self, X: np.ndarray, y: np.ndarray) -> None:
+    def _trend_fit(self, t: np.ndarray, H: np.ndarray) -> np.ndarray:
+        """Coefficients of the mean ``b0 + H b`` by ridge least squares (intercept free)."""
+        A = np.hstack([np.ones((len(t), 1)), H])
+        reg = 1e-3 * len(t) * np.eye(A.shape[1])
+        reg[0, 0] = 0.0
+        return np.linalg.solve(A.T @ A + reg, A.T @ t)
+
+    def _mean(self, H: np.ndarray) -> np.ndarray:
+        return self.beta[0] + H @ self.beta[1:]
+
+    def refit(self, X: np.ndarray, y: np.ndarray, H: np.ndarray | None = None) -> None:
         """Choose length-scale and noise by marginal likelihood (output scale and constant mean
-        profiled out) and rebuild the factor and the pool cross-covariances for ``X``."""
+        profiled out) and rebuild the factor and the pool cross-covariances for ``X``; ``H``
+        are the training points' trend features (the pool's were given to :meth:`set_pool`):
+        the mean is then linear in them, fitted by least squares before the GP."""
         X = np.asarray(X, float)
         t = self.transform(y)
         n = len(t)
+        k = self.pool_trend.shape[1]
+        self.H = np.zeros((n, k)) if H is None else np.asarray(H, float).reshape(n, k)
+        self.beta = self._trend_fit(t, self.H) if k and n > k + 2 else \
+            np.concatenate([[0.0], np.zeros(k)])
+        t = t - (self._mean(self.H) if k and n > k + 2 else 0.0)
         # the grid search looks at an evenly spread subset of at most ``max_fit`` points
         sub = np.linspace(0, n - 1, min(n, self.max_fit)).round().astype(int)
         d2 = self._d2(X[sub], X[sub])
@@ -122,9 +145,13 @@ class PoolGP:
         self._V[:n] = V
         self._var = 1.0 - np.einsum("ij,ij->j", V, V)
 
-    def add(self, x: np.ndarray) -> None:
-        """Add one training point with the current hyper-parameters (O(n N))."""
+    def add(self, x: np.ndarray, h: np.ndarray | None = None) -> None:
+        """Add one training point (``h``: its trend features) with the current
+        hyper-parameters and trend coefficients (O(n N))."""
         x = np.asarray(x, float).reshape(1, -1)
+        k = self.pool_trend.shape[1]
+        self.H = np.vstack([self.H, np.zeros((1, k)) if h is None
+                            else np.asarray(h, float).reshape(1, k)])
         n = self.n
         if n + 1 > self._cap:
             cap = n + 1 + (n + 1) // 4 + 16
@@ -153,9 +180,14 @@ class PoolGP:
         values ``y`` of the training points (in the order they were added)."""
         t = self.transform(y)
         n = self.n
+        if self.pool_trend.shape[1] and np.any(self.beta[1:]):
+            t = t - self._mean(self.H)
+            base = self._mean(self.pool_trend)
+        else:
+            base = 0.0
         m = float(t.mean())
         w = solve_triangular(self._L[:n, :n], t - m, lower=True, check_finite=False)
         s2 = max(float(w @ w) / n, 1e-300)
-        mu = m + w @ self._V[:n]
+        mu = base + m + w @ self._V[:n]
         sd = np.sqrt(np.maximum(self._var, 1e-12) * s2)
         return mu, sd

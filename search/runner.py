@@ -52,7 +52,7 @@ from hwnas.search.evaluator import (
 )
 from hwnas.search.plots import plot_across_devices, plot_fronts, plot_hypervolume
 from hwnas.search.rundir import RUN_FORMAT, RunDir
-from hwnas.search.samplers import make_sampler, screening_problem
+from hwnas.search.samplers import make_sampler, resolve_sampler, screening_problem
 from hwnas.search.study import (
     check_storage,
     completed,
@@ -304,10 +304,11 @@ def build_sampler(cfg: SearchConfig, space: SearchSpace, evaluator: TrialEvaluat
     if not isinstance(cfg.sampler, str):
         return cfg.sampler  # the user's Optuna sampler object, as given
     problem = None
-    if cfg.sampler == "screening":
+    name = resolve_sampler(cfg.sampler, cfg.objective_metrics)
+    if name == "screening":
         problem = screening_problem(space, cfg.objective_metrics, cfg.constraint_list,
                                     evaluator.devices, bits=cfg.bits, bit_choices=cfg.bit_choices)
-    return make_sampler(cfg.sampler, cfg.seed if seed is None else seed, n_seeds=n_seeds,
+    return make_sampler(name, cfg.seed if seed is None else seed, n_seeds=n_seeds,
                         problem=problem)
 
 
@@ -326,6 +327,15 @@ def tracking_callbacks(cfg: SearchConfig) -> list:
         warnings.simplefilter("ignore", FutureWarning)  # extra pins below 6)
         return [MLflowCallback(tracking_uri=cfg.mlflow, metric_name=names,
                                create_experiment=True, tag_study_user_attrs=True)]
+
+
+def _sampler_label(cfg: SearchConfig) -> str:
+    """``auto (screening)``: the sampler as set, and what it stands for where they differ (a
+    sampler object: its class name)."""
+    if not isinstance(cfg.sampler, str):
+        return cfg.sampler_name
+    name = resolve_sampler(cfg.sampler, cfg.objective_metrics)
+    return cfg.sampler if name == cfg.sampler else f"{cfg.sampler} ({name})"
 
 
 def _open(cfg: SearchConfig, run_dir: Path, sampler):
@@ -531,7 +541,8 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
             raise UserError(f"{len(failed)} of {cfg.workers - 1} extra worker(s) failed "
                             f"(exit codes {failed}); rerun the command to complete the budget")
         timings["search_s"] = time.perf_counter() - t0
-        log(f"search: {cfg.sampler_name} (seed {cfg.seed}), {len(completed(study))} trials in the "
+        log(f"search: {_sampler_label(cfg)} (seed {cfg.seed}), {len(completed(study))} "
+            f"trials in the "
             f"study, {new} new by this process in {timings['search_s']:.0f} s")
 
         t0 = time.perf_counter()
@@ -590,7 +601,7 @@ def write_outputs(study, cfg: SearchConfig, space: SearchSpace, evaluator: Trial
         outputs.write_frame(rd.trials_parquet, trials)
     history = outputs.hypervolume_history(trials, devices)
     outputs.write_frame(rd.hypervolume, history)
-    title = (f"{space.name} on {data.name}: {len(trials)} trials ({cfg.sampler_name}), "
+    title = (f"{space.name} on {data.name}: {len(trials)} trials ({_sampler_label(cfg)}), "
              f"objectives {cfg.objectives}")
     plot_fronts(trials, fronts, rd.plot(rd.FRONTS_PNG), title=title)
     if len(devices) > 1:

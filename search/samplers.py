@@ -1,12 +1,14 @@
 """Optuna samplers by name, always seeded.
 
-The default for categorical architecture spaces and budgets under ~1000 trials is multivariate
-TPE; NSGA-II needs larger budgets to pay off, random is the baseline every method must beat.
-``screening`` (:class:`hwnas.search.screening.ScreeningSampler`) learns only what is expensive: a GP
+The default, ``auto``, is ``screening`` wherever an objective needs an evaluation, else
+multivariate TPE (:func:`resolve_sampler`). ``screening``
+(:class:`hwnas.search.screening.ScreeningSampler`) learns only what is expensive: a GP
 surrogate of accuracy (and of latency measured here) screens a pool of candidates whose cheap
 metrics — size, BOPs, latency on estimated, table and adapted devices, under each candidate's
 bit policy — are computed for every candidate before one is chosen (:func:`screening_problem`).
-It is the best sampler of ``benchmarks/search_nb201.py``. Every option is set explicitly, so a
+It is the best sampler of ``benchmarks/search_nb201.py`` and ``benchmarks/search_mbv3_bits.py``;
+TPE is the best of Optuna's own there, NSGA-II needs larger budgets to pay off, random is the
+baseline every method must beat. Every option is set explicitly, so a
 change of Optuna's defaults does not silently change a study (Optuna 5: constraints come from
 ``trial.set_constraint``, which TPE, NSGA-II, GP and screening read without a
 ``constraints_func``).
@@ -30,8 +32,10 @@ from hwnas.core.errors import UserError
 if TYPE_CHECKING:
     import optuna
 
-SAMPLERS = ("tpe", "nsga2", "random", "gp", "screening")
-DEFAULT_SAMPLER = "tpe"
+SAMPLERS = ("auto", "tpe", "nsga2", "random", "gp", "screening")
+#: ``auto``: ``screening`` when an objective needs an evaluation (accuracy, latency measured
+#: here), else ``tpe`` (:func:`resolve_sampler`); chosen on ``benchmarks/search_nb201.py``
+DEFAULT_SAMPLER = "auto"
 STARTUP_TRIALS = 10
 #: size of the screening sampler's random candidate pool in a search (its cheap metrics cost
 #: about 0.5 ms per candidate on mbv3-tiny with bits: layer list, policy, estimators), refreshed
@@ -65,6 +69,18 @@ def check_screening_objectives(objectives: Sequence[Any]) -> None:
                         f"(accuracy, latency measured here) and screens candidates with the "
                         f"others; objectives {','.join(m.key for m in objectives)} have none: "
                         f"add accuracy or use another sampler")
+
+
+def resolve_sampler(name: str, objectives: Sequence[Any]) -> str:
+    """The sampler ``name`` stands for in a search with these objectives: ``auto`` is
+    ``screening`` where some objective needs an evaluation (its surrogate learns those and
+    screens candidates with the others), ``tpe`` where every objective is cheap (nothing to
+    learn: TPE on the cheap values); other names stand for themselves."""
+    if name != "auto":
+        return name
+    from hwnas.search.objectives import is_cheap
+
+    return "tpe" if all(is_cheap(m) for m in objectives) else "screening"
 
 
 def screening_problem(space: Any, objectives: Sequence[Any], constraints: Sequence[Any],
@@ -151,6 +167,9 @@ def make_sampler(name: str, seed: int, *, n_startup_trials: int = STARTUP_TRIALS
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
+    if name == "auto":
+        raise UserError("sampler 'auto' depends on the objectives: resolve it first with "
+                        "search.samplers.resolve_sampler(name, objectives)")
     if name == "screening":
         if problem is None:
             raise UserError("sampler 'screening' needs the search problem (candidates, cheap "

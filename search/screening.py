@@ -138,6 +138,16 @@ class ScreeningConfig:
     #: 0 (default) trusts the predicted values: on the NAS-Bench-201 benchmark the few-shot
     #: latency predictor's own standard deviation (scale 1) made the search worse
     cheap_std_scale: float = 0.0
+    #: how the start-up candidates are drawn: "random" (uniform over the pool) or "stratified"
+    #: (one from each of ``n_startup_trials`` quantile bins of the first cheap objective, so
+    #: that the first evaluations span the cheap objective's range)
+    startup: str = "random"
+    #: the surrogate's mean is linear in the (standardized, log where positive) cheap
+    #: objectives instead of constant: what the cheap objectives say of accuracy is learned
+    #: from the first evaluations and extrapolated to the whole pool
+    cheap_trend: bool = False
+    #: multiplier of the surrogate's standard deviation in the acquisition (1: as fitted)
+    explore: float = 1.0
 
     def __post_init__(self) -> None:
         if self.n_startup_trials < 1:
@@ -152,6 +162,10 @@ class ScreeningConfig:
             raise UserError(f"floor_quantile = {self.floor_quantile}; expected in [0, 1)")
         if self.cheap_std_scale < 0:
             raise UserError(f"cheap_std_scale = {self.cheap_std_scale}; expected >= 0")
+        if self.startup not in ("random", "stratified"):
+            raise UserError(f"startup = {self.startup!r}; expected 'random' or 'stratified'")
+        if not self.explore > 0:
+            raise UserError(f"explore = {self.explore}; expected > 0")
         if not self.length_factors or not self.noises:
             raise UserError("length_factors and noises must not be empty")
 
@@ -167,6 +181,8 @@ class _Pool:
     enumerated: bool = False
     #: N x m values of the cheap constraints (<= 0 feasible); m may be 0
     violation: np.ndarray | None = None
+    #: N x k trend features of the surrogate's mean (the cheap objectives, standardized)
+    trend: np.ndarray | None = None
 
     @property
     def feasible(self) -> np.ndarray:
@@ -244,6 +260,7 @@ class ScreeningSampler(BaseSampler):
         self._by_key: dict[str, Any] = {}  # canonical string -> architecture (evaluated ones)
         self._choices: dict[str, BaseDistribution] = {}
         self._scale: tuple[np.ndarray, np.ndarray] | None = None
+        self._trend_scale: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     # -- Optuna interface -----------------------------------------------------------------------
     def reseed_rng(self) -> None:
@@ -310,8 +327,20 @@ class ScreeningSampler(BaseSampler):
             return pool.archs[int(free[int(np.argmin(pool.excess[free]))])]
         free = free[feasible[free]]
         if score is None:
-            return pool.archs[int(free[rng.integers(len(free))])]
+            return pool.archs[int(self._startup_choice(rng, free))]
         return pool.archs[int(free[int(np.argmax(score[free]))])]
+
+    def _startup_choice(self, rng: np.random.Generator, free: np.ndarray) -> int:
+        """A start-up candidate of ``free``: uniform, or from the quantile bin of the first
+        cheap objective that this start-up trial stands for (``startup = "stratified"``)."""
+        pool = self._pool
+        k = self.config.n_startup_trials
+        if self.config.startup != "stratified" or pool.cheap.shape[1] == 0 or len(free) < k:
+            return int(free[rng.integers(len(free))])
+        order = free[np.argsort(pool.cheap[free, 0], kind="stable")]
+        slot = len(self._hist.keys) % k
+        lo, hi = (len(order) * slot) // k, (len(order) * (slot + 1)) // k
+        return int(order[lo + int(rng.integers(max(hi - lo, 1)))])
 
     def _fallback(self, rng: np.random.Generator, taken: set[str]) -> Any:
         """Every pool member is taken: a random architecture, unseen if one is found (and
@@ -414,11 +443,23 @@ class ScreeningSampler(BaseSampler):
             raise UserError("the cheap-constraints callable returned NaN or infinite values")
         return v
 
+    def _trend(self, vals: np.ndarray) -> np.ndarray:
+        """Trend features of cheap values: log where the first pool was positive, then
+        standardized by the first pool's mean and deviation."""
+        if self._trend_scale is None:
+            log = np.all(vals > 0, axis=0)
+            v = np.where(log, np.log(np.where(vals > 0, vals, 1.0)), vals)
+            sd = v.std(0)
+            self._trend_scale = (log, v.mean(0), np.where(sd > 1e-12, sd, 1.0))
+        log, mean, sd = self._trend_scale
+        v = np.where(log, np.log(np.where(vals > 0, vals, 1e-300)), vals)
+        return (v - mean) / sd
+
     def _make_pool(self, archs: list[Any], enumerated: bool) -> _Pool:
         keys = [self.space.to_string(a) for a in archs]
         vals, std = self._cheap_values(archs)
         return _Pool(archs, keys, {k: i for i, k in enumerate(keys)}, self._encode(archs),
-                     vals, std, enumerated, self._violations(archs))
+                     vals, std, enumerated, self._violations(archs), self._trend(vals))
 
     def _ensure_pool(self, rng: np.random.Generator) -> _Pool:
         if self._pool is not None:
@@ -489,7 +530,7 @@ class ScreeningSampler(BaseSampler):
         archs += self._random_archs(rng, self.config.pool_size - len(archs), seen)
         self._pool = self._make_pool(archs, False)
         for gp in self._gps:
-            gp.set_pool(self._pool.features)
+            gp.set_pool(self._pool.features, self._gp_trend(self._pool.trend))
 
     def _key_arch(self, key: str) -> Any | None:
         return self._by_key.get(key)
@@ -537,27 +578,30 @@ class ScreeningSampler(BaseSampler):
         if refit:
             if self._gps:
                 self._refresh_pool(rng, self._front_keys(directions))
-            X = self._train_features(self._hist.keys)
+            X, H = self._train_features(self._hist.keys)
             if targets != self._gp_targets:
                 cfg = self.config
                 self._gps = [PoolGP(self._pool.features, length_factors=cfg.length_factors,
-                                    noises=cfg.noises, floor_quantile=cfg.floor_quantile)
+                                    noises=cfg.noises, floor_quantile=cfg.floor_quantile,
+                                    trend=self._gp_trend(self._pool.trend))
                              for _ in targets]
                 self._gp_targets = list(targets)
             for gp, j in zip(self._gps, range(len(targets))):
-                gp.refit(X, Y[:, j])
+                gp.refit(X, Y[:, j], self._gp_trend(H))
             self._gp_keys = list(self._hist.keys)
             self._last_refit = n
         else:
             new = self._hist.keys[len(self._gp_keys):]
             if new:
-                X = self._train_features(new)
+                X, H = self._train_features(new)
+                H = self._gp_trend(H)
                 for gp in self._gps:
-                    for x in X:
-                        gp.add(x)
+                    for i, x in enumerate(X):
+                        gp.add(x, None if H is None else H[i])
                 self._gp_keys += new
         preds = [gp.predict(Y[:, j]) for j, gp in enumerate(self._gps)]
-        objective = [p for p, (kind, _) in zip(preds, targets) if kind == "objective"]
+        objective = [(mu, sd * self.config.explore) for (mu, sd), (kind, _) in zip(preds, targets)
+                     if kind == "objective"]
         pof = None
         for (mu, sd), (kind, _) in zip(preds, targets):
             if kind == "constraint":
@@ -565,18 +609,34 @@ class ScreeningSampler(BaseSampler):
                 pof = p if pof is None else pof * p
         return objective, pof
 
-    def _train_features(self, keys: Sequence[str]) -> np.ndarray:
+    def _gp_trend(self, trend: np.ndarray | None) -> np.ndarray | None:
+        """The trend features the surrogates use (``None`` unless ``cheap_trend``)."""
+        if not self.config.cheap_trend or trend is None or trend.shape[1] == 0:
+            return None
+        return trend
+
+    def _train_features(self, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Encodings and trend features of evaluated candidates (from the pool where they
+        are in it)."""
         pool = self._pool
-        rows = []
-        for k in keys:
+        rows, trend, todo = [], [], []
+        for n, k in enumerate(keys):
             i = pool.index.get(k)
             if i is not None:
                 rows.append(pool.features[i])
+                trend.append(pool.trend[i])
             else:
                 arch = self._key_arch(k)
-                rows.append(self._encode([arch if arch is not None
-                                          else self.space.from_string(k)])[0])
-        return np.array(rows)
+                arch = arch if arch is not None else self.space.from_string(k)
+                rows.append(self._encode([arch])[0])
+                trend.append(None)
+                todo.append((n, arch))
+        if todo:
+            cheap = self._trend(self._cheap_values([a for _, a in todo])[0])
+            for (n, _), h in zip(todo, cheap):
+                trend[n] = h
+        k = pool.trend.shape[1]
+        return np.array(rows), np.array(trend, dtype=float).reshape(len(keys), k)
 
     def _feasible_history(self) -> np.ndarray:
         """Which evaluated trials meet every constraint they report."""

@@ -293,3 +293,50 @@ def test_incomplete_latency_csv_is_refused(tmp_path, capsys):
     code = _bench().main(["--latency-csv", str(path), "--device", "dev", "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and "lacks 15624 of the 15625" in err and err.count("\n") == 1
+
+
+# -- options and the default ---------------------------------------------------------------------
+
+
+def test_pool_gp_trend_extrapolates_a_linear_mean():
+    rng = np.random.default_rng(0)
+    pool = rng.random((300, 3))
+    h = (pool[:, :1] - 0.5) * 4  # a cheap feature the target follows linearly
+    y = 5.0 * h[:, 0] + 0.1 * np.sin(6 * pool[:, 1])
+    near = np.argsort(h[:, 0])[:40]  # train on the low end only
+    far = np.argsort(h[:, 0])[-40:]
+    err = {}
+    for trend in (None, h):
+        gp = PoolGP(pool, length_factors=(0.2,), noises=(1e-2,), floor_quantile=0.0,
+                    trend=trend)
+        gp.refit(pool[near], y[near], None if trend is None else h[near])
+        mu, _ = gp.predict(y[near])
+        err[trend is not None] = float(np.abs(mu[far] - y[far]).mean())
+    assert err[True] < 0.2 * err[False], err
+
+
+def test_stratified_start_spans_the_cheap_objective():
+    space = ToySpace()
+    sampler = ScreeningSampler(space, cheap_latency, (1,), seed=0,
+                               directions=["maximize", "minimize"],
+                               config=ScreeningConfig(n_startup_trials=5, startup="stratified"))
+    archs = run_toy(space, sampler, 5)
+    lat = np.sort(cheap_latency(list(space.all_architectures())))
+    got = cheap_latency(archs)
+    bins = [(lat[(len(lat) * k) // 5], lat[(len(lat) * (k + 1)) // 5 - 1]) for k in range(5)]
+    assert all(lo <= v <= hi for v, (lo, hi) in zip(got, bins)), (got, bins)
+    with pytest.raises(UserError, match="startup"):
+        ScreeningConfig(startup="sobol")
+
+
+def test_auto_sampler_is_screening_where_something_is_evaluated():
+    from hwnas.search.objectives import parse_metric
+    from hwnas.search.samplers import DEFAULT_SAMPLER, make_sampler, resolve_sampler
+
+    assert DEFAULT_SAMPLER == "auto"
+    accuracy, size = parse_metric("accuracy"), parse_metric("size")
+    assert resolve_sampler("auto", [accuracy, size]) == "screening"
+    assert resolve_sampler("auto", [size, parse_metric("latency:edgetpu-est")]) == "tpe"
+    assert resolve_sampler("nsga2", [accuracy]) == "nsga2"
+    with pytest.raises(UserError, match="resolve"):
+        make_sampler("auto", 0)
