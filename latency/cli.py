@@ -330,6 +330,7 @@ def adapt_device(
     from hwnas.latency.devices import resolve_space
     from hwnas.latency.profiles import (
         check_profile_name,
+        check_profile_target,
         profiles_dir,
         read_measurements,
         save_profile,
@@ -338,9 +339,7 @@ def adapt_device(
     check_profile_name(name)
     space = resolve_space(space)
     root = Path(base) if base is not None else profiles_dir()
-    if (root / name).exists() and not overwrite:
-        raise UserError(f"device profile {name!r} already exists at {root / name}; pass "
-                        f"--overwrite to replace it")
+    check_profile_target(root / name, name, overwrite)
     data = read_measurements(measurements_csv, space)  # bad rows fail before any loading
     if predictor is None:
         predictor = default_predictor(space)
@@ -418,10 +417,16 @@ def _pin_execution(choice: str, predictor: Any, space: Any, data: Any) -> None:
 
 def _cmd_adapt(args: argparse.Namespace) -> int:
     from hwnas.latency.fewshot import LOO_MAX_MEASUREMENTS, execution_note, leave_one_out
-    from hwnas.latency.profiles import check_profile_name, read_measurements
+    from hwnas.latency.profiles import (
+        check_profile_name,
+        check_profile_target,
+        profiles_dir,
+        read_measurements,
+    )
     from hwnas.supernet.spaces import get_space
 
     check_profile_name(args.device)
+    check_profile_target(profiles_dir() / args.device, args.device, args.overwrite)
     space = get_space(args.space)
     if args.export_settling:
         from hwnas.latency.reference import check_export_target

@@ -52,6 +52,11 @@ class RunDir:
     MANIFEST_CSV = "manifest.csv"
     PARETO_PREFIX, PARETO_SUFFIX = "pareto_", ".csv"
     SPEEDUP_PREFIX = "int8_speedup_"
+    #: what writes a run directory, in its record of written files (:mod:`hwnas.core.written`)
+    WRITER = "search"
+    #: sub-folders other writers own, each with its own record: the export (and the staging
+    #: and replaced directories of one in progress or killed), the fine-tunings
+    OWNED_ELSEWHERE = ("export", "finetune", ".export.tmp-*", ".export.old-*")
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -140,23 +145,37 @@ class RunDir:
         return {p.name[n:-m]: p for p in
                 sorted(self.path.glob(f"{self.PARETO_PREFIX}*{self.PARETO_SUFFIX}"))}
 
+    def written_files(self, devices: Sequence[str]) -> list[str]:
+        """The files a search may write here (recorded before they are written): its
+        settings, supernet, study (with SQLite's side files), tables and plots."""
+        study = [self.STUDY, *(f"{self.STUDY}{x}" for x in ("-journal", "-wal", "-shm", ".lock"))]
+        return [self.CONFIG, self.SUPERNET, self.TRAIN_HISTORY, *study, self.TRIALS_CSV,
+                self.TRIALS_PARQUET, self.HYPERVOLUME, self.PREDICTOR, self.FRONTS_PNG,
+                self.DEVICES_PNG, self.HYPERVOLUME_PNG, *(self.pareto(d).name for d in devices)]
+
     def study_url(self) -> str:
         """The default (SQLite) storage URL of the run's study."""
         return f"sqlite:///{self.study_db.resolve()}"
 
     # -- reading -------------------------------------------------------------------------
     def is_run(self) -> bool:
-        """Whether the directory holds a run hwnas wrote: its config.json carries
-        :data:`RUN_FORMAT` (runs of earlier versions: the keys only hwnas writes there)."""
+        """Whether the directory holds a run hwnas wrote: its record of written files
+        (:mod:`hwnas.core.written`) is a search's and names config.json, which carries
+        :data:`RUN_FORMAT`. A config.json alone is not enough (users copy them)."""
+        from hwnas.core.written import read_record
+
+        record = read_record(self.path)
+        if record is None or record["writer"] != self.WRITER or self.CONFIG not in record["files"]:
+            return False
+        if self.config.is_symlink():
+            return False
         try:
             saved = json.loads(self.config.read_text())
         except (OSError, ValueError):
             return False
         if not isinstance(saved, dict):
             return False
-        return saved.get("format") == RUN_FORMAT or (
-            "format" not in saved
-            and {"space", "dataset", "study_name", "reported_devices"} <= saved.keys())
+        return saved.get("format") == RUN_FORMAT
 
     def read_config(self, *, need_supernet: bool = True) -> dict[str, Any]:
         """config.json as a dict; UserError (one line) when the directory is missing, not a

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -12,11 +14,13 @@ from typing import Any, Callable
 def write_atomic(path: str | Path, data: bytes | str | Callable[[Path], Any]) -> Path:
     """Write ``data`` (bytes, text, or a function that writes the given temporary path) to
     ``path``. The temporary file sits in the same directory (so ``os.replace`` is atomic), is
-    created with the umask's permissions and removed on any failure, leaving ``path`` as it was."""
+    created with the umask's permissions and removed on any failure, leaving ``path`` as it was.
+    A write the system refuses (full disk, read-only filesystem, no permission) raises
+    :class:`~hwnas.core.errors.WriteError`: one line naming ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         if callable(data):
             data(tmp)
         else:
@@ -27,10 +31,40 @@ def write_atomic(path: str | Path, data: bytes | str | Callable[[Path], Any]) ->
                 fh.flush()
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    except BaseException as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        failure = write_failure(exc, path)
+        if failure is None:
+            raise
+        raise failure from None
     return path
+
+
+def write_failure(exc: BaseException, path: str | Path):  # -> WriteError | None
+    """``exc`` raised while writing ``path`` as a :class:`~hwnas.core.errors.WriteError` (one
+    line: the path and what the system said), or None when it is not a failed write. torch.save
+    reports a full disk as a RuntimeError ("file write failed"): that counts when the
+    filesystem has (almost) no space left."""
+    from hwnas.core.errors import WriteError
+
+    if isinstance(exc, WriteError):
+        return exc
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return WriteError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path))
+    if isinstance(exc, RuntimeError) and "write" in str(exc).lower():
+        folder = Path(path).parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        try:
+            full = shutil.disk_usage(folder).free < (1 << 20)
+        except OSError:
+            full = False
+        code = errno.ENOSPC if full else errno.EIO
+        return WriteError(code, os.strerror(code), str(path))
+    return None
 
 
 def write_json(path: str | Path, obj: Any) -> Path:
