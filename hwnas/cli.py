@@ -70,6 +70,7 @@ def _bit_list(text: str) -> list[int]:
 
 
 def _search_options(p: argparse.ArgumentParser, d) -> None:
+    from hwnas.search.config import MAX_TRIALS
     from hwnas.search.samplers import SAMPLERS
 
     _common(p, d)
@@ -111,7 +112,7 @@ def _search_options(p: argparse.ArgumentParser, d) -> None:
                    help="validation images scoring each candidate and test images scoring each "
                         "front model, at most (a stratified seeded subset; default 0: every "
                         "image; e.g. 2000 on a CPU with CIFAR-10)")
-    p.add_argument("--trials", type=positive_int, default=d.trials,
+    p.add_argument("--trials", type=bounded_int(MAX_TRIALS), default=d.trials,
                    help=f"completed trials in total over all workers (default {d.trials})")
     p.add_argument("--storage", help="Optuna storage URL (default: SQLite in the run directory); "
                                      "postgresql://USER@HOST/DB for several workers or machines")

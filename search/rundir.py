@@ -195,6 +195,10 @@ class RunDir:
         if not isinstance(cfg, dict) or not {"space", "dataset"} <= set(cfg):
             raise UserError(f"{self.config} is not an hwnas run configuration (needs \"space\" "
                             f"and \"dataset\")")
+        if need_supernet and self.supernet.is_symlink():
+            raise UserError(f"{self.supernet} is a symbolic link (to {self.supernet.resolve()}), "
+                            f"not the supernet checkpoint the search wrote; restore the run's "
+                            f"own file")
         if need_supernet and not self.supernet.is_file():
             raise UserError(f"{run_dir} has no {self.SUPERNET}; the run's supernet is needed to "
                             f"rebuild its models")
@@ -205,11 +209,14 @@ class RunDir:
         import pandas as pd
 
         if self.trials_parquet.is_file():
-            frame = pd.read_parquet(self.trials_parquet)
+            frame = _read_table(self.trials_parquet, pd.read_parquet)
         elif self.trials_csv.is_file():
-            frame = pd.read_csv(self.trials_csv)
+            frame = _read_table(self.trials_csv, pd.read_csv)
         else:
             raise UserError(f"{self.path} has no {self.TRIALS_CSV}; has its search finished?")
+        if not {"trial", "arch"} <= set(frame.columns):
+            raise UserError(f"{self.path}: its trials table lacks the columns trial and arch; "
+                            f"it is not a table hwnas wrote (search again, or restore it)")
         if "policy" in frame:
             frame["policy"] = frame["policy"].fillna("").astype(str)
         return frame
@@ -220,8 +227,22 @@ class RunDir:
 
         out = {}
         for device, path in self.fronts().items():
-            frame = pd.read_csv(path)
+            frame = _read_table(path, pd.read_csv)
             if "policy" in frame:
                 frame["policy"] = frame["policy"].fillna("").astype(str)
             out[device] = frame
         return out
+
+
+def _read_table(path: Path, read):  # -> pd.DataFrame
+    """``read(path)`` (a pandas reader); UserError (one line) for a file it cannot read: a
+    corrupt parquet file, a CSV that is not UTF-8 or not a table."""
+    from hwnas.core.io import first_line
+
+    try:
+        return read(path)
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - pandas and pyarrow raise many types for bad files
+        raise UserError(f"cannot read {path}: {type(exc).__name__}: {first_line(exc)}; it is "
+                        f"not a table hwnas wrote (search again, or restore it)") from None

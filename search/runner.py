@@ -165,6 +165,11 @@ def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits, overwrite: bool) -> 
                           what="an hwnas run directory", flag="run directory",
                           instead="choose another --name or --out")
         return run_dir, False
+    RunDir(run_dir).read_config(need_supernet=False)  # one line for a broken config.json
+    if RunDir(run_dir).supernet.is_symlink():
+        raise UserError(f"{RunDir(run_dir).supernet} is a symbolic link (to "
+                        f"{RunDir(run_dir).supernet.resolve()}), not the supernet checkpoint the "
+                        f"search wrote; restore the run's own file, or pass --overwrite")
     saved = json.loads((run_dir / CONFIG_FILE).read_text())
     current = settings_of(cfg, data, run_dir.name)
     # a run written before a setting existed ran at its default (every image: eval_images 0)
