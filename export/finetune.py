@@ -40,7 +40,7 @@ from typing import Any
 
 from hwnas.core.errors import UserError
 from hwnas.core import written
-from hwnas.core.io import check_writable, first_line, write_atomic, write_failure, write_json
+from hwnas.core.io import check_writable, first_line, write_atomic, write_json
 
 __all__ = ["FINETUNE_FORMAT", "FinetuneResult", "FinetuneSettings", "finetune_trial",
            "load_finetuned", "save_finetuned"]
@@ -321,8 +321,7 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
         shuffle=True, seed=seed)))
     final = final.cpu()
     written.remove_stale(out_dir)
-    staging = written.make_staging(out_dir, WRITER)
-    try:
+    with written.staged(out_dir, WRITER) as staging:
         result.export = export_model(
             final if policy is None else dequantized_twin(final), name=name, out_dir=staging,
             example=test_images[:1], test_images=test_images, test_labels=test_labels,
@@ -341,12 +340,5 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
         summary["settings"] = asdict(settings)
         summary["run_dir"] = str(run.path)
         write_json(staging / SUMMARY, summary)
-        written.record_tree(staging, WRITER)
-    except BaseException as exc:
-        written.discard(staging)
-        failure = write_failure(exc, staging)
-        if failure is None or isinstance(exc, UserError):
-            raise
-        raise failure from None
     written.replace_dir(staging, out_dir, writers=[WRITER], what="a fine-tuned model")
     return result

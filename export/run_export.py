@@ -41,9 +41,9 @@ from typing import Any
 
 from hwnas.search.rundir import RunDir
 
-from hwnas.core.errors import UserError
+from hwnas.core.errors import UserError, WriteError
 from hwnas.core import written
-from hwnas.core.io import check_writable, write_failure
+from hwnas.core.io import check_writable
 
 __all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front", "run_splits"]
 
@@ -244,17 +244,15 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     report = report or _print_line
 
     written.remove_stale(out_dir)
-    staging = written.make_staging(out_dir, WRITER)
     results: list[Any] = []
     info = _info(run_dir, cfg, front, select, settings, context.tunable)
     info["workers"] = workers
     info["shared_seconds"] = context.seconds
-
-    def done(result: Any) -> None:
-        results.append(result)
-        report(_summary_line(result))
-        write_manifest(staging, results, info)
-    try:
+    with written.staged(out_dir, WRITER) as staging:
+        def done(result: Any) -> None:
+            results.append(result)
+            report(_summary_line(result))
+            write_manifest(staging, results, info)
         if workers == 1:
             for i, row in enumerate(rows):
                 done(_export_row(context, row, staging, i, len(rows), progress))
@@ -262,13 +260,6 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
             _export_parallel(run_dir, settings, rows, extra, max_test_images, staging, progress,
                              workers, done)
         _write_speedups(staging, results, context.space, context.tunable)
-        written.record_tree(staging, WRITER)
-    except BaseException as exc:
-        written.discard(staging)
-        failure = write_failure(exc, staging)
-        if failure is None or isinstance(exc, UserError):
-            raise
-        raise failure from None
     written.replace_dir(staging, out_dir, writers=[WRITER], what="an hwnas export")
     return RunExport(out_dir, results, time.perf_counter() - start)
 
@@ -392,6 +383,8 @@ def _export_row(ctx: _Context, row: ModelRow, staging: Path, index: int, total: 
                       "dataset": ctx.cfg["dataset"], "test_accuracy": row.test_accuracy},
             shared=shared)
         result.info.setdefault("stage_seconds", {})["recalibrate"] = recalibrate_s
+    except WriteError:
+        raise  # a full disk fails every model after it: the export ends, nothing is kept
     except UserError as exc:
         result.fail(str(exc))
     return result

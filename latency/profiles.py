@@ -38,7 +38,7 @@ from hwnas.supernet.space import SearchSpace
 
 from hwnas.core import written
 from hwnas.core.errors import UserError
-from hwnas.core.io import check_writable, write_failure
+from hwnas.core.io import check_writable
 
 __all__ = [
     "Measurements",
@@ -281,8 +281,7 @@ def save_profile(
     root = Path(base) if base is not None else profiles_dir()
     target = root / name
     check_profile_target(target, name, overwrite)
-    tmp = written.make_staging(target, WRITER)
-    try:
+    with written.staged(target, WRITER, flag="device profile") as tmp:
         predictor.save(tmp / PREDICTOR_FILE)
         with open(tmp / MEASUREMENTS_FILE, "w", newline="") as fh:
             writer = csv.writer(fh)
@@ -303,13 +302,6 @@ def save_profile(
             path=target,
         )
         (tmp / PROFILE_FILE).write_text(json.dumps(profile.to_json(), indent=1) + "\n")
-        written.record_tree(tmp, WRITER)
-    except BaseException as exc:
-        written.discard(tmp)
-        failure = write_failure(exc, tmp)
-        if failure is None or isinstance(exc, UserError):
-            raise
-        raise failure from None
     written.replace_dir(tmp, target, writers=[WRITER], what="a device profile",
                         flag="device profile")
     return profile

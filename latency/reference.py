@@ -28,7 +28,7 @@ import numpy as np
 
 from hwnas.core.errors import UserError
 from hwnas.core import written
-from hwnas.core.io import check_writable, first_line, write_atomic
+from hwnas.core.io import check_writable, write_atomic
 
 __all__ = ["ARCHS_FILE", "ReferenceSet", "choose_reference", "export_reference"]
 
@@ -112,8 +112,7 @@ def export_reference(space: Any, reference: ReferenceSet, directory: str | Path,
     width = max(2, len(str(len(reference.archs))))
     names = [f"ref_{i + 1:0{width}d}.onnx" for i in range(len(reference.archs))]
     written.remove_stale(directory)
-    tmp = written.make_staging(directory, WRITER)
-    try:
+    with written.staged(directory, WRITER, flag=flag) as tmp:
         for i, (arch, name) in enumerate(zip(reference.archs, names)):
             proto = onnx.load_from_string(onnx_bytes(supernet.extract(space.from_string(arch)),
                                                      example))
@@ -125,12 +124,5 @@ def export_reference(space: Any, reference: ReferenceSet, directory: str | Path,
         writer.writerow(["order", "arch", "file"])
         writer.writerows([i + 1, a, f] for i, (a, f) in enumerate(zip(reference.archs, names)))
         write_atomic(tmp / ARCHS_FILE, buffer.getvalue())
-        written.record_tree(tmp, WRITER)
-    except BaseException as exc:
-        written.discard(tmp)
-        if isinstance(exc, OSError):
-            raise UserError(f"{flag} {directory}: cannot write the models "
-                            f"({exc.strerror or first_line(exc)}); nothing was written") from None
-        raise
     written.replace_dir(tmp, directory, writers=[WRITER], what="a reference export", flag=flag)
     return [directory / name for name in names]

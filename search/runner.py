@@ -87,13 +87,11 @@ from hwnas.core.io import LockFile, check_writable, first_line, write_json
 from hwnas.core.written import (
     RECORD,
     check_replaceable,
-    discard,
     foreign,
-    make_staging,
     read_record,
     record_files,
-    record_tree,
     replace_dir,
+    staged,
 )
 
 CONFIG_FILE = RunDir.CONFIG
@@ -166,6 +164,7 @@ def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits, overwrite: bool) -> 
                           instead="choose another --name or --out")
         return run_dir, False
     RunDir(run_dir).read_config(need_supernet=False)  # one line for a broken config.json
+    check_writable(run_dir, "run directory")  # continuing writes there: fail before any work
     if RunDir(run_dir).supernet.is_symlink():
         raise UserError(f"{RunDir(run_dir).supernet} is a symbolic link (to "
                         f"{RunDir(run_dir).supernet.resolve()}), not the supernet checkpoint the "
@@ -472,19 +471,15 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
         written = True
         owned = RunDir(run_dir).written_files(cfg.all_devices)
         if not continuing:
-            staging = make_staging(run_dir, RunDir.WRITER)
-            try:
+            with staged(run_dir, RunDir.WRITER, flag="run directory",
+                        dirs=RunDir.OWNED_ELSEWHERE) as staging:
                 stage = RunDir(staging)
                 save_checkpoint(stage.supernet, supernet, space, dataset=data.name,
                                 train_config=train_config, data_record=record)
                 if train_result:
                     write_json(stage.train_history, train_result.__dict__)
                 write_json(stage.config, settings)
-                record_tree(staging, RunDir.WRITER, dirs=RunDir.OWNED_ELSEWHERE)
-                record_files(staging, RunDir.WRITER, owned)
-            except BaseException:
-                discard(staging)
-                raise
+            record_files(staging, RunDir.WRITER, owned)
             replace_dir(staging, run_dir, writers=[RunDir.WRITER], what="an hwnas run directory",
                         flag="run directory")
         else:

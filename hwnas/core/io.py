@@ -123,17 +123,21 @@ class LockFile:
 
 def check_writable(path: str | Path, what: str = "--out") -> None:
     """UserError unless ``path`` (a file or directory to create or replace) can be written:
-    not an existing file where a directory is needed is the caller's check; here the nearest
-    existing folder above it must be a directory where a probe file can be created (and is
-    removed at once), so an unwritable target fails before any work is done."""
+    a probe folder is created (and removed at once) in ``path`` itself where it is a
+    directory, else in the nearest existing folder above it, so an unwritable target (a
+    read-only filesystem, no permission: root passes permission checks, not a read-only mount)
+    fails before any work is done. (A file where a directory is needed is the caller's check.)"""
     from hwnas.core.errors import UserError
 
     path = Path(path)
-    if path.exists() and not os.access(path, os.W_OK):
+    if path.exists() and not path.is_dir() and not os.access(path, os.W_OK):
         raise UserError(f"{what} {path}: not writable")
-    ancestor = path.parent if path.parent != path else path
-    while not ancestor.exists() and ancestor.parent != ancestor:
-        ancestor = ancestor.parent
+    if path.is_dir():
+        ancestor = path
+    else:
+        ancestor = path.parent if path.parent != path else path
+        while not ancestor.exists() and ancestor.parent != ancestor:
+            ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise UserError(f"{what} {path}: {ancestor} is a file, not a directory")
     probe = ancestor / f".hwnas-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"

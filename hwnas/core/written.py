@@ -16,6 +16,7 @@ more), so a failure at any point (a full disk) leaves the previous one as it was
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import glob
 import json
@@ -27,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hwnas.core.errors import UserError
+from hwnas.core.errors import UserError, WriteError
 from hwnas.core.io import pid_alive, write_failure, write_json
 
 __all__ = ["RECORD", "check_replaceable", "foreign", "make_staging", "read_record",
@@ -226,6 +227,29 @@ def make_staging(target: str | Path, writer: str) -> Path:
 def discard(staging: str | Path) -> None:
     """Remove a staging directory of :func:`make_staging` (after a failure)."""
     shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged(target: str | Path, writer: str, *, flag: str = "--out", dirs: Sequence[str] = ()):
+    """A staging directory for ``target`` (:func:`make_staging`), recorded whole
+    (:func:`record_tree`) when the block ends; on any failure it is removed, and a write
+    the system refused (a full disk) becomes one :class:`~hwnas.core.errors.WriteError` line
+    naming ``target``. :func:`replace_dir` then moves it into place."""
+    target = Path(target)
+    staging = make_staging(target, writer)
+    try:
+        yield staging
+        record_tree(staging, writer, dirs=dirs)
+    except BaseException as exc:
+        discard(staging)
+        failure = write_failure(exc, getattr(exc, "filename", None) or staging)
+        if failure is None or (isinstance(exc, UserError) and not isinstance(exc, WriteError)):
+            raise
+        name = Path(failure.filename or staging)
+        inside = name.relative_to(staging) if name.is_relative_to(staging) else name
+        raise WriteError(failure.errno, failure.strerror, str(target), message=(
+            f"{flag} {target}: cannot write {inside}: {failure.strerror}; nothing was written "
+            f"(what was there before is unchanged)")) from None
 
 
 def replace_dir(staging: str | Path, target: str | Path, *, writers: Sequence[str] = (),
