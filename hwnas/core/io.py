@@ -32,11 +32,11 @@ def write_atomic(path: str | Path, data: bytes | str | Callable[[Path], Any]) ->
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
+        failure = write_failure(exc, path)  # before the partial file goes: is the disk full?
         try:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
-        failure = write_failure(exc, path)
         if failure is None:
             raise
         raise failure from None
@@ -46,15 +46,15 @@ def write_atomic(path: str | Path, data: bytes | str | Callable[[Path], Any]) ->
 def write_failure(exc: BaseException, path: str | Path):  # -> WriteError | None
     """``exc`` raised while writing ``path`` as a :class:`~hwnas.core.errors.WriteError` (one
     line: the path and what the system said), or None when it is not a failed write. torch.save
-    reports a full disk as a RuntimeError ("file write failed"): that counts when the
-    filesystem has (almost) no space left."""
+    reports a full disk as a RuntimeError (from its C++ writer, worded in several ways): that
+    counts when the filesystem has (almost) no space left."""
     from hwnas.core.errors import WriteError
 
     if isinstance(exc, WriteError):
         return exc
     if isinstance(exc, OSError) and exc.errno is not None:
         return WriteError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path))
-    if isinstance(exc, RuntimeError) and "write" in str(exc).lower():
+    if isinstance(exc, RuntimeError):
         folder = Path(path).parent
         while not folder.exists() and folder != folder.parent:
             folder = folder.parent
@@ -62,8 +62,8 @@ def write_failure(exc: BaseException, path: str | Path):  # -> WriteError | None
             full = shutil.disk_usage(folder).free < (1 << 20)
         except OSError:
             full = False
-        code = errno.ENOSPC if full else errno.EIO
-        return WriteError(code, os.strerror(code), str(path))
+        if full:
+            return WriteError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
     return None
 
 
