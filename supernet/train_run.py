@@ -170,9 +170,8 @@ def run_train(args: argparse.Namespace, *, started: float | None = None) -> int:
         raise UserError(f"{out} already holds a run; pass --resume to continue it or "
                         f"--overwrite to start afresh")
     if kind == "dir" and not args.resume:  # only a directory of hwnas train's own files
-        written.check_replaceable(out, overwrite=args.overwrite or args.bench_steps is not None,
-                                  writers=[WRITER], what="a training run directory",
-                                  instead="choose another --out")
+        written.check_replaceable(out, overwrite=True, writers=[WRITER],
+                                  what="a training run directory", instead="choose another --out")
     if out is not None:
         check_writable(out)
     check_torch_device(args.device)
