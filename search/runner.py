@@ -90,6 +90,7 @@ from hwnas.core.written import (
     foreign,
     read_record,
     record_files,
+    remove_stale,
     replace_dir,
     staged,
 )
@@ -471,6 +472,7 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
         written = True
         owned = RunDir(run_dir).written_files(cfg.all_devices)
         if not continuing:
+            remove_stale(run_dir)  # what a killed search left beside it
             with staged(run_dir, RunDir.WRITER, flag="run directory",
                         dirs=RunDir.OWNED_ELSEWHERE) as staging:
                 stage = RunDir(staging)
