@@ -12,6 +12,8 @@ A run directory is what ``hwnas search`` / ``hwnas run`` leave behind and what `
     accuracy_predictor.json (--accuracy predictor)
     export/                 the exported models and their manifest.json
     finetune/trial_NNNN/    a fine-tuned trial: model.pt, summary.json, its ONNX files
+    .hwnas-written.json     the files the search wrote (:mod:`hwnas.core.written`): what
+                            marks the directory as a run, and all --overwrite may replace
 
 :class:`RunDir` names these paths and reads the tables and the configuration, with one-line
 errors for a directory that is not a run. No torch here.
