@@ -426,6 +426,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
         args.started = started
+        if args.command in ("run", "search", "train", "export", "finetune") \
+                and "torch" not in sys.modules:  # read when torch starts; a user's setting wins
+            from hwnas.core.affinity import torch_thread_defaults
+
+            torch_thread_defaults()
         handler = {"run": cmd_run, "search": cmd_search, "export": run_export, "train": cmd_train,
                    "spaces": cmd_spaces, "latency": run_latency,
                    "finetune": run_finetune}[args.command]
