@@ -57,6 +57,12 @@ def _bench(steps: int, mode: str) -> float:
     return float(m.group(2)) / int(m.group(1))
 
 
+def _cpu_model() -> str:
+    from hwnas.latency.machine import cpu_model
+
+    return cpu_model()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--busy", default="0,2,6", help="busy process counts to try")
@@ -91,8 +97,9 @@ def main() -> None:
         print(f"{r['busy']:>5} " + "".join(f"{r[f's_per_step_{m}']:>16.3f}" for m in modes))
     Path(args.out).write_text(json.dumps({
         "benchmark": "contention", "command": " ".join(sys.argv),
-        "machine": {"cores": os.cpu_count(), "platform": platform.platform(),
+        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
                     "load_average_at_end": os.getloadavg()},
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "note": "shared machine (other engineers' jobs ran beside): medians of interleaved runs",
         "rows": rows}, indent=1) + "\n")
 
