@@ -32,8 +32,6 @@ runs in float32 (its fake-quantized subnets are launch-bound and ran slower unde
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -41,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from hwnas.core.errors import UserError
+from hwnas.core import written
 from hwnas.core.io import check_writable, first_line, write_atomic, write_json
 
 __all__ = ["FINETUNE_FORMAT", "FinetuneResult", "FinetuneSettings", "finetune_trial",
@@ -49,6 +48,8 @@ __all__ = ["FINETUNE_FORMAT", "FinetuneResult", "FinetuneSettings", "finetune_tr
 #: the format tag of model.pt and summary.json
 FINETUNE_FORMAT = "hwnas-finetuned-1"
 CHECKPOINT, SUMMARY = "model.pt", "summary.json"
+#: what writes a fine-tuning directory, in its record of written files (:mod:`hwnas.core.written`)
+WRITER = "finetune"
 
 
 #: the fine-tuning learning rate of the spaces that name none (tuned on mbv3: see quant/qat.py)
@@ -220,31 +221,15 @@ def load_finetuned(path: str | Path, *, device: str = "cpu") -> tuple[Any, dict[
 
 def _check_replaceable(out_dir: Path, run_dir: Path, overwrite: bool) -> None:
     """Raise unless ``out_dir`` is new or empty, or (with ``overwrite``) an earlier fine-tuning
-    output holding only files fine-tuning writes."""
-    from hwnas.export.run_export import foreign_file
-
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out {out_dir} exists and is not a directory; choose a new directory")
+    output whose record names everything in it (:mod:`hwnas.core.written`)."""
+    if out_dir.exists() and not out_dir.is_symlink() and any(out_dir.iterdir()):
+        target, run = out_dir.resolve(), run_dir.resolve()
+        if target == run or target in run.parents:
+            raise UserError(f"--out {out_dir} is the run directory or holds it; choose a new "
+                            f"directory")
+    written.check_replaceable(out_dir, overwrite=overwrite, writers=[WRITER],
+                              what="a fine-tuned model", instead="choose another --out")
     check_writable(out_dir)
-    if not out_dir.exists() or not any(out_dir.iterdir()):
-        return
-    target, run = out_dir.resolve(), run_dir.resolve()
-    if target == run or target in run.parents:
-        raise UserError(f"--out {out_dir} is the run directory or holds it; choose a new directory")
-    try:
-        fmt = json.loads((out_dir / SUMMARY).read_text()).get("format")
-    except (OSError, ValueError, AttributeError):
-        fmt = None
-    if fmt != FINETUNE_FORMAT:
-        raise UserError(f"{out_dir} exists and was not written by 'hwnas finetune' (no {SUMMARY} "
-                        f"of one); hwnas never replaces it, choose another --out")
-    rel = foreign_file(out_dir, (CHECKPOINT, SUMMARY))
-    if rel is not None:
-        raise UserError(f"{out_dir} holds {rel}, which 'hwnas finetune' does not write; move it "
-                        f"away or choose another --out")
-    if not overwrite:
-        raise UserError(f"{out_dir} already holds a fine-tuned model; pass --overwrite to "
-                        f"replace it")
 
 
 # -- fine-tuning ----------------------------------------------------------------------------------
@@ -270,7 +255,6 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
     from hwnas.export.onnx_export import InputSpec
     from hwnas.export.qdq import dequantized_twin
     from hwnas.export.run_api import Run
-    from hwnas.export.run_export import move_into_place, remove_stale
     from hwnas.quant.qat import distill, qat
     from hwnas.supernet.data import BatchLoader
     from hwnas.supernet.evaluate import accuracy, eval_loader
@@ -336,11 +320,8 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
         data.test, batch_size=settings.max_test_images, mean=data.mean, std=data.std,
         shuffle=True, seed=seed)))
     final = final.cpu()
-    remove_stale(out_dir)
-    staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    written.remove_stale(out_dir)
+    with written.staged(out_dir, WRITER) as staging:
         result.export = export_model(
             final if policy is None else dequantized_twin(final), name=name, out_dir=staging,
             example=test_images[:1], test_images=test_images, test_labels=test_labels,
@@ -359,8 +340,5 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
         summary["settings"] = asdict(settings)
         summary["run_dir"] = str(run.path)
         write_json(staging / SUMMARY, summary)
-        move_into_place(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    written.replace_dir(staging, out_dir, writers=[WRITER], what="a fine-tuned model")
     return result

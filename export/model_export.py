@@ -82,7 +82,7 @@ from hwnas.quant.ptq import PTQConfig
 from hwnas.search.rundir import RunDir
 from torch import nn
 
-from hwnas.core.errors import UserError
+from hwnas.core.errors import UserError, WriteError
 from hwnas.core.io import first_line, write_atomic
 
 __all__ = ["DeviceEntry", "ExportSettings", "FileReport", "ModelExport", "export_model",
@@ -420,9 +420,12 @@ def _verify_uint8(proto: onnx.ModelProto, want: np.ndarray, passes: ImagePasses,
 
 def _attempt(model_export: ModelExport, report: FileReport, fn) -> bool:  # noqa: ANN001
     """Run ``fn()``; a UserError (or an onnx/onnxruntime failure) fails this file, not the
-    whole export."""
+    whole export. A file the system cannot write (a full disk) ends the export: every file
+    after it would fail the same way."""
     try:
         fn()
+    except WriteError:
+        raise
     except (UserError, onnx.checker.ValidationError, RuntimeError) as exc:
         report.status, report.error = "failed", first_line(exc)
         model_export.fail(f"{report.path}: {report.error}")

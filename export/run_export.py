@@ -28,12 +28,10 @@ from __future__ import annotations
 
 import copy
 import csv
-import glob
 import json
 import math
 import os
 import platform
-import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -43,11 +41,11 @@ from typing import Any
 
 from hwnas.search.rundir import RunDir
 
-from hwnas.core.errors import UserError
-from hwnas.core.io import check_writable, pid_alive
+from hwnas.core.errors import UserError, WriteError
+from hwnas.core import written
+from hwnas.core.io import check_writable
 
-__all__ = ["ModelRow", "RunExport", "export_run", "foreign_file", "move_into_place", "parse_select",
-           "read_front", "run_splits"]
+__all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front", "run_splits"]
 
 CONFIG_FILE = RunDir.CONFIG
 SUPERNET_FILE = RunDir.SUPERNET
@@ -253,20 +251,16 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
                        with_data=workers == 1)
     report = report or _print_line
 
-    remove_stale(out_dir)
-    staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    written.remove_stale(out_dir)
     results: list[Any] = []
     info = _info(run_dir, cfg, front, select, settings, context.tunable)
     info["workers"] = workers
     info["shared_seconds"] = context.seconds
-
-    def done(result: Any) -> None:
-        results.append(result)
-        report(_summary_line(result))
-        write_manifest(staging, results, info)
-    try:
+    with written.staged(out_dir, WRITER) as staging:
+        def done(result: Any) -> None:
+            results.append(result)
+            report(_summary_line(result))
+            write_manifest(staging, results, info)
         if workers == 1:
             for i, row in enumerate(rows):
                 done(_export_row(context, row, staging, i, len(rows), progress))
@@ -274,10 +268,7 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
             _export_parallel(run_dir, settings, rows, extra, max_test_images, staging, progress,
                              workers, done)
         _write_speedups(staging, results, context.space, context.tunable)
-        move_into_place(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    written.replace_dir(staging, out_dir, writers=[WRITER], what="an hwnas export")
     return RunExport(out_dir, results, time.perf_counter() - start)
 
 
@@ -400,6 +391,8 @@ def _export_row(ctx: _Context, row: ModelRow, staging: Path, index: int, total: 
                       "dataset": ctx.cfg["dataset"], "test_accuracy": row.test_accuracy},
             shared=shared)
         result.info.setdefault("stage_seconds", {})["recalibrate"] = recalibrate_s
+    except WriteError:
+        raise  # a full disk fails every model after it: the export ends, nothing is kept
     except UserError as exc:
         result.fail(str(exc))
     return result
@@ -459,10 +452,8 @@ def _export_parallel(run_dir: Path, settings: Any, rows: list[ModelRow], extra: 
             raise
 
 
-MANIFEST_FORMAT = "hwnas-export-manifest-1"
-# what an export writes, relative to its directory: anything else there is the user's
-_EXPORT_FILES = (RunDir.MANIFEST, RunDir.MANIFEST_CSV, "int8_speedup_*.json", "*.onnx", "*.onnx.data",
-                 *(f"{d}*/*.onnx{x}" for d in ("qdq", "int4", "uint8") for x in ("", ".data")))
+#: what writes an export directory, in its record of written files (:mod:`hwnas.core.written`)
+WRITER = "export"
 
 
 def run_splits(run_dir: str | Path, cfg: dict[str, Any], payload: dict[str, Any]):  # -> DatasetSplits
@@ -480,75 +471,18 @@ def run_splits(run_dir: str | Path, cfg: dict[str, Any], payload: dict[str, Any]
     return with_training_augment(data, payload.get("train_config"))
 
 
-def move_into_place(staging: Path, out_dir: Path) -> None:
-    """Replace ``out_dir`` (if any) by the finished ``staging`` directory beside it: renames
-    only, so a reader sees the old directory or the new one, never a half-written one."""
-    if out_dir.exists():
-        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
-        out_dir.rename(old)
-        staging.rename(out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging.rename(out_dir)
-
-
-def foreign_file(out_dir: Path, also: Sequence[str] = ()) -> Path | None:
-    """The first file or link under ``out_dir`` that no export writes (nor a pattern of
-    ``also``, relative to ``out_dir``), or None."""
-    patterns = (*_EXPORT_FILES, *also)
-    for path in sorted(out_dir.rglob("*")):
-        rel = path.relative_to(out_dir)
-        if (path.is_dir() and not path.is_symlink() and len(rel.parts) == 1
-                and rel.name.startswith(("qdq", "int4", "uint8"))):
-            continue
-        if path.is_symlink() or not any(rel.match(p) and len(rel.parts) == p.count("/") + 1
-                                        for p in patterns):
-            return rel
-    return None
-
-
-def remove_stale(out_dir: Path) -> list[Path]:
-    """Remove the staging (``.NAME.tmp-PID``) and replaced (``.NAME.old-PID``) directories
-    that exports of ``out_dir`` killed before they finished left beside it: those whose process
-    is gone. Returns what was removed."""
-    removed = []
-    if not out_dir.parent.is_dir():
-        return removed
-    for kind in ("tmp", "old"):
-        for path in out_dir.parent.glob(f".{glob.escape(out_dir.name)}.{kind}-*"):
-            pid = path.name.rsplit("-", 1)[-1]
-            if path.is_dir() and not path.is_symlink() and pid.isdigit() and not pid_alive(int(pid)):
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(path)
-    return removed
-
-
 def check_replaceable(out_dir: Path, run_dir: Path) -> None:
-    """Raise unless ``out_dir`` is new, empty, or an earlier export holding only files an
-    export writes: a user's directory, the run directory or one holding it is never replaced."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"--out {out_dir} exists and is not a directory; choose a new directory")
+    """Raise unless ``out_dir`` is new, empty, or an earlier export whose record names
+    everything in it (:mod:`hwnas.core.written`): a user's directory, the run directory or one
+    holding it is never replaced."""
+    if out_dir.exists() and not out_dir.is_symlink():
+        target, run = out_dir.resolve(), run_dir.resolve()
+        if target == run or target in run.parents:
+            raise UserError(f"--out {out_dir} is the run directory or holds it; choose a new "
+                            f"directory (default {RunDir(run_dir).export_dir})")
+    written.check_replaceable(out_dir, overwrite=True, writers=[WRITER], what="an hwnas export",
+                              instead="choose a new or empty directory")
     check_writable(out_dir)
-    if not out_dir.exists():
-        return
-    target, run = out_dir.resolve(), run_dir.resolve()
-    if target == run or target in run.parents:
-        raise UserError(f"--out {out_dir} is the run directory or holds it; choose a new directory "
-                        f"(default {RunDir(run_dir).export_dir})")
-    if not any(out_dir.iterdir()):
-        return
-    try:
-        fmt = json.loads((out_dir / RunDir.MANIFEST).read_text()).get("format")
-    except (OSError, ValueError, AttributeError):
-        fmt = None
-    if fmt != MANIFEST_FORMAT:
-        raise UserError(f"--out {out_dir} exists and is not an hwnas export (no manifest.json of "
-                        f"one); hwnas never replaces it, choose a new or empty directory")
-    rel = foreign_file(out_dir)
-    if rel is not None:
-        raise UserError(f"--out {out_dir} holds {rel}, which no hwnas export writes; move it "
-                        f"away or choose another directory")
 
 
 def _info(run_dir: Path, cfg: dict, front: str | None, select: str, settings: Any,

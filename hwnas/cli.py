@@ -70,6 +70,7 @@ def _bit_list(text: str) -> list[int]:
 
 
 def _search_options(p: argparse.ArgumentParser, d) -> None:
+    from hwnas.search.config import MAX_TRIALS
     from hwnas.search.samplers import SAMPLERS
 
     _common(p, d)
@@ -116,7 +117,7 @@ def _search_options(p: argparse.ArgumentParser, d) -> None:
                    help="validation images scoring each candidate and test images scoring each "
                         "front model, at most (a stratified seeded subset; default 0: every "
                         "image; e.g. 2000 on a CPU with CIFAR-10)")
-    p.add_argument("--trials", type=positive_int, default=d.trials,
+    p.add_argument("--trials", type=bounded_int(MAX_TRIALS), default=d.trials,
                    help=f"completed trials in total over all workers (default {d.trials})")
     p.add_argument("--storage", help="Optuna storage URL (default: SQLite in the run directory); "
                                      "postgresql://USER@HOST/DB for several workers or machines")
@@ -430,6 +431,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
         args.started = started
+        if args.command in ("run", "search", "train", "export", "finetune") \
+                and "torch" not in sys.modules:  # read when torch starts; a user's setting wins
+            from hwnas.core.affinity import torch_thread_defaults
+
+            torch_thread_defaults()
         handler = {"run": cmd_run, "search": cmd_search, "export": run_export, "train": cmd_train,
                    "spaces": cmd_spaces, "latency": run_latency,
                    "finetune": run_finetune}[args.command]

@@ -335,6 +335,7 @@ def adapt_device(
     from hwnas.latency.devices import resolve_space
     from hwnas.latency.profiles import (
         check_profile_name,
+        check_profile_target,
         profiles_dir,
         read_measurements,
         save_profile,
@@ -343,9 +344,7 @@ def adapt_device(
     check_profile_name(name)
     space = resolve_space(space)
     root = Path(base) if base is not None else profiles_dir()
-    if (root / name).exists() and not overwrite:
-        raise UserError(f"device profile {name!r} already exists at {root / name}; pass "
-                        f"--overwrite to replace it")
+    check_profile_target(root / name, name, overwrite)
     data = read_measurements(measurements_csv, space)  # bad rows fail before any loading
     if predictor is None:
         predictor = default_predictor(space)
@@ -423,10 +422,16 @@ def _pin_execution(choice: str, predictor: Any, space: Any, data: Any) -> None:
 
 def _cmd_adapt(args: argparse.Namespace) -> int:
     from hwnas.latency.fewshot import LOO_MAX_MEASUREMENTS, execution_note, leave_one_out
-    from hwnas.latency.profiles import check_profile_name, read_measurements
+    from hwnas.latency.profiles import (
+        check_profile_name,
+        check_profile_target,
+        profiles_dir,
+        read_measurements,
+    )
     from hwnas.supernet.spaces import get_space
 
     check_profile_name(args.device)
+    check_profile_target(profiles_dir() / args.device, args.device, args.overwrite)
     space = get_space(args.space)
     if args.export_settling:
         from hwnas.latency.reference import check_export_target
@@ -447,6 +452,10 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
     print(f"adapted {profile.predictor} to {profile.n_measurements} measurements of "
           f"{args.device!r} on {space.name} in {seconds:.2f} s (Spearman on the measurements "
           f"{rho:.3f})")
+    cap = getattr(predictor, "max_adapt_measurements", None)
+    if cap is not None and len(data) > cap:
+        print(f"adapted on {cap} of the {len(data)} measurements (a subsample seeded by --seed): "
+              f"the fit grows with the cube of their number, and a few hundred settle it")
     if loo is not None:
         print(loo.summary())
         print(loo.reason)

@@ -36,7 +36,9 @@ from typing import Any
 import numpy as np
 from hwnas.supernet.space import SearchSpace
 
+from hwnas.core import written
 from hwnas.core.errors import UserError
+from hwnas.core.io import check_writable
 
 __all__ = [
     "Measurements",
@@ -58,6 +60,8 @@ __all__ = [
 PROFILE_FILE = "profile.json"
 PREDICTOR_FILE = "predictor.npz"
 MEASUREMENTS_FILE = "measurements.csv"
+#: what writes a profile directory, in its record of written files (:mod:`hwnas.core.written`)
+WRITER = "latency adapt"
 FORMAT = "hwnas-device-profile-1"
 ENV_DIR = "HWNAS_DEVICE_DIR"
 
@@ -276,13 +280,8 @@ def save_profile(
     check_profile_name(name)
     root = Path(base) if base is not None else profiles_dir()
     target = root / name
-    if target.exists() and not overwrite:
-        raise UserError(f"device profile {name!r} already exists at {target}; pass --overwrite to replace it")
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
-    old: Path | None = None
-    try:
-        tmp.mkdir()
+    check_profile_target(target, name, overwrite)
+    with written.staged(target, WRITER, flag="device profile") as tmp:
         predictor.save(tmp / PREDICTOR_FILE)
         with open(tmp / MEASUREMENTS_FILE, "w", newline="") as fh:
             writer = csv.writer(fh)
@@ -303,20 +302,22 @@ def save_profile(
             path=target,
         )
         (tmp / PROFILE_FILE).write_text(json.dumps(profile.to_json(), indent=1) + "\n")
-        if target.exists():
-            old = root / f".{name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(target, old)
-        os.rename(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not target.exists():
-            os.rename(old, target)  # put the previous profile back
-            old = None
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+    written.replace_dir(tmp, target, writers=[WRITER], what="a device profile",
+                        flag="device profile")
     return profile
+
+
+def check_profile_target(target: Path, name: str, overwrite: bool) -> None:
+    """UserError (before any work) unless the profile directory ``target`` is new, or, with
+    ``overwrite``, an earlier profile whose record names everything in it
+    (:mod:`hwnas.core.written`)."""
+    if target.exists() and not overwrite and not target.is_symlink():
+        raise UserError(f"device profile {name!r} already exists at {target}; pass --overwrite "
+                        f"to replace it")
+    written.check_replaceable(target, overwrite=overwrite, writers=[WRITER],
+                              what="a device profile", flag="device profile",
+                              instead="choose another --device name")
+    check_writable(target, "device profile")
 
 
 def load_profile(name: str, *, base: str | Path | None = None) -> Profile:

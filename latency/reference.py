@@ -20,10 +20,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
-import re
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,13 +27,13 @@ from typing import Any
 import numpy as np
 
 from hwnas.core.errors import UserError
-from hwnas.core.io import check_writable, first_line, write_atomic
+from hwnas.core import written
+from hwnas.core.io import check_writable, write_atomic
 
 __all__ = ["ARCHS_FILE", "ReferenceSet", "choose_reference", "export_reference"]
 
 #: The architecture list written beside the models.
 ARCHS_FILE = "archs.csv"
-_MODEL_NAME = re.compile(r"^ref_[0-9]+\.onnx$")
 
 
 @dataclass(frozen=True)
@@ -55,6 +51,9 @@ def choose_reference(space: Any, n: int, *, predictor: Any = None, seed: int = 0
     latency adapt`` would adapt for ``space``), completed when it has fewer (module docstring)."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise UserError(f"the number of reference models must be an integer >= 1, got {n!r}")
+    if n > MAX_REFERENCE:
+        raise UserError(f"--n {n}: at most {MAX_REFERENCE} reference models (a device profile "
+                        f"needs 10 to a few hundred measurements)")
     if predictor is None:
         from hwnas.latency.cli import default_predictor
 
@@ -78,23 +77,21 @@ def choose_reference(space: Any, n: int, *, predictor: Any = None, seed: int = 0
     return ReferenceSet(chosen, len(refs), str(getattr(predictor, "name", type(predictor).__name__)))
 
 
+#: what writes a reference export, in its record of written files (:mod:`hwnas.core.written`)
+WRITER = "latency reference"
+#: more reference models than this is not a device profile's measurement (10 to a few hundred)
+MAX_REFERENCE = 1000
+
+
 def check_export_target(directory: Path, overwrite: bool, flag: str = "--export") -> None:
     """Refuse a directory (given as ``flag``) that could not take a reference export (a file,
-    a folder of other files, a missing parent), before any work."""
-    if directory.exists() and not directory.is_dir():
-        raise UserError(f"{flag} {directory} is a file; expected a directory for the models")
-    if directory.is_dir() and any(directory.iterdir()):
-        if not overwrite:
-            how = "pass --overwrite to replace it or " if flag == "--export" else ""
-            raise UserError(f"{flag} {directory} is not empty; {how}choose a new directory")
-        others = sorted(p.name for p in directory.iterdir()
-                        if not (p.name == ARCHS_FILE or _MODEL_NAME.match(p.name)))
-        if others:  # --overwrite replaces a reference export, never a folder of other files
-            raise UserError(f"{flag} {directory} holds files other than a reference export "
-                            f"({others[0]!r}); --overwrite only replaces an earlier "
-                            f"'hwnas latency reference' folder - choose a new directory")
+    a folder holding anything but an earlier reference export's recorded files, a missing
+    parent), before any work."""
     if not directory.parent.is_dir():
         raise UserError(f"{flag} {directory}: directory {directory.parent} does not exist")
+    written.check_replaceable(directory, overwrite=overwrite, writers=[WRITER],
+                              what="a reference export", flag=flag,
+                              instead="choose a new directory")
     check_writable(directory, flag)
 
 
@@ -113,11 +110,9 @@ def export_reference(space: Any, reference: ReferenceSet, directory: str | Path,
     supernet = space.build_supernet().eval()
     example = torch.zeros(1, *space.input_shape)
     width = max(2, len(str(len(reference.archs))))
-    tmp = directory.parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}"
-    old: Path | None = None
     names = [f"ref_{i + 1:0{width}d}.onnx" for i in range(len(reference.archs))]
-    try:
-        tmp.mkdir()
+    written.remove_stale(directory)
+    with written.staged(directory, WRITER, flag=flag) as tmp:
         for i, (arch, name) in enumerate(zip(reference.archs, names)):
             proto = onnx.load_from_string(onnx_bytes(supernet.extract(space.from_string(arch)),
                                                      example))
@@ -129,20 +124,5 @@ def export_reference(space: Any, reference: ReferenceSet, directory: str | Path,
         writer.writerow(["order", "arch", "file"])
         writer.writerows([i + 1, a, f] for i, (a, f) in enumerate(zip(reference.archs, names)))
         write_atomic(tmp / ARCHS_FILE, buffer.getvalue())
-        if directory.exists():
-            old = directory.parent / f".{directory.name}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(directory, old)
-        os.rename(tmp, directory)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not directory.exists():
-            os.rename(old, directory)  # the previous directory back
-            old = None
-        if isinstance(exc, OSError):
-            raise UserError(f"{flag} {directory}: cannot write the models "
-                            f"({exc.strerror or first_line(exc)}); nothing was written") from None
-        raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+    written.replace_dir(tmp, directory, writers=[WRITER], what="a reference export", flag=flag)
     return [directory / name for name in names]

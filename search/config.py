@@ -23,6 +23,9 @@ from hwnas.core.errors import UserError
 
 #: objectives of a default search: accuracy, latency on this CPU, model size
 DEFAULT_OBJECTIVES = "accuracy,latency:cpu-ort-1t,size"
+#: the most trials one search may ask for: a typo (1 followed by 29 zeros) fails at once
+#: instead of running until killed; a real search needs hundreds to a few thousand
+MAX_TRIALS = 1_000_000
 #: devices every default search reports (a front per device), besides those of the objectives
 DEFAULT_DEVICES = ("cpu-ort-1t", "edgetpu-est", "fpga-zcu102-est", "jetson-orin-nano-est")
 
@@ -111,12 +114,18 @@ class SearchConfig:
 
         if self.space not in available_spaces():
             raise UserError(f"unknown space {self.space!r}; expected one of {available_spaces()}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 32:
-            raise UserError(f"--seed must be an integer from 0 to {2 ** 32 - 1}, got {self.seed!r}")
+        for key in ("seed", "data_seed"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2 ** 32:
+                flag = "--seed" if key == "seed" else "data_seed"
+                raise UserError(f"{flag} must be an integer from 0 to {2 ** 32 - 1} (expected a "
+                                f"seed from 0), got {value!r}")
         if self.supernet is None and self.epochs > MAX_EPOCHS:
             raise UserError(f"--epochs {self.epochs}: at most {MAX_EPOCHS}")
-        if self.trials <= 0:
-            raise UserError(f"--trials must be a positive number of trials, got {self.trials}")
+        if isinstance(self.trials, bool) or not isinstance(self.trials, int) or self.trials <= 0:
+            raise UserError(f"--trials must be a positive number of trials, got {self.trials!r}")
+        if self.trials > MAX_TRIALS:
+            raise UserError(f"--trials {self.trials}: at most {MAX_TRIALS}")
         if self.supernet is None and self.epochs <= 0:
             raise UserError(f"--epochs must be positive, got {self.epochs}")
         if not isinstance(self.sampler, str):

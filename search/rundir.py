@@ -12,6 +12,8 @@ A run directory is what ``hwnas search`` / ``hwnas run`` leave behind and what `
     accuracy_predictor.json (--accuracy predictor)
     export/                 the exported models and their manifest.json
     finetune/trial_NNNN/    a fine-tuned trial: model.pt, summary.json, its ONNX files
+    .hwnas-written.json     the files the search wrote (:mod:`hwnas.core.written`): what
+                            marks the directory as a run, and all --overwrite may replace
 
 :class:`RunDir` names these paths and reads the tables and the configuration, with one-line
 errors for a directory that is not a run. No torch here.
@@ -52,6 +54,11 @@ class RunDir:
     MANIFEST_CSV = "manifest.csv"
     PARETO_PREFIX, PARETO_SUFFIX = "pareto_", ".csv"
     SPEEDUP_PREFIX = "int8_speedup_"
+    #: what writes a run directory, in its record of written files (:mod:`hwnas.core.written`)
+    WRITER = "search"
+    #: sub-folders other writers own, each with its own record: the export (and the staging
+    #: and replaced directories of one in progress or killed), the fine-tunings
+    OWNED_ELSEWHERE = ("export", "finetune", ".export.tmp-*", ".export.old-*")
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -140,23 +147,37 @@ class RunDir:
         return {p.name[n:-m]: p for p in
                 sorted(self.path.glob(f"{self.PARETO_PREFIX}*{self.PARETO_SUFFIX}"))}
 
+    def written_files(self, devices: Sequence[str]) -> list[str]:
+        """The files a search may write here (recorded before they are written): its
+        settings, supernet, study (with SQLite's side files), tables and plots."""
+        study = [self.STUDY, *(f"{self.STUDY}{x}" for x in ("-journal", "-wal", "-shm", ".lock"))]
+        return [self.CONFIG, self.SUPERNET, self.TRAIN_HISTORY, *study, self.TRIALS_CSV,
+                self.TRIALS_PARQUET, self.HYPERVOLUME, self.PREDICTOR, self.FRONTS_PNG,
+                self.DEVICES_PNG, self.HYPERVOLUME_PNG, *(self.pareto(d).name for d in devices)]
+
     def study_url(self) -> str:
         """The default (SQLite) storage URL of the run's study."""
         return f"sqlite:///{self.study_db.resolve()}"
 
     # -- reading -------------------------------------------------------------------------
     def is_run(self) -> bool:
-        """Whether the directory holds a run hwnas wrote: its config.json carries
-        :data:`RUN_FORMAT` (runs of earlier versions: the keys only hwnas writes there)."""
+        """Whether the directory holds a run hwnas wrote: its record of written files
+        (:mod:`hwnas.core.written`) is a search's and names config.json, which carries
+        :data:`RUN_FORMAT`. A config.json alone is not enough (users copy them)."""
+        from hwnas.core.written import read_record
+
+        record = read_record(self.path)
+        if record is None or record["writer"] != self.WRITER or self.CONFIG not in record["files"]:
+            return False
+        if self.config.is_symlink():
+            return False
         try:
             saved = json.loads(self.config.read_text())
         except (OSError, ValueError):
             return False
         if not isinstance(saved, dict):
             return False
-        return saved.get("format") == RUN_FORMAT or (
-            "format" not in saved
-            and {"space", "dataset", "study_name", "reported_devices"} <= saved.keys())
+        return saved.get("format") == RUN_FORMAT
 
     def read_config(self, *, need_supernet: bool = True) -> dict[str, Any]:
         """config.json as a dict; UserError (one line) when the directory is missing, not a
@@ -176,6 +197,10 @@ class RunDir:
         if not isinstance(cfg, dict) or not {"space", "dataset"} <= set(cfg):
             raise UserError(f"{self.config} is not an hwnas run configuration (needs \"space\" "
                             f"and \"dataset\")")
+        if need_supernet and self.supernet.is_symlink():
+            raise UserError(f"{self.supernet} is a symbolic link (to {self.supernet.resolve()}), "
+                            f"not the supernet checkpoint the search wrote; restore the run's "
+                            f"own file")
         if need_supernet and not self.supernet.is_file():
             raise UserError(f"{run_dir} has no {self.SUPERNET}; the run's supernet is needed to "
                             f"rebuild its models")
@@ -186,11 +211,14 @@ class RunDir:
         import pandas as pd
 
         if self.trials_parquet.is_file():
-            frame = pd.read_parquet(self.trials_parquet)
+            frame = _read_table(self.trials_parquet, pd.read_parquet)
         elif self.trials_csv.is_file():
-            frame = pd.read_csv(self.trials_csv)
+            frame = _read_table(self.trials_csv, pd.read_csv)
         else:
             raise UserError(f"{self.path} has no {self.TRIALS_CSV}; has its search finished?")
+        if not {"trial", "arch"} <= set(frame.columns):
+            raise UserError(f"{self.path}: its trials table lacks the columns trial and arch; "
+                            f"it is not a table hwnas wrote (search again, or restore it)")
         if "policy" in frame:
             frame["policy"] = frame["policy"].fillna("").astype(str)
         return frame
@@ -201,8 +229,22 @@ class RunDir:
 
         out = {}
         for device, path in self.fronts().items():
-            frame = pd.read_csv(path)
+            frame = _read_table(path, pd.read_csv)
             if "policy" in frame:
                 frame["policy"] = frame["policy"].fillna("").astype(str)
             out[device] = frame
         return out
+
+
+def _read_table(path: Path, read):  # -> pd.DataFrame
+    """``read(path)`` (a pandas reader); UserError (one line) for a file it cannot read: a
+    corrupt parquet file, a CSV that is not UTF-8 or not a table."""
+    from hwnas.core.io import first_line
+
+    try:
+        return read(path)
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - pandas and pyarrow raise many types for bad files
+        raise UserError(f"cannot read {path}: {type(exc).__name__}: {first_line(exc)}; it is "
+                        f"not a table hwnas wrote (search again, or restore it)") from None

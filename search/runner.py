@@ -21,8 +21,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import multiprocessing
-import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +84,16 @@ from hwnas.supernet.train import (
 
 from hwnas.core.errors import UserError
 from hwnas.core.io import LockFile, check_writable, first_line, write_json
+from hwnas.core.written import (
+    RECORD,
+    check_replaceable,
+    foreign,
+    read_record,
+    record_files,
+    remove_stale,
+    replace_dir,
+    staged,
+)
 
 CONFIG_FILE = RunDir.CONFIG
 
@@ -135,17 +143,33 @@ def run_dir_of(cfg: SearchConfig, data: DatasetSplits) -> Path:
 
 def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits, overwrite: bool) -> tuple[Path, bool]:
     """(run directory, continuing?) — raises before anything is written. Nothing is deleted
-    here: with ``overwrite`` an existing run is replaced only once the new one is staged."""
+    here: with ``overwrite`` an existing run is replaced only once the new one is staged, and
+    only when everything in it is what hwnas wrote (:mod:`hwnas.core.written`)."""
     run_dir = run_dir_of(cfg, data)
+    if run_dir.is_symlink():
+        raise UserError(f"{run_dir} is a symbolic link; hwnas writes a run only into a real "
+                        f"directory: choose another --name or --out")
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"{run_dir} exists and is not a directory; choose another --name or --out")
     if not (run_dir.exists() and any(run_dir.iterdir())):
         return run_dir, False
     if not is_run_dir(run_dir):
-        raise UserError(f"{run_dir} exists and is not an hwnas run directory (no {CONFIG_FILE} "
-                        f"written by hwnas); hwnas never replaces it, choose another --name or --out")
+        names = foreign(run_dir) if read_record(run_dir) is None else [CONFIG_FILE]
+        raise UserError(f"{run_dir} exists and is not an hwnas run directory (no record of a "
+                        f"search's files, {RECORD}; it holds {', '.join(names[:4])}"
+                        f"{' ...' if len(names) > 4 else ''}); hwnas never replaces it, choose "
+                        f"another --name or --out")
     if overwrite:
+        check_replaceable(run_dir, overwrite=True, writers=[RunDir.WRITER],
+                          what="an hwnas run directory", flag="run directory",
+                          instead="choose another --name or --out")
         return run_dir, False
+    RunDir(run_dir).read_config(need_supernet=False)  # one line for a broken config.json
+    check_writable(run_dir, "run directory")  # continuing writes there: fail before any work
+    if RunDir(run_dir).supernet.is_symlink():
+        raise UserError(f"{RunDir(run_dir).supernet} is a symbolic link (to "
+                        f"{RunDir(run_dir).supernet.resolve()}), not the supernet checkpoint the "
+                        f"search wrote; restore the run's own file, or pass --overwrite")
     saved = json.loads((run_dir / CONFIG_FILE).read_text())
     current = settings_of(cfg, data, run_dir.name)
     # a run written before a setting existed ran at its default (every image: eval_images 0)
@@ -158,20 +182,6 @@ def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits, overwrite: bool) -> 
     return run_dir, True
 
 
-def _replace_dir(run_dir: Path, staging: Path) -> None:
-    """Move ``staging`` to ``run_dir``; an existing run there (checked by
-    :func:`prepare_run_dir`) is moved aside first and deleted only after the rename."""
-    if run_dir.exists() and any(run_dir.iterdir()):
-        old = run_dir.with_name(f".{run_dir.name}.old-{os.getpid()}")
-        run_dir.rename(old)
-        staging.rename(run_dir)
-        shutil.rmtree(old, ignore_errors=True)
-        return
-    if run_dir.exists():
-        run_dir.rmdir()
-    staging.rename(run_dir)
-
-
 def _check_compatible(space: SearchSpace, data: DatasetSplits, source: str) -> None:
     want = (data.in_channels, *data.image_size)
     if tuple(space.input_shape) != want or space.num_classes != data.num_classes:
@@ -180,20 +190,24 @@ def _check_compatible(space: SearchSpace, data: DatasetSplits, source: str) -> N
                         f"{data.num_classes} classes")
 
 
-def _checkpoint_source(cfg: SearchConfig, data: DatasetSplits, run_dir: Path) -> str | None:
+def _checkpoint_source(cfg: SearchConfig, data: DatasetSplits, run_dir: Path,
+                       continuing: bool = True) -> str | None:
+    """The checkpoint the search scores on: a continued run's own (never one that
+    ``--overwrite`` replaces: its settings, e.g. the epochs, may differ), ``--supernet``, the
+    shipped one; None: train one."""
     own = RunDir(run_dir).supernet
-    if own.is_file():
+    if continuing and own.is_file():
         return str(own)
     return cfg.supernet or shipped_checkpoint(cfg.space, data.classes)
 
 
 def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, progress: bool,
-                     ) -> tuple[SearchSpace, Any, TrainResult | None, TrainConfig | None,
+                     continuing: bool = True) -> tuple[SearchSpace, Any, TrainResult | None, TrainConfig | None,
                                 dict[str, Any] | None]:
     """(space, supernet, training result or None, the training configuration its checkpoint
     records or None, the record of its training images or None) — from the checkpoint that
     applies, else trained for the dataset. Checks happen before training starts."""
-    source = _checkpoint_source(cfg, data, run_dir)
+    source = _checkpoint_source(cfg, data, run_dir, continuing)
     if source:
         space, supernet, payload = load_checkpoint(source, device=cfg.torch_device)
         if space.name != cfg.space:
@@ -464,14 +478,14 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
         timings: dict[str, float] = {}
 
         t0 = time.perf_counter()
-        supernet_source = _checkpoint_source(cfg, data, run_dir)
+        supernet_source = _checkpoint_source(cfg, data, run_dir, continuing)
         if supernet_source is None:
             log(f"no supernet checkpoint for space {cfg.space} on {data.name} (none shipped, no "
                 f"--supernet): training one first, {cfg.epochs} epoch{'s' * (cfg.epochs != 1)} on "
                 f"{cfg.torch_device} "
                 f"(the progress bar estimates the time; --supernet FILE uses a trained one)")
-        space, supernet, train_result, train_config, record = resolve_supernet(cfg, data, run_dir,
-                                                                               progress)
+        space, supernet, train_result, train_config, record = resolve_supernet(
+            cfg, data, run_dir, progress, continuing)
         if train_result is None:  # a checkpoint's training images stay out of validation
             data = disjoint_validation(data, {"data_record": record}, str(supernet_source),
                                        seed=cfg.data_seed, log=log)
@@ -486,18 +500,22 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
                 f"{train_result.seconds:.0f} s ({train_result.images_per_s:.0f} images/s)")
         settings = settings_of(cfg, data, run_dir.name)
         written = True
+        owned = RunDir(run_dir).written_files(cfg.all_devices)
         if not continuing:
-            staging = run_dir.with_name(f".{run_dir.name}.staging")
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-            stage = RunDir(staging)
-            save_checkpoint(stage.supernet, supernet, space, dataset=data.name,
-                            train_config=train_config, data_record=record)
-            if train_result:
-                write_json(stage.train_history, train_result.__dict__)
-            write_json(stage.config, settings)
-            _replace_dir(run_dir, staging)
+            remove_stale(run_dir)  # what a killed search left beside it
+            with staged(run_dir, RunDir.WRITER, flag="run directory",
+                        dirs=RunDir.OWNED_ELSEWHERE) as staging:
+                stage = RunDir(staging)
+                save_checkpoint(stage.supernet, supernet, space, dataset=data.name,
+                                train_config=train_config, data_record=record)
+                if train_result:
+                    write_json(stage.train_history, train_result.__dict__)
+                write_json(stage.config, settings)
+            record_files(staging, RunDir.WRITER, owned)
+            replace_dir(staging, run_dir, writers=[RunDir.WRITER], what="an hwnas run directory",
+                        flag="run directory")
         else:
+            record_files(run_dir, RunDir.WRITER, owned, dirs=RunDir.OWNED_ELSEWHERE)
             write_json(RunDir(run_dir).config, settings)  # trials/workers may have changed
 
         evaluator = _evaluator(cfg, space, supernet, data, run_dir=run_dir, log=log)

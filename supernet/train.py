@@ -992,6 +992,18 @@ def _read_payload(path: str | Path, fmt: str | None) -> dict[str, Any]:
         raise UserError(f"checkpoint {path} does not exist; expected a file written by "
                         f"'hwnas train' or 'hwnas run'")
     what = {SUPERNET_FORMAT: "supernet", STANDALONE_FORMAT: "standalone subnet"}.get(fmt, "hwnas")
+    link = f" (a symbolic link to {path.resolve()})" if path.is_symlink() else ""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError as exc:
+        raise UserError(f"cannot read {what} checkpoint {path}{link}: "
+                        f"{exc.strerror or first_line(exc)}") from None
+    # torch.save writes a zip archive (PK..), its legacy format a pickle (0x80); nothing else is one
+    if head and not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):
+        raise UserError(f"cannot read {what} checkpoint {path}{link}: not a checkpoint (a file "
+                        f"of another kind, starting {head!r}); expected a file written by "
+                        f"'hwnas train' or 'hwnas run'")
     try:
         with warnings.catch_warnings():  # e.g. about the pickle protocol of a foreign file
             warnings.simplefilter("ignore")
@@ -1001,7 +1013,7 @@ def _read_payload(path: str | Path, fmt: str | None) -> dict[str, Any]:
                         f"tensors and plain data, which hwnas never loads (they could run "
                         f"code)") from None
     except Exception as exc:  # torch raises many types for a corrupt or foreign file
-        raise UserError(f"cannot read {what} checkpoint {path}: {first_line(exc)}") from None
+        raise UserError(f"cannot read {what} checkpoint {path}{link}: {first_line(exc)}") from None
     if not isinstance(payload, dict) or payload.get("format") not in (SUPERNET_FORMAT, STANDALONE_FORMAT):
         tag = repr(fmt) if fmt else f"{SUPERNET_FORMAT!r} or {STANDALONE_FORMAT!r}"
         raise UserError(f"{path} is not an hwnas {what} checkpoint (no {tag} format tag)")

@@ -30,6 +30,7 @@ from hwnas.supernet.fingerprint import training_record
 from hwnas.supernet.train_options import TrainOptions, check_augment
 
 from hwnas.core.errors import UserError
+from hwnas.core import written
 from hwnas.core.io import check_writable, write_json
 
 __all__ = ["RUN_KEYS", "eval_archs", "resolve_out", "run_train", "settings_from_args",
@@ -51,6 +52,8 @@ NUM_RANDOM_EVAL = 3
 #: Files of a run directory that --overwrite removes.
 RUN_FILES = ("checkpoint.pt", "train_log.json", "supernet.pt", "model.pt", "eval.json",
              "bench.json", "run.json")
+#: what writes a training run directory, in its record of written files (:mod:`hwnas.core.written`)
+WRITER = "train"
 #: Options that only a run directory can serve.
 _DIR_ONLY = ("resume", "max_minutes", "checkpoint_every_s", "eval", "eval_unfinished")
 
@@ -166,6 +169,9 @@ def run_train(args: argparse.Namespace, *, started: float | None = None) -> int:
             and (out / "run.json").is_file():
         raise UserError(f"{out} already holds a run; pass --resume to continue it or "
                         f"--overwrite to start afresh")
+    if kind == "dir" and not args.resume:  # only a directory of hwnas train's own files
+        written.check_replaceable(out, overwrite=True, writers=[WRITER],
+                                  what="a training run directory", instead="choose another --out")
     if out is not None:
         check_writable(out)
     check_torch_device(args.device)
@@ -287,11 +293,13 @@ def _main(args: argparse.Namespace, kind: str, out: Path | None, ctx, device: to
         return 0
 
     ckpt, log_file = out / "checkpoint.pt", out / "train_log.json"
+    if ctx.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        written.record_files(out, WRITER, RUN_FILES)
     if ctx.is_main and not args.resume:
-        if args.overwrite:
+        if args.overwrite:  # everything here is this command's own (checked before)
             for name in RUN_FILES:
                 (out / name).unlink(missing_ok=True)
-        out.mkdir(parents=True, exist_ok=True)
         write_json(run_file, {"settings": settings, "train_config": config.to_dict(),
                               "space_config": space.config()})
     barrier(ctx)
@@ -357,6 +365,7 @@ def _bench(args, fit, out, ctx, device, config, settings, arch, say, train_size:
         f"these rates (first-use and evaluation time not included)")
     if out is not None and ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
+        written.record_files(out, WRITER, RUN_FILES)
         first = rows[0]
         write_json(out / "bench.json", {"steps": first["steps"], "seconds": first["seconds"],
                                         "images_per_s": first["images_per_s"],

@@ -213,3 +213,23 @@ def fitted_digits_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("fitted") / "supernet.pt"
     save_checkpoint(path, supernet, space, dataset="digits")
     return path
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that fails because a subprocess ran past its fixed timeout says how loaded the
+    machine was (issue 50): on a busy CI machine that is the likely cause, not the code."""
+    outcome = yield
+    report = outcome.get_result()
+    import subprocess
+
+    if report.failed and call.excinfo is not None \
+            and call.excinfo.errisinstance(subprocess.TimeoutExpired):
+        try:
+            load = os.getloadavg()
+        except OSError:
+            return
+        report.sections.append((
+            "machine load", f"a subprocess ran past its timeout while the load average was "
+            f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1 / 5 / 15 minutes) on "
+            f"{os.cpu_count()} cores: on a loaded machine that, not the code, may be the cause"))

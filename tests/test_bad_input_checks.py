@@ -136,14 +136,18 @@ def test_an_onnx_input_of_absurd_size_is_refused_before_it_is_allocated(tmp_path
 
 
 def test_stale_export_staging_of_a_dead_process_is_removed(tmp_path):
-    from hwnas.export.run_export import remove_stale
+    from hwnas.core.written import make_staging, remove_stale
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
-    stale = tmp_path / f".export.tmp-{gone}"
-    live = tmp_path / f".export.tmp-{os.getpid()}"
-    other = tmp_path / f".other.tmp-{gone}"
-    for d in (stale, live, other):
+    live = make_staging(tmp_path / "export", "export")
+    stale = live.with_name(live.name.replace(f"-{os.getpid()}-", f"-{gone}-"))
+    live.rename(stale)
+    live = make_staging(tmp_path / "export", "export")
+    other = make_staging(tmp_path / "other", "export")
+    other = other.rename(other.with_name(other.name.replace(f"-{os.getpid()}-", f"-{gone}-")))
+    users = tmp_path / f".export.tmp-{gone}-0000"  # named like one, but no record: the user's
+    for d in (stale, live, other, users):
         (d / "x").mkdir(parents=True)
     assert remove_stale(tmp_path / "export") == [stale]
-    assert not stale.exists() and live.exists() and other.exists()
+    assert not stale.exists() and live.exists() and other.exists() and users.exists()

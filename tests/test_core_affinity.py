@@ -124,3 +124,19 @@ print(runner.threads, runner.compiled.get_property("INFERENCE_NUM_THREADS"))
                          timeout=120, env={**os.environ, "PYTHONPATH": tests})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2", "2"]
+
+
+def test_torch_thread_defaults_use_the_free_cores_and_passive_waiting(monkeypatch):
+    """Issue 50, a busy machine: one spinning thread per core made training ~10x slower."""
+    from hwnas.core import affinity
+
+    monkeypatch.setattr(affinity.os, "getloadavg", lambda: (1.6, 0.0, 0.0))
+    monkeypatch.setattr(affinity.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(affinity, "supported", lambda: False)
+    env: dict[str, str] = {}
+    assert affinity.torch_thread_defaults(env) == {"OMP_NUM_THREADS": "2",
+                                                   "OMP_WAIT_POLICY": "PASSIVE"}
+    monkeypatch.setattr(affinity.os, "getloadavg", lambda: (40.0, 0.0, 0.0))
+    assert affinity.free_cores() == 1  # never none
+    mine = {"OMP_NUM_THREADS": "3", "OMP_WAIT_POLICY": "ACTIVE"}
+    assert affinity.torch_thread_defaults(mine) == {} and mine["OMP_NUM_THREADS"] == "3"

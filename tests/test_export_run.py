@@ -21,6 +21,7 @@ from hwnas.quant.policy import first_last_8bit, uniform
 
 from hwnas.core.cli_args import OneLineParser
 from hwnas.core.errors import UserError
+from hwnas.core.written import RECORD, record_tree
 
 FAST = ExportSettings(warmup=1, rounds=1, runs=2, profile_runs=2)
 FRONT = "cpu-ort-1t"
@@ -199,13 +200,14 @@ def test_interrupted_export_leaves_the_previous_one(run_dir: Path, tmp_path: Pat
     out.mkdir()
     (out / "manifest.json").write_text('{"format": "hwnas-export-manifest-1"}')
     (out / "old.onnx").write_text("previous export")
+    record_tree(out, "export")  # what an export records once complete
 
     def boom(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise KeyboardInterrupt
     monkeypatch.setattr(me, "export_model", boom)
     with pytest.raises(KeyboardInterrupt):
         export_run(run_dir, front=FRONT, out=out, settings=FAST, progress=False)
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "old.onnx"]
+    assert sorted(p.name for p in out.iterdir()) == [RECORD, "manifest.json", "old.onnx"]
     assert not list(tmp_path.glob(".out.*"))
 
 
@@ -233,7 +235,7 @@ def test_an_earlier_export_with_a_users_file_in_it_is_refused(run_dir: Path, exp
     out = tmp_path / "copy"
     shutil.copytree(exported[1], out)
     (out / "qdq" / "notes.txt").write_text("mine")
-    with pytest.raises(UserError, match="holds qdq/notes.txt, which no hwnas export writes"):
+    with pytest.raises(UserError, match="holds qdq/notes.txt, which hwnas did not write"):
         export_run(run_dir, select="3", out=out, settings=FAST, progress=False)
     assert (out / "qdq" / "notes.txt").read_text() == "mine"
 

@@ -136,7 +136,7 @@ def test_bad_input_is_one_line_and_writes_nothing(small_run: Path, tmp_path: Pat
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep")
-    assert "not written by 'hwnas finetune'" in _one_error(
+    assert "is not a fine-tuned model" in _one_error(
         capsys, ["finetune", str(small_run), "--trial", "0", "--out", str(mine), "--overwrite"])
     assert (mine / "notes.txt").read_text() == "keep" and list(mine.iterdir()) == [mine / "notes.txt"]
     assert not out.exists() and not (small_run / "finetune").exists()
@@ -161,9 +161,10 @@ def test_settings_and_checkpoints_are_checked(tmp_path: Path) -> None:
 
 
 def test_only_an_earlier_fine_tuning_is_replaced(tmp_path: Path) -> None:
-    from hwnas.export.finetune import _check_replaceable
+    from hwnas.export.finetune import WRITER, _check_replaceable
 
     from hwnas.core.errors import UserError
+    from hwnas.core.written import record_tree
 
     run, out = tmp_path / "run", tmp_path / "run" / "finetune" / "trial_0001"
     out.mkdir(parents=True)
@@ -172,6 +173,9 @@ def test_only_an_earlier_fine_tuning_is_replaced(tmp_path: Path) -> None:
     (out / "summary.json").write_text(json.dumps({"format": FINETUNE_FORMAT}))
     for name in ("model.pt", "trial_0001.onnx", "qdq/trial_0001.onnx"):
         (out / name).write_bytes(b"x")
+    with pytest.raises(UserError, match="no record of files hwnas wrote"):  # files alone: no
+        _check_replaceable(out, run, overwrite=True)
+    record_tree(out, WRITER)  # what finetune records once its output is complete
     with pytest.raises(UserError, match="--overwrite"):
         _check_replaceable(out, run, overwrite=False)
     _check_replaceable(out, run, overwrite=True)

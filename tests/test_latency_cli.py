@@ -324,8 +324,8 @@ def test_adapt_names_and_exports_the_architectures_that_settle_the_execution_var
     assert "do not settle which network the device runs" in stdout
     named = re.findall(r"^  (\|.*\|)$", stdout, flags=re.M)
     assert len(named) == 3 and not set(named) & set(alike)
-    assert sorted(p.name for p in out.iterdir()) == ["archs.csv", "ref_01.onnx", "ref_02.onnx",
-                                                      "ref_03.onnx"]
+    assert sorted(p.name for p in out.iterdir()) == [".hwnas-written.json", "archs.csv",
+                                                      "ref_01.onnx", "ref_02.onnx", "ref_03.onnx"]
     assert list(pd.read_csv(out / "archs.csv")["arch"]) == named
 
 
@@ -336,5 +336,5 @@ def test_adapt_refuses_a_bad_settling_export_before_adapting(capsys, tmp_path, p
     target.write_text("x")
     code, _, err = run_main(capsys, "latency", "adapt", "--device", "dev1", "--space", SPACE,
                             "--measurements", str(m), "--export-settling", str(target))
-    assert_one_error_line(code, err, "is a file; expected a directory")
+    assert_one_error_line(code, err, "exists and is not a directory")
     assert files_under(profile_dir) == []

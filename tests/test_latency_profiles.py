@@ -22,9 +22,11 @@ from hwnas.latency.profiles import (
     save_profile,
 )
 from hwnas.supernet.spaces import get_space
+
 from latency_support import SPACE, sample_archs, write_measurements
 
 from hwnas.core.errors import UserError
+from hwnas.core.written import RECORD
 
 
 @pytest.fixture(autouse=True)
@@ -147,7 +149,7 @@ def test_profile_round_trip_and_adapted_device(tmp_path, profile_dir):
     profile = save_profile("my-board", space, predictor, data)
     assert profile.path == profile_dir / "my-board"
     assert sorted(p.name for p in profile.path.iterdir()) == sorted(
-        [PROFILE_FILE, profiles.PREDICTOR_FILE, profiles.MEASUREMENTS_FILE])
+        [PROFILE_FILE, profiles.PREDICTOR_FILE, profiles.MEASUREMENTS_FILE, RECORD])
     meta = json.loads((profile.path / PROFILE_FILE).read_text())
     assert meta["n_measurements"] == 8 and meta["space"] == SPACE
     assert meta["predictor"] == "test-flops" and meta["source_csv_sha256"] == data.sha256

@@ -60,18 +60,47 @@ def test_export_writes_models_with_their_arch_and_the_csv(tmp_path, one_torch_th
     with open(tmp_path / "refs" / "archs.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert [r["arch"] for r in rows] == chosen.archs and rows[1]["file"] == "ref_02.onnx"
-    # a non-empty directory needs --overwrite; then it is replaced as a whole
-    with pytest.raises(UserError, match="is not empty; pass --overwrite"):
+    # a non-empty directory needs --overwrite; then it is replaced as a whole (the second
+    # model of the larger export goes: it is one the export wrote)
+    with pytest.raises(UserError, match="already holds a reference export; pass --overwrite"):
         export_reference(space, chosen, tmp_path / "refs")
-    (tmp_path / "refs" / "ref_07.onnx").write_bytes(b"x")  # a stale model of a larger export
     export_reference(space, ReferenceSet(chosen.archs[:1], 1, "meta"), tmp_path / "refs",
                      overwrite=True)
-    assert sorted(p.name for p in (tmp_path / "refs").iterdir()) == ["archs.csv", "ref_01.onnx"]
-    # ... but never a folder of other files
-    (tmp_path / "refs" / "notes.txt").write_text("mine")
-    with pytest.raises(UserError, match="holds files other than a reference export.*notes.txt"):
-        export_reference(space, chosen, tmp_path / "refs", overwrite=True)
-    assert (tmp_path / "refs" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in (tmp_path / "refs").iterdir()) == [
+        ".hwnas-written.json", "archs.csv", "ref_01.onnx"]
+    # ... but never a file it did not write, even one named like its models
+    for mine in ("notes.txt", "ref_07.onnx"):
+        (tmp_path / "refs" / mine).write_text("mine")
+        with pytest.raises(UserError, match=f"holds {mine}, which hwnas did not write"):
+            export_reference(space, chosen, tmp_path / "refs", overwrite=True)
+        assert (tmp_path / "refs" / mine).read_text() == "mine"
+        (tmp_path / "refs" / mine).unlink()
+
+
+def test_overwrite_never_deletes_a_users_folder_named_like_a_model(tmp_path, capsys,
+                                                                  one_torch_thread):
+    """Issue 50: a user's folder DIR/ref_99.onnx/ (thesis.txt, chapter1/draft.txt) in a
+    reference export was deleted by --overwrite."""
+    from fuzz_support import assert_clean_refusal
+
+    refs = tmp_path / "refs"
+    assert main(["latency", "reference", "--space", "nb201", "--n", "2", "--export",
+                 str(refs)]) == 0
+    (refs / "ref_99.onnx" / "chapter1").mkdir(parents=True)
+    (refs / "ref_99.onnx" / "thesis.txt").write_text("years of work")
+    (refs / "ref_99.onnx" / "chapter1" / "draft.txt").write_text("draft")
+    assert_clean_refusal(["latency", "reference", "--space", "nb201", "--n", "2", "--export",
+                          str(refs), "--overwrite"], "holds ref_99.onnx/, which hwnas did not "
+                         "write", capsys, tmp_path)
+    assert (refs / "ref_99.onnx" / "thesis.txt").read_text() == "years of work"
+
+
+def test_a_huge_n_is_refused_at_once(tmp_path, capsys):
+    """Issue 50: --n 100000 ran until killed for memory."""
+    from fuzz_support import assert_clean_refusal
+
+    assert_clean_refusal(["latency", "reference", "--space", "mbv3-tiny", "--n", "100000",
+                          "--export", str(tmp_path / "refs")], "at most 1000", capsys, tmp_path)
 
 
 def test_a_failed_export_leaves_nothing(tmp_path, monkeypatch, one_torch_thread):
@@ -107,7 +136,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, one_t
 def test_reference_cli_refuses_bad_input_in_one_line(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     for argv, message in (
-        (["--space", "nb201", "--export", str(tmp_path / "file")], "is a file"),
+        (["--space", "nb201", "--export", str(tmp_path / "file")], "is not a directory"),
         (["--space", "nb201", "--export", str(tmp_path / "no" / "dir")], "does not exist"),
         (["--space", "nb201", "--n", "0", "--export", str(tmp_path / "d")], "--n"),
         (["--space", "nospace", "--export", str(tmp_path / "d")], "nospace"),

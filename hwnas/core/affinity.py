@@ -15,7 +15,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-__all__ = ["pinned", "supported"]
+__all__ = ["free_cores", "pinned", "supported", "torch_thread_defaults"]
 
 
 def supported() -> bool:
@@ -64,3 +64,30 @@ def pinned(cores: int | None) -> Iterator[frozenset[int] | None]:
                 os.sched_setaffinity(tid, saved.get(tid, own))
             except OSError:
                 continue
+
+
+def free_cores() -> int:
+    """The cores this process may use (its affinity) that other work is not using now: the
+    machine's cores less its 1-minute load average, at least 1."""
+    allowed = len(os.sched_getaffinity(0)) if supported() else (os.cpu_count() or 1)
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):  # no load average on this platform
+        load = 0.0
+    return max(1, min(allowed, int((os.cpu_count() or allowed) - load + 0.5)))
+
+
+def torch_thread_defaults(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """What a command that trains or evaluates with torch sets before torch starts, where the
+    user set nothing: one OpenMP thread per free core (:func:`free_cores`) and threads that
+    sleep while they wait (``OMP_WAIT_POLICY=PASSIVE``). On a busy machine, one thread per core
+    spinning at every barrier made training about 10x slower than one thread
+    (benchmarks/contention.md). Returns what it set; an ``OMP_*`` variable already set wins."""
+    environ = os.environ if environ is None else environ
+    chosen = {}
+    if "OMP_NUM_THREADS" not in environ:
+        chosen["OMP_NUM_THREADS"] = str(free_cores())
+    if "OMP_WAIT_POLICY" not in environ:
+        chosen["OMP_WAIT_POLICY"] = "PASSIVE"
+    environ.update(chosen)
+    return chosen

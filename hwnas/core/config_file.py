@@ -34,6 +34,11 @@ def read_config_file(path: str | Path, command: str | None = None,
     except (UnicodeDecodeError, tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"--config {path} is not valid {path.suffix[1:].upper()}: "
                         f"{str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise UserError(f"--config {path}: nested too deeply to read; a settings file holds "
+                        f"top-level keys and one table per command") from None
+    except OSError as exc:
+        raise UserError(f"--config {path}: cannot read it ({exc.strerror or exc})") from None
     if not isinstance(data, dict):
         raise UserError(f"--config {path}: expected a table of settings, got "
                         f"{type(data).__name__}")

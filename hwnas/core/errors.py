@@ -20,3 +20,17 @@ class UserError(Exception):
         ...     print("hwnas: error:", str(error).split(";")[0])
         hwnas: error: unknown space 'no-such-space'
     """
+
+
+class WriteError(UserError, OSError):
+    """A file or directory could not be written (full disk, read-only filesystem, no
+    permission): one line naming the path and what the system said. It is also an
+    :class:`OSError` (``errno``, ``filename``), so code that handles those keeps working."""
+
+    def __init__(self, errno: int | None, strerror: str, filename: str | None = None,
+                 message: str | None = None) -> None:
+        super().__init__(errno, strerror, filename)
+        self.message = message or f"cannot write {filename}: {strerror}"
+
+    def __str__(self) -> str:
+        return self.message

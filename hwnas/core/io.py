@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any, Callable
@@ -12,11 +14,13 @@ from typing import Any, Callable
 def write_atomic(path: str | Path, data: bytes | str | Callable[[Path], Any]) -> Path:
     """Write ``data`` (bytes, text, or a function that writes the given temporary path) to
     ``path``. The temporary file sits in the same directory (so ``os.replace`` is atomic), is
-    created with the umask's permissions and removed on any failure, leaving ``path`` as it was."""
+    created with the umask's permissions and removed on any failure, leaving ``path`` as it was.
+    A write the system refuses (full disk, read-only filesystem, no permission) raises
+    :class:`~hwnas.core.errors.WriteError`: one line naming ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         if callable(data):
             data(tmp)
         else:
@@ -27,10 +31,40 @@ def write_atomic(path: str | Path, data: bytes | str | Callable[[Path], Any]) ->
                 fh.flush()
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    except BaseException as exc:
+        failure = write_failure(exc, path)  # before the partial file goes: is the disk full?
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        if failure is None:
+            raise
+        raise failure from None
     return path
+
+
+def write_failure(exc: BaseException, path: str | Path):  # -> WriteError | None
+    """``exc`` raised while writing ``path`` as a :class:`~hwnas.core.errors.WriteError` (one
+    line: the path and what the system said), or None when it is not a failed write. torch.save
+    reports a full disk as a RuntimeError (from its C++ writer, worded in several ways): that
+    counts when the filesystem has (almost) no space left."""
+    from hwnas.core.errors import WriteError
+
+    if isinstance(exc, WriteError):
+        return exc
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return WriteError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path))
+    if isinstance(exc, RuntimeError):
+        folder = Path(path).parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        try:
+            full = shutil.disk_usage(folder).free < (1 << 20)
+        except OSError:
+            full = False
+        if full:
+            return WriteError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    return None
 
 
 def write_json(path: str | Path, obj: Any) -> Path:
@@ -89,17 +123,21 @@ class LockFile:
 
 def check_writable(path: str | Path, what: str = "--out") -> None:
     """UserError unless ``path`` (a file or directory to create or replace) can be written:
-    not an existing file where a directory is needed is the caller's check; here the nearest
-    existing folder above it must be a directory where a probe file can be created (and is
-    removed at once), so an unwritable target fails before any work is done."""
+    a probe folder is created (and removed at once) in ``path`` itself where it is a
+    directory, else in the nearest existing folder above it, so an unwritable target (a
+    read-only filesystem, no permission: root passes permission checks, not a read-only mount)
+    fails before any work is done. (A file where a directory is needed is the caller's check.)"""
     from hwnas.core.errors import UserError
 
     path = Path(path)
-    if path.exists() and not os.access(path, os.W_OK):
+    if path.exists() and not path.is_dir() and not os.access(path, os.W_OK):
         raise UserError(f"{what} {path}: not writable")
-    ancestor = path.parent if path.parent != path else path
-    while not ancestor.exists() and ancestor.parent != ancestor:
-        ancestor = ancestor.parent
+    if path.is_dir():
+        ancestor = path
+    else:
+        ancestor = path.parent if path.parent != path else path
+        while not ancestor.exists() and ancestor.parent != ancestor:
+            ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise UserError(f"{what} {path}: {ancestor} is a file, not a directory")
     probe = ancestor / f".hwnas-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"

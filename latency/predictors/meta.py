@@ -102,8 +102,9 @@ def _fit_profiles(design: Mapping[str, np.ndarray], Y: np.ndarray, chosen: list[
 
 
 #: measurements one adaptation fits at most (a seeded subsample of more): the Gaussian-process
-#: fit holds n x n matrices, and a few hundred measurements already settle the predictor
-MAX_ADAPT_MEASUREMENTS = 2000
+#: fit is cubic in them over some 128 members (500 took 21 s on mbv3-tiny and 85 s on nb201 on a
+#: loaded 2-core machine; 2000 ran past 15 minutes), and a few hundred already settle it
+MAX_ADAPT_MEASUREMENTS = 300
 
 
 class DesignedPredictor(LatencyPredictor):
@@ -182,6 +183,12 @@ SPACE_OPTIONS: dict[str, dict[str, float]] = {"nb201": {"pair_profiles": 0.1}}
 class MetaPredictor(DesignedPredictor):
     """Meta-learned GP prior over devices + Bayesian model averaging over hyper-parameters and
     execution variants, with a robust (Student-t) likelihood (see module docstring)."""
+
+    @property
+    def max_adapt_measurements(self) -> int:
+        """The most measurements one adaptation fits (:data:`MAX_ADAPT_MEASUREMENTS`; more
+        are subsampled, seeded by the adaptation's seed)."""
+        return MAX_ADAPT_MEASUREMENTS
 
     name = "meta"
     min_samples = 2
