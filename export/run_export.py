@@ -209,7 +209,7 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
         >>> result = export_run(run_dir, front="edgetpu-est", select="fastest:1", out="exported",
         ...                     progress=False, report=lambda line: None)   # run_dir: a finished search
         >>> len(result.models), sorted(p.name for p in result.out_dir.glob("*.json"))
-        (1, ['manifest.json'])
+        (1, ['.hwnas-written.json', 'manifest.json'])
     """
     from hwnas.export.model_export import ExportSettings, measurable_devices, write_manifest
     from hwnas.export.parallel import auto_workers

@@ -109,9 +109,9 @@ def test_meta_adaptation_subsamples_many_measurements(monkeypatch):
     seen = []
     fit = pred._fit_member
 
-    def spy(K0, lam, y):
+    def spy(K0, lam, y, *rest):
         seen.append(len(y))
-        return fit(K0, lam, y)
+        return fit(K0, lam, y, *rest)
 
     monkeypatch.setattr(pred, "_fit_member", spy)
     pred.adapt(archs, rng.uniform(1, 2, len(archs)), seed=0)
