@@ -265,12 +265,13 @@ def verify_runner(path: Path, runtime: str, threads: int, session_config: dict, 
 
 
 def verify_export(export_dir: Path, runtime: str = "onnxruntime", threads: int = 1,
-                  session_config: dict | None = None, out=sys.stdout) -> tuple[list[dict], list[str]]:
+                  session_config: dict | None = None, out=None) -> tuple[list[dict], list[str]]:
     """Run every file of every ``verify/<model>.npz`` sample of ``export_dir`` on this device.
 
     Returns one record per file (top-1 agreement with the FP32 file here and with what the
     export verified, sample accuracy) and the one-line refusals of the files whose agreement
     with the export is below the sample's ``min_agreement``."""
+    out = out or sys.stdout
     samples = sorted((export_dir / VERIFY_DIR).glob("*.npz"))
     if not samples:
         raise MeasureError(f"{export_dir} has no {VERIFY_DIR}/*.npz: expected an export directory "

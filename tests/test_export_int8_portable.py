@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -25,6 +26,8 @@ from hwnas.export.qdq.int16 import INT16_PAIR_LIMIT, int16_pair_bounds, int16_re
 from hwnas.latency.ondevice import cpu_isa
 from hwnas.quant.policy import uniform
 from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -139,3 +142,66 @@ def test_portable_file_holds_without_vnni(tmp_path, trained, exports) -> None:
     assert agree["default"] >= 0.99, agree
     if cpu_isa()["int8_without_saturation"]:  # onnxruntime is exact here: the full file differs
         assert agree["full"] < 0.99, agree
+
+
+def _export_dir(tmp_path, trained, digits, portable: bool):
+    from hwnas.export.model_export import ExportSettings, export_model
+    from hwnas.export.onnx_export import InputSpec
+
+    net, calib, xte, yte = trained
+    out = tmp_path / ("portable" if portable else "full")
+    result = export_model(net, name="m", out_dir=out, example=xte[:1], test_images=xte,
+                          test_labels=yte, policy=uniform(net, 8, 8), calibration=[calib],
+                          input_spec=InputSpec(tuple(digits.mean), tuple(digits.std)),
+                          settings=ExportSettings(warmup=1, rounds=1, portable=portable))
+    assert result.status == "ok", result.errors
+    return out, result
+
+
+def test_manifest_records_where_and_on_which_isa(tmp_path, trained, digits) -> None:
+    out, result = _export_dir(tmp_path, trained, digits, portable=True)
+    files = {f.path: f for f in result.files}
+    qdq = files["qdq/m.onnx"]
+    assert qdq.isa_condition == "any" and qdq.int16["int16_safe"]
+    assert qdq.verified_on["runtime"] == "onnxruntime" and qdq.verified_on["version"] == ort.__version__
+    assert qdq.verified_on["cpu"] and "int8_without_saturation" in qdq.verified_on
+    sample = np.load(out / "verify" / "m.npz")
+    assert list(sample["files"]) == ["m.onnx", "qdq/m.onnx"] and sample["images"].dtype == np.uint8
+    assert len(sample["labels"]) == 256 and len(np.unique(sample["labels"])) == 10
+
+
+def test_ondevice_verify_passes_here_and_refuses_a_changed_result(tmp_path, trained, digits,
+                                                                  capsys) -> None:
+    from hwnas.latency import ondevice
+
+    out, _ = _export_dir(tmp_path, trained, digits, portable=True)
+    assert ondevice.main([str(out), "--verify"]) == 0
+    text = capsys.readouterr()
+    assert "qdq/m.onnx: top-1 agreement with FP32" in text.out and "ok" in text.out
+    # what the export verified, altered: the file no longer gives it here and is refused
+    sample = dict(np.load(out / "verify" / "m.npz"))
+    sample["pred_1"] = (sample["pred_1"] + 1) % 10
+    np.savez(out / "verify" / "m.npz", **sample)
+    assert ondevice.main([str(out), "--verify"]) == ondevice.EXIT_REFUSED
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ondevice.py: refused qdq/m.onnx: ")
+
+
+@pytest.mark.skipif("avx512bw" not in cpu_isa()["isa"] or sys.platform != "linux",
+                    reason="needs an x86 CPU with AVX-512BW to run oneDNN's non-VNNI kernels")
+def test_ondevice_verify_refuses_a_full_range_file_without_vnni(tmp_path, trained, digits) -> None:
+    """The full-range file, verified on this CPU, run by OpenVINO on AVX-512 without VNNI:
+    refused in one line; the portable one holds there."""
+    pytest.importorskip("openvino")
+    script = str(ROOT / "latency" / "ondevice.py")
+    env = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    runs = {}
+    for portable in (True, False):
+        out, _ = _export_dir(tmp_path, trained, digits, portable=portable)
+        runs[portable] = subprocess.run([sys.executable, script, str(out), "--verify",
+                                         "--runtime", "openvino"], env=env, timeout=120,
+                                        capture_output=True, text=True)
+    assert runs[True].returncode == 0, runs[True].stderr
+    assert runs[False].returncode == 1, runs[False].stdout
+    refused = runs[False].stderr.strip().splitlines()
+    assert len(refused) == 1 and refused[0].startswith("ondevice.py: refused qdq/m.onnx:")
