@@ -239,6 +239,10 @@ class DeviceEntry:
     rounds_timed: int | None = None
     busy: bool = False  # timed while other work competed for the cores: the note says so
     note: str = ""
+    #: where the candidates were verified and timed: CPU, ISA flags, runtime and version
+    verified_on: dict[str, Any] = field(default_factory=dict)
+    #: the recommended file's ISA condition (``any``, or the CPUs on which it holds)
+    isa_condition: str = ""
 
 
 @dataclass
@@ -781,6 +785,10 @@ def _recommend_devices(result: ModelExport, entries: Mapping[str, DeviceEntry],
             continue
         prior = entry.note  # e.g. why a quantized file is missing
         _fill_entry(entry, rec)
+        chosen = reports.get(entry.recommended or "")
+        entry.isa_condition = chosen.isa_condition if chosen is not None else ""
+        if chosen is not None and chosen.isa_condition not in ("", "any"):
+            entry.note += f"; holds only on {chosen.isa_condition}"
         if prior:
             entry.note = f"{prior}; {entry.note}"
         for c in rec.candidates:
@@ -799,6 +807,7 @@ def _fill_entry(entry: DeviceEntry, rec: Recommendation) -> None:
     entry.quantized_ms = min((c.median_ms for c in quantized), default=None)
     entry.recommended, entry.precision, entry.settings = chosen.path, chosen.precision, chosen.settings
     entry.quantized_faster = chosen.precision.startswith(("int8", "mixed"))
+    entry.verified_on = verified_here(rec.runtime)
     if chosen is fp32:
         verified = sum(c.verified for c in rec.candidates)
         entry.note = (f"FP32 is the fastest of {verified} verified candidate(s) at batch "
