@@ -181,20 +181,25 @@ def ov_top1(paths: list[Path], x: np.ndarray, work: Path, isa: str = "") -> dict
     return {p.name: np.load(f"{p}.top1.npy") for p in paths}
 
 
-def time_files(paths: list[Path], batch: int, rounds: int) -> dict[str, float]:
+def time_files(paths: list[Path], batch: int, rounds: int,
+               u8u8: tuple[str, ...] = ()) -> dict[str, float]:
     """Median ms per onnxruntime call at ``batch`` (1 thread), files interleaved round by round
-    so that a busy machine slows them alike."""
+    so that a busy machine slows them alike; the files named in ``u8u8`` are also timed with
+    ``session.x64quantprecision=1`` (keys ``<name>+u8u8``)."""
     import onnxruntime as ort
 
     x = np.random.default_rng(0).standard_normal((batch, 3, 32, 32)).astype(np.float32)
     sessions = {}
-    for p in paths:
+    for p, precision in [(p, False) for p in paths] + [(p, True) for p in paths if p.name in u8u8]:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = 1
         opts.log_severity_level = 3
-        sessions[p.name] = ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
+        if precision:
+            opts.add_session_config_entry("session.x64quantprecision", "1")
+        key = p.name + ("+u8u8" if precision else "")
+        sessions[key] = ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
         for _ in range(3):
-            sessions[p.name].run(None, {"input": x})
+            sessions[key].run(None, {"input": x})
     times: dict[str, list[float]] = {k: [] for k in sessions}
     for _ in range(rounds):
         for name, s in sessions.items():
@@ -268,7 +273,8 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) 
                           "AVX512_CORE" if run == "ov_no_vnni" else "")
             for method, path in files.items():
                 top1[method, run] = 100 * float((got[path.name] == test_y).mean())
-        ms = (time_files(list(files.values()), args.timing_batch, args.timing_rounds)
+        ms = (time_files(list(files.values()), args.timing_batch, args.timing_rounds,
+                         u8u8=tuple(p.name for m, p in files.items() if m.startswith("hwnas_int8")))
               if args.timing_rounds else {})
         fp32 = top1.get(("fp32", "ort"))
         for method, path in files.items():
@@ -278,6 +284,7 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) 
                    "int16_safe": report.get("int16_safe"),
                    "worst_pair_sum": report.get("worst_pair_sum"),
                    "ort_ms_b%d" % args.timing_batch: ms.get(path.name),
+                   "ort_u8u8_ms_b%d" % args.timing_batch: ms.get(path.name + "+u8u8"),
                    "quantize_seconds": round(seconds.get(method, 0.0), 1)}
             for run in RUNTIMES:
                 if (method, run) in top1:
@@ -307,7 +314,8 @@ def markdown(doc: dict) -> str:
              f" (int8 without saturation: {doc['isa']['int8_without_saturation']}); "
              f"{doc['runtimes']}", "",
              "| subnet | method | " + " | ".join(f"{head[r]} top-1 (drop)" for r in runs)
-             + " | int16-safe (worst pair sum) | " + (f"{ms_key} ms |" if ms_key else ""),
+             + " | int16-safe (worst pair sum) | "
+             + ("onnxruntime ms/batch (x64quantprecision=1) |" if ms_key else ""),
              "|---|---|" + "---|" * len(runs) + "---|" + ("---|" if ms_key else "")]
     for row in doc["results"]:
         cells = []
@@ -317,6 +325,8 @@ def markdown(doc: dict) -> str:
                                                            else f" ({d:+.2f})"))
         safe = "" if row["int16_safe"] is None else f"{'yes' if row['int16_safe'] else 'no'} ({row['worst_pair_sum']})"
         ms = "" if not ms_key or row.get(ms_key) is None else f"{row[ms_key]:.2f}"
+        u8 = row.get(ms_key.replace("ort_ms", "ort_u8u8_ms")) if ms_key else None
+        ms += "" if u8 is None else f" ({u8:.2f})"
         lines.append(f"| {row['subnet']} | {row['method']} | " + " | ".join(cells)
                      + f" | {safe} |" + (f" {ms} |" if ms_key else ""))
     return "\n".join(lines) + "\n"
@@ -368,7 +378,9 @@ def main(argv: list[str] | None = None) -> int:
            "runtimes": versions, "checkpoint": args.checkpoint, "data": args.data,
            "total_seconds": round(time.perf_counter() - start, 1), "results": rows}
     recipes.write_json(out, doc)
-    out.with_suffix(".md").write_text(markdown(doc))
+    md = out.with_suffix(".md")
+    notes = md.read_text().partition("\n## Notes")[1:] if md.is_file() else ("", "")
+    md.write_text(markdown(doc) + "".join(notes))  # the hand-written notes stay
     print(markdown(doc))
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0

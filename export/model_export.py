@@ -163,9 +163,14 @@ class ExportSettings:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
             raise UserError(f"export setting workers must be an integer >= 0 (0: automatic), "
                             f"got {self.workers!r}")
-        if not isinstance(self.pin_timings, bool):
-            raise UserError(f"export setting pin_timings must be true or false, got "
-                            f"{self.pin_timings!r}")
+        for flag in ("pin_timings", "portable"):
+            if not isinstance(getattr(self, flag), bool):
+                raise UserError(f"export setting {flag} must be true or false, got "
+                                f"{getattr(self, flag)!r}")
+        if isinstance(self.verify_images, bool) or not isinstance(self.verify_images, int) \
+                or self.verify_images < 0:
+            raise UserError(f"export setting verify_images must be an integer >= 0 (0: none), "
+                            f"got {self.verify_images!r}")
         from hwnas.supernet.train import check_torch_device
 
         check_torch_device(str(self.device))  # one line for a typo or a missing GPU
