@@ -205,3 +205,26 @@ def test_ondevice_verify_refuses_a_full_range_file_without_vnni(tmp_path, traine
     assert runs[False].returncode == 1, runs[False].stdout
     refused = runs[False].stderr.strip().splitlines()
     assert len(refused) == 1 and refused[0].startswith("ondevice.py: refused qdq/m.onnx:")
+
+
+def test_a_quantized_model_is_exported_portable_at_its_clipping_range(trained) -> None:
+    """A model quantized before (QAT, full int8 grid) is exported on the 7-bit grid with its
+    weight ranges kept (scale x 127/63), and the file computes its deployed reference."""
+    from hwnas.export.qdq import dequantized_twin
+    from hwnas.quant.ptq import ptq
+
+    net, calib, xte, _ = trained
+    policy = uniform(net, 8, 8)
+    qmodel = ptq(net, policy, [calib])
+    scales = {n: m.weight_quant.scale.detach().clone() for n, m in qmodel.named_modules()
+              if hasattr(m, "weight_quant")}
+    build = build_qdq(dequantized_twin(qmodel), policy, [calib], quantized=qmodel)
+    assert set(build.narrowed) == set(scales)
+    for name, m in build.qmodel.named_modules():
+        if name in scales:
+            assert torch.allclose(m.weight_quant.scale, scales[name] * 127 / 63)
+    proto = build.proto()
+    assert int16_report(proto)["int16_safe"]
+    with torch.no_grad(), build.reference(requantize=True) as deployed:
+        want = deployed(xte).argmax(1).numpy()
+    assert float((_ort(proto, xte).argmax(1) == want).mean()) >= 0.99
