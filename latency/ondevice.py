@@ -258,7 +258,8 @@ def verify_runner(path: Path, runtime: str, threads: int, session_config: dict, 
     ``batch`` images per call)."""
     if runtime == "openvino":
         session = OpenVinoSession(path, threads, batch=batch)
-        return lambda x: session.run(None, {"input": x})[0]
+        ov_name = session.compiled.inputs[0].get_any_name()
+        return lambda x: session.run(None, {ov_name: x})[0]
     opts_session = session_for(path, threads, config=session_config)
     name = opts_session.get_inputs()[0].name
     return lambda x: opts_session.run(None, {name: x})[0]
