@@ -4,7 +4,8 @@ Wired into ``hwnas`` by :func:`add_export_parser` (``hwnas/cli.py`` calls it and
 ``export`` to the handler it returns, :func:`run_export`)::
 
     hwnas export RUN_DIR [--front DEVICE] [--select all|3,7|top:K|fastest:K] [--out DIR]
-                         [--devices cpu-ov-2t,...] [--int4] [--batch N] [--max-images N] [--refine N]
+                         [--devices cpu-ov-2t,...] [--int4] [--int8-full-range] [--batch N]
+                         [--max-images N] [--refine N]
                          [--no-requantize] [--with-preprocessing] [--workers N]
                          [--device cpu|cuda] [--quiet]
 
@@ -51,6 +52,10 @@ def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
                         "(e.g. cpu-ov-2t,cpu-ort-1t-b32); the run's own measured devices always")
     p.add_argument("--int4", action="store_true",
                    help="also write ONNX INT4 weights (opset 21) for layers of <= 4 bits (size)")
+    p.add_argument("--int8-full-range", action="store_true",
+                   help="int8 weights on the full [-127, 127] grid: exact only on CPUs with "
+                        "VNNI/AMX or with onnxruntime's session.x64quantprecision=1 (default: "
+                        "7 bits where AVX2/AVX-512 without VNNI could saturate, portable)")
     p.add_argument("--batch", type=positive_int, default=1,
                    help="batch size each device's files are timed and chosen at, unless the "
                         "device's name gives one (cpu-ov-8t-b32) (default 1)")
@@ -96,7 +101,7 @@ def run_export(args: argparse.Namespace) -> int:
     if args.refine < 0:
         raise UserError(f"--refine must be >= 0, got {args.refine}")
     settings = ExportSettings(requantize=not args.no_requantize, int4=args.int4,
-                              policy_batch=args.batch,
+                              policy_batch=args.batch, portable=not args.int8_full_range,
                               refine=args.refine, uint8_input=args.with_preprocessing,
                               workers=args.workers, device=args.device)
     result = export_run(args.run_dir, front=args.front, select=args.select, out=args.out,

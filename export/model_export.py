@@ -143,6 +143,12 @@ class ExportSettings:
     #: pin the threads of a timing to fixed cores (as many as the device's threads) while it
     #: runs, where the platform allows (:func:`hwnas.core.affinity.pinned`)
     pin_timings: bool = True
+    #: int8 weights on a grid no x86 kernel can saturate (:func:`hwnas.export.qdq.build_qdq`'s
+    #: ``portable``): the files compute the same with and without VNNI
+    portable: bool = True
+    #: labelled test images written to ``verify/<name>.npz`` with each file's top-1 here, for
+    #: ``latency/ondevice.py --verify`` on the target (0: none)
+    verify_images: int = 256
 
     def validate(self) -> None:
         for name in ("opset", "policy_batch",
@@ -165,9 +171,14 @@ class ExportSettings:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
             raise UserError(f"export setting workers must be an integer >= 0 (0: automatic), "
                             f"got {self.workers!r}")
-        if not isinstance(self.pin_timings, bool):
-            raise UserError(f"export setting pin_timings must be true or false, got "
-                            f"{self.pin_timings!r}")
+        for flag in ("pin_timings", "portable"):
+            if not isinstance(getattr(self, flag), bool):
+                raise UserError(f"export setting {flag} must be true or false, got "
+                                f"{getattr(self, flag)!r}")
+        if isinstance(self.verify_images, bool) or not isinstance(self.verify_images, int) \
+                or self.verify_images < 0:
+            raise UserError(f"export setting verify_images must be an integer >= 0 (0: none), "
+                            f"got {self.verify_images!r}")
         from hwnas.supernet.train import check_torch_device
 
         check_torch_device(str(self.device))  # one line for a typo or a missing GPU
@@ -202,6 +213,12 @@ class FileReport:
     parity_note: str = ""
     latency_ms: dict[str, float] = field(default_factory=dict)  # device -> paired median
     size_bytes: int = 0
+    #: where the checks above ran: CPU, its ISA flags, runtime and version
+    verified_on: dict[str, Any] = field(default_factory=dict)
+    #: QDQ files: the worst 16-bit pair sum of its integer layers (:mod:`hwnas.export.qdq.int16`)
+    int16: dict[str, Any] = field(default_factory=dict)
+    #: on which x86 CPUs the file computes what was verified: ``any`` or the ISA it needs
+    isa_condition: str = ""
 
     @property
     def ok(self) -> bool:
@@ -237,6 +254,10 @@ class DeviceEntry:
     rounds_timed: int | None = None
     busy: bool = False  # timed while other work competed for the cores: the note says so
     note: str = ""
+    #: where the candidates were verified and timed: CPU, ISA flags, runtime and version
+    verified_on: dict[str, Any] = field(default_factory=dict)
+    #: the recommended file's ISA condition (``any``, or the CPUs on which it holds)
+    isa_condition: str = ""
 
 
 @dataclass
@@ -302,12 +323,42 @@ def _device_setup(device: str, threads: int, s: ExportSettings) -> tuple[str, in
     return runtime, threads, batch if "-b" in device else s.policy_batch
 
 
+#: the ISA condition of a QDQ file some integer layer of which can saturate a 16-bit pair sum
+NEEDS_VNNI = ("x86 with VNNI or AMX (avx512_vnni, avx_vnni or amx_int8), or onnxruntime with "
+              "session.x64quantprecision=1; AVX2 and AVX-512 without VNNI saturate its sums")
+
+
+def verified_here(runtime: str = "onnxruntime") -> dict[str, Any]:
+    """Where a check runs: this CPU, its ISA flags (:func:`hwnas.latency.ondevice.cpu_isa`),
+    the runtime and its version."""
+    from hwnas.latency.ondevice import cpu_isa
+
+    if runtime == "openvino":
+        import openvino as ov
+
+        version = ov.__version__
+    else:
+        import onnxruntime as ort
+
+        version = ort.__version__
+    return {**cpu_isa(), "runtime": runtime, "version": version}
+
+
+def _isa_condition(proto: onnx.ModelProto, report: FileReport) -> None:
+    """The file's 16-bit pair-sum bound and the CPUs on which it computes what was verified."""
+    from hwnas.export.qdq.int16 import int16_report
+
+    report.int16 = int16_report(proto)
+    report.isa_condition = "any" if report.int16["int16_safe"] else NEEDS_VNNI
+
+
 def _verify_fp32(proto: onnx.ModelProto, model: nn.Module, passes: ImagePasses,
                  report: FileReport, s: ExportSettings) -> None:
     """``onnx.checker`` and max |ONNX - PyTorch| <= ``atol`` on the test images (one pass of
     each, kept in ``passes``); with labels, the file's test accuracy."""
     onnx.checker.check_model(proto)
     report.checker = True
+    report.verified_on, report.isa_condition = verified_here(), "any"
     got = passes.onnx(report.path, proto.SerializeToString())
     parity = parity_of(got, passes.torch("float", model), atol=s.atol)
     report.max_abs_diff, report.top1_agreement, report.n_images = (
@@ -333,6 +384,8 @@ def _verify_qdq(proto: onnx.ModelProto, build: QdqBuild, passes: ImagePasses, re
     (``passes``: the searched model's is shared by every file of the model)."""
     onnx.checker.check_model(proto)
     report.checker = True
+    report.verified_on = verified_here()
+    _isa_condition(proto, report)
     data = proto.SerializeToString()
     got = passes.onnx(report.path, data)
     with build.reference(requantize=requantize) as deployed:
@@ -567,7 +620,7 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
         with clock("ptq"):
             build = build_qdq(model, policy, calibration, config=ptq_config,
                               example=example[:1], opset=s.opset, quantized=quantized,
-                              device=s.device)
+                              device=s.device, portable=s.portable)
         holder["build"] = build
         proto = build.proto(requantize=False)
         set_metadata(proto, {**base_meta, "precision": "qdq", "target_device": ""})
@@ -638,7 +691,7 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
                 dbuild = build if not choice.float_layers else build_qdq(
                     model, policy, calibration, config=ptq_config, example=example[:1],
                     float_layers=choice.float_layers, opset=s.opset, quantized=quantized,
-                    device=s.device)
+                    device=s.device, portable=s.portable)
             proto = dbuild.proto(requantize=s.requantize)
             set_metadata(proto, {**base_meta, "precision": "qdq", "target_device": device,
                                  "device_choice": {"threads": choice.threads, "batch": choice.batch,
@@ -659,7 +712,45 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
         uint8_variant(dev_rel, written.pop(dev_rel), dev_report)
     _recommend(result, entries, devices, candidates, references, model, build.qmodel, passes, s,
                clock)
+    _write_verify_sample(result, out_dir, test_images, test_labels, input_spec, s)
     return result
+
+
+def _write_verify_sample(result: ModelExport, out_dir: Path, images: torch.Tensor,
+                         labels: torch.Tensor | None, spec: InputSpec | None,
+                         s: ExportSettings) -> None:
+    """``verify/<name>.npz``: ``verify_images`` labelled test images (uint8, stratified by
+    class, seeded), the model's mean/std, its written float-input files and the top-1 each gave
+    here with onnxruntime (``pred_<i>``), and the export's ``min_agreement``: what
+    ``latency/ondevice.py --verify`` checks a device against."""
+    import io
+
+    from hwnas.latency.ondevice import VERIFY_DIR, predict, sample_inputs, verify_runner
+    from hwnas.supernet.data.splits import _rng, _stratified_take
+
+    files = [f.path for f in result.files
+             if f.written and f.precision in ("fp32", "qdq") and not f.path.startswith("uint8")]
+    fp32 = f"{result.name}.onnx"
+    if labels is None or spec is None or s.verify_images <= 0 or fp32 not in files:
+        return
+    y = labels.detach().cpu().numpy().astype(np.int64)
+    n = min(s.verify_images, len(y))
+    idx = np.arange(len(y)) if n == len(y) else _stratified_take(y, n, _rng(s.seed, 21))[1]
+    pixels = raw_images(images[torch.from_numpy(idx)], spec).transpose(0, 3, 1, 2)
+    sample = {"images": np.ascontiguousarray(pixels), "labels": y[idx],
+              "mean": np.asarray(spec.mean, np.float32), "std": np.asarray(spec.std, np.float32),
+              "files": np.asarray(files), "fp32": np.asarray(fp32),
+              "min_agreement": np.asarray(s.min_agreement, np.float64),
+              "verified_on": np.asarray(json.dumps(verified_here()))}
+    inputs = sample_inputs(sample)
+    for i, rel in enumerate(files):
+        run = verify_runner(out_dir / rel, "onnxruntime", 1, {}, 64)
+        sample[f"pred_{i}"] = predict(run, inputs, 64)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **sample)
+    (out_dir / VERIFY_DIR).mkdir(parents=True, exist_ok=True)
+    write_atomic(out_dir / VERIFY_DIR / f"{result.name}.npz", buf.getvalue())
+    result.info["verify_sample"] = f"{VERIFY_DIR}/{result.name}.npz"
 
 
 def _pin(s: ExportSettings, threads: Iterable[int]) -> int | None:
@@ -719,6 +810,10 @@ def _recommend_devices(result: ModelExport, entries: Mapping[str, DeviceEntry],
             continue
         prior = entry.note  # e.g. why a quantized file is missing
         _fill_entry(entry, rec)
+        chosen = reports.get(entry.recommended or "")
+        entry.isa_condition = chosen.isa_condition if chosen is not None else ""
+        if chosen is not None and chosen.isa_condition not in ("", "any"):
+            entry.note += f"; holds only on {chosen.isa_condition}"
         if prior:
             entry.note = f"{prior}; {entry.note}"
         for c in rec.candidates:
@@ -737,6 +832,7 @@ def _fill_entry(entry: DeviceEntry, rec: Recommendation) -> None:
     entry.quantized_ms = min((c.median_ms for c in quantized), default=None)
     entry.recommended, entry.precision, entry.settings = chosen.path, chosen.precision, chosen.settings
     entry.quantized_faster = chosen.precision.startswith(("int8", "mixed"))
+    entry.verified_on = verified_here(rec.runtime)
     if chosen is fp32:
         verified = sum(c.verified for c in rec.candidates)
         entry.note = (f"FP32 is the fastest of {verified} verified candidate(s) at batch "

@@ -36,6 +36,17 @@ as unstable, 2 when none could be written (or on bad arguments; nothing is writt
 Copy the CSV back and turn it into a device profile with::
 
     hwnas latency adapt --device MY_DEVICE --space SPACE --measurements measurements.csv
+
+``--verify`` checks exported files on this device instead of timing them: MODELS_DIR is an
+export directory (``RUN_DIR/export``), whose ``verify/<model>.npz`` the export wrote beside the
+files - a few hundred labelled test images (uint8, with the mean/std the model takes), the
+files, and the top-1 each file gave on the machine that verified it. Each file is run here
+(``--runtime``, ``--session-config KEY=VALUE`` for onnxruntime settings a manifest asks for);
+one line per file gives its top-1 agreement with the FP32 file run here and its accuracy on the
+sample. A file whose top-1 agrees with what the export verified on fewer than the export's
+``min_agreement`` (99 %) of the images breaks the export's rule on this device - an int8 file
+whose 16-bit sums saturate on a CPU without VNNI, say - and is refused in one line naming the
+CPU's ISA and the runtime. Exit status 0 when every file holds, 1 when some were refused.
 """
 
 from __future__ import annotations
@@ -59,13 +70,56 @@ CSV_COLUMNS = ("arch", "latency_ms", "p95_ms", "cv", "file")
 EXIT_OK, EXIT_SOME_UNSTABLE, EXIT_ERROR = 0, 1, 2
 
 
+#: CPU flags that decide how int8 layers run (x86: 16-bit pair sums without VNNI/AMX; Arm:
+#: the dot-product extension).
+ISA_FLAGS = ("sse4_1", "avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16",
+             "amx_tile", "amx_int8", "amx_bf16", "asimd", "asimddp", "i8mm", "sve")
+#: x86 flags of integer dot products that accumulate in int32 (cannot saturate)
+INT32_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def cpu_isa() -> dict:
+    """This CPU's model name and its :data:`ISA_FLAGS` (from /proc/cpuinfo; the platform
+    module's processor name elsewhere), and ``int8_without_saturation``: whether an x86 CPU
+    has VNNI/AMX (True), or is an x86 CPU without them (False: uint8 x int8 kernels add
+    product pairs into saturating int16), None off x86."""
+    model, flags = "", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "Hardware") and not model:
+                    model = value.strip()
+                elif key in ("flags", "Features") and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    machine = platform.machine().lower()
+    x86 = machine in ("x86_64", "amd64", "i386", "i686")
+    return {"cpu": model or platform.processor() or machine,
+            "isa": [f for f in ISA_FLAGS if f in flags],
+            "int8_without_saturation": (any(f in flags for f in INT32_DOT_FLAGS) if x86 and flags
+                                        else None)}
+
+
+def isa_line(isa: dict) -> str:
+    """``"AMD EPYC (avx2 avx512f ...; VNNI)"``: the CPU and what decides its int8 kernels."""
+    kind = {True: "int8 dot products in int32 (VNNI/AMX)",
+            False: "no VNNI/AMX: int8 pairs add in int16",
+            None: "not x86"}[isa["int8_without_saturation"]]
+    return f"{isa['cpu']} ({' '.join(isa['isa']) or 'no flags read'}; {kind})"
+
+
 class MeasureError(Exception):
     """A bad argument or an unusable model: reported as one line, exit status 2."""
 
 
-def session_for(path: Path, threads: int, provider: str = "CPUExecutionProvider") -> ort.InferenceSession:
+def session_for(path: Path, threads: int, provider: str = "CPUExecutionProvider",
+                config: dict | None = None) -> ort.InferenceSession:
     """An onnxruntime session set up for reproducible timing: ``threads`` intra-op threads,
-    sequential execution, all graph optimizations, no spinning between runs."""
+    sequential execution, all graph optimizations, no spinning between runs; ``config``: more
+    session config entries (e.g. ``session.x64quantprecision``)."""
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
@@ -74,6 +128,8 @@ def session_for(path: Path, threads: int, provider: str = "CPUExecutionProvider"
     opts.log_severity_level = 3
     # no residual spinning after a run: it would slow the next model timed in this process
     opts.add_session_config_entry("session.force_spinning_stop", "1")
+    for key, value in (config or {}).items():
+        opts.add_session_config_entry(str(key), str(value))
     try:
         return ort.InferenceSession(str(path), sess_options=opts, providers=[provider])
     except Exception as exc:
@@ -174,6 +230,107 @@ class OpenVinoSession:
             request.wait()
         return [np.concatenate([r.get_output_tensor(i).data for r in self.requests])
                 for i in range(len(self.compiled.outputs))]
+
+
+#: Where an export keeps the labelled sample of each model, relative to the export directory.
+VERIFY_DIR = "verify"
+#: Exit status of ``--verify`` when some file was refused.
+EXIT_REFUSED = 1
+
+
+def sample_inputs(sample) -> np.ndarray:
+    """The float32 NCHW inputs of a verification sample (uint8 ``images`` normalised with its
+    ``mean``/``std``): the export computes the same to record each file's top-1."""
+    images = np.asarray(sample["images"], dtype=np.float32) / np.float32(255.0)
+    mean = np.asarray(sample["mean"], dtype=np.float32).reshape(1, -1, 1, 1)
+    std = np.asarray(sample["std"], dtype=np.float32).reshape(1, -1, 1, 1)
+    return ((images - mean) / std).astype(np.float32)
+
+
+def predict(run, inputs: np.ndarray, chunk: int = 64) -> np.ndarray:
+    """Top-1 classes of ``inputs`` by ``run(batch) -> logits``, ``chunk`` images at a time."""
+    return np.concatenate([np.asarray(run(inputs[i:i + chunk])).argmax(axis=1)
+                           for i in range(0, len(inputs), chunk)]).astype(np.int64)
+
+
+def verify_runner(path: Path, runtime: str, threads: int, session_config: dict, batch: int):
+    """``run(batch) -> logits`` of one file on this device's runtime (OpenVINO compiled for
+    ``batch`` images per call)."""
+    if runtime == "openvino":
+        session = OpenVinoSession(path, threads, batch=batch)
+        ov_name = session.compiled.inputs[0].get_any_name()
+        return lambda x: session.run(None, {ov_name: x})[0]
+    opts_session = session_for(path, threads, config=session_config)
+    name = opts_session.get_inputs()[0].name
+    return lambda x: opts_session.run(None, {name: x})[0]
+
+
+def verify_export(export_dir: Path, runtime: str = "onnxruntime", threads: int = 1,
+                  session_config: dict | None = None, out=None) -> tuple[list[dict], list[str]]:
+    """Run every file of every ``verify/<model>.npz`` sample of ``export_dir`` on this device.
+
+    Returns one record per file (top-1 agreement with the FP32 file here and with what the
+    export verified, sample accuracy) and the one-line refusals of the files whose agreement
+    with the export is below the sample's ``min_agreement``."""
+    out = out or sys.stdout
+    samples = sorted((export_dir / VERIFY_DIR).glob("*.npz"))
+    if not samples:
+        raise MeasureError(f"{export_dir} has no {VERIFY_DIR}/*.npz: expected an export directory "
+                           f"written by hwnas export (it writes a labelled sample per model)")
+    isa = cpu_isa()
+    if runtime == "openvino":
+        try:
+            import openvino as ov
+        except ImportError:
+            raise MeasureError("--runtime openvino needs OpenVINO: pip install openvino") from None
+        where = f"OpenVINO {ov.__version__}"
+    else:
+        where = f"onnxruntime {ort.__version__}" + "".join(
+            f" {k}={v}" for k, v in sorted((session_config or {}).items()))
+    print(f"# {isa_line(isa)}; {where}", file=out)
+    records, refused = [], []
+    for sample_path in samples:
+        try:
+            sample = np.load(sample_path, allow_pickle=False)
+            inputs, labels = sample_inputs(sample), np.asarray(sample["labels"], dtype=np.int64)
+            files = [str(f) for f in sample["files"]]
+            fp32_rel, min_agreement = str(sample["fp32"]), float(sample["min_agreement"])
+            exported = {f: np.asarray(sample[f"pred_{i}"]) for i, f in enumerate(files)}
+        except (OSError, KeyError, ValueError) as exc:
+            raise MeasureError(f"{sample_path} is not a verification sample: {exc}") from None
+        batch = min(64, len(inputs))
+        if runtime == "openvino" and len(inputs) % batch:
+            batch = len(inputs)
+        here: dict[str, np.ndarray] = {}
+        for rel in [fp32_rel] + [f for f in files if f != fp32_rel]:
+            path = export_dir / rel
+            if not path.is_file():
+                continue
+            run = verify_runner(path, runtime, threads, session_config or {}, batch)
+            here[rel] = predict(run, inputs, batch)
+            pred = here[rel]
+            rec = {"file": rel, "images": len(labels),
+                   "accuracy": float((pred == labels).mean()),
+                   "agreement_fp32": (float((pred == here[fp32_rel]).mean())
+                                      if fp32_rel in here else None),
+                   "agreement_export": float((pred == exported[rel]).mean()),
+                   "min_agreement": min_agreement}
+            rec["ok"] = rec["agreement_export"] >= min_agreement
+            records.append(rec)
+            fp = ("" if rec["agreement_fp32"] is None or rel == fp32_rel
+                  else f"top-1 agreement with FP32 {100 * rec['agreement_fp32']:.1f}%, ")
+            print(f"{rel}: {fp}with the export {100 * rec['agreement_export']:.1f}%, sample "
+                  f"accuracy {100 * rec['accuracy']:.1f}% ({len(labels)} images): "
+                  f"{'ok' if rec['ok'] else 'REFUSED'}", file=out)
+            if not rec["ok"]:
+                refused.append(
+                    f"refused {rel}: top-1 agrees with what the export verified on "
+                    f"{100 * rec['agreement_export']:.1f}% < {100 * min_agreement:.0f}% of "
+                    f"{len(labels)} images on {isa_line(isa)} with {where}"
+                    + ("; its int8 sums saturate without VNNI: deploy the portable export "
+                       "(hwnas's default) or run it with session.x64quantprecision=1"
+                       if isa["int8_without_saturation"] is False else ""))
+    return records, refused
 
 
 def list_models(models_dir: Path) -> list[Path]:
@@ -286,10 +443,32 @@ def main(argv: list | None = None) -> int:
                              "sub-batches run in parallel (default 1; needs --batch divisible "
                              "by it)")
     parser.add_argument("--quiet", action="store_true", help="no per-model lines")
+    parser.add_argument("--verify", action="store_true",
+                        help="check an export directory's files on this device against the "
+                             "labelled sample the export wrote (verify/*.npz) instead of timing")
+    parser.add_argument("--session-config", action="append", default=[], metavar="KEY=VALUE",
+                        help="onnxruntime session config entry, e.g. "
+                             "session.x64quantprecision=1 (repeatable)")
     args = parser.parse_args(argv)
 
     prog = parser.prog
     try:
+        session_config = {}
+        for item in args.session_config:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise MeasureError(f"--session-config {item!r}: expected KEY=VALUE")
+            session_config[key] = value
+        if session_config and args.runtime != "onnxruntime":
+            raise MeasureError("--session-config is an onnxruntime setting")
+        if args.verify:
+            export_dir = Path(args.models_dir)
+            if not export_dir.is_dir():
+                raise MeasureError(f"{export_dir} is not a directory; expected an export directory")
+            _, refused = verify_export(export_dir, args.runtime, args.threads, session_config)
+            for line in refused:
+                print(f"{prog}: {line}", file=sys.stderr)
+            return EXIT_REFUSED if refused else EXIT_OK
         if args.runtime != "openvino" and (args.precision != "f32" or args.ov_device != "CPU"
                                            or args.streams != 1):
             raise MeasureError("--precision, --ov-device and --streams are OpenVINO settings; "
@@ -321,7 +500,7 @@ def main(argv: list | None = None) -> int:
                   file=sys.stderr)
         rows, unstable = [], []
         for path in files:
-            session = session_for(path, args.threads, args.provider)
+            session = session_for(path, args.threads, args.provider, session_config)
             feeds = random_feeds(session, args.batch)
             arch = model_arch(session, path)
             used = ""

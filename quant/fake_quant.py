@@ -58,12 +58,33 @@ __all__ = [
     "quantizable_layer_names",
     "quantizers",
     "fake_quant_per_tensor",
+    "INT16_PAIR_LIMIT",
+    "int16_safe_grid_bits",
     "reference_fake_quant",
     "round_ste",
     "set_quantizers_enabled",
 ]
 
 _EPS = 1e-8
+
+#: What one 16-bit intermediate of x86 U8S8 integer kernels without VNNI can hold: AVX2 and
+#: AVX-512BW ``vpmaddubsw`` adds two uint8 x int8 products into a *saturating* int16
+#: (onnxruntime's MLAS, OpenVINO's oneDNN). VNNI/AMX accumulate in int32 and never saturate.
+INT16_PAIR_LIMIT = 32767
+
+
+def int16_safe_grid_bits(w_bits: int, a_bits: int) -> int:
+    """The weight grid width at which a layer of ``w_bits`` weights and ``a_bits`` activations
+    cannot saturate a 16-bit pair sum on any x86 ISA: ``w_bits`` itself when two products of the
+    largest values fit (``2 * (2^a - 1) * (2^(w-1) - 1) <= 32767``), one bit less otherwise
+    (W8A8: 7-bit weights in [-63, 63], onnxruntime's ``reduce_range``, NNCF's overflow fix).
+    Float sides give their own width back."""
+    if w_bits >= FLOAT_BITS or a_bits >= FLOAT_BITS:
+        return w_bits
+    bits = w_bits
+    while bits > 2 and 2 * (2 ** a_bits - 1) * (2 ** (bits - 1) - 1) > INT16_PAIR_LIMIT:
+        bits -= 1
+    return bits
 
 
 def round_ste(x: torch.Tensor) -> torch.Tensor:
@@ -123,6 +144,9 @@ class FakeQuantize(nn.Module):
         if kind == "act" and channels != 1:
             raise ValueError("activation quantizers are per tensor (channels=1)")
         self.bits, self.kind, self.ch_axis = int(bits), kind, ch_axis
+        #: weights only: the integer grid is ``grid_bits`` wide inside the ``bits`` container
+        #: (:func:`int16_safe_grid_bits`); ``None`` = the full ``bits`` grid
+        self.grid_bits: int | None = None
         self.scale = nn.Parameter(torch.ones(channels, device=device), requires_grad=False)
         self.register_buffer("zero_point", torch.zeros(channels, device=device))
         # persisted in the state dict; mirrored in a Python bool so that forward never syncs
@@ -145,12 +169,18 @@ class FakeQuantize(nn.Module):
         return self.enabled and not self.is_float
 
     @property
+    def levels_bits(self) -> int:
+        """The width of the integer grid actually used (``grid_bits`` if narrowed, else
+        ``bits``)."""
+        return self.bits if self.grid_bits is None else self.grid_bits
+
+    @property
     def qmin(self) -> int:
-        return -(2 ** (self.bits - 1) - 1) if self.kind == "weight" else 0
+        return -(2 ** (self.levels_bits - 1) - 1) if self.kind == "weight" else 0
 
     @property
     def qmax(self) -> int:
-        return 2 ** (self.bits - 1) - 1 if self.kind == "weight" else 2 ** self.bits - 1
+        return 2 ** (self.levels_bits - 1) - 1 if self.kind == "weight" else 2 ** self.bits - 1
 
     @torch.no_grad()
     def set_qparams(self, scale: torch.Tensor | float, zero_point: torch.Tensor | float = 0.0) -> None:
@@ -210,7 +240,8 @@ class FakeQuantize(nn.Module):
         return out.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"bits={self.bits}, kind={self.kind}, enabled={self.enabled}"
+        grid = "" if self.grid_bits is None else f", grid_bits={self.grid_bits}"
+        return f"bits={self.bits}{grid}, kind={self.kind}, enabled={self.enabled}"
 
 
 def _act_quant(bits: int, device: torch.device | str | None = None) -> FakeQuantize:

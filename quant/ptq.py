@@ -39,6 +39,7 @@ from hwnas.quant.fake_quant import (
     QuantLinear,
     QuantMatMul,
     SharedAddQuant,
+    int16_safe_grid_bits,
     quant_layers,
     set_quantizers_enabled,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "calibrate",
     "calibration_batches",
     "insert_shared_add_quant",
+    "int16_safe_layers",
     "policy_of",
     "ptq",
     "quantize_model",
@@ -79,7 +81,8 @@ class PTQConfig:
     ``act_observer``: minmax | percentile | mse; ``weight_observer``: minmax | mse (per channel).
     ``max_images``: calibration images used (a few hundred suffice). ``residual``: "float" keeps
     residual additions in float, "shared" quantizes both inputs of each add with one shared
-    quantizer at ``add_bits`` (see :mod:`hwnas.quant.fake_quant`).
+    quantizer at ``add_bits`` (see :mod:`hwnas.quant.fake_quant`). ``int16_safe``: narrow the
+    weight grid where a 16-bit pair sum could saturate (what the portable QDQ export asks for).
 
     Examples:
         >>> from hwnas.quant import PTQConfig
@@ -99,6 +102,9 @@ class PTQConfig:
     residual: str = "float"
     add_bits: int = 8
     seed: int = 0
+    #: weights on a grid no x86 integer kernel can saturate (:func:`int16_safe_layers`):
+    #: True for every layer that needs it, a tuple of layer names for those only
+    int16_safe: bool | tuple[str, ...] = False
 
     def validate(self) -> None:
         if self.act_observer not in ACT_OBSERVERS:
@@ -190,15 +196,35 @@ def set_weight_scales(model: nn.Module, method: str = "minmax", grid: int = 100)
         yield_point()
         wq: FakeQuantize = layer.weight_quant
         if not wq.is_float:
-            wq.set_qparams(weight_qparams(layer.weight, wq.bits, method, grid=grid), 0.0)
+            wq.set_qparams(weight_qparams(layer.weight, wq.levels_bits, method, grid=grid), 0.0)
+
+
+def int16_safe_layers(qmodel: nn.Module, only: Iterable[str] | None = None) -> dict[str, int]:
+    """Narrow the weight grid of the quant layers of ``qmodel`` (all, or those named in
+    ``only``) whose integer products could saturate a 16-bit pair sum on x86 CPUs without VNNI
+    (:func:`hwnas.quant.fake_quant.int16_safe_grid_bits`: W8A8 gets 7-bit weights in its int8
+    container). Returns ``{layer: grid bits}`` of the layers narrowed; scales are not reset."""
+    wanted = None if only is None else set(only)
+    narrowed = {}
+    for name, layer in quant_layers(qmodel):
+        if wanted is not None and name not in wanted:
+            continue
+        grid = int16_safe_grid_bits(layer.w_bits, layer.a_bits)
+        if grid != layer.w_bits:
+            layer.weight_quant.grid_bits = grid
+            narrowed[name] = grid
+    return narrowed
 
 
 def quantize_model(model: nn.Module, policy: QuantPolicy, *, residual: str = "float",
                    add_bits: int = 8, weight_observer: str = "minmax", mse_grid: int = 40,
-                   example_input: torch.Tensor | None = None) -> nn.Module:
+                   example_input: torch.Tensor | None = None,
+                   int16_safe: bool | Iterable[str] = False) -> nn.Module:
     """A new model: ``model`` with BN folded and each Conv2d/Linear replaced by its quantized
     version at the policy's bit-widths (weight scales set, activation ranges still to be
-    calibrated). ``model`` is not modified; a bad policy raises UserError first.
+    calibrated). ``int16_safe``: :func:`int16_safe_layers` on every layer (True) or on the
+    named ones, before the weight scales are set. ``model`` is not modified; a bad policy
+    raises UserError first.
 
     Examples:
         >>> import torch
@@ -239,6 +265,8 @@ def quantize_model(model: nn.Module, policy: QuantPolicy, *, residual: str = "fl
             _set_module(qmodel, name, QuantLinear.from_float(module, w_bits, a_bits))
     if residual == "shared":
         qmodel = insert_shared_add_quant(qmodel, add_bits)
+    if int16_safe is not False:
+        int16_safe_layers(qmodel, None if int16_safe is True else int16_safe)
     set_weight_scales(qmodel, weight_observer, mse_grid)
     return qmodel.eval()
 
@@ -449,7 +477,7 @@ def ptq(model: nn.Module, policy: QuantPolicy, batches: Iterable, config: PTQCon
     config.validate()
     qmodel = quantize_model(model, policy, residual=config.residual, add_bits=config.add_bits,
                             weight_observer=config.weight_observer, mse_grid=config.mse_grid,
-                            example_input=example_input)
+                            example_input=example_input, int16_safe=config.int16_safe)
     return calibrate(qmodel, batches, config).eval()
 
 

@@ -14,7 +14,11 @@ from the calibrated fake-quant model of :func:`hwnas.quant.ptq.ptq`:
   fake-quant model (``round(fake_quant(w) / scale)``, bit-exact); weights below 8 bits stay in
   int8 containers restricted to ``[-(2^(b-1)-1), 2^(b-1)-1]``, their true width recorded in the
   metadata. ``int4=True`` stores weights of 4 bits or fewer as real ONNX INT4 (opset 21) for
-  size; onnxruntime's CPU provider runs those layers in float (reported as float islands);
+  size; onnxruntime's CPU provider runs those layers in float (reported as float islands).
+  By default (``portable``) the weights of W8A8 layers sit on a 7-bit grid ([-63, 63]): x86
+  CPUs without VNNI (AVX2, AVX-512 without VNNI) run uint8 x int8 layers with ``vpmaddubsw``,
+  which adds product pairs into a saturating int16, and full-range weights overflow it there;
+  the bound is read back from the file (:mod:`.int16`) into the metadata;
 * **biases** of integer layers: int32 on the scale ``input_scale * weight_scale``, what the
   integer kernels add (onnxruntime rounds even a float bias so when it fuses a layer); the one
   difference from a fake-quant model that keeps float biases, which

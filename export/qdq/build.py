@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ from hwnas.quant.fake_quant import (
 )
 from hwnas.quant.fold import fold_bn
 from hwnas.quant.policy import FLOAT_BITS, QuantPolicy
-from hwnas.quant.ptq import PTQConfig, calibration_batches, policy_of, ptq
+from hwnas.quant.ptq import PTQConfig, calibration_batches, int16_safe_layers, policy_of, ptq
 from onnx import numpy_helper
 from torch import nn
 
@@ -112,6 +112,9 @@ class QdqBuild:
     kinds: dict[str, str] = field(default_factory=dict)
     #: policy layers the ONNX graph does not contain (dead code: they never affect the output)
     dead_layers: list[str] = field(default_factory=list)
+    #: ``{layer: grid bits}`` of the layers whose weights sit on a narrower grid than their
+    #: width so that no x86 integer kernel can saturate (:func:`int16_safe_layers`)
+    narrowed: dict[str, int] = field(default_factory=dict)
 
     def proto(self, *, requantize: bool = True, int4: bool = False,
               extra_float: Iterable[str] = ()) -> onnx.ModelProto:
@@ -125,7 +128,10 @@ class QdqBuild:
         else:
             proto = self.builder.build(float_layers=set(extra_float), requantize=False, int4=int4)
         if not extra_float:
+            from hwnas.export.qdq.int16 import int16_report
+
             meta = self.metadata(requantized=requantize, rewrite=rewrite)
+            meta["int16"] = int16_report(proto)
             if int4 and any(self.layers[n].w_bits <= 4 for n in self.integer_layers()):
                 meta["weight_storage"] = ("ONNX INT4 (opset 21) for weights of <= 4 bits, int8 "
                                           "containers for the others")
@@ -167,6 +173,7 @@ class QdqBuild:
             "policy": self.policy.to_dict(),
             "searched_policy": self.searched_policy.to_dict(),
             "weight_bits": {n: lq.w_bits for n, lq in self.layers.items()},
+            "weight_grid_bits": dict(self.narrowed),
             "activation_bits": {n: lq.a_bits for n, lq in self.layers.items()},
             "float_for_speed": list(self.float_layers),
             "integer_products": self.builder.integer_products(),
@@ -189,9 +196,12 @@ def _on_cpu(model: nn.Module) -> nn.Module:
 
 
 def _given_quantized(quantized: nn.Module, policy: QuantPolicy,
-                     float_layers: Iterable[str]) -> nn.Module:
+                     float_layers: Iterable[str],
+                     int16_safe: bool | tuple[str, ...] = False) -> nn.Module:
     """A CPU copy of an already quantized model, checked to be quantized under ``policy``,
-    with the quantizers of ``float_layers`` made the identity."""
+    with the quantizers of ``float_layers`` made the identity; with ``int16_safe``, the weights
+    that could saturate a 16-bit pair sum moved to the narrower grid at the same clipping
+    range (scale times ``qmax / narrow qmax``)."""
     if not quant_layers(quantized):
         raise UserError("the quantized model given to the QDQ exporter has no quantized layer")
     if policy_of(quantized).bits != policy.bits:
@@ -205,6 +215,12 @@ def _given_quantized(quantized: nn.Module, policy: QuantPolicy,
     for _, product in quant_products(qmodel):  # a product follows its projection's bits
         if product.follows in floats:
             product.a_quant.bits = product.b_quant.bits = FLOAT_BITS
+    if int16_safe is not False:
+        full = {name: layer.weight_quant.qmax for name, layer in quant_layers(qmodel)}
+        for name in int16_safe_layers(qmodel, None if int16_safe is True else int16_safe):
+            wq = qmodel.get_submodule(name).weight_quant
+            scale, zp, _, qmax = wq.qparams()
+            wq.set_qparams(scale * (full[name] / qmax), zp)
     return qmodel
 
 
@@ -212,7 +228,7 @@ def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
               config: PTQConfig | None = None, example: torch.Tensor | None = None,
               float_layers: Iterable[str] = (), opset: int = 17,
               requant_observer: str = "mse", quantized: nn.Module | None = None,
-              device: str | torch.device = "cpu") -> QdqBuild:
+              device: str | torch.device = "cpu", portable: bool = True) -> QdqBuild:
     """Quantize ``model`` (float, BatchNorm not yet folded) under ``policy`` with PTQ on
     ``calibration`` (``(x, y)`` batches or tensors) and prepare its QDQ graph.
 
@@ -228,6 +244,13 @@ def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
     | mse; MSE keeps the ONNX model's CIFAR-10 accuracy within ~0.5 points of the fake-quant
     model's where min-max loses 1.5). Raises UserError for a policy that does not match the
     model, a layer that cannot be mapped to an ONNX node, or unusable calibration data.
+
+    ``portable`` (default): weights of the layers whose integer products could saturate a
+    16-bit pair sum on x86 CPUs without VNNI (AVX2, AVX-512 without VNNI) on a grid one bit
+    narrower (W8A8: [-63, 63] in int8; :func:`hwnas.quant.ptq.int16_safe_layers`), so the file
+    computes the same on every x86 ISA; PTQ and bias correction see those weights. False: the
+    full grid (faster to nothing, exact only on VNNI/AMX CPUs, or with onnxruntime's
+    ``session.x64quantprecision=1``). A ``config.int16_safe`` already set is kept.
 
     ``device``: torch device of the calibration passes (PTQ's ranges, bias correction, the
     requantization points; TF32 off). The returned build's fake-quant model is on the CPU, and
@@ -247,6 +270,8 @@ def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
     if not isinstance(policy, QuantPolicy):
         raise UserError(f"expected a QuantPolicy, got {type(policy).__name__}")
     config = config or PTQConfig()
+    if portable and config.int16_safe is False:
+        config = replace(config, int16_safe=True)
     config.validate()
     model = _on_cpu(model).eval()
     policy.validate(model)
@@ -266,7 +291,8 @@ def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
             qmodel = ptq(on_device, effective, xs, config,
                          example_input=example.to(calib_device))
     else:
-        qmodel = _given_quantized(quantized, policy, float_layers).to(calib_device)
+        qmodel = _given_quantized(quantized, policy, float_layers,
+                                  int16_safe=config.int16_safe).to(calib_device)
     twin = dequantized_twin(qmodel)
     proto = onnx.load_from_string(onnx_bytes(twin, example[:1], opset=opset))
     # the policy matches the model (validated above), so a layer without a node is dead code
@@ -316,7 +342,10 @@ def build_qdq(model: nn.Module, policy: QuantPolicy, calibration: Iterable, *,
     with no_tf32():
         calibrate_requant(layers, builder, qmodel, xs, config, requant_observer)
     qmodel = qmodel.cpu()
-    return QdqBuild(qmodel, effective, policy, builder, layers, float_layers, kinds, dead)
+    narrowed = {name: m.weight_quant.grid_bits for name, m in quant_layers(qmodel)
+                if name in layers and m.weight_quant.grid_bits is not None}
+    return QdqBuild(qmodel, effective, policy, builder, layers, float_layers, kinds, dead,
+                    narrowed)
 
 
 def _product_nodes(proto: onnx.ModelProto, qmodel: nn.Module
