@@ -9,7 +9,9 @@
 # machine is held, waits MINUTES, then returns through $OUT each job's logs (cct_logs.tgz) and
 # the resumable checkpoints of the main jobs, split into 15 MB parts (cct7.ckpt.partNN ...).
 # Carry: data/c10 (the full cifar10-jpeg.npz) and, when resuming on a new machine,
-# data/cct_resume (the returned parts).
+# data/cct_resume (the returned parts) - in two commands, with CCT_JOBS=none in the first.
+# Session 1's state: the three 50-epoch ablations are done (results/supernet_cifar10/cct1/);
+# resume with CCT_JOBS="cct7 cct2".
 set -u
 MINUTES=${1:-9}
 ROOT=/tmp/cct
@@ -28,9 +30,12 @@ JOBS=(
 )
 RETURN_CKPT="${RETURN_CKPT:-cct7 cct2}"
 
+# CCT_JOBS: the names to start or resume (default: all); "none" starts nothing (a command that
+# only carries data: the full npz and the 46 MB cct7 parts do not fit in one 64 MiB carry)
 for spec in "${JOBS[@]}"; do
   name=${spec%%|*}; args=${spec#*|}
   dir=$ROOT/$name
+  case " ${CCT_JOBS:-$name} " in *" $name "*) ;; *) continue ;; esac
   if [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
     echo "$name: running"; continue
   fi
@@ -38,7 +43,7 @@ for spec in "${JOBS[@]}"; do
   if [ ! -f "$dir/checkpoint.pt" ] && ls data/cct_resume/"$name".ckpt.part* >/dev/null 2>&1; then
     mkdir -p "$dir"
     cat data/cct_resume/"$name".ckpt.part* > "$dir/checkpoint.pt"
-    tar -xzf data/cct_resume/cct_logs.tgz -C "$ROOT" "$name/run.json" "$name/train_log.json" 2>/dev/null
+    tar -xzf data/cct_resume/cct_logs.tgz -C "$ROOT" --wildcards "*/$name/run.json" 2>/dev/null
     echo "$name: restored from carried parts"
   fi
   if [ -f "$dir/checkpoint.pt" ] && [ -f "$dir/run.json" ]; then
