@@ -59,7 +59,7 @@ def first_error(text: str) -> str | None:
         if ln.startswith("Traceback"):
             tail = [x for x in lines[i:] if re.match(r"^[A-Za-z_.]+(Error|Exception)\b", x)]
             return tail[0] if tail else lines[-1]
-    failed = [ln for ln in lines if "FAILED" in ln or "failed" in ln.split(":")[-1:][0]]
+    failed = [ln for ln in lines if "failed" in ln.lower()]
     return failed[0] if failed else (lines[-1] if lines else None)
 
 

@@ -18,8 +18,7 @@ def model_size_bytes(layers: list[Layer]) -> int:
         >>> from hwnas.supernet import get_space
         >>> space = get_space("mbv3-tiny")
         >>> layers = space.layers(space.smallest())
-        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
-        >>> int8 = apply_to_layers(uniform(names, 8, 8), layers)
+        >>> int8 = apply_to_layers(uniform(layers, 8, 8), layers)
         >>> from hwnas.quant import model_size_bytes
         >>> model_size_bytes(layers), model_size_bytes(int8)      # float, then int8
         (47016, 13032)
@@ -40,8 +39,7 @@ def bops(layers: list[Layer]) -> int:
         >>> from hwnas.supernet import get_space
         >>> space = get_space("mbv3-tiny")
         >>> layers = space.layers(space.smallest())
-        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
-        >>> int8 = apply_to_layers(uniform(names, 8, 8), layers)
+        >>> int8 = apply_to_layers(uniform(layers, 8, 8), layers)
         >>> from hwnas.quant import bops
         >>> bops(int8)         # MACs x 8 x 8
         11968512
@@ -67,8 +65,7 @@ def layer_cost(layer: Layer, kind: str = "size") -> float:
         >>> from hwnas.supernet import get_space
         >>> space = get_space("mbv3-tiny")
         >>> layers = space.layers(space.smallest())
-        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
-        >>> int8 = apply_to_layers(uniform(names, 8, 8), layers)
+        >>> int8 = apply_to_layers(uniform(layers, 8, 8), layers)
         >>> from hwnas.quant import layer_cost
         >>> layer_cost(int8[0], "size")       # bytes of the first conv's int8 weights and biases
         208.0
@@ -89,8 +86,7 @@ def weight_bits_budget_bytes(layers: list[Layer], avg_weight_bits: float) -> flo
         >>> from hwnas.supernet import get_space
         >>> space = get_space("mbv3-tiny")
         >>> layers = space.layers(space.smallest())
-        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
-        >>> int8 = apply_to_layers(uniform(names, 8, 8), layers)
+        >>> int8 = apply_to_layers(uniform(layers, 8, 8), layers)
         >>> from hwnas.quant import weight_bits_budget_bytes
         >>> weight_bits_budget_bytes(layers, 6)   # the size at 6 weight bits on average
         10200.0

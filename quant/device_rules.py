@@ -143,10 +143,9 @@ def effective_layers(layers: list[Layer], rules: DeviceQuantRules) -> list[Layer
         >>> from hwnas.supernet import get_space
         >>> space = get_space("mbv3-tiny")
         >>> layers = space.layers(space.smallest())
-        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
-        >>> int8 = apply_to_layers(uniform(names, 8, 8), layers)
+        >>> int8 = apply_to_layers(uniform(layers, 8, 8), layers)
         >>> from hwnas.quant import effective_layers, get_device_rules
-        >>> four = apply_to_layers(uniform(names, 4, 8), layers)
+        >>> four = apply_to_layers(uniform(layers, 4, 8), layers)
         >>> effective_layers(four, get_device_rules("edgetpu"))[1].w_bits   # runs as int8 there
         8
     """
@@ -183,10 +182,9 @@ def device_size_bytes(layers: list[Layer], rules: DeviceQuantRules) -> int:
         >>> from hwnas.supernet import get_space
         >>> space = get_space("mbv3-tiny")
         >>> layers = space.layers(space.smallest())
-        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
-        >>> int8 = apply_to_layers(uniform(names, 8, 8), layers)
+        >>> int8 = apply_to_layers(uniform(layers, 8, 8), layers)
         >>> from hwnas.quant import device_size_bytes, get_device_rules
-        >>> four = apply_to_layers(uniform(names, 4, 8), layers)
+        >>> four = apply_to_layers(uniform(layers, 4, 8), layers)
         >>> device_size_bytes(four, get_device_rules("edgetpu")) == device_size_bytes(int8, get_device_rules("edgetpu"))
         True
     """
@@ -222,8 +220,7 @@ def layer_latency_fn(rules: DeviceQuantRules, float_latency: Callable[[Layer], f
         >>> from hwnas.supernet import get_space
         >>> space = get_space("mbv3-tiny")
         >>> layers = space.layers(space.smallest())
-        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
-        >>> int8 = apply_to_layers(uniform(names, 8, 8), layers)
+        >>> int8 = apply_to_layers(uniform(layers, 8, 8), layers)
         >>> from hwnas.quant import get_device_rules, layer_latency_fn
         >>> cost = layer_latency_fn(get_device_rules("cpu-ort"), lambda layer: 1e-6 * layer.macs)
         >>> cost(int8[1]) > 0
@@ -245,8 +242,7 @@ def measure_int8_speedup(layers: Iterable[Layer], timer: Callable[[Layer, bool],
         >>> from hwnas.supernet import get_space
         >>> space = get_space("mbv3-tiny")
         >>> layers = space.layers(space.smallest())
-        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
-        >>> int8 = apply_to_layers(uniform(names, 8, 8), layers)
+        >>> int8 = apply_to_layers(uniform(layers, 8, 8), layers)
         >>> from hwnas.quant import measure_int8_speedup
         >>> def timer(layer, int8):            # ms; hwnas.export.OrtLayerTimer() times it for real
         ...     return 1.0 if int8 else 2.0

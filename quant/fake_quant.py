@@ -43,7 +43,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from hwnas.quant.policy import FLOAT_BITS, SUPPORTED_BITS
+from hwnas.quant.policy import FLOAT_BITS, SUPPORTED_BITS, quantizable_layer_names
 from hwnas.supernet.nn.vit import MatMul
 from torch import nn
 
@@ -355,11 +355,6 @@ class QuantMatMul(MatMul):
 
 QUANT_LAYER_TYPES = (QuantConv2d, QuantLinear)
 
-
-def quantizable_layer_names(model: nn.Module) -> list[str]:
-    """Qualified names of the layers a policy covers: every ``nn.Conv2d`` and ``nn.Linear``
-    (quantized ones included), in module order."""
-    return [name for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
 
 
 def quant_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -164,12 +164,19 @@ class QuantPolicy:
         return cls.from_dict(d, source=f"quant policy file {path}")
 
 
+def quantizable_layer_names(model: Any) -> list[str]:
+    """Qualified names of the layers a policy covers: every ``nn.Conv2d`` and ``nn.Linear`` of
+    an ``nn.Module`` (quantized ones included), in module order. (Here, not in ``fake_quant``,
+    which imports this module: torch is imported only when a model is given.)"""
+    from torch import nn
+
+    return [name for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+
+
 def layer_names_of(model_or_names: Any) -> list[str]:
     """Names of the quantizable layers of an ``nn.Module`` (Conv2d/Linear), of a layer list
     (``conv``/``linear`` layers), or a list of names, in order."""
     if hasattr(model_or_names, "named_modules"):
-        from hwnas.quant.fake_quant import quantizable_layer_names
-
         return quantizable_layer_names(model_or_names)
     if isinstance(model_or_names, QuantPolicy):
         return model_or_names.layer_names
@@ -255,8 +262,7 @@ def apply_to_layers(policy: QuantPolicy, layers: list) -> list:
         >>> from hwnas.supernet import get_space
         >>> space = get_space("mbv3-tiny")
         >>> layers = space.layers(space.smallest())
-        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
-        >>> quantized = apply_to_layers(uniform(names, 4, 8), layers)
+        >>> quantized = apply_to_layers(uniform(layers, 4, 8), layers)
         >>> quantized[0].w_bits, quantized[0].a_bits, layers[0].w_bits
         (4, 8, 32)
     """
@@ -282,8 +288,7 @@ def average_weight_bits(policy: QuantPolicy, layers: list) -> float:
         >>> from hwnas.supernet import get_space
         >>> space = get_space("mbv3-tiny")
         >>> layers = space.layers(space.smallest())
-        >>> names = [l.name for l in layers if l.op in ("conv", "linear")]
-        >>> average_weight_bits(uniform(names, 6, 8), layers)
+        >>> average_weight_bits(uniform(layers, 6, 8), layers)
         6.0
     """
     quantized = [layer for layer in apply_to_layers(policy, layers) if layer.op in _QUANT_OPS]
