@@ -236,6 +236,7 @@ def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, prog
                       num_classes=data.num_classes)
     check_devices(space, cfg.all_devices)
     check_cheap_bounds(space, cfg.constraint_list, bits=cfg.bits, bit_choices=cfg.bit_choices)
+    torch.manual_seed(cfg.seed)  # the initial weights, as `hwnas train --seed` draws them
     supernet = space.build_supernet()
     config = default_config(space, cfg.epochs, seed=cfg.seed, augment=cfg.augment)
     result = train_supernet(supernet, space, data, config, device=cfg.torch_device,
