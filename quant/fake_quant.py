@@ -303,9 +303,9 @@ class SharedAddQuant(nn.Module):
     requantizes both inputs to the output scale inside the add (onnxruntime's QLinearAdd,
     TFLite's ADD: scales may differ) or needs both inputs on one shared scale (accelerators that
     add int accumulators directly); this simulates the latter.
-    :func:`hwnas.quant.ptq.quantize_model` inserts it (``residual="shared"``) by rewriting every tensor + tensor addition with
-    ``torch.fx`` into a call of a ``SharedAddQuant`` module named ``<block>.add``, the name the
-    layer list gives that addition. With ``residual="float"`` (the default) adds stay in float,
+    :func:`hwnas.quant.ptq.quantize_model` inserts it (``residual="shared"``) by rewriting every
+    tensor + tensor addition with ``torch.fx`` into a call of a ``SharedAddQuant`` module named
+    ``<block>.add``, the name the layer list gives that addition. With ``residual="float"`` (the default) adds stay in float,
     the common simplification of QAT tools.
     """
 
