@@ -305,8 +305,8 @@ class SharedAddQuant(nn.Module):
     add int accumulators directly); this simulates the latter.
     :func:`hwnas.quant.ptq.quantize_model` inserts it (``residual="shared"``) by rewriting every
     tensor + tensor addition with ``torch.fx`` into a call of a ``SharedAddQuant`` module named
-    ``<block>.add``, the name the layer list gives that addition. With ``residual="float"`` (the default) adds stay in float,
-    the common simplification of QAT tools.
+    ``<block>.add``, the name the layer list gives that addition. With ``residual="float"``
+    (the default) adds stay in float, the common simplification of QAT tools.
     """
 
     def __init__(self, bits: int = 8, device: torch.device | str | None = None) -> None:
