@@ -366,7 +366,8 @@ class FPGAEstimator(Estimator):
 
           (``fill = 1`` for the global pool and the classifier, which need their whole input).
         * ``"throughput"``: the steady-state interval of a full pipeline, ``max_l II_l`` (FINN's
-          ``max_cycles``); the memory terms (class docstring) overlap it (``max``) instead of adding.
+          ``max_cycles``); the memory terms (class docstring) overlap it (``max``) instead of
+          adding.
         * ``"sequential"``: no overlap between layers, ``Σ_l II_l`` (FINN's
           ``critical_path_cycles``, an upper bound), with the units that minimise that sum instead
           (the Lagrangian optimum ``units ∝ sqrt(MACs / unit cost)`` snapped to allowed (PE, SIMD)
