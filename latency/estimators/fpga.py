@@ -160,7 +160,7 @@ def _fill_fraction(layer: Layer) -> float:
 
 
 def _matrix_shape(layer: Layer) -> tuple[int, int, int]:
-    """``(pixels, MH, MW)`` of a conv/linear/matmul layer (see the module docstring)."""
+    """``(pixels, MH, MW)`` of a conv/linear/matmul layer (see :class:`FPGAEstimator`)."""
     if layer.op == "linear":
         return layer.in_h * layer.in_w, layer.out_channels, layer.in_channels
     if layer.op == "matmul":
