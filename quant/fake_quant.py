@@ -1,18 +1,18 @@
 """Fake quantization (simulated integer arithmetic in float) for Conv2d/Linear layers.
 
 Scheme (the one integer runtimes and accelerators use, Krishnamoorthi 2018): **weights**
-symmetric per output channel on ``[-(2^(b-1)-1), 2^(b-1)-1]`` (zero exact, no zero point);
-**activations** affine per tensor on ``[0, 2^b-1]`` with an integer zero point, so
-post-ReLU/h-swish ranges waste no level; **bits** in :data:`SUPPORTED_BITS`, 32 = float
-(identity). Rounding uses the straight-through estimator; the scale is an ``nn.Parameter`` so
-LSQ can learn it (:class:`FakeQuantize`).
+symmetric per output channel on ``[-(2^(b-1)-1), 2^(b-1)-1]`` (at most ``2^b - 1`` levels, zero
+exact, no zero point); **activations** affine (asymmetric) per tensor on ``[0, 2^b-1]`` with an
+integer zero point, so post-ReLU/h-swish ranges waste no level; **bits** in
+:data:`SUPPORTED_BITS`, 32 = float (identity). Rounding uses the straight-through estimator
+(:class:`FakeQuantize`).
 
 Where the quantizers sit: each ``nn.Conv2d``/``nn.Linear`` becomes a
-:class:`QuantConv2d`/:class:`QuantLinear` (same qualified name, same parameter names) that
-quantizes its **input** activation and its weight, so a policy's activation bits of layer L are
-the bits of L's input. Attention products become :class:`QuantMatMul` (following their
-projection's activation bits); residual adds may share one quantizer (:class:`SharedAddQuant`).
-LayerNorm, softmax and GELU stay float.
+:class:`QuantConv2d`/:class:`QuantLinear` (a subclass, same qualified name and parameter names)
+that quantizes its **input** activation and its weight, so the activation bit-width of layer L
+in a :class:`hwnas.quant.policy.QuantPolicy` is the bit-width of L's input. Attention products
+become :class:`QuantMatMul` (following their projection's activation bits); residual adds may
+share one quantizer (:class:`SharedAddQuant`). LayerNorm, softmax and GELU stay float.
 """
 
 from __future__ import annotations
