@@ -13,14 +13,8 @@ export; :mod:`hwnas.export.run_api`) and :mod:`search <hwnas.search>` (``hwnas.s
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
 from hwnas.core.errors import UserError
-
-try:
-    __version__ = version("hwnas")
-except PackageNotFoundError:  # imported from a source tree that was not installed
-    __version__ = "0+unknown"
+from hwnas.core.version import __version__
 
 __all__ = ["UserError", "__version__", "load_run"]
 

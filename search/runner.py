@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from hwnas.search import outputs
+import hwnas.search.outputs as outputs
 from hwnas.search.bits import (
     ArchBitsSpace,
     bit_groups,
@@ -362,7 +362,7 @@ def _open(cfg: SearchConfig, run_dir: Path, sampler):
 def study_attrs(cfg: SearchConfig, data: DatasetSplits, supernet_source: str | None,
                 trained: bool) -> dict[str, Any]:
     """What the study's objectives are about (its user attributes, e.g. for optuna-dashboard)."""
-    from hwnas import __version__
+    from hwnas.core.version import __version__
 
     if trained or supernet_source is None:
         supernet = f"trained for this run ({cfg.epochs} epochs)"
