@@ -4,9 +4,9 @@ Once-for-All's second half: after the search picks a subnet, a few epochs of tra
 standalone network recover what weight sharing cost it. ``hwnas finetune RUN --trial N`` and
 ``hwnas.load_run(RUN).finetune(N)``:
 
-1. rebuild trial ``N`` exactly as the search scored it (:class:`hwnas.export.run_api.Run`: the
-   subnet extracted from the run's supernet, BatchNorm recalibrated; PTQ under its policy), on
-   the run's splits (validation and test disjoint from the supernet's training images);
+1. rebuild trial ``N`` exactly as the search scored it (:class:`hwnas.search.replay.RunReplay`:
+   the subnet extracted from the run's supernet, BatchNorm recalibrated; PTQ under its policy),
+   on the run's splits (validation and test disjoint from the supernet's training images);
 2. fine-tune the extracted standalone module on the training split by knowledge distillation
    from the supernet's largest subnet (soft targets at a temperature, plus the label loss;
    SGD with warm-up and cosine decay: :func:`hwnas.quant.qat.distill`); a trial with a bit
@@ -238,8 +238,8 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
                    out: str | Path | None = None, overwrite: bool = False,
                    export_settings: Any = None, progress: bool = True,
                    devices: Sequence[str] | None = None) -> FinetuneResult:
-    """Fine-tune trial ``trial`` of ``run`` (a run directory or a
-    :class:`hwnas.export.run_api.Run`), write it to ``out`` (default
+    """Fine-tune trial ``trial`` of ``run`` (a run directory, or a
+    :class:`hwnas.search.replay.RunReplay` such as :class:`hwnas.Run`), write it to ``out`` (default
     ``RUN/finetune/trial_NNNN``) and export it (see the module docstring). ``devices``: the
     devices measurable here to time the exported files on and recommend one for (default: the
     run's, as ``hwnas export`` does; ``()``: verify only). Bad input (no such
@@ -254,7 +254,7 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
     )
     from hwnas.export.onnx_export import InputSpec
     from hwnas.export.qdq import dequantized_twin
-    from hwnas.export.run_api import Run
+    from hwnas.search.replay import RunReplay
     from hwnas.quant.qat import distill, qat
     from hwnas.supernet.data import BatchLoader
     from hwnas.supernet.evaluate import accuracy, eval_loader
@@ -264,13 +264,13 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
     settings.validate()
     export_settings = export_settings or ExportSettings()
     export_settings.validate()
-    run = run if isinstance(run, Run) else Run(run)
+    run = run if isinstance(run, RunReplay) else RunReplay(run)
     device = check_torch_device(settings.device)
     arch, policy = run.candidate(trial)  # UserError: no such trial, an arch outside the space
     trial = int(trial)
     out_dir = Path(out) if out is not None else run.dir.finetune_dir(trial)
     _check_replaceable(out_dir, run.path, overwrite)
-    tunable = measurable_devices(str(d) for d in ((run.settings.get("devices") or [])
+    tunable = measurable_devices(str(d) for d in (run.config.all_devices
                                                   if devices is None else devices))
     wrong = [d for d in devices or () if d not in tunable]
     if wrong:
@@ -279,7 +279,7 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
                         f"-b<batch>")
     space, supernet = run.space, run.supernet
     settings = settings.for_space(space)
-    seed = int(run.settings.get("seed", 0)) if settings.seed is None else int(settings.seed)
+    seed = run.config.seed if settings.seed is None else int(settings.seed)
     supernet.to(device)
     evaluator = run.evaluator
     data = run.data
@@ -330,12 +330,12 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
             arch=result.arch, accuracy=after["val"], devices=tunable, settings=export_settings,
             progress=progress, input_spec=InputSpec(tuple(data.mean), tuple(data.std),
                                                     tuple(data.classes)),
-            metadata={"trial": trial, "space": space.name, "dataset": run.settings["dataset"],
+            metadata={"trial": trial, "space": space.name, "dataset": run.config.dataset,
                       "test_accuracy": after["test"],
                       "finetuned": {"epochs": settings.epochs, "teacher": result.teacher,
                                     "before": before, "after": after}})
         save_finetuned(staging / CHECKPOINT, final, space, arch, policy,
-                       dataset=str(run.settings["dataset"]), metadata=result.summary())
+                       dataset=str(run.config.dataset), metadata=result.summary())
         summary = result.summary()
         summary["settings"] = asdict(settings)
         summary["run_dir"] = str(run.path)

@@ -40,7 +40,6 @@ from hwnas.search.bits import (
 )
 from hwnas.search.config import RESUME_KEYS, SearchConfig
 from hwnas.search.evaluator import (
-    EvalSettings,
     TrialEvaluator,
     check_cheap_bounds,
     check_devices,
@@ -49,6 +48,7 @@ from hwnas.search.evaluator import (
     policy_text,
 )
 from hwnas.search.plots import plot_across_devices, plot_fronts, plot_hypervolume
+from hwnas.search.replay import eval_settings, load_run_supernet, replay_splits
 from hwnas.search.rundir import RUN_FORMAT, RunDir
 from hwnas.search.samplers import make_sampler, resolve_sampler, screening_problem
 from hwnas.search.study import (
@@ -66,9 +66,9 @@ from hwnas.search.study import (
 )
 from hwnas.supernet.checkpoints import shipped_checkpoint
 from hwnas.supernet.data.sources import load_dataset
-from hwnas.supernet.data.splits import DatasetSplits, subsample_eval
+from hwnas.supernet.data.splits import DatasetSplits
 from hwnas.supernet.evaluate import accuracy, eval_loader
-from hwnas.supernet.fingerprint import disjoint_validation, training_record
+from hwnas.supernet.fingerprint import training_record
 from hwnas.supernet.space import SearchSpace
 from hwnas.supernet.spaces import get_space
 from hwnas.supernet.train import (
@@ -379,7 +379,7 @@ def _evaluator(cfg: SearchConfig, space, supernet, data, accuracy_fn=None,
                run_dir: Path | str | None = None, log=None) -> TrialEvaluator:
     """The trial evaluator; with ``run_dir``, the int8 speed-up tables of the run's last export
     replace the devices' default int8 gain (said once through ``log``)."""
-    settings = EvalSettings(calib_batches=cfg.calib_batches, ptq_images=cfg.ptq_images, seed=cfg.seed)
+    settings = eval_settings(cfg)
     speedups = RunDir(run_dir).int8_speedups(cfg.all_devices) if run_dir is not None else {}
     for device, table in speedups.items():
         if log is not None:
@@ -438,12 +438,9 @@ def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int, worker: in
     sampler seeded apart from the other workers')."""
     cfg = SearchConfig(**cfg_dict)
     torch.set_num_threads(1)
-    data = load_dataset(cfg.dataset, seed=cfg.data_seed)
-    space, supernet, payload = load_checkpoint(RunDir(run_dir).supernet, device=cfg.torch_device)
-    data = disjoint_validation(data, payload, str(RunDir(run_dir).supernet),
-                               seed=cfg.data_seed, log=lambda *a: None)  # as the main process
-    data = with_training_augment(data, payload.get("train_config"))
-    data = subsample_eval(data, cfg.eval_images, seed=cfg.data_seed)
+    rd = RunDir(run_dir)
+    space, supernet, payload = load_run_supernet(rd, cfg, device=cfg.torch_device)
+    data = replay_splits(cfg, payload, str(rd.supernet), scoring=True)  # as the main process
     evaluator = _evaluator(cfg, space, supernet, data, run_dir=run_dir)
     if cfg.accuracy == "predictor":
         fn = accuracy_predictor(cfg, space, evaluator, Path(run_dir), log=lambda *a: None)
@@ -486,11 +483,10 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
                 f"(the progress bar estimates the time; --supernet FILE uses a trained one)")
         space, supernet, train_result, train_config, record = resolve_supernet(
             cfg, data, run_dir, progress, continuing)
-        if train_result is None:  # a checkpoint's training images stay out of validation
-            data = disjoint_validation(data, {"data_record": record}, str(supernet_source),
-                                       seed=cfg.data_seed, log=log)
-        data = with_training_augment(data, train_config.to_dict() if train_config else None)
-        data = subsample_eval(data, cfg.eval_images, seed=cfg.data_seed)
+        # a checkpoint's training images stay out of validation
+        data = replay_splits(cfg, {"data_record": record, "train_config": train_config.to_dict()
+                                   if train_config else None}, str(supernet_source), data=data,
+                             disjoint=train_result is None, scoring=True, log=log)
         if cfg.eval_images:
             log(f"scoring on {len(data.val)} validation and {len(data.test)} test images "
                 f"(eval_images {cfg.eval_images})")
