@@ -1,4 +1,4 @@
-"""A finished run, from Python: ``hwnas.load_run(path)``.
+"""A finished run, from Python: ``hwnas.load_run(path)`` and :class:`hwnas.Run`.
 
 The way back into a run directory for notebooks and scripts, without repeating the search::
 
@@ -11,10 +11,10 @@ The way back into a run directory for notebooks and scripts, without repeating t
     run.export(select=[best.trial])  # ONNX files, verified and timed
     run.finetune(best.trial, epochs=3)  # distilled from the largest subnet (QAT with a policy)
 
-It reads the directory through :class:`hwnas.search.rundir.RunDir` and rebuilds models the way
-the search and ``hwnas export`` do (:class:`hwnas.search.evaluator.TrialEvaluator`: the subnet
-extracted from the run's supernet, BatchNorm recalibrated, PTQ under the trial's policy). It
-sits at the export layer because it reaches every layer below.
+It replays the run as the search saw it (:class:`hwnas.search.replay.RunReplay`: the
+typed settings, the supernet, the splits, the evaluator) and rebuilds models the way the search
+and ``hwnas export`` do. It sits on the top floor, beside the command line, because it reaches
+every layer below; the package facade :mod:`hwnas` imports it on first use.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Run(RunReplay):
     ``trials``, ``fronts``, ``space``, ``supernet``, ``data``, ``evaluator``).
 
     Examples:
-        >>> from hwnas.export import Run
+        >>> from hwnas import Run
         >>> run = Run(run_dir)                # what hwnas.load_run(run_dir) returns
         >>> fastest = run.fronts["edgetpu-est"].iloc[0]
         >>> model = run.model(int(fastest.trial), quantized=False)   # its float subnet, an nn.Module
