@@ -11,10 +11,8 @@ The way back into a run directory for notebooks and scripts, without repeating t
     run.export(select=[best.trial])  # ONNX files, verified and timed
     run.finetune(best.trial, epochs=3)  # distilled from the largest subnet (QAT with a policy)
 
-It replays the run as the search saw it (:class:`hwnas.search.replay.RunReplay`: the
-typed settings, the supernet, the splits, the evaluator) and rebuilds models the way the search
-and ``hwnas export`` do. It sits on the top floor, beside the command line, because it reaches
-every layer below; the package facade :mod:`hwnas` imports it on first use.
+It replays the run as the search saw it (:class:`hwnas.search.replay.RunReplay`) and sits on
+the top floor, beside the command line: it reaches every layer below.
 """
 
 from __future__ import annotations

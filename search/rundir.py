@@ -15,9 +15,8 @@ A run directory is what ``hwnas search`` / ``hwnas run`` leave behind and what `
     .hwnas-written.json     the files the search wrote (:mod:`hwnas.core.written`): what
                             marks the directory as a run, and all --overwrite may replace
 
-:class:`RunDir` names these paths and reads the tables and the configuration (a dict, or the
-typed :class:`hwnas.search.config.SearchConfig`), with one-line errors for a directory that is
-not a run. No torch here.
+:class:`RunDir` names these paths and reads the tables and the settings (typed: ``SearchConfig``),
+with one-line errors for a directory that is not a run. No torch here.
 """
 
 from __future__ import annotations
