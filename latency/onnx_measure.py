@@ -40,7 +40,7 @@ from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
 
 __all__ = ["BUSY_SLACK", "LatencyStats", "MAX_MARGIN", "MIN_MARGIN", "PRECISIONS", "RUNTIMES",
-           "Runner", "busy_machine", "clearly_faster", "make_runner", "make_session",
+           "Runner", "busy_machine", "clearly_faster", "make_runner", "make_session", "measure_dir",
            "measure_onnx", "openvino_available", "order_settled", "paired_margin",
            "prime_openvino", "round_medians", "random_input", "session_options",
            "time_interleaved", "timed_runs"]
@@ -606,3 +606,49 @@ def measure_onnx(
                              warmup=warmup, seed=seed)["model"]
     return _stats(times, warmup=warmup, threads=threads, batch=batch, runtime=runtime,
                   precision=runner.precision)
+
+
+def measure_dir(
+    models_dir: str | Path,
+    *,
+    threads: int = 1,
+    repeats: int = 50,
+    warmup: int = 10,
+    max_cv: float = 0.1,
+    progress: Callable[[str], None] | None = None,
+    runtime: str = "onnxruntime",
+    precision: str | None = None,
+) -> tuple[list[dict], list[dict]]:
+    """Measure every ``*.onnx`` of ``models_dir`` with :func:`measure_onnx`
+    on ``runtime`` (OpenVINO: with its ``precision`` hint, default f32).
+
+    Returns ``(stable, unstable)`` rows (keys ``arch, latency_ms, p95_ms, cv, file``): a model
+    whose cv exceeds ``max_cv`` is measured once more, and left in ``unstable`` if it still
+    does. ``arch`` is the model's ``arch`` metadata (the file stem if absent).
+    """
+    from hwnas.latency.ondevice import model_arch
+
+    if not (isinstance(max_cv, (int, float)) and max_cv > 0):
+        raise UserError(f"max_cv must be a positive number, got {max_cv!r}")
+    directory = Path(models_dir)
+    if not directory.is_dir():
+        raise UserError(f"{directory} is not a directory; expected a directory of .onnx models")
+    files = sorted(p for p in directory.glob("*.onnx") if p.is_file())
+    if not files:
+        raise UserError(f"{directory} holds no .onnx files; expected exported models (*.onnx)")
+    stable, unstable = [], []
+    for path in files:
+        arch = model_arch(make_session(path, threads=threads), path)
+        stats = measure_onnx(path, threads=threads, repeats=repeats, warmup=warmup,
+                             runtime=runtime, precision=precision)
+        if stats.cv > max_cv:  # one retry: noise is often a passing background task
+            stats = measure_onnx(path, threads=threads, repeats=repeats, warmup=warmup,
+                                 runtime=runtime, precision=precision)
+        row = {"arch": arch, "latency_ms": stats.median_ms, "p95_ms": stats.p95_ms,
+               "cv": stats.cv, "file": path.name}
+        (unstable if stats.cv > max_cv else stable).append(row)
+        if progress is not None:
+            verdict = "UNSTABLE, not reported" if stats.cv > max_cv else "ok"
+            progress(f"{path.name}: {stats.median_ms:.4f} ms (p95 {stats.p95_ms:.4f}, "
+                     f"cv {stats.cv:.3f}) {verdict}")
+    return stable, unstable

@@ -60,6 +60,7 @@ __all__ = [
     "OpCountPredictor",
     "available_predictors",
     "available_pretrained",
+    "default_predictor",
     "get_predictor",
     "load_pretrained",
     "pretrained_path",
@@ -156,3 +157,17 @@ def load_pretrained(space_name: str) -> LatencyPredictor:
         raise UserError(f"no pretrained latency predictor for space {space_name!r}; pretrained "
                         f"predictors exist for {available_pretrained()}")
     return LatencyPredictor.load(path)
+
+
+def default_predictor(space: Any, name: str | None = None) -> LatencyPredictor:
+    """The predictor to adapt for ``space``: the one named ``name``, else the space's
+    pretrained predictor (:func:`load_pretrained`), else the FLOPs one."""
+    if name is not None:
+        return get_predictor(name, space)
+    try:
+        pretrained = load_pretrained(space.name)
+    except UserError:  # none shipped for this space
+        return get_predictor("flops", space)
+    if pretrained.space.config() != space.config():  # trained for another configuration
+        return get_predictor("flops", space)
+    return pretrained
