@@ -351,6 +351,15 @@ def make_runner(model: str | Path | bytes, *, runtime: str = "onnxruntime", thre
     """
     threads = _check_int("threads", threads, 1)
     streams = _check_int("streams", streams, 1)
+    _check_runner_options(runtime, threads, precision, batch, streams)
+    if runtime == "onnxruntime":
+        return _OrtRunner(make_session(model, threads=threads), threads)
+    return _openvino_compiler(model, threads, precision, streams)(batch)
+
+
+def _check_runner_options(runtime: str, threads: int, precision: str | None, batch: int | None,
+                          streams: int) -> None:
+    """:class:`UserError` for :func:`make_runner` settings that the runtime cannot honour."""
     if runtime not in RUNTIMES:
         raise UserError(f"runtime {runtime!r}; expected one of {', '.join(RUNTIMES)}")
     if precision is not None and precision not in PRECISIONS:
@@ -362,13 +371,19 @@ def make_runner(model: str | Path | bytes, *, runtime: str = "onnxruntime", thre
         if streams != 1:
             raise UserError(f"streams={streams} needs runtime 'openvino'; onnxruntime runs one "
                             f"call on one request (expected streams=1)")
-        return _OrtRunner(make_session(model, threads=threads), threads)
+        return
     if streams > threads:
         raise UserError(f"streams={streams} > threads={threads}: every OpenVINO stream needs at "
                         f"least one of the threads; expected streams <= threads")
     if batch is not None and _check_int("batch", batch, 1) % streams:
         raise UserError(f"batch {batch} does not split into {streams} equal sub-batches; "
                         f"expected a batch divisible by streams={streams}")
+
+
+def _openvino_compiler(model: str | Path | bytes, threads: int, precision: str | None,
+                       streams: int) -> Callable[[int | None], Runner]:
+    """``compile_at(batch)``: an OpenVINO runner of ``model`` compiled for that static batch
+    (``None``: as the file says); the runner recompiles itself through it for another batch."""
     try:
         import openvino as ov
     except ImportError:
@@ -409,7 +424,7 @@ def make_runner(model: str | Path | bytes, *, runtime: str = "onnxruntime", thre
                             f"{streams} asked for ({threads} threads)")
         return _OvRunner(compiled, threads, recompile=compile_at, streams=streams)
 
-    return compile_at(batch)
+    return compile_at
 
 
 def timed_runs(runner: Runner, feeds: Mapping[str, np.ndarray], runs: int) -> np.ndarray:
