@@ -1,24 +1,17 @@
 """Analytical latency estimators: latency of a network on a device we cannot measure, from its
-layer list alone (no torch, no model file).
+layer list alone (no torch, no model file). An estimate is a model, not a measurement: it ranks
+architectures by what the modelled hardware would do; its absolute numbers carry the
+assumptions documented (with parameters and sources) in each family's module:
 
-Three families, each in its own module and each documented with its parameters and sources:
+* :mod:`~hwnas.latency.estimators.fpga` - a pipelined (dataflow) FPGA accelerator (FINN, hls4ml);
+* :mod:`~hwnas.latency.estimators.edgetpu` - the Coral Edge TPU (int8 systolic array, 8 MB
+  parameter cache, unsupported ops on the host CPU);
+* :mod:`~hwnas.latency.estimators.roofline` - a per-layer roofline for GPU/CPU-class devices.
 
-* :mod:`hwnas.latency.estimators.fpga` - a pipelined (dataflow) FPGA accelerator in the spirit of FINN
-  and hls4ml: per-layer parallelism folded from a DSP/LUT budget, bit-width aware.
-* :mod:`hwnas.latency.estimators.edgetpu` - the Coral Edge TPU: an int8 systolic array, an 8 MB
-  on-chip parameter cache with streaming of what does not fit, unsupported ops on the host CPU.
-* :mod:`hwnas.latency.estimators.roofline` - a per-layer roofline for GPU/CPU-class devices (Jetson,
-  phones, Raspberry Pi) from published compute peaks and memory bandwidths.
-
-An estimate is a model, not a measurement: it ranks architectures by what the modelled
-hardware would do, and its absolute numbers carry the modelling assumptions written in each
-module. Devices built on them have kind ``"estimated"`` (see :mod:`hwnas.latency.devices`) until a
-user adapts them with real measurements.
-
-The shared pieces (the :class:`Estimator` interface, the per-layer :class:`LayerCost`
-breakdown, layer-shape helpers) live in :mod:`hwnas.latency.estimators.base`; this package face
-re-exports them and holds the registry of named estimators (:func:`get_estimator`,
-:func:`available_estimators`).
+Devices built on them have kind ``"estimated"`` until a user adapts them with measurements. The
+shared pieces (:class:`Estimator`, :class:`LayerCost`, layer helpers) live in
+:mod:`~hwnas.latency.estimators.base`; this package face re-exports them and holds the registry
+(:func:`register_estimator`, :func:`get_estimator`, :func:`available_estimators`).
 """
 
 from __future__ import annotations
