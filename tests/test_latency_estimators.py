@@ -36,6 +36,7 @@ from hwnas.latency.estimators.roofline import (
 )
 from hwnas.supernet.layers import Layer
 from hwnas.supernet.spaces import available_spaces, get_space
+from registry_support import contract_entry
 
 from hwnas.core.errors import UserError
 
@@ -60,10 +61,7 @@ USER_ESTIMATOR = "user-mac-rate-est"
 
 @pytest.fixture(scope="module", params=[*available_estimators(), USER_ESTIMATOR])
 def name(request) -> str:
-    if request.param == USER_ESTIMATOR:
-        register_estimator(USER_ESTIMATOR, UserMacRate)
-        request.addfinalizer(lambda: ESTIMATORS.unregister(USER_ESTIMATOR))
-    return request.param
+    return contract_entry(request, USER_ESTIMATOR, register_estimator, UserMacRate, ESTIMATORS)
 
 
 def conv(name: str, cin: int, cout: int, k: int = 3, size: int = 16, groups: int = 1,

@@ -18,6 +18,7 @@ from hwnas.latency.predictors import (
     get_predictor,
     register_predictor,
 )
+from registry_support import contract_entry
 
 from hwnas.core.errors import UserError
 
@@ -45,10 +46,7 @@ USER_PREDICTOR = UserFlopsRatio.name
 
 @pytest.fixture(scope="module", params=[*available_predictors(), USER_PREDICTOR])
 def name(request) -> str:
-    if request.param == USER_PREDICTOR:
-        register_predictor(USER_PREDICTOR, UserFlopsRatio)
-        request.addfinalizer(lambda: PREDICTORS.unregister(USER_PREDICTOR))
-    return request.param
+    return contract_entry(request, USER_PREDICTOR, register_predictor, UserFlopsRatio, PREDICTORS)
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,7 @@ from hwnas.search.study import (
     sqlite_url,
 )
 from hwnas.supernet.spaces import get_space
+from registry_support import contract_entry
 
 from hwnas.core.errors import UserError
 
@@ -119,10 +120,7 @@ USER_SAMPLER = "user-univariate-tpe"
 
 @pytest.fixture(scope="module", params=[*available_samplers(), USER_SAMPLER])
 def sampler_name(request) -> str:
-    if request.param == USER_SAMPLER:
-        register_sampler(USER_SAMPLER, user_sampler)
-        request.addfinalizer(lambda: SAMPLERS.unregister(USER_SAMPLER))
-    return request.param
+    return contract_entry(request, USER_SAMPLER, register_sampler, user_sampler, SAMPLERS)
 
 
 def test_every_sampler_is_built_and_seeded(sampler_name):

@@ -27,6 +27,7 @@ from hwnas.supernet.spaces import (
     register_space,
 )
 from optuna.trial import FixedTrial
+from registry_support import contract_entry
 
 from hwnas.core.errors import UserError
 
@@ -51,10 +52,7 @@ def contract_spaces() -> list[str]:
 
 @pytest.fixture(scope="module", params=contract_spaces())
 def space(request):
-    if request.param == USER_SPACE:
-        register_space(USER_SPACE, narrow_nb201)
-        request.addfinalizer(lambda: SPACES.unregister(USER_SPACE))
-    return get_space(request.param)
+    return get_space(contract_entry(request, USER_SPACE, register_space, narrow_nb201, SPACES))
 
 
 @pytest.fixture(scope="module")
