@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from hwnas.latency.estimators import (
+from hwnas.latency.estimators.base import (
     Breakdown,
     Estimator,
     LayerCost,

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from hwnas.latency.estimators import (
+from hwnas.latency.estimators.base import (
     ELEMENTWISE_OPS,
     Breakdown,
     Estimator,

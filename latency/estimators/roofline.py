@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from hwnas.latency.estimators import (
+from hwnas.latency.estimators.base import (
     Breakdown,
     Estimator,
     LayerCost,

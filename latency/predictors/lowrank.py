@@ -19,9 +19,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from hwnas.latency.predictors.base import (
-    register_predictor_class,
-)
 from hwnas.latency.predictors.features import (
     encoding_positions,
     executed,
@@ -87,7 +84,6 @@ def _rank_fit(K: np.ndarray, y: np.ndarray, alpha0: np.ndarray, lam: float,
     return a * beta, float(b)
 
 
-@register_predictor_class
 class LowRankPredictor(DesignedPredictor):
     """Per-operation cost vector with a low-rank Gaussian prior from meta-training devices,
     fitted by Bayesian linear regression averaged over hyper-parameters (see module).

@@ -14,13 +14,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from hwnas.latency.predictors.base import LatencyPredictor, register_predictor_class
+from hwnas.latency.predictors.base import LatencyPredictor
 from hwnas.latency.predictors.features import features
 
 __all__ = ["LayerTablePredictor"]
 
 
-@register_predictor_class
 class LayerTablePredictor(LatencyPredictor):
     """Sum of per-layer costs; per-kind cost coefficients fitted by ridge-NNLS (see module).
 
