@@ -1,7 +1,7 @@
 """Training options that are checked before anything heavy is imported (no torch here): the
 names the command line offers (schedules, losses, optimizers, augmentations, precisions), the
 bound on epochs, and :class:`TrainOptions`, how one training call runs (device, budgets,
-checkpoints), as opposed to :class:`hwnas.supernet.train.TrainConfig`, what it computes."""
+checkpoints), as opposed to :class:`hwnas.supernet.recipes.TrainConfig`, what it computes."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ MAX_EPOCHS = 100_000
 #: The augmentation kinds :func:`hwnas.supernet.data.augment_batch` knows.
 AUGMENT_KINDS: tuple[str, ...] = (
     "shift", "crop_flip", "crop_flip_cutout", "trivial_crop_flip_cutout", "none")
-#: Names of the schedule presets of :func:`hwnas.supernet.train.schedule_config`.
+#: Names of the schedule presets of :func:`hwnas.supernet.recipes.schedule_config`.
 SCHEDULES: tuple[str, ...] = ("sandwich", "progressive", "deps")
 #: Ways a sandwich step combines its subnets' losses (``TrainConfig.subnet_loss``).
 SUBNET_LOSSES: tuple[str, ...] = ("sum", "mean", "largest+mean")
