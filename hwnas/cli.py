@@ -140,7 +140,9 @@ def _train_options(p: argparse.ArgumentParser, d) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--resume", action="store_true",
                    help="continue the run directory --out with its recorded settings")
-    g.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint or run")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace an existing checkpoint or run (the old one stays until the new "
+                        "one is written)")
     h = p.add_argument_group("schedule and recipe (default: the space's)")
     h.add_argument("--schedule", choices=SCHEDULES, default=None,
                    help="supernet schedule preset (default: the space's, sandwich for most)")
@@ -461,8 +463,8 @@ def _resume_hint(command: str | None) -> str:
     if command == "export":
         return "the previous export is unchanged; run the same command again to export"
     if command == "train":
-        return ("a run directory continues from its last checkpoint with --resume; a "
-                "checkpoint file was not written")
+        return ("a run directory continues from its last checkpoint with --resume (one that "
+                "--overwrite was replacing is unchanged); a checkpoint file was not written")
     if command == "finetune":
         return ("the previous fine-tuning output is unchanged; run the same command again "
                 "(with --overwrite to replace an earlier one)")
