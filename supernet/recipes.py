@@ -34,6 +34,9 @@ from hwnas.core.io import first_line
 if TYPE_CHECKING:
     from hwnas.supernet.space import SearchSpace
 
+#: The share of a ``deps`` schedule's epochs that train only the full network (DEpS: ~half).
+DEPS_FULL_FRACTION = 0.5
+
 __all__ = ["TrainConfig", "TrainStage", "default_config", "deps_config", "progressive_config",
            "sandwich_config", "schedule_config", "space_recipe", "standalone_config"]
 
@@ -182,7 +185,7 @@ def sandwich_config(epochs: int, *, num_random: int = 2, **kwargs: Any) -> Train
     return TrainConfig(stages=[TrainStage("sandwich", epochs, num_random=num_random)], **kwargs)
 
 
-def deps_config(epochs: int, *, full_fraction: float = 0.5, num_random: int = 2,
+def deps_config(epochs: int, *, full_fraction: float = DEPS_FULL_FRACTION, num_random: int = 2,
                 **kwargs: Any) -> TrainConfig:
     """Delayed shrinking (DEpS): train only the full network for the first ``full_fraction``
     of the epochs, then sandwich-train the whole space (the small subnets then start from a

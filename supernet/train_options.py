@@ -12,7 +12,7 @@ from typing import Any
 
 from hwnas.core.errors import UserError
 
-__all__ = ["AUGMENT_KINDS", "COMPILE_MODES", "MAX_EPOCHS", "OPTIMIZERS", "PRECISIONS",
+__all__ = ["AUGMENT_KINDS", "CHECKPOINT_EVERY_S", "COMPILE_MODES", "MAX_EPOCHS", "OPTIMIZERS", "PRECISIONS",
            "SCHEDULES", "SUBNET_LOSSES", "TEACHER_MODES", "TrainOptions", "check_augment"]
 
 #: More epochs than any real run needs: a typo such as 1e30 fails at once instead of growing a
@@ -33,6 +33,8 @@ OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 TEACHER_MODES: tuple[str, ...] = ("soft", "hard")
 #: Autocast precisions: ``auto`` = bf16 on CUDA, fp32 elsewhere.
 PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp32")
+#: Seconds between the checkpoints of a run directory while it trains (``hwnas train``).
+CHECKPOINT_EVERY_S = 120.0
 #: ``torch.compile`` modes (``off``: none; it changes speed only, so a resumed run may differ).
 COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "off")
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from hwnas.supernet.decoded import load_training_data
 from hwnas.supernet.fingerprint import training_record
-from hwnas.supernet.train_options import TrainOptions, check_augment
+from hwnas.supernet.train_options import CHECKPOINT_EVERY_S, TrainOptions, check_augment
 
 from hwnas.core.errors import UserError
 from hwnas.core import written
@@ -356,7 +356,7 @@ def _run_dir(args: argparse.Namespace, t: _Training, work: Path, out: Path, ctx,
         if args.max_minutes is not None:
             budget = max(0.0, args.max_minutes * 60.0 - (time.perf_counter() - started))
         result = t.fit(resume_from=ckpt if args.resume and ckpt.is_file() else None,
-                       checkpoint_path=ckpt, checkpoint_every_s=args.checkpoint_every_s or 120.0,
+                       checkpoint_path=ckpt, checkpoint_every_s=args.checkpoint_every_s or CHECKPOINT_EVERY_S,
                        max_seconds=budget)
         done = result.completed
         say(f"trained steps {result.step - round(result.images / config.batch_size)}.."
