@@ -43,7 +43,20 @@ def _state_dict(module: nn.Module, half: bool) -> dict[str, torch.Tensor]:
     return out
 
 
-def _write(path: str | Path, payload: dict[str, Any]) -> Path:
+def _write(path: str | Path, fmt: str, space: SearchSpace, state_dict: dict[str, torch.Tensor], *,
+           dataset: str, train_config: TrainConfig | None, extra: dict[str, Any] | None,
+           train_state: dict[str, Any] | None, data_record: dict[str, Any] | None,
+           arch: str | None = None) -> Path:
+    """Write a checkpoint of format ``fmt`` atomically (the keys in the order files have)."""
+    payload: dict[str, Any] = {"format": fmt, "space": space.name, "space_config": space.config()}
+    if arch is not None:
+        payload["arch"] = arch
+    payload.update(dataset=dataset, train_config=train_config.to_dict() if train_config else None,
+                   extra=extra or {}, state_dict=state_dict)
+    if train_state is not None:
+        payload["train_state"] = train_state
+    if data_record is not None:
+        payload["data_record"] = data_record
     return write_atomic(path, lambda tmp: torch.save(payload, tmp))
 
 
@@ -58,20 +71,9 @@ def save_checkpoint(path: str | Path, supernet: nn.Module, space: SearchSpace, *
     tensors as float16 (half the size, for shipping; loading converts back to float32).
     ``data_record`` (:func:`hwnas.supernet.fingerprint.training_record`) says which images it
     trained on, so that a search can keep them out of validation."""
-    payload = {
-        "format": SUPERNET_FORMAT,
-        "space": space.name,
-        "space_config": space.config(),
-        "dataset": dataset,
-        "train_config": train_config.to_dict() if train_config else None,
-        "extra": extra or {},
-        "state_dict": _state_dict(supernet, half),
-    }
-    if train_state is not None:
-        payload["train_state"] = train_state
-    if data_record is not None:
-        payload["data_record"] = data_record
-    return _write(path, payload)
+    return _write(path, SUPERNET_FORMAT, space, _state_dict(supernet, half), dataset=dataset,
+                  train_config=train_config, extra=extra, train_state=train_state,
+                  data_record=data_record)
 
 
 def save_standalone(path: str | Path, model: nn.Module, space: SearchSpace, arch: Any, *,
@@ -81,21 +83,9 @@ def save_standalone(path: str | Path, model: nn.Module, space: SearchSpace, arch
                     data_record: dict[str, Any] | None = None) -> Path:
     """Save a standalone subnet: its space, architecture string, weights and (``data_record``)
     the images it trained on."""
-    payload = {
-        "format": STANDALONE_FORMAT,
-        "space": space.name,
-        "space_config": space.config(),
-        "arch": space.to_string(space.parse(arch)),
-        "dataset": dataset,
-        "train_config": train_config.to_dict() if train_config else None,
-        "extra": extra or {},
-        "state_dict": _state_dict(model, False),
-    }
-    if train_state is not None:
-        payload["train_state"] = train_state
-    if data_record is not None:
-        payload["data_record"] = data_record
-    return _write(path, payload)
+    return _write(path, STANDALONE_FORMAT, space, _state_dict(model, False), dataset=dataset,
+                  train_config=train_config, extra=extra, train_state=train_state,
+                  data_record=data_record, arch=space.to_string(space.parse(arch)))
 
 
 def _read_payload(path: str | Path, fmt: str | None) -> dict[str, Any]:
