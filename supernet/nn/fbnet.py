@@ -28,8 +28,8 @@ from hwnas.supernet.nn.dynamic_ops import (
     DynamicConv2d,
     DynamicDepthwiseConv2d,
 )
-from hwnas.supernet.spaces.fbnet import FBNET_BLOCKS, FBNetArch, FBNetSpace, block_spec
 from hwnas.supernet.nn.supernet import Supernet
+from hwnas.supernet.spaces.fbnet import FBNET_BLOCKS, FBNetArch, FBNetSpace, block_spec
 from torch import nn
 
 

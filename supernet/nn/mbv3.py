@@ -24,8 +24,8 @@ from hwnas.supernet.nn.dynamic_ops import (
     SqueezeExcite,
     activation,
 )
-from hwnas.supernet.spaces.mbv3 import MBV3Arch, MBV3Space
 from hwnas.supernet.nn.supernet import Supernet
+from hwnas.supernet.spaces.mbv3 import MBV3Arch, MBV3Space
 from torch import nn
 
 
@@ -298,6 +298,7 @@ class MBV3Supernet(Supernet):
             head_act=cfg.head_activation, feature_mix=_copy(self.feature_mix),
             classifier=_copy(self.classifier),
         )
+
 
 def _copy(module: nn.Module | None) -> nn.Module | None:
     return None if module is None else copy.deepcopy(module)

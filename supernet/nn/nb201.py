@@ -15,6 +15,7 @@ import copy
 from collections import OrderedDict
 
 import torch
+from hwnas.supernet.nn.supernet import Supernet
 from hwnas.supernet.spaces.nb201 import (
     CONV_KERNELS,
     NB201_EDGES,
@@ -23,7 +24,6 @@ from hwnas.supernet.spaces.nb201 import (
     NB201Space,
     edge_key,
 )
-from hwnas.supernet.nn.supernet import Supernet
 from torch import nn
 
 

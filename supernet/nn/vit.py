@@ -26,8 +26,8 @@ from hwnas.supernet.nn.dynamic_ops import (
     DynamicLinear,
     DynamicQKV,
 )
-from hwnas.supernet.spaces.vit import ViTArch, ViTSpace
 from hwnas.supernet.nn.supernet import Supernet
+from hwnas.supernet.spaces.vit import ViTArch, ViTSpace
 from torch import nn
 
 class MatMul(nn.Module):
