@@ -32,6 +32,7 @@ from hwnas.export.cli import (
 from hwnas.latency.cli import add_latency_parser, run_latency
 from hwnas.supernet.train_options import (
     AUGMENT_KINDS,
+    CHECKPOINT_EVERY_S,
     COMPILE_MODES,
     MAX_EPOCHS,
     OPTIMIZERS,
@@ -140,26 +141,42 @@ def _train_options(p: argparse.ArgumentParser, d) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--resume", action="store_true",
                    help="continue the run directory --out with its recorded settings")
-    g.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint or run")
-    h = p.add_argument_group("schedule and recipe (default: the space's)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace an existing checkpoint or run (the old one stays until the new "
+                        "one is written)")
+    _train_recipe_options(p.add_argument_group("schedule and recipe (default: the space's)"))
+    _train_run_dir_options(p.add_argument_group("run directory"))
+    _train_speed_options(p.add_argument_group("speed (never changes what is computed)"))
+
+
+def _train_recipe_options(h) -> None:
+    """The training recipe's flags; the defaults they name are TrainConfig's and TrainStage's
+    (what applies where a space sets none of its own)."""
+    from hwnas.supernet.recipes import DEPS_FULL_FRACTION, TrainConfig, TrainStage
+
+    c, num_random = TrainConfig(), TrainStage("", 0).num_random
     h.add_argument("--schedule", choices=SCHEDULES, default=None,
                    help="supernet schedule preset (default: the space's, sandwich for most)")
     h.add_argument("--standalone", metavar="ARCH",
                    help="train this subnet from scratch instead of the supernet: an arch string, "
                         "'largest', 'smallest' or 'random1'..'random3' (the ones --eval reports)")
     h.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
-                   help="sgd (Nesterov momentum 0.9; default) or adamw (betas 0.9, 0.999; for "
-                        "vision transformers); neither decays norms, biases, position embeddings")
+                   help=f"sgd (Nesterov momentum {c.momentum:g}) or adamw (betas 0.9, 0.999; for "
+                        f"vision transformers); neither decays norms, biases, position "
+                        f"embeddings (default {c.optimizer})")
     h.add_argument("--batch-size", type=positive_int, default=None,
-                   help="global batch size over all processes (default 64)")
-    h.add_argument("--lr", type=positive_float, default=None, help="peak learning rate (default 0.05)")
-    h.add_argument("--weight-decay", type=non_negative_float, default=None, help="(default 5e-4)")
-    h.add_argument("--label-smoothing", type=non_negative_float, default=None, help="(default 0.1)")
+                   help=f"global batch size over all processes (default {c.batch_size})")
+    h.add_argument("--lr", type=positive_float, default=None,
+                   help=f"peak learning rate (default {c.lr:g})")
+    h.add_argument("--weight-decay", type=non_negative_float, default=None,
+                   help=f"(default {c.weight_decay:g})")
+    h.add_argument("--label-smoothing", type=non_negative_float, default=None,
+                   help=f"(default {c.label_smoothing:g})")
     h.add_argument("--mixup", type=non_negative_float, default=None, metavar="ALPHA",
-                   help="MixUp's Beta alpha; 0 = off (default 0)")
+                   help=f"MixUp's Beta alpha; 0 = off (default {c.mixup:g})")
     h.add_argument("--cutmix", type=non_negative_float, default=None, metavar="ALPHA",
-                   help="CutMix's Beta alpha; 0 = off (default 0). "
-                        "With both on, each batch is one or the other")
+                   help=f"CutMix's Beta alpha; 0 = off (default {c.cutmix:g}). "
+                        f"With both on, each batch is one or the other")
     h.add_argument("--teacher", metavar="CHECKPOINT",
                    help="also learn from this trained network (DeiT-style distillation): the "
                         "largest subnet, or the --standalone network, mixes the labels' loss "
@@ -169,31 +186,35 @@ def _train_options(p: argparse.ArgumentParser, d) -> None:
                    help="with a supernet --teacher: its subnet, 'largest' (default), 'smallest' "
                         "or an arch string")
     h.add_argument("--teacher-weight", type=positive_float, default=None,
-                   help="with --teacher: share of the teacher's loss, in (0, 1] (default 0.5)")
+                   help=f"with --teacher: share of the teacher's loss, in (0, 1] "
+                        f"(default {c.teacher_weight:g})")
     h.add_argument("--teacher-mode", choices=TEACHER_MODES, default=None,
-                   help="with --teacher: its probabilities (soft, default) or its top class (hard) "
-                        "as targets")
+                   help=f"with --teacher: its probabilities (soft) or its top class (hard) as "
+                        f"targets (default {c.teacher_mode})")
     h.add_argument("--warmup-epochs", type=non_negative_float, default=None,
-                   help="linear warm-up before the cosine decay (default 1)")
+                   help=f"linear warm-up before the cosine decay (default {c.warmup_epochs:g})")
     h.add_argument("--grad-clip", type=non_negative_float, default=None,
-                   help="clip the step's gradient norm to this; 0 = off (default 5)")
+                   help=f"clip the step's gradient norm to this; 0 = off (default {c.grad_clip:g})")
     h.add_argument("--num-random", type=non_negative_int, default=None,
-                   help="random subnets per sandwich step (default 2)")
+                   help=f"random subnets per sandwich step (default {num_random})")
     h.add_argument("--subnet-loss", choices=SUBNET_LOSSES, default=None,
-                   help="combine a sandwich step's losses by their sum (BigNAS; default), mean, "
-                        "or the largest's plus the mean of the others'")
+                   help=f"combine a sandwich step's losses by their sum (BigNAS), mean, or the "
+                        f"largest's plus the mean of the others' (default {c.subnet_loss})")
     h.add_argument("--full-fraction", type=non_negative_float, default=None,
-                   help="--schedule deps: share of the epochs that train only the full network "
-                        "(default 0.5)")
+                   help=f"--schedule deps: share of the epochs that train only the full network "
+                        f"(default {DEPS_FULL_FRACTION:g})")
     h.add_argument("--limit-train", type=positive_int, default=None,
                    help="use only N training images, a seeded random subset (smoke runs)")
     h.add_argument("--limit-eval", type=positive_int, default=None,
                    help="use only N validation and N test images (smoke runs)")
-    r = p.add_argument_group("run directory")
+
+
+def _train_run_dir_options(r) -> None:
     r.add_argument("--max-minutes", type=positive_float, default=None,
                    help="stop training (checkpointed) this many minutes after the command started")
     r.add_argument("--checkpoint-every-s", type=positive_float, default=None,
-                   help="seconds between checkpoints while training (default 120)")
+                   help=f"seconds between checkpoints while training "
+                        f"(default {CHECKPOINT_EVERY_S:g})")
     r.add_argument("--eval", action="store_true",
                    help="once training is complete: test top-1 of largest, smallest and 3 random "
                         "subnets (BatchNorm recalibrated) -> eval.json")
@@ -205,7 +226,9 @@ def _train_options(p: argparse.ArgumentParser, d) -> None:
                    help="with --eval: images per recalibration batch (default 256)")
     r.add_argument("--half-weights", action="store_true",
                    help="write the final supernet checkpoint in float16 (half the size)")
-    s = p.add_argument_group("speed (never changes what is computed)")
+
+
+def _train_speed_options(s) -> None:
     s.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
                    metavar="MODE", help="torch.compile the standalone model, or the supernet's "
                    "largest and smallest subnets; mode default, reduce-overhead, max-autotune or "
@@ -461,8 +484,8 @@ def _resume_hint(command: str | None) -> str:
     if command == "export":
         return "the previous export is unchanged; run the same command again to export"
     if command == "train":
-        return ("a run directory continues from its last checkpoint with --resume; a "
-                "checkpoint file was not written")
+        return ("a run directory continues from its last checkpoint with --resume (one that "
+                "--overwrite was replacing is unchanged); a checkpoint file was not written")
     if command == "finetune":
         return ("the previous fine-tuning output is unchanged; run the same command again "
                 "(with --overwrite to replace an earlier one)")

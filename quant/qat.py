@@ -32,6 +32,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -173,6 +174,58 @@ def qat(model: nn.Module, policy: QuantPolicy, train_batches: Iterable, calib_ba
             q.scale.requires_grad_(False)
 
 
+def _distill_optimizer(qmodel: nn.Module, scales: list[nn.Parameter],
+                       config: QATConfig) -> tuple[torch.optim.Optimizer, list[nn.Parameter]]:
+    """The optimizer of :func:`distill` and the parameters it trains at ``lr`` (every one of
+    ``qmodel`` but the quantizer scales; the LSQ ``scales`` at ``scale_lr``)."""
+    all_scales = {id(q.scale) for _, q in quantizers(qmodel)}  # unused (float) scales stay frozen
+    weights = [p for p in qmodel.parameters() if id(p) not in all_scales]
+    for p in weights:
+        p.requires_grad_(True)
+    groups = [{"params": weights, "lr": config.lr, "weight_decay": config.weight_decay}]
+    if scales:
+        groups.append({"params": scales, "lr": config.scale_lr, "weight_decay": 0.0})
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(groups, momentum=0.9, nesterov=True), weights
+    return torch.optim.Adam(groups), weights
+
+
+def _distill_steps(train_batches: Iterable, config: QATConfig) -> tuple[int | None, int | None]:
+    """(steps per epoch, where the batches have a length; steps of the whole schedule)."""
+    try:
+        steps_per_epoch = len(train_batches)  # type: ignore[arg-type]
+    except TypeError:
+        steps_per_epoch = None
+    total = config.epochs * steps_per_epoch if steps_per_epoch else config.max_steps
+    if config.max_steps is not None:
+        total = min(total, config.max_steps) if total else config.max_steps
+    return steps_per_epoch, total
+
+
+def _set_lr(optimizer: torch.optim.Optimizer, base_lrs: list[float], step: int, total: int,
+            config: QATConfig) -> None:
+    """Linear warm-up over ``warmup_frac`` of the ``total`` steps, then cosine decay."""
+    warm = int(config.warmup_frac * total)
+    if step < warm:
+        factor = (step + 1) / warm
+    else:
+        factor = 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+    for g, lr in zip(optimizer.param_groups, base_lrs):
+        g["lr"] = lr * factor
+
+
+def _batch(batch: Any, device: torch.device,
+           config: QATConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(inputs, labels or None) of a batch, on ``device``."""
+    x = batch[0] if isinstance(batch, (tuple, list)) else batch
+    y = batch[1] if isinstance(batch, (tuple, list)) and len(batch) > 1 else None
+    x = x.to(device)
+    y = y.to(device) if y is not None else None
+    if y is None and config.label_weight:
+        raise UserError("QAT with label_weight > 0 needs (inputs, labels) batches")
+    return x, y
+
+
 def distill(student: nn.Module, teacher: nn.Module, train_batches: Iterable,
             config: QATConfig | None = None, *, scales: Iterable[nn.Parameter] = (),
             progress: bool = True, val_batches: Iterable | None = None,
@@ -188,29 +241,11 @@ def distill(student: nn.Module, teacher: nn.Module, train_batches: Iterable,
     config.validate()
     qmodel = student
     device = _model_device(qmodel)
-    teacher = copy.deepcopy(teacher).to(device).eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
+    teacher = copy.deepcopy(teacher).to(device).eval().requires_grad_(False)
     scales = list(scales)
-    all_scales = {id(q.scale) for _, q in quantizers(qmodel)}  # unused (float) scales stay frozen
-    weights = [p for p in qmodel.parameters() if id(p) not in all_scales]
-    for p in weights:
-        p.requires_grad_(True)
-    groups = [{"params": weights, "lr": config.lr, "weight_decay": config.weight_decay}]
-    if scales:
-        groups.append({"params": scales, "lr": config.scale_lr, "weight_decay": 0.0})
-    if config.optimizer == "sgd":
-        optimizer = torch.optim.SGD(groups, momentum=0.9, nesterov=True)
-    else:
-        optimizer = torch.optim.Adam(groups)
+    optimizer, weights = _distill_optimizer(qmodel, scales, config)
     base_lrs = [g["lr"] for g in optimizer.param_groups]
-    try:
-        steps_per_epoch = len(train_batches)  # type: ignore[arg-type]
-    except TypeError:
-        steps_per_epoch = None
-    total = config.epochs * steps_per_epoch if steps_per_epoch else config.max_steps
-    if config.max_steps is not None:
-        total = min(total, config.max_steps) if total else config.max_steps
+    steps_per_epoch, total = _distill_steps(train_batches, config)
     amp = config.amp and device.type == "cuda"
     torch.manual_seed(config.seed)
     history: list[dict[str, float]] = []
@@ -228,25 +263,13 @@ def distill(student: nn.Module, teacher: nn.Module, train_batches: Iterable,
         for batch in train_batches:
             if config.max_steps is not None and step >= config.max_steps:
                 break
-            x = batch[0] if isinstance(batch, (tuple, list)) else batch
-            y = batch[1] if isinstance(batch, (tuple, list)) and len(batch) > 1 else None
-            x = x.to(device)
-            y = y.to(device) if y is not None else None
-            if y is None and config.label_weight:
-                raise UserError("QAT with label_weight > 0 needs (inputs, labels) batches")
+            x, y = _batch(batch, device, config)
             if total:
-                warm = int(config.warmup_frac * total)
-                if step < warm:
-                    factor = (step + 1) / warm
-                else:
-                    factor = 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
-                for g, lr in zip(optimizer.param_groups, base_lrs):
-                    g["lr"] = lr * factor
+                _set_lr(optimizer, base_lrs, step, total, config)
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=amp):
                 with torch.no_grad():
                     t_out = teacher(x)
-                s_out = qmodel(x)
-                loss = _kd_loss(s_out, t_out, y, config)
+                loss = _kd_loss(qmodel(x), t_out, y, config)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if config.grad_clip:
@@ -255,25 +278,11 @@ def distill(student: nn.Module, teacher: nn.Module, train_batches: Iterable,
             if scales:  # LSQ step sizes stay positive
                 with torch.no_grad():
                     torch._foreach_clamp_min_(scales, 1e-8)
-            loss_sum += loss.detach()  # summed on the device: no sync per step
-            n += 1
-            step += 1
+            loss_sum, n, step = loss_sum + loss.detach(), n + 1, step + 1  # no sync per step
             bar.update(1)
         bar.close()
-        qmodel.eval()
-        if n == 0:
-            raise UserError("QAT training data is empty; expected (inputs, labels) batches")
-        record = {"epoch": epoch + 1, "loss": float(loss_sum) / n}
-        if val_batches is not None:
-            record["val"] = accuracy(qmodel, val_batches)
-            if record["val"] > best[0]:
-                best = (record["val"], epoch + 1, copy.deepcopy(qmodel.state_dict()))
-        if on_epoch is not None:
-            record.update(on_epoch(epoch + 1, qmodel) or {})
-        history.append(record)
-        if progress:
-            shown = "".join(f" {k} {v:.4g}" for k, v in record.items() if k != "epoch")
-            print(f"{desc} epoch {epoch + 1}/{config.epochs}:{shown}", file=sys.stderr, flush=True)
+        best = _end_epoch(qmodel, epoch, config, loss_sum, n, val_batches, best, on_epoch,
+                          history, progress, desc)
         if config.max_steps is not None and step >= config.max_steps:
             break
     kept = history[-1]["epoch"]
@@ -282,3 +291,26 @@ def distill(student: nn.Module, teacher: nn.Module, train_batches: Iterable,
         qmodel.load_state_dict(best[2])
     qmodel.eval()
     return QATResult(qmodel, time.perf_counter() - start, step, history, kept_epoch=int(kept))
+
+
+def _end_epoch(qmodel: nn.Module, epoch: int, config: QATConfig, loss_sum: torch.Tensor, n: int,
+               val_batches: Iterable | None, best: tuple[float, int, dict] | None,
+               on_epoch: Callable | None, history: list[dict[str, float]], progress: bool,
+               desc: str) -> tuple[float, int, dict] | None:
+    """The epoch's record (mean loss, validation accuracy, ``on_epoch``'s figures) appended to
+    ``history`` and shown; returns the best (val accuracy, epoch, state) so far."""
+    qmodel.eval()
+    if n == 0:
+        raise UserError("QAT training data is empty; expected (inputs, labels) batches")
+    record = {"epoch": epoch + 1, "loss": float(loss_sum) / n}
+    if val_batches is not None:
+        record["val"] = accuracy(qmodel, val_batches)
+        if record["val"] > best[0]:
+            best = (record["val"], epoch + 1, copy.deepcopy(qmodel.state_dict()))
+    if on_epoch is not None:
+        record.update(on_epoch(epoch + 1, qmodel) or {})
+    history.append(record)
+    if progress:
+        shown = "".join(f" {k} {v:.4g}" for k, v in record.items() if k != "epoch")
+        print(f"{desc} epoch {epoch + 1}/{config.epochs}:{shown}", file=sys.stderr, flush=True)
+    return best

@@ -19,9 +19,9 @@ _LAZY = {
     "calibration_loader": "hwnas.supernet.evaluate",
     "eval_loader": "hwnas.supernet.evaluate",
     "evaluate_subnet": "hwnas.supernet.evaluate",
-    "TrainConfig": "hwnas.supernet.train",
-    "TrainStage": "hwnas.supernet.train",
-    "sandwich_config": "hwnas.supernet.train",
+    "TrainConfig": "hwnas.supernet.recipes",
+    "TrainStage": "hwnas.supernet.recipes",
+    "sandwich_config": "hwnas.supernet.recipes",
     "train_supernet": "hwnas.supernet.train",
     "TrainOptions": "hwnas.supernet.train_options",
 }

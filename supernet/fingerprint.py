@@ -144,14 +144,25 @@ def _join(a: ImageSplit, b: ImageSplit) -> ImageSplit:
     return ImageSplit(torch.cat([a.images, b.images]), torch.cat([a.labels, b.labels]))
 
 
+def _check_classes(record: DataRecord, data: DatasetSplits, source: str) -> None:
+    """UserError unless the checkpoint's record names ``data``'s classes, in its order."""
+    if _names(record.classes) != _names(data.classes):
+        order = " in another order" if sorted(_names(record.classes)) == sorted(
+            _names(data.classes)) else ""
+        raise UserError(f"checkpoint {source} was trained on {record.dataset!r} with classes "
+                        f"{', '.join(record.classes)}; dataset {data.name!r} has classes "
+                        f"{', '.join(data.classes)}{order}: train a supernet on this dataset "
+                        f"(hwnas train) or pass the dataset the checkpoint was trained on")
+
+
 def disjoint_validation(data: DatasetSplits, payload: dict[str, Any], source: str, *,
                         seed: int = 0, log: Callable[[str], Any] = print) -> DatasetSplits:
     """``data`` with validation (and test) splits that hold none of the images the checkpoint
     ``payload`` (read from ``source``) trained on.
 
     Validation keeps its unseen images, hands the seen ones to the training split and, per
-    class, is topped up to its former size from the unseen images of the training split (seeded, so every worker of a search gets the same
-    split). Refused in one line: another dataset (other classes, or the same classes with
+    class, is topped up to its former size from the unseen images of the training split
+    (seeded, so every worker of a search gets the same split). Refused in one line: another dataset (other classes, or the same classes with
     another fingerprint and no image in common), a validation split that would keep fewer than
     half its images or lose a class, a test split of seen images only. A checkpoint without a
     record (an earlier version's) gives one warning line and ``data`` unchanged.
@@ -161,13 +172,7 @@ def disjoint_validation(data: DatasetSplits, payload: dict[str, Any], source: st
         log(f"warning: checkpoint {source} does not record its training images (written by an "
             f"earlier hwnas); validation on {data.name!r} cannot be checked for overlap with them")
         return data
-    if _names(record.classes) != _names(data.classes):
-        order = " in another order" if sorted(_names(record.classes)) == sorted(
-            _names(data.classes)) else ""
-        raise UserError(f"checkpoint {source} was trained on {record.dataset!r} with classes "
-                        f"{', '.join(record.classes)}; dataset {data.name!r} has classes "
-                        f"{', '.join(data.classes)}{order}: train a supernet on this dataset "
-                        f"(hwnas train) or pass the dataset the checkpoint was trained on")
+    _check_classes(record, data, source)
     hashes = _split_hashes(data)
     seen = {s: np.isin(h, record.train_hashes) for s, h in hashes.items()}
     n_seen = sum(int(m.sum()) for m in seen.values())

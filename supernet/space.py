@@ -122,10 +122,10 @@ class SearchSpace(ABC, Generic[Arch]):
     # -- training --------------------------------------------------------------------------------
     def training_defaults(self) -> dict[str, Any]:
         """How this space's supernet should be trained where it differs from the toolkit's
-        defaults: ``"schedule"`` (a preset name of :func:`hwnas.supernet.train.schedule_config`)
-        and :class:`hwnas.supernet.train.TrainConfig` settings (e.g. a transformer's lower
+        defaults: ``"schedule"`` (a preset name of :func:`hwnas.supernet.recipes.schedule_config`)
+        and :class:`hwnas.supernet.recipes.TrainConfig` settings (e.g. a transformer's lower
         learning rate). Settings a caller passes explicitly win
-        (:func:`hwnas.supernet.train.default_config`). Empty for the convolutional spaces."""
+        (:func:`hwnas.supernet.recipes.default_config`). Empty for the convolutional spaces."""
         return {}
 
     def finetune_defaults(self) -> dict[str, Any]:

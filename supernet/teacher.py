@@ -23,7 +23,7 @@ import torch
 from hwnas.supernet.data.splits import DatasetSplits
 from hwnas.supernet.evaluate import accuracy, eval_loader, recalibrated_subnet
 from hwnas.supernet.fingerprint import image_hashes, read_record
-from hwnas.supernet.train import load_network, with_training_augment
+from hwnas.supernet.checkpoint_io import load_network, with_training_augment
 from torch import nn
 
 from hwnas.core.errors import UserError
@@ -73,7 +73,7 @@ def load_teacher(path: str | Path, data: DatasetSplits, *, arch: str | None = No
                  log: Callable[[str], Any] = print) -> tuple[nn.Module, str]:
     """The teacher of checkpoint ``path`` for training on ``data``: (the frozen network on
     ``device`` in eval mode, its description ``"<file name>:<arch>"`` for
-    :attr:`hwnas.supernet.train.TrainConfig.teacher`). ``arch``: the subnet of a supernet
+    :attr:`hwnas.supernet.recipes.TrainConfig.teacher`). ``arch``: the subnet of a supernet
     checkpoint ('largest', the default, 'smallest' or an architecture string); a standalone
     checkpoint is its own network. Logs the teacher's validation accuracy."""
     source = str(path)

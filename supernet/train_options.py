@@ -1,7 +1,7 @@
 """Training options that are checked before anything heavy is imported (no torch here): the
 names the command line offers (schedules, losses, optimizers, augmentations, precisions), the
 bound on epochs, and :class:`TrainOptions`, how one training call runs (device, budgets,
-checkpoints), as opposed to :class:`hwnas.supernet.train.TrainConfig`, what it computes."""
+checkpoints), as opposed to :class:`hwnas.supernet.recipes.TrainConfig`, what it computes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from hwnas.core.errors import UserError
 
-__all__ = ["AUGMENT_KINDS", "COMPILE_MODES", "MAX_EPOCHS", "OPTIMIZERS", "PRECISIONS",
+__all__ = ["AUGMENT_KINDS", "CHECKPOINT_EVERY_S", "COMPILE_MODES", "MAX_EPOCHS", "OPTIMIZERS", "PRECISIONS",
            "SCHEDULES", "SUBNET_LOSSES", "TEACHER_MODES", "TrainOptions", "check_augment"]
 
 #: More epochs than any real run needs: a typo such as 1e30 fails at once instead of growing a
@@ -22,7 +22,7 @@ MAX_EPOCHS = 100_000
 #: The augmentation kinds :func:`hwnas.supernet.data.augment_batch` knows.
 AUGMENT_KINDS: tuple[str, ...] = (
     "shift", "crop_flip", "crop_flip_cutout", "trivial_crop_flip_cutout", "none")
-#: Names of the schedule presets of :func:`hwnas.supernet.train.schedule_config`.
+#: Names of the schedule presets of :func:`hwnas.supernet.recipes.schedule_config`.
 SCHEDULES: tuple[str, ...] = ("sandwich", "progressive", "deps")
 #: Ways a sandwich step combines its subnets' losses (``TrainConfig.subnet_loss``).
 SUBNET_LOSSES: tuple[str, ...] = ("sum", "mean", "largest+mean")
@@ -33,6 +33,8 @@ OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 TEACHER_MODES: tuple[str, ...] = ("soft", "hard")
 #: Autocast precisions: ``auto`` = bf16 on CUDA, fp32 elsewhere.
 PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp32")
+#: Seconds between the checkpoints of a run directory while it trains (``hwnas train``).
+CHECKPOINT_EVERY_S = 120.0
 #: ``torch.compile`` modes (``off``: none; it changes speed only, so a resumed run may differ).
 COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "off")
 

@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from hwnas.supernet.decoded import load_training_data
 from hwnas.supernet.fingerprint import training_record
-from hwnas.supernet.train_options import TrainOptions, check_augment
+from hwnas.supernet.train_options import CHECKPOINT_EVERY_S, TrainOptions, check_augment
 
 from hwnas.core.errors import UserError
 from hwnas.core import written
@@ -77,9 +77,9 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def train_config(settings: dict[str, Any], space):
-    """The :class:`hwnas.supernet.train.TrainConfig` of ``settings``: the schedule preset and
+    """The :class:`hwnas.supernet.recipes.TrainConfig` of ``settings``: the schedule preset and
     settings given, the rest the space's training defaults (validated)."""
-    from hwnas.supernet.train import default_config, space_recipe, standalone_config
+    from hwnas.supernet.recipes import default_config, space_recipe, standalone_config
 
     kw = {k: settings[k] for k in CONFIG_KEYS if settings.get(k) is not None}
     epochs = settings["epochs"]
@@ -169,9 +169,12 @@ def run_train(args: argparse.Namespace, *, started: float | None = None) -> int:
             and (out / "run.json").is_file():
         raise UserError(f"{out} already holds a run; pass --resume to continue it or "
                         f"--overwrite to start afresh")
+    replacing = False  # --overwrite of an earlier run: the new one is built aside (staged)
     if kind == "dir" and not args.resume:  # only a directory of hwnas train's own files
-        written.check_replaceable(out, overwrite=True, writers=[WRITER],
-                                  what="a training run directory", instead="choose another --out")
+        earlier = written.check_replaceable(out, overwrite=True, writers=[WRITER],
+                                            what="a training run directory",
+                                            instead="choose another --out")
+        replacing = earlier and args.overwrite and args.bench_steps is None
     if out is not None:
         check_writable(out)
     check_torch_device(args.device)
@@ -184,7 +187,7 @@ def run_train(args: argparse.Namespace, *, started: float | None = None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     try:
-        status = _main(args, kind, out, ctx, device, started)
+        status = _main(args, kind, out, ctx, device, started, replacing)
     except BaseException:
         shutdown(ctx, ok=False)
         raise
@@ -192,33 +195,75 @@ def run_train(args: argparse.Namespace, *, started: float | None = None) -> int:
     return status
 
 
-def _main(args: argparse.Namespace, kind: str, out: Path | None, ctx, device: torch.device,
-          started: float) -> int:
-    from hwnas.supernet.distributed import barrier, shutdown
-    from hwnas.supernet.spaces import get_space
-    from hwnas.supernet.train import (
-        TrainConfig,
-        reinitialize,
-        save_checkpoint,
-        save_standalone,
-        train_standalone,
-        train_supernet,
-        with_training_augment,
-    )
+def _read_settings(args: argparse.Namespace, run_file: Path | None) -> tuple[dict, dict]:
+    """(the run's settings, its run.json: empty unless --resume reads it back)."""
+    if not args.resume:
+        return settings_from_args(args), {}
+    try:
+        recorded = json.loads(run_file.read_text())
+        settings = {k: recorded["settings"].get(k) for k in RUN_KEYS}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise UserError(f"--resume: {run_file} is not a run.json written by hwnas train") from None
+    if args.compile is not None:  # speed only: a resumed chunk may compile or not
+        settings["compile"] = None if args.compile == "off" else args.compile
+    return settings, recorded
 
-    say = print if ctx.is_main else (lambda *a, **k: None)
-    run_file = out / "run.json" if kind == "dir" else None
-    recorded: dict[str, Any] = {}
-    if args.resume:
-        try:
-            recorded = json.loads(run_file.read_text())
-            settings = {k: recorded["settings"].get(k) for k in RUN_KEYS}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise UserError(f"--resume: {run_file} is not a run.json written by hwnas train") from None
-        if args.compile is not None:  # speed only: a resumed chunk may compile or not
-            settings["compile"] = None if args.compile == "off" else args.compile
-    else:
-        settings = settings_from_args(args)
+
+@dataclass
+class _Training:
+    """What one command trains: the model (a supernet, or the standalone subnet ``arch``), its
+    data, configuration, options and teacher."""
+
+    model: Any
+    space: Any
+    arch: Any
+    data: Any
+    config: Any
+    options: TrainOptions
+    teacher: Any = None
+    half_weights: bool = False
+
+    def fit(self, cfg=None, **kw):
+        from hwnas.supernet.train import train_standalone, train_supernet
+
+        if self.arch is not None:
+            return train_standalone(self.model, self.data, config=cfg or self.config,
+                                    space=self.space, arch=self.arch, options=self.options,
+                                    teacher=self.teacher, **kw)
+        return train_supernet(self.model, self.space, self.data, cfg or self.config,
+                              self.options, teacher=self.teacher, **kw)
+
+    def save_final(self, path: Path, result, train_seconds: float | None = None) -> None:
+        from hwnas.supernet.checkpoint_io import save_checkpoint, save_standalone
+
+        record, data = training_record(self.data), self.data
+        if self.arch is not None:
+            save_standalone(path, self.model, self.space, self.arch, dataset=data.name,
+                            train_config=self.config, data_record=record)
+        else:
+            save_checkpoint(path, self.model, self.space, dataset=data.name,
+                            train_config=self.config, half=self.half_weights, data_record=record,
+                            extra={"train_seconds": train_seconds, "history": result.history}
+                            if train_seconds is not None else None)
+
+    def describe(self, ctx, device) -> str:
+        space, arch, data, config = self.space, self.arch, self.data, self.config
+        what = f"standalone {space.to_string(arch)}" if arch is not None else f"supernet {space.name}"
+        return (f"{what}: {sum(p.numel() for p in self.model.parameters()) / 1e6:.2f} M "
+                f"parameters; data {data.name}: {len(data.train)} train images; device {device}"
+                f"{f' x {ctx.world_size} processes' if ctx.enabled else ''}; "
+                f"{len(config.stages)} stage(s) {[(s.name, s.epochs) for s in config.stages]}")
+
+
+def _training(args: argparse.Namespace, settings: dict, recorded: dict, ctx, device,
+              say) -> _Training:
+    """The data, space, configuration (recorded, or from the settings), teacher and freshly
+    initialised model of this run."""
+    from hwnas.supernet.checkpoint_io import with_training_augment
+    from hwnas.supernet.recipes import TrainConfig
+    from hwnas.supernet.spaces import get_space
+    from hwnas.supernet.train import reinitialize
+
     data = load_training_data(settings["data"], seed=0, limit_train=settings["limit_train"],
                               limit_eval=settings["limit_eval"])
     h, w = data.image_size
@@ -243,93 +288,95 @@ def _main(args: argparse.Namespace, kind: str, out: Path | None, ctx, device: to
                             f"{settings['teacher']} is {name!r}")
         config = replace(config, teacher=name)
     torch.manual_seed(config.seed)
-    supernet = space.build_supernet()
-    arch = None
+    model, arch = space.build_supernet(), None
     if settings["standalone"]:
         arch = resolve_arch(space, settings["standalone"])
-        model = reinitialize(supernet.extract(arch).train(), seed=config.seed)
-        del supernet
-    else:
-        model = supernet
-    say(f"{'standalone ' + space.to_string(arch) if arch is not None else 'supernet ' + space.name}: "
-        f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters; data {data.name}: "
-        f"{len(data.train)} train images; device {device}"
-        f"{f' x {ctx.world_size} processes' if ctx.enabled else ''}; "
-        f"{len(config.stages)} stage(s) {[(s.name, s.epochs) for s in config.stages]}")
+        model = reinitialize(model.extract(arch).train(), seed=config.seed)
     options = TrainOptions(
         device=device, progress=not args.quiet, precision=args.precision,
         channels_last={"auto": None, "on": True, "off": False}[args.channels_last], dist=ctx,
         dataset=data.name, compile=settings["compile"] or False)
+    return _Training(model, space, arch, data, config, options, teacher, args.half_weights)
 
-    def fit(cfg=None, **kw):
-        if arch is not None:
-            return train_standalone(model, data, config=cfg or config, space=space, arch=arch,
-                                    options=options, teacher=teacher, **kw)
-        return train_supernet(model, space, data, cfg or config, options, teacher=teacher, **kw)
 
-    def save_final(path: Path, result, train_seconds: float | None = None) -> None:
-        record = training_record(data)
-        if arch is not None:
-            save_standalone(path, model, space, arch, dataset=data.name, train_config=config,
-                            data_record=record)
-        else:
-            save_checkpoint(path, model, space, dataset=data.name, train_config=config,
-                            half=args.half_weights, data_record=record,
-                            extra={"train_seconds": train_seconds, "history": result.history}
-                            if train_seconds is not None else None)
+def _main(args: argparse.Namespace, kind: str, out: Path | None, ctx, device: torch.device,
+          started: float, replacing: bool = False) -> int:
+    from hwnas.supernet.distributed import shutdown
 
+    say = print if ctx.is_main else (lambda *a, **k: None)
+    settings, recorded = _read_settings(args, out / "run.json" if kind == "dir" else None)
+    t = _training(args, settings, recorded, ctx, device, say)
+    say(t.describe(ctx, device))
     if args.bench_steps is not None:
-        return _bench(args, fit, out, ctx, device, config, settings, arch, say, len(data.train))
-    if kind == "file":
-        result = fit()
+        return _bench(args, t.fit, out, ctx, device, t.config, settings, t.arch, say,
+                      len(t.data.train))
+    if kind == "file":  # the checkpoint file is written atomically: the old one stays till then
+        result = t.fit()
         if ctx.is_main:
-            save_final(out, result)
-        say(f"trained {space.name if arch is None else space.to_string(arch)} on {data.name}: "
-            f"{result.epochs} epochs, {result.seconds:.0f} s, {result.images_per_s:.0f} images/s "
-            f"-> {out}")
+            t.save_final(out, result)
+        say(f"trained {t.space.name if t.arch is None else t.space.to_string(t.arch)} on "
+            f"{t.data.name}: {result.epochs} epochs, {result.seconds:.0f} s, "
+            f"{result.images_per_s:.0f} images/s -> {out}")
         shutdown(ctx)  # the evaluation below needs no other rank
         if ctx.is_main:
-            _print_val(model, space, arch, data, say)
+            _print_val(t.model, t.space, t.arch, t.data, say)
         return 0
+    if not (replacing and ctx.is_main):
+        return _run_dir(args, t, out, out, ctx, device, settings, started, say, fresh=replacing)
+    # --overwrite: the new run fills a staging sibling and replaces the old one only once this
+    # command is through, so a failure, Ctrl-C or full disk meanwhile leaves the old run as it was
+    written.remove_stale(out)
+    with written.staged(out, WRITER) as staging:
+        status = _run_dir(args, t, staging, out, ctx, device, settings, started, say, fresh=True)
+    written.replace_dir(staging, out, writers=[WRITER], what="a training run directory")
+    return status
 
-    ckpt, log_file = out / "checkpoint.pt", out / "train_log.json"
+
+def _run_dir(args: argparse.Namespace, t: _Training, work: Path, out: Path, ctx, device,
+             settings: dict, started: float, say, *, fresh: bool) -> int:
+    """Train into the run directory ``work`` (``out``, or the staging directory that replaces
+    it; ``fresh``: a new run there, whatever ``out`` held) and evaluate with --eval."""
+    from hwnas.supernet.distributed import barrier, shutdown
+
+    ckpt, log_file, run_file = work / "checkpoint.pt", work / "train_log.json", work / "run.json"
+    config, arch = t.config, t.arch
     if ctx.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        written.record_files(out, WRITER, RUN_FILES)
+        work.mkdir(parents=True, exist_ok=True)
+        written.record_files(work, WRITER, RUN_FILES)
     if ctx.is_main and not args.resume:
-        if args.overwrite:  # everything here is this command's own (checked before)
-            for name in RUN_FILES:
-                (out / name).unlink(missing_ok=True)
         write_json(run_file, {"settings": settings, "train_config": config.to_dict(),
-                              "space_config": space.config()})
+                              "space_config": t.space.config()})
     barrier(ctx)
-    log = json.loads(log_file.read_text()) if log_file.is_file() else {"chunks": []}
-    done = bool(log.get("completed"))
+    log = {"chunks": []}
+    if not fresh and log_file.is_file():
+        log = json.loads(log_file.read_text())
+    done, model = bool(log.get("completed")), t.model
     if not done:
         budget = None
         if args.max_minutes is not None:
             budget = max(0.0, args.max_minutes * 60.0 - (time.perf_counter() - started))
-        result = fit(resume_from=ckpt if args.resume and ckpt.is_file() else None,
-                     checkpoint_path=ckpt, checkpoint_every_s=args.checkpoint_every_s or 120.0,
-                     max_seconds=budget)
+        result = t.fit(resume_from=ckpt if args.resume and ckpt.is_file() else None,
+                       checkpoint_path=ckpt, checkpoint_every_s=args.checkpoint_every_s or CHECKPOINT_EVERY_S,
+                       max_seconds=budget)
         done = result.completed
-        say(f"trained steps {result.step - round(result.images / config.batch_size)}..{result.step} "
-            f"of {result.total_steps} in {result.seconds:.1f} s: {result.images_per_s:.0f} images/s"
-            f" (total {result.total_seconds:.0f} s)")
+        say(f"trained steps {result.step - round(result.images / config.batch_size)}.."
+            f"{result.step} of {result.total_steps} in {result.seconds:.1f} s: "
+            f"{result.images_per_s:.0f} images/s (total {result.total_seconds:.0f} s)")
         if ctx.is_main:
             secs = _log_chunk(log, log_file, result, ctx, device, settings, config)
             if done:
-                save_final(out / ("model.pt" if arch is not None else "supernet.pt"), result, secs)
+                t.save_final(work / ("model.pt" if arch is not None else "supernet.pt"), result,
+                             secs)
         if not done:
             say(f"not finished: step {result.step} of {result.total_steps}; continue with "
                 f"hwnas train --out {out} --resume")
     else:
         say(f"{out}: training already complete ({log.get('step')} steps)")
         if args.eval and ctx.is_main:
-            model = _final_weights(out, ckpt, arch, space, device)
+            model = _final_weights(work, ckpt, arch, t.space, device)
     shutdown(ctx)  # rank 0's evaluation below needs no other rank
     if args.eval and (done or args.eval_unfinished) and ctx.is_main:
-        _evaluate(args, model, space, arch, data, device, settings, done, out, say)
+        _evaluate(args, model, t.space, arch, t.data, device, settings, done, work, say)
     elif args.eval and ctx.is_main:
         say("eval skipped: training is not finished")
     return 0
@@ -396,7 +443,7 @@ def _log_chunk(log, log_file, result, ctx, device, settings, config) -> float:
 
 def _final_weights(out: Path, ckpt: Path, arch, space, device):
     """A finished run's model: its final weights, else its last checkpoint."""
-    from hwnas.supernet.train import load_checkpoint, load_standalone
+    from hwnas.supernet.checkpoint_io import load_checkpoint, load_standalone
 
     final = out / ("model.pt" if arch is not None else "supernet.pt")
     weights = final if final.is_file() else ckpt

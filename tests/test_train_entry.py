@@ -121,6 +121,52 @@ def test_augment_override_is_kept_on_resume(decoded, tmp_path, monkeypatch, one_
     assert seen and set(seen) == {"crop_flip_cutout"}  # training and recalibration alike
 
 
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("failure", ["interrupt", "disk-full"])
+def test_overwrite_that_fails_keeps_the_previous_run(decoded, tmp_path, monkeypatch, capsys,
+                                                     one_torch_thread, failure):
+    """--overwrite builds the new run aside: training that is interrupted (Ctrl-C) or whose
+    checkpoint write fails (a full disk) after it has started leaves the previous run byte for
+    byte as it was, and no staging directory behind."""
+    import errno
+
+    import hwnas.supernet.train as train_module
+
+    out = tmp_path / "run"
+    base = ["--dataset", str(decoded), "--space", "mbv3-tiny", "--limit-train", "128",
+            "--limit-eval", "50", "--batch-size", "64", "--out", str(out)]
+    assert _cli(*base, "--epochs", "1") == 0
+    before = _tree(out)
+    assert "supernet.pt" in before and "checkpoint.pt" in before
+    real_step, steps = train_module._Loop._step, []
+
+    def failing_step(self, x, y, stage_i):
+        steps.append(self.step)
+        if len(steps) == 3:  # two steps in, a checkpoint of the new run already written aside
+            assert any(tmp_path.glob(".run.tmp-*/checkpoint.pt"))
+            if failure == "interrupt":
+                raise KeyboardInterrupt
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_step(self, x, y, stage_i)
+
+    monkeypatch.setattr(train_module._Loop, "_step", failing_step)
+    status = _cli(*base, "--epochs", "3", "--overwrite", "--checkpoint-every-s", "1e-6")
+    err = capsys.readouterr().err
+    assert status == (130 if failure == "interrupt" else 2), err
+    if failure == "disk-full":
+        assert "No space left on device" in err and len(err.strip().splitlines()) == 1
+    assert _tree(out) == before  # the old run, unchanged
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no staging left
+    monkeypatch.setattr(train_module._Loop, "_step", real_step)
+    assert _cli(*base, "--epochs", "2", "--overwrite") == 0  # and a complete one replaces it
+    assert json.loads((out / "train_log.json").read_text())["total_steps"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
 def test_cudnn_autotuning_defaults_to_standalone_runs_only(tmp_path):
     """--cudnn-benchmark auto: on for a standalone network (one set of shapes), off for a
     supernet (every random subnet brings new shapes to tune), also when a run is resumed."""

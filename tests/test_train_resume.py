@@ -110,6 +110,7 @@ def test_bad_precision(small_digits):
 def test_progress_without_tqdm(monkeypatch, capsys):
     import builtins
 
+    from hwnas.core.progress import PrintProgress
     from hwnas.supernet import train
 
     real_import = builtins.__import__
@@ -121,7 +122,7 @@ def test_progress_without_tqdm(monkeypatch, capsys):
 
     monkeypatch.setattr(builtins, "__import__", no_tqdm)
     bar = train.progress_bar(3, "demo", disable=False)
-    assert isinstance(bar, train._PrintProgress)
+    assert isinstance(bar, PrintProgress)
     bar.set_postfix(loss="1.0")
     for _ in range(3):
         bar.update(1)

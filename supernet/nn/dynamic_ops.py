@@ -1,10 +1,12 @@
-"""Weight-sharing operators (Once-for-All style): one max-size weight, sliced per active subnet.
+"""Weight-sharing operators of every supernet (Once-for-All / AutoFormer style): one max-size
+weight, sliced per active subnet.
 
 Each operator keeps its full-size parameters; a forward pass uses the leading slice that the
 active configuration needs. Input channels always follow the incoming tensor, output channels
 and kernel size are passed explicitly, so no operator holds global state. ``static(...)``
-returns an ordinary ``nn.Conv2d`` / ``nn.BatchNorm2d`` with copies of the active slice, which
-is what extraction and export want.
+returns an ordinary ``nn.Conv2d`` / ``nn.BatchNorm2d`` / ``nn.Linear`` / ``nn.LayerNorm`` with
+copies of the active slice, which is what extraction (:meth:`Supernet.extract
+<hwnas.supernet.nn.supernet.Supernet.extract>`) and export want.
 """
 
 from __future__ import annotations
@@ -171,6 +173,77 @@ class DynamicSE(nn.Module):
     def static(self, channels: int) -> SqueezeExcite:
         hidden = self.hidden_fn(channels)
         return SqueezeExcite(self.reduce.static(channels, hidden), self.expand.static(hidden, channels))
+
+
+# -- transformer operators (AutoFormer's weight entanglement) -----------------------------------
+
+#: ViT/timm: truncated normal weights for the linear layers
+_INIT_STD = 0.02
+
+
+class DynamicLinear(nn.Module):
+    """A linear layer whose input and output features can shrink (leading slices)."""
+
+    def __init__(self, max_in: int, max_out: int, bias: bool = True) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(max_out, max_in))
+        nn.init.trunc_normal_(self.weight, std=_INIT_STD)
+        self.bias = nn.Parameter(torch.zeros(max_out)) if bias else None
+
+    def forward(self, x: torch.Tensor, out_features: int) -> torch.Tensor:
+        b = self.bias[:out_features] if self.bias is not None else None
+        return F.linear(x, self.weight[:out_features, : x.size(-1)], b)
+
+    def static(self, in_features: int, out_features: int) -> nn.Linear:
+        lin = nn.Linear(in_features, out_features, bias=self.bias is not None)
+        lin.weight.data.copy_(self.weight[:out_features, :in_features])
+        if self.bias is not None:
+            lin.bias.data.copy_(self.bias[:out_features])
+        return lin
+
+
+class DynamicQKV(nn.Module):
+    """The fused Q/K/V projection with elastic heads: one max-size weight per Q, K and V, each
+    sliced to its first ``heads × head_dim`` rows (so a subnet's heads are the first heads of
+    the supernet's, in Q, K and V alike)."""
+
+    def __init__(self, max_in: int, max_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.weight = nn.Parameter(torch.empty(3, max_heads * head_dim, max_in))
+        nn.init.trunc_normal_(self.weight, std=_INIT_STD)
+        # 1-D like every bias (training exempts 1-D parameters from weight decay)
+        self.bias = nn.Parameter(torch.zeros(3 * max_heads * head_dim))
+
+    def active(self, in_features: int, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+        width = heads * self.head_dim
+        return (self.weight[:, :width, :in_features].reshape(3 * width, in_features),
+                self.bias.view(3, -1)[:, :width].reshape(3 * width))
+
+    def forward(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        return F.linear(x, *self.active(x.size(-1), heads))
+
+    def static(self, in_features: int, heads: int) -> nn.Linear:
+        w, b = self.active(in_features, heads)
+        lin = nn.Linear(in_features, w.size(0))
+        lin.weight.data.copy_(w)
+        lin.bias.data.copy_(b)
+        return lin
+
+
+class DynamicLayerNorm(nn.LayerNorm):
+    """LayerNorm over the active (leading) channels, with the leading slices of its affine
+    terms; the statistics are those of the active channels only, as in AutoFormer."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        c = x.size(-1)
+        return F.layer_norm(x, (c,), self.weight[:c], self.bias[:c], self.eps)
+
+    def static(self, channels: int) -> nn.LayerNorm:
+        ln = nn.LayerNorm(channels, eps=self.eps)
+        ln.weight.data.copy_(self.weight[:channels])
+        ln.bias.data.copy_(self.bias[:channels])
+        return ln
 
 
 def activation(name: str | None) -> nn.Module:

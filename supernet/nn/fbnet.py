@@ -21,6 +21,7 @@ from hwnas.supernet.nn.dynamic_ops import (
     DynamicConv2d,
     DynamicDepthwiseConv2d,
 )
+from hwnas.supernet.nn.supernet import Supernet
 from hwnas.supernet.spaces.fbnet import FBNET_BLOCKS, FBNetArch, FBNetSpace, block_spec
 from torch import nn
 
@@ -166,7 +167,7 @@ class SuperLayer(nn.Module):
         )
 
 
-class FBNetSupernet(nn.Module):
+class FBNetSupernet(Supernet):
     """Weight-sharing supernet of an :class:`FBNetSpace`; starts with the largest subnet active."""
 
     def __init__(self, space: FBNetSpace) -> None:
@@ -209,22 +210,9 @@ class FBNetSupernet(nn.Module):
         x = self.head_act(self.head_bn(self.head_conv(x)))
         return self.classifier(torch.flatten(self.pool(x), 1))
 
-    @torch.no_grad()
-    def extract(self, arch: FBNetArch | str | None = None) -> FBNetNet:
-        """A standalone copy of the subnet ``arch`` (default: the active one), in eval mode.
-
-        The active subnet is left as it was."""
-        previous = self.active_arch()
-        if arch is not None:
-            self.set_active(arch)
-        device = next(self.parameters()).device
-        try:  # built on the supernet's device: no copy through the default device
-            with torch.device(device):
-                net = FBNetNet(
-                    copy.deepcopy(self.stem), [layer.static() for layer in self.blocks],
-                    copy.deepcopy(self.head_conv), copy.deepcopy(self.head_bn),
-                    copy.deepcopy(self.classifier),
-                )
-        finally:
-            self.set_active(previous)
-        return net.to(device).eval()
+    def static_net(self) -> FBNetNet:
+        return FBNetNet(
+            copy.deepcopy(self.stem), [layer.static() for layer in self.blocks],
+            copy.deepcopy(self.head_conv), copy.deepcopy(self.head_bn),
+            copy.deepcopy(self.classifier),
+        )

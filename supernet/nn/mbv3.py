@@ -24,6 +24,7 @@ from hwnas.supernet.nn.dynamic_ops import (
     SqueezeExcite,
     activation,
 )
+from hwnas.supernet.nn.supernet import Supernet
 from hwnas.supernet.spaces.mbv3 import MBV3Arch, MBV3Space
 from torch import nn
 
@@ -192,7 +193,7 @@ def _static_block(in_ch: int, out_ch: int, kernel: int, act: str) -> MBConv:
     )
 
 
-class MBV3Supernet(nn.Module):
+class MBV3Supernet(Supernet):
     """Weight-sharing supernet of an :class:`MBV3Space`; starts with the largest subnet active."""
 
     def __init__(self, space: MBV3Space) -> None:
@@ -283,33 +284,20 @@ class MBV3Supernet(nn.Module):
             for block in stage_blocks:
                 block.sort_channels(keep, optimizer)
 
-    @torch.no_grad()
-    def extract(self, arch: MBV3Arch | str | None = None) -> MBV3Net:
-        """A standalone copy of the subnet ``arch`` (default: the active one), in eval mode.
-
-        The active subnet is left as it was."""
-        previous = self.active_arch()
-        if arch is not None:
-            self.set_active(arch)
-        device = next(self.parameters()).device
-        try:  # built on the supernet's device: no copy through the default device
-            with torch.device(device):
-                blocks = [
-                    block.static()
-                    for stage_blocks, d in zip(self.stages, self.active_depths)
-                    for block in stage_blocks[:d]
-                ]
-                cfg = self.space.cfg
-                net = MBV3Net(
-                    stem_conv=_copy(self.stem_conv), stem_bn=_copy(self.stem_bn),
-                    stem_act=cfg.stem_activation, first_block=_copy(self.first_block), blocks=blocks,
-                    head_conv=_copy(self.head_conv), head_bn=_copy(self.head_bn),
-                    head_act=cfg.head_activation, feature_mix=_copy(self.feature_mix),
-                    classifier=_copy(self.classifier),
-                )
-        finally:
-            self.set_active(previous)
-        return net.to(device).eval()
+    def static_net(self) -> MBV3Net:
+        blocks = [
+            block.static()
+            for stage_blocks, d in zip(self.stages, self.active_depths)
+            for block in stage_blocks[:d]
+        ]
+        cfg = self.space.cfg
+        return MBV3Net(
+            stem_conv=_copy(self.stem_conv), stem_bn=_copy(self.stem_bn),
+            stem_act=cfg.stem_activation, first_block=_copy(self.first_block), blocks=blocks,
+            head_conv=_copy(self.head_conv), head_bn=_copy(self.head_bn),
+            head_act=cfg.head_activation, feature_mix=_copy(self.feature_mix),
+            classifier=_copy(self.classifier),
+        )
 
 
 def _copy(module: nn.Module | None) -> nn.Module | None:

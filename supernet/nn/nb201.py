@@ -15,6 +15,7 @@ import copy
 from collections import OrderedDict
 
 import torch
+from hwnas.supernet.nn.supernet import Supernet
 from hwnas.supernet.spaces.nb201 import (
     CONV_KERNELS,
     NB201_EDGES,
@@ -144,7 +145,7 @@ class NB201Net(nn.Module):
         return self.classifier(torch.flatten(self.pool(x), 1))
 
 
-class NB201Supernet(nn.Module):
+class NB201Supernet(Supernet):
     """Weight-sharing supernet of an :class:`NB201Space`; starts with the largest cell active."""
 
     def __init__(self, space: NB201Space) -> None:
@@ -193,21 +194,7 @@ class NB201Supernet(nn.Module):
         x = self.last_act(self.last_bn(x))
         return self.classifier(torch.flatten(self.pool(x), 1))
 
-    @torch.no_grad()
-    def extract(self, arch: NB201Arch | str | None = None) -> NB201Net:
-        """A standalone copy of the subnet ``arch`` (default: the active one), in eval mode.
-
-        The active subnet is left as it was."""
-        previous = self.active_arch()
-        if arch is not None:
-            self.set_active(arch)
-        device = next(self.parameters()).device
-        try:  # built on the supernet's device: no copy through the default device
-            with torch.device(device):
-                cells = [c.static() if isinstance(c, SuperCell) else copy.deepcopy(c)
-                         for c in self.cells]
-                net = NB201Net(copy.deepcopy(self.stem), cells, copy.deepcopy(self.last_bn),
-                               copy.deepcopy(self.classifier))
-        finally:
-            self.set_active(previous)
-        return net.to(device).eval()
+    def static_net(self) -> NB201Net:
+        cells = [c.static() if isinstance(c, SuperCell) else copy.deepcopy(c) for c in self.cells]
+        return NB201Net(copy.deepcopy(self.stem), cells, copy.deepcopy(self.last_bn),
+                        copy.deepcopy(self.classifier))

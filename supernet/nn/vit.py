@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from hwnas.supernet.nn.dynamic_ops import DynamicConv2d
+from hwnas.supernet.nn.dynamic_ops import (
+    DynamicConv2d,
+    DynamicLayerNorm,
+    DynamicLinear,
+    DynamicQKV,
+)
+from hwnas.supernet.nn.supernet import Supernet
 from hwnas.supernet.spaces.vit import ViTArch, ViTSpace
 from torch import nn
-
-_INIT_STD = 0.02  # ViT/timm: truncated normal weights for the linear layers
-
 
 class MatMul(nn.Module):
     """``scale · a @ bᵀ`` (``transpose_b``) or ``scale · a @ b`` over the last two axes: a
@@ -155,72 +158,7 @@ class ViTNet(nn.Module):
         return self.classifier(x.mean(1))
 
 
-# -- weight-sharing operators ----------------------------------------------------------------------
-
-class DynamicLinear(nn.Module):
-    """A linear layer whose input and output features can shrink (leading slices)."""
-
-    def __init__(self, max_in: int, max_out: int, bias: bool = True) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(max_out, max_in))
-        nn.init.trunc_normal_(self.weight, std=_INIT_STD)
-        self.bias = nn.Parameter(torch.zeros(max_out)) if bias else None
-
-    def forward(self, x: torch.Tensor, out_features: int) -> torch.Tensor:
-        b = self.bias[:out_features] if self.bias is not None else None
-        return F.linear(x, self.weight[:out_features, : x.size(-1)], b)
-
-    def static(self, in_features: int, out_features: int) -> nn.Linear:
-        lin = nn.Linear(in_features, out_features, bias=self.bias is not None)
-        lin.weight.data.copy_(self.weight[:out_features, :in_features])
-        if self.bias is not None:
-            lin.bias.data.copy_(self.bias[:out_features])
-        return lin
-
-
-class DynamicQKV(nn.Module):
-    """The fused Q/K/V projection with elastic heads: one max-size weight per Q, K and V, each
-    sliced to its first ``heads × head_dim`` rows (so a subnet's heads are the first heads of
-    the supernet's, in Q, K and V alike)."""
-
-    def __init__(self, max_in: int, max_heads: int, head_dim: int) -> None:
-        super().__init__()
-        self.head_dim = head_dim
-        self.weight = nn.Parameter(torch.empty(3, max_heads * head_dim, max_in))
-        nn.init.trunc_normal_(self.weight, std=_INIT_STD)
-        # 1-D like every bias (training exempts 1-D parameters from weight decay)
-        self.bias = nn.Parameter(torch.zeros(3 * max_heads * head_dim))
-
-    def active(self, in_features: int, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-        width = heads * self.head_dim
-        return (self.weight[:, :width, :in_features].reshape(3 * width, in_features),
-                self.bias.view(3, -1)[:, :width].reshape(3 * width))
-
-    def forward(self, x: torch.Tensor, heads: int) -> torch.Tensor:
-        return F.linear(x, *self.active(x.size(-1), heads))
-
-    def static(self, in_features: int, heads: int) -> nn.Linear:
-        w, b = self.active(in_features, heads)
-        lin = nn.Linear(in_features, w.size(0))
-        lin.weight.data.copy_(w)
-        lin.bias.data.copy_(b)
-        return lin
-
-
-class DynamicLayerNorm(nn.LayerNorm):
-    """LayerNorm over the active (leading) channels, with the leading slices of its affine
-    terms; the statistics are those of the active channels only, as in AutoFormer."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        c = x.size(-1)
-        return F.layer_norm(x, (c,), self.weight[:c], self.bias[:c], self.eps)
-
-    def static(self, channels: int) -> nn.LayerNorm:
-        ln = nn.LayerNorm(channels, eps=self.eps)
-        ln.weight.data.copy_(self.weight[:channels])
-        ln.bias.data.copy_(self.bias[:channels])
-        return ln
-
+# -- the supernet (its operators: hwnas.supernet.nn.dynamic_ops) ----------------------------------
 
 class DynamicViTBlock(nn.Module):
     """A pre-norm block with elastic heads and MLP ratio; the embedding width follows the input."""
@@ -267,7 +205,7 @@ class DynamicViTBlock(nn.Module):
                         cct_norm=c.cct_norm, drop_path=self.drop_path)
 
 
-class ViTSupernet(nn.Module):
+class ViTSupernet(Supernet):
     """Weight-sharing supernet of a :class:`ViTSpace`; starts with the largest subnet active."""
 
     def __init__(self, space: ViTSpace) -> None:
@@ -321,29 +259,15 @@ class ViTSupernet(nn.Module):
             return self.classifier(torch.matmul(w, x).flatten(1), self.space.cfg.num_classes)
         return self.classifier(x.mean(1), self.space.cfg.num_classes)
 
-    @torch.no_grad()
-    def extract(self, arch: ViTArch | str | None = None) -> ViTNet:
-        """A standalone copy of the subnet ``arch`` (default: the active one), in eval mode.
-
-        The active subnet is left as it was."""
-        previous = self.active_arch()
-        if arch is not None:
-            self.set_active(arch)
-        device = next(self.parameters()).device
-        try:  # built on the supernet's device: no copy through the default device
-            with torch.device(device):
-                c, e = self.space.cfg, self.active_embed
-                widths = [*c.tokenizer_channels, e]
-                tokenizer, in_ch = [], c.in_channels
-                for conv, width in zip(self.tokenizer, widths):
-                    tokenizer.append(TokenizerStage(conv.static(in_ch, width)))
-                    in_ch = width
-                pos = self.pos_embed[..., :e].clone() if self.pos_embed is not None else None
-                pool = (self.attention_pool.static(e, 1) if self.attention_pool is not None
-                        else None)
-                net = ViTNet(tokenizer, [b.static(e) for b in self.blocks[: self.active_depth]],
-                             self.norm.static(e), self.classifier.static(e, c.num_classes),
-                             pos_embed=pos, attention_pool=pool)
-        finally:
-            self.set_active(previous)
-        return net.to(device).eval()
+    def static_net(self) -> ViTNet:
+        c, e = self.space.cfg, self.active_embed
+        widths = [*c.tokenizer_channels, e]
+        tokenizer, in_ch = [], c.in_channels
+        for conv, width in zip(self.tokenizer, widths):
+            tokenizer.append(TokenizerStage(conv.static(in_ch, width)))
+            in_ch = width
+        pos = self.pos_embed[..., :e].clone() if self.pos_embed is not None else None
+        pool = self.attention_pool.static(e, 1) if self.attention_pool is not None else None
+        return ViTNet(tokenizer, [b.static(e) for b in self.blocks[: self.active_depth]],
+                      self.norm.static(e), self.classifier.static(e, c.num_classes),
+                      pos_embed=pos, attention_pool=pool)
