@@ -86,7 +86,7 @@ def check_profile_name(name: str) -> str:
             f"device name {name!r} is not a valid profile name; expected letters, digits, '.', "
             f"'_' or '-' (at most 64, starting with a letter or digit)"
         )
-    from hwnas.latency.devices import builtin_device_names
+    from hwnas.latency.devices.registry import builtin_device_names
 
     if name in builtin_device_names():
         raise UserError(

@@ -33,6 +33,7 @@ from typing import IO, Any
 import numpy as np
 
 from hwnas.core.errors import UserError
+from hwnas.core.paths import shared_data_candidate
 
 __all__ = [
     "LatencyTable",
@@ -42,6 +43,8 @@ __all__ = [
     "load_latency_table",
     "open_table_text",
     "shared_table_path",
+    "latency_tables",
+    "TABLE_FILES",
     "load_shared_table",
 ]
 
@@ -235,14 +238,29 @@ def load_latency_table(
 # --------------------------------------------------------------------------------------------
 
 
+#: Latency tables of the shared data: space name -> file name under ``<shared data>/latency``.
+TABLE_FILES = {"nb201": "nb201_latency_ms.csv", "fbnet": "fbnet_latency_ms.csv"}
+
+
+def _latency_data_dir() -> Path:
+    """``<shared data>/latency``: ``$HWNAS_SHARED_DATA/latency`` when set, else the default
+    beside the checkout (:mod:`hwnas.core.paths`, torch-free)."""
+    return shared_data_candidate()[0] / "latency"
+
+
+def latency_tables() -> dict[str, Path]:
+    """The latency tables present: space name -> CSV path."""
+    base = _latency_data_dir()
+    return {space: base / f for space, f in TABLE_FILES.items() if (base / f).is_file()}
+
+
+
 def shared_table_path(space_name: str) -> Path:
     """The shared latency table of ``space_name`` (``nb201`` or ``fbnet``).
 
     Found under ``$HWNAS_SHARED_DATA/latency`` or ``<checkout>/../shared/data/latency`` (the
-    rule of :func:`hwnas.latency.devices.latency_tables`); a :class:`UserError` when it is absent.
+    rule of :func:`latency_tables`); a :class:`UserError` when it is absent.
     """
-    from hwnas.latency.devices import TABLE_FILES, latency_tables
-
     if space_name not in TABLE_FILES:
         raise UserError(f"no shared latency table for space {space_name!r}; tables exist for "
                         f"{sorted(TABLE_FILES)}")

@@ -155,7 +155,7 @@ def test_measured_device_builds_the_subnet_itself():
 
 
 def test_gpu_devices_are_listed_only_with_a_gpu(monkeypatch):
-    import hwnas.latency.devices as devices
+    import hwnas.latency.devices.measured as devices
 
     monkeypatch.setattr(devices, "_gpu_present", lambda: True)
     listed = devices._measured_factories()
