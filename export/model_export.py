@@ -77,6 +77,7 @@ from hwnas.export.ort_profile import LayerIndex, integer_kernel_check
 from hwnas.export.qdq.build import EXPORT_FORMAT, QdqBuild, build_qdq, float_proto
 from hwnas.export.qdq.names import map_layer_nodes
 from hwnas.export.recommend import CandidateFile, Recommendation, recommend_file
+from hwnas.latency.devices import Device, MeasuredDevice, get_device
 from hwnas.quant.policy import QuantPolicy
 from hwnas.quant.ptq import PTQConfig
 from hwnas.search.rundir import RunDir
@@ -100,8 +101,8 @@ class ExportSettings:
     against the searched fake-quant model (``None``: report only).
     ``max_candidate_drop``: the most test accuracy (points) a file may lose on a device's
     runtime against the searched model (float or fake-quant) and still be recommended there.
-    ``policy_batch``: the batch every device is timed at unless its name gives one
-    (``cpu-ov-8t-b32``); ``warmup`` / ``rounds`` / ``runs``: the paired timing of a device's
+    ``policy_batch``: the batch every device is timed at unless the device fixes its own
+    (``cpu-ov-8t-b32``: :meth:`hwnas.latency.devices.MeasuredDevice.at_batch`); ``warmup`` / ``rounds`` / ``runs``: the paired timing of a device's
     candidates (:mod:`hwnas.export.recommend`) and of the int8-vs-float search
     (:func:`hwnas.export.device_policy.choose_float_layers`), with ``profile_runs`` / ``refine``;
     ``min_rounds``: a paired timing may stop after that many rounds once its verdict is settled
@@ -233,7 +234,7 @@ class DeviceEntry:
     ``fp32_ms``, ``recommended_ms``, ``quantized_ms`` (the fastest verified quantized
     candidate), ``speedup`` and every entry of ``candidates`` come from one paired measurement
     (:mod:`hwnas.export.recommend`), so the figures beside a recommendation never contradict
-    it."""
+    it. ``runtime``, ``threads`` and ``batch`` record the measured device it was timed as."""
 
     device: str
     predicted_latency_ms: float | None
@@ -282,19 +283,32 @@ class ModelExport:
         return asdict(self)
 
 
-def measurable_devices(devices: Iterable[str]) -> dict[str, int]:
-    """``{device: threads}`` of the devices that run on this CPU (``cpu-ort-*``, and
-    ``cpu-ov-*`` with OpenVINO installed), which the export can time and tune for."""
+def measurable_devices(devices: Iterable[str | Device]) -> dict[str, MeasuredDevice]:
+    """``{name: device}`` of the devices that run on this CPU (``cpu-ort-*``, and
+    ``cpu-ov-*`` with OpenVINO installed), which the export can time and tune for: where a
+    device name becomes the Device the export carries (names it cannot build are left out)."""
     out = {}
-    for name in devices:
-        try:
-            from hwnas.latency.devices import MeasuredDevice, get_device
-
-            device = get_device(name)
-        except (UserError, ImportError):
-            continue
+    for device in devices:
+        if not isinstance(device, Device):
+            try:
+                device = get_device(str(device))
+            except (UserError, ImportError):
+                continue
         if isinstance(device, MeasuredDevice) and device.provider == "cpu":
-            out[name] = int(device.threads)
+            out[device.name] = device
+    return out
+
+
+def _at_policy_batch(devices: Mapping[str, MeasuredDevice] | Iterable[MeasuredDevice],
+                     s: ExportSettings) -> dict[str, MeasuredDevice]:
+    """The devices by name, each timing at ``policy_batch`` unless its batch is fixed."""
+    listed = devices.values() if isinstance(devices, Mapping) else devices
+    out = {}
+    for device in listed:
+        if not isinstance(device, MeasuredDevice):
+            raise UserError(f"export devices must be measured devices (see measurable_devices), "
+                            f"got {device!r}")
+        out[device.name] = device.at_batch(s.policy_batch)
     return out
 
 
@@ -309,18 +323,6 @@ def _write(out_dir: Path, rel: str, proto: onnx.ModelProto, report: FileReport) 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, data)
     report.written = True
-
-
-def _device_setup(device: str, threads: int, s: ExportSettings) -> tuple[str, int, int]:
-    """``(runtime, threads, batch)`` of a measurable device: the runtime its name says
-    (onnxruntime by default), the batch its name gives (``-b32``), else ``policy_batch``."""
-    from hwnas.latency.devices import parse_cpu_device
-
-    parsed = parse_cpu_device(device)
-    if parsed is None:
-        return "onnxruntime", threads, s.policy_batch
-    runtime, _, batch = parsed
-    return runtime, threads, batch if "-b" in device else s.policy_batch
 
 
 #: the ISA condition of a QDQ file some integer layer of which can saturate a 16-bit pair sum
@@ -492,15 +494,16 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
                  policy: QuantPolicy | None = None, calibration: Iterable | None = None,
                  ptq_config: PTQConfig | None = None, arch: str | None = None,
                  accuracy: Any = None, predicted_latency: Mapping[str, float | None] | None = None,
-                 devices: Mapping[str, int] | None = None, metadata: Mapping[str, Any] | None = None,
+                 devices: Mapping[str, MeasuredDevice] | Iterable[MeasuredDevice] | None = None,
+                 metadata: Mapping[str, Any] | None = None,
                  settings: ExportSettings | None = None, progress: bool = False,
                  input_spec: InputSpec | None = None, model_version: int = 1,
                  quantized: nn.Module | None = None, shared: dict | None = None) -> ModelExport:
     """Export ``model`` (and its ``policy``) to ``out_dir`` (layout in the module docstring),
     verify and time every file; returns the record for the manifest.
 
-    ``devices``: ``{device: threads}`` measurable here (:func:`measurable_devices`) - each gets
-    its own int8-vs-float layer choice and file. ``predicted_latency``: ``{device: ms}`` for
+    ``devices``: the measured devices to tune for (:func:`measurable_devices`) - each gets
+    its own int8-vs-float layer choice and file, timed at its threads and batch. ``predicted_latency``: ``{device: ms}`` for
     every device of the search (metadata and manifest). ``test_labels``: labels of
     ``test_images``, to report each file's top-1 accuracy. ``input_spec``: mean, std and class
     names, written into every file (:func:`hwnas.export.onnx_export.describe_model`) and needed
@@ -564,7 +567,7 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
             _write(out_dir, rel, u8, report)
         with clock("uint8"):
             _attempt(result, report, do)
-    devices = dict(devices or {})
+    devices = _at_policy_batch(devices or (), s)
     entries = {d: DeviceEntry(d, predicted.get(d), d in devices)
                for d in list(predicted) + [d for d in devices if d not in predicted]}
     result.devices = list(entries.values())
@@ -663,14 +666,13 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
 
     # -- per onnxruntime device: the fastest int8/float mix, requantized for integer kernels ----
     written: dict[str, onnx.ModelProto] = {}
-    for device, threads in devices.items():
+    for device, dev in devices.items():
         entry = entries[device]
-        runtime, threads, batch = _device_setup(device, threads, s)
-        if runtime != "onnxruntime" or "proto" not in fp32:
+        if dev.runtime != "onnxruntime" or "proto" not in fp32:
             continue  # the per-layer choice reads onnxruntime's profiler
         try:
-            with clock("choose"), timing_slot(_pin(s, [threads])):
-                choice = _choose(build, fp32["proto"], device, threads, batch, s, progress)
+            with clock("choose"), timing_slot(_pin(s, [dev.threads])):
+                choice = _choose(build, fp32["proto"], dev, s, progress)
         except UserError as exc:
             entry.note = f"int8-vs-float measurement failed: {first_line(exc)}"
             continue
@@ -765,7 +767,8 @@ def _policy_kind(policy: QuantPolicy, float_layers: Iterable[str]) -> str:
     return "int8" if bits <= {(8, 8)} and not list(float_layers) else "mixed"
 
 
-def _recommend(result: ModelExport, entries: Mapping[str, DeviceEntry], devices: Mapping[str, int],
+def _recommend(result: ModelExport, entries: Mapping[str, DeviceEntry],
+               devices: Mapping[str, MeasuredDevice],
                candidates: list[CandidateFile], references: dict[str, np.ndarray],
                model: nn.Module, searched: nn.Module | None, passes: ImagePasses,
                s: ExportSettings, clock: StageClock) -> None:
@@ -782,31 +785,28 @@ def _recommend(result: ModelExport, entries: Mapping[str, DeviceEntry], devices:
     np_images, np_labels = passes.np, passes.labels
     cache: dict = passes.agreement_cache(refs, usable)
     reports = {f.path: f for f in result.files}
-    threads = [_device_setup(d, t, s)[1] for d, t in devices.items()]
-    with clock("recommend"), timing_slot(_pin(s, threads)):
+    with clock("recommend"), timing_slot(_pin(s, (d.threads for d in devices.values()))):
         _recommend_devices(result, entries, devices, usable, refs, np_images, np_labels, s,
                            cache, passes.sessions, reports)
 
 
 def _recommend_devices(result: ModelExport, entries: Mapping[str, DeviceEntry],
-                       devices: Mapping[str, int], usable: list[CandidateFile],
+                       devices: Mapping[str, MeasuredDevice], usable: list[CandidateFile],
                        refs: dict[str, np.ndarray], np_images: np.ndarray,
                        np_labels: np.ndarray | None, s: ExportSettings, cache: dict,
                        sessions: dict, reports: dict[str, FileReport]) -> None:
-    for device, threads in devices.items():
+    for device, dev in devices.items():
         entry = entries[device]
-        runtime, threads, batch = _device_setup(device, threads, s)
-        entry.runtime, entry.threads, entry.batch = runtime, threads, batch
+        entry.runtime, entry.threads, entry.batch = dev.runtime, dev.threads, dev.batch
         try:
-            rec = recommend_file(device, runtime=runtime, threads=threads, batch=batch,
-                                 files=usable, references=refs, images=np_images,
+            rec = recommend_file(dev, files=usable, references=refs, images=np_images,
                                  labels=np_labels, min_agreement=s.min_agreement,
                                  max_drop=s.max_candidate_drop, rounds=s.rounds, runs=s.runs,
                                  warmup=s.warmup, seed=s.seed, cache=cache,
                                  min_rounds=s.min_rounds, sessions=sessions)
         except UserError as exc:
             entry.recommended = None
-            entry.note = f"no file could be verified and timed on {runtime}: {first_line(exc)}"
+            entry.note = f"no file could be verified and timed on {dev.runtime}: {first_line(exc)}"
             continue
         prior = entry.note  # e.g. why a quantized file is missing
         _fill_entry(entry, rec)
@@ -845,8 +845,8 @@ def _fill_entry(entry: DeviceEntry, rec: Recommendation) -> None:
         entry.note += " (" + "; ".join(rec.notes) + ")"
 
 
-def _choose(build: QdqBuild, fp32_proto: onnx.ModelProto, device: str, threads: int,
-            batch: int, s: ExportSettings, progress: bool) -> DevicePolicy:
+def _choose(build: QdqBuild, fp32_proto: onnx.ModelProto, device: MeasuredDevice,
+            s: ExportSettings, progress: bool) -> DevicePolicy:
     quantized = build.integer_layers()
     if not quantized:
         raise UserError("the policy quantizes no layer to integer widths")
@@ -858,7 +858,7 @@ def _choose(build: QdqBuild, fp32_proto: onnx.ModelProto, device: str, threads: 
         return build.proto(requantize=s.requantize, extra_float=float_layers).SerializeToString()
     return choose_float_layers(variant, fp32_proto.SerializeToString(), quantized, build.kinds,
                                fp32_index=fp32_index, qdq_index=qdq_index, device=device,
-                               threads=threads, batch=batch, rounds=s.rounds,
+                               rounds=s.rounds,
                                runs=s.runs, profile_runs=s.profile_runs, refine=s.refine,
                                progress=progress, min_rounds=s.min_rounds)
 

@@ -11,6 +11,7 @@ supernet of the space (latency does not depend on weights).
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import re
@@ -36,7 +37,12 @@ class MeasuredDevice(Device):
     ``repeats`` times after ``warmup`` runs on a batch of ``batch`` inputs; the median is the
     latency, ``cv × mean`` its std. ``cuda_graph`` (PyTorch CUDA only): time replays of a
     captured CUDA graph of the forward pass, i.e. the GPU's own time without the Python/launch
-    overhead of eager PyTorch (what a compiled deployment approaches).
+    overhead of eager PyTorch (what a compiled deployment approaches). ``fixed_batch``: the
+    batch is part of the device (``-b<B>`` in a CPU device's name), so a workload timed at a
+    batch of its own (the export's ``policy_batch``) keeps this one (:meth:`at_batch`).
+
+    The export asks the device how to run there: :attr:`precision_hints` (the runtime's
+    precisions to try) and :attr:`stream_counts` (OpenVINO's parallel infer requests).
     """
 
     kind = "measured"
@@ -44,7 +50,8 @@ class MeasuredDevice(Device):
     def __init__(self, name: str, *, threads: int, provider: str = "cpu",
                  model_fn: Callable[[Any], Any] | None = None, repeats: int = 30,
                  warmup: int = 5, batch: int = 1, cuda_graph: bool = False,
-                 runtime: str = "onnxruntime", description: str = "") -> None:
+                 runtime: str = "onnxruntime", description: str = "",
+                 fixed_batch: bool = False) -> None:
         from hwnas.latency.onnx_measure import RUNTIMES
 
         if runtime not in RUNTIMES:
@@ -63,12 +70,35 @@ class MeasuredDevice(Device):
         self.name = name
         self.threads = threads
         self.batch = int(batch)
+        self.fixed_batch = bool(fixed_batch)
         self.provider = provider
         self.model_fn = model_fn
         self.repeats = repeats
         self.warmup = warmup
         self.description = description
         self._supernets: dict[tuple, Any] = {}
+
+    def at_batch(self, batch: int) -> MeasuredDevice:
+        """This device timing a workload of ``batch`` images, unless its batch is fixed."""
+        if self.fixed_batch or int(batch) == self.batch:
+            return self
+        if int(batch) < 1:
+            raise UserError(f"device {self.name!r}: batch must be >= 1, got {batch}")
+        other = copy.copy(self)
+        other.batch, other._supernets = int(batch), {}
+        return other
+
+    @property
+    def precision_hints(self) -> tuple[str, ...]:
+        """The precisions a file is tried under here: ``f32`` (as written) and the reduced ones
+        the runtime can be asked for (:func:`reduced_precisions`)."""
+        return ("f32", *reduced_precisions(self.runtime))
+
+    @property
+    def stream_counts(self) -> tuple[int, ...]:
+        """The stream counts beyond one tried at this device's threads and batch
+        (:func:`stream_counts`)."""
+        return stream_counts(self.runtime, self.threads, self.batch)
 
     def _model(self, space: SearchSpace, arch: Any) -> Any:
         if self.model_fn is not None:
@@ -190,18 +220,42 @@ def _ort_cuda_available() -> bool:
     return "CUDAExecutionProvider" in ort.get_available_providers()
 
 
+#: Reduced inference precisions a runtime can be asked for (beyond running the file as written).
+_REDUCED = {"onnxruntime": (), "openvino": ("bf16", "f16")}
+#: OpenVINO stream counts tried beside one stream. 8 because on a 16-core Xeon at 8 threads the
+#: smallest CIFAR net still gained from 2 to 4 streams.
+STREAM_COUNTS = (2, 4, 8)
+
+
+def stream_counts(runtime: str, threads: int, batch: int | None) -> tuple[int, ...]:
+    """The stream counts beyond one tried on ``runtime`` at ``threads`` and ``batch``: on
+    OpenVINO those of :data:`STREAM_COUNTS` that divide the batch into equal sub-batches and
+    leave every stream at least one thread; none on onnxruntime, at one thread or at batch 1."""
+    if runtime != "openvino" or batch is None or threads < 2 or batch < 2:
+        return ()
+    return tuple(s for s in STREAM_COUNTS if s <= threads and batch % s == 0)
+
+
+def reduced_precisions(runtime: str) -> tuple[str, ...]:
+    """The precision hints tried on ``runtime`` beyond f32 (onnxruntime's CPU provider has no
+    BF16/FP16 mode: none)."""
+    return _REDUCED.get(runtime, ())
+
+
 #: Short names of the CPU runtimes in device names.
 RUNTIME_TAGS = {"ort": "onnxruntime", "ov": "openvino"}
 _CPU_NAME = re.compile(r"^cpu-(?P<rt>ort|ov)-(?P<threads>[1-9][0-9]*)t(?:-b(?P<batch>[1-9][0-9]*))?$")
 
 
-def _cpu_device(name: str, tag: str, threads: int, batch: int = 1
+def _cpu_device(name: str, tag: str, threads: int, batch: int | None = None
                 ) -> tuple[Callable[..., Device], str]:
+    """The factory and description of a CPU device; ``batch`` given: fixed by its name."""
     runtime = RUNTIME_TAGS[tag]
     text = f"{runtime} on this CPU, {threads} thread{'s' if threads > 1 else ''}" + (
-        f", batch {batch}" if batch > 1 else "")
-    return (functools.partial(MeasuredDevice, name, threads=threads, batch=batch,
-                              runtime=runtime, description=text), text)
+        f", batch {batch}" if (batch or 1) > 1 else "")
+    return (functools.partial(MeasuredDevice, name, threads=threads, batch=batch or 1,
+                              runtime=runtime, description=text, fixed_batch=batch is not None),
+            text)
 
 
 def parse_cpu_device(name: str) -> tuple[str, int, int] | None:
@@ -259,4 +313,6 @@ def cpu_device_factory(name: str) -> Callable[..., Device] | None:
 
         if not openvino_available():
             raise UserError(f"device {name!r} needs OpenVINO: pip install 'hwnas[openvino]'")
-    return _cpu_device(name, name.split("-")[1], cpu[1], cpu[2])[0]
+    m = _CPU_NAME.match(name)
+    batch = int(m["batch"]) if m is not None and m["batch"] else None
+    return _cpu_device(name, name.split("-")[1], cpu[1], batch)[0]
