@@ -139,3 +139,17 @@ def test_gpu_devices_are_listed_only_with_a_gpu(monkeypatch):
     assert graph.provider == "cuda-torch" and graph.cuda_graph and graph.batch == 1
     monkeypatch.setattr(devices, "_gpu_present", lambda: False)
     assert not {"cuda-torch", "cuda-graph"} & set(devices._measured_factories())
+
+
+def test_a_cpu_device_fixes_its_batch_only_when_its_name_gives_one():
+    """What the export times a device at: its own batch when the name gives one (``-b8``),
+    else the workload's (``at_batch``); the runtime's precision hints and stream counts."""
+    plain, fixed = get_device("cpu-ort-2t"), get_device("cpu-ort-2t-b8")
+    assert (plain.batch, plain.fixed_batch, fixed.batch, fixed.fixed_batch) == (1, False, 8, True)
+    assert plain.at_batch(16).batch == 16 and plain.batch == 1  # a copy, the device unchanged
+    assert fixed.at_batch(16) is fixed and plain.at_batch(1) is plain
+    assert plain.precision_hints == ("f32",) and plain.at_batch(16).stream_counts == ()
+    ov = MeasuredDevice("ov-box", threads=8, batch=32, runtime="openvino")
+    assert ov.precision_hints == ("f32", "bf16", "f16") and ov.stream_counts == (2, 4, 8)
+    with pytest.raises(UserError, match="batch must be >= 1"):
+        plain.at_batch(0)

@@ -305,14 +305,13 @@ def cpu_device_factory(name: str) -> Callable[..., Device] | None:
     """The factory of any CPU device name ``cpu-<ort|ov>-<N>t[-b<B>]`` (built on request, so
     any thread count and batch works), ``None`` for another name; OpenVINO must be installed
     for ``cpu-ov-*``."""
-    cpu = parse_cpu_device(name)
-    if cpu is None:
+    m = _CPU_NAME.match(name)
+    if m is None:
         return None
-    if cpu[0] == "openvino":
+    if m["rt"] == "ov":
         from hwnas.latency.onnx_measure import openvino_available
 
         if not openvino_available():
             raise UserError(f"device {name!r} needs OpenVINO: pip install 'hwnas[openvino]'")
-    m = _CPU_NAME.match(name)
-    batch = int(m["batch"]) if m is not None and m["batch"] else None
-    return _cpu_device(name, name.split("-")[1], cpu[1], batch)[0]
+    batch = int(m["batch"]) if m["batch"] else None
+    return _cpu_device(name, m["rt"], int(m["threads"]), batch)[0]
