@@ -1,54 +1,17 @@
 """Export one model: FP32 ONNX, QDQ ONNX of its policy, per-device QDQ; each verified, and the
 fastest verified one recommended per measured device.
 
-:func:`export_model` is the model-level API (the run-directory glue, :mod:`hwnas.export.run_export`,
-calls it once per Pareto-optimal model). For a float ``nn.Module`` (BatchNorm not folded), an
-optional :class:`hwnas.quant.policy.QuantPolicy` and calibration batches it writes, under ``out_dir``:
-
-``<name>.onnx``                FP32 (BatchNorm folded, opset 17, dynamic batch)
-``qdq/<name>.onnx``            QDQ of the searched policy, *exact*: Q/DQ only where the
-                               fake-quant model quantizes (layer inputs, weights). onnxruntime
-                               runs a conv as an integer kernel only when its output is
-                               requantized, so convs followed by h-swish, residual adds or SE stay
-                               float islands here (reported by name; usually slower than FP32)
-``qdq-<device>/<name>.onnx``   for each onnxruntime device measurable here (``cpu-ort-*``): the deployment
-                               form - the layers where int8 loses on that device kept float
-                               (:mod:`hwnas.export.device_policy`), 8-bit requantization after the other
-                               integer convs where onnxruntime needs it, no float islands
-``int4/<name>.onnx``           (``int4=True``, weights of <= 4 bits) the exact form with real ONNX
-                               INT4 weights (opset 21), for size
-``uint8[-qdq-<device>]/<name>.onnx``  (``uint8_input=True``) the FP32 and per-device files
-                               taking uint8 NHWC images, normalised inside the graph
-
-Every file is self-describing (:func:`hwnas.export.onnx_export.describe_model`): its metadata
-holds the input's name, shape, layout and dtype, the mean/std and class names of
-``input_spec``, the arch, policy, accuracy and the hwnas version.
-
-FP32 files sit at the top so that the on-device script (``python -m hwnas.latency.ondevice
-OUT_DIR``) and ``hwnas latency measure`` (which read the ``*.onnx`` of one directory and key rows
-by the ``arch`` metadata) time the float architectures the latency predictors model;
-``ondevice.py OUT_DIR/qdq-<device>`` times the quantized ones.
-
-Every file is verified before it is written (atomically; a file that fails is not written):
-``onnx.checker``; FP32: max |ONNX - PyTorch| <= ``atol`` (1e-4). QDQ: top-1 agreement >=
-``min_agreement`` (99 %) with the PyTorch fake-quant model as the file computes it under
-onnxruntime - the fake-quant model of the file's policy with its biases rounded to int32 on
-``input_scale * weight_scale`` (onnxruntime's integer kernels do that even to a float bias) and,
-for ``qdq-<device>`` files, the requantization points. This is exact up to float rounding
-(max difference ~1e-7 on small nets), so any export error shows. The deviation from the
-*searched* fake-quant model that integer execution brings (int32 biases, requantization, layers
-kept float) is reported - top-1 agreement, max difference and, with labels, both test
-accuracies - and a file losing more than ``max_accuracy_drop`` points of test accuracy fails.
-After onnxruntime's optimizations every integer layer of a ``qdq-<device>`` file must run as an
-integer kernel, and so must every quantized attention product of two activations (Q·Kᵀ,
-attention × V: MatMulIntegerToFloat / QLinearMatMul; ``integer_products`` in the report);
-float islands are reported by name for every file.
-
-Per device measurable here (onnxruntime or OpenVINO, see :mod:`hwnas.export.recommend`) the
-files are candidates - on OpenVINO also under its bf16/f16 precision hints - verified again on
-that runtime and timed together in one paired measurement; the manifest recommends the fastest
-verified one with the runtime settings it needs, and every time it shows for the device (and
-for each file on it) comes from that measurement.
+:func:`export_model` is the model-level API (:mod:`hwnas.export.run_export` calls it once per
+Pareto-optimal model) and runs as named stages over one context (``_Export``): FP32
+``<name>.onnx``, the exact QDQ of the searched policy ``qdq/<name>.onnx``, ``int4/<name>.onnx``
+(``int4=True``), per onnxruntime device measurable here ``qdq-<device>/<name>.onnx`` (the layers
+where int8 loses on it kept float, :mod:`hwnas.export.device_policy`), ``uint8[-...]/`` variants
+(``uint8_input=True``), then the recommendation per device (:mod:`hwnas.export.recommend`) and
+the verification sample. The layout is documented in ``docs/how-to/deploy.md``. Every file is
+self-describing (:func:`hwnas.export.onnx_export.describe_model`) and verified before it is
+written, atomically (:mod:`hwnas.export.verify`); a file that fails is recorded, not written.
+The devices come in as :class:`hwnas.latency.devices.MeasuredDevice` objects
+(:func:`measurable_devices`), each timed at its threads and batch.
 """
 
 from __future__ import annotations
