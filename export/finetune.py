@@ -4,9 +4,9 @@ Once-for-All's second half: after the search picks a subnet, a few epochs of tra
 standalone network recover what weight sharing cost it. ``hwnas finetune RUN --trial N`` and
 ``hwnas.load_run(RUN).finetune(N)``:
 
-1. rebuild trial ``N`` exactly as the search scored it (:class:`hwnas.export.run_api.Run`: the
-   subnet extracted from the run's supernet, BatchNorm recalibrated; PTQ under its policy), on
-   the run's splits (validation and test disjoint from the supernet's training images);
+1. rebuild trial ``N`` exactly as the search scored it (:class:`hwnas.search.replay.RunReplay`:
+   the subnet extracted from the run's supernet, BatchNorm recalibrated; PTQ under its policy),
+   on the run's splits (validation and test disjoint from the supernet's training images);
 2. fine-tune the extracted standalone module on the training split by knowledge distillation
    from the supernet's largest subnet (soft targets at a temperature, plus the label loss;
    SGD with warm-up and cosine decay: :func:`hwnas.quant.qat.distill`); a trial with a bit
@@ -238,48 +238,62 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
                    out: str | Path | None = None, overwrite: bool = False,
                    export_settings: Any = None, progress: bool = True,
                    devices: Sequence[str] | None = None) -> FinetuneResult:
-    """Fine-tune trial ``trial`` of ``run`` (a run directory or a
-    :class:`hwnas.export.run_api.Run`), write it to ``out`` (default
+    """Fine-tune trial ``trial`` of ``run`` (a run directory, or a
+    :class:`hwnas.search.replay.RunReplay` such as :class:`hwnas.Run`), write it to ``out`` (default
     ``RUN/finetune/trial_NNNN``) and export it (see the module docstring). ``devices``: the
     devices measurable here to time the exported files on and recommend one for (default: the
     run's, as ``hwnas export`` does; ``()``: verify only). Bad input (no such
     run or trial, a trial whose model cannot be rebuilt, an output directory that cannot be
     replaced, bad settings, a device this machine lacks) raises UserError before anything is
     written."""
-    import torch
-    from hwnas.export.model_export import (
-        ExportSettings,
-        export_model,
-        measurable_devices,
-    )
-    from hwnas.export.onnx_export import InputSpec
-    from hwnas.export.qdq import dequantized_twin
-    from hwnas.export.run_api import Run
-    from hwnas.quant.qat import distill, qat
-    from hwnas.supernet.data import BatchLoader
-    from hwnas.supernet.evaluate import accuracy, eval_loader
+    from hwnas.export.model_export import ExportSettings
+    from hwnas.search.replay import RunReplay
     from hwnas.supernet.train import check_torch_device
 
     settings = settings or FinetuneSettings()
     settings.validate()
     export_settings = export_settings or ExportSettings()
     export_settings.validate()
-    run = run if isinstance(run, Run) else Run(run)
+    run = run if isinstance(run, RunReplay) else RunReplay(run)
     device = check_torch_device(settings.device)
     arch, policy = run.candidate(trial)  # UserError: no such trial, an arch outside the space
     trial = int(trial)
     out_dir = Path(out) if out is not None else run.dir.finetune_dir(trial)
     _check_replaceable(out_dir, run.path, overwrite)
-    tunable = measurable_devices(str(d) for d in ((run.settings.get("devices") or [])
+    tunable = _tunable_devices(run, devices)
+    settings = settings.for_space(run.space)
+    seed = run.config.seed if settings.seed is None else int(settings.seed)
+    result, final = _tune(run, trial, arch, policy, settings, seed, device, out_dir, progress)
+    _write(run, result, final, arch, policy, settings, seed, tunable, export_settings, progress)
+    return result
+
+
+def _tunable_devices(run: Any, devices: Sequence[str] | None) -> dict[str, Any]:
+    """The devices to time the exported files on (default the run's measurable ones);
+    UserError for one asked for that this CPU cannot measure."""
+    from hwnas.export.model_export import measurable_devices
+
+    tunable = measurable_devices(str(d) for d in (run.config.all_devices
                                                   if devices is None else devices))
     wrong = [d for d in devices or () if d not in tunable]
     if wrong:
         raise UserError(f"device {wrong[0]!r} cannot be measured on this CPU; expected "
                         f"cpu-ort-<N>t or cpu-ov-<N>t (OpenVINO installed), optionally with "
                         f"-b<batch>")
+    return tunable
+
+
+def _tune(run: Any, trial: int, arch: Any, policy: Any, settings: FinetuneSettings, seed: int,
+          device: Any, out_dir: Path, progress: bool) -> tuple[FinetuneResult, Any]:
+    """(result without its export, the tuned model in eval mode): the trial rebuilt as the
+    search scored it, distilled from the largest subnet (QAT under its policy), scored on
+    validation and test before and after."""
+    import torch
+    from hwnas.quant.qat import distill, qat
+    from hwnas.supernet.data import BatchLoader
+    from hwnas.supernet.evaluate import accuracy, eval_loader
+
     space, supernet = run.space, run.supernet
-    settings = settings.for_space(space)
-    seed = int(run.settings.get("seed", 0)) if settings.seed is None else int(settings.seed)
     supernet.to(device)
     evaluator = run.evaluator
     data = run.data
@@ -314,8 +328,20 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
                             None if policy is None else policy.to_dict(),
                             space.to_string(space.largest()), before, after, settings.epochs,
                             tuned.kept_epoch, seconds, str(device), tuned.history)
+    return result, final
 
-    name = f"trial_{trial:04d}"
+
+def _write(run: Any, result: FinetuneResult, final: Any, arch: Any, policy: Any,
+           settings: FinetuneSettings, seed: int, tunable: dict[str, Any], export_settings: Any,
+           progress: bool) -> None:
+    """Export the tuned model and write model.pt and summary.json into ``result.out_dir``,
+    staged and moved into place whole; ``result.export`` is the export's record."""
+    from hwnas.export.model_export import export_model
+    from hwnas.export.onnx_export import InputSpec
+    from hwnas.export.qdq import dequantized_twin
+    from hwnas.supernet.data import BatchLoader
+
+    data, space, trial, out_dir = run.data, run.space, result.trial, result.out_dir
     test_images, test_labels = next(iter(BatchLoader(
         data.test, batch_size=settings.max_test_images, mean=data.mean, std=data.std,
         shuffle=True, seed=seed)))
@@ -323,22 +349,21 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
     written.remove_stale(out_dir)
     with written.staged(out_dir, WRITER) as staging:
         result.export = export_model(
-            final if policy is None else dequantized_twin(final), name=name, out_dir=staging,
-            example=test_images[:1], test_images=test_images, test_labels=test_labels,
-            policy=policy, quantized=None if policy is None else final,
-            calibration=None if policy is None else evaluator.calibration_batches("cpu"),
-            arch=result.arch, accuracy=after["val"], devices=tunable, settings=export_settings,
-            progress=progress, input_spec=InputSpec(tuple(data.mean), tuple(data.std),
-                                                    tuple(data.classes)),
-            metadata={"trial": trial, "space": space.name, "dataset": run.settings["dataset"],
-                      "test_accuracy": after["test"],
+            final if policy is None else dequantized_twin(final), name=f"trial_{trial:04d}",
+            out_dir=staging, example=test_images[:1], test_images=test_images,
+            test_labels=test_labels, policy=policy, quantized=None if policy is None else final,
+            calibration=None if policy is None else run.evaluator.calibration_batches("cpu"),
+            arch=result.arch, accuracy=result.after["val"], devices=tunable,
+            settings=export_settings, progress=progress,
+            input_spec=InputSpec(tuple(data.mean), tuple(data.std), tuple(data.classes)),
+            metadata={"trial": trial, "space": space.name, "dataset": run.config.dataset,
+                      "test_accuracy": result.after["test"],
                       "finetuned": {"epochs": settings.epochs, "teacher": result.teacher,
-                                    "before": before, "after": after}})
+                                    "before": result.before, "after": result.after}})
         save_finetuned(staging / CHECKPOINT, final, space, arch, policy,
-                       dataset=str(run.settings["dataset"]), metadata=result.summary())
+                       dataset=str(run.config.dataset), metadata=result.summary())
         summary = result.summary()
         summary["settings"] = asdict(settings)
         summary["run_dir"] = str(run.path)
         write_json(staging / SUMMARY, summary)
     written.replace_dir(staging, out_dir, writers=[WRITER], what="a fine-tuned model")
-    return result

@@ -2,37 +2,16 @@
 
 Why: after :class:`hwnas.export.qdq.QdqGraphBuilder` every conv runs as an integer kernel, but the
 element-wise ops between them stayed float, each behind a DequantizeLinear and before a
-QuantizeLinear. Profiled on a Xeon with VNNI/AMX (benchmarks/export_ort_ops.py), those islands
-cost more than the integer convs gain: onnxruntime's DequantizeLinear runs on one thread (at 8
-threads it alone took as long as all the integer convs), h-swish runs as HardSigmoid + Mul on
-float tensors four times the size, and every island adds NHWC<->NCHW transposes around the
-integer convs. This pass rewrites them into patterns that onnxruntime fuses into its integer
-element-wise kernels (QLinearAdd, QLinearMul, QLinearGlobalAveragePool), which stay in the NHWC
-layout of the integer convs:
-
-* **h-swish** ``x * relu6(x + 3) / 6`` of a de-quantized ``x``: ``t = Q(x + 3)`` on the scale
-  6/255 (the uint8 range clamps to [0, 6]: relu6 for free; a QLinearAdd), read back on the scale
-  1/255 (so ``t`` *is* ``hsigmoid(x)`` on a 1/255 grid), then ``x * t`` (a QLinearMul) quantized
-  with the consumer's parameters, or with ``x``'s own where the consumers differ (h-swish
-  shrinks magnitudes, so ``x``'s range holds it), or left float where a float layer reads it;
-* **squeeze-excitation**: the gate ``hsigmoid(...)`` (in [0, 1]) quantized on the scale 1/255
-  so ``x * gate`` fuses into a QLinearMul; ``ReduceMean`` over H, W becomes
-  ``GlobalAveragePool`` (a QLinearGlobalAveragePool between its DQ and Q);
-* **residual adds** whose output feeds an integer layer and other nodes (the next block's skip
-  path) but no float layer: the output is quantized once with that layer's input parameters and
-  every consumer reads it, so both adds fuse into QLinearAdd;
-* **requantization chains** ``Q(s1) -> DQ(s1) -> Q(s2)`` (a conv output requantized for a float
-  op that no longer exists): the first Q takes ``s2`` directly;
-* nodes left without consumers are removed.
-
-No rewrite puts a DequantizeLinear directly in front of a layer kept in float: onnxruntime would
-quantize that conv with scales of its own (see ``QdqGraphBuilder._float_guards``).
+QuantizeLinear. Profiled on a Xeon with VNNI/AMX, those islands cost more than the integer convs
+gain (single-threaded DequantizeLinear, h-swish on float tensors four times the size, NHWC<->NCHW
+transposes around every island: ``benchmarks/export_ort_ops.md``). :func:`integer_elementwise`
+rewrites them into patterns that onnxruntime fuses into its integer element-wise kernels
+(QLinearAdd, QLinearMul, QLinearGlobalAveragePool), which stay in the NHWC layout of the
+integer convs.
 
 Each rewrite changes the numbers slightly (one more rounding to an 8-bit grid, or one fewer).
 :class:`ElementwiseRewrite` records them per module so :class:`hwnas.export.qdq.DeployedReference`
-computes the same in PyTorch; a rewrite is applied only where the op is a module of that kind
-(``nn.Hardswish``/``nn.Hardsigmoid``) or the add is the last op of its module (its output), so
-that a forward hook can mirror it.
+computes the same in PyTorch.
 """
 
 from __future__ import annotations
@@ -126,7 +105,30 @@ def _scope_ends(nodes: list[onnx.NodeProto], scope_of) -> dict[str, str]:  # noq
 def integer_elementwise(model: onnx.ModelProto, *, hswish_modules: set[str],
                         hsigmoid_modules: set[str], modules: set[str],
                         requant_layer_of: Mapping[str, str]) -> ElementwiseRewrite:
-    """Rewrite ``model`` (a QDQ graph, modified in place) as described in the module docstring.
+    """Rewrite ``model`` (a QDQ graph, modified in place) into onnxruntime's integer
+    element-wise patterns:
+
+    * **h-swish** ``x * relu6(x + 3) / 6`` of a de-quantized ``x``: ``t = Q(x + 3)`` on the
+      scale 6/255 (the uint8 range clamps to [0, 6]: relu6 for free; a QLinearAdd), read back on
+      the scale 1/255 (so ``t`` *is* ``hsigmoid(x)`` on a 1/255 grid), then ``x * t`` (a
+      QLinearMul) quantized with the consumer's parameters, or with ``x``'s own where the
+      consumers differ (h-swish shrinks magnitudes, so ``x``'s range holds it), or left float
+      where a float layer reads it;
+    * **squeeze-excitation**: the gate ``hsigmoid(...)`` (in [0, 1]) quantized on the scale
+      1/255 so ``x * gate`` fuses into a QLinearMul; ``ReduceMean`` over H, W becomes
+      ``GlobalAveragePool`` (a QLinearGlobalAveragePool between its DQ and Q);
+    * **residual adds** whose output feeds an integer layer and other nodes (the next block's
+      skip path) but no float layer: the output is quantized once with that layer's input
+      parameters and every consumer reads it, so both adds fuse into QLinearAdd;
+    * **requantization chains** ``Q(s1) -> DQ(s1) -> Q(s2)`` (a conv output requantized for a
+      float op that no longer exists): the first Q takes ``s2`` directly;
+    * nodes left without consumers are removed.
+
+    No rewrite puts a DequantizeLinear directly in front of a layer kept in float: onnxruntime
+    would quantize that conv with scales of its own (see ``QdqGraphBuilder._float_guards``).
+    A rewrite is applied only where the op is a module of that kind
+    (``nn.Hardswish``/``nn.Hardsigmoid``) or the add is the last op of its module (its output),
+    so that a forward hook of :class:`hwnas.export.qdq.DeployedReference` can mirror it.
 
     ``hswish_modules`` / ``hsigmoid_modules``: the names of the ``nn.Hardswish`` /
     ``nn.Hardsigmoid`` modules (node names carry them, :func:`hwnas.export.qdq.node_scope`);

@@ -279,7 +279,7 @@ def describe_model(proto: onnx.ModelProto, spec: InputSpec | None,
     ``spec``, the hwnas version and ``metadata`` (arch, policy, accuracy...; None values left
     out); ``model_version`` and a one-paragraph ``doc_string`` say the same for tools that only
     show those. Returns ``proto``."""
-    from hwnas import __version__
+    from hwnas.core.version import __version__
 
     tensor = proto.graph.input[0]
     ttype = tensor.type.tensor_type

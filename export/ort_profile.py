@@ -4,14 +4,9 @@
   ``DQ -> Conv -> Q`` into ``QLinearConv``, the NCHWc / NHWC layout changes), saved through
   ``SessionOptions.optimized_model_filepath``;
 * :func:`profile_model` - per-node kernel times from onnxruntime's profiler on that graph;
-* :class:`LayerIndex` - maps the nodes of an optimized graph back to the policy's layers: a
-  conv-like node by its weight/bias initializer (``<layer>.weight_quantized``, ``<layer>.bias``)
-  or by the source node / tensor its name derives from (``/blocks/blocks.0/dw_conv/Conv_token_41``,
-  ``/blocks/blocks.1/act2/Relu_output_0_nchwc``); the Q/DQ/guard nodes the exporter inserted for
-  a layer (``/<layer>/input_q``, ``/<layer>/requant_dq``...) to that layer; every other node
-  (Transpose, Reorder, activations, adds, Q/DQ onnxruntime made) to the layer whose integer or
-  float form caused it - a QuantizeLinear, a ReorderInput or an NCHW->NHWC Transpose to the
-  layer it feeds, anything else to the layer that produced its input.
+* :class:`LayerIndex` - maps the nodes of an optimized graph back to the policy's layers (by
+  weight initializer, by the source node their name derives from, or to the layer whose
+  integer or float form caused them), so time is charged per layer.
 
 Only onnxruntime, onnx and numpy are needed (no torch).
 """
@@ -151,7 +146,17 @@ def profile_model(model: bytes | str | Path, *, batch: int = 1, threads: int = 1
 
 @dataclass
 class LayerIndex:
-    """Maps nodes of (optimized) graphs derived from one source graph to policy layers."""
+    """Maps nodes of (optimized) graphs derived from one source graph to policy layers.
+
+    A conv-like node by its weight/bias initializer (``<layer>.weight_quantized``,
+    ``<layer>.bias``) or by the source node / tensor its name derives from
+    (``/blocks/blocks.0/dw_conv/Conv_token_41``, ``/blocks/blocks.1/act2/Relu_output_0_nchwc``);
+    the Q/DQ/guard nodes the exporter inserted for a layer (``/<layer>/input_q``,
+    ``/<layer>/requant_dq``...) to that layer; every other node (Transpose, Reorder,
+    activations, adds, Q/DQ onnxruntime made) to the layer whose integer or float form caused
+    it - a QuantizeLinear, a ReorderInput or an NCHW->NHWC Transpose to the layer it feeds,
+    anything else to the layer that produced its input.
+    """
 
     layers: set[str]
     layer_of_node: dict[str, str]
@@ -210,7 +215,7 @@ class LayerIndex:
         return out
 
     def attribute(self, graph: onnx.GraphProto, node_ms: Mapping[str, float]) -> dict[str, float]:
-        """Per-layer time: each node's time charged to a layer (see the module docstring);
+        """Per-layer time: each node's time charged to a layer (see the class docstring);
         what reaches no layer is under ``""``."""
         anchors = self.anchors(graph)
         producer: dict[str, onnx.NodeProto] = {}

@@ -39,16 +39,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hwnas.search.config import SearchConfig
+from hwnas.search.replay import load_run_supernet, replay_splits
 from hwnas.search.rundir import RunDir
 
 from hwnas.core.errors import UserError, WriteError
 from hwnas.core import written
 from hwnas.core.io import check_writable
 
-__all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front", "run_splits"]
+__all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front"]
 
 CONFIG_FILE = RunDir.CONFIG
-SUPERNET_FILE = RunDir.SUPERNET
 
 
 @dataclass
@@ -148,8 +149,8 @@ def parse_select(spec: str, rows: list[ModelRow], front: str | None) -> list[Mod
     return [by_trial[t] for t in dict.fromkeys(wanted)]
 
 
-def _load_run(run_dir: Path) -> dict[str, Any]:
-    return RunDir(run_dir).read_config()
+def _load_run(run_dir: Path) -> SearchConfig:
+    return RunDir(run_dir).read_search_config()
 
 
 def _fronts(run_dir: Path, front: str | None) -> dict[str, Path]:
@@ -278,7 +279,7 @@ class _Context:
     """What every model of one export shares, prepared once: the run, its supernet and data,
     the BatchNorm recalibration and PTQ calibration batches, the test images, the devices."""
 
-    cfg: dict[str, Any]
+    cfg: SearchConfig
     space: Any
     supernet: Any
     data: Any
@@ -297,7 +298,7 @@ class _Context:
     networks: dict[str, tuple[Any, dict]] = field(default_factory=dict)
 
 
-def _prepare(run_dir: Path, cfg: dict[str, Any], settings: Any, rows: list[ModelRow],
+def _prepare(run_dir: Path, cfg: SearchConfig, settings: Any, rows: list[ModelRow],
              extra: dict[str, Any], max_test_images: int, *, torch_device: str = "cpu",
              with_data: bool = True) -> _Context:
     """Load the run's supernet (on ``torch_device``) and data, and draw the calibration and
@@ -309,15 +310,12 @@ def _prepare(run_dir: Path, cfg: dict[str, Any], settings: Any, rows: list[Model
     from hwnas.quant.ptq import PTQConfig, calibration_batches
     from hwnas.supernet.data.loader import BatchLoader
     from hwnas.supernet.evaluate import bn_calibration_batches
-    from hwnas.supernet.train import load_checkpoint
 
     t0 = time.perf_counter()
-    space, supernet, payload = load_checkpoint(RunDir(run_dir).supernet, device=torch_device)
-    if space.name != cfg["space"]:
-        raise UserError(f"{run_dir / SUPERNET_FILE} holds space {space.name!r} but config.json "
-                        f"says {cfg['space']!r}; the run directory is inconsistent")
-    seed = int(cfg.get("seed", 0))
-    devices = [str(d) for d in (cfg.get("devices") or [])]
+    rd = RunDir(run_dir)
+    space, supernet, payload = load_run_supernet(rd, cfg, device=torch_device)
+    seed = cfg.seed
+    devices = list(cfg.all_devices)
     for row in rows:
         for d in row.predicted:
             if d not in devices:
@@ -326,10 +324,10 @@ def _prepare(run_dir: Path, cfg: dict[str, Any], settings: Any, rows: list[Model
     if not with_data:
         return _Context(cfg, space, supernet, None, settings, seed, 0, [], [], None, None, None,
                         devices, tunable, {"load": time.perf_counter() - t0})
-    data = run_splits(run_dir, cfg, payload)
+    data = replay_splits(cfg, payload, str(rd.supernet))
     t1 = time.perf_counter()
-    calib_batches = int(cfg.get("calib_batches", 10))
-    ptq_config = PTQConfig(max_images=int(cfg.get("ptq_images", 256)), seed=seed)
+    calib_batches = cfg.calib_batches
+    ptq_config = PTQConfig(max_images=cfg.ptq_images, seed=seed)
     bn_batches = bn_calibration_batches(data, calib_batches, seed=seed, device=torch_device)
     ptq_batches = calibration_batches(
         BatchLoader(data.train, batch_size=128, mean=data.mean, std=data.std, shuffle=True,
@@ -389,7 +387,7 @@ def _export_row(ctx: _Context, row: ModelRow, staging: Path, index: int, total: 
             devices=ctx.tunable, settings=ctx.settings, progress=progress,
             input_spec=InputSpec(tuple(data.mean), tuple(data.std), tuple(data.classes)),
             metadata={"trial": row.trial, "fronts": row.fronts, "space": space.name,
-                      "dataset": ctx.cfg["dataset"], "test_accuracy": row.test_accuracy},
+                      "dataset": ctx.cfg.dataset, "test_accuracy": row.test_accuracy},
             shared=shared)
         result.info.setdefault("stage_seconds", {})["recalibrate"] = recalibrate_s
     except WriteError:
@@ -457,21 +455,6 @@ def _export_parallel(run_dir: Path, settings: Any, rows: list[ModelRow], extra: 
 WRITER = "export"
 
 
-def run_splits(run_dir: str | Path, cfg: dict[str, Any], payload: dict[str, Any]):  # -> DatasetSplits
-    """The run's dataset split as its search split it (``data_seed``): validation and test
-    disjoint from the images its supernet (checkpoint ``payload``) trained on, and the training
-    augmentation the checkpoint records (for BatchNorm recalibration)."""
-    from hwnas.supernet.data.sources import load_dataset
-    from hwnas.supernet.fingerprint import disjoint_validation
-    from hwnas.supernet.train import with_training_augment
-
-    data_seed = int(cfg.get("data_seed", 0))
-    data = load_dataset(cfg["dataset"], seed=data_seed)
-    data = disjoint_validation(data, payload, str(RunDir(run_dir).supernet), seed=data_seed,
-                               log=lambda _: None)
-    return with_training_augment(data, payload.get("train_config"))
-
-
 def check_replaceable(out_dir: Path, run_dir: Path) -> None:
     """Raise unless ``out_dir`` is new, empty, or an earlier export whose record names
     everything in it (:mod:`hwnas.core.written`): a user's directory, the run directory or one
@@ -486,11 +469,11 @@ def check_replaceable(out_dir: Path, run_dir: Path) -> None:
     check_writable(out_dir)
 
 
-def _info(run_dir: Path, cfg: dict, front: str | None, select: str, settings: Any,
+def _info(run_dir: Path, cfg: SearchConfig, front: str | None, select: str, settings: Any,
           tunable: dict[str, Any]) -> dict[str, Any]:
     from dataclasses import asdict
 
-    return {"run_dir": str(run_dir), "space": cfg.get("space"), "dataset": cfg.get("dataset"),
+    return {"run_dir": str(run_dir), "space": cfg.space, "dataset": cfg.dataset,
             "front": front, "select": select, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
             "machine": _machine(), "settings": asdict(settings),
             "tuned_devices": {name: device.threads for name, device in tunable.items()},

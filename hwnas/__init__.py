@@ -3,32 +3,28 @@
 Subpackages, each importing only those listed before it: :mod:`hwnas.supernet` (search spaces,
 supernets, data, training), :mod:`hwnas.latency` and :mod:`hwnas.quant` (devices and latency
 predictors; quantization), :mod:`hwnas.search` (the multi-objective study and its run
-directory), :mod:`hwnas.export` (ONNX files and the per-device recommendation), then
-:mod:`hwnas.cli`. ARCHITECTURE.md has the map.
+directory), :mod:`hwnas.export` (ONNX files and the per-device recommendation), then the top
+floor: this facade, :mod:`hwnas.api` and :mod:`hwnas.cli`. ARCHITECTURE.md has the map.
 
 The notebook entry points are attributes here, imported on first use so that ``import hwnas``
-stays light (no torch), and :class:`UserError`, what every bad input raises: :func:`load_run` (a finished run: trials, fronts, models, latency,
-export; :mod:`hwnas.export.run_api`) and :mod:`search <hwnas.search>` (``hwnas.search.run``).
+stays light (no torch), and :class:`UserError`, what every bad input raises: :func:`load_run`
+and :class:`Run` (a finished run: trials, fronts, models, latency, export, fine-tuning;
+:mod:`hwnas.api`) and :mod:`search <hwnas.search>` (``hwnas.search.run``).
 """
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
 from hwnas.core.errors import UserError
+from hwnas.core.version import __version__
 
-try:
-    __version__ = version("hwnas")
-except PackageNotFoundError:  # imported from a source tree that was not installed
-    __version__ = "0+unknown"
-
-__all__ = ["UserError", "__version__", "load_run"]
+__all__ = ["Run", "UserError", "__version__", "load_run"]
 
 
 def __getattr__(name: str):
-    """The lazy facade (allowed by tests/test_import_direction.py): ``hwnas.load_run``."""
-    if name == "load_run":
-        from hwnas.export.run_api import load_run
+    """The lazy facade: ``hwnas.load_run`` and ``hwnas.Run`` (:mod:`hwnas.api`, imported on
+    first use)."""
+    if name in ("load_run", "Run"):
+        from hwnas import api
 
-        return load_run
+        return getattr(api, name)
     raise AttributeError(f"module 'hwnas' has no attribute {name!r}")

@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = SearchConfig()  # one source of defaults for the API and the CLI
 
-    from hwnas import __version__
+    from hwnas.core.version import __version__
 
     parser = OneLineParser(prog="hwnas", description="Hardware-aware NAS: supernets, "
                                      "latency, quantization, multi-objective search, ONNX export.")

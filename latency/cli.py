@@ -1,7 +1,8 @@
 """``hwnas latency ...``: devices, on-device measurement, adaptation and prediction.
 
 Wired into the ``hwnas`` command line by :func:`add_latency_parser` (``hwnas/cli.py`` calls it);
-a thin layer over :mod:`hwnas.latency.devices`, :mod:`hwnas.latency.profiles` and the predictors::
+it only parses and prints, over :mod:`hwnas.latency.adapt`, :mod:`hwnas.latency.devices`,
+:mod:`hwnas.latency.onnx_measure` and the predictors::
 
     hwnas latency devices [--space S]
     hwnas latency reference --space S [--n 10] --export DIR [--seed N] [--overwrite]
@@ -44,12 +45,9 @@ import numpy as np
 from hwnas.latency.onnx_measure import PRECISIONS, RUNTIMES, busy_machine
 
 from hwnas.core.errors import UserError
-from hwnas.core.io import check_writable, write_atomic
-from hwnas.core.maths import spearman
 from hwnas.core.resources import package_path
 
-__all__ = ["add_latency_parser", "run_latency", "measure_dir", "adapt_device", "predict_csv",
-           "default_predictor"]
+__all__ = ["add_latency_parser", "run_latency"]
 
 from hwnas.core.cli_args import (  # noqa: E402
     non_negative_int,
@@ -170,6 +168,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
 
 def _cmd_reference(args: argparse.Namespace) -> int:
+    from hwnas.latency.predictors import default_predictor
     from hwnas.latency.reference import ARCHS_FILE, choose_reference, export_reference
     from hwnas.supernet.spaces import get_space
 
@@ -199,71 +198,12 @@ def _cmd_reference(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_out(out: str | Path | None, overwrite: bool) -> Path | None:
-    if out is None:
-        return None
-    path = Path(out)
-    if path.is_dir():
-        raise UserError(f"--out {path} is a directory; expected a CSV file name")
-    if path.exists() and not overwrite:
-        raise UserError(f"--out {path} already exists; pass --overwrite to replace it")
-    if not path.parent.exists():
-        raise UserError(f"--out {path}: directory {path.parent} does not exist")
-    check_writable(path)
-    return path
-
-
-def measure_dir(
-    models_dir: str | Path,
-    *,
-    threads: int = 1,
-    repeats: int = 50,
-    warmup: int = 10,
-    max_cv: float = 0.1,
-    progress: Callable[[str], None] | None = None,
-    runtime: str = "onnxruntime",
-    precision: str | None = None,
-) -> tuple[list[dict], list[dict]]:
-    """Measure every ``*.onnx`` of ``models_dir`` with :func:`hwnas.latency.onnx_measure.measure_onnx`
-    on ``runtime`` (OpenVINO: with its ``precision`` hint, default f32).
-
-    Returns ``(stable, unstable)`` rows (keys ``arch, latency_ms, p95_ms, cv, file``): a model
-    whose cv exceeds ``max_cv`` is measured once more, and left in ``unstable`` if it still
-    does. ``arch`` is the model's ``arch`` metadata (the file stem if absent).
-    """
-    from hwnas.latency.ondevice import model_arch
-    from hwnas.latency.onnx_measure import make_session, measure_onnx
-
-    if not (isinstance(max_cv, (int, float)) and max_cv > 0):
-        raise UserError(f"max_cv must be a positive number, got {max_cv!r}")
-    directory = Path(models_dir)
-    if not directory.is_dir():
-        raise UserError(f"{directory} is not a directory; expected a directory of .onnx models")
-    files = sorted(p for p in directory.glob("*.onnx") if p.is_file())
-    if not files:
-        raise UserError(f"{directory} holds no .onnx files; expected exported models (*.onnx)")
-    stable, unstable = [], []
-    for path in files:
-        arch = model_arch(make_session(path, threads=threads), path)
-        stats = measure_onnx(path, threads=threads, repeats=repeats, warmup=warmup,
-                             runtime=runtime, precision=precision)
-        if stats.cv > max_cv:  # one retry: noise is often a passing background task
-            stats = measure_onnx(path, threads=threads, repeats=repeats, warmup=warmup,
-                                 runtime=runtime, precision=precision)
-        row = {"arch": arch, "latency_ms": stats.median_ms, "p95_ms": stats.p95_ms,
-               "cv": stats.cv, "file": path.name}
-        (unstable if stats.cv > max_cv else stable).append(row)
-        if progress is not None:
-            verdict = "UNSTABLE, not reported" if stats.cv > max_cv else "ok"
-            progress(f"{path.name}: {stats.median_ms:.4f} ms (p95 {stats.p95_ms:.4f}, "
-                     f"cv {stats.cv:.3f}) {verdict}")
-    return stable, unstable
-
-
 def _cmd_measure(args: argparse.Namespace) -> int:
+    from hwnas.latency.adapt import check_csv_out
+    from hwnas.latency.onnx_measure import measure_dir
     from hwnas.latency.ondevice import CSV_COLUMNS, write_csv_atomic
 
-    out = _check_out(args.out, args.overwrite)
+    out = check_csv_out(args.out, args.overwrite)
     say = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     if args.precision not in (None, "f32") and args.runtime != "openvino":
         raise UserError(f"--precision {args.precision} needs --runtime openvino; onnxruntime's "
@@ -301,67 +241,6 @@ def _cmd_measure(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def default_predictor(space: Any, name: str | None = None) -> Any:
-    """The predictor to adapt for ``space``: the one named ``name``, else the space's
-    pretrained predictor (:func:`hwnas.latency.predictors.load_pretrained`), else the FLOPs one."""
-    try:
-        import hwnas.latency.predictors as predictors
-    except ImportError as exc:  # pragma: no cover - the package ships predictors
-        raise UserError(f"latency predictors are not available: {exc}") from exc
-    if name is not None:
-        return predictors.get_predictor(name, space)
-    try:
-        pretrained = predictors.load_pretrained(space.name)
-    except UserError:  # none shipped for this space
-        return predictors.get_predictor("flops", space)
-    if pretrained.space.config() != space.config():  # trained for another configuration
-        return predictors.get_predictor("flops", space)
-    return pretrained
-
-
-def adapt_device(
-    name: str,
-    space: Any,
-    measurements_csv: str | Path,
-    *,
-    predictor: Any = None,
-    seed: int = 0,
-    overwrite: bool = False,
-    base: str | Path | None = None,
-) -> tuple[Any, Any, float]:
-    """Validate a measurements CSV, adapt ``predictor`` (default: :func:`default_predictor`)
-    to it, and save the profile ``name``. Returns ``(profile, predictor, in-sample Spearman)``.
-    Nothing is written unless every step succeeds."""
-    from hwnas.latency.devices import resolve_space
-    from hwnas.latency.profiles import (
-        check_profile_name,
-        check_profile_target,
-        profiles_dir,
-        read_measurements,
-        save_profile,
-    )
-
-    check_profile_name(name)
-    space = resolve_space(space)
-    root = Path(base) if base is not None else profiles_dir()
-    check_profile_target(root / name, name, overwrite)
-    data = read_measurements(measurements_csv, space)  # bad rows fail before any loading
-    if predictor is None:
-        predictor = default_predictor(space)
-    min_rows = int(getattr(predictor, "min_samples", 1))
-    if len(data) < min_rows:
-        raise UserError(
-            f"measurements file {data.path} has {len(data)} measurement(s); predictor "
-            f"{getattr(predictor, 'name', type(predictor).__name__)} needs at least {min_rows}"
-        )
-    archs = [space.from_string(a) for a in data.archs]
-    predictor.adapt(archs, data.latency_ms, seed=seed)
-    fitted = np.asarray(predictor.predict(archs), dtype=np.float64)
-    rho = spearman(fitted, data.latency_ms) if len(fitted) >= 2 else float("nan")
-    profile = save_profile(name, space, predictor, data, overwrite=overwrite, base=base)
-    return profile, predictor, rho
-
-
 def _settling(predictor: Any, space: Any, measured: list[str], args: argparse.Namespace) -> None:
     """Name (and with ``--export-settling`` export) the architectures that would settle an
     open execution variant."""
@@ -384,44 +263,10 @@ def _settling(predictor: Any, space: Any, measured: list[str], args: argparse.Na
         print("(--export-settling DIR writes their ONNX models)")
 
 
-def _pin_execution(choice: str, predictor: Any, space: Any, data: Any) -> None:
-    """Pin the execution variant ``--execution`` names (a variant, or a runtime of
-    :data:`~hwnas.latency.predictors.features.RUNTIME_DROPS_DEAD_CODE`) on ``predictor``; with
-    ``auto``, the variant of hwnas's ONNX exports when every measured model was an ONNX file
-    (nothing otherwise: the measurements weigh the variants)."""
-    from hwnas.latency.predictors.features import (
-        RUNTIME_DROPS_DEAD_CODE,
-        execution_variants,
-        export_execution,
-        runtime_execution,
-    )
-
-    variants = execution_variants(space)
-    why = f"--execution {choice}"
-    if choice in RUNTIME_DROPS_DEAD_CODE:
-        choice = runtime_execution(space, choice)
-        if len(variants) < 2:  # nothing to pin: the space has no dead code
-            return
-    elif choice == "auto":
-        onnx = bool(data.files) and all(f.lower().endswith(".onnx") for f in data.files)
-        if len(variants) < 2 or not onnx or not hasattr(predictor, "pin_execution"):
-            return
-        choice, why = export_execution(space), ("every measured model is an ONNX file, and "
-                                                "hwnas exports hold no dead operations")
-    elif choice not in variants:
-        raise UserError(f"--execution {choice!r}: expected auto, a runtime "
-                        f"({', '.join(RUNTIME_DROPS_DEAD_CODE)}) or an execution variant of "
-                        f"space {space.name} ({', '.join(variants)})")
-    if not hasattr(predictor, "pin_execution"):
-        raise UserError(f"--execution {choice}: predictor "
-                        f"{getattr(predictor, 'name', type(predictor).__name__)} does not weigh "
-                        f"execution variants; use the meta predictor or --execution auto")
-    predictor.pin_execution(choice)
-    print(f"execution: the device is taken to run the {choice} network ({why})")
-
-
 def _cmd_adapt(args: argparse.Namespace) -> int:
+    from hwnas.latency.adapt import adapt_device, pin_execution
     from hwnas.latency.fewshot import LOO_MAX_MEASUREMENTS, execution_note, leave_one_out
+    from hwnas.latency.predictors import default_predictor
     from hwnas.latency.profiles import (
         check_profile_name,
         check_profile_target,
@@ -439,7 +284,9 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
         check_export_target(Path(args.export_settling), False, "--export-settling")
     data = read_measurements(args.measurements, space)  # bad rows fail before loading a predictor
     predictor = default_predictor(space, args.predictor)
-    _pin_execution(args.execution, predictor, space, data)
+    pinned = pin_execution(args.execution, predictor, space, data)
+    if pinned:
+        print(pinned)
     min_loo = max(3, int(getattr(predictor, "min_samples", 1)) + 1)
     loo = None
     if min_loo <= len(data) <= LOO_MAX_MEASUREMENTS:  # before adapting: it adapts copies
@@ -494,62 +341,8 @@ def _cmd_adapt(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def read_arch_csv(path: str | Path, space: Any) -> list[str]:
-    """Canonical architecture strings of the ``arch`` column of a CSV (validated, every bad
-    row named by its line)."""
-    path = Path(path)
-    if not path.is_file():
-        kind = "is a directory" if path.is_dir() else "does not exist"
-        raise UserError(f"architectures file {path} {kind}; expected a CSV with an 'arch' column")
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
-            numbered = [(n, r) for n, r in enumerate(csv.reader(fh), start=1)
-                        if any(c.strip() for c in r)]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise UserError(f"cannot read architectures file {path}: {exc}") from exc
-    if not numbered:
-        raise UserError(f"architectures file {path} is empty; expected a header with an 'arch' column")
-    header = [h.strip() for h in numbered[0][1]]
-    if "arch" not in header:
-        raise UserError(f"architectures file {path} has no 'arch' column (header: {','.join(header)})")
-    col = header.index("arch")
-    out = []
-    for line, row in numbered[1:]:
-        text = row[col].strip() if col < len(row) else ""
-        try:
-            out.append(space.to_string(space.from_string(text)))
-        except UserError as exc:
-            raise UserError(f"{path} line {line}: architecture {text!r} is not in space {space.name}: {exc}") from None
-    if not out:
-        raise UserError(f"architectures file {path} has a header but no rows")
-    return out
-
-
-def predict_csv(device_name: str, space: Any, archs_csv: str | Path, out: str | Path,
-                *, overwrite: bool = False) -> np.ndarray:
-    """Latency of every architecture of ``archs_csv`` on a device, written to ``out``
-    (``arch,latency_ms`` plus ``latency_std_ms`` when the device gives one). Returns the
-    latencies."""
-    from hwnas.latency.devices import get_device, resolve_space
-
-    space = resolve_space(space)
-    out_path = _check_out(out, overwrite)
-    device = get_device(device_name, space)
-    archs = read_arch_csv(archs_csv, space)
-    mean, std = device.latency_with_std(space, archs)
-    mean = np.asarray(mean, dtype=np.float64)
-    columns = ["arch", "latency_ms"] + (["latency_std_ms"] if std is not None else [])
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(columns)
-    for i, arch in enumerate(archs):
-        row = [arch, f"{mean[i]:.6g}"] + ([f"{float(std[i]):.6g}"] if std is not None else [])
-        writer.writerow(row)
-    write_atomic(out_path, buffer.getvalue())
-    return mean
-
-
 def _cmd_predict(args: argparse.Namespace) -> int:
+    from hwnas.latency.adapt import predict_csv
     from hwnas.supernet.spaces import get_space
 
     space = get_space(args.space)

@@ -417,7 +417,7 @@ def busy_note() -> str:
             f"alone; close them and measure again")
 
 
-def main(argv: list | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ondevice.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("models_dir", help="directory of .onnx models")
     parser.add_argument("--out", default="measurements.csv", help="CSV to write (default measurements.csv)")
@@ -449,18 +449,85 @@ def main(argv: list | None = None) -> int:
     parser.add_argument("--session-config", action="append", default=[], metavar="KEY=VALUE",
                         help="onnxruntime session config entry, e.g. "
                              "session.x64quantprecision=1 (repeatable)")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def _session_config(args: argparse.Namespace) -> dict[str, str]:
+    """The ``--session-config KEY=VALUE`` entries (onnxruntime only)."""
+    session_config = {}
+    for item in args.session_config:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise MeasureError(f"--session-config {item!r}: expected KEY=VALUE")
+        session_config[key] = value
+    if session_config and args.runtime != "onnxruntime":
+        raise MeasureError("--session-config is an onnxruntime setting")
+    return session_config
+
+
+def _check_timing_settings(args: argparse.Namespace) -> str:
+    """:class:`MeasureError` for settings that do not go together; returns the runtime's label."""
+    if args.runtime != "openvino" and (args.precision != "f32" or args.ov_device != "CPU"
+                                       or args.streams != 1):
+        raise MeasureError("--precision, --ov-device and --streams are OpenVINO settings; "
+                           "add --runtime openvino")
+    if args.batch % args.streams:
+        raise MeasureError(f"--batch {args.batch} does not split into {args.streams} equal "
+                           f"sub-batches; expected a batch divisible by --streams")
+    if args.ov_device == "CPU" and args.streams > args.threads:
+        raise MeasureError(f"--streams {args.streams} > --threads {args.threads}: every "
+                           f"stream needs at least one thread")
+    if args.provider not in ort.get_available_providers():
+        raise MeasureError(f"provider {args.provider} is not available here; available: "
+                           f"{', '.join(ort.get_available_providers())}")
+    return f"onnxruntime {ort.__version__}"
+
+
+def _openvino_label(args: argparse.Namespace) -> str:
+    try:
+        import openvino as ov
+    except ImportError:
+        raise MeasureError("--runtime openvino needs OpenVINO: pip install openvino") from None
+    return (f"OpenVINO {ov.__version__} on {args.ov_device}, precision hint "
+            f"{args.precision}, {args.streams} stream(s)")
+
+
+def _time_models(files: list[Path], args: argparse.Namespace, session_config: dict[str, str],
+                 prog: str) -> tuple[list[dict], list[dict]]:
+    """Time every model (one retry when its cv exceeds ``--max-cv``): ``(rows, unstable)``."""
+    rows, unstable = [], []
+    for path in files:
+        session = session_for(path, args.threads, args.provider, session_config)
+        feeds = random_feeds(session, args.batch)
+        arch = model_arch(session, path)
+        used = ""
+        if args.runtime == "openvino":
+            batch = len(next(iter(feeds.values())))  # a fixed batch dimension as exported
+            session = OpenVinoSession(path, args.threads, args.ov_device, args.precision,
+                                      batch, args.streams)
+            used = f", precision {session.precision}"
+        stats = time_session(session, feeds, args.warmup, args.repeats)
+        if stats["cv"] > args.max_cv:  # one retry: noise is often a passing background task
+            stats = time_session(session, feeds, args.warmup, args.repeats)
+        row = {"arch": arch, "file": path.name, **stats}
+        if stats["cv"] > args.max_cv:
+            unstable.append(row)
+            print(f"{prog}: unstable: {path.name} cv {stats['cv']:.3f} > --max-cv "
+                  f"{args.max_cv}; not written", file=sys.stderr)
+            continue
+        rows.append(row)
+        if not args.quiet:
+            print(f"{path.name}: {stats['latency_ms']:.4f} ms (p95 {stats['p95_ms']:.4f}, "
+                  f"cv {stats['cv']:.3f}{used})", file=sys.stderr)
+    return rows, unstable
+
+
+def main(argv: list | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
     prog = parser.prog
     try:
-        session_config = {}
-        for item in args.session_config:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise MeasureError(f"--session-config {item!r}: expected KEY=VALUE")
-            session_config[key] = value
-        if session_config and args.runtime != "onnxruntime":
-            raise MeasureError("--session-config is an onnxruntime setting")
+        session_config = _session_config(args)
         if args.verify:
             export_dir = Path(args.models_dir)
             if not export_dir.is_dir():
@@ -469,59 +536,18 @@ def main(argv: list | None = None) -> int:
             for line in refused:
                 print(f"{prog}: {line}", file=sys.stderr)
             return EXIT_REFUSED if refused else EXIT_OK
-        if args.runtime != "openvino" and (args.precision != "f32" or args.ov_device != "CPU"
-                                           or args.streams != 1):
-            raise MeasureError("--precision, --ov-device and --streams are OpenVINO settings; "
-                               "add --runtime openvino")
-        if args.batch % args.streams:
-            raise MeasureError(f"--batch {args.batch} does not split into {args.streams} equal "
-                               f"sub-batches; expected a batch divisible by --streams")
-        if args.ov_device == "CPU" and args.streams > args.threads:
-            raise MeasureError(f"--streams {args.streams} > --threads {args.threads}: every "
-                               f"stream needs at least one thread")
-        if args.provider not in ort.get_available_providers():
-            raise MeasureError(f"provider {args.provider} is not available here; available: "
-                               f"{', '.join(ort.get_available_providers())}")
+        runtime = _check_timing_settings(args)
         files = list_models(Path(args.models_dir))
         out = Path(args.out)
         if out.is_dir():
             raise MeasureError(f"--out {out} is a directory; expected a CSV file name")
-        runtime = f"onnxruntime {ort.__version__}"
         if args.runtime == "openvino":
-            try:
-                import openvino as ov
-            except ImportError:
-                raise MeasureError("--runtime openvino needs OpenVINO: pip install openvino") from None
-            runtime = (f"OpenVINO {ov.__version__} on {args.ov_device}, precision hint "
-                       f"{args.precision}, {args.streams} stream(s)")
+            runtime = _openvino_label(args)
         if not args.quiet:
             print(f"# {platform.machine()} {platform.processor() or platform.platform()}, "
                   f"{runtime}, {args.threads} thread(s), batch {args.batch}, {len(files)} models",
                   file=sys.stderr)
-        rows, unstable = [], []
-        for path in files:
-            session = session_for(path, args.threads, args.provider, session_config)
-            feeds = random_feeds(session, args.batch)
-            arch = model_arch(session, path)
-            used = ""
-            if args.runtime == "openvino":
-                batch = len(next(iter(feeds.values())))  # a fixed batch dimension as exported
-                session = OpenVinoSession(path, args.threads, args.ov_device, args.precision,
-                                          batch, args.streams)
-                used = f", precision {session.precision}"
-            stats = time_session(session, feeds, args.warmup, args.repeats)
-            if stats["cv"] > args.max_cv:  # one retry: noise is often a passing background task
-                stats = time_session(session, feeds, args.warmup, args.repeats)
-            row = {"arch": arch, "file": path.name, **stats}
-            if stats["cv"] > args.max_cv:
-                unstable.append(row)
-                print(f"{prog}: unstable: {path.name} cv {stats['cv']:.3f} > --max-cv "
-                      f"{args.max_cv}; not written", file=sys.stderr)
-                continue
-            rows.append(row)
-            if not args.quiet:
-                print(f"{path.name}: {stats['latency_ms']:.4f} ms (p95 {stats['p95_ms']:.4f}, "
-                      f"cv {stats['cv']:.3f}{used})", file=sys.stderr)
+        rows, unstable = _time_models(files, args, session_config, prog)
         if not rows:
             raise MeasureError(f"all {len(files)} models were unstable (cv > {args.max_cv}); "
                                f"nothing written - close other programs or raise --max-cv")

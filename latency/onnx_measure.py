@@ -40,7 +40,7 @@ from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
 
 __all__ = ["BUSY_SLACK", "LatencyStats", "MAX_MARGIN", "MIN_MARGIN", "PRECISIONS", "RUNTIMES",
-           "Runner", "busy_machine", "clearly_faster", "make_runner", "make_session",
+           "Runner", "busy_machine", "clearly_faster", "make_runner", "make_session", "measure_dir",
            "measure_onnx", "openvino_available", "order_settled", "paired_margin",
            "prime_openvino", "round_medians", "random_input", "session_options",
            "time_interleaved", "timed_runs"]
@@ -351,6 +351,15 @@ def make_runner(model: str | Path | bytes, *, runtime: str = "onnxruntime", thre
     """
     threads = _check_int("threads", threads, 1)
     streams = _check_int("streams", streams, 1)
+    _check_runner_options(runtime, threads, precision, batch, streams)
+    if runtime == "onnxruntime":
+        return _OrtRunner(make_session(model, threads=threads), threads)
+    return _openvino_compiler(model, threads, precision, streams)(batch)
+
+
+def _check_runner_options(runtime: str, threads: int, precision: str | None, batch: int | None,
+                          streams: int) -> None:
+    """:class:`UserError` for :func:`make_runner` settings that the runtime cannot honour."""
     if runtime not in RUNTIMES:
         raise UserError(f"runtime {runtime!r}; expected one of {', '.join(RUNTIMES)}")
     if precision is not None and precision not in PRECISIONS:
@@ -362,13 +371,19 @@ def make_runner(model: str | Path | bytes, *, runtime: str = "onnxruntime", thre
         if streams != 1:
             raise UserError(f"streams={streams} needs runtime 'openvino'; onnxruntime runs one "
                             f"call on one request (expected streams=1)")
-        return _OrtRunner(make_session(model, threads=threads), threads)
+        return
     if streams > threads:
         raise UserError(f"streams={streams} > threads={threads}: every OpenVINO stream needs at "
                         f"least one of the threads; expected streams <= threads")
     if batch is not None and _check_int("batch", batch, 1) % streams:
         raise UserError(f"batch {batch} does not split into {streams} equal sub-batches; "
                         f"expected a batch divisible by streams={streams}")
+
+
+def _openvino_compiler(model: str | Path | bytes, threads: int, precision: str | None,
+                       streams: int) -> Callable[[int | None], Runner]:
+    """``compile_at(batch)``: an OpenVINO runner of ``model`` compiled for that static batch
+    (``None``: as the file says); the runner recompiles itself through it for another batch."""
     try:
         import openvino as ov
     except ImportError:
@@ -409,7 +424,7 @@ def make_runner(model: str | Path | bytes, *, runtime: str = "onnxruntime", thre
                             f"{streams} asked for ({threads} threads)")
         return _OvRunner(compiled, threads, recompile=compile_at, streams=streams)
 
-    return compile_at(batch)
+    return compile_at
 
 
 def timed_runs(runner: Runner, feeds: Mapping[str, np.ndarray], runs: int) -> np.ndarray:
@@ -606,3 +621,49 @@ def measure_onnx(
                              warmup=warmup, seed=seed)["model"]
     return _stats(times, warmup=warmup, threads=threads, batch=batch, runtime=runtime,
                   precision=runner.precision)
+
+
+def measure_dir(
+    models_dir: str | Path,
+    *,
+    threads: int = 1,
+    repeats: int = 50,
+    warmup: int = 10,
+    max_cv: float = 0.1,
+    progress: Callable[[str], None] | None = None,
+    runtime: str = "onnxruntime",
+    precision: str | None = None,
+) -> tuple[list[dict], list[dict]]:
+    """Measure every ``*.onnx`` of ``models_dir`` with :func:`measure_onnx`
+    on ``runtime`` (OpenVINO: with its ``precision`` hint, default f32).
+
+    Returns ``(stable, unstable)`` rows (keys ``arch, latency_ms, p95_ms, cv, file``): a model
+    whose cv exceeds ``max_cv`` is measured once more, and left in ``unstable`` if it still
+    does. ``arch`` is the model's ``arch`` metadata (the file stem if absent).
+    """
+    from hwnas.latency.ondevice import model_arch
+
+    if not (isinstance(max_cv, (int, float)) and max_cv > 0):
+        raise UserError(f"max_cv must be a positive number, got {max_cv!r}")
+    directory = Path(models_dir)
+    if not directory.is_dir():
+        raise UserError(f"{directory} is not a directory; expected a directory of .onnx models")
+    files = sorted(p for p in directory.glob("*.onnx") if p.is_file())
+    if not files:
+        raise UserError(f"{directory} holds no .onnx files; expected exported models (*.onnx)")
+    stable, unstable = [], []
+    for path in files:
+        arch = model_arch(make_session(path, threads=threads), path)
+        stats = measure_onnx(path, threads=threads, repeats=repeats, warmup=warmup,
+                             runtime=runtime, precision=precision)
+        if stats.cv > max_cv:  # one retry: noise is often a passing background task
+            stats = measure_onnx(path, threads=threads, repeats=repeats, warmup=warmup,
+                                 runtime=runtime, precision=precision)
+        row = {"arch": arch, "latency_ms": stats.median_ms, "p95_ms": stats.p95_ms,
+               "cv": stats.cv, "file": path.name}
+        (unstable if stats.cv > max_cv else stable).append(row)
+        if progress is not None:
+            verdict = "UNSTABLE, not reported" if stats.cv > max_cv else "ok"
+            progress(f"{path.name}: {stats.median_ms:.4f} ms (p95 {stats.p95_ms:.4f}, "
+                     f"cv {stats.cv:.3f}) {verdict}")
+    return stable, unstable

@@ -55,7 +55,7 @@ def choose_reference(space: Any, n: int, *, predictor: Any = None, seed: int = 0
         raise UserError(f"--n {n}: at most {MAX_REFERENCE} reference models (a device profile "
                         f"needs 10 to a few hundred measurements)")
     if predictor is None:
-        from hwnas.latency.cli import default_predictor
+        from hwnas.latency.predictors import default_predictor
 
         predictor = default_predictor(space)
     refs = list(predictor.reference_archs or [])[:n]

@@ -1,24 +1,16 @@
 """Per-device quantization rules: which bit-widths a device executes natively and what it gains.
 
-A policy's bit-widths are what the network *asks* for; what a device *does* with them differs:
+A policy's bit-widths are what the network *asks* for; what a device *does* with them differs,
+and this module declares that as data (:data:`DEVICE_RULES`, one :class:`DeviceQuantRules` per
+family) so that search, cost models and export ask one place:
 
-* **Edge TPU** (``edgetpu``): int8 only. Any weight or activation width below 8 is executed —
-  and stored — as int8, so 4-bit weights buy nothing there. A float layer is not supported on
-  the TPU: the Edge TPU compiler maps ops in order and, at the first op it cannot map, hands
-  that op *and every op after it* to the host CPU (one partition), so one float layer early in
-  the network moves the rest of it to the host. :func:`effective_layers` marks that placement.
-* **onnxruntime CPU** (``cpu-ort``): int8 (QDQ → QLinearConv/MatMulInteger kernels) or float.
-  Weights below 8 bits still execute as int8; they are stored in int8 containers unless the
-  export packs them (ONNX int4 for 4-bit and lower, opset 21) — pass
-  ``replace(rules, storage_bits=(4, 8))`` for a packed export: size then counts the packed
-  width, speed still counts 8. Whether int8 is *faster* than float is a measured, per-CPU and
-  per-layer quantity: onnxruntime's int8 ran a MobileNetV3-style network slower than FP32 both
-  on an AVX2 CPU and on a VNNI/AMX Xeon (``benchmarks/export_ort.md``). So the speed factor of an int8 layer comes
-  from ``int8_speedup`` (filled by :func:`measure_int8_speedup`, e.g. with
-  :class:`hwnas.export.layer_timer.OrtLayerTimer`); without a measurement it is ``default_int8_speedup`` = 1.0 (no gain
-  assumed), and float stays a valid per-layer choice.
-* **FPGA** (``fpga``): every width 2–8 is native (bit-serial or LUT arithmetic) and compute
-  cost scales with ``w_bits * a_bits`` (BOPs); weights are stored packed at their true width.
+* ``edgetpu``: int8 only (lower widths run and are stored as int8); a float layer and every
+  layer after it run on the host CPU (:func:`effective_layers`).
+* ``cpu-ort``: int8 or float per layer; weights below 8 bits run as int8 and are stored in int8
+  unless the export packs them (:class:`DeviceQuantRules`). Whether int8 is faster than float is
+  measured per CPU and layer (:func:`measure_int8_speedup`; ``benchmarks/export_ort.md``); with no
+  measurement no gain is assumed, so float stays a valid per-layer choice.
+* ``fpga``: every width 2-8 native, compute cost ``w_bits * a_bits`` (BOPs), weights packed.
 
 This module does not import torch.
 """
@@ -57,10 +49,15 @@ class DeviceQuantRules:
     ``compute_bits``: integer widths the compute units have (ascending); a lower requested
     width runs at the next one up, a width above the largest runs in float.
     ``storage_bits``: widths weights are stored in (a lower width is stored in the next one up).
+    On ``cpu-ort`` weights below 8 bits are stored in int8 containers unless the export packs
+    them (ONNX int4 for 4 bits and lower, opset 21): pass ``replace(rules, storage_bits=(4, 8))``
+    for a packed export; size then counts the packed width, speed still counts 8 (the
+    QLinearConv/MatMulInteger kernels a QDQ graph runs as are int8).
     ``float_placement``: where a float layer runs — ``"device"``, or ``"host_after"`` (it and
     every later layer run on the host CPU, the Edge TPU compiler's single partition).
     ``speed_model``: ``"measured"`` (an integer layer's speed factor vs float is
-    ``1 / int8_speedup[layer]``) or ``"bitops"`` (factor ``w*a / 32^2``).
+    ``1 / int8_speedup[layer]``) or ``"bitops"`` (factor ``w*a / 32^2``: the FPGA's bit-serial
+    or LUT arithmetic, where every width 2-8 is native).
     ``int8_speedup``: measured float-time / int8-time per layer name (or per
     :func:`layer_key`); ``default_int8_speedup`` for layers not in it.
     """
@@ -138,6 +135,10 @@ def effective_layers(layers: list[Layer], rules: DeviceQuantRules) -> list[Layer
     attention product's operand widths) replaced by the execution widths; ``extra`` gains ``placement`` ("device" or "host"), ``storage_w_bits``
     and ``requested_bits``. Latency estimators read this instead of the requested widths.
 
+    ``"host_after"`` placement is the Edge TPU compiler's: it maps ops in order and, at the
+    first op it cannot map (a float layer), hands that op *and every op after it* to the host
+    CPU (one partition), so one float layer early in the network moves the rest of it to the host.
+
     Examples:
         >>> from hwnas.quant import apply_to_layers, uniform
         >>> from hwnas.supernet import get_space
@@ -197,7 +198,12 @@ def device_size_bytes(layers: list[Layer], rules: DeviceQuantRules) -> int:
 
 def speed_factor(layer: Layer, rules: DeviceQuantRules) -> float:
     """Latency of ``layer`` at its bit-widths relative to the same layer in float on the device
-    (< 1 = faster). ``layer`` holds requested widths; they are mapped to execution widths."""
+    (< 1 = faster). ``layer`` holds requested widths; they are mapped to execution widths.
+
+    Under ``"measured"`` an int8 layer's factor comes from ``rules.int8_speedup`` (filled by
+    :func:`measure_int8_speedup`, e.g. with :class:`hwnas.export.layer_timer.OrtLayerTimer`);
+    without a measurement it is ``default_int8_speedup`` = 1.0: no gain assumed, because
+    onnxruntime's int8 can be slower than float (``benchmarks/export_ort.md``)."""
     if layer.op not in _QUANT_OPS:
         return 1.0
     w, a = execution_bits(rules, layer.w_bits, layer.a_bits)

@@ -1,40 +1,18 @@
 """Fake quantization (simulated integer arithmetic in float) for Conv2d/Linear layers.
 
-Scheme (the one integer runtimes and accelerators use, Krishnamoorthi 2018):
+Scheme (the one integer runtimes and accelerators use, Krishnamoorthi 2018): **weights**
+symmetric per output channel on ``[-(2^(b-1)-1), 2^(b-1)-1]`` (at most ``2^b - 1`` levels, zero
+exact, no zero point); **activations** affine (asymmetric) per tensor on ``[0, 2^b-1]`` with an
+integer zero point, so post-ReLU/h-swish ranges waste no level; **bits** in
+:data:`SUPPORTED_BITS`, 32 = float (identity). Rounding uses the straight-through estimator
+(:class:`FakeQuantize`).
 
-* **weights**: symmetric, per output channel, restricted range ``[-(2^(b-1)-1), 2^(b-1)-1]``
-  (so at most ``2^b - 1`` levels per channel, zero exactly representable, no zero point);
-* **activations**: affine (asymmetric), per tensor, ``[0, 2^b-1]`` with an integer zero point,
-  so post-ReLU/h-swish ranges waste no level;
-* **bits** in :data:`SUPPORTED_BITS`; 32 means float: the quantizer is the identity.
-
-Rounding uses the straight-through estimator (STE): the gradient of ``round`` is taken as 1,
-the gradient of the clamp is 0 outside the range. The scale is an ``nn.Parameter`` so that LSQ
-(:mod:`hwnas.quant.qat`) can learn it; its gradient is then scaled by ``g = 1/sqrt(numel * Qp)``
-(Esser et al., 2020), which this module applies when :attr:`FakeQuantize.grad_scale` is set.
-
-Where the quantizers sit: each ``nn.Conv2d``/``nn.Linear`` is replaced by a
-:class:`QuantConv2d`/:class:`QuantLinear` (a subclass, under the same qualified name, with the same
-parameter names) that quantizes its **input** activation and its weight. So the activation
-bit-width of layer L in a :class:`hwnas.quant.policy.QuantPolicy` is the bit-width of L's input.
-
-Products of two activations (attention's Q·Kᵀ and attention × V, the
-:class:`hwnas.supernet.nn.vit.MatMul` modules) become :class:`QuantMatMul`: per-tensor affine
-quantizers on both inputs (q and k; the softmax output and v), what onnxruntime's integer
-MatMul kernels take. They have no weights and no bit-widths of their own in a policy: they take
-the activation bits of the layer they follow (:func:`hwnas.quant.policy.product_sources`, the
-block's Q/K/V projection), and stay float when that layer's activations do. LayerNorm, softmax
-and GELU stay float.
-
-Residual additions: ``x + y`` in a block's ``forward`` is not a module. An integer runtime either
-requantizes both inputs to the output scale inside the add (onnxruntime's QLinearAdd, TFLite's
-ADD: scales may differ) or needs both inputs on one shared scale (accelerators that add int
-accumulators directly). :class:`SharedAddQuant` simulates the latter: one affine quantizer,
-calibrated on both inputs, applied to both, so ``q(x) + q(y)`` is exactly an integer sum on one
-scale. :func:`hwnas.quant.ptq.quantize_model` inserts it (``residual="shared"``) by rewriting every
-tensor + tensor addition with ``torch.fx`` into a call of a ``SharedAddQuant`` module named
-``<block>.add``, the name the layer list gives that addition. With ``residual="float"`` (the
-default) adds stay in float, the common simplification of QAT tools.
+Where the quantizers sit: each ``nn.Conv2d``/``nn.Linear`` becomes a
+:class:`QuantConv2d`/:class:`QuantLinear` (a subclass, same qualified name and parameter names)
+that quantizes its **input** activation and its weight, so the activation bit-width of layer L
+in a :class:`hwnas.quant.policy.QuantPolicy` is the bit-width of L's input. Attention products
+become :class:`QuantMatMul` (following their projection's activation bits); residual adds may
+share one quantizer (:class:`SharedAddQuant`). LayerNorm, softmax and GELU stay float.
 """
 
 from __future__ import annotations
@@ -132,6 +110,11 @@ class FakeQuantize(nn.Module):
     identity (used to observe float activations and to quantize one layer at a time).
     ``device``: where its parameters and buffers are made (the model's device: made on the
     default device and moved, they would cost a copy each, and one left behind fails on a GPU).
+
+    Rounding uses the straight-through estimator (STE): the gradient of ``round`` is taken as 1,
+    the gradient of the clamp is 0 outside the range. The scale is an ``nn.Parameter`` so that
+    LSQ (:mod:`hwnas.quant.qat`) can learn it; its gradient is then scaled by
+    ``g = 1/sqrt(numel * Qp)`` (Esser et al., 2020), applied when :attr:`grad_scale` is set.
     """
 
     def __init__(self, bits: int, kind: str, channels: int = 1, ch_axis: int = 0,
@@ -315,6 +298,15 @@ class SharedAddQuant(nn.Module):
     Calibration observes both inputs into the one quantizer, so the range covers both; the sum
     of the two quantized tensors is then an exact integer sum on that one scale, which is what a
     runtime that adds integer tensors without requantizing needs. ``bits=32`` is a float add.
+
+    Why: ``x + y`` in a block's ``forward`` is not a module. An integer runtime either
+    requantizes both inputs to the output scale inside the add (onnxruntime's QLinearAdd,
+    TFLite's ADD: scales may differ) or needs both inputs on one shared scale (accelerators that
+    add int accumulators directly); this simulates the latter.
+    :func:`hwnas.quant.ptq.quantize_model` inserts it (``residual="shared"``) by rewriting every
+    tensor + tensor addition with ``torch.fx`` into a call of a ``SharedAddQuant`` module named
+    ``<block>.add``, the name the layer list gives that addition. With ``residual="float"``
+    (the default) adds stay in float, the common simplification of QAT tools.
     """
 
     def __init__(self, bits: int = 8, device: torch.device | str | None = None) -> None:
@@ -331,7 +323,15 @@ class SharedAddQuant(nn.Module):
 
 class QuantMatMul(MatMul):
     """A product of two activations whose inputs pass through per-tensor affine quantizers
-    (``a_quant``, ``b_quant``) at the activation bits of the policy layer it ``follows``."""
+    (``a_quant``, ``b_quant``) at the activation bits of the policy layer it ``follows``.
+
+    Attention's Q·Kᵀ and attention × V (the :class:`hwnas.supernet.nn.vit.MatMul` modules):
+    both inputs (q and k; the softmax output and v) quantized per tensor, affine, what
+    onnxruntime's integer MatMul kernels take. A product has no weights and no bit-widths of its
+    own in a policy: it takes the activation bits of the layer it follows
+    (:func:`hwnas.quant.policy.product_sources`, the block's Q/K/V projection), and stays float
+    when that layer's activations do.
+    """
 
     follows: str = ""
 

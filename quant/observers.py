@@ -1,17 +1,12 @@
 """Range observers: from calibration data to quantization parameters (scale, zero point).
 
-Activations (affine, per tensor) — :class:`ActivationObserver` keeps the exact min and max of
+Activations (affine, per tensor): :class:`ActivationObserver` keeps the exact min and max of
 everything it saw plus a uniform random sample of the values (a fixed number per batch, so every
-batch weighs the same), from which
+batch weighs the same), from which :meth:`ActivationObserver.range` picks ``minmax`` (the full
+range), ``percentile`` (ignores rare outliers) or ``mse`` (the range minimising the squared
+quantization error on the sample: clipping error vs rounding error).
 
-* ``minmax``: the full observed range;
-* ``percentile``: the ``p`` and ``100 - p`` percentiles (default 99.99), which ignores rare
-  outliers;
-* ``mse``: the range inside ``[min, max]`` that minimises the mean squared quantization error on
-  the sample (clipping error vs rounding error): one common shrink ratio on a grid in (0, 1],
-  then each end refined separately.
-
-Weights (symmetric, per output channel) — :func:`weight_qparams` with ``minmax`` (the channel's
+Weights (symmetric, per output channel): :func:`weight_qparams` with ``minmax`` (the channel's
 ``max |w|``) or ``mse`` (per channel, the clipping ratio minimising that channel's squared error).
 
 Every range is widened to include 0 so that zero (padding, ReLU) is exactly representable.
@@ -109,7 +104,14 @@ class ActivationObserver:
     @torch.no_grad()
     def range(self, method: str = "minmax", bits: int = 8, *, percentile: float = 99.99,
               grid: int = 40, max_mse_samples: int = 1 << 15) -> tuple[float, float]:
-        """The clipping range ``(lo, hi)`` chosen by ``method`` for ``bits``-bit quantization."""
+        """The clipping range ``(lo, hi)`` chosen by ``method`` for ``bits``-bit quantization.
+
+        ``minmax``: the full observed range; ``percentile``: the ``p`` and ``100 - p``
+        percentiles (default 99.99), which ignores rare outliers; ``mse``: the range inside
+        ``[min, max]`` that minimises the mean squared quantization error on the sample (clipping
+        error vs rounding error): one common shrink ratio on a grid in (0, 1], then each end
+        refined separately.
+        """
         if self.empty:
             raise RuntimeError("observer saw no data")
         lo, hi = float(self.min), float(self.max)

@@ -3,23 +3,16 @@
 Two estimators, both returning a :class:`hwnas.quant.allocate.SensitivityTable`
 (layer -> {(w_bits, a_bits): sensitivity}):
 
-* :func:`hessian_sensitivity` (HAWQ-V2, Dong et al. 2020): ``Omega_L(b) = Tr(H_L) / n_L *
-  ||Q_b(W_L) - W_L||^2``, the second-order loss increase from quantizing layer L's ``n_L``
-  (BN-folded) weights to ``b`` bits, with the Hessian trace of the loss w.r.t. those weights
-  estimated by Hutchinson's method (``E[v^T H v]`` with Rademacher ``v``; one Hessian-vector
-  product per sample gives every layer's trace, because the cross terms of independent ``v``
-  vanish in expectation). It prices weights only: candidates that differ only in ``a_bits``
-  get equal values. Non-positive traces (non-convex regions, estimator noise) are floored at
-  1e-3 of the mean positive average trace. Hard-sigmoid/h-swish modules are swapped for
-  clamp-based equivalents in the (folded) copy, since PyTorch cannot differentiate them twice.
-* :func:`measured_sensitivity`: quantize *only* layer L to each candidate (PTQ ranges, every
-  other layer float) and measure the loss increase (or the top-1 drop) on held-out batches.
-  Covers weights and activations, costs one evaluation per layer and candidate.
+* :func:`hessian_sensitivity` (HAWQ-V2, Dong et al. 2020): the second-order loss increase from
+  quantizing a layer's (BN-folded) weights, ``Tr(H_L) / n_L * ||Q_b(W_L) - W_L||^2``, with the
+  Hessian trace estimated by Hutchinson's method. Cheap, but prices weights only.
+* :func:`measured_sensitivity`: quantize *only* layer L to each candidate and measure the loss
+  increase (or the top-1 drop) on held-out batches. Covers weights and activations, costs one
+  evaluation per layer and candidate.
 
-Attention products of two activations (:class:`hwnas.quant.fake_quant.QuantMatMul`) are not
-layers of a policy: they follow the activation bits of the layer before them (the block's Q/K/V
-projection). :func:`measured_sensitivity` quantizes them together with that layer, so its
-entry covers them; :func:`hessian_sensitivity` prices weights only, so it does not see them.
+Attention products (:class:`hwnas.quant.fake_quant.QuantMatMul`) are not layers of a policy:
+they follow the activation bits of the block's Q/K/V projection, and only
+:func:`measured_sensitivity` sees them (quantized together with that layer).
 """
 
 from __future__ import annotations
@@ -176,6 +169,16 @@ def hessian_sensitivity(model: nn.Module, batches: Iterable, candidates: Sequenc
     """HAWQ-V2 sensitivity of every Conv2d/Linear of ``model`` (BN folded; ``model`` unchanged)
     for each candidate, from the cross-entropy loss on up to ``max_images`` labelled images.
 
+    ``Omega_L(b) = Tr(H_L) / n_L * ||Q_b(W_L) - W_L||^2`` (HAWQ-V2): the second-order loss
+    increase from quantizing layer L's ``n_L`` (BN-folded) weights to ``b`` bits. The Hessian
+    trace w.r.t. those weights is estimated by Hutchinson's method (``E[v^T H v]`` with
+    Rademacher ``v``; one Hessian-vector product per sample gives every layer's trace, because
+    the cross terms of independent ``v`` vanish in expectation). It prices weights only:
+    candidates that differ only in ``a_bits`` get equal values, and attention products are not
+    seen. Non-positive traces (non-convex regions, estimator noise) are floored at 1e-3 of the
+    mean positive average trace. Hard-sigmoid/h-swish modules are swapped for clamp-based
+    equivalents in the (folded) copy, since PyTorch cannot differentiate them twice.
+
     The Hessian-vector products run ``chunk`` images at a time (:func:`hutchinson_trace` with
     one loss per chunk), so only one chunk's double-backward graph is held at once: over all
     images it was the memory peak of a whole ``hwnas run`` on the CPU
@@ -246,7 +249,9 @@ def measured_sensitivity(model: nn.Module, calib_batches: Iterable, eval_batches
     """Sensitivity by measurement: for each candidate, the network is quantized and calibrated
     once (PTQ ranges come from float activations, so they do not depend on the other layers),
     then each layer alone is switched on and the loss increase (``metric="loss"``) or top-1
-    drop in points (``"accuracy"``) vs float is measured on ``eval_batches``.
+    drop in points (``"accuracy"``) vs float is measured on ``eval_batches``. An attention
+    product (:class:`hwnas.quant.fake_quant.QuantMatMul`) is quantized together with the layer
+    it follows (the block's Q/K/V projection), so that layer's entry covers it.
 
     Examples:
         >>> import torch

@@ -2,22 +2,15 @@
 
 Searching one bit-width per layer would give hundreds of dimensions (the nb201 space has 98
 convolutions); layers are grouped instead by the block or cell they belong to
-(:func:`layer_group`: ``blocks.3.dw_conv`` -> ``blocks.3``, ``stem_conv`` -> ``stem_conv``),
-and one weight width is searched per group, over :data:`DEFAULT_BIT_CHOICES` (32 = float).
-Activations feeding a quantized layer run at 8 bits (the integer runtimes' width); a float
-layer keeps float activations.
+(:func:`layer_group`), and one weight width is searched per group, over
+:data:`DEFAULT_BIT_CHOICES` (32 = float). Activations feeding a quantized layer run at 8 bits
+(the integer runtimes' width); a float layer keeps float activations. The parameters cover every
+group of the largest architecture, so the search space is static (:func:`suggest_group_bits`).
 
-The parameters are always suggested for *every* group of the space's largest architecture
-(``bits:<group>``), so the search space is static — which Optuna's multivariate TPE and
-NSGA-II need; groups that an architecture does not have are ignored for it.
-
-:class:`ArchBitsSpace` holds the joint candidates (architecture, group widths): their Optuna
-parameters, canonical string and features, for samplers that reason about candidates (the
-screening sampler).
-
-Seeds (:func:`sensitivity_seeds`): HAWQ-V2 Hessian sensitivity of the largest subnet, allocated
-by :func:`hwnas.quant.allocate.allocate` at a few average weight widths, then mapped to the groups.
-This module imports torch only inside :func:`sensitivity_seeds`.
+:class:`ArchBitsSpace` holds the joint candidates (architecture, group widths) for samplers that
+reason about candidates (the screening sampler). :func:`sensitivity_seeds` seeds the search from
+the largest subnet's Hessian sensitivity. This module imports torch only inside
+:func:`sensitivity_seeds`.
 """
 
 from __future__ import annotations
@@ -42,7 +35,8 @@ _QUANT_OPS = ("conv", "linear")
 
 def layer_group(name: str) -> str:
     """The group of a layer: ``<container>.<index>`` for layers inside an indexed block or cell,
-    else the first component of the name."""
+    else the first component of the name (``blocks.3.dw_conv`` -> ``blocks.3``, ``stem_conv`` ->
+    ``stem_conv``)."""
     parts = name.split(".")
     if len(parts) >= 3 and parts[1].isdigit():
         return ".".join(parts[:2])
@@ -70,7 +64,11 @@ def bit_groups(space: SearchSpace) -> list[str]:
 
 
 def suggest_group_bits(trial: Any, groups: Sequence[str], choices: Sequence[int]) -> dict[str, int]:
-    """One categorical parameter ``bits:<group>`` per group."""
+    """One categorical parameter ``bits:<group>`` per group.
+
+    ``groups`` is always *every* group of the space's largest architecture (:func:`bit_groups`),
+    so the search space is static, which Optuna's multivariate TPE and NSGA-II need; groups that
+    an architecture does not have are ignored for it."""
     return {g: int(trial.suggest_categorical(PARAM_PREFIX + g, list(choices))) for g in groups}
 
 
@@ -219,7 +217,8 @@ def sensitivity_seeds(space: SearchSpace, supernet: Any, data: Any, choices: Seq
                       avg_bits: Sequence[float] = (6.0, 5.0), seed: int = 0,
                       max_images: int = 128) -> list[dict[str, int]]:
     """Group bit-widths from the Hessian sensitivity (HAWQ-V2) of the largest subnet,
-    allocated under a model-size budget at each average weight width of ``avg_bits``.
+    allocated by :func:`hwnas.quant.allocate.allocate` under a model-size budget at each average
+    weight width of ``avg_bits``, then mapped to the groups.
 
     The allocation is per layer (integer program over the quantized choices of ``choices``);
     a group then takes the parameter-weighted mean width of its layers, rounded up to a

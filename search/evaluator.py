@@ -1,18 +1,12 @@
 """The metrics of one candidate: an architecture and (optionally) its quantization policy.
 
-* accuracy: the subnet is extracted from the supernet, its BatchNorm recalibrated on augmented
-  training images, and — when a policy is given — quantized by PTQ (:func:`hwnas.quant.ptq.ptq`,
-  calibrated on clean training images); then scored on the validation split (the test split
-  is kept for reporting).
+* accuracy (:class:`TrialEvaluator`): the subnet extracted from the supernet, its BatchNorm
+  recalibrated, quantized by PTQ when a policy is given, scored on the validation split (the
+  test split is kept for reporting).
 * size, BOPs, FLOPs, params, average weight bits: from the layer list with the policy's widths
-  (:mod:`hwnas.quant.cost`; size counts weights at their true width).
-* latency per device (:func:`device_latency`): estimated devices run their estimator on the
-  layer list *as the device executes it* (:func:`hwnas.quant.device_rules.effective_layers`), so an
-  Edge TPU sees int8 and host fallbacks, an FPGA sees the bit-widths; measured devices time the
-  float subnet here, once per architecture; table, adapted and measured devices scale their float latency by the
-  device family's per-layer speed factors (:func:`hwnas.quant.device_rules.speed_factor`), weighted by
-  each layer's share of the multiply-accumulates. onnxruntime/GPU-class families assume *no*
-  int8 gain unless a measured speed-up table says otherwise (int8 can be slower).
+  (:data:`COST_METRICS`, :mod:`hwnas.quant.cost`; size counts weights at their true width).
+* latency per device (:func:`device_latencies`): as the device executes the policy (its
+  quantization rules), so an Edge TPU sees int8 and host fallbacks, an FPGA the bit-widths.
 
 Results are cached by (architecture, policy), so repeats and resumed studies cost nothing.
 :class:`CheapMetrics` gives the metrics that need no model (cost models, latency on devices not
@@ -117,11 +111,19 @@ def device_latencies(device: Device, space: SearchSpace, archs: Sequence[Any],
                      q_layers: Sequence[list[Layer]] | None = None,
                      float_latency: tuple[Any, Any] | None = None,
                      ) -> tuple[np.ndarray, np.ndarray | None]:
-    """(latency ms, std or None) of each ``archs[i]`` under ``policies[i]`` on ``device`` (see
-    the module docstring for how quantization enters); ``q_layers`` are the candidates'
-    quantized layer lists when already built, ``float_latency`` the device's
-    ``latency_with_std`` of ``archs`` when already measured. Table and adapted devices answer
-    the whole batch in one call."""
+    """(latency ms, std or None) of each ``archs[i]`` under ``policies[i]`` on ``device``;
+    ``q_layers`` are the candidates' quantized layer lists when already built, ``float_latency``
+    the device's ``latency_with_std`` of ``archs`` when already measured. Table and adapted
+    devices answer the whole batch in one call.
+
+    How quantization enters: estimated devices run their estimator on the layer list *as the
+    device executes it* (:func:`hwnas.quant.device_rules.effective_layers`), so an Edge TPU sees
+    int8 and host fallbacks, an FPGA sees the bit-widths; measured devices time the float subnet
+    (once per architecture); table, adapted and measured devices scale their float latency by
+    the device family's per-layer speed factors (:func:`hwnas.quant.device_rules.speed_factor`),
+    weighted by each layer's share of the multiply-accumulates. onnxruntime/GPU-class families
+    assume *no* int8 gain unless a measured speed-up table says otherwise (int8 can be slower).
+    """
     if q_layers is None:
         q_layers = [quantized_layers(space, a, p)[1] for a, p in zip(archs, policies)]
     rules = get_device_rules(device.quant_rules)
@@ -146,7 +148,13 @@ def device_latency(device: Device, space: SearchSpace, arch: Any, policy: QuantP
 
 
 class TrialEvaluator:
-    """Scores (architecture, policy) candidates of ``space``; see the module docstring."""
+    """Scores (architecture, policy) candidates of ``space``; see the module docstring.
+
+    Accuracy: the subnet is extracted from the supernet, its BatchNorm recalibrated on augmented
+    training images, and, when a policy is given, quantized by PTQ (:func:`hwnas.quant.ptq.ptq`,
+    calibrated on clean training images); then scored on the validation split (the test split
+    is kept for reporting). Latency: :func:`device_latencies`.
+    """
 
     def __init__(self, space: SearchSpace, supernet: nn.Module, data: DatasetSplits,
                  devices: list[str], settings: EvalSettings | None = None,

@@ -1,7 +1,5 @@
 """Objectives and constraints of a search, parsed from the command line's small language.
 
-Metrics (each a column of ``trials.csv``):
-
 =====================  ===========================  =========  ==========================
 spelled                column                       direction  unit
 =====================  ===========================  =========  ==========================
@@ -13,13 +11,8 @@ spelled                column                       direction  unit
 ``params``             ``params``                   minimize   parameters
 =====================  ===========================  =========  ==========================
 
-Objectives: ``accuracy,latency:cpu-ort-1t,size``. Constraints: ``latency:edgetpu-est<=5ms``,
-``size<=2MB``, ``accuracy>=90`` (units: ``us ms s`` for latency, ``B kB MB KiB MiB`` for size,
-``%`` optional for accuracy, ``k M G`` suffixes for counts). A constraint's metric need not be
-an objective. More than three objectives are better expressed as constraints (multi-objective
-samplers lose their edge as the front grows with the number of objectives).
-
-This module does not import torch.
+Each metric is a column of ``trials.csv``; objectives as :func:`parse_objectives`, constraints
+(any metric, with units) as :func:`parse_constraint`. This module does not import torch.
 """
 
 from __future__ import annotations
@@ -137,7 +130,10 @@ def parse_metric(text: str, *, what: str = "objective") -> Metric:
 
 
 def parse_objectives(spec: str | Sequence[str]) -> list[Metric]:
-    """Comma-separated text or a list of metric spellings; at least one, none twice."""
+    """Comma-separated text or a list of metric spellings; at least one, none twice, e.g.
+    ``accuracy,latency:cpu-ort-1t,size``. More than three objectives are better expressed as
+    constraints (multi-objective samplers lose their edge as the front grows with the number of
+    objectives)."""
     items = [s for s in (spec.split(",") if isinstance(spec, str) else spec) if str(s).strip()]
     if not items:
         raise UserError("no objectives given; expected e.g. --objectives accuracy,latency:cpu-ort-1t,size")
@@ -154,7 +150,11 @@ _CONSTRAINT = re.compile(r"^\s*(?P<metric>[A-Za-z][\w.:-]*?)\s*(?P<op><=|>=)\s*"
 
 
 def parse_constraint(text: str) -> Constraint:
-    """``latency:edgetpu-est<=5ms`` -> :class:`Constraint` (bound converted to ms/bytes/...)."""
+    """``latency:edgetpu-est<=5ms`` -> :class:`Constraint` (bound converted to ms/bytes/...).
+
+    Also ``size<=2MB``, ``accuracy>=90``. Units: ``us ms s`` for latency, ``B kB MB KiB MiB``
+    for size, ``%`` optional for accuracy, ``k M G`` suffixes for counts. A constraint's metric
+    need not be an objective."""
     m = _CONSTRAINT.match(text)
     if not m:
         raise UserError(f"constraint {text!r} is not of the form METRIC<=VALUE[UNIT] or "

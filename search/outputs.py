@@ -1,25 +1,17 @@
 """What a search leaves in its run directory, computed from the study's completed trials.
 
-* ``trials.csv`` / ``trials.parquet`` — one row per completed trial: number, arch string,
-  policy (JSON, empty = float), a short bit summary, the seed label, every metric
-  (:func:`hwnas.search.evaluator.metric_columns`: accuracy, size, BOPs, FLOPs, params, average weight
-  bits, latency and its std on every device), the Optuna parameters (``param:<name>``),
-  ``feasible`` (all constraints met) and
-  ``pareto`` (non-dominated for the study's own objectives).
-* ``pareto_<device>.csv`` — per device, the feasible candidates that are non-dominated when
-  every latency objective is that device's latency (accuracy vs latency on the device, plus the
-  search's non-latency objectives such as size); repeats of one (arch, policy) count once.
-* ``hypervolume.csv`` — per device, the 2-D hypervolume (accuracy up, latency down) of the
-  feasible trials after each trial; reference point: the lowest accuracy and 1.01 x the highest
-  latency over all trials.
+* ``trials.csv`` / ``trials.parquet`` (:func:`trials_frame`): one row per completed trial,
+  every metric, the Optuna parameters, ``feasible`` and ``pareto``.
+* ``pareto_<device>.csv`` (:func:`device_front`): per device, the feasible non-dominated
+  candidates when every latency objective is that device's latency.
+* ``hypervolume.csv`` (:func:`hypervolume_history`): per device, the 2-D hypervolume after each
+  trial.
 * ``fronts.png`` (front per device, dominated trials grey) and ``devices.png`` (the same
   Pareto models' latencies across devices, relative to the fastest of them on each device).
 
 Reading a run: :func:`device_ranks` (the union of the fronts with each model's latency rank on
 every device) and :func:`select_under_budget` (the most accurate model within a latency budget
-on one device).
-
-No torch here.
+on one device). No torch here.
 """
 
 from __future__ import annotations
@@ -60,7 +52,12 @@ def pareto_mask(values: np.ndarray, directions: Sequence[str]) -> np.ndarray:
 
 def trials_frame(study, devices: Sequence[str], objectives: Sequence[Metric],
                  constraints: Sequence[Constraint], metric_columns: Sequence[str]) -> pd.DataFrame:
-    """One row per completed trial (see the module docstring)."""
+    """One row per completed trial (``trials.csv``): number, arch string, policy (JSON, empty =
+    float), a short bit summary, the seed label, every metric (``metric_columns``, e.g.
+    :func:`hwnas.search.evaluator.metric_columns`: accuracy, size, BOPs, FLOPs, params, average
+    weight bits, latency and its std on every device), the Optuna parameters (``param:<name>``),
+    ``feasible`` (all constraints met) and ``pareto`` (non-dominated for the study's own
+    objectives)."""
     from hwnas.search.bits import describe_bits
     from hwnas.search.evaluator import policy_from_text
     from hwnas.search.study import completed
@@ -114,14 +111,19 @@ def device_objectives(objectives: Sequence[Metric], device: str) -> list[Metric]
 
 
 def device_front(frame: pd.DataFrame, device: str, objectives: Sequence[Metric]) -> pd.DataFrame:
-    """The Pareto front for ``device`` (see the module docstring), fastest first."""
+    """The Pareto front for ``device`` (``pareto_<device>.csv``), fastest first: the feasible
+    candidates that are non-dominated when every latency objective is that device's latency
+    (accuracy vs latency on the device, plus the search's non-latency objectives such as size);
+    repeats of one (arch, policy) count once."""
     metrics = device_objectives(objectives, device)
     mask = front_mask(frame, [m.column for m in metrics], [m.direction for m in metrics])
     return frame[mask].sort_values(f"latency_ms:{device}").reset_index(drop=True)
 
 
 def hypervolume_history(frame: pd.DataFrame, devices: Sequence[str]) -> pd.DataFrame:
-    """Per device, the 2-D hypervolume of the feasible trials after each completed trial."""
+    """Per device, the 2-D hypervolume (accuracy up, latency down) of the feasible trials after
+    each completed trial; reference point: the lowest accuracy and 1.01 x the highest latency
+    over all trials."""
     rows = []
     ordered = frame.sort_values("trial")
     acc = ordered["accuracy"].to_numpy()

@@ -15,8 +15,8 @@ A run directory is what ``hwnas search`` / ``hwnas run`` leave behind and what `
     .hwnas-written.json     the files the search wrote (:mod:`hwnas.core.written`): what
                             marks the directory as a run, and all --overwrite may replace
 
-:class:`RunDir` names these paths and reads the tables and the configuration, with one-line
-errors for a directory that is not a run. No torch here.
+:class:`RunDir` names these paths and reads the tables and the settings (typed: ``SearchConfig``),
+with one-line errors for a directory that is not a run. No torch here.
 """
 
 from __future__ import annotations
@@ -205,6 +205,16 @@ class RunDir:
             raise UserError(f"{run_dir} has no {self.SUPERNET}; the run's supernet is needed to "
                             f"rebuild its models")
         return cfg
+
+    def read_search_config(self, *, need_supernet: bool = True):  # -> SearchConfig
+        """config.json as the typed :class:`hwnas.search.config.SearchConfig` the search ran
+        with (its devices the reported ones; ``all_devices`` the run's full list), after the
+        checks of :meth:`read_config`; UserError (one line) for a setting of the wrong type or
+        one this version does not know."""
+        from hwnas.search.config import SearchConfig
+
+        return SearchConfig.from_dict(self.read_config(need_supernet=need_supernet),
+                                      source=str(self.config))
 
     def read_trials(self):  # -> pd.DataFrame
         """trials.parquet (or trials.csv) as a DataFrame, policies as text ("" = float)."""

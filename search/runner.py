@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from hwnas.search import outputs
+import hwnas.search.outputs as outputs
 from hwnas.search.bits import (
     ArchBitsSpace,
     bit_groups,
@@ -40,7 +40,6 @@ from hwnas.search.bits import (
 )
 from hwnas.search.config import RESUME_KEYS, SearchConfig
 from hwnas.search.evaluator import (
-    EvalSettings,
     TrialEvaluator,
     check_cheap_bounds,
     check_devices,
@@ -49,6 +48,7 @@ from hwnas.search.evaluator import (
     policy_text,
 )
 from hwnas.search.plots import plot_across_devices, plot_fronts, plot_hypervolume
+from hwnas.search.replay import eval_settings, load_run_supernet, replay_splits
 from hwnas.search.rundir import RUN_FORMAT, RunDir
 from hwnas.search.samplers import make_sampler, resolve_sampler, screening_problem
 from hwnas.search.study import (
@@ -66,9 +66,9 @@ from hwnas.search.study import (
 )
 from hwnas.supernet.checkpoints import shipped_checkpoint
 from hwnas.supernet.data.sources import load_dataset
-from hwnas.supernet.data.splits import DatasetSplits, subsample_eval
+from hwnas.supernet.data.splits import DatasetSplits
 from hwnas.supernet.evaluate import accuracy, eval_loader
-from hwnas.supernet.fingerprint import disjoint_validation, training_record
+from hwnas.supernet.fingerprint import training_record
 from hwnas.supernet.space import SearchSpace
 from hwnas.supernet.spaces import get_space
 from hwnas.supernet.train import (
@@ -236,6 +236,7 @@ def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, prog
                       num_classes=data.num_classes)
     check_devices(space, cfg.all_devices)
     check_cheap_bounds(space, cfg.constraint_list, bits=cfg.bits, bit_choices=cfg.bit_choices)
+    torch.manual_seed(cfg.seed)  # the initial weights, as `hwnas train --seed` draws them
     supernet = space.build_supernet()
     config = default_config(space, cfg.epochs, seed=cfg.seed, augment=cfg.augment)
     result = train_supernet(supernet, space, data, config, device=cfg.torch_device,
@@ -362,7 +363,7 @@ def _open(cfg: SearchConfig, run_dir: Path, sampler):
 def study_attrs(cfg: SearchConfig, data: DatasetSplits, supernet_source: str | None,
                 trained: bool) -> dict[str, Any]:
     """What the study's objectives are about (its user attributes, e.g. for optuna-dashboard)."""
-    from hwnas import __version__
+    from hwnas.core.version import __version__
 
     if trained or supernet_source is None:
         supernet = f"trained for this run ({cfg.epochs} epochs)"
@@ -379,7 +380,7 @@ def _evaluator(cfg: SearchConfig, space, supernet, data, accuracy_fn=None,
                run_dir: Path | str | None = None, log=None) -> TrialEvaluator:
     """The trial evaluator; with ``run_dir``, the int8 speed-up tables of the run's last export
     replace the devices' default int8 gain (said once through ``log``)."""
-    settings = EvalSettings(calib_batches=cfg.calib_batches, ptq_images=cfg.ptq_images, seed=cfg.seed)
+    settings = eval_settings(cfg)
     speedups = RunDir(run_dir).int8_speedups(cfg.all_devices) if run_dir is not None else {}
     for device, table in speedups.items():
         if log is not None:
@@ -438,12 +439,9 @@ def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int, worker: in
     sampler seeded apart from the other workers')."""
     cfg = SearchConfig(**cfg_dict)
     torch.set_num_threads(1)
-    data = load_dataset(cfg.dataset, seed=cfg.data_seed)
-    space, supernet, payload = load_checkpoint(RunDir(run_dir).supernet, device=cfg.torch_device)
-    data = disjoint_validation(data, payload, str(RunDir(run_dir).supernet),
-                               seed=cfg.data_seed, log=lambda *a: None)  # as the main process
-    data = with_training_augment(data, payload.get("train_config"))
-    data = subsample_eval(data, cfg.eval_images, seed=cfg.data_seed)
+    rd = RunDir(run_dir)
+    space, supernet, payload = load_run_supernet(rd, cfg, device=cfg.torch_device)
+    data = replay_splits(cfg, payload, str(rd.supernet), scoring=True)  # as the main process
     evaluator = _evaluator(cfg, space, supernet, data, run_dir=run_dir)
     if cfg.accuracy == "predictor":
         fn = accuracy_predictor(cfg, space, evaluator, Path(run_dir), log=lambda *a: None)
@@ -453,6 +451,140 @@ def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int, worker: in
                                   seed=sampler_seed(cfg.seed, len(study.trials), worker))
     return run_trials(study, make_objective(space, evaluator, cfg), cfg.trials, progress=False,
                       callbacks=tracking_callbacks(cfg))
+
+
+@dataclass
+class _RunSupernet:
+    """The supernet a search scores on, and what its run directory records of it."""
+
+    space: SearchSpace
+    supernet: Any
+    source: str | None  # the checkpoint it was loaded from; None: trained for this run
+    train: TrainResult | None
+    train_config: TrainConfig | None
+    record: dict[str, Any] | None  # its training images (hwnas.supernet.fingerprint)
+
+
+def _check_continuable(cfg: SearchConfig, run_dir: Path, continuing: bool) -> None:
+    """UserError for a continued run whose outputs outlived its SQLite study."""
+    rd = RunDir(run_dir)
+    if continuing and cfg.storage is None and rd.trials_csv.is_file() and not rd.study_db.is_file():
+        raise UserError(f"{run_dir} holds a run whose study.db is missing; its outputs "
+                        f"cannot be continued: restore study.db, pass --overwrite to "
+                        f"start afresh, or choose another --name")
+
+
+def _supernet_and_data(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, continuing: bool,
+                       progress: bool, log) -> tuple[_RunSupernet, DatasetSplits]:
+    """The supernet (loaded, or trained first) and the splits replayed for it
+    (:func:`hwnas.search.replay.replay_splits`: a checkpoint's training images stay out of
+    validation; the scoring budget)."""
+    source = _checkpoint_source(cfg, data, run_dir, continuing)
+    if source is None:
+        log(f"no supernet checkpoint for space {cfg.space} on {data.name} (none shipped, no "
+            f"--supernet): training one first, {cfg.epochs} epoch{'s' * (cfg.epochs != 1)} on "
+            f"{cfg.torch_device} "
+            f"(the progress bar estimates the time; --supernet FILE uses a trained one)")
+    space, supernet, train, train_config, record = resolve_supernet(
+        cfg, data, run_dir, progress, continuing)
+    data = replay_splits(cfg, {"data_record": record, "train_config": train_config.to_dict()
+                               if train_config else None}, str(source), data=data,
+                         disjoint=train is None, scoring=True, log=log)
+    if cfg.eval_images:
+        log(f"scoring on {len(data.val)} validation and {len(data.test)} test images "
+            f"(eval_images {cfg.eval_images})")
+    return _RunSupernet(space, supernet, source, train, train_config, record), data
+
+
+def _write_run_files(cfg: SearchConfig, run_dir: Path, continuing: bool, sn: _RunSupernet,
+                     data: DatasetSplits) -> None:
+    """A new run directory appears whole (settings, supernet, training history) in one rename;
+    a continued one gets its settings and record of written files updated."""
+    settings = settings_of(cfg, data, run_dir.name)
+    owned = RunDir(run_dir).written_files(cfg.all_devices)
+    if continuing:
+        record_files(run_dir, RunDir.WRITER, owned, dirs=RunDir.OWNED_ELSEWHERE)
+        write_json(RunDir(run_dir).config, settings)  # trials/workers may have changed
+        return
+    remove_stale(run_dir)  # what a killed search left beside it
+    with staged(run_dir, RunDir.WRITER, flag="run directory",
+                dirs=RunDir.OWNED_ELSEWHERE) as staging:
+        stage = RunDir(staging)
+        save_checkpoint(stage.supernet, sn.supernet, sn.space, dataset=data.name,
+                        train_config=sn.train_config, data_record=sn.record)
+        if sn.train:
+            write_json(stage.train_history, sn.train.__dict__)
+        write_json(stage.config, settings)
+    record_files(staging, RunDir.WRITER, owned)
+    replace_dir(staging, run_dir, writers=[RunDir.WRITER], what="an hwnas run directory",
+                flag="run directory")
+
+
+def _start_study(cfg: SearchConfig, sn: _RunSupernet, data: DatasetSplits, run_dir: Path,
+                 continuing: bool, progress: bool, log):
+    """(study, evaluator of the outputs, evaluator of the trials, seeds enqueued): the study
+    opened or continued, described, seeded once, its sampler drawing on, interrupted trials
+    recovered."""
+    space, supernet = sn.space, sn.supernet
+    evaluator = _evaluator(cfg, space, supernet, data, run_dir=run_dir, log=log)
+    search_evaluator = evaluator
+    if cfg.accuracy == "predictor":
+        fn = accuracy_predictor(cfg, space, evaluator, run_dir, progress=progress, log=log)
+        search_evaluator = _evaluator(cfg, space, supernet, data, fn, run_dir=run_dir)
+    storage, study = _open(cfg, run_dir, build_sampler(cfg, space, evaluator, 0))
+    attrs = study_attrs(cfg, data, sn.source, sn.train is not None)
+    if continuing and "supernet" in study.user_attrs:
+        attrs.pop("supernet")  # the run's own copy now; the study keeps where it came from
+    describe_study(study, attrs)
+    n_before = len(study.get_trials(deepcopy=False))
+    seeds = [] if n_before else seed_trials(space, supernet, data, cfg, log)
+    n_seeds = enqueue_once(study, seeds)
+    # start-up counts seeds; a continued study draws on from a seed of its own
+    study.sampler = build_sampler(cfg, space, evaluator, n_seeds,
+                                  seed=sampler_seed(cfg.seed, n_before))
+    if is_sqlite(storage):
+        recovered = recover_interrupted(study)
+        if recovered:
+            log(f"recovered {recovered} trial(s) interrupted in an earlier run; they run again")
+    return study, evaluator, search_evaluator, n_seeds
+
+
+def _run_all_trials(cfg: SearchConfig, study, space: SearchSpace, evaluator: TrialEvaluator,
+                    run_dir: Path, n_seeds: int, progress: bool) -> int:
+    """Run trials until the budget has completed, with ``cfg.workers - 1`` extra worker
+    processes (:func:`worker_main`) beside this one; the number this process ran."""
+    procs = []
+    if cfg.workers > 1:
+        ctx = multiprocessing.get_context("spawn")
+        for w in range(1, cfg.workers):
+            p = ctx.Process(target=worker_main, args=(cfg.to_dict(), str(run_dir), n_seeds, w))
+            p.start()
+            procs.append(p)
+    try:
+        new = run_trials(study, make_objective(space, evaluator, cfg), cfg.trials,
+                         progress=progress, callbacks=tracking_callbacks(cfg))
+    finally:
+        for p in procs:
+            p.join()
+    failed = [p.exitcode for p in procs if p.exitcode != 0]
+    if failed:
+        raise UserError(f"{len(failed)} of {cfg.workers - 1} extra worker(s) failed "
+                        f"(exit codes {failed}); rerun the command to complete the budget")
+    return new
+
+
+def _check_feasible(cfg: SearchConfig, trials: pd.DataFrame) -> None:
+    """InfeasibleError (after the outputs are written) when no trial meets the constraints,
+    naming the closest ones."""
+    constraints = cfg.constraint_list
+    if constraints and not trials["feasible"].any():
+        closest = outputs.closest_infeasible(trials, constraints)
+        detail = "; ".join(
+            f"trial {int(r.trial)}: " + ", ".join(f"{c.metric.key}={r[c.metric.column]:.4g}"
+                                                   for c in constraints)
+            for _, r in closest.iterrows())
+        raise InfeasibleError(f"no trial meets {' and '.join(c.text for c in constraints)} "
+                              f"after {len(trials)} trials; closest: {detail}")
 
 
 def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = True,
@@ -469,114 +601,34 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
     written, sqlite_lock = False, None
     try:
         run_dir, continuing = prepare_run_dir(cfg, data, overwrite)
-        if (continuing and cfg.storage is None and RunDir(run_dir).trials_csv.is_file()
-                and not RunDir(run_dir).study_db.is_file()):
-            raise UserError(f"{run_dir} holds a run whose study.db is missing; its outputs "
-                            f"cannot be continued: restore study.db, pass --overwrite to "
-                            f"start afresh, or choose another --name")
+        _check_continuable(cfg, run_dir, continuing)
         sqlite_lock = lock_sqlite(cfg.storage) if cfg.storage else None
         timings: dict[str, float] = {}
 
         t0 = time.perf_counter()
-        supernet_source = _checkpoint_source(cfg, data, run_dir, continuing)
-        if supernet_source is None:
-            log(f"no supernet checkpoint for space {cfg.space} on {data.name} (none shipped, no "
-                f"--supernet): training one first, {cfg.epochs} epoch{'s' * (cfg.epochs != 1)} on "
-                f"{cfg.torch_device} "
-                f"(the progress bar estimates the time; --supernet FILE uses a trained one)")
-        space, supernet, train_result, train_config, record = resolve_supernet(
-            cfg, data, run_dir, progress, continuing)
-        if train_result is None:  # a checkpoint's training images stay out of validation
-            data = disjoint_validation(data, {"data_record": record}, str(supernet_source),
-                                       seed=cfg.data_seed, log=log)
-        data = with_training_augment(data, train_config.to_dict() if train_config else None)
-        data = subsample_eval(data, cfg.eval_images, seed=cfg.data_seed)
-        if cfg.eval_images:
-            log(f"scoring on {len(data.val)} validation and {len(data.test)} test images "
-                f"(eval_images {cfg.eval_images})")
+        sn, data = _supernet_and_data(cfg, data, run_dir, continuing, progress, log)
         timings["supernet_s"] = time.perf_counter() - t0
-        if train_result:
-            log(f"trained supernet {space.name} on {data.name}: {train_result.epochs} epochs in "
-                f"{train_result.seconds:.0f} s ({train_result.images_per_s:.0f} images/s)")
-        settings = settings_of(cfg, data, run_dir.name)
+        if sn.train:
+            log(f"trained supernet {sn.space.name} on {data.name}: {sn.train.epochs} epochs in "
+                f"{sn.train.seconds:.0f} s ({sn.train.images_per_s:.0f} images/s)")
         written = True
-        owned = RunDir(run_dir).written_files(cfg.all_devices)
-        if not continuing:
-            remove_stale(run_dir)  # what a killed search left beside it
-            with staged(run_dir, RunDir.WRITER, flag="run directory",
-                        dirs=RunDir.OWNED_ELSEWHERE) as staging:
-                stage = RunDir(staging)
-                save_checkpoint(stage.supernet, supernet, space, dataset=data.name,
-                                train_config=train_config, data_record=record)
-                if train_result:
-                    write_json(stage.train_history, train_result.__dict__)
-                write_json(stage.config, settings)
-            record_files(staging, RunDir.WRITER, owned)
-            replace_dir(staging, run_dir, writers=[RunDir.WRITER], what="an hwnas run directory",
-                        flag="run directory")
-        else:
-            record_files(run_dir, RunDir.WRITER, owned, dirs=RunDir.OWNED_ELSEWHERE)
-            write_json(RunDir(run_dir).config, settings)  # trials/workers may have changed
-
-        evaluator = _evaluator(cfg, space, supernet, data, run_dir=run_dir, log=log)
-        search_evaluator = evaluator
-        if cfg.accuracy == "predictor":
-            fn = accuracy_predictor(cfg, space, evaluator, run_dir, progress=progress, log=log)
-            search_evaluator = _evaluator(cfg, space, supernet, data, fn, run_dir=run_dir)
-        storage, study = _open(cfg, run_dir, build_sampler(cfg, space, evaluator, 0))
-        attrs = study_attrs(cfg, data, supernet_source, train_result is not None)
-        if continuing and "supernet" in study.user_attrs:
-            attrs.pop("supernet")  # the run's own copy now; the study keeps where it came from
-        describe_study(study, attrs)
-        n_before = len(study.get_trials(deepcopy=False))
-        seeds = [] if n_before else seed_trials(space, supernet, data, cfg, log)
-        n_seeds = enqueue_once(study, seeds)
-        # start-up counts seeds; a continued study draws on from a seed of its own
-        study.sampler = build_sampler(cfg, space, evaluator, n_seeds,
-                                      seed=sampler_seed(cfg.seed, n_before))
-        if is_sqlite(storage):
-            recovered = recover_interrupted(study)
-            if recovered:
-                log(f"recovered {recovered} trial(s) interrupted in an earlier run; they run again")
+        _write_run_files(cfg, run_dir, continuing, sn, data)
+        study, evaluator, search_evaluator, n_seeds = _start_study(
+            cfg, sn, data, run_dir, continuing, progress, log)
 
         t0 = time.perf_counter()
-        procs = []
-        if cfg.workers > 1:
-            ctx = multiprocessing.get_context("spawn")
-            for w in range(1, cfg.workers):
-                p = ctx.Process(target=worker_main,
-                                args=(cfg.to_dict(), str(run_dir), n_seeds, w))
-                p.start()
-                procs.append(p)
-        try:
-            new = run_trials(study, make_objective(space, search_evaluator, cfg), cfg.trials,
-                             progress=progress, callbacks=tracking_callbacks(cfg))
-        finally:
-            for p in procs:
-                p.join()
-        failed = [p.exitcode for p in procs if p.exitcode != 0]
-        if failed:
-            raise UserError(f"{len(failed)} of {cfg.workers - 1} extra worker(s) failed "
-                            f"(exit codes {failed}); rerun the command to complete the budget")
+        new = _run_all_trials(cfg, study, sn.space, search_evaluator, run_dir, n_seeds, progress)
         timings["search_s"] = time.perf_counter() - t0
         log(f"search: {_sampler_label(cfg)} (seed {cfg.seed}), {len(completed(study))} "
             f"trials in the "
             f"study, {new} new by this process in {timings['search_s']:.0f} s")
 
         t0 = time.perf_counter()
-        result = write_outputs(study, cfg, space, evaluator, data, run_dir)
+        result = write_outputs(study, cfg, sn.space, evaluator, data, run_dir)
         timings["outputs_s"] = time.perf_counter() - t0
         result.seconds, result.new_trials, result.train, result.timings = (
-            time.perf_counter() - start, new, train_result, timings)
-        constraints = cfg.constraint_list
-        if constraints and not result.trials["feasible"].any():
-            closest = outputs.closest_infeasible(result.trials, constraints)
-            detail = "; ".join(
-                f"trial {int(r.trial)}: " + ", ".join(f"{c.metric.key}={r[c.metric.column]:.4g}"
-                                                       for c in constraints)
-                for _, r in closest.iterrows())
-            raise InfeasibleError(f"no trial meets {' and '.join(c.text for c in constraints)} "
-                                  f"after {len(result.trials)} trials; closest: {detail}")
+            time.perf_counter() - start, new, sn.train, timings)
+        _check_feasible(cfg, result.trials)
         return result
     finally:
         if sqlite_lock is not None:

@@ -28,11 +28,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hwnas.core.errors import UserError
+from hwnas.core.registry import Registry
 
 if TYPE_CHECKING:
     import optuna
 
-SAMPLERS = ("auto", "tpe", "nsga2", "random", "gp", "screening")
+#: name -> ``factory(seed, *, n_startup_trials, problem)`` returning a seeded Optuna sampler
+#: (:func:`make_sampler`; ``problem`` is the search's :class:`ScreeningProblem` or ``None``).
+#: A user adds one with :func:`register_sampler`; ``tests/test_search_units.py`` checks each.
+SAMPLERS: Registry[Callable[..., Any]] = Registry("sampler")
 #: ``auto``: ``screening`` when an objective needs an evaluation (accuracy, latency measured
 #: here), else ``tpe`` (:func:`resolve_sampler`); chosen on ``benchmarks/search_nb201.py``
 DEFAULT_SAMPLER = "auto"
@@ -147,38 +151,75 @@ def screening_problem(space: Any, objectives: Sequence[Any], constraints: Sequen
         constraint_names=tuple(c.text for c in cheap_cons))
 
 
+def register_sampler(name: str,
+                     factory: Callable[..., optuna.samplers.BaseSampler]) -> None:
+    """Make a sampler available by name (``--sampler NAME``, ``SearchConfig(sampler=NAME)``):
+    ``factory(seed, *, n_startup_trials, problem)`` returns a new seeded Optuna sampler
+    (``problem``: the search's :class:`ScreeningProblem`, for samplers that screen candidates)."""
+    SAMPLERS.register(name, factory)
+
+
+def available_samplers() -> list[str]:
+    """The names of the registered samplers, sorted (``auto`` stands for one of them)."""
+    return SAMPLERS.names()
+
+
 def make_sampler(name: str, seed: int, *, n_startup_trials: int = STARTUP_TRIALS,
                  n_seeds: int = 0, problem: ScreeningProblem | None = None,
                  ) -> optuna.samplers.BaseSampler:
     """A seeded sampler (see the module docstring for ``n_seeds``); ``screening`` needs the
-    search's ``problem`` (:func:`screening_problem`). Optuna is imported here, so that the
-    settings (and ``hwnas train``, which shares them) do not need it."""
+    search's ``problem`` (:func:`screening_problem`). Optuna is imported by the factories, so
+    that the settings (and ``hwnas train``, which shares them) do not need it."""
+    return SAMPLERS.get(name)(seed, n_startup_trials=n_startup_trials + n_seeds, problem=problem)
+
+
+def _auto(seed: int, **_: Any) -> optuna.samplers.BaseSampler:
+    raise UserError("sampler 'auto' depends on the objectives: resolve it first with "
+                    "search.samplers.resolve_sampler(name, objectives)")
+
+
+def _tpe(seed: int, *, n_startup_trials: int, **_: Any) -> optuna.samplers.BaseSampler:
     import optuna
 
-    startup = n_startup_trials + n_seeds
-    if name == "tpe":
-        return optuna.samplers.TPESampler(
-            seed=seed, multivariate=True, n_startup_trials=startup, constant_liar=True,
-            n_ei_candidates=24,
-        )
-    if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, population_size=20)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
-    if name == "auto":
-        raise UserError("sampler 'auto' depends on the objectives: resolve it first with "
-                        "search.samplers.resolve_sampler(name, objectives)")
-    if name == "screening":
-        if problem is None:
-            raise UserError("sampler 'screening' needs the search problem (candidates, cheap "
-                            "objectives): pass problem=search.samplers.screening_problem(...)")
-        from hwnas.search.screening import ScreeningConfig, ScreeningSampler
+    return optuna.samplers.TPESampler(
+        seed=seed, multivariate=True, n_startup_trials=n_startup_trials, constant_liar=True,
+        n_ei_candidates=24,
+    )
 
-        return ScreeningSampler(
-            problem.space, problem.cheap, problem.cheap_indices, seed=seed,
-            directions=problem.directions,
-            config=ScreeningConfig(n_startup_trials=startup, pool_size=SCREENING_POOL),
-            constraints=problem.constraints, constraint_names=problem.constraint_names)
-    raise UserError(f"unknown sampler {name!r}; expected one of {list(SAMPLERS)}")
+
+def _nsga2(seed: int, **_: Any) -> optuna.samplers.BaseSampler:
+    import optuna
+
+    return optuna.samplers.NSGAIISampler(seed=seed, population_size=20)
+
+
+def _random(seed: int, **_: Any) -> optuna.samplers.BaseSampler:
+    import optuna
+
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _gp(seed: int, *, n_startup_trials: int, **_: Any) -> optuna.samplers.BaseSampler:
+    import optuna
+
+    return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup_trials)
+
+
+def _screening(seed: int, *, n_startup_trials: int, problem: ScreeningProblem | None,
+               **_: Any) -> optuna.samplers.BaseSampler:
+    if problem is None:
+        raise UserError("sampler 'screening' needs the search problem (candidates, cheap "
+                        "objectives): pass problem=search.samplers.screening_problem(...)")
+    from hwnas.search.screening import ScreeningConfig, ScreeningSampler
+
+    return ScreeningSampler(
+        problem.space, problem.cheap, problem.cheap_indices, seed=seed,
+        directions=problem.directions,
+        config=ScreeningConfig(n_startup_trials=n_startup_trials, pool_size=SCREENING_POOL),
+        constraints=problem.constraints, constraint_names=problem.constraint_names)
+
+
+for _name, _factory in (("auto", _auto), ("tpe", _tpe), ("nsga2", _nsga2), ("random", _random),
+                        ("gp", _gp), ("screening", _screening)):
+    SAMPLERS.register(_name, _factory, builtin=True)
+del _name, _factory

@@ -1,11 +1,9 @@
 """The Optuna study of a search: storage, creation, seeding, the trial budget, recovery.
 
 Storage is an RDB URL: SQLite in the run directory by default (one worker), PostgreSQL (or any
-server RDB) for many workers on many machines — Optuna's pattern of independent workers
-sharing one study. Every worker runs the same loop (:func:`run_trials`); the budget counts
-*completed* trials over all workers and is exact: before a trial evaluates anything it checks
-how many trials numbered below it are complete, running or waiting, and if those already fill
-the budget it is pruned (not counted) and its worker stops.
+server RDB) for many workers on many machines: Optuna's pattern of independent workers sharing
+one study. Every worker runs the same loop (:func:`run_trials`); the budget counts *completed*
+trials over all workers and is exact.
 
 Crash safety: the storage keeps a heartbeat for running trials; a trial whose worker died is
 marked failed after the grace period and its parameters are enqueued again
@@ -247,7 +245,11 @@ def run_trials(study: optuna.Study, objective: Callable[[optuna.Trial], Sequence
                callbacks: Sequence[Callable] = ()) -> int:
     """Run trials until ``budget`` trials of the study have completed (over all workers);
     returns how many this call completed. ``callbacks``: more Optuna callbacks (experiment
-    tracking)."""
+    tracking).
+
+    The budget is exact over all workers: before a trial evaluates anything it checks how many
+    trials numbered below it are complete, running or waiting, and if those already fill the
+    budget it is pruned (not counted) and its worker stops."""
     before = len(completed(study))
     if before >= budget:
         return 0

@@ -1,20 +1,16 @@
 """Data-parallel training over several processes (``torchrun``), without DDP's reducer.
 
-Why not ``DistributedDataParallel``: a sandwich step runs several subnets (largest, smallest,
-random ones) forward and backward before one optimizer step, and each subnet uses a different
-subset of the supernet's parameters. DDP's reducer is built for one forward/backward per step
-over a fixed parameter set; with subnets it needs ``find_unused_parameters=True`` (a graph
-traversal after every forward), ``no_sync()`` around all but the last backward, and it then
-still communicates once per backward. Here the gradients of the whole step are averaged once,
-in one flat all-reduce, just before the optimizer step (:func:`all_reduce_gradients`): one
-collective per step, no graph traversal, and correct for any subset of used parameters.
+Why not ``DistributedDataParallel``: a sandwich step runs several subnets forward and backward
+before one optimizer step, each using a different subset of the supernet's parameters, and
+DDP's reducer is built for one forward/backward per step over a fixed parameter set. Here the
+gradients of the whole step are averaged once, in one flat all-reduce, just before the
+optimizer step (:func:`all_reduce_gradients`): one collective per step, no graph traversal, and
+correct for any subset of used parameters.
 
 Every rank samples the same subnets (the subnet sampler is seeded identically on all ranks)
-and takes a disjoint shard of each global batch, so W processes with a global batch B follow
-the single-process schedule with batch B (BatchNorm statistics are per shard, as with DDP
-without SyncBatchNorm). Only rank 0 writes checkpoints and logs.
-
-Launch with ``torchrun --nproc_per_node=N -m hwnas train ...``; the same code runs
+and takes a disjoint shard of each global batch (:func:`shard`), so W processes with a global
+batch B follow the single-process schedule with batch B. Only rank 0 writes checkpoints and
+logs. Launch with ``torchrun --nproc_per_node=N -m hwnas train ...``; the same code runs
 single-process when ``WORLD_SIZE`` is unset.
 """
 
@@ -99,7 +95,8 @@ def shutdown(ctx: DistContext, *, ok: bool = True) -> None:
 
 
 def shard(batch: torch.Tensor, ctx: DistContext) -> torch.Tensor:
-    """This rank's contiguous share of a global batch (the batch size must divide evenly)."""
+    """This rank's contiguous share of a global batch (the batch size must divide evenly).
+    BatchNorm statistics are then per shard, as with DDP without SyncBatchNorm."""
     if not ctx.enabled:
         return batch
     n = batch.shape[0] // ctx.world_size
@@ -115,6 +112,10 @@ def all_reduce_gradients(params: Iterable[nn.Parameter], ctx: DistContext) -> No
     gradient here keeps ``grad = None`` (the optimizer skips it, as in single-process
     training); since all ranks sample the same subnets, the set of such parameters is the same
     on every rank. No host-device synchronisation happens here.
+
+    Why not DDP's reducer: with subnets (largest, smallest, random ones) it needs
+    ``find_unused_parameters=True`` (a graph traversal after every forward), ``no_sync()``
+    around all but the last backward, and it then still communicates once per backward.
     """
     if not ctx.enabled:
         return

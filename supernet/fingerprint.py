@@ -107,12 +107,6 @@ class DataRecord:
     fingerprint: str
     train_hashes: np.ndarray  # uint64, sorted
 
-    def as_payload(self) -> dict[str, Any]:
-        """The record as saved in a checkpoint (to carry it into another one)."""
-        return {"format": RECORD_FORMAT, "dataset": self.dataset, "classes": list(self.classes),
-                "fingerprint": self.fingerprint, "train_images": int(self.train_hashes.shape[0]),
-                "train_hashes": torch.from_numpy(self.train_hashes.view(np.int64).copy())}
-
 
 def read_record(payload: dict[str, Any], source: str) -> DataRecord | None:
     """The checked record of a checkpoint's payload; ``None`` for a checkpoint written before

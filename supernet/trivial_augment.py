@@ -1,38 +1,16 @@
 """TrivialAugment (Müller & Hutter 2021), vectorised over a uint8 image batch on its device.
 
-Why: every CIFAR-10 network of ``benchmarks/supernet_cifar10.md`` ends training near the floor
-of its label-smoothed loss (runs 4 to 6), so it is limited by over-fitting; cutout gave 1.2 to
-1.7 points, and 50 more epochs after it almost nothing. TrivialAugment needs no policy search
-and matched or beat the searched policies (AutoAugment, RandAugment) on CIFAR-10 in its paper.
-Run 7 (TrivialAugment before crop, flip and cutout, 150 epochs) took the supernet's largest subnet
-from 92.69 % to 93.24 % and its smallest from 89.07 % to 89.55 %.
+Why: the CIFAR-10 networks of ``benchmarks/supernet_cifar10.md`` were limited by over-fitting,
+and TrivialAugment needs no policy search yet matched or beat the searched policies (AutoAugment,
+RandAugment) on CIFAR-10 in its paper; what it gained here is that file's run 7.
 
 Per image it draws one of the 14 operations of TrivialAugment "Wide" (torchvision's
-``TrivialAugmentWide``) and one of 31 magnitude bins, uniformly, and a random sign for the
-signed operations:
-
-=================  ==============================================================
-identity           the image
-shear x / y        shear factor up to ±0.99 (about the image centre)
-translate x / y    up to ±32 pixels (of a 32-pixel image; scaled with its size)
-rotate             up to ±135 degrees about the centre
-brightness         blend with black, factor 1 ± up to 0.99
-color              blend with the grey image (saturation), factor 1 ± up to 0.99
-contrast           blend with the image's mean grey level, factor 1 ± up to 0.99
-sharpness          blend with a 3 × 3 smoothed image, factor 1 ± up to 0.99
-posterize          keep the top 8 ... 2 bits
-solarize           invert the pixels at or above a threshold 255 ... 0
-autocontrast       stretch each channel to 0 ... 255
-equalize           histogram-equalise each channel
-=================  ==============================================================
-
-Geometric operations sample with nearest neighbours and fill with 0, as torchvision does; the
-colour operations compute what torchvision's functional ops compute on uint8 images
-(``PIL.ImageEnhance`` / ``PIL.ImageOps`` semantics), to within one grey level. Every
-operation is computed for the whole batch and selected per image with a mask, so there is no
-Python loop over images and no host synchronisation: on a GPU the batch costs a few dozen
-element-wise kernels and one ``grid_sample``. Random numbers come from ``generator`` (on the
-CPU in :class:`hwnas.supernet.data.BatchLoader`, so a run is reproducible across devices).
+``TrivialAugmentWide``; :func:`apply_ops`) and one of 31 magnitude bins, uniformly, and a
+random sign for the signed operations. Every operation is computed for the whole batch and
+selected per image with a mask, so there is no Python loop over images and no host
+synchronisation: on a GPU the batch costs a few dozen element-wise kernels and one
+``grid_sample``. Random numbers come from ``generator`` (on the CPU in
+:class:`hwnas.supernet.data.BatchLoader`, so a run is reproducible across devices).
 """
 
 from __future__ import annotations
@@ -70,7 +48,27 @@ def apply_ops(images: torch.Tensor, op: torch.Tensor, level: torch.Tensor,
               sign: torch.Tensor) -> torch.Tensor:
     """Apply operation ``OPS[op[i]]`` at magnitude bin ``level[i]`` (0 ... ``NUM_BINS - 1``) with
     sign ``sign[i]`` (±1, for the signed operations) to image ``i`` of a uint8 ``(B, 3, H, W)``
-    batch; returns a uint8 batch of the same shape."""
+    batch; returns a uint8 batch of the same shape.
+
+    =================  ==============================================================
+    identity           the image
+    shear x / y        shear factor up to ±0.99 (about the image centre)
+    translate x / y    up to ±32 pixels (of a 32-pixel image; scaled with its size)
+    rotate             up to ±135 degrees about the centre
+    brightness         blend with black, factor 1 ± up to 0.99
+    color              blend with the grey image (saturation), factor 1 ± up to 0.99
+    contrast           blend with the image's mean grey level, factor 1 ± up to 0.99
+    sharpness          blend with a 3 × 3 smoothed image, factor 1 ± up to 0.99
+    posterize          keep the top 8 ... 2 bits
+    solarize           invert the pixels at or above a threshold 255 ... 0
+    autocontrast       stretch each channel to 0 ... 255
+    equalize           histogram-equalise each channel
+    =================  ==============================================================
+
+    Geometric operations sample with nearest neighbours and fill with 0, as torchvision does;
+    the colour operations compute what torchvision's functional ops compute on uint8 images
+    (``PIL.ImageEnhance`` / ``PIL.ImageOps`` semantics), to within one grey level.
+    """
     if images.dim() != 4 or images.shape[1] != 3 or images.dtype != torch.uint8:
         raise ValueError(f"trivial_augment expects a uint8 (B, 3, H, W) batch, got "
                          f"{images.dtype} {tuple(images.shape)}")

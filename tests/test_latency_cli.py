@@ -150,7 +150,7 @@ def test_adapt_bad_measurements(capsys, tmp_path, profile_dir, text, pattern):
 
 def test_adapt_too_few_rows(capsys, tmp_path, profile_dir):
     pytest.importorskip("hwnas.latency.predictors", reason="hwnas.latency.predictors not present yet")
-    from hwnas.latency.cli import default_predictor
+    from hwnas.latency.predictors import default_predictor
 
     need = default_predictor(get_space(SPACE)).min_samples
     m = tmp_path / "m.csv"

@@ -1,4 +1,9 @@
-"""Tests of the analytical latency estimators (latency.estimators): FPGA, Edge TPU, roofline."""
+"""Tests of the analytical latency estimators (latency.estimators): FPGA, Edge TPU, roofline.
+
+The Estimator contract (positive, finite, deterministic, monotone in size, a breakdown that adds
+up, a fresh instance per ``get_estimator``) is checked for every estimator of the registry
+(``available_estimators()`` when the tests are collected) and for a user's own estimator
+registered here with ``register_estimator`` (``UserMacRate``), so it meets the same checks."""
 
 from __future__ import annotations
 
@@ -8,7 +13,16 @@ import sys
 
 import numpy as np
 import pytest
-from hwnas.latency.estimators import available_estimators, get_estimator, layer_kind
+from hwnas.latency.estimators import (
+    ESTIMATORS,
+    Breakdown,
+    Estimator,
+    LayerCost,
+    available_estimators,
+    get_estimator,
+    layer_kind,
+    register_estimator,
+)
 from hwnas.latency.estimators.edgetpu import (
     USB_ACCELERATOR,
     EdgeTPUEstimator,
@@ -22,10 +36,32 @@ from hwnas.latency.estimators.roofline import (
 )
 from hwnas.supernet.layers import Layer
 from hwnas.supernet.spaces import available_spaces, get_space
+from registry_support import contract_entry
 
 from hwnas.core.errors import UserError
 
-ESTIMATORS = available_estimators()
+
+
+class UserMacRate(Estimator):
+    """A user's device: a MAC rate plus a fixed cost per layer."""
+
+    description = "a user's accelerator: 50 GMAC/s and 20 us per layer"
+
+    def __init__(self) -> None:
+        self.name = USER_ESTIMATOR
+
+    def breakdown(self, layers):
+        parts = [LayerCost(layer.name, layer.op, 0.02 + layer.macs / 50e6, "compute")
+                 for layer in layers]
+        return Breakdown(sum(c.ms for c in parts), parts, {"compute": sum(c.ms for c in parts)})
+
+
+USER_ESTIMATOR = "user-mac-rate-est"
+
+
+@pytest.fixture(scope="module", params=[*available_estimators(), USER_ESTIMATOR])
+def name(request) -> str:
+    return contract_entry(request, USER_ESTIMATOR, register_estimator, UserMacRate, ESTIMATORS)
 
 
 def conv(name: str, cin: int, cout: int, k: int = 3, size: int = 16, groups: int = 1,
@@ -61,19 +97,27 @@ def space_networks(n: int = 6) -> list[list[Layer]]:
 
 
 # --------------------------------------------------------------------------------------------
-# every estimator
+# every estimator: the contract
 # --------------------------------------------------------------------------------------------
 
 
 def test_registry_has_the_promised_devices():
     for name in ("fpga-zcu102-est", "edgetpu-est", "jetson-orin-nano-est", "jetson-agx-orin-est",
                  "pixel7-cpu-est", "raspi4-est"):
-        assert name in ESTIMATORS
+        assert name in available_estimators() and ESTIMATORS.is_builtin(name)
     with pytest.raises(UserError, match="did you mean 'fpga-zcu102-est'"):
         get_estimator("fpga-zcu12-est")
 
 
-@pytest.mark.parametrize("name", ESTIMATORS)
+def test_a_fresh_described_estimator_by_name(name):
+    from hwnas.quant.device_rules import DEVICE_RULES
+
+    est = get_estimator(name)
+    assert isinstance(est, Estimator) and est is not get_estimator(name)
+    assert est.name == name and isinstance(est.description, str) and est.description
+    assert est.quant_rules in DEVICE_RULES and name in repr(est)
+
+
 def test_positive_finite_and_deterministic(name):
     networks = space_networks(4) + [small_net()]
     first = get_estimator(name).estimate_many(networks)
@@ -82,7 +126,6 @@ def test_positive_finite_and_deterministic(name):
     np.testing.assert_array_equal(first, again)
 
 
-@pytest.mark.parametrize("name", ESTIMATORS)
 def test_bigger_network_is_not_faster(name):
     est = get_estimator(name)
     for space_name in available_spaces():
@@ -97,7 +140,6 @@ def test_bigger_network_is_not_faster(name):
     assert est.estimate(deeper) >= est.estimate(net)
 
 
-@pytest.mark.parametrize("name", ESTIMATORS)
 def test_breakdown_adds_up(name):
     est = get_estimator(name)
     layers = small_net()

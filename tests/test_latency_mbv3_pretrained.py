@@ -54,7 +54,7 @@ def test_adapt_on_ten_shipped_rows_ranks_the_rest(space_name: str, device: str) 
 
 @pytest.mark.parametrize("space_name", sorted(THRESHOLDS))
 def test_cli_adapt_defaults_to_the_meta_predictor(space_name: str) -> None:
-    from hwnas.latency.cli import default_predictor
+    from hwnas.latency.predictors import default_predictor
     from hwnas.supernet.spaces import get_space
 
     assert default_predictor(get_space(space_name)).name == "meta"

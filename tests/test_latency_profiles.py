@@ -1,5 +1,5 @@
 """Tests of device profiles (latency.profiles: measurements CSV, save and load) and the
-adaptation API (latency.cli.adapt_device), with a FLOPs predictor defined here."""
+adaptation API (latency.adapt.adapt_device), with a FLOPs predictor defined here."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from hwnas.latency import profiles
-from hwnas.latency.cli import adapt_device
+from hwnas.latency.adapt import adapt_device
 from hwnas.latency.devices import AdaptedDevice, device_names, get_device
 from hwnas.latency.profiles import (
     PROFILE_FILE,
@@ -238,7 +238,7 @@ def test_adapt_device_validates_then_saves(tmp_path, profile_dir):
 def test_adapt_with_the_package_predictors(tmp_path, profile_dir):
     """The real predictors (latency.predictors) through adapt_device and a saved profile."""
     predictors = pytest.importorskip("hwnas.latency.predictors", reason="hwnas.latency.predictors not present yet")
-    from hwnas.latency.cli import default_predictor
+    from hwnas.latency.predictors import default_predictor
 
     path = tmp_path / "m.csv"
     archs, ms = write_measurements(path, 10)

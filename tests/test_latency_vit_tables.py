@@ -49,7 +49,7 @@ def small_vit(monkeypatch, tmp_path):  # noqa: ANN201 - the registered "vit", sh
         return ViTSpace(replace(SMALL, **{k: v for k, v in given.items() if v is not None}),
                         name="vit")
 
-    monkeypatch.setitem(spaces._FACTORIES, "vit", factory)
+    monkeypatch.setitem(spaces.SPACES._entries, "vit", factory)  # restored after the test
     monkeypatch.setattr(mlt, "TABLES_DIR", tmp_path / "tables")
     return get_space("vit")
 

@@ -65,7 +65,8 @@ def test_public_name_has_a_running_example(module_name, name, obj, tmp_path, mon
         if not present():
             pytest.skip("the example reads HELP's latency tables of the shared data "
                         "($HWNAS_SHARED_DATA or ../shared/data), absent here")
-    monkeypatch.setattr(spaces, "_FACTORIES", dict(spaces._FACTORIES))  # register_space's example
+    before = set(spaces.SPACES)  # register_space's example registers a space: taken back after
+    request.addfinalizer(lambda: [spaces.SPACES.unregister(n) for n in set(spaces.SPACES) - before])
     globs = {}
     if "run_dir" in obj.__doc__:
         globs["run_dir"] = str(request.getfixturevalue("small_run"))

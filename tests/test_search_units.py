@@ -22,7 +22,14 @@ from hwnas.search.outputs import (
 )
 from hwnas.search.pareto import front_indices_2d, hypervolume_2d
 from hwnas.search.plots import plot_across_devices, plot_fronts
-from hwnas.search.samplers import SAMPLERS, make_sampler
+from hwnas.search.samplers import (
+    SAMPLERS,
+    ScreeningProblem,
+    available_samplers,
+    make_sampler,
+    register_sampler,
+    resolve_sampler,
+)
 from hwnas.search.study import (
     enqueue_once,
     open_study,
@@ -31,6 +38,7 @@ from hwnas.search.study import (
     sqlite_url,
 )
 from hwnas.supernet.spaces import get_space
+from registry_support import contract_entry
 
 from hwnas.core.errors import UserError
 
@@ -97,15 +105,55 @@ def test_group_bits_are_suggested_for_every_group():
 
 # -- samplers and the study ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", [s for s in SAMPLERS if s not in ("screening", "auto")])
-def test_every_sampler_is_built_and_seeded(name):  # screening: test_screening_cli.py; auto:
-    # test_search_screening.py
-    a, b = make_sampler(name, 3), make_sampler(name, 3)
-    study = optuna.create_study(sampler=a)
-    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
-    study2 = optuna.create_study(sampler=b)
-    study2.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
-    assert [t.params for t in study.trials] == [t.params for t in study2.trials]
+# The sampler contract, for every sampler of the registry (``available_samplers()`` when the
+# tests are collected; ``auto`` as the search resolves it) and a user's own registered one: built
+# by name with a seed, an Optuna sampler, and the same seed gives the same trials, past its
+# random start-up (model-based samplers fit their model here).
+
+def user_sampler(seed, *, n_startup_trials, **_):
+    """A user's sampler: TPE over each parameter on its own (Optuna's default, univariate)."""
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials)
+
+
+USER_SAMPLER = "user-univariate-tpe"
+
+
+@pytest.fixture(scope="module", params=[*available_samplers(), USER_SAMPLER])
+def sampler_name(request) -> str:
+    return contract_entry(request, USER_SAMPLER, register_sampler, user_sampler, SAMPLERS)
+
+
+def test_every_sampler_is_built_and_seeded(sampler_name):
+    space = get_space("nb201")
+    weights = np.random.default_rng(0).normal(size=(space.feature_dim, 2))
+    accuracy, size = parse_objectives("accuracy,size")
+    name = resolve_sampler(sampler_name, [accuracy, size])
+
+    def cheap(batch):  # the cheap objective (a "size"), known for every candidate
+        size = np.stack([space.encode(a) for a in batch]) @ np.abs(weights[:, 1:])
+        return size, np.zeros_like(size)
+
+    def objective(trial):
+        arch = space.suggest(trial)
+        return float(space.encode(arch) @ weights[:, 0]), float(cheap([arch])[0][0, 0])
+
+    problem = ScreeningProblem(space=space, directions=("maximize", "minimize"), cheap=cheap,
+                               cheap_indices=(1,))
+    trials = []
+    for _ in range(2):
+        sampler = make_sampler(name, 3, n_startup_trials=2, problem=problem)
+        assert isinstance(sampler, optuna.samplers.BaseSampler)
+        study = optuna.create_study(sampler=sampler, directions=["maximize", "minimize"])
+        study.optimize(objective, n_trials=3)
+        trials.append([t.params for t in study.trials])
+    assert trials[0] == trials[1] and len(trials[0]) == 3
+
+
+def test_auto_and_screening_need_the_search():
+    with pytest.raises(UserError, match="resolve it first"):
+        make_sampler("auto", 0)
+    with pytest.raises(UserError, match="needs the search problem"):
+        make_sampler("screening", 0)
 
 
 def test_seeds_extend_the_random_start_up():
@@ -115,6 +163,8 @@ def test_seeds_extend_the_random_start_up():
 def test_unknown_sampler_is_a_user_error():
     with pytest.raises(UserError, match="unknown sampler 'sa'"):
         make_sampler("sa", 0)
+    with pytest.raises(UserError, match="taken by a built-in sampler"):
+        register_sampler("tpe", user_sampler)
 
 
 def _objective(trial):

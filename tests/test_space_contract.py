@@ -1,5 +1,6 @@
-"""The SearchSpace contract, checked for every registered space (a space a user registers with
-``register_space`` before the tests are collected gets it too; ``contract_spaces`` below).
+"""The SearchSpace contract, checked for every space of the registry (``available_spaces()``
+when the tests are collected) and for a user's own space registered here with ``register_space``
+(``USER_SPACE``: a narrow NAS-Bench-201 network), so a user's space meets the same checks.
 
 What every part of the toolkit relies on: canonical strings round-trip and identify an
 architecture, bad strings are refused with a UserError, encodings have ``feature_dim`` columns,
@@ -11,25 +12,47 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hwnas.supernet.layers import Layer
-from hwnas.supernet.spaces import available_spaces, get_space
+from hwnas.supernet.spaces import (
+    SPACES,
+    NB201Config,
+    NB201Space,
+    available_spaces,
+    get_space,
+    register_space,
+)
 from optuna.trial import FixedTrial
+from registry_support import contract_entry
 
 from hwnas.core.errors import UserError
 
 N_SAMPLES = 40
 
 
+#: A user's own space (a narrow NAS-Bench-201 network), registered by name as a user would.
+USER_SPACE = "user-nb201-narrow"
+
+
+def narrow_nb201(*, in_channels=None, image_size=None, num_classes=None, config=None):
+    cfg = NB201Config.from_dict(config) if config else NB201Config(init_channels=8,
+                                                                    cells_per_stage=1)
+    given = dict(in_channels=in_channels, image_size=image_size, num_classes=num_classes)
+    return NB201Space(replace(cfg, **{k: v for k, v in given.items() if v is not None}),
+                      name=USER_SPACE)
+
+
 def contract_spaces() -> list[str]:
-    return available_spaces()
+    return [*available_spaces(), USER_SPACE]
 
 
 @pytest.fixture(scope="module", params=contract_spaces())
 def space(request):
-    return get_space(request.param)
+    return get_space(contract_entry(request, USER_SPACE, register_space, narrow_nb201, SPACES))
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +62,9 @@ def samples(space):
 
 
 def test_declaration_imports_without_torch(space) -> None:
-    code = ("import sys; from hwnas.supernet.spaces import get_space; "
+    user = (f"sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_space_contract as t; "
+            f"t.register_space(t.USER_SPACE, t.narrow_nb201); ") if space.name == USER_SPACE else ""
+    code = (f"import sys; {user}from hwnas.supernet.spaces import get_space; "
             f"s = get_space({space.name!r}); s.layers(s.largest()); s.encode(s.smallest()); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -217,7 +217,7 @@ def test_hwnas_train_space_vit_one_epoch(tmp_path, monkeypatch) -> None:
         return ViTSpace(replace(cfg, **{k: v for k, v in given.items() if v is not None}),
                         name="vit")
 
-    monkeypatch.setitem(spaces._FACTORIES, "vit", factory)
+    monkeypatch.setitem(spaces.SPACES._entries, "vit", factory)  # restored after the test
     run = tmp_path / "vit-run"
     assert main(["train", "--space", "vit", "--dataset", str(tmp_path / "digits32"),
                  "--epochs", "1", "--out", str(run), "--quiet", "--eval"]) == 0

@@ -22,7 +22,7 @@ class Registry(Generic[F]):
     """Name -> factory for one kind of thing (``what``: "space", "device", ...).
 
     ``register(name, factory)`` adds an entry (a built-in name cannot be replaced, a user's
-    entry may be re-registered); ``get(name)`` returns the factory or raises one UserError line;
+    entry may be re-registered or removed with ``unregister``); ``get(name)`` returns the factory or raises one UserError line;
     ``names()`` lists them sorted.
 
     Examples:
@@ -55,6 +55,13 @@ class Registry(Generic[F]):
         self._info[name] = dict(info)
         if builtin:
             self._builtin.add(name)
+
+    def unregister(self, name: str) -> None:
+        """Remove a user's entry (a test's, or one registered by mistake); built-ins stay."""
+        self.get(name)
+        if name in self._builtin:
+            raise UserError(f"{self.what} {name!r} is built in; only a user's entry can be removed")
+        del self._entries[name], self._info[name]
 
     def get(self, name: str) -> F:
         if name not in self._entries:

@@ -1,67 +1,16 @@
 """Latency of the Google Coral Edge TPU: an int8 systolic array with an on-chip parameter cache.
 
-The device (Coral documentation, coral.ai/docs/edgetpu: "TensorFlow models on the Edge TPU",
-"Edge TPU Compiler"; and Yazdanbakhsh et al., "An Evaluation of Edge TPU Accelerators for
-Convolutional Neural Networks", 2021):
+The model (:class:`EdgeTPUEstimator`): a ``rows × cols`` weight-stationary int8 MAC array
+(:class:`EdgeTPUParams`, from the Coral documentation and Yazdanbakhsh et al., 2021) with about
+8 MB of on-chip SRAM for parameters; parameters that do not fit stream over the host link on
+every inference. Layers are cut into array tiles (:meth:`EdgeTPUEstimator.tpu_cycles`), so
+narrow and depthwise layers leave most of the array idle, as on the real device.
 
-* 4 TOPS int8 peak: modelled as a ``rows × cols`` = 64 × 64 weight-stationary MAC array at
-  480 MHz (2 × 4096 × 480e6 ≈ 3.9 TOPS). Models must be fully int8-quantized; layers are taken
-  at 8 bits whatever their ``w_bits``/``a_bits`` (narrower weights are stored as int8 too).
-* About 8 MB of on-chip SRAM caches the parameters; a small part is reserved for the compiled
-  executable. Parameters that do not fit are fetched from host memory on every inference, over
-  the host link (USB 3 for the USB Accelerator, PCIe Gen2 ×1 for the M.2/mini-PCIe cards).
-* Operations the Edge TPU does not support run on the host CPU, and the compiler partitions the
-  graph only once: from the first unsupported operation on, everything runs on the CPU.
-
-Mapping (our model)
--------------------
-* dense / grouped conv and linear: per group, a ``K × N`` weight matrix (``K`` = input channels
-  per group × k², ``N`` = output channels per group) is cut into ``⌈K/rows⌉ × ⌈N/cols⌉`` array
-  tiles; each tile loads its weights (``rows`` cycles) and streams every output pixel through
-  the array: ``cycles = groups × tiles × (pixels + rows + cols)`` (fill and drain included).
-  Narrow layers leave most of the array idle, as on the real device.
-* depthwise conv: channels across the columns, kernel taps down the rows:
-  ``⌈C/cols⌉ × ⌈k²/rows⌉`` tiles, i.e. at most ``k²/rows`` of the array is busy (14% for 3×3):
-  the known poor utilisation of depthwise convolutions on systolic arrays.
-* add / pooling: the vector unit, ``cols`` elements per cycle.
-* plus ``layer_overhead_us`` per layer (instruction issue, tile switching).
-
-Support rule (ours, from the op table of the Coral documentation): conv (dense, grouped,
-depthwise), fully connected, add, average/max pooling and global mean are supported, fused with
-the activations in :data:`TPU_ACTIVATIONS` (ReLU, ReLU6, logistic, tanh, and the hard-swish /
-swish family, which maps to supported HardSwish or Logistic+Mul ops). Any other activation
-(GELU, ELU, ...) or op makes that layer and every later one run on the host. A grouped conv
-followed by a channel shuffle needs a Transpose, which the 2019 op table did not list; newer
-compilers map it, which is our default (``channel_shuffle_on_tpu``). A layer that
-:func:`hwnas.quant.device_rules.effective_layers` placed on the host (``extra["placement"]``:
-a float layer of a quantized policy) counts as unsupported too.
-
-Transformer ops (ours, from the same op table and TFLite's lowering of them):
-
-* ``layernorm`` runs on the TPU: TFLite has no LayerNorm kernel, the converter writes it as
-  Mean, SquaredDifference, Rsqrt, Mul, Sub and Add, all in the op table; the vector unit does
-  :data:`hwnas.latency.estimators.ELEMENTWISE_OPS` work per element. The table allows a Mean
-  over the channel (z) axis only when the channels are a multiple of 4; otherwise it is not
-  mapped.
-* a token-wise ``linear`` runs on the TPU (FullyConnected, or a 1×1 Conv2d over the tokens:
-  ``tokens`` pixels streamed through the array).
-* ``matmul`` (attention's product of two activations, TFLite BatchMatMul) is not in the op
-  table: attention starts the host part, unless ``batch_matmul_on_tpu`` is set (to model a
-  compiler that maps it; it then runs as a weight-less matrix product on the array).
-* ``softmax``: the table limits Softmax to a 1-D input (the classifier's output); a row softmax
-  over attention scores (``in_h`` > 1 rows) is not mapped.
-* ``gelu``: not in the op table (neither GELU nor Erf), so it runs on the host.
-
-So under these rules a vision transformer leaves the TPU at its first attention product: the
-tokenizer convolutions, the first LayerNorm and the first QKV projection run on the TPU, the
-rest on the host (a model whose attention is rewritten without BatchMatMul, or a compiler
-that maps it, keeps more on the TPU: ``batch_matmul_on_tpu``).
-
-Host part: the host CPU is a roofline device (:mod:`hwnas.latency.estimators.roofline`, default a
-Raspberry Pi 4, a common Coral host); the activation tensor at the cut crosses the link once.
-
-Not modelled: activation memory limits (large feature maps also spill), the compiler's
-segmenting/pipelining over several TPUs, the first-inference cache fill.
+The compiler partitions the graph only once: from the first operation the Edge TPU does not
+support (:func:`tpu_supported`: the Coral op table, including its limits on transformer ops),
+everything runs on the host CPU, a roofline device (:mod:`hwnas.latency.estimators.roofline`).
+So a vision transformer leaves the TPU at its first attention product unless
+``batch_matmul_on_tpu`` is set.
 """
 
 from __future__ import annotations
@@ -70,7 +19,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from hwnas.latency.estimators import (
+from hwnas.latency.estimators.base import (
     Breakdown,
     Estimator,
     LayerCost,
@@ -101,7 +50,20 @@ MIB = 1024 * 1024
 
 @dataclass(frozen=True)
 class EdgeTPUParams:
-    """An Edge TPU and its host (see the module docstring).
+    """An Edge TPU and its host.
+
+    The device (Coral documentation, coral.ai/docs/edgetpu: "TensorFlow models on the Edge TPU",
+    "Edge TPU Compiler"; and Yazdanbakhsh et al., "An Evaluation of Edge TPU Accelerators for
+    Convolutional Neural Networks", 2021):
+
+    * 4 TOPS int8 peak: modelled as a ``rows × cols`` = 64 × 64 weight-stationary MAC array at 480
+      MHz (2 × 4096 × 480e6 ≈ 3.9 TOPS). Models must be fully int8-quantized; layers are taken at 8
+      bits whatever their ``w_bits``/``a_bits`` (narrower weights are stored as int8 too).
+    * About 8 MB of on-chip SRAM caches the parameters; a small part is reserved for the compiled
+      executable. Parameters that do not fit are fetched from host memory on every inference, over
+      the host link (USB 3 for the USB Accelerator, PCIe Gen2 ×1 for the M.2/mini-PCIe cards).
+    * Operations the Edge TPU does not support run on the host CPU, and the compiler partitions the
+      graph only once: from the first unsupported operation on, everything runs on the CPU.
 
     Attributes:
         name: product name.
@@ -144,7 +106,34 @@ class EdgeTPUParams:
 
 
 def tpu_supported(layer: Layer, params: EdgeTPUParams) -> tuple[bool, str]:
-    """Whether ``layer`` runs on the Edge TPU, and if not, why (see the module docstring)."""
+    """Whether ``layer`` runs on the Edge TPU, and if not, why.
+
+    Support rule (ours, from the op table of the Coral documentation): conv (dense, grouped,
+    depthwise), fully connected, add, average/max pooling and global mean are supported, fused with
+    the activations in :data:`TPU_ACTIVATIONS` (ReLU, ReLU6, logistic, tanh, and the hard-swish /
+    swish family, which maps to supported HardSwish or Logistic+Mul ops). Any other activation
+    (GELU, ELU, ...) or op makes that layer and every later one run on the host. A grouped conv
+    followed by a channel shuffle needs a Transpose, which the 2019 op table did not list; newer
+    compilers map it, which is our default (``channel_shuffle_on_tpu``). A layer that
+    :func:`hwnas.quant.device_rules.effective_layers` placed on the host (``extra["placement"]``: a
+    float layer of a quantized policy) counts as unsupported too.
+
+    Transformer ops (ours, from the same op table and TFLite's lowering of them):
+
+    * ``layernorm`` runs on the TPU: TFLite has no LayerNorm kernel, the converter writes it as
+      Mean, SquaredDifference, Rsqrt, Mul, Sub and Add, all in the op table; the vector unit does
+      :data:`hwnas.latency.estimators.ELEMENTWISE_OPS` work per element. The table allows a Mean
+      over the channel (z) axis only when the channels are a multiple of 4; otherwise it is not
+      mapped.
+    * a token-wise ``linear`` runs on the TPU (FullyConnected, or a 1×1 Conv2d over the tokens:
+      ``tokens`` pixels streamed through the array).
+    * ``matmul`` (attention's product of two activations, TFLite BatchMatMul) is not in the op
+      table: attention starts the host part, unless ``batch_matmul_on_tpu`` is set (to model a
+      compiler that maps it; it then runs as a weight-less matrix product on the array).
+    * ``softmax``: the table limits Softmax to a 1-D input (the classifier's output); a row softmax
+      over attention scores (``in_h`` > 1 rows) is not mapped.
+    * ``gelu``: not in the op table (neither GELU nor Erf), so it runs on the host.
+    """
     if layer.op not in _TPU_OPS:
         return False, f"op {layer.op!r} is not in the Edge TPU op table"
     if layer.op == "matmul" and not params.batch_matmul_on_tpu:
@@ -171,7 +160,19 @@ def param_bytes(layers: Sequence[Layer]) -> int:
 
 
 class EdgeTPUEstimator(Estimator):
-    """Coral Edge TPU latency; see the module docstring."""
+    """Coral Edge TPU latency; see the module docstring.
+
+    Host part: the host CPU is a roofline device (:mod:`hwnas.latency.estimators.roofline`, default
+    a Raspberry Pi 4, a common Coral host); the activation tensor at the cut crosses the link once.
+
+    Not modelled: activation memory limits (large feature maps also spill), the compiler's
+    segmenting/pipelining over several TPUs, the first-inference cache fill.
+
+    So under these rules a vision transformer leaves the TPU at its first attention product: the
+    tokenizer convolutions, the first LayerNorm and the first QKV projection run on the TPU, the
+    rest on the host (a model whose attention is rewritten without BatchMatMul, or a compiler that
+    maps it, keeps more on the TPU: ``batch_matmul_on_tpu``).
+    """
 
     quant_rules = "edgetpu"
 
@@ -182,7 +183,20 @@ class EdgeTPUEstimator(Estimator):
         self._host = RooflineEstimator(params.host)
 
     def tpu_cycles(self, layer: Layer) -> int:
-        """Array cycles of one layer (see the module docstring)."""
+        """Array cycles of one layer (our mapping onto the array):
+
+        * dense / grouped conv and linear: per group, a ``K × N`` weight matrix (``K`` = input
+          channels per group × k², ``N`` = output channels per group) is cut into
+          ``⌈K/rows⌉ × ⌈N/cols⌉`` array tiles; each tile loads its weights (``rows`` cycles) and
+          streams every output pixel through the array:
+          ``cycles = groups × tiles × (pixels + rows + cols)`` (fill and drain included). Narrow
+          layers leave most of the array idle, as on the real device.
+        * depthwise conv: channels across the columns, kernel taps down the rows:
+          ``⌈C/cols⌉ × ⌈k²/rows⌉`` tiles, i.e. at most ``k²/rows`` of the array is busy (14% for
+          3×3): the known poor utilisation of depthwise convolutions on systolic arrays.
+        * add / pooling: the vector unit, ``cols`` elements per cycle.
+        * plus ``layer_overhead_us`` per layer (instruction issue, tile switching).
+        """
         p = self.params
         fill = p.rows + p.cols
         kind = layer_kind(layer)

@@ -1,74 +1,17 @@
 """Latency of a dataflow (layer-pipelined) FPGA accelerator, in the spirit of FINN and hls4ml.
 
-The accelerator
----------------
-Every conv/linear layer gets its own compute engine, as in FINN's matrix-vector-activation
-units (Umuroglu et al., "FINN", FPGA 2017; Blott et al., "FINN-R", ACM TRETS 2018) and hls4ml's
-per-layer ``ReuseFactor`` (Duarte et al., JINST 2018). A layer is a matrix-vector product per
-output pixel: ``MH`` rows (output channels) by ``MW`` columns (input channels per group × k²;
-k² for a depthwise conv, whose channels are the rows). The engine computes ``PE`` rows ×
-``SIMD`` columns per clock, ``PE`` dividing ``MH`` and ``SIMD`` dividing ``MW`` (FINN's folding
-constraints), so a layer takes::
+Every conv/linear layer (and attention product) gets its own compute engine, as in FINN's
+matrix-vector-activation units and hls4ml's per-layer ``ReuseFactor`` (:class:`FPGAEstimator`):
+``PE`` rows × ``SIMD`` columns of a layer's matrix per clock, so a layer takes
+``MACs / (PE × SIMD)`` cycles per image. A MAC unit costs DSP slices or LUTs by bit-width
+(:func:`mac_unit_cost`), which is how quantization buys speed here; the units are spread over
+the layers for a balanced pipeline within the part's budget (:meth:`FPGAEstimator.fold`,
+FINN's ``SetFolding``). Latency is batch-1 latency of the streaming pipeline, its steady-state
+interval, or a sequential upper bound (``FPGAParams.mode``, :meth:`FPGAEstimator.breakdown`);
+weights beyond on-chip BRAM are re-read from DDR every image.
 
-    cycles = pixels × (MH / PE) × (MW / SIMD)  =  MACs / (PE × SIMD)
-
-cycles (its initiation interval per image), at least ``pixels`` (one output pixel per clock).
-
-Resources and bit-widths
-------------------------
-A MAC unit is built from DSP slices or from LUTs, by bit-width ``b = max(w_bits, a_bits)``
-(unquantized 32-bit layers are taken as ``float_bits``-bit fixed point, hls4ml's default
-``ap_fixed<16,6>``):
-
-* ``w_bits <= lut_mac_max_bits`` (binary to 3-bit weights): LUT MACs, FINN-style, costing
-  ``lut_mac_base + luts_per_bit_product × w_bits × a_bits`` LUTs each;
-* ``b <= 4``: ``int4_macs_per_dsp`` MACs per DSP (4 on a DSP48E2: Xilinx WP521, "Convolutional
-  Neural Network with INT4 Optimization on Xilinx Devices");
-* ``b <= 8``: ``int8_macs_per_dsp`` MACs per DSP (2 on a DSP48E2: Xilinx WP486, "Deep Learning
-  with INT8 Optimization on Xilinx Devices");
-* ``b <= 18``: one MAC per DSP (the 27×18 / 25×18 multiplier); wider: 4 DSPs per MAC.
-
-Folding (FINN's ``SetFolding`` transform): DSP layers and LUT layers draw on ``dsp_fraction``
-of the DSPs and ``lut_fraction`` of the LUTs (the rest is control, address generation, FIFOs).
-Units are spread to the smallest common initiation interval ``T`` for which every layer's
-cheapest (PE, SIMD) with ``cycles <= T`` fits the budget: a balanced pipeline, which is what
-FINN and hls4ml designs aim at. If even PE = SIMD = 1 everywhere does not fit (more layers than
-MAC units), engines are time-shared and every layer slows down by the over-commitment factor.
-
-Latency (``mode``)
-------------------
-* ``"latency"`` (default): batch-1 latency of the streaming pipeline. All engines run at once
-  and pixels stream between them, so one image takes the bottleneck's interval plus each
-  layer's fill delay, the time it needs before emitting its first output row::
-
-      latency = max_l II_l + Σ_l fill_l × II_l,   fill_l = (k_l // 2 + 1) / H_l
-
-  (``fill = 1`` for the global pool and the classifier, which need their whole input).
-* ``"throughput"``: the steady-state interval of a full pipeline, ``max_l II_l`` (FINN's
-  ``max_cycles``); the memory terms below overlap it (``max``) instead of adding.
-* ``"sequential"``: no overlap between layers, ``Σ_l II_l`` (FINN's ``critical_path_cycles``,
-  an upper bound), with the units that minimise that sum instead (the Lagrangian optimum
-  ``units ∝ sqrt(MACs / unit cost)`` snapped to allowed (PE, SIMD) products).
-
-Layers without MACs (add, pooling) stream one input pixel per clock with all channels in
-parallel (cheap LUT logic, not charged to the budget).
-
-Transformer ops: a token-wise ``linear`` layer is a matrix-vector product per token (``pixels`` =
-tokens). Attention's ``matmul`` (Q·Kᵀ, attention × V) gets an engine like any MAC layer, per
-head a matrix-vector product per query row (``pixels`` = rows × heads, ``MH`` = columns of the
-second operand, ``MW`` = the reduction length), at its activations' width (unquantized: the
-fixed-point ``float_bits``); its second operand (K or V, ``Layer.second_operand`` elements) is
-an activation that must be held on chip whole before the first row can be computed, so it is
-charged to on-chip memory with the weights (a spill beyond BRAM goes over DDR like weights),
-and the engine's fill delay is its whole input. LayerNorm, softmax and GELU need exp / erf /
-rsqrt units: ``special_lanes`` elements per clock (our assumption; LUT/DSP logic not charged
-to the MAC budget), at least one token per clock.
-
-Memory: weights live in on-chip BRAM when they fit in ``bram_weight_fraction`` of it (the rest
-holds FIFOs and line buffers); weights beyond that are re-read from DDR every image at
-``ddr_gbs`` (a spill term added to the latency: no overlap, conservative). The input image and
-the output are moved over DDR once per image. Not modelled: BRAM port-width limits on
-parallelism, routing/timing closure (the clock is taken as given), activation line-buffer size.
+Not modelled: BRAM port-width limits on parallelism, routing/timing closure (the clock is taken
+as given), activation line-buffer size.
 """
 
 from __future__ import annotations
@@ -78,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from hwnas.latency.estimators import (
+from hwnas.latency.estimators.base import (
     ELEMENTWISE_OPS,
     Breakdown,
     Estimator,
@@ -101,7 +44,7 @@ _MAC_OPS = ("conv", "linear", "matmul")
 
 @dataclass(frozen=True)
 class FPGAParams:
-    """An FPGA device and the accelerator built on it (see the module docstring).
+    """An FPGA device and the accelerator built on it (see :class:`FPGAEstimator`).
 
     Attributes:
         name: board and part.
@@ -117,7 +60,8 @@ class FPGAParams:
         luts_per_bit_product / lut_mac_base: LUT cost of a LUT MAC, ``base + k × w × a``.
         float_bits: fixed-point width assumed for unquantized (32-bit) layers.
         special_lanes: elements per clock of the LayerNorm / softmax / GELU units.
-        mode: ``"latency"``, ``"throughput"`` or ``"sequential"`` (module docstring).
+        mode: ``"latency"``, ``"throughput"`` or ``"sequential"``
+            (:meth:`FPGAEstimator.breakdown`).
         sources: where the numbers come from.
     """
 
@@ -166,7 +110,20 @@ def _bits(value: int, float_bits: int) -> int:
 
 def mac_unit_cost(layer: Layer, p: FPGAParams) -> tuple[str, float]:
     """``(resource, amount)`` one MAC unit of ``layer`` costs: ``("lut", LUTs)`` or
-    ``("dsp", DSPs)`` (fractional: several narrow MACs share one DSP)."""
+    ``("dsp", DSPs)`` (fractional: several narrow MACs share one DSP).
+
+    A MAC unit is built from DSP slices or from LUTs, by bit-width ``b = max(w_bits, a_bits)``
+    (unquantized 32-bit layers are taken as ``float_bits``-bit fixed point, hls4ml's default
+    ``ap_fixed<16,6>``):
+
+    * ``w_bits <= lut_mac_max_bits`` (binary to 3-bit weights): LUT MACs, FINN-style, costing
+      ``lut_mac_base + luts_per_bit_product × w_bits × a_bits`` LUTs each;
+    * ``b <= 4``: ``int4_macs_per_dsp`` MACs per DSP (4 on a DSP48E2: Xilinx WP521, "Convolutional
+      Neural Network with INT4 Optimization on Xilinx Devices");
+    * ``b <= 8``: ``int8_macs_per_dsp`` MACs per DSP (2 on a DSP48E2: Xilinx WP486, "Deep Learning
+      with INT8 Optimization on Xilinx Devices");
+    * ``b <= 18``: one MAC per DSP (the 27×18 / 25×18 multiplier); wider: 4 DSPs per MAC.
+    """
     w = _bits(layer.w_bits, p.float_bits)
     a = _bits(layer.a_bits, p.float_bits)
     if w <= p.lut_mac_max_bits:
@@ -203,7 +160,7 @@ def _fill_fraction(layer: Layer) -> float:
 
 
 def _matrix_shape(layer: Layer) -> tuple[int, int, int]:
-    """``(pixels, MH, MW)`` of a conv/linear/matmul layer (see the module docstring)."""
+    """``(pixels, MH, MW)`` of a conv/linear/matmul layer (see :class:`FPGAEstimator`)."""
     if layer.op == "linear":
         return layer.in_h * layer.in_w, layer.out_channels, layer.in_channels
     if layer.op == "matmul":
@@ -291,7 +248,40 @@ def _allocate_sequential(macs: np.ndarray, unit_cost: np.ndarray, count: np.ndar
 
 
 class FPGAEstimator(Estimator):
-    """Dataflow FPGA accelerator latency; see the module docstring."""
+    """Dataflow FPGA accelerator latency; see the module docstring.
+
+    Every conv/linear layer gets its own compute engine, as in FINN's matrix-vector-activation units
+    (Umuroglu et al., "FINN", FPGA 2017; Blott et al., "FINN-R", ACM TRETS 2018) and hls4ml's
+    per-layer ``ReuseFactor`` (Duarte et al., JINST 2018). A layer is a matrix-vector product per
+    output pixel: ``MH`` rows (output channels) by ``MW`` columns (input channels per group × k²; k²
+    for a depthwise conv, whose channels are the rows). The engine computes ``PE`` rows × ``SIMD``
+    columns per clock, ``PE`` dividing ``MH`` and ``SIMD`` dividing ``MW`` (FINN's folding
+    constraints), so a layer takes::
+
+        cycles = pixels × (MH / PE) × (MW / SIMD)  =  MACs / (PE × SIMD)
+
+    cycles (its initiation interval per image), at least ``pixels`` (one output pixel per clock).
+
+    Layers without MACs (add, pooling) stream one input pixel per clock with all channels in
+    parallel (cheap LUT logic, not charged to the budget).
+
+    Transformer ops: a token-wise ``linear`` layer is a matrix-vector product per token (``pixels``
+    = tokens). Attention's ``matmul`` (Q·Kᵀ, attention × V) gets an engine like any MAC layer, per
+    head a matrix-vector product per query row (``pixels`` = rows × heads, ``MH`` = columns of the
+    second operand, ``MW`` = the reduction length), at its activations' width (unquantized: the
+    fixed-point ``float_bits``); its second operand (K or V, ``Layer.second_operand`` elements) is
+    an activation that must be held on chip whole before the first row can be computed, so it is
+    charged to on-chip memory with the weights (a spill beyond BRAM goes over DDR like weights), and
+    the engine's fill delay is its whole input. LayerNorm, softmax and GELU need exp / erf / rsqrt
+    units: ``special_lanes`` elements per clock (our assumption; LUT/DSP logic not charged to the
+    MAC budget), at least one token per clock.
+
+    Memory: weights live in on-chip BRAM when they fit in ``bram_weight_fraction`` of it (the rest
+    holds FIFOs and line buffers); weights beyond that are re-read from DDR every image at
+    ``ddr_gbs`` (a spill term added to the latency: no overlap, conservative). The input image and
+    the output are moved over DDR once per image. Not modelled: BRAM port-width limits on
+    parallelism, routing/timing closure (the clock is taken as given), activation line-buffer size.
+    """
 
     quant_rules = "fpga"
 
@@ -301,7 +291,15 @@ class FPGAEstimator(Estimator):
         self.description = f"dataflow FPGA accelerator on {params.name} ({params.mode})"
 
     def fold(self, layers: Sequence[Layer]) -> dict[str, object]:
-        """Allocate MAC units to the conv/linear layers (see the module docstring).
+        """Allocate MAC units to the conv/linear layers.
+
+        Folding (FINN's ``SetFolding`` transform): DSP layers and LUT layers draw on
+        ``dsp_fraction`` of the DSPs and ``lut_fraction`` of the LUTs (the rest is control, address
+        generation, FIFOs). Units are spread to the smallest common initiation interval ``T`` for
+        which every layer's cheapest (PE, SIMD) with ``cycles <= T`` fits the budget: a balanced
+        pipeline, which is what FINN and hls4ml designs aim at. If even PE = SIMD = 1 everywhere
+        does not fit (more layers than MAC units), engines are time-shared and every layer slows
+        down by the over-commitment factor.
 
         Returns ``units`` and ``cycles`` per layer (units 0 for layers without MACs),
         ``overcommit`` (>= 1; > 1 when even one unit per layer does not fit) and the DSPs and
@@ -351,13 +349,30 @@ class FPGAEstimator(Estimator):
 
     def weight_bits(self, layers: Sequence[Layer]) -> int:
         """Bits held on chip: all weights (at their fixed-point width), 32-bit biases, and each
-        ``matmul``'s second operand (at its activation width; see the module docstring)."""
+        ``matmul``'s second operand (at its activation width; see the class docstring)."""
         p = self.params
         return sum(layer.weight_count * _bits(layer.w_bits, p.float_bits)
                    + 32 * (layer.params - layer.weight_count)
                    + layer.second_operand * _bits(layer.a_bits, p.float_bits) for layer in layers)
 
     def breakdown(self, layers: Sequence[Layer]) -> Breakdown:
+        """Latency of ``layers`` by ``params.mode``:
+
+        * ``"latency"`` (default): batch-1 latency of the streaming pipeline. All engines run at
+          once and pixels stream between them, so one image takes the bottleneck's interval plus
+          each layer's fill delay, the time it needs before emitting its first output row::
+
+              latency = max_l II_l + Σ_l fill_l × II_l,   fill_l = (k_l // 2 + 1) / H_l
+
+          (``fill = 1`` for the global pool and the classifier, which need their whole input).
+        * ``"throughput"``: the steady-state interval of a full pipeline, ``max_l II_l`` (FINN's
+          ``max_cycles``); the memory terms (class docstring) overlap it (``max``) instead of
+          adding.
+        * ``"sequential"``: no overlap between layers, ``Σ_l II_l`` (FINN's
+          ``critical_path_cycles``, an upper bound), with the units that minimise that sum instead
+          (the Lagrangian optimum ``units ∝ sqrt(MACs / unit cost)`` snapped to allowed (PE, SIMD)
+          products).
+        """
         p = self.params
         if not layers:
             return Breakdown(0.0)

@@ -1,37 +1,14 @@
 """Per-layer roofline estimates for GPU- and CPU-class devices (Jetson, phones, Raspberry Pi).
 
-Model
------
-For each layer (batch 1, activations fused into the preceding conv, BatchNorm folded)::
-
-    ops      = 2 × MACs                (conv, linear)   or the element-wise/pool arithmetic
-    util     = min(1, output elements / saturation_outputs)        (small layers leave lanes idle)
-    compute  = ops / (peak[precision] × efficiency[op class] × util)
-    memory   = (input + output activations + weights) bytes / bandwidth
-    time     = max(compute, memory) + layer_overhead
-
-and the network's latency is ``invoke_overhead + Σ time``. ``precision`` is the layer's
-``max(w_bits, a_bits)`` rounded up to a precision the device has a peak for; unquantized
-(32-bit) layers run at ``float_bits`` (16 on the Jetsons: TensorRT FP16, the usual deployment;
-32 on CPUs: XNNPACK/onnxruntime FP32). Op classes (:func:`hwnas.latency.estimators.layer_kind`):
-``conv`` (dense k×k), ``pointwise`` (1×1), ``grouped``, ``depthwise``, ``linear``, ``add``,
-``pool``, ``global_pool``, and the transformer ops ``matmul``, ``layernorm``, ``softmax``,
-``gelu``; a class missing from ``efficiency`` uses ``efficiency["default"]``.
-
-Transformer ops: a ``matmul`` (Q·Kᵀ, attention × V) is priced like a layer with weights, by its
-MACs, but both of its operands are activations read from memory (:func:`in_elems`) and it has
-no weights; its efficiency ``"matmul"`` is below a linear layer's on a GPU (many small batched
-products per head, the shape attention kernels without fusion run at batch 1). LayerNorm,
-softmax and GELU have no MACs: their arithmetic is
-:data:`hwnas.latency.estimators.ELEMENTWISE_OPS` per element (exp and erf counted as 10
-operations), at the ``default`` efficiency, and they are usually memory-bound.
-
-What it ignores: caches (every tensor is charged once from DRAM, the pessimistic roofline for
-the small-batch case), operator fusion beyond conv+activation, kernel selection, DVFS and
-thermal throttling. Peaks and bandwidths are vendor specifications (sources in each preset);
-efficiencies, overheads and saturation sizes are our assumptions, typical of batch-1 inference
-with TensorRT / XNNPACK. These devices are kind ``"estimated"`` until adapted with real
-measurements (``hwnas latency adapt``), which is the intended use: the estimate gives a
+Each layer takes ``max(compute, memory) + overhead`` (batch 1, activations fused into the
+preceding conv, BatchNorm folded), compute at the device's peak for the layer's precision times
+an efficiency per op class (:meth:`RooflineEstimator.layer_cost`); the network adds a fixed cost
+per inference. What it ignores: caches (every tensor is charged once from DRAM, the pessimistic
+roofline for the small-batch case), operator fusion beyond conv+activation, kernel selection,
+DVFS and thermal throttling. Peaks and bandwidths are vendor specifications (sources in each
+preset); efficiencies, overheads and saturation sizes are our assumptions, typical of batch-1
+inference with TensorRT / XNNPACK. These devices are kind ``"estimated"`` until adapted with
+real measurements (``hwnas latency adapt``), which is the intended use: the estimate gives a
 plausible ranking before any measurement exists.
 """
 
@@ -40,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from hwnas.latency.estimators import (
+from hwnas.latency.estimators.base import (
     Breakdown,
     Estimator,
     LayerCost,
@@ -124,7 +101,33 @@ class RooflineEstimator(Estimator):
         self.description = f"roofline model of {params.name}"
 
     def layer_cost(self, layer: Layer) -> LayerCost:
-        """The modelled time of one layer (see the module docstring)."""
+        """The modelled time of one layer.
+
+        For each layer (batch 1, activations fused into the preceding conv, BatchNorm folded)::
+
+            ops      = 2 × MACs      (conv, linear)   or the element-wise/pool arithmetic
+            util     = min(1, output elements / saturation_outputs)   (small layers: lanes idle)
+            compute  = ops / (peak[precision] × efficiency[op class] × util)
+            memory   = (input + output activations + weights) bytes / bandwidth
+            time     = max(compute, memory) + layer_overhead
+
+        and the network's latency is ``invoke_overhead + Σ time``. ``precision`` is the layer's
+        ``max(w_bits, a_bits)`` rounded up to a precision the device has a peak for; unquantized
+        (32-bit) layers run at ``float_bits`` (16 on the Jetsons: TensorRT FP16, the usual
+        deployment; 32 on CPUs: XNNPACK/onnxruntime FP32). Op classes
+        (:func:`hwnas.latency.estimators.layer_kind`): ``conv`` (dense k×k), ``pointwise`` (1×1),
+        ``grouped``, ``depthwise``, ``linear``, ``add``, ``pool``, ``global_pool``, and the
+        transformer ops ``matmul``, ``layernorm``, ``softmax``, ``gelu``; a class missing from
+        ``efficiency`` uses ``efficiency["default"]``.
+
+        Transformer ops: a ``matmul`` (Q·Kᵀ, attention × V) is priced like a layer with weights, by
+        its MACs, but both of its operands are activations read from memory (:func:`in_elems`) and
+        it has no weights; its efficiency ``"matmul"`` is below a linear layer's on a GPU (many
+        small batched products per head, the shape attention kernels without fusion run at batch 1).
+        LayerNorm, softmax and GELU have no MACs: their arithmetic is
+        :data:`hwnas.latency.estimators.ELEMENTWISE_OPS` per element (exp and erf counted as 10
+        operations), at the ``default`` efficiency, and they are usually memory-bound.
+        """
         p = self.params
         bits = precision_bits(layer, list(p.peak_gops), p.float_bits)
         nbytes = bits / 8

@@ -34,6 +34,7 @@ from typing import Any
 
 from hwnas.core.resources import package_path
 from hwnas.latency.predictors.base import (
+    PREDICTORS,
     LatencyPredictor,
     predictor_classes,
     register_predictor_class,
@@ -49,6 +50,7 @@ from hwnas.core.errors import UserError
 
 __all__ = [
     "DEFAULT_PREDICTOR",
+    "PREDICTORS",
     "FlopsPredictor",
     "LatencyPredictor",
     "LayerTablePredictor",
@@ -58,6 +60,7 @@ __all__ = [
     "OpCountPredictor",
     "available_predictors",
     "available_pretrained",
+    "default_predictor",
     "get_predictor",
     "load_pretrained",
     "pretrained_path",
@@ -72,24 +75,22 @@ DEFAULT_PREDICTOR = "meta"
 #: Where the shipped meta-trained predictors live: ``<package>/latency/data/<space>_meta.npz``.
 PRETRAINED_DIR = package_path("hwnas.latency", "data")
 
-_REGISTRY: dict[str, type[LatencyPredictor]] = {
-    "flops": FlopsPredictor,
-    "lut": LayerTablePredictor,
-    "mlp": MLPPredictor,
-    "meta": MetaPredictor,
-    "opcount": OpCountPredictor,
-    "lowrank": LowRankPredictor,
-}
+for _cls in (FlopsPredictor, LayerTablePredictor, MLPPredictor, MetaPredictor, OpCountPredictor,
+             LowRankPredictor):
+    PREDICTORS.register(_cls.name, _cls, builtin=True)
+del _cls
 
 
 def register_predictor(name: str, cls: type[LatencyPredictor]) -> None:
-    """Make a predictor class available by name (``cls(space)`` must construct it)."""
-    register_predictor_class(cls)
-    _REGISTRY[name] = cls
+    """Make a predictor class available by name (``cls(space)`` must construct it; its files
+    load with :meth:`LatencyPredictor.load`). ``tests/test_latency_predictor_contract.py``
+    checks every registered predictor."""
+    PREDICTORS.register(name, cls)
 
 
 def available_predictors() -> list[str]:
-    return list(_REGISTRY)
+    """The names of the registered predictors, sorted."""
+    return PREDICTORS.names()
 
 
 def get_predictor(name: str, space: Any, **options: Any) -> LatencyPredictor:
@@ -112,9 +113,7 @@ def get_predictor(name: str, space: Any, **options: Any) -> LatencyPredictor:
         >>> predictor.predict(archs[:2]).shape
         (2,)
     """
-    if name not in _REGISTRY:
-        raise UserError(f"unknown latency predictor {name!r}; expected one of "
-                        f"{available_predictors()}")
+    cls = PREDICTORS.get(name)
     if name == "meta" and not options and getattr(space, "name", None) in available_pretrained():
         pre = load_pretrained(space.name)
         if pre.space.config() == space.config():
@@ -124,7 +123,7 @@ def get_predictor(name: str, space: Any, **options: Any) -> LatencyPredictor:
         pre = LatencyPredictor.load(pretrained_path(space.name, "lowrank"))
         if pre.space.config() == space.config():
             return pre
-    return _REGISTRY[name](space, **options)
+    return cls(space, **options)
 
 
 def pretrained_path(space_name: str, kind: str = "meta") -> Path:
@@ -158,3 +157,17 @@ def load_pretrained(space_name: str) -> LatencyPredictor:
         raise UserError(f"no pretrained latency predictor for space {space_name!r}; pretrained "
                         f"predictors exist for {available_pretrained()}")
     return LatencyPredictor.load(path)
+
+
+def default_predictor(space: Any, name: str | None = None) -> LatencyPredictor:
+    """The predictor to adapt for ``space``: the one named ``name``, else the space's
+    pretrained predictor (:func:`load_pretrained`), else the FLOPs one."""
+    if name is not None:
+        return get_predictor(name, space)
+    try:
+        pretrained = load_pretrained(space.name)
+    except UserError:  # none shipped for this space
+        return get_predictor("flops", space)
+    if pretrained.space.config() != space.config():  # trained for another configuration
+        return get_predictor("flops", space)
+    return pretrained

@@ -34,24 +34,31 @@ from hwnas.latency.predictors.features import arch_strings
 
 from hwnas.core.errors import UserError
 from hwnas.core.io import write_atomic
+from hwnas.core.registry import Registry
 
-__all__ = ["FORMAT", "LatencyPredictor", "predictor_classes", "register_predictor_class"]
+__all__ = ["FORMAT", "PREDICTORS", "LatencyPredictor", "predictor_classes",
+           "register_predictor_class"]
 
 #: Format tag of saved predictor files.
 FORMAT = "hwnas-latency-predictor-1"
 
-#: Class name -> class, for :meth:`LatencyPredictor.load` (only registered classes load).
-_CLASSES: dict[str, type[LatencyPredictor]] = {}
+#: The one registry of predictors: name -> class (``cls(space)`` constructs it). ``get_predictor``
+#: creates by name, :meth:`LatencyPredictor.load` finds a file's class here (only registered
+#: classes load).
+PREDICTORS: Registry[type[LatencyPredictor]] = Registry("latency predictor")
 
 
 def register_predictor_class(cls: type[LatencyPredictor]) -> type[LatencyPredictor]:
-    """Class decorator: make a predictor class loadable by :meth:`LatencyPredictor.load`."""
-    _CLASSES[cls.__name__] = cls
+    """Class decorator: register a predictor class under its ``name`` (so that
+    :func:`~hwnas.latency.predictors.get_predictor` creates it and :meth:`LatencyPredictor.load`
+    reads its files)."""
+    PREDICTORS.register(cls.name, cls)
     return cls
 
 
 def predictor_classes() -> dict[str, type[LatencyPredictor]]:
-    return dict(_CLASSES)
+    """Class name -> class of the registered predictors."""
+    return {cls.__name__: cls for cls in map(PREDICTORS.get, PREDICTORS)}
 
 
 class LatencyPredictor(ABC):
@@ -216,7 +223,7 @@ class LatencyPredictor(ABC):
             raise UserError(f"{path} is not a hwnas latency predictor file: {exc}") from None
         if doc.get("format") != FORMAT:
             raise UserError(f"{path} has format {doc.get('format')!r}; expected {FORMAT!r}")
-        klass = _CLASSES.get(doc.get("class", ""))
+        klass = predictor_classes().get(doc.get("class", ""))
         if klass is None or not issubclass(klass, cls):
             raise UserError(f"{path} holds a {doc.get('class')!r} predictor; expected "
                             f"{cls.__name__} or one of its subclasses")

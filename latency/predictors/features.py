@@ -36,7 +36,7 @@ from hwnas.core.errors import UserError
 
 __all__ = ["LAYER_KINDS", "LAYER_QUANTITIES", "arch_strings", "encoding_positions",
            "execution_prior", "execution_variants", "executed", "export_execution", "features",
-           "layer_features", "layer_feature_names", "pair_products", "clear_cache",
+           "layer_features", "layer_feature_names", "pair_products",
            "RUNTIME_DROPS_DEAD_CODE", "runtime_execution"]
 
 #: Layer kinds: convolutions split by shape, then every other op of :data:`hwnas.supernet.layers.OPS`.
@@ -231,10 +231,3 @@ def pair_products(E: np.ndarray, positions: Sequence[np.ndarray],
     cols = [(E[:, positions[i]][:, :, None] * E[:, positions[j]][:, None, :]).reshape(len(E), -1)
             for i, j in pairs]
     return np.hstack(cols) if cols else np.zeros((len(E), 0))
-
-
-def clear_cache() -> None:
-    """Forget every cached feature (tests; long-running processes with many spaces)."""
-    _CACHE.clear()
-    _CANON.clear()
-    _EXEC.clear()

@@ -12,13 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from hwnas.latency.predictors.base import LatencyPredictor, register_predictor_class
+from hwnas.latency.predictors.base import LatencyPredictor
 from hwnas.latency.predictors.features import features
 
 __all__ = ["FlopsPredictor"]
 
 
-@register_predictor_class
 class FlopsPredictor(LatencyPredictor):
     """``latency = exp(a) * FLOPs**b`` (``b >= min_slope``); std from the log-space residuals."""
 

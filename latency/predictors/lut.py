@@ -2,18 +2,10 @@
 
 OFA and FBNet predict a network's latency as the sum of its layers' latencies, read from a lookup
 table measured layer by layer on the device. A user with ten whole-network measurements has no
-per-layer measurements, so this predictor *fits* the table: each layer's latency is modelled as
-
-    count_cost[kind] + macs_cost[kind] * MACs + in_cost[kind] * input elements
-                     + out_cost[kind] * output elements + param_cost[kind] * parameters
-
-for each layer kind of :data:`hwnas.latency.predictors.features.LAYER_KINDS` (dense k×k conv, 1×1
-conv, grouped conv, depthwise conv, linear, pooling, add, ...), plus a constant per network.
-Summed over the layer list this is linear in the per-kind sums of
-:func:`~latency.predictors.features.layer_features`, and the costs are fitted to the whole-network
-measurements by non-negative least squares (a cost cannot be negative), with a small ridge
-penalty so that ten measurements of ~30 unknowns give a stable, sparse table. Columns are scaled
-by their mean over the measured architectures first, so the penalty treats them alike.
+per-layer measurements, so this predictor (:class:`LayerTablePredictor`) *fits* the table: each
+layer's latency is a non-negative cost per layer kind times its MACs, input and output elements
+and parameters (plus a count cost), fitted to the whole-network measurements by non-negative
+least squares with a small ridge penalty.
 """
 
 from __future__ import annotations
@@ -22,15 +14,29 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from hwnas.latency.predictors.base import LatencyPredictor, register_predictor_class
+from hwnas.latency.predictors.base import LatencyPredictor
 from hwnas.latency.predictors.features import features
 
 __all__ = ["LayerTablePredictor"]
 
 
-@register_predictor_class
 class LayerTablePredictor(LatencyPredictor):
-    """Sum of per-layer costs; per-kind cost coefficients fitted by ridge-NNLS (see module)."""
+    """Sum of per-layer costs; per-kind cost coefficients fitted by ridge-NNLS (see module).
+
+    Each layer's latency is modelled as ::
+
+        count_cost[kind] + macs_cost[kind] * MACs + in_cost[kind] * input elements
+                         + out_cost[kind] * output elements + param_cost[kind] * parameters
+
+    for each layer kind of :data:`hwnas.latency.predictors.features.LAYER_KINDS` (dense k×k conv,
+    1×1 conv, grouped conv, depthwise conv, linear, pooling, add, ...), plus a constant per network.
+    Summed over the layer list this is linear in the per-kind sums of
+    :func:`~latency.predictors.features.layer_features`, and the costs are fitted to the
+    whole-network measurements by non-negative least squares (a cost cannot be negative), with a
+    small ridge penalty so that ten measurements of ~30 unknowns give a stable, sparse table.
+    Columns are scaled by their mean over the measured architectures first, so the penalty treats
+    them alike.
+    """
 
     name = "lut"
     min_samples = 2

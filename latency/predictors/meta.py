@@ -22,7 +22,6 @@ import numpy as np
 from hwnas.latency.predictors.base import (
     LatencyPredictor,
     check_table,
-    register_predictor_class,
 )
 from hwnas.latency.predictors.features import (
     arch_strings,
@@ -179,7 +178,6 @@ SCREEN_AFTER = 20
 SPACE_OPTIONS: dict[str, dict[str, float]] = {"nb201": {"pair_profiles": 0.1}}
 
 
-@register_predictor_class
 class MetaPredictor(DesignedPredictor):
     """Meta-learned GP prior over devices + Bayesian model averaging over hyper-parameters and
     execution variants, with a robust (Student-t) likelihood (see module docstring)."""

@@ -14,13 +14,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from hwnas.latency.predictors.base import LatencyPredictor, register_predictor_class
+from hwnas.latency.predictors.base import LatencyPredictor
 from hwnas.latency.predictors.features import features
 
 __all__ = ["MLPPredictor"]
 
 
-@register_predictor_class
 class MLPPredictor(LatencyPredictor):
     """Ensemble of one-hidden-layer ReLU MLPs on the encoding, fitted to log latency."""
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from hwnas.latency.predictors.base import LatencyPredictor, register_predictor_class
+from hwnas.latency.predictors.base import LatencyPredictor
 from hwnas.latency.predictors.features import features
 
 from hwnas.core.errors import UserError
@@ -47,7 +47,6 @@ def op_count_matrix(space: Any, keys: list[str]) -> tuple[np.ndarray, list[str]]
     return features(space, keys, "encode") @ group, choices
 
 
-@register_predictor_class
 class OpCountPredictor(LatencyPredictor):
     """``latency = c + sum_op cost[op] * count[op]``, all coefficients >= 0, fitted by NNLS."""
 

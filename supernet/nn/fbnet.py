@@ -1,16 +1,9 @@
 """The single-path weight-sharing supernet of :class:`hwnas.supernet.spaces.fbnet.FBNetSpace` and its
 static subnets.
 
-Each searchable layer holds three families of weights, shared the Once-for-All way:
-
-* the dense blocks ``k{3,5}_e{1,3,6}`` share one max-size (``e6``) expand conv, depthwise conv
-  and project conv with their BatchNorms: expansion ``e`` uses the leading ``C_in*e`` channels,
-  and the 3×3 depthwise kernel is the transformed centre of the 5×5 one
-  (:class:`~supernet.nn.dynamic_ops.DynamicDepthwiseConv2d`);
-* the grouped blocks ``k{3,5}_e1_g2`` share their own grouped 1×1 convs and a depthwise conv
-  (3×3 again the transformed centre of 5×5) — a grouped conv followed by a channel shuffle is a
-  different function from a dense one, so it gets its own weights;
-* ``skip`` is the identity, or (stride 2 or a channel change) its own 1×1 conv + BN + ReLU.
+Each searchable layer (:class:`SuperLayer`) holds the weights of all 9 blocks, shared the
+Once-for-All way: the dense blocks share one max-size set, the grouped blocks their own, and
+``skip`` needs one only where the shape changes.
 
 ``set_active(arch)`` stores each layer's block on the layer; ``forward`` runs only the active
 blocks; ``extract(arch)`` returns a plain :class:`FBNetNet` whose module names are the layer
@@ -92,7 +85,17 @@ class FBNetNet(nn.Module):
 
 
 class SuperLayer(nn.Module):
-    """One searchable layer holding the weights of all 9 blocks (see the module docstring)."""
+    """One searchable layer holding the weights of all 9 blocks, in three families:
+
+    * the dense blocks ``k{3,5}_e{1,3,6}`` share one max-size (``e6``) expand conv, depthwise
+      conv and project conv with their BatchNorms: expansion ``e`` uses the leading ``C_in*e``
+      channels, and the 3×3 depthwise kernel is the transformed centre of the 5×5 one
+      (:class:`~supernet.nn.dynamic_ops.DynamicDepthwiseConv2d`);
+    * the grouped blocks ``k{3,5}_e1_g2`` share their own grouped 1×1 convs and a depthwise conv
+      (3×3 again the transformed centre of 5×5): a grouped conv followed by a channel shuffle is
+      a different function from a dense one, so it gets its own weights;
+    * ``skip`` is the identity, or (stride 2 or a channel change) its own 1×1 conv + BN + ReLU.
+    """
 
     def __init__(self, in_ch: int, out_ch: int, stride: int) -> None:
         super().__init__()

@@ -7,13 +7,9 @@ of Q, K and V (each of the three sliced on its own), the first ``hidden`` MLP un
 active configuration is passed in: input widths follow the incoming tensor, output widths are
 arguments, each block stores its own heads and MLP ratio (``set_active``); no global flags.
 
-``extract(arch)`` returns a plain :class:`ViTNet` of ``nn.Conv2d`` / ``nn.LayerNorm`` /
-``nn.Linear`` / ``nn.Softmax`` / ``nn.GELU`` and :class:`MatMul`, with copies of the active
-slices. It computes what the supernet computes, exports to ONNX as is, and its module names
-are the layer names of
-:meth:`ViTSpace.layers` -- the attention products are modules too, so forward hooks see every
-layer of the layer list, and its ``Conv2d``/``Linear`` modules are exactly the list's
-``conv``/``linear`` layers (what a quantization policy names).
+``extract(arch)`` returns a plain :class:`ViTNet` with copies of the active slices, which
+computes what the supernet computes, exports to ONNX as is, and whose module names are the layer
+names of :meth:`ViTSpace.layers`.
 """
 
 from __future__ import annotations
@@ -124,7 +120,13 @@ class TokenizerStage(nn.Module):
 
 class ViTNet(nn.Module):
     """A standalone subnet: tokenizer, (positional embedding), blocks, norm, token mean or
-    sequence pooling, classifier."""
+    sequence pooling, classifier.
+
+    Made of ``nn.Conv2d`` / ``nn.LayerNorm`` / ``nn.Linear`` / ``nn.Softmax`` / ``nn.GELU`` and
+    :class:`MatMul`. The attention products are modules too, so forward hooks see every layer
+    of the layer list, and its ``Conv2d``/``Linear`` modules are exactly the list's
+    ``conv``/``linear`` layers (what a quantization policy names).
+    """
 
     def __init__(self, tokenizer: list[TokenizerStage], blocks: list[ViTBlock],
                  norm: nn.LayerNorm, classifier: nn.Linear, pos_embed: torch.Tensor | None = None,

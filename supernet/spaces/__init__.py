@@ -15,15 +15,16 @@ from hwnas.supernet.spaces.mbv3 import MBV3Arch, MBV3Config, MBV3Space
 from hwnas.supernet.spaces.nb201 import NB201Arch, NB201Config, NB201Space
 from hwnas.supernet.spaces.vit import CCT_CONFIG, CCTSpace, ViTArch, ViTConfig, ViTSpace
 
-from hwnas.core.errors import UserError
+from hwnas.core.registry import Registry
 
 #: name -> factory(in_channels, image_size, num_classes, config overrides) -> SearchSpace
-_FACTORIES: dict[str, Callable[..., SearchSpace]] = {}
+SPACES: Registry[Callable[..., SearchSpace]] = Registry("space")
 
 
 def register_space(name: str, factory: Callable[..., SearchSpace]) -> None:
     """Make a space available by name. ``factory(in_channels=, image_size=, num_classes=,
     config=None)`` returns the space; ``config`` is a dict from :meth:`SearchSpace.config`.
+    A built-in name cannot be taken; ``tests/test_space_contract.py`` checks every entry.
 
     Examples:
         >>> from hwnas.supernet import available_spaces, get_space, register_space
@@ -34,7 +35,7 @@ def register_space(name: str, factory: Callable[..., SearchSpace]) -> None:
         >>> "vit-digits" in available_spaces()
         True
     """
-    _FACTORIES[name] = factory
+    SPACES.register(name, factory)
 
 
 def available_spaces() -> list[str]:
@@ -45,7 +46,7 @@ def available_spaces() -> list[str]:
         >>> available_spaces()
         ['cct', 'fbnet', 'mbv3', 'mbv3-tiny', 'nb201', 'vit']
     """
-    return sorted(_FACTORIES)
+    return SPACES.names()
 
 
 def get_space(
@@ -64,9 +65,7 @@ def get_space(
         >>> space.name, space.num_classes
         ('nb201', 10)
     """
-    if name not in _FACTORIES:
-        raise UserError(f"unknown space {name!r}; expected one of {available_spaces()}")
-    return _FACTORIES[name](
+    return SPACES.get(name)(
         in_channels=in_channels, image_size=image_size, num_classes=num_classes, config=config
     )
 
@@ -88,7 +87,7 @@ def _mbv3_tiny(*, in_channels=None, image_size=None, num_classes=None, config=No
                      name="mbv3-tiny")
 
 
-register_space("mbv3-tiny", _mbv3_tiny)
+SPACES.register("mbv3-tiny", _mbv3_tiny, builtin=True)
 
 
 def _mbv3(*, in_channels=None, image_size=None, num_classes=None, config=None) -> MBV3Space:
@@ -100,7 +99,7 @@ def _mbv3(*, in_channels=None, image_size=None, num_classes=None, config=None) -
     return MBV3Space(replace(cfg, **_overrides(in_channels, image_size, num_classes)), name="mbv3")
 
 
-register_space("mbv3", _mbv3)
+SPACES.register("mbv3", _mbv3, builtin=True)
 
 
 def _nb201(*, in_channels=None, image_size=None, num_classes=None, config=None) -> NB201Space:
@@ -116,8 +115,8 @@ def _fbnet(*, in_channels=None, image_size=None, num_classes=None, config=None) 
     return FBNetSpace(replace(cfg, **_overrides(in_channels, image_size, num_classes)), name="fbnet")
 
 
-register_space("nb201", _nb201)
-register_space("fbnet", _fbnet)
+SPACES.register("nb201", _nb201, builtin=True)
+SPACES.register("fbnet", _fbnet, builtin=True)
 
 
 def _vit(*, in_channels=None, image_size=None, num_classes=None, config=None) -> ViTSpace:
@@ -127,7 +126,7 @@ def _vit(*, in_channels=None, image_size=None, num_classes=None, config=None) ->
     return ViTSpace(replace(cfg, **_overrides(in_channels, image_size, num_classes)), name="vit")
 
 
-register_space("vit", _vit)
+SPACES.register("vit", _vit, builtin=True)
 
 
 def _cct(*, in_channels=None, image_size=None, num_classes=None, config=None) -> CCTSpace:
@@ -137,7 +136,7 @@ def _cct(*, in_channels=None, image_size=None, num_classes=None, config=None) ->
     return CCTSpace(replace(cfg, **_overrides(in_channels, image_size, num_classes)), name="cct")
 
 
-register_space("cct", _cct)
+SPACES.register("cct", _cct, builtin=True)
 
 __all__ = [
     "MBV3Arch",

@@ -2,23 +2,9 @@
 
 22 searchable layers, each one of 9 blocks: ``k{kernel}_e{expand}`` (an inverted-residual block)
 with an optional ``_g2`` (grouped 1×1 convolutions), or ``skip``; 9**22 architectures. The
-latency table ``fbnet_latency_ms.csv`` of HW-NAS-Bench/HELP measures 5,000 of them.
-
-Macro-architecture, as in HW-NAS-Bench's ``hw_nas_bench_api/fbnet_models/model_infer.py``
-(``FBNet_Infer`` with a ``cifar`` dataset):
-
-* stem: conv 3×3 ``in_channels -> 16``, stride 1, BN, ReLU;
-* 7 stages of (1, 4, 4, 4, 4, 4, 1) searchable layers with (16, 24, 32, 64, 112, 184, 352) output
-  channels and strides (1, 1, 2, 2, 1, 2, 1) (FBNet's ImageNet strides with the stem and the
-  first stride-2 stage at stride 1, so that 32×32 ends at 4×4); the stride and the channel
-  change happen in a stage's first layer;
-* head: conv 1×1 ``352 -> 1504`` + BN + ReLU, global average pool, linear classifier.
-
-Block ``k{k}_e{e}[_g2]`` (input ``C_in``, hidden ``C_in*e``): 1×1 expand conv (``groups`` g) -
-BN - ReLU - channel shuffle (g > 1) - k×k depthwise conv with the layer's stride - BN - ReLU - 1×1
-project conv (``groups`` g) - BN, plus the input when the stride is 1 and ``C_in == C_out``.
-``skip`` is the identity when the stride is 1 and ``C_in == C_out``; otherwise it is a 1×1 conv
-with the layer's stride + BN + ReLU (HW-NAS-Bench's ``Skip``), so the shapes still match.
+latency table ``fbnet_latency_ms.csv`` of HW-NAS-Bench/HELP measures 5,000 of them, so the
+macro-architecture (:class:`FBNetConfig`) and the blocks (:class:`FBNetSpace`) follow
+HW-NAS-Bench's ``hw_nas_bench_api/fbnet_models/model_infer.py`` (``FBNet_Infer``, ``cifar``).
 
 Architecture string: the 22 block names joined by ``-`` (the ``arch`` column of the table).
 """
@@ -60,7 +46,15 @@ def block_spec(name: str) -> BlockSpec | None:
 
 @dataclass(frozen=True)
 class FBNetConfig(SpaceConfig):
-    """Macro-architecture of the FBNet network (defaults: HW-NAS-Bench's CIFAR-100 setting)."""
+    """Macro-architecture of the FBNet network (defaults: HW-NAS-Bench's CIFAR-100 setting).
+
+    * stem: conv 3×3 ``in_channels -> 16``, stride 1, BN, ReLU;
+    * 7 stages of (1, 4, 4, 4, 4, 4, 1) searchable layers with (16, 24, 32, 64, 112, 184, 352)
+      output channels and strides (1, 1, 2, 2, 1, 2, 1) (FBNet's ImageNet strides with the stem
+      and the first stride-2 stage at stride 1, so that 32×32 ends at 4×4); the stride and the
+      channel change happen in a stage's first layer;
+    * head: conv 1×1 ``352 -> 1504`` + BN + ReLU, global average pool, linear classifier.
+    """
 
     LABEL = "FBNet"
 
@@ -111,7 +105,15 @@ class FBNetArch:
 
 
 class FBNetSpace(SearchSpace[FBNetArch]):
-    """The FBNet space in HW-NAS-Bench's CIFAR setting; see the module docstring."""
+    """The FBNet space in HW-NAS-Bench's CIFAR setting; see the module docstring.
+
+    Block ``k{k}_e{e}[_g2]`` (input ``C_in``, hidden ``C_in*e``): 1×1 expand conv (``groups``
+    g) - BN - ReLU - channel shuffle (g > 1) - k×k depthwise conv with the layer's stride - BN -
+    ReLU - 1×1 project conv (``groups`` g) - BN, plus the input when the stride is 1 and
+    ``C_in == C_out``. ``skip`` is the identity when the stride is 1 and ``C_in == C_out``;
+    otherwise it is a 1×1 conv with the layer's stride + BN + ReLU (HW-NAS-Bench's ``Skip``), so
+    the shapes still match.
+    """
 
     def __init__(self, config: FBNetConfig | None = None, name: str = "fbnet") -> None:
         self._set_config(config or FBNetConfig(), name)

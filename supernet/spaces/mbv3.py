@@ -1,12 +1,7 @@
 """An elastic MobileNetV3 space (Once-for-All): per-stage depth, per-block kernel and expand.
 
-The network is a stem convolution, an optional fixed first block (Once-for-All's 3×3 MBConv
-with expand ratio 1), a sequence of stages of inverted-residual (MBConv) blocks, and a head
-(1×1 conv, global average pool, an optional 1×1 "feature mix" layer, linear classifier). Each
-stage keeps its first ``depth`` blocks; each active block picks its depthwise kernel size and
-its expand ratio; blocks of the stages listed in ``se_stages`` carry a squeeze-and-excitation
-module whose width follows the block's expanded channels. The choices and the
-macro-architecture (widths, strides, activations, SE) are declared once, in
+A stem, an optional fixed first block, stages of inverted-residual (MBConv) blocks and a head.
+The choices and the macro-architecture (widths, strides, activations, SE) are declared once, in
 :class:`MBV3Config`; the spaces registered by name are instances of it:
 
 * ``mbv3-tiny`` -- :class:`MBV3Config`'s defaults: three small stages for the 8×8 digits.
@@ -58,6 +53,13 @@ def make_divisible(value: float, divisor: int = 8) -> int:
 @dataclass(frozen=True)
 class MBV3Config(SpaceConfig):
     """Macro-architecture and choices of an elastic MobileNetV3-style space.
+
+    The network is a stem convolution, an optional fixed first block (Once-for-All's 3×3 MBConv
+    with expand ratio 1), a sequence of stages of inverted-residual (MBConv) blocks, and a head
+    (1×1 conv, global average pool, an optional 1×1 "feature mix" layer, linear classifier).
+    Each stage keeps its first ``depth`` blocks; each active block picks its depthwise kernel
+    size and its expand ratio; blocks of the stages listed in ``se_stages`` carry a
+    squeeze-and-excitation module whose width follows the block's expanded channels.
 
     The defaults are the ``mbv3-tiny`` preset. Optional parts are off when 0 / empty:
     ``first_block_channels`` (a fixed 3×3 MBConv with expand ratio 1 after the stem),

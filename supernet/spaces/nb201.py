@@ -3,23 +3,8 @@
 A cell is a DAG of 4 nodes; node ``j`` is the sum of one operation applied to each earlier node
 ``i < j``, which gives 6 edges, each one of 5 operations (``none``, ``skip_connect``,
 ``nor_conv_1x1``, ``nor_conv_3x3``, ``avg_pool_3x3``): 5**6 = 15,625 architectures. Every cell of
-the network uses the same cell.
-
-Macro-architecture (the standard NAS-Bench-201 network for 32×32 CIFAR images; ``C`` is
-``init_channels``, ``N`` is ``cells_per_stage``):
-
-* stem: conv 3×3 ``in_channels -> C`` + BN;
-* stage 1: ``N`` cells of ``C`` channels;
-* reduction: a ResNet basic block ``C -> 2C`` with stride 2 (ReLU-conv3×3/2-BN, ReLU-conv3×3-BN;
-  shortcut 2×2 average pool/2 followed by a 1×1 conv without BN), then stage 2 of ``N`` cells;
-* another reduction ``2C -> 4C``, stage 3 of ``N`` cells;
-* BN + ReLU, global average pool, linear classifier.
-
-Cell operations: ``nor_conv_kxk`` = ReLU-conv(k×k, same padding, no bias)-BN;
-``avg_pool_3x3`` = 3×3 average pool, stride 1, padding 1, ``count_include_pad=False``;
-``skip_connect`` = identity; ``none`` = zeros (the edge contributes nothing). A node none of whose
-incoming edges is active is a zero tensor; the operations that read it still run (a ReLU-conv-BN
-of zeros is BN's constant shift), exactly as in NAS-Bench-201, so they stay in the layer list.
+the network uses the same cell. Macro-architecture: the standard NAS-Bench-201 network for
+32×32 CIFAR images (:class:`NB201Config`); operations: NAS-Bench-201's (:class:`NB201Space`).
 
 Architecture string: the NAS-Bench-201 format, the edges into node 1, 2 and 3 grouped by ``+``,
 each edge written ``|op~source|``::
@@ -66,7 +51,18 @@ def edge_key(to_node: int, from_node: int) -> str:
 
 @dataclass(frozen=True)
 class NB201Config(SpaceConfig):
-    """Macro-architecture of the NAS-Bench-201 network (defaults: HW-NAS-Bench's CIFAR-100 one)."""
+    """Macro-architecture of the NAS-Bench-201 network (defaults: HW-NAS-Bench's CIFAR-100 one).
+
+    ``C`` is ``init_channels``, ``N`` is ``cells_per_stage``:
+
+    * stem: conv 3×3 ``in_channels -> C`` + BN;
+    * stage 1: ``N`` cells of ``C`` channels;
+    * reduction: a ResNet basic block ``C -> 2C`` with stride 2 (ReLU-conv3×3/2-BN,
+      ReLU-conv3×3-BN; shortcut 2×2 average pool/2 followed by a 1×1 conv without BN), then
+      stage 2 of ``N`` cells;
+    * another reduction ``2C -> 4C``, stage 3 of ``N`` cells;
+    * BN + ReLU, global average pool, linear classifier.
+    """
 
     LABEL = "NB201"
 
@@ -117,7 +113,15 @@ class NB201Arch:
 
 
 class NB201Space(SearchSpace[NB201Arch]):
-    """The NAS-Bench-201 cell space; see the module docstring."""
+    """The NAS-Bench-201 cell space; see the module docstring.
+
+    Cell operations: ``nor_conv_kxk`` = ReLU-conv(k×k, same padding, no bias)-BN;
+    ``avg_pool_3x3`` = 3×3 average pool, stride 1, padding 1, ``count_include_pad=False``;
+    ``skip_connect`` = identity; ``none`` = zeros (the edge contributes nothing). A node none of
+    whose incoming edges is active is a zero tensor; the operations that read it still run (a
+    ReLU-conv-BN of zeros is BN's constant shift), exactly as in NAS-Bench-201, so they stay in
+    the layer list.
+    """
 
     def __init__(self, config: NB201Config | None = None, name: str = "nb201") -> None:
         self._set_config(config or NB201Config(), name)

@@ -1,21 +1,12 @@
 """An elastic vision-transformer space (AutoFormer-style weight entanglement) for small images.
 
 The network is a compact-transformer one (Hassani et al., "Escaping the Big Data Paradigm with
-Compact Transformers", 2021): a convolutional tokenizer -- ``len(tokenizer_channels) + 1``
-3×3 convolutions, each followed by ReLU and a 3×3 max pool of stride 2, the last one producing
-``embed`` channels, so a 32×32 image becomes 8×8 = 64 tokens with the default two stages --
-``depth`` pre-norm transformer blocks (LayerNorm, multi-head
-self-attention, residual; LayerNorm, MLP with GELU, residual), a final LayerNorm, the mean over
-the tokens and a linear classifier. There is no positional embedding: the zero-padded
-convolutions of the tokenizer carry position information (CCT's implementation makes the
-embedding optional, ``positional_embedding='none'``), and the layer list has no op for a
-learned additive tensor; adding one would be a new op.
-
+Compact Transformers", 2021; :class:`ViTConfig`): a convolutional tokenizer, pre-norm
+transformer blocks, a final LayerNorm, the mean over the tokens and a linear classifier.
 The choices are AutoFormer's (Chen et al., ICCV 2021): the embedding dimension (one for the
 whole network: the residual stream's width), the depth, and per block the number of heads
-(each ``head_dim`` wide, so the attention's Q/K/V width is ``heads × head_dim``) and the MLP
-ratio (hidden width ``round(embed × ratio)``). Weights are entangled: each layer has one
-max-size weight and a subnet uses its leading slice (:mod:`hwnas.supernet.nn.vit`).
+(each ``head_dim`` wide) and the MLP ratio. Weights are entangled: each layer has one max-size
+weight and a subnet uses its leading slice (:mod:`hwnas.supernet.nn.vit`).
 
 Architecture string: the embedding dimension, then the active blocks joined by ``-``, a block
 written ``h{heads}m{mlp ratio}``; e.g. ``e192_h4m2-h3m1.5-h2m1-h4m2-h4m2``. The depth is the
@@ -52,6 +43,17 @@ ELASTIC_DIMS = ("mlp_ratio", "heads", "depth", "embed")
 @dataclass(frozen=True)
 class ViTConfig(SpaceConfig):
     """Macro-architecture and choices of an elastic compact vision transformer.
+
+    The network: a convolutional tokenizer -- ``len(tokenizer_channels) + 1`` 3×3 convolutions,
+    each followed by ReLU and a 3×3 max pool of stride 2, the last one producing ``embed``
+    channels, so a 32×32 image becomes 8×8 = 64 tokens with the default two stages -- ``depth``
+    pre-norm transformer blocks (LayerNorm, multi-head self-attention, residual; LayerNorm, MLP
+    with GELU, residual), a final LayerNorm, the mean over the tokens and a linear classifier.
+    A block's attention Q/K/V width is ``heads × head_dim``; its MLP hidden width
+    ``round(embed × ratio)``. There is no positional embedding: the zero-padded convolutions of
+    the tokenizer carry position information (CCT's implementation makes the embedding
+    optional, ``positional_embedding='none'``), and the layer list has no op for a learned
+    additive tensor; adding one would be a new op.
 
     ``tokenizer_channels``: the widths of the tokenizer's convolutions before the last one
     (which outputs ``embed`` channels); each convolution is followed by ReLU and a stride-2

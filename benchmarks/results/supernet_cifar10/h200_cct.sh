@@ -11,7 +11,8 @@
 # Carry: data/c10 (the full cifar10-jpeg.npz) and, when resuming on a new machine,
 # data/cct_resume (the returned parts) - in two commands, with CCT_JOBS=none in the first.
 # Session 1's state: the three 50-epoch ablations are done (results/supernet_cifar10/cct1/);
-# resume with CCT_JOBS="cct7 cct2".
+# resume with CCT_JOBS="cct7 cct2"; the per-part ablations D-G (one CCT part switched back to
+# vit's each, benchmarks/cct_ablation.py) are not started yet.
 set -u
 MINUTES=${1:-9}
 ROOT=/tmp/cct
@@ -27,7 +28,14 @@ JOBS=(
   "ablA_cct7_50|--space cct --standalone largest --epochs 50"
   "ablB_vitarch_cctrecipe_50|--space vit --standalone largest --epochs 50 --batch-size 128 --lr 5.5e-4 --weight-decay 0.06 --warmup-epochs 10 --mixup 0.8 --cutmix 1.0"
   "ablC_cct7_vitrecipe_50|--space cct --standalone largest --epochs 50 --batch-size 512 --lr 5e-4 --weight-decay 0.05 --warmup-epochs 5 --mixup 0 --cutmix 0"
+  "ablD_no_seq_pool_50|--space cct-no-seq_pool --standalone largest --epochs 50"
+  "ablE_no_pos_embed_50|--space cct-no-pos_embed --standalone largest --epochs 50"
+  "ablF_no_cct_norm_50|--space cct-no-cct_norm --standalone largest --epochs 50"
+  "ablG_no_regularisers_50|--space cct-no-regularisers --standalone largest --epochs 50"
 )
+# every job runs through benchmarks/cct_ablation.py: the hwnas command line with the per-part
+# ablation spaces (cct-no-<part>) registered, so their runs resume like the others
+HWNAS="python3 benchmarks/cct_ablation.py"
 RETURN_CKPT="${RETURN_CKPT:-cct7 cct2}"
 
 # CCT_JOBS: the names to start or resume (default: all); "none" starts nothing (a command that
@@ -47,10 +55,10 @@ for spec in "${JOBS[@]}"; do
     echo "$name: restored from carried parts"
   fi
   if [ -f "$dir/checkpoint.pt" ] && [ -f "$dir/run.json" ]; then
-    cmd="python3 -m hwnas train --out $dir --resume --device cuda --compile --quiet --eval"
+    cmd="$HWNAS train --out $dir --resume --device cuda --compile --quiet --eval"
   else
     rm -rf "$dir"
-    cmd="python3 -m hwnas train $args --dataset $DATA --out $dir --device cuda --compile --quiet --eval --checkpoint-every-s 90"
+    cmd="$HWNAS train $args --dataset $DATA --out $dir --device cuda --compile --quiet --eval --checkpoint-every-s 90"
   fi
   mkdir -p "$dir"
   echo "$name: $cmd" | tee -a "$ROOT/phases.log"

@@ -1,4 +1,4 @@
-"""A finished run, from Python: ``hwnas.load_run(path)``.
+"""A finished run, from Python: ``hwnas.load_run(path)`` and :class:`hwnas.Run`.
 
 The way back into a run directory for notebooks and scripts, without repeating the search::
 
@@ -11,22 +11,19 @@ The way back into a run directory for notebooks and scripts, without repeating t
     run.export(select=[best.trial])  # ONNX files, verified and timed
     run.finetune(best.trial, epochs=3)  # distilled from the largest subnet (QAT with a policy)
 
-It reads the directory through :class:`hwnas.search.rundir.RunDir` and rebuilds models the way
-the search and ``hwnas export`` do (:class:`hwnas.search.evaluator.TrialEvaluator`: the subnet
-extracted from the run's supernet, BatchNorm recalibrated, PTQ under the trial's policy). It
-sits at the export layer because it reaches every layer below.
+It replays the run as the search saw it (:class:`hwnas.search.replay.RunReplay`) and sits on
+the top floor, beside the command line: it reaches every layer below.
 """
 
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from hwnas.search.rundir import RunDir
+from hwnas.search.replay import RunReplay
 
 from hwnas.core.errors import UserError
 
@@ -49,12 +46,13 @@ def load_run(path: str | Path) -> Run:
     return Run(path)
 
 
-class Run:
+class Run(RunReplay):
     """A run directory, read lazily: tables on first use, the supernet and dataset on the
-    first model or latency asked for.
+    first model or latency asked for (:class:`hwnas.search.replay.RunReplay`: ``config``,
+    ``trials``, ``fronts``, ``space``, ``supernet``, ``data``, ``evaluator``).
 
     Examples:
-        >>> from hwnas.export import Run
+        >>> from hwnas import Run
         >>> run = Run(run_dir)                # what hwnas.load_run(run_dir) returns
         >>> fastest = run.fronts["edgetpu-est"].iloc[0]
         >>> model = run.model(int(fastest.trial), quantized=False)   # its float subnet, an nn.Module
@@ -62,36 +60,19 @@ class Run:
         True
     """
 
-    def __init__(self, path: str | Path) -> None:
-        self.dir = RunDir(path)
-        #: config.json as written by the search
-        self.settings: dict[str, Any] = self.dir.read_config()
-
     def __repr__(self) -> str:
-        return (f"Run({str(self.dir.path)!r}: {self.settings.get('space')} on "
-                f"{self.settings.get('dataset_name') or self.settings.get('dataset')})")
+        return f"Run({str(self.dir.path)!r}: {self.config.space} on {self.dataset_name})"
+
+    @cached_property
+    def settings(self) -> dict[str, Any]:
+        """config.json as written by the search (a dict, with what the run resolved:
+        ``dataset_name``, ``reported_devices``...); :attr:`config` is the typed view."""
+        return self.dir.read_config()
 
     @property
-    def path(self) -> Path:
-        return self.dir.path
-
-    @cached_property
-    def config(self):  # -> SearchConfig
-        """The settings as a :class:`hwnas.search.config.SearchConfig` (pass it to
-        :func:`hwnas.search.run` to continue or repeat the search)."""
-        from hwnas.search.config import SearchConfig
-
-        return SearchConfig.from_dict(self.settings, source=str(self.dir.config))
-
-    @cached_property
-    def trials(self):  # -> pd.DataFrame
-        """Every completed trial (trials.parquet): arch, policy, metrics, feasible, pareto."""
-        return self.dir.read_trials()
-
-    @cached_property
-    def fronts(self) -> dict:  # -> dict[str, pd.DataFrame]
-        """``{device: its Pareto front}`` (pareto_<device>.csv), fastest first."""
-        return self.dir.read_fronts()
+    def dataset_name(self) -> str:
+        """The dataset's name as the run resolved it (``digits``, ``cifar10``...)."""
+        return self.settings.get("dataset_name") or self.config.dataset
 
     def select(self, device: str, max_latency_ms: float):  # -> pd.Series
         """The most accurate model of ``device``'s front within ``max_latency_ms`` there
@@ -109,73 +90,6 @@ class Run:
         from hwnas.search.outputs import device_ranks
 
         return device_ranks(self.fronts, trials=self.trials if all_trials else None)
-
-    def row(self, trial: int):  # -> pd.Series
-        """The trials.csv row of trial number ``trial``."""
-        try:
-            number = operator.index(trial)
-        except TypeError:
-            raise UserError(f"trial must be a trial number, got {trial!r}") from None
-        if isinstance(trial, bool):
-            raise UserError(f"trial must be a trial number, got {trial!r}")
-        rows = self.trials[self.trials["trial"] == number]
-        if rows.empty:
-            known = ", ".join(str(t) for t in sorted(self.trials["trial"])[:12])
-            raise UserError(f"no completed trial {trial} in {self.path}; trials: {known}")
-        return rows.iloc[0]
-
-    def candidate(self, trial: int) -> tuple[Any, Any]:
-        """(architecture, QuantPolicy or None) of ``trial``."""
-        from hwnas.search.evaluator import policy_from_text
-
-        row = self.row(trial)
-        arch = row["arch"]
-        if not isinstance(arch, str) or not arch.strip():
-            raise UserError(f"trial {trial} of {self.path} has no model: its architecture is "
-                            f"missing from the trials table")
-        return self.space.from_string(arch), policy_from_text(row["policy"])
-
-    # -- models ------------------------------------------------------------------------------
-    @cached_property
-    def _checkpoint(self) -> tuple[Any, Any, dict]:
-        """(space, supernet, payload) of the run's supernet.pt."""
-        from hwnas.supernet.train import load_checkpoint
-
-        space, supernet, payload = load_checkpoint(self.dir.supernet)
-        if space.name != self.settings["space"]:
-            raise UserError(f"{self.dir.supernet} holds space {space.name!r} but "
-                            f"{RunDir.CONFIG} says {self.settings['space']!r}")
-        return space, supernet, payload
-
-    @property
-    def space(self):  # -> SearchSpace
-        """The run's search space, as its supernet was built (input size, classes)."""
-        return self._checkpoint[0]
-
-    @cached_property
-    def data(self):  # -> DatasetSplits
-        """The run's dataset, split as the search split it (validation disjoint from the
-        supernet's training images), with the checkpoint's training augmentation."""
-        from hwnas.export.run_export import run_splits
-
-        return run_splits(self.path, self.settings, self._checkpoint[2])
-
-    @property
-    def supernet(self):  # -> nn.Module
-        """The run's weight-sharing supernet, as loaded from its supernet.pt."""
-        return self._checkpoint[1]
-
-    @cached_property
-    def evaluator(self):  # -> TrialEvaluator
-        """The evaluator the search scored trials with (BatchNorm recalibration and PTQ on the
-        run's splits and settings): what :meth:`model` and fine-tuning rebuild trials with."""
-        from hwnas.search.evaluator import EvalSettings, TrialEvaluator
-
-        space, supernet, data = self.space, self.supernet, self.data
-        s = self.settings
-        settings = EvalSettings(calib_batches=int(s.get("calib_batches", 10)),
-                                ptq_images=int(s.get("ptq_images", 256)), seed=int(s.get("seed", 0)))
-        return TrialEvaluator(space, supernet, data, [], settings)
 
     def model(self, trial: int, *, quantized: bool | None = None):  # -> nn.Module
         """Trial ``trial``'s model as the search scored it: a standalone ``nn.Module`` (the
