@@ -41,6 +41,7 @@ from hwnas.export.device_policy import choose_float_layers  # noqa: E402
 from hwnas.export.onnx_export import check_parity  # noqa: E402
 from hwnas.export.ort_profile import LayerIndex, integer_kernel_check  # noqa: E402
 from hwnas.export.qdq import build_qdq, float_proto, map_layer_nodes  # noqa: E402
+from hwnas.latency.devices import MeasuredDevice  # noqa: E402
 from hwnas.latency.machine import cpu_flags, cpu_model  # noqa: E402
 
 try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
@@ -292,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                 choice = choose_float_layers(
                     lambda fl: build.proto(extra_float=fl).SerializeToString(),
                     fp32.SerializeToString(), quantized, build.kinds, fp32_index=fp32_index,
-                    qdq_index=qdq_index, device=f"{cpu}/t{t}", threads=t, batch=batch,
+                    qdq_index=qdq_index, device=MeasuredDevice(f"{cpu}/t{t}", threads=t, batch=batch),
                     rounds=args.rounds, refine=args.refine)
                 key = tuple(choice.float_layers)
                 if test is not None and key not in checks:

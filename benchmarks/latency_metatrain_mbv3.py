@@ -202,7 +202,7 @@ def gpu_columns(space: Any, archs: list[str], repeats: int, warmup: int
     """PyTorch CUDA latency (median ms) of ``archs`` at batch 1 and 64 on this machine's GPU
     (and onnxruntime CUDA where available), interleaved per architecture."""
     import torch
-    from hwnas.latency.devices import MeasuredDevice, _ort_cuda_available
+    from hwnas.latency.devices.measured import MeasuredDevice, _ort_cuda_available
     from tqdm import tqdm
 
     if not torch.cuda.is_available():

@@ -4,7 +4,7 @@ the codes the reference (``QdqBuild.reference``: int32 biases, requantization po
 on the same test images, plus :func:`hwnas.export.onnx_export.divergence_of`'s verdict.
 
 Runs ``hwnas export`` on a finished run with the QDQ check wrapped (a harness: it replaces
-``hwnas.export.model_export._verify_qdq`` in this process to see each file's build), so the
+``hwnas.export.verify.verify_qdq`` in this process to see each file's build), so the
 files and references are exactly the export's.
 
     OMP_NUM_THREADS=1 python benchmarks/qdq_divergence.py RUN_DIR --select 1
@@ -107,18 +107,18 @@ def main(argv: list[str] | None = None) -> int:
 
     import tempfile
 
-    import hwnas.export.model_export as me
+    import hwnas.export.verify as me
     from hwnas.export.run_export import export_run
 
     found: dict[str, dict] = {}
-    verify = me._verify_qdq
+    verify = me.verify_qdq
 
     def wrapped(proto, build, passes, report, s, *, requantize, require_integer, searched=None):
         found[report.path] = layer_codes(proto.SerializeToString(), build, passes, requantize)
         return verify(proto, build, passes, report, s, requantize=requantize,
                       require_integer=require_integer, searched=searched)
 
-    me._verify_qdq = wrapped
+    me.verify_qdq = wrapped
     with tempfile.TemporaryDirectory() as out:
         export_run(args.run_dir, select=args.select, out=out, progress=False)
     for path, r in found.items():

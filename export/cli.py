@@ -97,6 +97,7 @@ def run_export(args: argparse.Namespace) -> int:
     """Handler of ``hwnas export``."""
     from hwnas.export.model_export import ExportSettings
     from hwnas.export.run_export import export_run
+    from hwnas.latency.devices import get_device
 
     if args.refine < 0:
         raise UserError(f"--refine must be >= 0, got {args.refine}")
@@ -107,7 +108,8 @@ def run_export(args: argparse.Namespace) -> int:
     result = export_run(args.run_dir, front=args.front, select=args.select, out=args.out,
                         settings=settings, max_test_images=args.max_images,
                         progress=not args.quiet,
-                        devices=[d.strip() for d in args.devices.split(",") if d.strip()])
+                        devices=[get_device(d.strip()) for d in args.devices.split(",")
+                                 if d.strip()])  # names become Devices here, once
     n, failed = len(result.models), len(result.failed)
     print(f"exported {n - failed} of {n} models to {result.out_dir} "
           f"(manifest.json, manifest.csv) in {result.seconds:.0f} s")

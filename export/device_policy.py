@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 from hwnas.export.ort_profile import LayerIndex, profile_model
+from hwnas.latency.devices.measured import MeasuredDevice
 from hwnas.latency.onnx_measure import MIN_MARGIN, clearly_faster
 
 __all__ = [
@@ -200,59 +201,29 @@ def _per_layer(index: LayerIndex, model: bytes, *, batch: int, threads: int, run
 
 def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: bytes,
                         quantized: list[str], kinds: Mapping[str, str], *,
-                        fp32_index: LayerIndex, qdq_index: LayerIndex, device: str = "cpu-ort",
-                        threads: int = 1, batch: int = 1, rounds: int = 5, runs: int = 5,
+                        fp32_index: LayerIndex, qdq_index: LayerIndex,
+                        device: MeasuredDevice | None = None, rounds: int = 5, runs: int = 5,
                         profile_runs: int = 10, refine: int = 0, progress: bool = False,
                         min_rounds: int | None = None) -> DevicePolicy:
     """Choose which of the ``quantized`` layers (policy-quantized, integer-capable, in graph
-    order) to keep in float on this CPU at ``threads`` / ``batch`` (see the module docstring).
+    order) to keep in float on this CPU at ``device``'s threads and batch (default
+    ``cpu-ort-1t``; see the module docstring).
 
     ``build_model(float_layers)`` returns the QDQ model bytes with those layers in float;
     ``fp32`` is the float model. ``refine``: extra greedy steps (one whole-model timing each)
     that flip the layers closest to break-even. ``min_rounds``: let the two timings of all
     candidates stop early once their order is settled (:func:`time_models`). Returns the
     choice with its evidence."""
-    bar = _progress(progress, total=4 + refine, desc=f"int8 vs float ({device})")
+    device = device if device is not None else MeasuredDevice("cpu-ort-1t", threads=1)
+    timing = {"batch": device.batch, "threads": device.threads, "rounds": rounds, "runs": runs}
+    bar = _progress(progress, total=4 + refine, desc=f"int8 vs float ({device.name})")
     uniform = build_model(())
-    f_costs = _per_layer(fp32_index, fp32, batch=batch, threads=threads, runs=profile_runs)
-    bar.update()
-    q_costs = _per_layer(qdq_index, uniform, batch=batch, threads=threads, runs=profile_runs)
-    bar.update()
-    speeds = [LayerSpeed(n, kinds.get(n, "conv"), f_costs.get(n, 0.0), q_costs.get(n, 0.0))
-              for n in quantized]
-    # a layer goes float only where float clearly pays (profiles are noisy too)
-    losing = [s.layer for s in speeds if _float_pays(s.float_ms, s.int8_ms)]
-    # the same rule in the context of that choice (boundaries between int8 and float move).
-    # Already decided without a third profile when no layer loses (that graph is the all-int8
-    # one just profiled) or every layer does (all float is FP32, never a candidate)
-    if not losing:
-        ctx = q_costs
-    elif len(set(losing)) >= len(quantized):
-        ctx = {}
-    else:
-        first = build_model(losing)
-        ctx = _per_layer(qdq_index, first, batch=batch, threads=threads, runs=profile_runs)
-    bar.update()
-    losing2 = sorted(set(losing) | {s.layer for s in speeds if s.layer not in losing
-                                    and _float_pays(s.float_ms, ctx.get(s.layer, 0.0))},
-                     key=quantized.index)
-    dense = {"pointwise", "linear"}
-    candidates = [
-        Candidate("all-int8", []),
-        Candidate("profile", losing),
-        Candidate("profile-in-context", losing2),
-        Candidate("depthwise-float", [n for n in quantized if kinds.get(n) == "depthwise"]),
-        Candidate("dense-only-int8", [n for n in quantized if kinds.get(n) not in dense]),
-    ]
-    unique: dict[tuple[str, ...], Candidate] = {}
-    for c in candidates:
-        if len(set(c.float_layers)) < len(quantized):  # all float is FP32, not a candidate
-            unique.setdefault(tuple(c.float_layers), c)
-    candidates = list(unique.values())
+    speeds, losing, losing2 = _profiled_choices(build_model, fp32, uniform, quantized, kinds,
+                                                fp32_index, qdq_index, device, profile_runs, bar)
+    candidates = _candidates(quantized, kinds, losing, losing2)
     blobs = {"fp32": fp32, **{c.label: (uniform if not c.float_layers else build_model(c.float_layers))
                                for c in candidates}}
-    timed = time_rounds(blobs, batch=batch, threads=threads, rounds=rounds, runs=runs,
-                        min_rounds=min_rounds)
+    timed = time_rounds(blobs, **timing, min_rounds=min_rounds)
     bar.update()
     for c in candidates:
         c.median_ms, c.p95_ms = _summary(timed[c.label])
@@ -266,8 +237,7 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
             continue
         label = f"refine-{step}"
         blob = build_model(trial)
-        pair = time_rounds({best.label: blobs[best.label], label: blob},
-                           batch=batch, threads=threads, rounds=rounds, runs=runs)
+        pair = time_rounds({best.label: blobs[best.label], label: blob}, **timing)
         bar.update()
         cand = Candidate(label, trial, *_summary(pair[label]))
         candidates.append(cand)
@@ -281,19 +251,67 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
         if c.label == "all-int8":
             finalists.setdefault(c.label, c)
     final_rounds = time_rounds({"fp32": fp32, **{label: blobs[label] for label in finalists}},
-                               batch=batch, threads=threads, rounds=rounds, runs=runs,
-                               min_rounds=min_rounds)
+                               **timing, min_rounds=min_rounds)
     bar.close()
     final = {label: _summary(t) for label, t in final_rounds.items()}
     best = prefer_int8(finalists.values(), final_rounds)
     faster = (final[best.label][0] < final["fp32"][0]
               and best.median_ms < float(np.median(timed["fp32"])))
-    return DevicePolicy(device=device, threads=threads, batch=batch,
+    return DevicePolicy(device=device.name, threads=device.threads, batch=device.batch,
                         float_layers=list(best.float_layers), fp32_ms=final["fp32"][0],
                         fp32_p95_ms=final["fp32"][1], uniform_ms=final["all-int8"][0],
                         chosen_ms=final[best.label][0], chosen_p95_ms=final[best.label][1],
                         chosen_label=best.label, faster_twice=faster, candidates=candidates,
                         layers=speeds)
+
+
+def _profiled_choices(build_model: Callable[[Iterable[str]], bytes], fp32: bytes, uniform: bytes,
+                      quantized: list[str], kinds: Mapping[str, str], fp32_index: LayerIndex,
+                      qdq_index: LayerIndex, device: MeasuredDevice, runs: int, bar: Any
+                      ) -> tuple[list[LayerSpeed], list[str], list[str]]:
+    """Each layer's float and int8 cost from onnxruntime's profiler, and the layers where float
+    pays: alone (``losing``) and in the context of that choice (``losing2``)."""
+    at = {"batch": device.batch, "threads": device.threads, "runs": runs}
+    f_costs = _per_layer(fp32_index, fp32, **at)
+    bar.update()
+    q_costs = _per_layer(qdq_index, uniform, **at)
+    bar.update()
+    speeds = [LayerSpeed(n, kinds.get(n, "conv"), f_costs.get(n, 0.0), q_costs.get(n, 0.0))
+              for n in quantized]
+    # a layer goes float only where float clearly pays (profiles are noisy too)
+    losing = [s.layer for s in speeds if _float_pays(s.float_ms, s.int8_ms)]
+    # the same rule in the context of that choice (boundaries between int8 and float move).
+    # Already decided without a third profile when no layer loses (that graph is the all-int8
+    # one just profiled) or every layer does (all float is FP32, never a candidate)
+    if not losing:
+        ctx = q_costs
+    elif len(set(losing)) >= len(quantized):
+        ctx = {}
+    else:
+        ctx = _per_layer(qdq_index, build_model(losing), **at)
+    bar.update()
+    losing2 = sorted(set(losing) | {s.layer for s in speeds if s.layer not in losing
+                                    and _float_pays(s.float_ms, ctx.get(s.layer, 0.0))},
+                     key=quantized.index)
+    return speeds, losing, losing2
+
+
+def _candidates(quantized: list[str], kinds: Mapping[str, str], losing: list[str],
+                losing2: list[str]) -> list[Candidate]:
+    """The float-layer sets worth timing, each once (all float is FP32, not a candidate)."""
+    dense = {"pointwise", "linear"}
+    candidates = [
+        Candidate("all-int8", []),
+        Candidate("profile", losing),
+        Candidate("profile-in-context", losing2),
+        Candidate("depthwise-float", [n for n in quantized if kinds.get(n) == "depthwise"]),
+        Candidate("dense-only-int8", [n for n in quantized if kinds.get(n) not in dense]),
+    ]
+    unique: dict[tuple[str, ...], Candidate] = {}
+    for c in candidates:
+        if len(set(c.float_layers)) < len(quantized):
+            unique.setdefault(tuple(c.float_layers), c)
+    return list(unique.values())
 
 
 def _float_pays(float_ms: float, int8_ms: float) -> bool:

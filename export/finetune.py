@@ -268,7 +268,7 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
     return result
 
 
-def _tunable_devices(run: Any, devices: Sequence[str] | None) -> dict[str, int]:
+def _tunable_devices(run: Any, devices: Sequence[str] | None) -> dict[str, Any]:
     """The devices to time the exported files on (default the run's measurable ones);
     UserError for one asked for that this CPU cannot measure."""
     from hwnas.export.model_export import measurable_devices
@@ -332,7 +332,7 @@ def _tune(run: Any, trial: int, arch: Any, policy: Any, settings: FinetuneSettin
 
 
 def _write(run: Any, result: FinetuneResult, final: Any, arch: Any, policy: Any,
-           settings: FinetuneSettings, seed: int, tunable: dict[str, int], export_settings: Any,
+           settings: FinetuneSettings, seed: int, tunable: dict[str, Any], export_settings: Any,
            progress: bool) -> None:
     """Export the tuned model and write model.pt and summary.json into ``result.out_dir``,
     staged and moved into place whole; ``result.export`` is the export's record."""

@@ -36,6 +36,12 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from hwnas.latency.devices.measured import (
+    STREAM_COUNTS,
+    MeasuredDevice,
+    reduced_precisions,
+    stream_counts,
+)
 from hwnas.latency.onnx_measure import (
     Runner,
     busy_machine,
@@ -52,28 +58,9 @@ __all__ = ["NOT_FASTER_NOTE", "STREAM_COUNTS", "TIE_PHRASE", "CandidateFile", "D
            "Recommendation", "choose_fastest", "recommend_file", "reduced_precisions",
            "stream_counts", "tie_note", "tie_order", "time_candidates", "verify_candidates"]
 
-#: Reduced inference precisions a runtime can be asked for (beyond running the file as written).
-_REDUCED = {"onnxruntime": (), "openvino": ("bf16", "f16")}
-#: OpenVINO stream counts tried beside one stream, and the precision hints they are tried under
-#: (f16 runs slower than f32 on CPUs and breaks int8 files: not worth the timing). 8 because on
-#: a 16-core Xeon at 8 threads the smallest CIFAR net still gained from 2 to 4 streams.
-STREAM_COUNTS = (2, 4, 8)
+#: The precision hints stream counts are tried under (f16 runs slower than f32 on CPUs and
+#: breaks int8 files: not worth the timing).
 _STREAM_HINTS = ("f32", "bf16")
-
-
-def stream_counts(runtime: str, threads: int, batch: int | None) -> tuple[int, ...]:
-    """The stream counts beyond one tried on ``runtime`` at ``threads`` and ``batch``: on
-    OpenVINO those of :data:`STREAM_COUNTS` that divide the batch into equal sub-batches and
-    leave every stream at least one thread; none on onnxruntime, at one thread or at batch 1."""
-    if runtime != "openvino" or batch is None or threads < 2 or batch < 2:
-        return ()
-    return tuple(s for s in STREAM_COUNTS if s <= threads and batch % s == 0)
-
-
-def reduced_precisions(runtime: str) -> tuple[str, ...]:
-    """The precision hints tried on ``runtime`` beyond f32 (onnxruntime's CPU provider has no
-    BF16/FP16 mode: none)."""
-    return _REDUCED.get(runtime, ())
 
 
 @dataclass
@@ -271,7 +258,7 @@ def verify_candidates(*, runtime: str, threads: int, files: Sequence[CandidateFi
     counts = stream_counts(runtime, threads, batch) if streams is None else tuple(streams)
     for f in files:
         seen: set[str] = set()
-        for hint in ("f32", *reduced_precisions(runtime)):
+        for hint in ("f32", *reduced_precisions(runtime)):  # a device's precision_hints
             label = f.path if hint == "f32" else f"{f.path}@{hint}"
             made = (runtime, f.path, threads, hint)
             try:
@@ -357,13 +344,13 @@ def _with_streams(c: DeviceCandidate, f: CandidateFile, runner: Runner, hint: st
     return out
 
 
-def recommend_file(device: str, *, runtime: str, threads: int, batch: int,
-                   files: Sequence[CandidateFile], references: Mapping[str, np.ndarray],
+def recommend_file(device: MeasuredDevice, *, files: Sequence[CandidateFile], references: Mapping[str, np.ndarray],
                    images: np.ndarray, labels: np.ndarray | None, min_agreement: float = 0.99,
                    max_drop: float = 0.3, rounds: int = 5, runs: int = 5, warmup: int = 3,
                    seed: int = 0, cache: dict | None = None, min_rounds: int | None = None,
                    sessions: dict | None = None) -> Recommendation:
-    """Verify and time every candidate of ``files`` on ``device`` (see the module docstring).
+    """Verify and time every candidate of ``files`` on ``device`` (see the module docstring):
+    its runtime and precision hints, at its threads and batch, with its stream counts.
 
     ``files[0]`` is the FP32 file, the baseline. ``references``: logits of the PyTorch models
     on ``images`` (``"float"``, ``"searched"``). ``cache``: verification results shared between
@@ -373,10 +360,11 @@ def recommend_file(device: str, *, runtime: str, threads: int, batch: int,
     :class:`UserError` when the FP32 file does not verify on this runtime."""
     if not files or files[0].kind != "fp32":
         raise UserError("the candidates must start with the FP32 file")
+    runtime, threads, batch = device.runtime, device.threads, device.batch
     candidates, runners, notes = verify_candidates(
         runtime=runtime, threads=threads, files=files, references=references, images=images,
         labels=labels, min_agreement=min_agreement, max_drop=max_drop, cache=cache, batch=batch,
-        sessions=sessions)
+        sessions=sessions, streams=device.stream_counts)
     fp32 = next((c for c in candidates if c.label == files[0].path), None)
     if fp32 is None or not fp32.verified:
         raise UserError(f"the FP32 file does not verify on {runtime}: "
@@ -388,5 +376,5 @@ def recommend_file(device: str, *, runtime: str, threads: int, batch: int,
     busy = busy_machine(threads)  # the load average just after the timing, which it spans
     if busy:
         notes.append(busy)
-    return Recommendation(device, runtime, threads, batch, fp32, chosen, candidates, notes,
+    return Recommendation(device.name, runtime, threads, batch, fp32, chosen, candidates, notes,
                           rounds_run, bool(busy))

@@ -196,13 +196,14 @@ def _machine() -> dict[str, Any]:
 def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "all",
                out: str | Path | None = None, settings: Any = None, max_test_images: int = 1000,
                progress: bool = True, report: Callable[[str], None] | None = None,
-               devices: Sequence[str] = ()) -> RunExport:
+               devices: Sequence[str | Any] = ()) -> RunExport:
     """Export the selected Pareto-optimal models of ``run_dir`` (see the module docstring).
 
     ``front``: one device's front (``pareto_<front>.csv``), default every front (models on
     several fronts are exported once). ``settings``: :class:`hwnas.export.model_export.ExportSettings`.
     ``devices``: devices measurable on this CPU to recommend a file for beside the run's own
-    (``cpu-ov-2t``, ``cpu-ort-1t-b32`` ...). ``report(line)``: called with one line per model
+    (names such as ``cpu-ov-2t``, ``cpu-ort-1t-b32``, or :class:`hwnas.latency.devices.MeasuredDevice`
+    objects; a name becomes its Device here, once). ``report(line)``: called with one line per model
     (default: print).
 
     Examples:
@@ -218,7 +219,7 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     start = time.perf_counter()
     run_dir = Path(run_dir)
     extra = measurable_devices(devices)
-    wrong = [d for d in devices if d not in extra]
+    wrong = [getattr(d, "name", d) for d in devices if getattr(d, "name", d) not in extra]
     if wrong:
         raise UserError(f"device {wrong[0]!r} cannot be measured on this CPU; expected "
                         f"cpu-ort-<N>t or cpu-ov-<N>t (OpenVINO installed), optionally with "
@@ -291,14 +292,14 @@ class _Context:
     test_images: Any
     test_labels: Any
     devices: list[str]
-    tunable: dict[str, int]
+    tunable: dict[str, Any]  # name -> the MeasuredDevice the export tunes for
     seconds: dict[str, float]
     #: arch string -> (its recalibrated float network, the work export_model shares for it)
     networks: dict[str, tuple[Any, dict]] = field(default_factory=dict)
 
 
 def _prepare(run_dir: Path, cfg: SearchConfig, settings: Any, rows: list[ModelRow],
-             extra: dict[str, int], max_test_images: int, *, torch_device: str = "cpu",
+             extra: dict[str, Any], max_test_images: int, *, torch_device: str = "cpu",
              with_data: bool = True) -> _Context:
     """Load the run's supernet (on ``torch_device``) and data, and draw the calibration and
     test batches once for all models: each model's BatchNorm recalibration and PTQ read the
@@ -402,7 +403,7 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(gate: Any, run_dir: Path, settings: Any, rows: list[ModelRow],
-                 extra: dict[str, int], max_test_images: int) -> None:
+                 extra: dict[str, Any], max_test_images: int) -> None:
     import torch
 
     from hwnas.export.parallel import install_gate
@@ -424,7 +425,7 @@ def _worker_row(row: ModelRow, staging: Path, index: int, total: int, progress: 
         return _export_row(_WORKER["context"], row, staging, index, total, progress)
 
 
-def _export_parallel(run_dir: Path, settings: Any, rows: list[ModelRow], extra: dict[str, int],
+def _export_parallel(run_dir: Path, settings: Any, rows: list[ModelRow], extra: dict[str, Any],
                      max_test_images: int, staging: Path, progress: bool, workers: int,
                      done: Callable[[Any], None]) -> None:
     """Export ``rows`` in ``workers`` spawned processes (CUDA and onnxruntime do not survive a
@@ -469,12 +470,13 @@ def check_replaceable(out_dir: Path, run_dir: Path) -> None:
 
 
 def _info(run_dir: Path, cfg: SearchConfig, front: str | None, select: str, settings: Any,
-          tunable: dict[str, int]) -> dict[str, Any]:
+          tunable: dict[str, Any]) -> dict[str, Any]:
     from dataclasses import asdict
 
     return {"run_dir": str(run_dir), "space": cfg.space, "dataset": cfg.dataset,
             "front": front, "select": select, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "machine": _machine(), "settings": asdict(settings), "tuned_devices": tunable,
+            "machine": _machine(), "settings": asdict(settings),
+            "tuned_devices": {name: device.threads for name, device in tunable.items()},
             "layout": {"<name>.onnx": "FP32 (python -m hwnas.latency.ondevice DIR times these)",
                        "qdq/<name>.onnx": "QDQ of the searched policy",
                        "qdq-<device>/<name>.onnx": "QDQ with the layers that lose on <device> "
@@ -515,7 +517,7 @@ def _summary_line(result: Any) -> str:
     return f"{result.name}: ok: {written} file(s)" + "".join(f"; {p}" for p in parts)
 
 
-def _write_speedups(out_dir: Path, results: list[Any], space: Any, tunable: dict[str, int]) -> None:
+def _write_speedups(out_dir: Path, results: list[Any], space: Any, tunable: dict[str, Any]) -> None:
     """``int8_speedup_<device>.json``: measured float/int8 time per layer shape
     (:func:`hwnas.quant.device_rules.layer_key`), median over the exported models, for
     :meth:`hwnas.quant.device_rules.DeviceQuantRules.with_speedups` in the next search."""
@@ -540,7 +542,7 @@ def _write_speedups(out_dir: Path, results: list[Any], space: Any, tunable: dict
                                                    by="shape").items():
                 table.setdefault(key, []).append(value)
         if table:
-            doc = {"device": device, "threads": tunable[device],
+            doc = {"device": device, "threads": tunable[device].threads,
                    "int8_speedup": {k: float(np.median(v)) for k, v in sorted(table.items())}}
             write_atomic(out_dir / f"int8_speedup_{device}.json",
                           (json.dumps(doc, indent=1) + "\n").encode())

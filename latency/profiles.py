@@ -26,8 +26,6 @@ import json
 import math
 import os
 import re
-import shutil
-import uuid
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -54,7 +52,6 @@ __all__ = [
     "find_profile",
     "list_profiles",
     "load_profile_predictor",
-    "delete_profile",
 ]
 
 PROFILE_FILE = "profile.json"
@@ -86,7 +83,7 @@ def check_profile_name(name: str) -> str:
             f"device name {name!r} is not a valid profile name; expected letters, digits, '.', "
             f"'_' or '-' (at most 64, starting with a letter or digit)"
         )
-    from hwnas.latency.devices import builtin_device_names
+    from hwnas.latency.devices.registry import builtin_device_names
 
     if name in builtin_device_names():
         raise UserError(
@@ -365,14 +362,6 @@ def list_profiles(*, base: str | Path | None = None) -> list[Profile]:
         if profile is not None:
             out.append(profile)
     return out
-
-
-def delete_profile(name: str, *, base: str | Path | None = None) -> None:
-    """Remove the profile ``name`` (atomically: renamed away first, then deleted)."""
-    profile = load_profile(name, base=base)
-    trash = profile.path.parent / f".{name}.del-{uuid.uuid4().hex[:8]}"
-    os.rename(profile.path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
 
 
 def load_profile_predictor(profile: Profile) -> Any:

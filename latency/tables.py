@@ -33,6 +33,7 @@ from typing import IO, Any
 import numpy as np
 
 from hwnas.core.errors import UserError
+from hwnas.core.paths import shared_data_candidate
 
 __all__ = [
     "LatencyTable",
@@ -42,6 +43,8 @@ __all__ = [
     "load_latency_table",
     "open_table_text",
     "shared_table_path",
+    "latency_tables",
+    "TABLE_FILES",
     "load_shared_table",
 ]
 
@@ -129,6 +132,60 @@ def open_table_text(path: str | Path) -> IO[str]:
     return open(path, newline="", encoding="utf-8-sig")
 
 
+_EXPECTED = "expected a CSV with an 'arch' column and one latency column (ms) per device"
+
+
+def _read_rows(path: Path) -> list[tuple[int, list[str]]]:
+    """The non-blank rows of a table file with their line numbers (header first)."""
+    if not path.is_file():
+        kind = "is a directory" if path.is_dir() else "does not exist"
+        raise UserError(f"latency table {path} {kind}; {_EXPECTED}")
+    try:
+        with open_table_text(path) as fh:
+            numbered = [(n, r) for n, r in enumerate(csv.reader(fh), start=1)
+                        if any(cell.strip() for cell in r)]
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
+        raise UserError(f"cannot read latency table {path}: {exc}") from exc
+    if not numbered:
+        raise UserError(f"latency table {path} is empty; {_EXPECTED}")
+    return numbered
+
+
+def _device_columns(path: Path, header: list[str], devices: Sequence[str] | None) -> list[str]:
+    """The device columns to keep (``devices``, each checked, or every one of the header)."""
+    if "arch" not in header:
+        raise UserError(f"latency table {path} has no 'arch' column (header: {','.join(header)}); "
+                        f"{_EXPECTED}")
+    dupes = sorted({h for h in header if header.count(h) > 1})
+    if dupes:
+        raise UserError(f"latency table {path} repeats column {dupes[0]!r}; expected unique names")
+    all_devices = [h for h in header if h not in KEY_COLUMNS]
+    if not all_devices:
+        raise UserError(f"latency table {path} has no device column; {_EXPECTED}")
+    if devices is None:
+        return all_devices
+    for d in devices:
+        if d not in all_devices:
+            raise UserError(f"latency table {path} has no device column {d!r}; expected one of "
+                            f"{all_devices}")
+    return list(devices)
+
+
+def _latency_cell(where: str, device: str, cell: str) -> float:
+    """One latency cell: a finite number of ms > 0 (``where``: the file and line)."""
+    cell = cell.strip()
+    try:
+        v = float(cell)
+    except ValueError:
+        what = "is empty" if not cell else f"{cell!r} is not a number"
+        raise UserError(f"{where}: {device} {what}; expected a latency in ms > 0") from None
+    if math.isnan(v) or math.isinf(v):
+        raise UserError(f"{where}: {device} is {cell}; expected a finite latency in ms > 0")
+    if v <= 0:
+        raise UserError(f"{where}: {device} is {cell}; expected a latency in ms > 0")
+    return v
+
+
 def load_latency_table(
     path: str | Path,
     *,
@@ -143,36 +200,9 @@ def load_latency_table(
     only those device columns (each must exist). Every kept cell must be a finite number > 0.
     """
     path = Path(path)
-    expected = "expected a CSV with an 'arch' column and one latency column (ms) per device"
-    if not path.is_file():
-        kind = "is a directory" if path.is_dir() else "does not exist"
-        raise UserError(f"latency table {path} {kind}; {expected}")
-    try:
-        with open_table_text(path) as fh:
-            numbered = [(n, r) for n, r in enumerate(csv.reader(fh), start=1)
-                        if any(cell.strip() for cell in r)]
-    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
-        raise UserError(f"cannot read latency table {path}: {exc}") from exc
-    if not numbered:
-        raise UserError(f"latency table {path} is empty; {expected}")
+    numbered = _read_rows(path)
     header = [h.strip() for h in numbered[0][1]]
-    if "arch" not in header:
-        raise UserError(f"latency table {path} has no 'arch' column (header: {','.join(header)}); "
-                        f"{expected}")
-    dupes = sorted({h for h in header if header.count(h) > 1})
-    if dupes:
-        raise UserError(f"latency table {path} repeats column {dupes[0]!r}; expected unique names")
-    all_devices = [h for h in header if h not in KEY_COLUMNS]
-    if not all_devices:
-        raise UserError(f"latency table {path} has no device column; {expected}")
-    if devices is None:
-        keep = all_devices
-    else:
-        keep = list(devices)
-        for d in keep:
-            if d not in all_devices:
-                raise UserError(f"latency table {path} has no device column {d!r}; expected one of "
-                                f"{all_devices}")
+    keep = _device_columns(path, header, devices)
     ia = header.index("arch")
     iidx = header.index("arch_idx") if "arch_idx" in header else None
     cols = [header.index(d) for d in keep]
@@ -206,21 +236,8 @@ def load_latency_table(
             except ValueError:
                 raise UserError(f"{path} line {line}: arch_idx {row[iidx]!r} is not an "
                                 f"integer") from None
-        for j, c in enumerate(cols):
-            cell = row[c].strip()
-            try:
-                v = float(cell)
-            except ValueError:
-                what = "is empty" if not cell else f"{cell!r} is not a number"
-                raise UserError(f"{path} line {line}: {keep[j]} {what}; expected a latency in "
-                                f"ms > 0") from None
-            if math.isnan(v) or math.isinf(v):
-                raise UserError(f"{path} line {line}: {keep[j]} is {cell}; expected a finite "
-                                f"latency in ms > 0")
-            if v <= 0:
-                raise UserError(f"{path} line {line}: {keep[j]} is {cell}; expected a latency in "
-                                f"ms > 0")
-            values[r, j] = v
+        values[r] = [_latency_cell(f"{path} line {line}", keep[j], row[c])
+                     for j, c in enumerate(cols)]
     arch_idx = None
     if iidx is not None:
         arch_idx = np.asarray(idx_values, dtype=np.int64)
@@ -235,14 +252,29 @@ def load_latency_table(
 # --------------------------------------------------------------------------------------------
 
 
+#: Latency tables of the shared data: space name -> file name under ``<shared data>/latency``.
+TABLE_FILES = {"nb201": "nb201_latency_ms.csv", "fbnet": "fbnet_latency_ms.csv"}
+
+
+def _latency_data_dir() -> Path:
+    """``<shared data>/latency``: ``$HWNAS_SHARED_DATA/latency`` when set, else the default
+    beside the checkout (:mod:`hwnas.core.paths`, torch-free)."""
+    return shared_data_candidate()[0] / "latency"
+
+
+def latency_tables() -> dict[str, Path]:
+    """The latency tables present: space name -> CSV path."""
+    base = _latency_data_dir()
+    return {space: base / f for space, f in TABLE_FILES.items() if (base / f).is_file()}
+
+
+
 def shared_table_path(space_name: str) -> Path:
     """The shared latency table of ``space_name`` (``nb201`` or ``fbnet``).
 
     Found under ``$HWNAS_SHARED_DATA/latency`` or ``<checkout>/../shared/data/latency`` (the
-    rule of :func:`hwnas.latency.devices.latency_tables`); a :class:`UserError` when it is absent.
+    rule of :func:`latency_tables`); a :class:`UserError` when it is absent.
     """
-    from hwnas.latency.devices import TABLE_FILES, latency_tables
-
     if space_name not in TABLE_FILES:
         raise UserError(f"no shared latency table for space {space_name!r}; tables exist for "
                         f"{sorted(TABLE_FILES)}")

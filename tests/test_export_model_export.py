@@ -6,7 +6,7 @@ from __future__ import annotations
 import onnx
 import pytest
 import torch
-from hwnas.export.model_export import ExportSettings, export_model
+from hwnas.export.model_export import ExportSettings, export_model, measurable_devices
 from hwnas.export.qdq import read_metadata
 from hwnas.quant.policy import uniform
 from torch import nn
@@ -25,7 +25,7 @@ def _export(qdq_net, qdq_images, tmp_path, **kw):
 
 
 def test_export_model_writes_verified_files(qdq_net, qdq_images, tmp_path) -> None:
-    result = _export(qdq_net, qdq_images, tmp_path, devices={"cpu-ort-1t": 1},
+    result = _export(qdq_net, qdq_images, tmp_path, devices=measurable_devices(["cpu-ort-1t"]),
                      predicted_latency={"cpu-ort-1t": 0.5, "fpga-zcu102-est": 0.1})
     assert result.status == "ok", result.errors
     files = {f.path: f for f in result.files}

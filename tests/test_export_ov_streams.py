@@ -16,6 +16,7 @@ from hwnas.export.recommend import (
     stream_counts,
     verify_candidates,
 )
+from hwnas.latency.devices import MeasuredDevice
 from latency_support import linear_onnx, needs_ov
 from onnx import numpy_helper
 
@@ -81,7 +82,8 @@ def test_a_chosen_stream_candidate_names_its_streams(monkeypatch) -> None:
                 for label in runners}
 
     monkeypatch.setattr(rec, "time_candidates", timing)
-    out = recommend_file("cpu-ov-2t-b4", runtime="openvino", threads=2, batch=4, files=files,
+    out = recommend_file(MeasuredDevice("cpu-ov-2t-b4", threads=2, batch=4, runtime="openvino"),
+                         files=files,
                          references=refs, images=x, labels=labels, rounds=2, runs=2)
     assert out.chosen.streams == 2 and out.chosen.settings["NUM_STREAMS"] == 2
     assert out.chosen.settings["static_batch"] == 2 and out.speedup == pytest.approx(2.0)

@@ -1,6 +1,6 @@
 """A QDQ file whose top-1 agreement with its fake-quant reference is low only because float
 rounding flipped near-tied logits passes, said so (``parity_note``); a systematic difference
-still fails (export.onnx_export.divergence_of, export.model_export._verify_qdq)."""
+still fails (export.onnx_export.divergence_of, export.verify.verify_qdq)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from hwnas.export import recommend as rec
 from hwnas.export.device_policy import DevicePolicy
-from hwnas.export.model_export import ExportSettings, export_model
+from hwnas.export.model_export import ExportSettings, export_model, measurable_devices
 from hwnas.export.recommend import (
     CandidateFile,
     DeviceCandidate,
@@ -18,6 +18,7 @@ from hwnas.export.recommend import (
     recommend_file,
 )
 from hwnas.export.run_export import _summary_line
+from hwnas.latency.devices import MeasuredDevice
 from hwnas.latency.onnx_measure import openvino_available
 from hwnas.quant.policy import uniform
 from latency_support import linear_onnx
@@ -92,7 +93,8 @@ def test_choose_fastest_needs_every_half_of_one_paired_timing() -> None:
 def _fake_choice(fp32_ms: float, chosen_ms: float):  # noqa: ANN202
     """A per-layer search that claims ``fp32_ms / chosen_ms`` for the int8 variant."""
     def choose(build_model, fp32, quantized, kinds, **kw):  # noqa: ANN001, ANN202
-        return DevicePolicy(kw["device"], kw["threads"], kw["batch"], [], fp32_ms, fp32_ms,
+        dev = kw["device"]
+        return DevicePolicy(dev.name, dev.threads, dev.batch, [], fp32_ms, fp32_ms,
                             chosen_ms, chosen_ms, chosen_ms, "all-int8")
     return choose
 
@@ -124,7 +126,7 @@ def _export_timed(net, data, tmp_path, monkeypatch, int8_factor: float):
     calib, test, labels = data
     return export_model(net, name="m", out_dir=tmp_path, example=test[:1], test_images=test,
                         test_labels=labels, policy=uniform(net, 8, 8), calibration=[calib],
-                        devices={"cpu-ort-1t": 1}, settings=FAST)
+                        devices=measurable_devices(["cpu-ort-1t"]), settings=FAST)
 
 
 @pytest.mark.parametrize("int8_factor", [1.2, 0.7])
@@ -183,14 +185,14 @@ def test_a_candidate_losing_accuracy_is_not_verified(monkeypatch) -> None:
     monkeypatch.setattr(rec, "time_candidates", _drifting({"fp32.onnx": 1.0, "q.onnx": 0.5}))
     files = [CandidateFile("fp32.onnx", _linear_model(), "fp32", "float"),
              CandidateFile("q.onnx", _linear_model(), "int8", "searched")]
-    out = recommend_file("cpu-ort-1t", runtime="onnxruntime", threads=1, batch=1, files=files,
+    out = recommend_file(MeasuredDevice("cpu-ort-1t", threads=1), files=files,
                          references={"float": np.eye(4, dtype=np.float32)[preds],
                                      "searched": reference}, images=x, labels=labels)
     q = {c.label: c for c in out.candidates}["q.onnx"]
     assert q.top1_agreement == pytest.approx(0.99) and not q.verified
     assert "more than 0.3 point(s) below the searched fake-quant model's 100.00%" in q.note and out.chosen.label == "fp32.onnx"
     with pytest.raises(UserError, match="start with the FP32 file"):
-        recommend_file("cpu-ort-1t", runtime="onnxruntime", threads=1, batch=1, files=files[1:],
+        recommend_file(MeasuredDevice("cpu-ort-1t", threads=1), files=files[1:],
                        references={}, images=x, labels=None)
 
 
@@ -199,7 +201,7 @@ def test_openvino_device_gets_precision_candidates(net, data, tmp_path) -> None:
     calib, test, labels = data
     result = export_model(net, name="m", out_dir=tmp_path, example=test[:1], test_images=test,
                           test_labels=labels, policy=uniform(net, 8, 8), calibration=[calib],
-                          devices={"cpu-ort-1t": 1, "cpu-ov-1t": 1}, settings=FAST)
+                          devices=measurable_devices(["cpu-ort-1t", "cpu-ov-1t"]), settings=FAST)
     assert result.status == "ok", result.errors
     ov = {d.device: d for d in result.devices}["cpu-ov-1t"]
     assert ov.runtime == "openvino" and ov.recommended is not None

@@ -15,6 +15,7 @@ from hwnas.export.model_export import ExportSettings
 from hwnas.export.onnx_export import check_parity, parity_of
 from hwnas.export.parallel import TimingGate, auto_workers
 from hwnas.export.passes import ImagePasses, StageClock
+from hwnas.latency.devices import MeasuredDevice
 from hwnas.latency.onnx_measure import Runner, order_settled, time_interleaved
 from hwnas.supernet.onnx import onnx_bytes
 
@@ -312,7 +313,7 @@ def test_recommendation_stops_timing_once_fp32_clearly_wins(monkeypatch) -> None
     x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
     files = [rec.CandidateFile("m.onnx", _chain(1), "fp32", "float"),
              rec.CandidateFile("slow/m.onnx", _chain(200), "int8", "float")]
-    got = rec.recommend_file("cpu-ort-1t", runtime="onnxruntime", threads=1, batch=1, files=files,
+    got = rec.recommend_file(MeasuredDevice("cpu-ort-1t", threads=1), files=files,
                              references={"float": x}, images=x, labels=None, rounds=8, runs=3,
                              warmup=1, min_rounds=2)
     (rows,) = shapes[0]

@@ -1,0 +1,184 @@
+"""Verification of each exported file before it is written.
+
+``onnx.checker``; FP32: max |ONNX - PyTorch| <= ``atol`` (1e-4). QDQ: top-1 agreement >=
+``min_agreement`` (99 %) with the PyTorch fake-quant model as onnxruntime computes the file -
+biases rounded to int32 on ``input_scale * weight_scale`` and, for ``qdq-<device>`` files, the
+requantization points: exact up to float rounding, so any export error shows. The deviation
+from the *searched* fake-quant model (int32 biases, requantization, layers kept float) is
+reported, and a file losing more than ``max_accuracy_drop`` points of test accuracy fails.
+After onnxruntime's optimizations every integer layer of a ``qdq-<device>`` file, and every
+quantized attention product of two activations (Q·Kᵀ, attention × V), must run as an integer
+kernel; float islands are reported by name. A uint8-input file is checked against its parent.
+Where a check ran: :func:`verified_here`, and the ISA condition of a QDQ file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from hwnas.export.onnx_export import InputSpec, divergence_of, parity_of
+from hwnas.export.ort_profile import LayerIndex, integer_kernel_check
+from hwnas.export.passes import ImagePasses
+from hwnas.export.qdq.build import QdqBuild
+from hwnas.export.records import ExportSettings, FileReport
+from torch import nn
+
+from hwnas.core.errors import UserError
+
+__all__ = ["NEEDS_VNNI", "finite", "raw_images", "verified_here", "verify_fp32", "verify_qdq",
+           "verify_uint8"]
+
+
+def finite(x: float | None) -> float | None:
+    return None if x is None or not np.isfinite(x) else float(x)
+
+
+#: the ISA condition of a QDQ file some integer layer of which can saturate a 16-bit pair sum
+NEEDS_VNNI = ("x86 with VNNI or AMX (avx512_vnni, avx_vnni or amx_int8), or onnxruntime with "
+              "session.x64quantprecision=1; AVX2 and AVX-512 without VNNI saturate its sums")
+
+
+def verified_here(runtime: str = "onnxruntime") -> dict[str, Any]:
+    """Where a check runs: this CPU, its ISA flags (:func:`hwnas.latency.ondevice.cpu_isa`),
+    the runtime and its version."""
+    from hwnas.latency.ondevice import cpu_isa
+
+    if runtime == "openvino":
+        import openvino as ov
+
+        version = ov.__version__
+    else:
+        import onnxruntime as ort
+
+        version = ort.__version__
+    return {**cpu_isa(), "runtime": runtime, "version": version}
+
+
+def isa_condition(proto: onnx.ModelProto, report: FileReport) -> None:
+    """The file's 16-bit pair-sum bound and the CPUs on which it computes what was verified."""
+    from hwnas.export.qdq.int16 import int16_report
+
+    report.int16 = int16_report(proto)
+    report.isa_condition = "any" if report.int16["int16_safe"] else NEEDS_VNNI
+
+
+def verify_fp32(proto: onnx.ModelProto, model: nn.Module, passes: ImagePasses,
+                 report: FileReport, s: ExportSettings) -> None:
+    """``onnx.checker`` and max |ONNX - PyTorch| <= ``atol`` on the test images (one pass of
+    each, kept in ``passes``); with labels, the file's test accuracy."""
+    onnx.checker.check_model(proto)
+    report.checker = True
+    report.verified_on, report.isa_condition = verified_here(), "any"
+    got = passes.onnx(report.path, proto.SerializeToString())
+    parity = parity_of(got, passes.torch("float", model), atol=s.atol)
+    report.max_abs_diff, report.top1_agreement, report.n_images = (
+        finite(parity.max_abs_diff), parity.top1_agreement, parity.n)
+    report.test_accuracy = passes.accuracy(got)
+    if not parity.passed:
+        raise UserError(f"FP32 parity failed: max |ONNX - PyTorch| = {parity.max_abs_diff:.3g} > "
+                        f"{s.atol:g} on {parity.n} images")
+
+
+def verify_qdq(proto: onnx.ModelProto, build: QdqBuild, passes: ImagePasses, report: FileReport,
+                s: ExportSettings, *, requantize: bool, require_integer: bool,
+                searched: nn.Module | None = None) -> None:
+    """Verify a QDQ file against what it implements and against what was searched.
+
+    Pass/fail: ``onnx.checker``; top-1 agreement >= ``min_agreement`` with the fake-quant model
+    as onnxruntime's integer kernels compute it (int32 biases, and the requantization points
+    when ``requantize``) - any export error (a wrong scale, layer or grid) shows here; no float
+    islands when ``require_integer``; with labels, test accuracy no more than
+    ``max_accuracy_drop`` points below the searched fake-quant model's. Reported beside: the
+    agreement and max difference with the searched fake-quant model (``searched``, default the
+    build's own). One onnxruntime pass of the file and one PyTorch pass of each model
+    (``passes``: the searched model's is shared by every file of the model)."""
+    onnx.checker.check_model(proto)
+    report.checker = True
+    report.verified_on = verified_here()
+    isa_condition(proto, report)
+    data = proto.SerializeToString()
+    got = passes.onnx(report.path, data)
+    with build.reference(requantize=requantize) as deployed:
+        expected = passes.torch(("deployed", report.path), deployed)
+    parity = parity_of(got, expected, atol=float("inf"))
+    report.reference = ("fake-quant model with int32 biases"
+                        + (" and 8-bit requantization points" if requantize and build.requant_layers()
+                           else ""))
+    report.max_abs_diff, report.top1_agreement, report.n_images = (
+        finite(parity.max_abs_diff), parity.top1_agreement, parity.n)
+    searched = searched if searched is not None else build.qmodel
+    searched_logits = passes.torch("searched", searched)
+    plain = parity_of(got, searched_logits, atol=float("inf"))
+    report.searched_agreement, report.searched_max_abs_diff = (plain.top1_agreement,
+                                                               finite(plain.max_abs_diff))
+    labels = passes.labels
+    if labels is not None:
+        report.test_accuracy = passes.accuracy(got)
+        report.searched_test_accuracy = passes.accuracy(searched_logits)
+    index = LayerIndex.from_source(proto, build.kernel_nodes())
+    quantized, products = build.integer_layers(), build.integer_products()
+    integer, islands = integer_kernel_check(data, index, quantized + products)
+    report.quantized_layers, report.integer_layers, report.float_islands = (
+        len(quantized), sum(n in integer for n in quantized), islands)
+    report.integer_products = sum(n in integer for n in products)
+    if parity.max_abs_diff != parity.max_abs_diff:  # NaN
+        raise UserError("quantized parity failed: onnxruntime produced NaN")
+    if parity.top1_agreement < s.min_agreement:
+        # rounding flips on near-tied logits (see divergence_of) pass, said so; anything else fails
+        why = divergence_of(got, expected, labels, min_agreement=s.min_agreement,
+                            max_accuracy_drop=s.max_accuracy_drop)
+        shown = (f"top-1 agreement with the {report.reference} "
+                 f"{100 * parity.top1_agreement:.2f}% < {100 * s.min_agreement:.0f}% on "
+                 f"{parity.n} images (max diff {parity.max_abs_diff:.3g}; {why.describe()})")
+        if not why.rounding:
+            raise UserError(f"quantized parity failed: {shown}")
+        report.parity_note = (f"{shown}: float-rounding flips on near-tied logits, not an export "
+                              f"error")
+    if require_integer and islands:
+        raise UserError(f"{len(islands)} quantized layer(s) did not become integer kernels after "
+                        f"onnxruntime's optimizations: {'; '.join(islands[:3])}"
+                        + (" ..." if len(islands) > 3 else ""))
+    if (labels is not None and s.max_accuracy_drop is not None
+            and report.test_accuracy < report.searched_test_accuracy - s.max_accuracy_drop):
+        raise UserError(f"the ONNX model's test accuracy {report.test_accuracy:.2f}% is more than "
+                        f"{s.max_accuracy_drop:g} points below the searched fake-quant model's "
+                        f"{report.searched_test_accuracy:.2f}% (top-1 agreement "
+                        f"{100 * plain.top1_agreement:.1f}%)")
+
+
+def raw_images(images: torch.Tensor, spec: InputSpec) -> np.ndarray:
+    """The uint8 NHWC pixels that normalised NCHW ``images`` were made from (the inverse of
+    ``(uint8 / 255 - mean) / std``, rounded: exact for images that came from uint8)."""
+    mean = torch.tensor(spec.mean, dtype=torch.float64, device="cpu").view(1, -1, 1, 1)
+    std = torch.tensor(spec.std, dtype=torch.float64, device="cpu").view(1, -1, 1, 1)
+    pixels = ((images.detach().cpu().double() * std + mean) * 255.0).round().clamp(0, 255)
+    return pixels.to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def verify_uint8(proto: onnx.ModelProto, want: np.ndarray, passes: ImagePasses,
+                  spec: InputSpec, report: FileReport, s: ExportSettings, *, exact: bool) -> None:
+    """The uint8-input file on the raw pixels against its parent's logits ``want`` on the
+    normalised images: max difference <= ``atol`` for a float parent, top-1 agreement >=
+    ``min_agreement`` for a QDQ one (a pixel at a rounding boundary may land on the other side
+    of an int8 step)."""
+    from hwnas.latency.onnx_measure import make_session
+
+    onnx.checker.check_model(proto)
+    report.checker = True
+    raw = raw_images(passes.x, spec)
+    mine = make_session(proto.SerializeToString(), threads=1)
+    got = np.concatenate([mine.run(None, {mine.get_inputs()[0].name: raw[i:i + 256]})[0]
+                          for i in range(0, len(raw), 256)])
+    report.max_abs_diff = finite(float(np.max(np.abs(got.astype(np.float64) - want))))
+    report.top1_agreement = float(np.mean(got.argmax(1) == want.argmax(1)))
+    report.n_images = len(raw)
+    report.test_accuracy = passes.accuracy(got)
+    if exact and not (report.max_abs_diff is not None and report.max_abs_diff <= s.atol):
+        raise UserError(f"uint8-input parity failed: max difference {report.max_abs_diff} > "
+                        f"{s.atol:g} against the float-input file")
+    if report.top1_agreement < s.min_agreement:
+        raise UserError(f"uint8-input parity failed: top-1 agreement "
+                        f"{100 * report.top1_agreement:.2f}% with the float-input file")
