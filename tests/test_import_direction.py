@@ -4,7 +4,8 @@ training) → latency, quant (side by side) → search → export → the top fl
 
 The graph is read from the source (every ``import`` / ``from ... import`` of an ``hwnas``
 module, at any depth, lazy ones included), so a new upward or sideways arrow fails here unless
-it is named in :data:`ALLOWED` with its reason."""
+it is named in :data:`ALLOWED` with its reason, and files that import each other in a circle
+(package faces included) fail unless the circle is named in :data:`ALLOWED_CIRCLES`."""
 
 from __future__ import annotations
 
@@ -122,3 +123,67 @@ def test_imports_only_point_down() -> None:
 @pytest.mark.parametrize("arrow", sorted(ALLOWED))
 def test_allowlisted_arrows_still_exist(arrow: tuple[str, str]) -> None:
     assert arrow in violations(), f"{arrow} no longer exists: remove it from ALLOWED"
+
+
+#: Circles between files (strongly connected groups of the import graph, package faces
+#: included) that exist on purpose, each with its reason. Any other circle fails.
+ALLOWED_CIRCLES: dict[frozenset[str], str] = {
+    frozenset({f"hwnas.supernet.spaces.{s}", f"hwnas.supernet.nn.{s}"}): _BUILDS
+    + "; the torch module imports its declaration's config and choices"
+    for s in ("mbv3", "fbnet", "nb201", "vit")
+}
+
+
+def circles() -> list[frozenset[str]]:
+    """The strongly connected groups of more than one file (Tarjan's algorithm)."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {}
+    for module, path in mods.items():
+        edges = set()
+        for target in imports_of(module, path):
+            while target not in mods and "." in target:
+                target = target.rpartition(".")[0]
+            if target in mods and target != module:
+                edges.add(target)
+        graph[module] = edges
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[frozenset[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(frozenset(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_circles_between_files() -> None:
+    new = [sorted(c) for c in circles() if c not in ALLOWED_CIRCLES]
+    assert not new, f"files that import each other in a circle: {new}"
+
+
+@pytest.mark.parametrize("circle", sorted(ALLOWED_CIRCLES, key=sorted), ids=lambda c: min(c))
+def test_allowlisted_circles_still_exist(circle: frozenset[str]) -> None:
+    assert circle in circles(), f"{sorted(circle)} is no longer a circle: remove it"
