@@ -19,7 +19,7 @@ import numpy as np
 from hwnas.latency.predictors import default_predictor
 
 from hwnas.core.errors import UserError
-from hwnas.core.io import check_writable, write_atomic
+from hwnas.core.io import check_writable, read_csv_rows, write_atomic
 from hwnas.core.maths import spearman
 
 __all__ = ["adapt_device", "check_csv_out", "pin_execution", "predict_csv", "read_arch_csv"]
@@ -125,17 +125,8 @@ def read_arch_csv(path: str | Path, space: Any) -> list[str]:
     """Canonical architecture strings of the ``arch`` column of a CSV (validated, every bad
     row named by its line)."""
     path = Path(path)
-    if not path.is_file():
-        kind = "is a directory" if path.is_dir() else "does not exist"
-        raise UserError(f"architectures file {path} {kind}; expected a CSV with an 'arch' column")
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
-            numbered = [(n, r) for n, r in enumerate(csv.reader(fh), start=1)
-                        if any(c.strip() for c in r)]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise UserError(f"cannot read architectures file {path}: {exc}") from exc
-    if not numbered:
-        raise UserError(f"architectures file {path} is empty; expected a header with an 'arch' column")
+    numbered = read_csv_rows(path, "architectures file", "expected a CSV with an 'arch' column",
+                             empty="expected a header with an 'arch' column")
     header = [h.strip() for h in numbered[0][1]]
     if "arch" not in header:
         raise UserError(f"architectures file {path} has no 'arch' column (header: {','.join(header)})")

@@ -36,7 +36,7 @@ from hwnas.supernet.space import SearchSpace
 
 from hwnas.core import written
 from hwnas.core.errors import UserError
-from hwnas.core.io import check_writable
+from hwnas.core.io import check_writable, read_csv_rows
 
 __all__ = [
     "Measurements",
@@ -139,20 +139,9 @@ def read_measurements(path: str | Path, space: SearchSpace, *, min_rows: int = 1
     (:attr:`Measurements.files`: it tells whether the models were ONNX files).
     """
     path = Path(path)
-    if not path.is_file():
-        kind = "is a directory" if path.is_dir() else "does not exist"
-        raise UserError(f"measurements file {path} {kind}; expected a CSV with columns arch,latency_ms")
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
-            numbered = [(n, r) for n, r in enumerate(csv.reader(fh), start=1)
-                        if any(cell.strip() for cell in r)]
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise UserError(f"cannot read measurements file {path}: {exc}") from exc
-    if not numbered:
-        raise UserError(
-            f"measurements file {path} is empty; expected a header arch,latency_ms and one row "
-            f"per architecture"
-        )
+    numbered = read_csv_rows(path, "measurements file",
+                             "expected a CSV with columns arch,latency_ms",
+                             empty="expected a header arch,latency_ms and one row per architecture")
     header = [h.strip() for h in numbered[0][1]]
     missing = [c for c in ("arch", "latency_ms") if c not in header]
     if missing:

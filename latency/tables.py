@@ -22,7 +22,6 @@ Importing this module needs numpy only (no torch, no pandas).
 
 from __future__ import annotations
 
-import csv
 import gzip
 import math
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ from typing import IO, Any
 import numpy as np
 
 from hwnas.core.errors import UserError
+from hwnas.core.io import read_csv_rows
 from hwnas.core.paths import shared_data_candidate
 
 __all__ = [
@@ -137,18 +137,7 @@ _EXPECTED = "expected a CSV with an 'arch' column and one latency column (ms) pe
 
 def _read_rows(path: Path) -> list[tuple[int, list[str]]]:
     """The non-blank rows of a table file with their line numbers (header first)."""
-    if not path.is_file():
-        kind = "is a directory" if path.is_dir() else "does not exist"
-        raise UserError(f"latency table {path} {kind}; {_EXPECTED}")
-    try:
-        with open_table_text(path) as fh:
-            numbered = [(n, r) for n, r in enumerate(csv.reader(fh), start=1)
-                        if any(cell.strip() for cell in r)]
-    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
-        raise UserError(f"cannot read latency table {path}: {exc}") from exc
-    if not numbered:
-        raise UserError(f"latency table {path} is empty; {_EXPECTED}")
-    return numbered
+    return read_csv_rows(path, "latency table", _EXPECTED, opener=open_table_text)
 
 
 def _device_columns(path: Path, header: list[str], devices: Sequence[str] | None) -> list[str]:

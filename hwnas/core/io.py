@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 import errno
 import json
 import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 
 def write_atomic(path: str | Path, data: bytes | str | Callable[[Path], Any]) -> Path:
@@ -160,3 +161,30 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def read_csv_rows(path: str | Path, what: str, expected: str, *, empty: str | None = None,
+                  opener: Callable[[Path], IO[str]] | None = None) -> list[tuple[int, list[str]]]:
+    """The non-blank rows of a CSV file with their line numbers (the header is line 1). One
+    UserError line, naming the file as ``what`` and what was ``expected`` (``empty``: what to
+    say of an empty file), when it is missing, a directory, unreadable or empty. ``opener``
+    opens it as text (default: UTF-8, a byte-order mark skipped)."""
+    from hwnas.core.errors import UserError
+
+    path = Path(path)
+    if not path.is_file():
+        kind = "is a directory" if path.is_dir() else "does not exist"
+        raise UserError(f"{what} {path} {kind}; {expected}")
+    try:
+        with (opener or _open_csv_text)(path) as fh:
+            numbered = [(n, r) for n, r in enumerate(csv.reader(fh), start=1)
+                        if any(cell.strip() for cell in r)]
+    except (OSError, EOFError, UnicodeDecodeError, csv.Error) as exc:
+        raise UserError(f"cannot read {what} {path}: {exc}") from exc
+    if not numbered:
+        raise UserError(f"{what} {path} is empty; {empty or expected}")
+    return numbered
+
+
+def _open_csv_text(path: Path) -> IO[str]:
+    return open(path, newline="", encoding="utf-8-sig")

@@ -184,27 +184,19 @@ class MeasuredDevice(Device):
 
 
 def _measure_ort_cuda(model: bytes, *, repeats: int, warmup: int, batch: int = 1):
-    """Median/cv timing of ONNX bytes on onnxruntime's CUDA provider (same statistics as
+    """Median/cv timing of ONNX bytes on onnxruntime's CUDA provider (the timing loop of
+    :func:`hwnas.latency.ondevice.time_session`, the statistics of
     :func:`hwnas.latency.onnx_measure.measure_onnx`)."""
-    import time
-
     import onnxruntime as ort
+    from hwnas.latency.ondevice import time_session
     from hwnas.latency.onnx_measure import LatencyStats, random_input
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     session = ort.InferenceSession(model, sess_options=opts, providers=["CUDAExecutionProvider"])
-    feeds = random_input(session, batch=batch)
-    for _ in range(warmup):
-        session.run(None, feeds)
-    times = np.empty(repeats)
-    for i in range(repeats):
-        start = time.perf_counter()
-        session.run(None, feeds)
-        times[i] = (time.perf_counter() - start) * 1e3
-    mean = float(times.mean())
-    return LatencyStats(float(np.median(times)), float(np.percentile(times, 95)), mean,
-                        float(times.std() / mean), repeats, warmup, 1, batch)
+    t = time_session(session, random_input(session, batch=batch), warmup, repeats)
+    return LatencyStats(t["latency_ms"], t["p95_ms"], t["mean_ms"], t["cv"], repeats, warmup, 1,
+                        batch)
 
 
 def _gpu_present() -> bool:
