@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from hwnas.core.progress import progress_bar
 from hwnas.export.ort_profile import LayerIndex, profile_model
 from hwnas.latency.devices.measured import MeasuredDevice
 from hwnas.latency.onnx_measure import MIN_MARGIN, clearly_faster
@@ -216,7 +217,7 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
     choice with its evidence."""
     device = device if device is not None else MeasuredDevice("cpu-ort-1t", threads=1)
     timing = {"batch": device.batch, "threads": device.threads, "rounds": rounds, "runs": runs}
-    bar = _progress(progress, total=4 + refine, desc=f"int8 vs float ({device.name})")
+    bar = progress_bar(4 + refine, f"int8 vs float ({device.name})", disable=not progress)
     uniform = build_model(())
     speeds, losing, losing2 = _profiled_choices(build_model, fp32, uniform, quantized, kinds,
                                                 fp32_index, qdq_index, device, profile_runs, bar)
@@ -317,23 +318,3 @@ def _candidates(quantized: list[str], kinds: Mapping[str, str], losing: list[str
 def _float_pays(float_ms: float, int8_ms: float) -> bool:
     """A layer's float cost below its int8 cost by more than the minimum margin."""
     return float_ms < int8_ms * (1.0 - MIN_MARGIN)
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(enabled: bool, *, total: int, desc: str):  # noqa: ANN202 - tqdm or stand-in
-    """A tqdm bar when tqdm is installed and ``enabled`` (tqdm is optional: the benchmark runs
-    where only torch, onnx, onnxruntime and numpy exist)."""
-    if not enabled:
-        return _NoBar()
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(total=total, desc=desc, leave=False)
