@@ -164,12 +164,12 @@ def time_rounds(models: Mapping[str, bytes], *, batch: int = 1, threads: int = 1
     from hwnas.latency.onnx_measure import make_runner, order_settled, time_interleaved
 
     runners = {label: make_runner(bytes(blob), threads=threads) for label, blob in models.items()}
-    settled = None
-    if min_rounds is not None:
-        def settled(t: dict) -> bool:
-            return order_settled(t, baseline, faster_only=False)
+    def settled(t: dict) -> bool:
+        return order_settled(t, baseline, faster_only=False)
+
     return time_interleaved(runners, batch=batch, rounds=rounds, runs=runs, warmup=warmup,
-                            seed=seed, settled=settled, min_rounds=min_rounds or 1)
+                            seed=seed, settled=settled if min_rounds is not None else None,
+                            min_rounds=min_rounds or 1)
 
 
 def time_models(models: Mapping[str, bytes], **kw: Any) -> dict[str, tuple[float, float]]:
