@@ -49,8 +49,6 @@ from hwnas.core.io import check_writable
 
 __all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front"]
 
-CONFIG_FILE = RunDir.CONFIG
-
 
 @dataclass
 class ModelRow:
