@@ -1,21 +1,10 @@
-"""``hwnas export RUN_DIR``: the command line of :func:`hwnas.export.run_export.export_run`.
+"""``hwnas export RUN_DIR`` and ``hwnas finetune RUN_DIR --trial N``: the command lines of
+:func:`hwnas.export.run_export.export_run` and :mod:`hwnas.export.finetune`.
 
-Wired into ``hwnas`` by :func:`add_export_parser` (``hwnas/cli.py`` calls it and dispatches
-``export`` to the handler it returns, :func:`run_export`)::
-
-    hwnas export RUN_DIR [--front DEVICE] [--select all|3,7|top:K|fastest:K] [--out DIR]
-                         [--devices cpu-ov-2t,...] [--int4] [--int8-full-range] [--batch N]
-                         [--max-images N] [--refine N]
-                         [--no-requantize] [--with-preprocessing] [--workers N]
-                         [--device cpu|cuda] [--quiet]
-
-Exit status: 0 when every selected model was exported and verified, 1 when some failed (one
-line each on stderr; the others are written), 2 on a whole-command error (UserError, raised
-to the ``hwnas`` main, which prints ``hwnas: error: ...``).
-
-``hwnas finetune RUN_DIR --trial N`` (:func:`add_finetune_parser`, :func:`run_finetune`)
-fine-tunes one trial and exports it again (:mod:`hwnas.export.finetune`); exit status 1 when
-the model was fine-tuned and saved but a file of its export failed verification.
+Wired into ``hwnas`` by :func:`add_export_parser` and :func:`add_finetune_parser`
+(``hwnas/cli.py`` calls them and dispatches to the handlers they return, :func:`run_export` and
+:func:`run_finetune`). They only parse and print; whole-command errors are UserError, raised to
+the ``hwnas`` main, which prints ``hwnas: error: ...`` (exit 2).
 """
 
 from __future__ import annotations
@@ -36,7 +25,14 @@ EXIT_SOME_FAILED = 1
 
 def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     """Add the ``export`` command to ``sub`` (an ``add_subparsers`` object); return its
-    handler."""
+    handler (:func:`run_export`)::
+
+        hwnas export RUN_DIR [--front DEVICE] [--select all|3,7|top:K|fastest:K] [--out DIR]
+                             [--devices cpu-ov-2t,...] [--int4] [--int8-full-range] [--batch N]
+                             [--max-images N] [--refine N]
+                             [--no-requantize] [--with-preprocessing] [--workers N]
+                             [--device cpu|cuda] [--quiet]
+    """
     p = sub.add_parser("export", help="export a run's Pareto-optimal models to ONNX (FP32 and "
                                       "QDQ), verified, and the fastest file per measured device")
     p.add_argument("run_dir", help="run directory written by 'hwnas search' / 'hwnas run'")
@@ -94,7 +90,9 @@ def add_preprocessing_flag(p: argparse.ArgumentParser) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    """Handler of ``hwnas export``."""
+    """Handler of ``hwnas export``. Exit status: 0 when every selected model was exported and
+    verified, 1 when some failed (one line each on stderr; the others are written), 2 on a
+    whole-command error (UserError, raised to the ``hwnas`` main)."""
     from hwnas.export.model_export import ExportSettings
     from hwnas.export.run_export import export_run
     from hwnas.latency.devices import get_device
@@ -146,7 +144,9 @@ def add_finetune_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
 
 
 def run_finetune(args: argparse.Namespace) -> int:
-    """Handler of ``hwnas finetune``."""
+    """Handler of ``hwnas finetune``: fine-tunes one trial and exports it again
+    (:mod:`hwnas.export.finetune`); exit status 1 when the model was fine-tuned and saved but a
+    file of its export failed verification."""
     from hwnas.export.finetune import FinetuneSettings, finetune_trial
 
     if args.trial is None:

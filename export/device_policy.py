@@ -1,38 +1,14 @@
 """Per-device int8-vs-float choice per layer, measured with onnxruntime on this CPU.
 
-onnxruntime's int8 is often *slower* than FP32 for MobileNetV3-style networks: its float convs
-run in the blocked NCHWc layout with the activation fused, while an int8 layer pays for a
-QuantizeLinear on its input, a DequantizeLinear on its output wherever float ops follow
-(h-swish, residual adds, squeeze-excitation), NHWC<->NCHW transposes at every int8/float
-boundary, and a depthwise int8 kernel that is no faster than the float one. Whether a layer
-gains depends on its shape, its neighbours, the CPU (VNNI/AMX or not), the batch and the
-threads, so it is measured, not assumed:
-
-1. the FP32 graph and the QDQ graph with every policy-quantized layer in int8 are profiled
-   (:func:`hwnas.export.ort_profile.profile_model`) and each node's time charged to a layer
-   (:class:`hwnas.export.ort_profile.LayerIndex`): per layer, its float cost and its int8 cost in
-   context (kernel + the Q/DQ/transposes it causes);
-2. candidates are built: all int8; float where the float cost is below the int8 cost by more
-   than :data:`hwnas.latency.onnx_measure.MIN_MARGIN` (3 %); the same
-   re-profiled in its own context (boundaries move; no third profile when no layer or every
-   layer loses, which decides it); all depthwise layers float; every quantized
-   layer float except pointwise/linear ones - and optionally refined greedily layer by layer
-   (``refine``), each step a whole-model measurement;
-3. FP32 and all candidates are timed *interleaved* (round-robin, so drifting background load
-   hits all alike) at the device's threads and batch; FP32, all-int8 and the two fastest
-   candidates are timed together once more and chosen there (:attr:`DevicePolicy.quantized_faster`
-   says whether it beat FP32 in both timings).
-
-Every choice between candidates keeps int8 layers unless float clearly pays
-(:func:`prefer_int8`): the fastest candidate wins only over those it beats by more than the
-paired timing's noise (:func:`hwnas.latency.onnx_measure.paired_margin`, 3-10 %);
-among the rest, the one with the fewest float layers is kept. So timing noise between two runs
-does not flip the choice between near-equal variants.
+onnxruntime's int8 is often slower than FP32 for MobileNetV3-style networks, and whether a layer
+gains depends on its shape, its neighbours, the CPU, the batch and the threads, so it is
+measured, not assumed (:func:`choose_float_layers`; why: ``benchmarks/export_ort_ops.md``).
+Every choice keeps int8 layers unless float clearly pays (:func:`prefer_int8`), so timing noise
+between two runs does not flip the choice between near-equal variants.
 
 The chosen variant becomes the ``qdq-<device>`` file, one candidate among the others of
-:mod:`hwnas.export.recommend`, whose one paired timing decides what is recommended.
-
-The result also yields a measured ``int8_speedup`` table per layer for
+:mod:`hwnas.export.recommend`, whose one paired timing decides what is recommended. Its measured
+per-layer ``int8_speedup`` table feeds
 :meth:`hwnas.quant.device_rules.DeviceQuantRules.with_speedups` (via
 :func:`hwnas.quant.device_rules.measure_int8_speedup`), so the next search prices int8 on this CPU
 by measurement.
@@ -45,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from hwnas.core.progress import progress_bar
 from hwnas.export.ort_profile import LayerIndex, profile_model
 from hwnas.latency.devices.measured import MeasuredDevice
 from hwnas.latency.onnx_measure import MIN_MARGIN, clearly_faster
@@ -163,12 +140,12 @@ def time_rounds(models: Mapping[str, bytes], *, batch: int = 1, threads: int = 1
     from hwnas.latency.onnx_measure import make_runner, order_settled, time_interleaved
 
     runners = {label: make_runner(bytes(blob), threads=threads) for label, blob in models.items()}
-    settled = None
-    if min_rounds is not None:
-        def settled(t: dict) -> bool:
-            return order_settled(t, baseline, faster_only=False)
+    def settled(t: dict) -> bool:
+        return order_settled(t, baseline, faster_only=False)
+
     return time_interleaved(runners, batch=batch, rounds=rounds, runs=runs, warmup=warmup,
-                            seed=seed, settled=settled, min_rounds=min_rounds or 1)
+                            seed=seed, settled=settled if min_rounds is not None else None,
+                            min_rounds=min_rounds or 1)
 
 
 def time_models(models: Mapping[str, bytes], **kw: Any) -> dict[str, tuple[float, float]]:
@@ -182,7 +159,8 @@ def _summary(times: np.ndarray) -> tuple[float, float]:
 
 def prefer_int8(candidates: Iterable[Candidate], times: Mapping[str, np.ndarray]) -> Candidate:
     """Of ``candidates`` timed together (``times``: :func:`time_rounds`), the one to keep: among
-    those the fastest does not clearly beat (by more than the pair's timing noise, at least
+    those the fastest does not clearly beat (by more than the pair's timing noise,
+    :func:`hwnas.latency.onnx_measure.paired_margin`, 3-10 %, at least
     :data:`~hwnas.latency.onnx_measure.MIN_MARGIN`), the one with the fewest float layers
     (then the faster). Float layers are kept only where they clearly pay."""
     timed = [c for c in candidates if c.label in times]
@@ -207,7 +185,22 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
                         min_rounds: int | None = None) -> DevicePolicy:
     """Choose which of the ``quantized`` layers (policy-quantized, integer-capable, in graph
     order) to keep in float on this CPU at ``device``'s threads and batch (default
-    ``cpu-ort-1t``; see the module docstring).
+    ``cpu-ort-1t``):
+
+    1. the FP32 graph and the QDQ graph with every policy-quantized layer in int8 are profiled
+       (:func:`hwnas.export.ort_profile.profile_model`) and each node's time charged to a layer
+       (:class:`hwnas.export.ort_profile.LayerIndex`): per layer, its float cost and its int8
+       cost in context (kernel + the Q/DQ/transposes it causes);
+    2. candidates are built: all int8; float where the float cost is below the int8 cost by more
+       than :data:`hwnas.latency.onnx_measure.MIN_MARGIN` (3 %); the same re-profiled in its own
+       context (boundaries move; no third profile when no layer or every layer loses, which
+       decides it); all depthwise layers float; every quantized layer float except
+       pointwise/linear ones - and optionally refined greedily layer by layer (``refine``), each
+       step a whole-model measurement;
+    3. FP32 and all candidates are timed *interleaved* (round-robin, so drifting background load
+       hits all alike) at the device's threads and batch; FP32, all-int8 and the two fastest
+       candidates are timed together once more and chosen there
+       (:attr:`DevicePolicy.quantized_faster` says whether it beat FP32 in both timings).
 
     ``build_model(float_layers)`` returns the QDQ model bytes with those layers in float;
     ``fp32`` is the float model. ``refine``: extra greedy steps (one whole-model timing each)
@@ -216,7 +209,7 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
     choice with its evidence."""
     device = device if device is not None else MeasuredDevice("cpu-ort-1t", threads=1)
     timing = {"batch": device.batch, "threads": device.threads, "rounds": rounds, "runs": runs}
-    bar = _progress(progress, total=4 + refine, desc=f"int8 vs float ({device.name})")
+    bar = progress_bar(4 + refine, f"int8 vs float ({device.name})", disable=not progress)
     uniform = build_model(())
     speeds, losing, losing2 = _profiled_choices(build_model, fp32, uniform, quantized, kinds,
                                                 fp32_index, qdq_index, device, profile_runs, bar)
@@ -317,23 +310,3 @@ def _candidates(quantized: list[str], kinds: Mapping[str, str], losing: list[str
 def _float_pays(float_ms: float, int8_ms: float) -> bool:
     """A layer's float cost below its int8 cost by more than the minimum margin."""
     return float_ms < int8_ms * (1.0 - MIN_MARGIN)
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(enabled: bool, *, total: int, desc: str):  # noqa: ANN202 - tqdm or stand-in
-    """A tqdm bar when tqdm is installed and ``enabled`` (tqdm is optional: the benchmark runs
-    where only torch, onnx, onnxruntime and numpy exist)."""
-    if not enabled:
-        return _NoBar()
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return _NoBar()
-    return tqdm(total=total, desc=desc, leave=False)

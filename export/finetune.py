@@ -2,31 +2,10 @@
 
 Once-for-All's second half: after the search picks a subnet, a few epochs of training as a
 standalone network recover what weight sharing cost it. ``hwnas finetune RUN --trial N`` and
-``hwnas.load_run(RUN).finetune(N)``:
-
-1. rebuild trial ``N`` exactly as the search scored it (:class:`hwnas.search.replay.RunReplay`:
-   the subnet extracted from the run's supernet, BatchNorm recalibrated; PTQ under its policy),
-   on the run's splits (validation and test disjoint from the supernet's training images);
-2. fine-tune the extracted standalone module on the training split by knowledge distillation
-   from the supernet's largest subnet (soft targets at a temperature, plus the label loss;
-   SGD with warm-up and cosine decay: :func:`hwnas.quant.qat.distill`); a trial with a bit
-   policy is fine-tuned with LSQ quantization-aware training under that policy
-   (:func:`hwnas.quant.qat.qat`, starting from the searched PTQ model). Validation accuracy
-   is scored each epoch and the best state kept (never worse than the start on validation);
-3. write ``RUN/finetune/trial_NNNN/``: ``model.pt`` (:func:`save_finetuned`: weights, arch,
-   policy and the summary as plain data, read back with ``torch.load(weights_only=True)`` by
-   :func:`load_finetuned`), ``summary.json`` (validation and test accuracy before and after,
-   epochs, seconds, device) and the model's ONNX files through
-   :func:`hwnas.export.model_export.export_model`: FP32 and, with a policy, the QDQ files,
-   verified as the export verifies them. The QDQ files take the LSQ-learned weight and
-   activation scales of the QAT model as they are (``export_model(quantized=...)``; no PTQ
-   calibration re-runs), and their top-1 agreement is checked against that QAT model. The
-   FP32 file of a quantized trial is its float twin (the QAT weights, quantizers removed).
-
-Everything is written into a staging directory beside the output and moved into place at the
-end; an output directory that ``hwnas finetune`` did not write is never replaced, and one it
-wrote only with ``overwrite``. On CUDA the float fine-tuning runs under bf16 autocast; QAT
-runs in float32 (its fake-quantized subnets are launch-bound and ran slower under autocast).
+``hwnas.load_run(RUN).finetune(N)`` call :func:`finetune_trial`: the trial rebuilt as the search
+scored it, fine-tuned by distillation (LSQ QAT under a bit policy), written to
+``RUN/finetune/trial_NNNN/`` (:func:`save_finetuned`, :func:`load_finetuned`) and exported again
+with the export's verification.
 """
 
 from __future__ import annotations
@@ -240,7 +219,32 @@ def finetune_trial(run: Any, trial: int, *, settings: FinetuneSettings | None = 
                    devices: Sequence[str] | None = None) -> FinetuneResult:
     """Fine-tune trial ``trial`` of ``run`` (a run directory, or a
     :class:`hwnas.search.replay.RunReplay` such as :class:`hwnas.Run`), write it to ``out`` (default
-    ``RUN/finetune/trial_NNNN``) and export it (see the module docstring). ``devices``: the
+    ``RUN/finetune/trial_NNNN``) and export it:
+
+    1. rebuild trial ``N`` exactly as the search scored it (:class:`hwnas.search.replay.RunReplay`:
+       the subnet extracted from the run's supernet, BatchNorm recalibrated; PTQ under its
+       policy), on the run's splits (validation and test disjoint from the supernet's training
+       images);
+    2. fine-tune the extracted standalone module on the training split by knowledge distillation
+       from the supernet's largest subnet (soft targets at a temperature, plus the label loss;
+       SGD with warm-up and cosine decay: :func:`hwnas.quant.qat.distill`); a trial with a bit
+       policy is fine-tuned with LSQ quantization-aware training under that policy
+       (:func:`hwnas.quant.qat.qat`, starting from the searched PTQ model). Validation accuracy
+       is scored each epoch and the best state kept (never worse than the start on validation);
+    3. write ``model.pt`` (:func:`save_finetuned`: weights, arch, policy and the summary as plain
+       data, read back with ``torch.load(weights_only=True)`` by :func:`load_finetuned`),
+       ``summary.json`` (validation and test accuracy before and after, epochs, seconds, device)
+       and the model's ONNX files through :func:`hwnas.export.model_export.export_model`: FP32
+       and, with a policy, the QDQ files, verified as the export verifies them. The QDQ files
+       take the LSQ-learned weight and activation scales of the QAT model as they are
+       (``export_model(quantized=...)``; no PTQ calibration re-runs), and their top-1 agreement
+       is checked against that QAT model. The FP32 file of a quantized trial is its float twin
+       (the QAT weights, quantizers removed).
+
+    Everything is written into a staging directory beside the output and moved into place at
+    the end; an output directory that ``hwnas finetune`` did not write is never replaced, and
+    one it wrote only with ``overwrite``. On CUDA the float fine-tuning runs under bf16
+    autocast; QAT runs in float32 (why: ``benchmarks/finetune_cifar10.md``). ``devices``: the
     devices measurable here to time the exported files on and recommend one for (default: the
     run's, as ``hwnas export`` does; ``()``: verify only). Bad input (no such
     run or trial, a trial whose model cannot be rebuilt, an output directory that cannot be

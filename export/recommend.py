@@ -2,29 +2,13 @@
 
 For a device measurable here (runtime, threads, batch: ``cpu-ort-1t``, ``cpu-ov-8t`` ...) the
 candidates are every exported file the device's runtime can run - FP32, the searched QDQ
-policy, the per-device int8/float variants - and, on OpenVINO, the same files under a reduced
-inference precision hint (``bf16``, ``f16``) where the CPU plugin reports that it uses it (on a
-CPU without BF16 it falls back to f32; the candidate is then dropped and the fall-back noted).
-On OpenVINO devices with two threads or more timed at a batch of two or more, each verified
-candidate under the f32 or bf16 hint also runs with 2 and 4 streams (:func:`stream_counts`):
-the batch split into that many sub-batches on parallel infer requests, the threads shared
-between them - OpenVINO's way to keep many cores busy with a network too small for one
-request. Such a candidate computes exactly what its one-stream twin does, so it takes that
-verification (no second pass over the test images) and is only timed.
-
-Each candidate is verified on the test images with the device's runtime: top-1 agreement with
-the PyTorch model the file implements (the float model for FP32 and reduced precision, the
-fake-quant model - with its requantization points, if any - for quantized files) of at least
-``min_agreement`` and, with labels, test accuracy no more than ``max_drop`` points below the
-model that was searched (the float one, or the searched fake-quant one). Then all candidates are
-timed together in one paired, interleaved measurement (:func:`time_candidates`); the
-recommendation, the speed-up printed and the timings written all come from that measurement
-(:func:`choose_fastest`): the fastest verified candidate, and only if it beat FP32 overall and
-in both halves of the measurement, so a lucky stretch of timing never recommends a file that
-is slower than FP32. Candidates that beat FP32 and tie with the fastest within the paired
-timing's noise (:func:`hwnas.latency.onnx_measure.paired_margin`, 3-10 %) are a tie:
-the smallest file wins it (then the one the runtime runs at its own f32 precision, then the one
-with fewer streams), so noise does not flip the recommendation between near-equal files.
+policy, the per-device int8/float variants - and, on OpenVINO, the same files under reduced
+precision hints and with several streams (:func:`verify_candidates`). Each is verified on the
+test images with the device's runtime, then all are timed together in one paired, interleaved
+measurement (:func:`time_candidates`), from which the recommendation, the speed-up printed and
+the timings written all come (:func:`choose_fastest`): a file is recommended only if it beat
+FP32 overall and in both halves of that measurement, and noise never flips the choice between
+near-equal files. :func:`recommend_file` does all of it for one device.
 
 Torch-free: reference logits come in as arrays.
 """
@@ -178,9 +162,11 @@ def choose_fastest(candidates: Sequence[DeviceCandidate], times: Mapping[str, np
                    fp32_label: str) -> DeviceCandidate:
     """Fill each timed candidate's figures from ``times`` (one paired measurement) and return
     the one to deploy among the verified candidates that beat FP32 in the whole measurement
-    and in each of its halves: of those the fastest does not clearly beat (within the pair's
-    timing noise), the smallest file, then one at the runtime's f32 precision, then the one
-    with fewer streams, then the fastest; FP32 when none beat it."""
+    and in each of its halves (so a lucky stretch of timing never recommends a file that is
+    slower than FP32): of those the fastest does not clearly beat (within the pair's timing
+    noise, :func:`hwnas.latency.onnx_measure.paired_margin`, 3-10 %), the smallest file, then
+    one at the runtime's f32 precision, then the one with fewer streams, then the fastest; FP32
+    when none beat it. So noise does not flip the recommendation between near-equal files."""
     by_label = {c.label: c for c in candidates}
     for label, t in times.items():
         c = by_label[label]
@@ -240,7 +226,22 @@ def verify_candidates(*, runtime: str, threads: int, files: Sequence[CandidateFi
                       ) -> tuple[list[DeviceCandidate], dict[str, Runner], list[str]]:
     """Every candidate of ``files`` on ``runtime`` (each file as written and, on OpenVINO,
     under each reduced precision hint the CPU runs), verified on ``images``: ``(candidates,
-    runners of the verified ones and of the FP32 file, notes)``. Split from
+    runners of the verified ones and of the FP32 file, notes)``.
+
+    The reduced hints are ``bf16`` and ``f16``, kept where the CPU plugin reports that it uses
+    them (on a CPU without BF16 it falls back to f32; the candidate is then dropped and the
+    fall-back noted). On OpenVINO with two threads or more timed at a batch of two or more, each
+    verified candidate under the f32 or bf16 hint also runs with 2 and 4 streams
+    (:func:`stream_counts`): the batch split into that many sub-batches on parallel infer
+    requests, the threads shared between them - OpenVINO's way to keep many cores busy with a
+    network too small for one request. Such a candidate computes exactly what its one-stream
+    twin does, so it takes that verification (no second pass over the test images) and is only
+    timed. A candidate is verified by its top-1 agreement with the PyTorch model the file
+    implements (the float model for FP32 and reduced precision, the fake-quant model - with its
+    requantization points, if any - for quantized files) of at least ``min_agreement`` and,
+    with labels, test accuracy no more than ``max_drop`` points below the model that was
+    searched (the float one, or the searched fake-quant one).
+ Split from
     :func:`recommend_file` so that candidates of several runtimes can be timed together.
     ``cache``: ``{(runtime, path, precision): (agreement, accuracy) or error}`` already
     known; ``sessions``: ``{(runtime, path, threads, hint[, streams]): runner}`` to reuse.
@@ -349,7 +350,8 @@ def recommend_file(device: MeasuredDevice, *, files: Sequence[CandidateFile], re
                    max_drop: float = 0.3, rounds: int = 5, runs: int = 5, warmup: int = 3,
                    seed: int = 0, cache: dict | None = None, min_rounds: int | None = None,
                    sessions: dict | None = None) -> Recommendation:
-    """Verify and time every candidate of ``files`` on ``device`` (see the module docstring):
+    """Verify (:func:`verify_candidates`) and time (:func:`time_candidates`,
+    :func:`choose_fastest`) every candidate of ``files`` on ``device``:
     its runtime and precision hints, at its threads and batch, with its stream counts.
 
     ``files[0]`` is the FP32 file, the baseline. ``references``: logits of the PyTorch models

@@ -1,27 +1,12 @@
 """Export the Pareto-optimal models of a run directory (``hwnas export RUN_DIR``).
 
 Reads the run directory contract (``config.json``, ``supernet.pt``, ``pareto_<device>.csv``),
-rebuilds each selected model exactly as the search scored it - the subnet extracted from the
-supernet with its BatchNorm recalibrated on ``calib_batches`` augmented training batches (seed
-``seed``), and, when the row has a policy, PTQ on ``ptq_images`` training images (128 per
-batch, shuffled with ``seed``) - and exports it with :func:`hwnas.export.model_export.export_model`.
-
-The run is prepared once for all models (:func:`_prepare`): the supernet, the data, the
-recalibration and calibration batches (the same seeded batches each model's own loader would
-draw) and the test images; the policies of one architecture share its recalibrated network
-and FP32 graph. With ``settings.workers`` > 1 the models are built and verified in spawned
-processes, each preparing the run once, while every timing runs alone
-(:mod:`hwnas.export.parallel`); results keep the order of the fronts.
-
-Everything is written to a staging directory beside ``--out`` (default ``RUN_DIR/export``) and
-moved into place at the end, so an interrupted export leaves the previous one intact. Each model
-that fails (an architecture outside the space, a policy that does not match the model, a parity
-failure...) is reported on one line and recorded in the manifest; the others are still written.
-Whole-command errors (missing or foreign run directory, unknown front, bad ``--select``) raise
-:class:`UserError` before anything is written.
-
-``--select``: ``all`` (default), trial numbers ``3,7,12``, ``top:K`` (the K most accurate) or
-``fastest:K`` (the K fastest on the ``--front`` device, by its ``latency_ms:DEVICE`` column).
+rebuilds each selected model (:func:`parse_select`) exactly as the search scored it and exports
+it with :func:`hwnas.export.model_export.export_model` (:func:`export_run`). The run is prepared
+once for all models (:func:`_prepare`); with ``settings.workers`` > 1 the models are built and
+verified in spawned processes while every timing runs alone (:func:`_export_parallel`).
+Everything goes to a staging directory moved into place at the end, so an interrupted export
+leaves the previous one intact.
 """
 
 from __future__ import annotations
@@ -48,8 +33,6 @@ from hwnas.core import written
 from hwnas.core.io import check_writable
 
 __all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front"]
-
-CONFIG_FILE = RunDir.CONFIG
 
 
 @dataclass
@@ -117,7 +100,9 @@ def read_front(path: Path, device: str) -> list[ModelRow]:
 
 
 def parse_select(spec: str, rows: list[ModelRow], front: str | None) -> list[ModelRow]:
-    """The rows chosen by ``spec`` (see the module docstring)."""
+    """The rows chosen by ``spec`` (``--select``): ``all`` (default), trial numbers ``3,7,12``,
+    ``top:K`` (the K most accurate) or ``fastest:K`` (the K fastest on the ``front`` device, by
+    its ``latency_ms:DEVICE`` column)."""
     spec = (spec or "all").strip()
     if spec == "all":
         return rows
@@ -197,7 +182,17 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
                out: str | Path | None = None, settings: Any = None, max_test_images: int = 1000,
                progress: bool = True, report: Callable[[str], None] | None = None,
                devices: Sequence[str | Any] = ()) -> RunExport:
-    """Export the selected Pareto-optimal models of ``run_dir`` (see the module docstring).
+    """Export the selected Pareto-optimal models of ``run_dir``: each rebuilt exactly as the
+    search scored it - the subnet extracted from the supernet with its BatchNorm recalibrated on
+    ``calib_batches`` augmented training batches (seed ``seed``), and, when the row has a
+    policy, PTQ on ``ptq_images`` training images (128 per batch, shuffled with ``seed``).
+
+    Everything is written to a staging directory beside ``out`` (default ``RUN_DIR/export``) and
+    moved into place at the end, so an interrupted export leaves the previous one intact. Each
+    model that fails (an architecture outside the space, a policy that does not match the model,
+    a parity failure...) is reported on one line and recorded in the manifest; the others are
+    still written. Whole-command errors (missing or foreign run directory, unknown front, bad
+    ``select``) raise :class:`UserError` before anything is written.
 
     ``front``: one device's front (``pareto_<front>.csv``), default every front (models on
     several fronts are exported once). ``settings``: :class:`hwnas.export.model_export.ExportSettings`.
@@ -303,7 +298,8 @@ def _prepare(run_dir: Path, cfg: SearchConfig, settings: Any, rows: list[ModelRo
              with_data: bool = True) -> _Context:
     """Load the run's supernet (on ``torch_device``) and data, and draw the calibration and
     test batches once for all models: each model's BatchNorm recalibration and PTQ read the
-    same seeded batches a per-model loader would give, so sharing them changes no number.
+    same seeded batches a per-model loader would give, so sharing them changes no number; the
+    policies of one architecture share its recalibrated network and FP32 graph.
     ``with_data=False``: the supernet and the devices only (what a parallel export's main process
     needs; its workers load the data)."""
     from hwnas.export.model_export import measurable_devices
@@ -429,7 +425,9 @@ def _export_parallel(run_dir: Path, settings: Any, rows: list[ModelRow], extra: 
                      max_test_images: int, staging: Path, progress: bool, workers: int,
                      done: Callable[[Any], None]) -> None:
     """Export ``rows`` in ``workers`` spawned processes (CUDA and onnxruntime do not survive a
-    fork), each preparing the run once; results reach ``done`` in the order of ``rows``."""
+    fork), each preparing the run once, while every timing runs alone
+    (:mod:`hwnas.export.parallel`); results reach ``done`` in the order of ``rows`` (the order
+    of the fronts)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 

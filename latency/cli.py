@@ -1,33 +1,10 @@
 """``hwnas latency ...``: devices, on-device measurement, adaptation and prediction.
 
 Wired into the ``hwnas`` command line by :func:`add_latency_parser` (``hwnas/cli.py`` calls it);
-it only parses and prints, over :mod:`hwnas.latency.adapt`, :mod:`hwnas.latency.devices`,
-:mod:`hwnas.latency.onnx_measure` and the predictors::
-
-    hwnas latency devices [--space S]
-    hwnas latency reference --space S [--n 10] --export DIR [--seed N] [--overwrite]
-    hwnas latency measure DIR [--runtime onnxruntime|openvino] [--precision f32|bf16|f16]
-                              [--threads N] [--repeats N] [--warmup N] [--max-cv 0.1]
-                              [--out CSV] [--overwrite]
-    hwnas latency adapt   --device NAME --space SPACE --measurements CSV [--predictor NAME]
-                              [--seed N] [--overwrite] [--export-settling DIR]
-                              [--execution auto|RUNTIME|raw|pruned]
-    hwnas latency predict --device NAME --space SPACE --archs CSV --out CSV [--overwrite]
-
-``reference`` writes the models a new device should measure first (ONNX, with their
-architectures, for the standalone on-device script ``python -m hwnas.latency.ondevice``, whose
-one file ``ondevice.py`` is copied to the device); ``adapt`` takes the measurements of
-any architectures and prints its leave-one-out error on them, whether more measurements would
-likely help and its learning curve with what 20 more would likely bring
-(:func:`hwnas.latency.fewshot.leave_one_out`), and, when they leave open which
-network the device runs, which architectures would settle it (``--export-settling`` writes them).
-Measurements of ONNX files (the ``file`` column of ``ondevice.py``) settle it without more: hwnas
-exports hold no dead operations, so ``adapt`` assumes the ``pruned`` network (``--execution``).
-
-Bad input raises :class:`hwnas.core.errors.UserError` (one ``hwnas: error: ...`` line, exit 2) and
-writes nothing. ``measure`` leaves out models whose timing varies too much (cv above
-``--max-cv``, after one re-measurement) and says so; it exits 1 when some were left out and
-2 when all were (nothing written then).
+``devices``, ``reference``, ``measure``, ``adapt`` and ``predict`` only parse and print, over
+:mod:`hwnas.latency.adapt`, :mod:`hwnas.latency.devices`, :mod:`hwnas.latency.onnx_measure` and
+the predictors. Bad input raises :class:`hwnas.core.errors.UserError` (one ``hwnas: error: ...``
+line, exit 2) and writes nothing.
 """
 
 from __future__ import annotations
@@ -63,7 +40,18 @@ EXIT_SOME_UNSTABLE = 1
 
 def add_latency_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     """Add the ``latency`` command group to ``sub`` (an ``add_subparsers`` object whose
-    ``parser_class`` is used for the nested parsers too); return its handler."""
+    ``parser_class`` is used for the nested parsers too); return its handler::
+
+        hwnas latency devices [--space S]
+        hwnas latency reference --space S [--n 10] --export DIR [--seed N] [--overwrite]
+        hwnas latency measure DIR [--runtime onnxruntime|openvino] [--precision f32|bf16|f16]
+                                  [--threads N] [--repeats N] [--warmup N] [--max-cv 0.1]
+                                  [--out CSV] [--overwrite]
+        hwnas latency adapt   --device NAME --space SPACE --measurements CSV [--predictor NAME]
+                                  [--seed N] [--overwrite] [--export-settling DIR]
+                                  [--execution auto|RUNTIME|raw|pruned]
+        hwnas latency predict --device NAME --space SPACE --archs CSV --out CSV [--overwrite]
+    """
     lat = sub.add_parser("latency", help="latency devices: list, reference models, measure on-device, adapt, predict")
     lsub = lat.add_subparsers(dest="latency_command", required=True, parser_class=type(lat),
                               metavar="{devices,reference,measure,adapt,predict}")
@@ -168,6 +156,9 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
 
 def _cmd_reference(args: argparse.Namespace) -> int:
+    """``hwnas latency reference``: write the models a new device should measure first (ONNX,
+    with their architectures, for the standalone on-device script ``python -m
+    hwnas.latency.ondevice``, whose one file ``ondevice.py`` is copied to the device)."""
     from hwnas.latency.predictors import default_predictor
     from hwnas.latency.reference import ARCHS_FILE, choose_reference, export_reference
     from hwnas.supernet.spaces import get_space
@@ -199,6 +190,9 @@ def _cmd_reference(args: argparse.Namespace) -> int:
 
 
 def _cmd_measure(args: argparse.Namespace) -> int:
+    """``hwnas latency measure``: leaves out models whose timing varies too much (cv above
+    ``--max-cv``, after one re-measurement) and says so; exits 1 when some were left out and 2
+    when all were (nothing written then)."""
     from hwnas.latency.adapt import check_csv_out
     from hwnas.latency.onnx_measure import measure_dir
     from hwnas.latency.ondevice import CSV_COLUMNS, write_csv_atomic
@@ -264,6 +258,13 @@ def _settling(predictor: Any, space: Any, measured: list[str], args: argparse.Na
 
 
 def _cmd_adapt(args: argparse.Namespace) -> int:
+    """``hwnas latency adapt``: takes the measurements of any architectures and prints its
+    leave-one-out error on them, whether more measurements would likely help and its learning
+    curve with what 20 more would likely bring (:func:`hwnas.latency.fewshot.leave_one_out`),
+    and, when they leave open which network the device runs, which architectures would settle
+    it (``--export-settling`` writes them). Measurements of ONNX files (the ``file`` column of
+    ``ondevice.py``) settle it without more: hwnas exports hold no dead operations, so
+    ``adapt`` assumes the ``pruned`` network (``--execution``)."""
     from hwnas.latency.adapt import adapt_device, pin_execution
     from hwnas.latency.fewshot import LOO_MAX_MEASUREMENTS, execution_note, leave_one_out
     from hwnas.latency.predictors import default_predictor

@@ -7,46 +7,11 @@ it can be copied to a Jetson, a Raspberry Pi or a phone (Termux) and run there::
     pip install numpy onnxruntime          # on the device
     python ondevice.py MODELS_DIR --out measurements.csv [--threads N] [--repeats 50]
 
-On an Intel CPU, GPU or NPU time the models with OpenVINO instead (``pip install openvino``;
-only then is it imported): ``--runtime openvino [--ov-device CPU] [--precision f32|bf16|f16]
-[--streams S]``. The timing is the same (the model is read by onnxruntime for its inputs and
-metadata, then run by OpenVINO); the precision OpenVINO reports it used is printed, since a CPU
-without BF16/FP16 support falls back to f32. ``--streams S`` times a model as an export
-recommends it with ``NUM_STREAMS`` S: compiled with S streams sharing ``--threads`` for the
-sub-batch ``--batch`` / S, each call's batch split into S sub-batches run on S parallel infer
-requests (OpenVINO's way to keep many cores busy with a small network).
-
-Every ``*.onnx`` file of MODELS_DIR (as ``hwnas latency reference --export DIR`` writes the
-models a new device should measure first, or as ``hwnas run`` exports them: ``trial_NNNN.onnx``;
-other files are ignored) is run with random input at batch ``--batch`` (default 1):
-``--warmup`` untimed runs, then ``--repeats`` timed ones (times are per call of the batch).
-The CSV has one row per model::
-
-    arch,latency_ms,p95_ms,cv,file
-
-``arch`` is the model's ``arch`` metadata entry (written by hwnas; the file name without
-``.onnx`` when absent), ``latency_ms`` the median time per run, ``p95_ms`` the 95th percentile
-and ``cv`` the coefficient of variation (std / mean) of the timed runs. A model whose ``cv``
-exceeds ``--max-cv`` is re-measured once (noise is often a passing background task); if it is
-still too noisy it is NOT written to the CSV - a noisy number would mislead the predictor - and
-the script says so. It warns (and still writes the CSV) when the load average says that other
-programs competed for the cores while it timed. The exit status is 0 when every model was written, 1 when some were left out
-as unstable, 2 when none could be written (or on bad arguments; nothing is written then).
-
+On an Intel CPU, GPU or NPU time the models with OpenVINO instead (``--runtime openvino``);
+``--verify`` checks an export's files on this device instead of timing them (:func:`main`).
 Copy the CSV back and turn it into a device profile with::
 
     hwnas latency adapt --device MY_DEVICE --space SPACE --measurements measurements.csv
-
-``--verify`` checks exported files on this device instead of timing them: MODELS_DIR is an
-export directory (``RUN_DIR/export``), whose ``verify/<model>.npz`` the export wrote beside the
-files - a few hundred labelled test images (uint8, with the mean/std the model takes), the
-files, and the top-1 each file gave on the machine that verified it. Each file is run here
-(``--runtime``, ``--session-config KEY=VALUE`` for onnxruntime settings a manifest asks for);
-one line per file gives its top-1 agreement with the FP32 file run here and its accuracy on the
-sample. A file whose top-1 agrees with what the export verified on fewer than the export's
-``min_agreement`` (99 %) of the images breaks the export's rule on this device - an int8 file
-whose 16-bit sums saturate on a CPU without VNNI, say - and is refused in one line naming the
-CPU's ISA and the runtime. Exit status 0 when every file holds, 1 when some were refused.
 """
 
 from __future__ import annotations
@@ -268,6 +233,17 @@ def verify_runner(path: Path, runtime: str, threads: int, session_config: dict, 
 def verify_export(export_dir: Path, runtime: str = "onnxruntime", threads: int = 1,
                   session_config: dict | None = None, out=None) -> tuple[list[dict], list[str]]:
     """Run every file of every ``verify/<model>.npz`` sample of ``export_dir`` on this device.
+
+    ``export_dir`` is an export directory (``RUN_DIR/export``), whose ``verify/<model>.npz`` the
+    export wrote beside the files - a few hundred labelled test images (uint8, with the
+    mean/std the model takes), the files, and the top-1 each file gave on the machine that
+    verified it. Each file is run here (``runtime``, ``session_config``: the onnxruntime
+    settings a manifest asks for, ``--session-config KEY=VALUE``); one line per file gives its
+    top-1 agreement with the FP32 file run here and its accuracy on the sample. A file whose
+    top-1 agrees with what the export verified on fewer than the export's ``min_agreement``
+    (99 %) of the images breaks the export's rule on this device - an int8 file whose 16-bit
+    sums saturate on a CPU without VNNI, say - and is refused in one line naming the CPU's ISA
+    and the runtime.
 
     Returns one record per file (top-1 agreement with the FP32 file here and with what the
     export verified, sample accuracy) and the one-line refusals of the files whose agreement
@@ -523,6 +499,38 @@ def _time_models(files: list[Path], args: argparse.Namespace, session_config: di
 
 
 def main(argv: list | None = None) -> int:
+    """The command line (``python ondevice.py --help``).
+
+    Every ``*.onnx`` file of MODELS_DIR (as ``hwnas latency reference --export DIR`` writes the
+    models a new device should measure first, or as ``hwnas run`` exports them:
+    ``trial_NNNN.onnx``; other files are ignored) is run with random input at batch ``--batch``
+    (default 1): ``--warmup`` untimed runs, then ``--repeats`` timed ones (times are per call of
+    the batch). The CSV has one row per model::
+
+        arch,latency_ms,p95_ms,cv,file
+
+    ``arch`` is the model's ``arch`` metadata entry (written by hwnas; the file name without
+    ``.onnx`` when absent), ``latency_ms`` the median time per run, ``p95_ms`` the 95th
+    percentile and ``cv`` the coefficient of variation (std / mean) of the timed runs. A model
+    whose ``cv`` exceeds ``--max-cv`` is re-measured once (noise is often a passing background
+    task); if it is still too noisy it is NOT written to the CSV - a noisy number would mislead
+    the predictor - and the script says so. It warns (and still writes the CSV) when the load
+    average says that other programs competed for the cores while it timed. The exit status is
+    0 when every model was written, 1 when some were left out as unstable, 2 when none could be
+    written (or on bad arguments; nothing is written then).
+
+    ``--runtime openvino [--ov-device CPU] [--precision f32|bf16|f16] [--streams S]`` (``pip
+    install openvino``; only then is it imported) times with OpenVINO: the model is read by
+    onnxruntime for its inputs and metadata, then run by OpenVINO (:class:`OpenVinoSession`);
+    the precision OpenVINO reports it used is printed, since a CPU without BF16/FP16 support
+    falls back to f32. ``--streams S`` times a model as an export recommends it with
+    ``NUM_STREAMS`` S: compiled with S streams sharing ``--threads`` for the sub-batch
+    ``--batch`` / S, each call's batch split into S sub-batches run on S parallel infer requests
+    (OpenVINO's way to keep many cores busy with a small network).
+
+    ``--verify`` checks exported files on this device instead (:func:`verify_export`); exit
+    status 0 when every file holds, 1 when some were refused.
+    """
     parser = _parser()
     args = parser.parse_args(argv)
     prog = parser.prog

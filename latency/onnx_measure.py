@@ -1,25 +1,16 @@
 """Measure the inference latency of an ONNX model on the CPU, with onnxruntime or OpenVINO.
 
-The search ranks architectures by latency, so the numbers must be comparable between
-runs: one fixed execution provider (CPU), a fixed thread count, sequential execution,
-warm-up calls that are not timed, and robust statistics (median and p95 rather than a
-single timing). The coefficient of variation (``cv``) says how noisy a measurement was,
-so a caller can re-measure or distrust a noisy one.
+The search ranks architectures by latency, so the numbers must be comparable between runs:
+one fixed execution provider (CPU), a fixed thread count, sequential execution, untimed warm-up
+calls and robust statistics (median and p95, and the coefficient of variation ``cv`` that says
+how noisy a measurement was, so a caller can re-measure or distrust it). Both runtimes
+(:data:`RUNTIMES`; OpenVINO's precision hints and streams: :func:`make_runner`) are wrapped as a
+:class:`Runner`, and every timing of hwnas - one model here, several interleaved in
+:func:`time_interleaved` - goes through the same timed call (:func:`timed_runs`).
 
-Two runtimes (:data:`RUNTIMES`) run the same ONNX file: onnxruntime (the default, always
-installed) and OpenVINO (the ``openvino`` extra, imported only when asked for), which reads
-ONNX directly and takes an inference precision hint (``f32``, ``bf16``, ``f16``; the CPU
-plugin may fall back to another precision, so a runner records the one it reports) and a number
-of streams (parallel infer requests, each with its share of the threads: how OpenVINO keeps
-many cores busy with a small network, see :func:`make_runner`). Both are
-wrapped as a :class:`Runner`, and every timing of hwnas - one model here, several interleaved
-in :func:`time_interleaved` - goes through the same timed call (:func:`timed_runs`).
-
-This module deliberately imports only the standard library, numpy and onnxruntime
-(and :mod:`hwnas.core.errors`, which is dependency-free, and the stand-alone
-:mod:`hwnas.latency.ondevice`, which needs no more) - never torch - because it is
-also the seed of a stand-alone measurement script that runs on target devices where
-only onnxruntime and numpy are installed.
+Only the standard library, numpy, onnxruntime, :mod:`hwnas.core.errors` and the stand-alone
+:mod:`hwnas.latency.ondevice` are imported - never torch: this module is also the seed of the
+measurement script that runs on target devices where only onnxruntime and numpy exist.
 """
 
 from __future__ import annotations
@@ -45,7 +36,9 @@ __all__ = ["BUSY_SLACK", "LatencyStats", "MAX_MARGIN", "MIN_MARGIN", "PRECISIONS
            "prime_openvino", "round_medians", "random_input", "session_options",
            "time_interleaved", "timed_runs"]
 
-#: Runtimes that run an ONNX file here: onnxruntime (always), OpenVINO (the ``openvino`` extra).
+#: Runtimes that run an ONNX file here: onnxruntime (always), OpenVINO (the ``openvino`` extra,
+#: imported only when asked for), which reads ONNX directly and takes an inference precision hint
+#: and a number of streams (:func:`make_runner`).
 RUNTIMES = ("onnxruntime", "openvino")
 #: OpenVINO inference precision hints (its ``INFERENCE_PRECISION_HINT``).
 PRECISIONS = ("f32", "bf16", "f16")

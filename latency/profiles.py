@@ -8,12 +8,9 @@ A profile is a directory ``<profiles dir>/<name>/`` (profiles dir: ``$HWNAS_DEVI
 * the adapted predictor, as its own ``save(path)`` wrote it (``predictor.npz``);
 * ``measurements.csv`` - the validated measurements (``arch,latency_ms``, canonical strings).
 
-:func:`save_profile` writes everything into a temporary sibling directory and renames it into
-place, so a failure at any point leaves no profile (and an overwritten profile is replaced in
-one step). :func:`read_measurements` validates a measurements CSV; every bad row is reported by
-its line number. Loaded profiles are devices of kind ``adapted`` (:mod:`hwnas.latency.devices`).
-
-No torch and no pandas at import time.
+It is written whole or not at all (:func:`save_profile`) from a CSV validated row by row
+(:func:`read_measurements`). Loaded profiles are devices of kind ``adapted``
+(:mod:`hwnas.latency.devices`). No torch and no pandas at import time.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The models a new device should measure first, written as ONNX files for the on-device script.
 
 ``hwnas latency reference --space S --n 10 --export DIR`` starts the loop that makes a device
-profile: the predictor's reference architectures (those whose latencies tell it most about a
-device: :attr:`~hwnas.latency.predictors.LatencyPredictor.reference_archs`, the first ``n``)
-become ``DIR/ref_NN.onnx`` files, each carrying its architecture in the ``arch`` metadata entry,
-plus ``DIR/archs.csv`` (``order,arch,file``). ``latency/ondevice.py DIR`` measures them on the
-device and ``hwnas latency adapt`` turns its CSV into a profile.
-
-A predictor without reference architectures (a space without a shipped meta predictor), or more
-models than it has, is completed with the space's smallest and largest architectures and
-seeded random ones, so the measurements span the space's range.
-
-The directory is written whole or not at all: everything goes into a temporary sibling that is
-renamed into place at the end. Latency does not depend on the weights, so the models are the
-subnets of a freshly initialised supernet (torch is imported only here, on use).
+profile: the predictor's reference architectures (:func:`choose_reference`) become
+``DIR/ref_NN.onnx`` files, each carrying its architecture in the ``arch`` metadata entry, plus
+``DIR/archs.csv`` (``order,arch,file``; :func:`export_reference`). ``latency/ondevice.py DIR``
+measures them on the device and ``hwnas latency adapt`` turns its CSV into a profile.
 """
 
 from __future__ import annotations
@@ -48,7 +39,11 @@ class ReferenceSet:
 
 def choose_reference(space: Any, n: int, *, predictor: Any = None, seed: int = 0) -> ReferenceSet:
     """The first ``n`` reference architectures of ``predictor`` (default: the one ``hwnas
-    latency adapt`` would adapt for ``space``), completed when it has fewer (module docstring)."""
+    latency adapt`` would adapt for ``space``): those whose latencies tell it most about a
+    device (:attr:`~hwnas.latency.predictors.LatencyPredictor.reference_archs`). A predictor
+    without reference architectures (a space without a shipped meta predictor), or more models
+    than it has, is completed with the space's smallest and largest architectures and seeded
+    random ones, so the measurements span the space's range."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise UserError(f"the number of reference models must be an integer >= 1, got {n!r}")
     if n > MAX_REFERENCE:
@@ -99,8 +94,11 @@ def export_reference(space: Any, reference: ReferenceSet, directory: str | Path,
                      overwrite: bool = False, flag: str = "--export") -> list[Path]:
     """Write ``ref_NN.onnx`` for each architecture of ``reference`` and ``archs.csv`` into
     ``directory`` (created; an existing non-empty one only with ``overwrite`` and only when it
-    holds nothing but an earlier reference export, then replaced in one rename). Returns the
-    model paths."""
+    holds nothing but an earlier reference export, then replaced in one rename). The directory
+    is written whole or not at all: everything goes into a temporary sibling that is renamed
+    into place at the end. Latency does not depend on the weights, so the models are the
+    subnets of a freshly initialised supernet (torch is imported only here, on use). Returns
+    the model paths."""
     directory = Path(directory)
     check_export_target(directory, overwrite, flag)
     import onnx

@@ -1,21 +1,10 @@
 """Latency tables (many devices × many architectures) and the few-shot protocol that uses them.
 
 A latency table is a CSV (gzip-compressed when named ``*.gz``) with an ``arch`` column (the
-space's canonical architecture string), an optional ``arch_idx`` column (an integer index, e.g.
-the NAS-Bench-201 index) and one column per device holding milliseconds per forward pass: the
-layout of the shared ``nb201_latency_ms.csv`` / ``fbnet_latency_ms.csv`` (HW-NAS-Bench and HELP
-measurements), of the project's measured ``<space>_<machine>.csv.gz`` tables, and of
-any table a user brings to ``benchmarks/latency_fewshot.py --latency-csv``.
-
-:func:`load_latency_table` validates a table completely before anything uses it: a missing
-column, an empty or non-numeric cell, NaN/inf, a latency <= 0, a repeated architecture, an
-architecture outside the space or an unknown device each raise one :class:`UserError` line that
-names the file, the line and what was expected.
-
-The few-shot protocol of HELP (Lee et al., NeurIPS 2021) is kept here as data
-(:data:`HELP_PROTOCOLS`): which devices meta-train, which validate (hyper-parameters are chosen
-on these only) and which are the unseen test devices; HELP's 10 reference architectures; its
-800-architecture query set; and the Spearman correlations HELP published.
+space's canonical architecture string), an optional ``arch_idx`` column and one column per
+device in milliseconds per forward pass (:func:`load_latency_table`, which validates it
+completely before anything uses it). The few-shot protocol of HELP (Lee et al., NeurIPS 2021)
+is kept here as data (:data:`HELP_PROTOCOLS`).
 
 Importing this module needs numpy only (no torch, no pandas).
 """
@@ -181,8 +170,17 @@ def load_latency_table(
     space: Any = None,
     devices: Sequence[str] | None = None,
 ) -> LatencyTable:
-    """Read and validate a latency CSV, gzip-compressed when its name ends in ``.gz`` (see the
-    module docstring).
+    """Read and validate a latency CSV, gzip-compressed when its name ends in ``.gz``.
+
+    The layout: an ``arch`` column (the space's canonical architecture string), an optional
+    ``arch_idx`` column (an integer index, e.g. the NAS-Bench-201 index) and one column per
+    device holding milliseconds per forward pass - the layout of the shared
+    ``nb201_latency_ms.csv`` / ``fbnet_latency_ms.csv`` (HW-NAS-Bench and HELP measurements), of
+    the project's measured ``<space>_<machine>.csv.gz`` tables, and of any table a user brings
+    to ``benchmarks/latency_fewshot.py --latency-csv``. The table is validated completely
+    before anything uses it: a missing column, an empty or non-numeric cell, NaN/inf, a latency
+    <= 0, a repeated architecture, an architecture outside the space or an unknown device each
+    raise one :class:`UserError` line that names the file, the line and what was expected.
 
     ``space`` (a :class:`~supernet.space.SearchSpace`) parses every architecture string and
     stores its canonical form, so that tables join with a space by string. ``devices`` keeps
@@ -350,7 +348,10 @@ class FewShotProtocol:
 _HELP_SOURCE = ("Lee et al., HELP, NeurIPS 2021 (github.com/HayeonLee/HELP: loader.py, "
                 "script/run_meta_test_*.sh; Table 2 and 3 of the paper)")
 
-#: The HELP protocol for the two spaces with public latency tables.
+#: The HELP protocol for the two spaces with public latency tables: which devices meta-train,
+#: which validate (hyper-parameters are chosen on these only) and which are the unseen test
+#: devices; HELP's 10 reference architectures; its 800-architecture query set; and the Spearman
+#: correlations HELP published.
 HELP_PROTOCOLS: dict[str, FewShotProtocol] = {
     "nb201": FewShotProtocol(
         space="nb201",

@@ -1,23 +1,9 @@
 """Quantization-aware training: LSQ step sizes, initialised from PTQ, with distillation.
 
-``qat(model, policy, train_batches, calib_batches)``:
-
-1. PTQ (:func:`hwnas.quant.ptq.ptq`) gives the starting point: BN folded, weights and activation
-   ranges calibrated (LSQ from a good init converges in a few epochs; from scratch it needs
-   many).
-2. Every active quantizer's scale becomes trainable (Learned Step Size Quantization, Esser et
-   al. 2020), its gradient scaled by ``g = 1 / sqrt(numel * Qp)``: ``numel`` = weights per
-   output channel (per-channel weight scales) or activation elements per sample, ``Qp`` = the
-   largest quantized level (``2^(b-1)-1`` for weights, ``2^b-1`` for activations). Activation
-   zero points stay at their calibrated values.
-3. The folded weights, biases and scales are fine-tuned for a few epochs with knowledge
-   distillation from the float model (or a given ``teacher``, e.g. a supernet's largest
-   subnet): soft cross-entropy against its temperature-``T`` softmax (times ``T^2``), plus
-   optionally a label term. The loop is :func:`distill`, which also fine-tunes float models.
-4. With held-out ``val_batches``, the start and every epoch are scored on them and the best
-   state is returned: fine-tuning a well-trained network can lose accuracy (low-bit layers
-   oscillate between grid points), and a QAT that makes the model worse than its PTQ start on
-   validation data should not be the result.
+:func:`qat` starts from PTQ (:func:`hwnas.quant.ptq.ptq`), makes every active quantizer's scale
+trainable (Learned Step Size Quantization, Esser et al. 2020: :func:`enable_lsq`) and fine-tunes
+by knowledge distillation from the float model or a given teacher (:func:`distill`, which also
+fine-tunes float models), keeping the best state on held-out validation data.
 
 Device-agnostic: the float teacher is copied to the device of the batches; on CUDA the
 forward passes run under bf16 autocast (``amp``), the quantizers themselves in float32 (see
@@ -116,7 +102,12 @@ class QATResult:
 
 def enable_lsq(qmodel: nn.Module) -> list[nn.Parameter]:
     """Make the scale of every active quantizer trainable with LSQ's gradient scale; returns
-    those scale parameters."""
+    those scale parameters.
+
+    The gradient is scaled by ``g = 1 / sqrt(numel * Qp)``: ``numel`` = weights per output
+    channel (per-channel weight scales) or activation elements per sample, ``Qp`` = the largest
+    quantized level (``2^(b-1)-1`` for weights, ``2^b-1`` for activations). Activation zero
+    points stay at their calibrated values."""
     scales = []
     for _, q in quantizers(qmodel):
         if not q.active or not q.calibrated:
@@ -145,7 +136,19 @@ def qat(model: nn.Module, policy: QuantPolicy, train_batches: Iterable, calib_ba
         init: nn.Module | None = None, progress: bool = True, val_batches: Iterable | None = None,
         on_epoch: Callable[[int, nn.Module], dict[str, float] | None] | None = None,
         teacher: nn.Module | None = None) -> QATResult:
-    """Quantization-aware fine-tuning of ``model`` under ``policy`` (see the module docstring).
+    """Quantization-aware fine-tuning of ``model`` under ``policy``:
+
+    1. PTQ (:func:`hwnas.quant.ptq.ptq`) gives the starting point: BN folded, weights and
+       activation ranges calibrated (LSQ from a good init converges in a few epochs; from
+       scratch it needs many).
+    2. Every active quantizer's scale becomes trainable (:func:`enable_lsq`).
+    3. The folded weights, biases and scales are fine-tuned for a few epochs with knowledge
+       distillation from the float model (or ``teacher``): soft cross-entropy against its
+       temperature-``T`` softmax (times ``T^2``), plus optionally a label term (:func:`distill`).
+    4. With ``val_batches``, the start and every epoch are scored on them and the best state is
+       returned: fine-tuning a well-trained network can lose accuracy (low-bit layers oscillate
+       between grid points), and a QAT that makes the model worse than its PTQ start on
+       validation data should not be the result.
 
     ``train_batches``: re-iterable ``(x, y)`` batches (e.g. a shuffled, augmented BatchLoader),
     one pass per epoch. ``init``: an already PTQ-quantized model to start from (copied) instead

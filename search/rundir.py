@@ -1,22 +1,9 @@
 """The run directory of a search: the one place that knows its file names and how to read it.
 
 A run directory is what ``hwnas search`` / ``hwnas run`` leave behind and what ``hwnas export``,
-:func:`hwnas.load_run` and a continued search read back::
-
-    config.json             the settings (SearchConfig fields plus what the run resolved)
-    supernet.pt             the supernet the trials were scored on
-    study.db                the Optuna study (SQLite; absent with a server --storage)
-    trials.csv / .parquet   one row per completed trial
-    pareto_<device>.csv     the Pareto front per device
-    hypervolume.csv, fronts.png, devices.png, hypervolume.png, train_history.json,
-    accuracy_predictor.json (--accuracy predictor)
-    export/                 the exported models and their manifest.json
-    finetune/trial_NNNN/    a fine-tuned trial: model.pt, summary.json, its ONNX files
-    .hwnas-written.json     the files the search wrote (:mod:`hwnas.core.written`): what
-                            marks the directory as a run, and all --overwrite may replace
-
-:class:`RunDir` names these paths and reads the tables and the settings (typed: ``SearchConfig``),
-with one-line errors for a directory that is not a run. No torch here.
+:func:`hwnas.load_run` and a continued search read back. :class:`RunDir` names its paths and
+reads the tables and the settings (typed: ``SearchConfig``), with one-line errors for a
+directory that is not a run. No torch here.
 """
 
 from __future__ import annotations
@@ -35,7 +22,20 @@ RUN_FORMAT = "hwnas-run-1"
 
 
 class RunDir:
-    """Paths and readers of one run directory (see the module docstring)."""
+    """Paths and readers of one run directory::
+
+        config.json             the settings (SearchConfig fields plus what the run resolved)
+        supernet.pt             the supernet the trials were scored on
+        study.db                the Optuna study (SQLite; absent with a server --storage)
+        trials.csv / .parquet   one row per completed trial
+        pareto_<device>.csv     the Pareto front per device
+        hypervolume.csv, fronts.png, devices.png, hypervolume.png, train_history.json,
+        accuracy_predictor.json (--accuracy predictor)
+        export/                 the exported models and their manifest.json
+        finetune/trial_NNNN/    a fine-tuned trial: model.pt, summary.json, its ONNX files
+        .hwnas-written.json     the files the search wrote (:mod:`hwnas.core.written`): what
+                                marks the directory as a run, and all --overwrite may replace
+    """
 
     CONFIG = "config.json"
     SUPERNET = "supernet.pt"

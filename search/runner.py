@@ -1,19 +1,8 @@
 """A search from start to finish: supernet, joint architecture + bit-width study, outputs.
 
-1. Validate the settings, load the dataset, build the space and check every device has a
-   latency model for it — all before anything is written.
-2. Obtain the supernet: the run directory's own checkpoint when continuing, ``--supernet``,
-   the checkpoint shipped for the space and dataset, or train one.
-3. Open (or continue) the Optuna study, enqueue the seeds once (largest and smallest
-   architectures, float and int8, plus Hessian-sensitivity bit policies of the largest), and
-   run trials until the budget has completed — with ``--workers N`` on a server database,
-   N processes share the study (more machines: run the same command there).
-4. Write the outputs (:mod:`hwnas.search.outputs`): trials.csv/.parquet, pareto_<device>.csv with
-   test-split accuracy, hypervolume.csv, fronts.png, devices.png, hypervolume.png.
-
-Rerunning the same command continues the run (settings must match; the budget may grow);
-``overwrite=True`` starts afresh. Files are written atomically; the run directory appears
-with its first complete files (config.json, supernet.pt) in one rename.
+:func:`run_search` validates everything before writing, obtains the supernet, runs (or
+continues) the Optuna study and writes the outputs (:mod:`hwnas.search.outputs`); rerunning
+the same command continues the run.
 """
 
 from __future__ import annotations
@@ -589,7 +578,23 @@ def _check_feasible(cfg: SearchConfig, trials: pd.DataFrame) -> None:
 
 def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = True,
                log=print) -> SearchResult:
-    """See the module docstring."""
+    """Run the search ``cfg`` from start to finish:
+
+    1. Validate the settings, load the dataset, build the space and check every device has a
+       latency model for it — all before anything is written.
+    2. Obtain the supernet: the run directory's own checkpoint when continuing, ``--supernet``,
+       the checkpoint shipped for the space and dataset, or train one.
+    3. Open (or continue) the Optuna study, enqueue the seeds once (largest and smallest
+       architectures, float and int8, plus Hessian-sensitivity bit policies of the largest), and
+       run trials until the budget has completed — with ``--workers N`` on a server database,
+       N processes share the study (more machines: run the same command there).
+    4. Write the outputs (:mod:`hwnas.search.outputs`): trials.csv/.parquet, pareto_<device>.csv
+       with test-split accuracy, hypervolume.csv, fronts.png, devices.png, hypervolume.png.
+
+    Rerunning the same command continues the run (settings must match; the budget may grow);
+    ``overwrite=True`` starts afresh. Files are written atomically; the run directory appears
+    with its first complete files (config.json, supernet.pt) in one rename.
+    """
     start = time.perf_counter()
     cfg.validate()
     check_torch_device(cfg.torch_device)

@@ -3,18 +3,9 @@
 A supernet scores candidates on a validation split; if that split holds images the supernet
 trained on, the search ranks models partly on memorised images. Split indices do not survive
 another copy of a dataset (the CIFAR-10 pickle directory comes in another order than the npz; a
-subset shifts every index), so a checkpoint records the *content* of its training images:
-
-* ``train_hashes``: a sorted array of 64-bit BLAKE2b hashes, one per training image, of its
-  decoded pixels (uint8, C x H x W), so the same image matches whatever its position or
-  container (npz JPEG bytes, pickle rows, image files decode to the same pixels);
-* ``classes`` and ``fingerprint`` (a hash of every image of the dataset with its label, in no
-  particular order), to tell another dataset of the same shape from a copy of this one.
-
-:func:`disjoint_validation` then gives a search a validation split with none of those images:
-it drops them from validation and, where that leaves too few, moves unseen training images of
-the same classes in; it refuses in one line when the dataset cannot provide a sensible one.
-An image re-encoded with other pixels (JPEG against the original PNGs) is another image here.
+subset shifts every index), so a checkpoint records the *content* of its training images
+(:func:`training_record`), and :func:`disjoint_validation` gives a search a validation split
+with none of those images, or refuses in one line when the dataset cannot provide one.
 """
 
 from __future__ import annotations
@@ -85,7 +76,16 @@ def dataset_fingerprint(data: DatasetSplits, hashes: dict[str, np.ndarray] | Non
 def training_record(data: DatasetSplits, hashes: dict[str, np.ndarray] | None = None,
                     ) -> dict[str, Any]:
     """The ``data_record`` a checkpoint keeps of training on ``data.train`` (plain types and
-    one int64 tensor, so ``torch.load(weights_only=True)`` reads it)."""
+    one int64 tensor, so ``torch.load(weights_only=True)`` reads it):
+
+    * ``train_hashes``: a sorted array of 64-bit BLAKE2b hashes, one per training image, of its
+      decoded pixels (uint8, C x H x W; :func:`image_hashes`), so the same image matches
+      whatever its position or container (npz JPEG bytes, pickle rows, image files decode to
+      the same pixels); an image re-encoded with other pixels (JPEG against the original PNGs)
+      is another image here;
+    * ``classes`` and ``fingerprint`` (:func:`dataset_fingerprint`), to tell another dataset of
+      the same shape from a copy of this one.
+    """
     hashes = hashes or _split_hashes(data)
     train = np.sort(hashes["train"])
     return {
