@@ -218,6 +218,27 @@ def _agreement(runner: Runner, data: np.ndarray, reference: np.ndarray,
     return agreement, accuracy
 
 
+def _judge(c: DeviceCandidate, result: tuple | str, f: CandidateFile,
+           reference_accuracy: float | None, min_agreement: float, max_drop: float) -> None:
+    """Set ``c``'s verdict from its run (``(agreement, accuracy)``, or the error text): verified
+    when its top-1 agreement reaches ``min_agreement`` and its accuracy is at most ``max_drop``
+    points below the reference's; the note says why not."""
+    if isinstance(result, str):
+        c.note = f"failed to run: {result}"
+        return
+    c.top1_agreement, c.test_accuracy = result
+    c.reference_accuracy = reference_accuracy
+    c.verified = c.top1_agreement >= min_agreement
+    if not c.verified:
+        c.note = (f"top-1 agreement {100 * c.top1_agreement:.2f}% with "
+                  f"{_model_text(f.reference)} < {100 * min_agreement:.0f}%")
+    elif c.test_accuracy is not None and c.test_accuracy < c.reference_accuracy - max_drop:
+        c.verified = False
+        c.note = (f"test accuracy {c.test_accuracy:.2f}% is more than {max_drop:g} "
+                  f"point(s) below {_model_text(f.accuracy_baseline)}'s "
+                  f"{c.reference_accuracy:.2f}%")
+
+
 def verify_candidates(*, runtime: str, threads: int, files: Sequence[CandidateFile],
                       references: Mapping[str, np.ndarray], images: np.ndarray,
                       labels: np.ndarray | None, min_agreement: float = 0.99,
@@ -240,8 +261,7 @@ def verify_candidates(*, runtime: str, threads: int, files: Sequence[CandidateFi
     implements (the float model for FP32 and reduced precision, the fake-quant model - with its
     requantization points, if any - for quantized files) of at least ``min_agreement`` and,
     with labels, test accuracy no more than ``max_drop`` points below the model that was
-    searched (the float one, or the searched fake-quant one).
- Split from
+    searched (the float one, or the searched fake-quant one). Split from
     :func:`recommend_file` so that candidates of several runtimes can be timed together.
     ``cache``: ``{(runtime, path, precision): (agreement, accuracy) or error}`` already
     known; ``sessions``: ``{(runtime, path, threads, hint[, streams]): runner}`` to reuse.
@@ -287,21 +307,7 @@ def verify_candidates(*, runtime: str, threads: int, files: Sequence[CandidateFi
                     cache[key] = _agreement(runner, images, references[f.reference], labels)
                 except Exception as exc:  # a runtime that cannot run the file
                     cache[key] = first_line(exc)
-            result = cache[key]
-            if isinstance(result, str):
-                c.note = f"failed to run: {result}"
-            else:
-                c.top1_agreement, c.test_accuracy = result
-                c.reference_accuracy = ref_acc[f.accuracy_baseline]
-                c.verified = c.top1_agreement >= min_agreement
-                if not c.verified:
-                    c.note = (f"top-1 agreement {100 * c.top1_agreement:.2f}% with "
-                              f"{_model_text(f.reference)} < {100 * min_agreement:.0f}%")
-                elif c.test_accuracy is not None and c.test_accuracy < c.reference_accuracy - max_drop:
-                    c.verified = False
-                    c.note = (f"test accuracy {c.test_accuracy:.2f}% is more than {max_drop:g} "
-                              f"point(s) below {_model_text(f.accuracy_baseline)}'s "
-                              f"{c.reference_accuracy:.2f}%")
+            _judge(c, cache[key], f, ref_acc[f.accuracy_baseline], min_agreement, max_drop)
             candidates.append(c)
             if c.verified or c.label == files[0].path:
                 runners[c.label] = runner

@@ -178,6 +178,27 @@ def _machine() -> dict[str, Any]:
             "openvino": ov_version, "python": platform.python_version()}
 
 
+def _selected_rows(run_dir: Path, front: str | None, select: str) -> list[ModelRow]:
+    """The rows ``select`` picks from the fronts (a model on several fronts once, with every
+    front's predictions); UserError when none is picked."""
+    fronts = _fronts(run_dir, front)
+    merged: dict[tuple[str, str], ModelRow] = {}
+    for device, path in fronts.items():
+        for row in read_front(path, device):
+            key = (row.arch, row.policy)
+            if key in merged:
+                merged[key].fronts.append(device)
+                merged[key].predicted.update({k: v for k, v in row.predicted.items()
+                                              if merged[key].predicted.get(k) is None})
+            else:
+                merged[key] = row
+    rows = parse_select(select, list(merged.values()), front)
+    if not rows:
+        raise UserError(f"no model selected from {', '.join(p.name for p in fronts.values())} "
+                        f"(empty front?)")
+    return rows
+
+
 def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "all",
                out: str | Path | None = None, settings: Any = None, max_test_images: int = 1000,
                progress: bool = True, report: Callable[[str], None] | None = None,
@@ -224,21 +245,7 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     if isinstance(max_test_images, bool) or not isinstance(max_test_images, int) or max_test_images < 1:
         raise UserError(f"max_test_images must be a positive integer, got {max_test_images!r}")
     cfg = _load_run(run_dir)
-    fronts = _fronts(run_dir, front)
-    merged: dict[tuple[str, str], ModelRow] = {}
-    for device, path in fronts.items():
-        for row in read_front(path, device):
-            key = (row.arch, row.policy)
-            if key in merged:
-                merged[key].fronts.append(device)
-                merged[key].predicted.update({k: v for k, v in row.predicted.items()
-                                              if merged[key].predicted.get(k) is None})
-            else:
-                merged[key] = row
-    rows = parse_select(select, list(merged.values()), front)
-    if not rows:
-        raise UserError(f"no model selected from {', '.join(p.name for p in fronts.values())} "
-                        f"(empty front?)")
+    rows = _selected_rows(run_dir, front, select)
     out_dir = Path(out) if out is not None else RunDir(run_dir).export_dir
     check_replaceable(out_dir, run_dir)
     workers = auto_workers(len(rows), settings.workers)

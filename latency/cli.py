@@ -38,6 +38,52 @@ EXIT_SOME_UNSTABLE = 1
 
 
 
+def _add_measure(lsub: Any) -> None:
+    """The ``latency measure`` subcommand's arguments."""
+    m = lsub.add_parser("measure", help="measure every .onnx model of a directory with onnxruntime "
+                                        "or OpenVINO")
+    m.add_argument("dir", help="directory of .onnx models (e.g. a run's models/)")
+    m.add_argument("--runtime", choices=RUNTIMES, default="onnxruntime",
+                   help="runtime to time the models with (default onnxruntime; openvino needs "
+                        "pip install 'hwnas[openvino]')")
+    m.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="OpenVINO's inference precision hint (default f32)")
+    m.add_argument("--threads", type=positive_int, default=1, help="runtime threads (default 1)")
+    m.add_argument("--repeats", type=positive_int, default=50, help="timed runs per model (default 50)")
+    m.add_argument("--warmup", type=non_negative_int, default=10, help="untimed runs first (default 10)")
+    m.add_argument("--max-cv", type=positive_float, default=0.1,
+                   help="leave out models whose coefficient of variation exceeds this (default 0.1)")
+    m.add_argument("--out", help="CSV to write (arch,latency_ms,p95_ms,cv,file); default: print it")
+    m.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    m.add_argument("--quiet", action="store_true", help="no per-model lines")
+
+
+def _add_adapt(lsub: Any) -> None:
+    """The ``latency adapt`` subcommand's arguments."""
+    a = lsub.add_parser("adapt", help="adapt a predictor to your measurements; save a device profile")
+    a.add_argument("--device", required=True, help="name of the new device profile")
+    a.add_argument("--space", required=True, help="search space of the measured architectures")
+    a.add_argument("--measurements", required=True, help="CSV with columns arch,latency_ms")
+    a.add_argument("--predictor", help="predictor to adapt: meta, lowrank (a low-rank prior over "
+                                       "the meta-training devices' per-operation costs), "
+                                       "opcount, flops, ... (default: the space's pretrained "
+                                       "meta predictor, else the FLOPs predictor)")
+    a.add_argument("--seed", type=seed_int, default=0, help="seed of the adaptation (default 0)")
+    a.add_argument("--overwrite", action="store_true", help="replace an existing profile")
+    a.add_argument("--export-settling", metavar="DIR",
+                   help="when the measurements leave open which network the device runs, write "
+                        "the models of the architectures that would settle it to DIR (new or "
+                        "empty; as 'reference --export' does), to measure and add")
+    a.add_argument("--execution", default="auto", metavar="auto|RUNTIME|raw|pruned",
+                   help="which network the device ran, where a space has variants (NB-201): raw "
+                        "(every operation), pruned (without operations whose output is unused), "
+                        "or the runtime that ran it (onnxruntime, openvino, tensorrt, tflite, "
+                        "litert, torchscript, pytorch-mobile, executorch, torch.compile: pruned; "
+                        "pytorch, eager, cudagraph: raw); auto (default): pruned when every "
+                        "measured model was an ONNX file (the measurements' file column: hwnas "
+                        "exports hold no dead operations), else weighed by the measurements")
+
+
 def add_latency_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     """Add the ``latency`` command group to ``sub`` (an ``add_subparsers`` object whose
     ``parser_class`` is used for the nested parsers too); return its handler::
@@ -72,45 +118,8 @@ def add_latency_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     r.add_argument("--overwrite", action="store_true",
                    help="replace an earlier reference export in --export DIR")
 
-    m = lsub.add_parser("measure", help="measure every .onnx model of a directory with onnxruntime "
-                                        "or OpenVINO")
-    m.add_argument("dir", help="directory of .onnx models (e.g. a run's models/)")
-    m.add_argument("--runtime", choices=RUNTIMES, default="onnxruntime",
-                   help="runtime to time the models with (default onnxruntime; openvino needs "
-                        "pip install 'hwnas[openvino]')")
-    m.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="OpenVINO's inference precision hint (default f32)")
-    m.add_argument("--threads", type=positive_int, default=1, help="runtime threads (default 1)")
-    m.add_argument("--repeats", type=positive_int, default=50, help="timed runs per model (default 50)")
-    m.add_argument("--warmup", type=non_negative_int, default=10, help="untimed runs first (default 10)")
-    m.add_argument("--max-cv", type=positive_float, default=0.1,
-                   help="leave out models whose coefficient of variation exceeds this (default 0.1)")
-    m.add_argument("--out", help="CSV to write (arch,latency_ms,p95_ms,cv,file); default: print it")
-    m.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    m.add_argument("--quiet", action="store_true", help="no per-model lines")
-
-    a = lsub.add_parser("adapt", help="adapt a predictor to your measurements; save a device profile")
-    a.add_argument("--device", required=True, help="name of the new device profile")
-    a.add_argument("--space", required=True, help="search space of the measured architectures")
-    a.add_argument("--measurements", required=True, help="CSV with columns arch,latency_ms")
-    a.add_argument("--predictor", help="predictor to adapt: meta, lowrank (a low-rank prior over "
-                                       "the meta-training devices' per-operation costs), "
-                                       "opcount, flops, ... (default: the space's pretrained "
-                                       "meta predictor, else the FLOPs predictor)")
-    a.add_argument("--seed", type=seed_int, default=0, help="seed of the adaptation (default 0)")
-    a.add_argument("--overwrite", action="store_true", help="replace an existing profile")
-    a.add_argument("--export-settling", metavar="DIR",
-                   help="when the measurements leave open which network the device runs, write "
-                        "the models of the architectures that would settle it to DIR (new or "
-                        "empty; as 'reference --export' does), to measure and add")
-    a.add_argument("--execution", default="auto", metavar="auto|RUNTIME|raw|pruned",
-                   help="which network the device ran, where a space has variants (NB-201): raw "
-                        "(every operation), pruned (without operations whose output is unused), "
-                        "or the runtime that ran it (onnxruntime, openvino, tensorrt, tflite, "
-                        "litert, torchscript, pytorch-mobile, executorch, torch.compile: pruned; "
-                        "pytorch, eager, cudagraph: raw); auto (default): pruned when every "
-                        "measured model was an ONNX file (the measurements' file column: hwnas "
-                        "exports hold no dead operations), else weighed by the measurements")
+    _add_measure(lsub)
+    _add_adapt(lsub)
 
     p = lsub.add_parser("predict", help="latency of a list of architectures on a device")
     p.add_argument("--device", required=True, help="any device of 'hwnas latency devices'")
