@@ -6,10 +6,11 @@ predictor for the whole space. Here the learning is Bayesian regression with a *
 (a GP over architectures whose features are the meta-training devices' additive profiles, the
 encoding, per-layer-kind sums and FLOPs), averaged over hyper-parameters and over the network a
 device really runs (execution variants): exact, no gradient steps at adaptation, with an
-uncertainty, and robust to wild measurements (Student-t noise). From 20 measurements on, a
-residual learner fitted on what the prior misses on each measurement left out (weighed by its
-own cross-validation) lets it keep learning where the prior cannot follow the device. The full method is written
-up in ``benchmarks/latency_fewshot.md`` ("Method"), with its figures.
+uncertainty, and robust to wild measurements (Student-t noise). It keeps learning as
+measurements grow through the evidence, which shifts the prior's blocks and noise with n. An
+optional residual learner (``residual=``, off by default: on the family protocol it never paid)
+is fitted from 20 measurements on to what the prior misses on each measurement left out. The
+full method is written up in ``benchmarks/latency_fewshot.md`` ("Method"), with its figures.
 """
 
 from __future__ import annotations
