@@ -22,8 +22,9 @@ leave-one-out log error on the 10 measurements; ``lowrank`` (:class:`LowRankPred
 low-rank prior over the meta-training devices' per-operation cost vectors, each family weighing
 the same, measured on its own reference architectures) and ``meta+lowrank`` (the mean of the
 two predictions' ranks); ``ens-loo``, meta, lowrank and opcount weighted by their leave-one-out
-error on the device's own 10 measurements. Beside them, ``ceiling[fit]`` and ``ceiling[cv]``:
-each held-out device's noise ceiling (``latency_ceiling.py``), and every row's ``clean`` mean
+error on the device's own 10 measurements. Beside them, ``ceiling[fit]``, ``ceiling[most]``,
+``ceiling[cv]``, ``ceiling[sessions]`` and ``ceiling[stated]``: each held-out device's ceiling
+estimates (``latency_ceiling.py``, :func:`ceiling_rows`), and every row's ``clean`` mean
 over the families whose split-half ceiling is >= 0.95 (where the predictor, not the table's
 noise, is the limit). Meta-training uses every architecture some table
 holds (a device measured on a sample is fitted on its sample) and one seed per fold; when a

@@ -505,7 +505,7 @@ def run_job(job: tuple) -> tuple:
 
 
 def cpu_devices(tag: str, threads: list[int], with_ov: bool,
-                runtimes: tuple[str, ...] = CPU_RUNTIMES) -> list[tuple[str, str, int]]:
+                runtimes: tuple[str, ...] = DEFAULT_CPU_RUNTIMES) -> list[tuple[str, str, int]]:
     """(device name, runtime, threads) of every CPU device, threads ascending."""
     runtimes = [r for r in CPU_RUNTIMES if r in runtimes and (not r.startswith("ov") or with_ov)]
     return [(f"{tag}-{r}-{t}t", r, t) for t in sorted(set(threads)) for r in runtimes]
