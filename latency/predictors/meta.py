@@ -821,6 +821,16 @@ class MetaPredictor(DesignedPredictor):
         return obj.pin_execution(None if pinned is None else str(pinned))
 
 
+def _evidence(K: np.ndarray, noise: float, rc: np.ndarray) -> tuple[float, np.ndarray]:
+    """Log marginal likelihood (the scale profiled out) and dual weights of a GP with
+    covariance ``K + noise I`` on the centred targets ``rc``."""
+    n = len(rc)
+    chol = np.linalg.cholesky(K + noise * np.eye(n))
+    a = np.linalg.solve(chol.T, np.linalg.solve(chol, rc))
+    ml = -0.5 * n * np.log(max(float(rc @ a) / n, 1e-30)) - float(np.log(np.diag(chol)).sum())
+    return ml, a
+
+
 class _HammingGP:
     """GP regression on one-hot encodings with covariance ``exp(-d / ell)``, ``d`` the number
     of positions whose choice differs (a kernel over every order of interaction between
@@ -837,17 +847,13 @@ class _HammingGP:
         return np.exp(-(self.positions - A @ B.T) / (ell * self.positions))
 
     def fit(self, X: np.ndarray, r: np.ndarray) -> _HammingGP:
-        n = len(r)
         self.mean = float(r.mean())
         rc = r - self.mean
         best = None
         for ell in self.ELLS:
             K = self._k(X, X, ell)
             for noise in self.NOISES:
-                chol = np.linalg.cholesky(K + noise * np.eye(n))
-                a = np.linalg.solve(chol.T, np.linalg.solve(chol, rc))
-                ml = -0.5 * n * np.log(max(float(rc @ a) / n, 1e-30)) - float(
-                    np.log(np.diag(chol)).sum())
+                ml, a = _evidence(K, noise, rc)
                 if best is None or ml > best[0]:
                     best = (ml, ell, a)
         _, self.ell, self.alpha = best
@@ -904,7 +910,6 @@ class _MixedGP(_HammingGP):
         return K
 
     def fit(self, X: np.ndarray, r: np.ndarray) -> _MixedGP:
-        n = len(r)
         self.mean = float(r.mean())
         rc = r - self.mean
         self.c_mean = X[:, self.dim:].mean(0)
@@ -915,10 +920,7 @@ class _MixedGP(_HammingGP):
             for ell in self.ELLS if on[0] else (1.0,):
                 K = self._kernel(parts, ell, on)
                 for noise in self.NOISES:
-                    chol = np.linalg.cholesky(K + noise * np.eye(n))
-                    a = np.linalg.solve(chol.T, np.linalg.solve(chol, rc))
-                    ml = -0.5 * n * np.log(max(float(rc @ a) / n, 1e-30)) - float(
-                        np.log(np.diag(chol)).sum())
+                    ml, a = _evidence(K, noise, rc)
                     if best is None or ml > best[0]:
                         best = (ml, ell, on, a)
         _, self.ell, self.on, self.alpha = best
