@@ -17,6 +17,17 @@ rank the measured column perfectly. Two estimates per device column:
   that is the correlation between the true and the measured latency if the repeats' noise were
   the only noise; noise between sessions is larger, so this is an upper bound. HELP's tables
   carry no repeats.
+* ``most`` (5-fold, the many-measurement model): the same three models fitted on four fifths of
+  the table (at most ``MAX_TRAIN_MOST`` architectures per fold, a seeded subsample of more) and
+  scored on the whole table from their out-of-fold predictions: what a model with hundreds
+  (measured tables: 365-1,600) to thousands (HELP's: 3,000) of measurements of the device
+  reaches, a tighter lower bound than ``fit`` on the small tables.
+* ``sessions`` (measured tables of several sessions): ``sqrt`` of the Spearman-Brown
+  reliability of the averaged column (:func:`hwnas.latency.devices.reliability`, from the
+  median Spearman between two sessions): the expected Spearman between the column and the
+  latency it would converge to over many sessions, i.e. what a predictor that knew the device's
+  true latencies would score against the column. Noise shared by every session (the same
+  machine, build and library versions) is not in it, so it is an upper bound.
 """
 
 from __future__ import annotations
@@ -36,6 +47,8 @@ from hwnas.latency.predictors.features import (
 #: training / scoring architectures per fold at most (a seeded subsample of larger halves)
 MAX_TRAIN = 2000
 MAX_SCORE = 5000
+#: training architectures per fold of the ``most`` estimate at most
+MAX_TRAIN_MOST = 3000
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -88,6 +101,44 @@ def split_half(feats: dict[str, np.ndarray], y: np.ndarray, seed: int = 0) -> di
     res = {k: float(np.mean(v)) for k, v in out.items()}
     res["best"] = max(res.values())
     return res
+
+
+def _model(name: str, seed: int) -> Any:
+    from sklearn.ensemble import HistGradientBoostingRegressor
+    from sklearn.linear_model import RidgeCV
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    if name == "trees":
+        return HistGradientBoostingRegressor(max_iter=200, learning_rate=0.08, random_state=seed)
+    return make_pipeline(StandardScaler(), RidgeCV(alphas=np.logspace(-3, 4, 15)))
+
+
+def most_fit(feats: dict[str, np.ndarray], y: np.ndarray, folds: int = 5,
+             seed: int = 0) -> dict[str, float]:
+    """Spearman of each model's out-of-fold predictions (``folds``-fold, log latency target,
+    at most :data:`MAX_TRAIN_MOST` training architectures per fold) over the whole table, and
+    their best."""
+    rng = np.random.default_rng(seed)
+    parts = np.array_split(rng.permutation(len(y)), folds)
+    t = np.log(y)
+    out = {}
+    for name, X in feats.items():
+        pred = np.empty(len(y))
+        for k, test in enumerate(parts):
+            train = np.concatenate([q for j, q in enumerate(parts) if j != k])[:MAX_TRAIN_MOST]
+            pred[test] = _model(name, seed).fit(X[train], t[train]).predict(X[test])
+        out[name] = _spearman(pred, y)
+    out["best"] = max(out.values())
+    return out
+
+
+def sessions_ceiling(sessions: int, rho: float) -> float:
+    """``sqrt`` of the Spearman-Brown reliability of ``sessions`` averaged sessions whose pairs
+    correlate at ``rho``: the Spearman a predictor of the true latency would reach."""
+    from hwnas.latency.devices import reliability
+
+    return float(np.sqrt(reliability(sessions, rho)))
 
 
 def repeat_ceiling(y: np.ndarray, cv: np.ndarray, draws: int = 20, seed: int = 0) -> float:

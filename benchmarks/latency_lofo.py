@@ -22,8 +22,9 @@ leave-one-out log error on the 10 measurements; ``lowrank`` (:class:`LowRankPred
 low-rank prior over the meta-training devices' per-operation cost vectors, each family weighing
 the same, measured on its own reference architectures) and ``meta+lowrank`` (the mean of the
 two predictions' ranks); ``ens-loo``, meta, lowrank and opcount weighted by their leave-one-out
-error on the device's own 10 measurements. Beside them, ``ceiling[fit]`` and ``ceiling[cv]``:
-each held-out device's noise ceiling (``latency_ceiling.py``), and every row's ``clean`` mean
+error on the device's own 10 measurements. Beside them, ``ceiling[fit]``, ``ceiling[most]``,
+``ceiling[cv]``, ``ceiling[sessions]`` and ``ceiling[stated]``: each held-out device's ceiling
+estimates (``latency_ceiling.py``, :func:`ceiling_rows`), and every row's ``clean`` mean
 over the families whose split-half ceiling is >= 0.95 (where the predictor, not the table's
 noise, is the limit). Meta-training uses every architecture some table
 holds (a device measured on a sample is fitted on its sample) and one seed per fold; when a
@@ -167,13 +168,20 @@ def load_cv(space: Any, *dirs: Path | None) -> dict[str, dict[str, float]]:
 
 
 def ceiling_rows(space: Any, fam: str, held: list[str], devices: dict,
-                 cvs: dict[str, dict[str, float]]) -> list[dict]:
-    """Rows ``ceiling[fit]`` (split-half) and, where repeats were timed, ``ceiling[cv]`` of the
-    held-out devices (:mod:`latency_ceiling`), in the shape of the predictors' rows."""
+                 cvs: dict[str, dict[str, float]], most: bool = True,
+                 agreement: dict[str, tuple[int, float]] | None = None) -> list[dict]:
+    """Rows ``ceiling[fit]`` (split-half), ``ceiling[most]`` (5-fold, unless ``most`` is
+    False; tables under twice ``latency_ceiling.MAX_TRAIN``, the others' halves train on
+    that many already), where repeats were timed ``ceiling[cv]`` and where several sessions were averaged
+    ``ceiling[sessions]`` (``agreement``: device -> (sessions, median Spearman between two,
+    :func:`session_agreements`) of the held-out devices (:mod:`latency_ceiling`), in the shape
+    of the predictors' rows."""
+    agreement = agreement or {}
     rows = []
     for d in held:
         archs, y = devices[d]
-        fit = ceiling.split_half(ceiling.ceiling_features(space, archs), y)
+        feats = ceiling.ceiling_features(space, archs)
+        fit = ceiling.split_half(feats, y)
         base = {"space": space.name, "predictor": "ceiling", "n_measurements": N,
                 "family": fam, "device": d, "architectures": len(archs), "spearman_std": 0.0,
                 "seeds": 1}
@@ -183,6 +191,20 @@ def ceiling_rows(space: Any, fam: str, held: list[str], devices: dict,
             cv = np.array([cvs[d].get(a, np.nan) for a in archs])
             rows.append({**base, "measurements": "cv",
                          "spearman_mean": round(ceiling.repeat_ceiling(y, cv), 4)})
+        if most and len(archs) < 2 * ceiling.MAX_TRAIN:  # else the halves train on thousands
+            fit = ceiling.most_fit(feats, y)
+            rows.append({**base, "measurements": "most", "spearman_mean": round(fit["best"], 4),
+                         "models": {k: round(v, 4) for k, v in fit.items() if k != "best"}})
+        stated = max(r["spearman_mean"] for r in rows
+                     if r["device"] == d and r["measurements"] in ("fit", "most"))
+        if d in agreement:
+            k, rho = agreement[d]
+            stated = round(ceiling.sessions_ceiling(k, rho), 4)
+            rows.append({**base, "measurements": "sessions", "sessions": k,
+                         "session_spearman": round(rho, 4), "spearman_mean": stated})
+        # the ceiling stated per device: the sessions' where several were averaged, else the
+        # best model's (with thousands of measurements on HELP's tables, close to the noise)
+        rows.append({**base, "measurements": "stated", "spearman_mean": stated})
     return rows
 
 
@@ -230,6 +252,23 @@ def load_devices(space: Any, tables_dir: Path | None = TABLES_DIR,
                        + (f"; left out, reliability below {min_reliability:g}: "
                           f"{', '.join(left_out)}" if left_out else "") + ")")
     return devices, sources
+
+
+def session_agreements(space: Any, tables_dir: Path | None = TABLES_DIR
+                       ) -> dict[str, tuple[int, float]]:
+    """``device -> (sessions averaged, median Spearman between two)`` of every measured column
+    of ``tables_dir`` that averages several sessions (:func:`session_agreement`)."""
+    out = {}
+    paths = [] if tables_dir is None else sorted(tables_dir.glob(f"{space.name}_*.csv.gz"))
+    for path in paths:
+        if path.name.endswith(("_cv.csv.gz", "_raw.csv.gz", "_anchors.csv.gz")):
+            continue
+        head = gzip.decompress(path.read_bytes()).decode().split("\n", 1)[0]
+        for d in head.strip().split(",")[1:]:
+            agreement = session_agreement(path, d)
+            if agreement is not None:
+                out[d] = agreement
+    return out
 
 
 def nan_columns(devices: dict, names: list[str], archs: list[str]) -> dict[str, np.ndarray]:
@@ -464,6 +503,7 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
     devices, sources = load_devices(space, tables_dir, min_reliability)
     cv_dirs = (tables_dir, CV_DIR) if tables_dir == TABLES_DIR else (tables_dir,)
     cvs = load_cv(space, *cv_dirs) if with_ceiling else {}
+    agreements = session_agreements(space, tables_dir) if with_ceiling else {}
     fams: dict[str, list[str]] = defaultdict(list)
     for d in devices:
         fams[family(d)].append(d)
@@ -485,7 +525,7 @@ def run_space(name: str, seeds: int, predictors: tuple[str, ...], families: list
         folds = {f: fams[f] for f in sorted(fams) if not families or f in families}
     for fam, held in folds.items():
         if with_ceiling and not kinds:
-            rows += ceiling_rows(space, fam, held, devices, cvs)
+            rows += ceiling_rows(space, fam, held, devices, cvs, agreement=agreements)
         if not predictors:
             log(f"  {fam}: ceiling only")
             continue

@@ -13,7 +13,8 @@ each list in a seeded random order. ``--spaces`` picks the spaces (default nb201
 * CPU (``--runtimes cpu``), at each of ``--threads``: onnxruntime (``ort``, intra-op threads),
   PyTorch eager (``torch``) and frozen TorchScript (``ts``) with ``torch.set_num_threads``, and
   OpenVINO (``ov``, ``INFERENCE_NUM_THREADS``, f32) when it imports (``--cpu-runtimes``
-  picks some of them);
+  picks some of them); on request two execution settings of those: onnxruntime with every
+  graph optimisation off (``ortnoopt``) and OpenVINO at bf16 precision (``ovbf16``);
 * GPU (``--runtimes gpu``, when CUDA is present): PyTorch eager (``torch``) and a replayed
   CUDA graph (``cudagraph``) at batch 1 and 64 (``hwnas.latency.devices.MeasuredDevice``).
 
@@ -81,7 +82,12 @@ MBV3_CSV = REPO / "benchmarks" / "results" / "latency_mbv3" / "mbv3.csv"
 DEFAULT_N = {"nb201": 2000, "fbnet": 1000, "mbv3": 400, "vit": 300}
 #: spaces measured when --spaces is not given (vit on request: its table is new)
 DEFAULT_SPACES = ("nb201", "fbnet", "mbv3")
-CPU_RUNTIMES = ("ort", "torch", "ts", "ov")
+CPU_RUNTIMES = ("ort", "torch", "ts", "ov", "ortnoopt", "ovbf16")
+#: runtimes measured when --cpu-runtimes is not given (the last two are execution settings of
+#: the first and the fourth, measured on request: ``ortnoopt`` onnxruntime with every graph
+#: optimisation off, each ONNX node run as written, no fusion; ``ovbf16`` OpenVINO with bf16
+#: inference precision, on CPUs with avx512_bf16 or AMX)
+DEFAULT_CPU_RUNTIMES = ("ort", "torch", "ts", "ov")
 GPU_RUNTIMES = ("torch", "cudagraph")
 GPU_BATCHES = (1, 64)
 #: anchor architectures per space, measured on every device in every round
@@ -427,13 +433,25 @@ class CpuRunner:
             s = measure_onnx(onnx_path, threads=threads, warmup=self.warmup,
                              repeats=self.repeats)
             return s.median_ms, s.cv
-        if runtime == "ov":
+        if runtime == "ortnoopt":
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            opts.intra_op_num_threads = threads
+            opts.inter_op_num_threads = 1
+            sess = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+            name = sess.get_inputs()[0].name
+            x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
+            return time_calls(lambda: sess.run(None, {name: x}), self.warmup, self.repeats)
+        if runtime in ("ov", "ovbf16"):
             import openvino as ov
 
             core = ov.Core()
             compiled = core.compile_model(core.read_model(str(onnx_path)), "CPU", {
                 "INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1,
-                "PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"})
+                "PERFORMANCE_HINT": "LATENCY",
+                "INFERENCE_PRECISION_HINT": "bf16" if runtime == "ovbf16" else "f32"})
             req = compiled.create_infer_request()
             x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
             return time_calls(lambda: req.infer({0: x}), self.warmup, self.repeats)
@@ -474,7 +492,7 @@ def run_job(job: tuple) -> tuple:
         runner.prepare(space_name, arch, Path(onnx_path), Path(ts_path) if with_ts else None)
     out = {}
     for device, runtime, threads in measures:
-        if runtime == "ov" and not Path(onnx_path).exists():
+        if runtime.startswith("ov") and not Path(onnx_path).exists():
             continue
         out[device] = runner.measure(runtime, threads, space_name, arch, Path(onnx_path),
                                      Path(ts_path))
@@ -487,9 +505,9 @@ def run_job(job: tuple) -> tuple:
 
 
 def cpu_devices(tag: str, threads: list[int], with_ov: bool,
-                runtimes: tuple[str, ...] = CPU_RUNTIMES) -> list[tuple[str, str, int]]:
+                runtimes: tuple[str, ...] = DEFAULT_CPU_RUNTIMES) -> list[tuple[str, str, int]]:
     """(device name, runtime, threads) of every CPU device, threads ascending."""
-    runtimes = [r for r in CPU_RUNTIMES if r in runtimes and (r != "ov" or with_ov)]
+    runtimes = [r for r in CPU_RUNTIMES if r in runtimes and (not r.startswith("ov") or with_ov)]
     return [(f"{tag}-{r}-{t}t", r, t) for t in sorted(set(threads)) for r in runtimes]
 
 
@@ -977,8 +995,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default=None, help="CPU tag of device names (default: CPU family)")
     ap.add_argument("--no-openvino", action="store_true")
-    ap.add_argument("--cpu-runtimes", nargs="+", default=list(CPU_RUNTIMES), choices=CPU_RUNTIMES,
-                    help="CPU runtimes to measure (default: all; ov only where it imports)")
+    ap.add_argument("--cpu-runtimes", nargs="+", default=list(DEFAULT_CPU_RUNTIMES),
+                    choices=CPU_RUNTIMES,
+                    help="CPU runtimes to measure (default: ort torch ts ov; ov and ovbf16 only "
+                         "where OpenVINO imports)")
     ap.add_argument("--anchors", type=int, default=DEFAULT_ANCHORS,
                     help="anchor architectures per space, measured every round to normalise "
                          f"the rounds' speed (default {DEFAULT_ANCHORS})")

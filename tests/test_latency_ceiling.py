@@ -43,6 +43,27 @@ def test_split_half_tracks_the_noise(nb201):
     assert quiet["best"] == max(v for k, v in quiet.items() if k != "best")
 
 
+def test_most_fit_and_the_sessions_ceiling(nb201):
+    space, archs = nb201
+    feats = ceiling.ceiling_features(space, archs)
+    rng = np.random.default_rng(2)
+    enc = np.stack([space.encode(space.from_string(a)) for a in archs])
+    y = (1.0 + enc @ rng.uniform(0, 1, enc.shape[1])) * np.exp(
+        0.1 * rng.standard_normal(len(archs)))
+    most, half = ceiling.most_fit(feats, y), ceiling.split_half(feats, y)
+    assert most["best"] == max(v for k, v in most.items() if k != "best")
+    assert most["best"] > half["best"] - 0.02  # four fifths to train on, not a half
+    # one session: the ceiling is sqrt(rho); more sessions average the noise away
+    assert ceiling.sessions_ceiling(1, 0.81) == pytest.approx(0.9)
+    assert ceiling.sessions_ceiling(4, 0.81) > 0.97 and ceiling.sessions_ceiling(3, 1.0) == 1.0
+    rows = lofo.ceiling_rows(space, "f", ["d"], {"d": (archs, y)}, {}, agreement={"d": (2, 0.9)})
+    by = {r["measurements"]: r["spearman_mean"] for r in rows}
+    assert set(by) == {"fit", "most", "sessions", "stated"}
+    assert by["stated"] == by["sessions"] == pytest.approx(np.sqrt(1.8 / 1.9), abs=1e-4)
+    rows = lofo.ceiling_rows(space, "f", ["d"], {"d": (archs, y)}, {}, most=False)
+    assert {r["measurements"]: r["spearman_mean"] for r in rows}["stated"] == by["fit"]
+
+
 def test_repeat_ceiling_is_one_without_noise_and_falls_with_it():
     y = np.linspace(1, 3, 200)
     assert ceiling.repeat_ceiling(y, np.zeros(200)) == pytest.approx(1.0)

@@ -237,3 +237,15 @@ def test_simple_baselines_rank_an_op_count_device():
     fit, rest = archs[:60], archs[60:]
     for baseline in (lofo.gbm_baseline, lofo.gp_baseline):
         assert spearman(baseline(space, fit, y[:60], rest, 0), y[60:]) > 0.8
+
+
+def test_residual_select_summary_is_a_mean_over_families():
+    from benchmarks import latency_residual_select as sel
+
+    rows = [{"family": f, "device": d, "n": 20, "kind": "random", "draw": s, "meta[off]": v}
+            for f, d, s, v in (("a", "a1", 0, 0.9), ("a", "a1", 1, 0.7), ("a", "a2", 0, 0.8),
+                               ("b", "b1", 0, 0.5))]
+    (out,) = sel.summarize(rows)
+    assert out["families"] == 2 and out["per_family"]["a"]["meta[off]"] == pytest.approx(0.8)
+    assert out["mean"]["meta[off]"] == pytest.approx(0.65)
+    assert out["worst"]["meta[off]"] == pytest.approx(0.5)

@@ -85,6 +85,12 @@ def test_tags():
     names = [d for d, _, _ in mlt.cpu_devices("xeon", [4, 1], False)]
     assert names == ["xeon-ort-1t", "xeon-torch-1t", "xeon-ts-1t",
                      "xeon-ort-4t", "xeon-torch-4t", "xeon-ts-4t"]
+    # the execution settings are measured on request only, OpenVINO's only where it imports
+    asked = ("ort", "ortnoopt", "ovbf16")
+    assert [d for d, _, _ in mlt.cpu_devices("epyc", [1], True, asked)] == [
+        "epyc-ort-1t", "epyc-ortnoopt-1t", "epyc-ovbf16-1t"]
+    assert [d for d, _, _ in mlt.cpu_devices("epyc", [1], False, asked)] == [
+        "epyc-ort-1t", "epyc-ortnoopt-1t"]
 
 
 def test_time_calls_median_and_cv():
@@ -106,6 +112,16 @@ def test_end_to_end_tiny(tmp_path, one_torch_thread):
     doc = json.loads((out / "machine_t.json").read_text())
     assert doc["spaces"]["nb201"]["architectures"] == 1 and "cpu_model" in doc["cpu"]
     assert not doc["stopped_by_budget"]
+
+
+def test_onnxruntime_without_graph_optimisation_is_a_device(tmp_path, one_torch_thread):
+    out = tmp_path / "out"
+    assert mlt.main(["--out", str(out), "--spaces", "nb201", "--n", "1", "--threads", "1",
+                     "--repeats", "1", "--warmup", "0", "--runtimes", "cpu", "--no-openvino",
+                     "--tag", "t", "--no-anchors", "--cpu-runtimes", "ortnoopt"]) == 0
+    rows = list(csv.reader(io.StringIO(gzip.decompress(
+        (out / "nb201_t.csv.gz").read_bytes()).decode())))
+    assert rows[0] == ["arch", "t-ortnoopt-1t"] and float(rows[1][1]) > 0
 
 
 def test_budget_stops_cleanly(tmp_path, one_torch_thread):
