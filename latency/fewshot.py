@@ -2,23 +2,12 @@
 
 A latency table (:mod:`hwnas.latency.tables`) holds the true latency of many architectures on a
 device; this module plays "a new device" with it: pick the ``n`` architectures a user would
-measure, adapt a predictor to their latencies, predict every architecture of the table and
-score the ranking with Spearman's rho. It is the protocol of ``benchmarks/latency_fewshot.py``
-(its ``all`` score) as a library, so that notebooks and user code can draw the curves without
-copying the benchmark's loop:
-
-* which architectures are measured (:func:`choose_measurements`): a predictor with reference
-  architectures (the meta predictor) measures its first ``n`` of them, the others ``n`` drawn
-  at random with the seed from ``pool_rows`` (the first ``n`` of one seeded permutation, so the
-  5-measurement sample contains the 2-measurement one, and every predictor gets the same rows);
-  ``reference=False`` makes the meta predictor use the random rows too (the benchmark's
-  ``meta[random]`` ablation);
-* :func:`fewshot_scores`: every predictor × number of measurements × seed, as
-  :class:`FewShotScore` records;
-* :func:`leave_one_out`: without a table, how well a predictor generalises from a user's own
-  measurements (each predicted by the predictor re-adapted to the others), whether more
-  measurements would likely help, and the learning curve of those held-out scores with what
-  20 more measurements would likely bring (what ``hwnas latency adapt`` prints).
+measure (:func:`choose_measurements`), adapt a predictor to their latencies, predict every
+architecture of the table and score the ranking with Spearman's rho (:func:`fewshot_scores`).
+It is the protocol of ``benchmarks/latency_fewshot.py`` (its ``all`` score) as a library, so
+that notebooks and user code can draw the curves without copying the benchmark's loop. Without
+a table, :func:`leave_one_out` scores a predictor on a user's own measurements and says whether
+more would likely help (what ``hwnas latency adapt`` prints).
 
 Importing this module needs numpy only (scipy is imported to compute Spearman's rho).
 """
@@ -73,7 +62,10 @@ def choose_measurements(predictor: LatencyPredictor, table: LatencyTable, n: int
     With ``reference`` and a predictor that has reference architectures: the rows of its first
     ``n`` (a :class:`UserError` when it has fewer than ``n`` or the table lacks one). Otherwise
     the first ``n`` of a permutation of ``pool_rows`` (default: every row) seeded with
-    ``SEED_OFFSET + seed``.
+    ``SEED_OFFSET + seed``: one permutation per seed, so the 5-measurement sample contains the
+    2-measurement one and every predictor gets the same rows. ``reference=False`` makes a
+    predictor with reference architectures (the meta predictor) use the random rows too (the
+    benchmark's ``meta[random]`` ablation).
 
     Examples:
         >>> from hwnas.latency import choose_measurements, load_pretrained, load_shared_table
@@ -247,7 +239,10 @@ class LeaveOneOut:
     ``spearman`` of those predictions against the measured latencies, ``median_rel_error``
     (median |pred - y| / y), the same error when fitting on ``n_half`` (about half) of them
     (``half_rel_error``: the learning curve's earlier point, ``None`` when there are too few),
-    and the verdict: ``more_would_help`` with its one-line ``reason``."""
+    and the verdict: ``more_would_help`` with its one-line ``reason``; :attr:`curve` and
+    :meth:`gain_line` give the learning curve of those held-out scores and what
+    :data:`MORE_MEASUREMENTS` (20) more measurements would likely bring (what
+    ``hwnas latency adapt`` prints)."""
 
     n: int
     folds: int
