@@ -1,29 +1,15 @@
 """Latency predictors: a few measurements on a new device -> the latency of any architecture.
 
-Six families behind one interface (:class:`LatencyPredictor`: ``meta_fit``, ``adapt``,
-``predict``, ``predict_with_std``, ``save``/``load``):
-
-===========  =====================================================================================
-``flops``    FLOPs proxy: a power law of FLOPs fitted to the measurements (rank = FLOPs rank)
-``lut``      layer-wise lookup table whose per-layer-kind costs are fitted by non-negative least
-             squares to whole-network measurements
-``mlp``      a small MLP ensemble trained from scratch on the measurements
-``opcount``  a constant plus a non-negative cost per candidate operation times its count
-             (6 parameters on NB-201), fitted by NNLS: the baseline of issue 23
-``lowrank``  a cost per operation with a low-rank Gaussian prior learned from other devices'
-             cost vectors (plus per-layer compute/memory-traffic sums), Bayesian linear
-             regression averaged over hyper-parameters: fast and robust to which architectures
-             were measured
-``meta``     the default: a GP prior meta-learned from other devices' latency tables, reference
-             architectures chosen by optimal design, Bayesian model averaging (HELP-style) over
-             hyper-parameters and execution variants (does the device's runtime drop dead
-             operations?), robust to outlying measurements (Student-t noise)
-===========  =====================================================================================
+Six families behind one interface (:class:`LatencyPredictor`), each detailed in its own module:
+``flops`` (a power law of FLOPs: rank = FLOPs rank), ``lut`` (a layer-wise lookup table whose
+per-layer-kind costs are fitted by NNLS), ``mlp`` (a small MLP ensemble, no prior), ``opcount``
+(a non-negative cost per operation: the baseline of issue 23), ``lowrank`` (per-operation costs
+under a low-rank prior from other devices: fast and robust to which architectures were
+measured) and ``meta``, the default (a GP prior meta-learned from other devices' tables,
+HELP-style, with reference architectures chosen by optimal design).
 
 ``load_pretrained("nb201")`` / ``load_pretrained("fbnet")`` return the meta predictor trained on
-HELP's meta-training devices, shipped in ``latency/data/`` so that adaptation works offline;
-``get_predictor("lowrank", space)`` likewise returns ``latency/data/<space>_lowrank.npz`` where
-it is shipped.
+HELP's meta-training devices, shipped in ``latency/data/`` so that adaptation works offline.
 Importing this package imports numpy only (scipy and scikit-learn are imported when fitting).
 """
 
@@ -98,7 +84,8 @@ def get_predictor(name: str, space: Any, **options: Any) -> LatencyPredictor:
 
     ``meta`` returns the shipped meta-trained predictor of the space when there is one (and the
     space has the configuration it was trained for), else an untrained one that must be
-    :meth:`~LatencyPredictor.meta_fit` before it can adapt.
+    :meth:`~LatencyPredictor.meta_fit` before it can adapt. ``lowrank`` likewise returns
+    ``latency/data/<space>_lowrank.npz`` where it is shipped.
 
     Examples:
         >>> import numpy as np
