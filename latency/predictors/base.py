@@ -1,23 +1,11 @@
 """The interface every latency predictor implements, and what they share.
 
-A predictor belongs to one search space. Its life has up to three steps:
-
-1. ``meta_fit(space, archs, table, seed=)`` - learn from many devices' full latency tables
-   (``table[device]`` aligned with ``archs``). A no-op for predictors without meta-training.
-2. ``adapt(archs, latency_ms, seed=)`` - a few measurements on a *new* device give a predictor
-   for that device. ``min_samples`` is the fewest measurements it accepts; ``reference_archs``
-   (when not ``None``) are the architectures it wants measured first, in order: with ``n``
-   measurements, measure the first ``n``.
-3. ``predict(archs)`` / ``predict_with_std(archs)`` - latency in ms (and a standard deviation
-   where the predictor has an uncertainty estimate, else ``None``).
-
-``save(path)`` writes one small ``.npz`` file atomically (JSON metadata plus arrays, no pickles):
-the meta-trained state, the hyper-parameters and the measurements it was adapted to (with
-whatever fitted parameters the predictor keeps). ``LatencyPredictor.load(path)`` (or the
-subclass's) restores it; the space is rebuilt from its registry name and configuration.
-
-Architectures may be given as architecture objects of the space or as strings; strings are
-parsed (a string outside the space raises :class:`UserError`). Nothing here imports torch.
+:class:`LatencyPredictor` is the one contract of the predictor families (its docstring gives a
+predictor's life: ``meta_fit``, ``adapt``, ``predict``), :data:`PREDICTORS` their one registry
+and :meth:`LatencyPredictor.save` / :meth:`LatencyPredictor.load` their one file format (a small
+``.npz``, no pickles). Architectures may be given as architecture objects of the space or as
+strings; strings are parsed (a string outside the space raises :class:`UserError`). Nothing here
+imports torch.
 """
 
 from __future__ import annotations
@@ -62,7 +50,19 @@ def predictor_classes() -> dict[str, type[LatencyPredictor]]:
 
 
 class LatencyPredictor(ABC):
-    """Predicts the latency (ms) of architectures of one space on one device."""
+    """Predicts the latency (ms) of architectures of one space on one device.
+
+    A predictor belongs to one search space. Its life has up to three steps:
+
+    1. ``meta_fit(space, archs, table, seed=)`` - learn from many devices' full latency tables
+       (``table[device]`` aligned with ``archs``). A no-op for predictors without meta-training.
+    2. ``adapt(archs, latency_ms, seed=)`` - a few measurements on a *new* device give a
+       predictor for that device. ``min_samples`` is the fewest measurements it accepts;
+       ``reference_archs`` (when not ``None``) are the architectures it wants measured first,
+       in order: with ``n`` measurements, measure the first ``n``.
+    3. ``predict(archs)`` / ``predict_with_std(archs)`` - latency in ms (and a standard
+       deviation where the predictor has an uncertainty estimate, else ``None``).
+    """
 
     #: Registry name (``flops``, ``lut``, ``mlp``, ``meta``).
     name: ClassVar[str] = "base"
@@ -186,7 +186,10 @@ class LatencyPredictor(ABC):
 
     # -- files -------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """Write the predictor to one ``.npz`` file (atomically: temporary file + rename)."""
+        """Write the predictor to one small ``.npz`` file (atomically: temporary file +
+        rename): JSON metadata plus arrays, no pickles; the meta-trained state, the
+        hyper-parameters and the measurements it was adapted to (with whatever fitted
+        parameters the predictor keeps)."""
         path = Path(path)
         meta, arrays = self._state()
         doc: dict[str, Any] = {
@@ -211,7 +214,8 @@ class LatencyPredictor(ABC):
     @classmethod
     def load(cls, path: str | Path) -> LatencyPredictor:
         """Read a file written by :meth:`save` (any registered predictor class when called on
-        :class:`LatencyPredictor`; that class or a subclass when called on a subclass)."""
+        :class:`LatencyPredictor`; that class or a subclass when called on a subclass); the
+        space is rebuilt from its registry name and configuration."""
         path = Path(path)
         if not path.is_file():
             raise UserError(f"latency predictor file {path} does not exist")
