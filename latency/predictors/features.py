@@ -1,21 +1,10 @@
 """Architecture features shared by the predictors, computed once per architecture and cached.
 
-Three kinds, all from the space declaration (no second encoder lives here):
-
-* ``encode`` - the space's own feature vector (:meth:`SearchSpace.encode`; one-hot per edge for
-  NAS-Bench-201, per layer for FBNet);
-* ``flops`` - :meth:`SearchSpace.flops` of the layer list;
-* ``layers`` - per *layer kind* sums over the layer list (:func:`layer_features`): for each kind
-  (dense k×k conv, 1×1 conv, grouped conv, depthwise conv, linear, local pool, global pool,
-  add, mul, and the transformer ops matmul, layernorm, softmax, gelu) the number of layers,
-  MACs, input and output activation elements and parameters.
-  Latency is close to additive over layers and each layer's cost is close to linear in these
-  quantities (compute, memory traffic, a fixed per-layer overhead), so a device's latency is
-  close to linear in these sums; they are what the layer-wise lookup-table predictor fits and a
-  prior component of the meta-learned predictor.
-
-Computing ``space.layers`` for the 15,625 NAS-Bench-201 cells takes seconds, so features are
-cached per space (name and configuration) and canonical architecture string.
+Three kinds, all from the space declaration (no second encoder lives here): ``encode``, the
+space's own feature vector (:meth:`SearchSpace.encode`; one-hot per edge for NAS-Bench-201, per
+layer for FBNet); ``flops``, :meth:`SearchSpace.flops` of the layer list; ``layers``, per layer
+kind sums over the layer list (:func:`layer_features`, which says why they predict latency).
+:func:`features` returns and caches them.
 
 **Execution variants** (:func:`execution_variants`, :func:`executed`): what a device runs need
 not be the architecture as written (:meth:`SearchSpace.executed`: a runtime that eliminates dead
@@ -75,7 +64,15 @@ def layer_feature_names() -> list[str]:
 
 
 def layer_features(layers: Sequence[Layer]) -> np.ndarray:
-    """Per-kind sums (kinds × quantities, flattened) of a layer list; float64."""
+    """Per-kind sums (kinds × quantities, flattened) of a layer list; float64.
+
+    For each kind of :data:`LAYER_KINDS` (dense k×k conv, 1×1 conv, grouped conv, depthwise
+    conv, linear, local pool, global pool, add, mul, and the transformer ops matmul, layernorm,
+    softmax, gelu): the number of layers, MACs, input and output activation elements and
+    parameters. Latency is close to additive over layers and each layer's cost is close to
+    linear in these quantities (compute, memory traffic, a fixed per-layer overhead), so a
+    device's latency is close to linear in these sums; they are what the layer-wise
+    lookup-table predictor fits and a prior component of the meta-learned predictor."""
     out = np.zeros((len(LAYER_KINDS), len(LAYER_QUANTITIES)))
     for la in layers:
         k = LAYER_KINDS.index(layer_kind(la))
@@ -125,7 +122,9 @@ def _compute(space: Any, kind: str, arch: Any) -> np.ndarray:
 
 def features(space: Any, keys: Sequence[str], kind: str) -> np.ndarray:
     """Feature matrix (one row per canonical string in ``keys``) of ``kind`` in
-    {``encode``, ``flops``, ``layers``}, cached per space."""
+    {``encode``, ``flops``, ``layers``}, cached per space (name and configuration) and
+    canonical architecture string: computing ``space.layers`` for the 15,625 NAS-Bench-201
+    cells takes seconds."""
     cache = _CACHE.setdefault((_space_key(space), space.name, kind), {})
     missing = [k for k in dict.fromkeys(keys) if k not in cache]
     if len(cache) + len(missing) > _CACHE_LIMIT:
