@@ -1,0 +1,126 @@
+"""The residual learners of the meta predictor (:class:`hwnas.latency.predictors.meta.MetaPredictor`,
+``residual=``): Gaussian processes fitted to what the meta-prior leaves unexplained on a
+device's own measurements, so that the prediction converges towards the device as
+measurements accumulate. ``kernel``: a Hamming kernel over the architecture's choices;
+``mixed``: that kernel plus op-pair and whole-network terms. Chosen, and switched off by
+default, on leave-one-family-out folds (benchmarks/latency_lofo.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from hwnas.latency.predictors.features import features
+
+__all__ = ["HammingGP", "MixedGP", "cell_features", "evidence"]
+
+
+def evidence(K: np.ndarray, noise: float, rc: np.ndarray) -> tuple[float, np.ndarray]:
+    """Log marginal likelihood (the scale profiled out) and dual weights of a GP with
+    covariance ``K + noise I`` on the centred targets ``rc``."""
+    n = len(rc)
+    chol = np.linalg.cholesky(K + noise * np.eye(n))
+    a = np.linalg.solve(chol.T, np.linalg.solve(chol, rc))
+    ml = -0.5 * n * np.log(max(float(rc @ a) / n, 1e-30)) - float(np.log(np.diag(chol)).sum())
+    return ml, a
+
+
+class HammingGP:
+    """GP regression on one-hot encodings with covariance ``exp(-d / ell)``, ``d`` the number
+    of positions whose choice differs (a kernel over every order of interaction between
+    positions), a free mean; the length ``ell`` (a share of the positions) and the noise
+    chosen by marginal likelihood. Small and exact: the residual learner's default."""
+
+    ELLS = (1 / 6, 1 / 3, 2 / 3)
+    NOISES = (0.1, 0.3, 1.0, 3.0)
+
+    def __init__(self, positions: Sequence[np.ndarray]) -> None:
+        self.positions = len(positions)
+
+    def _k(self, A: np.ndarray, B: np.ndarray, ell: float) -> np.ndarray:
+        return np.exp(-(self.positions - A @ B.T) / (ell * self.positions))
+
+    def fit(self, X: np.ndarray, r: np.ndarray) -> HammingGP:
+        self.mean = float(r.mean())
+        rc = r - self.mean
+        best = None
+        for ell in self.ELLS:
+            K = self._k(X, X, ell)
+            for noise in self.NOISES:
+                ml, a = evidence(K, noise, rc)
+                if best is None or ml > best[0]:
+                    best = (ml, ell, a)
+        _, self.ell, self.alpha = best
+        self.X = X
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return self.mean + self._k(X, self.X, self.ell) @ self.alpha
+
+
+def cell_features(space: Any, keys: list[str], l_cols: np.ndarray) -> np.ndarray:
+    """Whole-network terms of the ``mixed`` residual learner: operation counts and their
+    pairwise products (cell-level interactions: what an operation costs depends on how many
+    others of each kind the network holds) and log per-layer-kind sums (layer counts, MACs,
+    input and output activations, parameters: compute and memory traffic)."""
+    from hwnas.latency.predictors.opcount import op_groups
+
+    X = features(space, keys, "encode")
+    groups = op_groups(space)
+    C = X @ groups[0] if groups is not None else np.zeros((len(X), 0))
+    i, j = np.triu_indices(C.shape[1])
+    L = np.log1p(np.maximum(features(space, keys, "layers")[:, l_cols], 0))
+    return np.hstack([C, C[:, i] * C[:, j], L])
+
+
+class MixedGP(HammingGP):
+    """GP regression whose covariance is a sum of up to three kernels on an architecture, each
+    on or off and the length and noise chosen by marginal likelihood: the Hamming kernel of
+    :class:`HammingGP` (every order of interaction), the pairs kernel (the share of pairs of
+    positions whose two choices both agree: a linear kernel on the products of every two
+    positions' one-hot choices, computed from the number of agreeing positions) and a linear
+    kernel on standardized whole-network terms (:func:`cell_features`). ``X`` holds the
+    encoding's ``dim`` columns, then those terms."""
+
+    SUBSETS = ((1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 0), (1, 0, 1), (0, 1, 1), (1, 1, 1))
+
+    def __init__(self, dim: int, positions: int) -> None:
+        self.dim = dim
+        self.positions = positions
+
+    def _parts(self, A: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        P = self.positions
+        m = A[:, :self.dim] @ B[:, :self.dim].T  # agreeing positions
+        pairs = m * (m - 1) / max(P * (P - 1), 1)
+        ca = (A[:, self.dim:] - self.c_mean) / self.c_std
+        cb = (B[:, self.dim:] - self.c_mean) / self.c_std
+        return m, pairs, ca @ cb.T / max(ca.shape[1], 1)
+
+    def _kernel(self, parts: tuple, ell: float, on: tuple[int, int, int]) -> np.ndarray:
+        m, pairs, lin = parts
+        K = on[1] * pairs + on[2] * lin
+        if on[0]:
+            K = K + np.exp(-(self.positions - m) / (ell * self.positions))
+        return K
+
+    def fit(self, X: np.ndarray, r: np.ndarray) -> MixedGP:
+        self.mean = float(r.mean())
+        rc = r - self.mean
+        self.c_mean = X[:, self.dim:].mean(0)
+        self.c_std = X[:, self.dim:].std(0) + 1e-9
+        parts = self._parts(X, X)
+        best = None
+        for on in self.SUBSETS:
+            for ell in self.ELLS if on[0] else (1.0,):
+                K = self._kernel(parts, ell, on)
+                for noise in self.NOISES:
+                    ml, a = evidence(K, noise, rc)
+                    if best is None or ml > best[0]:
+                        best = (ml, ell, on, a)
+        _, self.ell, self.on, self.alpha = best
+        self.X = X
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return self.mean + self._kernel(self._parts(X, self.X), self.ell, self.on) @ self.alpha
