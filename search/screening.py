@@ -58,6 +58,7 @@ import optuna
 from hwnas.search.acquisition import expected_hvi_2d, expected_improvement
 from hwnas.search.gp import PoolGP
 from hwnas.search.pareto import front_indices_2d
+from hwnas.search.startup import cheap_front_plan, size_prior
 from hwnas.supernet.space import SearchSpace
 from optuna.distributions import (
     BaseDistribution,
@@ -110,6 +111,9 @@ class CandidateSpace(Protocol):
 # ------------------------------------------------------------------------------------------------
 
 
+STARTUPS = ("random", "stratified", "cheap_front")
+
+
 @dataclass(frozen=True)
 class ScreeningConfig:
     """Settings of :class:`ScreeningSampler` (defaults chosen on NAS-Bench-201 development
@@ -138,9 +142,11 @@ class ScreeningConfig:
     #: 0 (default) trusts the predicted values: on the NAS-Bench-201 benchmark the few-shot
     #: latency predictor's own standard deviation (scale 1) made the search worse
     cheap_std_scale: float = 0.0
-    #: how the start-up candidates are drawn: "random" (uniform over the pool) or "stratified"
+    #: how the start-up candidates are drawn: "random" (uniform over the pool), "stratified"
     #: (one from each of ``n_startup_trials`` quantile bins of the first cheap objective, so
-    #: that the first evaluations span the cheap objective's range)
+    #: that the first evaluations span the cheap objective's range) or "cheap_front" (spread
+    #: along the front of the first cheap objective vs FLOPs, :mod:`hwnas.search.startup`;
+    #: random where the space counts no FLOPs or no objective is cheap)
     startup: str = "random"
     #: the surrogate's mean is linear in the (standardized, log where positive) cheap
     #: objectives instead of constant: what the cheap objectives say of accuracy is learned
@@ -162,8 +168,8 @@ class ScreeningConfig:
             raise UserError(f"floor_quantile = {self.floor_quantile}; expected in [0, 1)")
         if self.cheap_std_scale < 0:
             raise UserError(f"cheap_std_scale = {self.cheap_std_scale}; expected >= 0")
-        if self.startup not in ("random", "stratified"):
-            raise UserError(f"startup = {self.startup!r}; expected 'random' or 'stratified'")
+        if self.startup not in STARTUPS:
+            raise UserError(f"startup = {self.startup!r}; expected one of {list(STARTUPS)}")
         if not self.explore > 0:
             raise UserError(f"explore = {self.explore}; expected > 0")
         if not self.length_factors or not self.noises:
@@ -261,6 +267,7 @@ class ScreeningSampler(BaseSampler):
         self._choices: dict[str, BaseDistribution] = {}
         self._scale: tuple[np.ndarray, np.ndarray] | None = None
         self._trend_scale: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._plan: tuple[_Pool, np.ndarray] | None = None  # cheap-front start-up, per pool
 
     # -- Optuna interface -----------------------------------------------------------------------
     def reseed_rng(self) -> None:
@@ -327,20 +334,41 @@ class ScreeningSampler(BaseSampler):
             return pool.archs[int(free[int(np.argmin(pool.excess[free]))])]
         free = free[feasible[free]]
         if score is None:
-            return pool.archs[int(self._startup_choice(rng, free))]
+            return pool.archs[int(self._startup_choice(rng, free, directions))]
         return pool.archs[int(free[int(np.argmax(score[free]))])]
 
-    def _startup_choice(self, rng: np.random.Generator, free: np.ndarray) -> int:
-        """A start-up candidate of ``free``: uniform, or from the quantile bin of the first
-        cheap objective that this start-up trial stands for (``startup = "stratified"``)."""
+    def _startup_choice(self, rng: np.random.Generator, free: np.ndarray,
+                        directions: list[StudyDirection]) -> int:
+        """A start-up candidate of ``free``: uniform, from the quantile bin of the first
+        cheap objective that this start-up trial stands for (``startup = "stratified"``), or the
+        next free member of the cheap-front plan (``startup = "cheap_front"``)."""
         pool = self._pool
         k = self.config.n_startup_trials
+        if self.config.startup == "cheap_front" and pool.cheap.shape[1]:
+            if self._plan is None or self._plan[0] is not pool:
+                self._plan = (pool, self._cheap_front_plan(free, directions))
+            ok = np.zeros(len(pool.keys), dtype=bool)
+            ok[free] = True
+            for i in self._plan[1]:
+                if ok[i]:
+                    return int(i)
+            return int(free[rng.integers(len(free))])
         if self.config.startup != "stratified" or pool.cheap.shape[1] == 0 or len(free) < k:
             return int(free[rng.integers(len(free))])
         order = free[np.argsort(pool.cheap[free, 0], kind="stable")]
         slot = len(self._hist.keys) % k
         lo, hi = (len(order) * slot) // k, (len(order) * (slot + 1)) // k
         return int(order[lo + int(rng.integers(max(hi - lo, 1)))])
+
+    def _cheap_front_plan(self, free: np.ndarray, directions: list[StudyDirection]
+                          ) -> np.ndarray:
+        """Pool indices of the cheap-front start-up (empty where the space counts no FLOPs)."""
+        pool = self._pool
+        size = size_prior(self.space, [pool.archs[i] for i in free], [pool.keys[i] for i in free])
+        if size is None or np.ptp(size) == 0:
+            return np.zeros(0, dtype=int)
+        cost = -self._signed(directions)[self.cheap_indices[0]] * pool.cheap[free, 0]
+        return free[cheap_front_plan(cost, size, self.config.n_startup_trials)]
 
     def _fallback(self, rng: np.random.Generator, taken: set[str]) -> Any:
         """Every pool member is taken: a random architecture, unseen if one is found (and
