@@ -39,7 +39,10 @@ def size_prior(space: Any, cands: Sequence[Any], keys: Sequence[str]) -> np.ndar
     for i, (c, k) in enumerate(zip(cands, keys)):
         v = cache.get(k)
         if v is None:
-            v = cache[k] = float(flops(c))
+            try:
+                v = cache[k] = float(flops(c))
+            except NotImplementedError:  # a space without a layer list
+                return None
         out[i] = v
     return out
 

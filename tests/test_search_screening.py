@@ -340,3 +340,33 @@ def test_auto_sampler_is_screening_where_something_is_evaluated():
     assert resolve_sampler("nsga2", [accuracy]) == "nsga2"
     with pytest.raises(UserError, match="resolve"):
         make_sampler("auto", 0)
+
+
+class SizedToySpace(ToySpace):
+    """The toy space with FLOPs: accuracy grows with the first three choices, as FLOPs do."""
+
+    def flops(self, arch):
+        return int(10 * sum(arch[:3]) + arch[3])
+
+
+def test_cheap_front_start_is_spread_along_latency_vs_flops():
+    from hwnas.search.startup import cheap_front_plan
+
+    cost, size = np.array([1.0, 2, 3, 4, 5, 2, 3]), np.array([1.0, 2, 3, 4, 5, 1, 1])
+    assert list(cheap_front_plan(cost, size, 3)) == [0, 2, 4]  # ends included, evenly spaced
+    assert sorted(cheap_front_plan(cost, size, 6)) == [0, 1, 2, 3, 4, 5]  # second layer used
+    space = SizedToySpace()
+    archs = list(space.all_architectures())
+    lat, fl = cheap_latency(archs), np.array([space.flops(a) for a in archs], float)
+    on_front = {archs[i] for i in front_indices_2d(lat, fl)}
+    config = ScreeningConfig(n_startup_trials=5, startup="cheap_front")
+    starts = [run_toy(space, ScreeningSampler(space, cheap_latency, (1,), seed=s, config=config),
+                      5) for s in (0, 1)]
+    assert starts[0] == starts[1]  # no seed luck in the start-up
+    assert set(starts[0]) <= on_front and len(set(starts[0])) == 5
+    got = cheap_latency(starts[0])
+    assert got.min() == lat.min() and got.max() == max(lat[i] for i in front_indices_2d(lat, fl))
+    # a space that counts no FLOPs starts at random, as before
+    plain = run_toy(ToySpace(), ScreeningSampler(ToySpace(), cheap_latency, (1,), seed=0,
+                                                 config=config), 5)
+    assert len(set(plain)) == 5
