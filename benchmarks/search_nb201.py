@@ -345,8 +345,8 @@ def previous_runs(path: Path) -> list[dict]:
     except (OSError, ValueError):
         raise UserError(f"{path} exists but is not a JSON file; move it away or pass "
                         f"another --out") from None
-    keep = ("command", "date", "default_sampler", "latency_source", "budgets", "devices",
-            "summary", "results")
+    keep = ("command", "date", "default_sampler", "screening_startup", "latency_source",
+            "budgets", "devices", "summary", "summary_validation", "results")
     return [{k: old[k] for k in keep if k in old}, *old.get("previous_runs", [])]
 
 
@@ -358,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budgets", nargs="+", type=int, default=[100, 300, 1000])
     ap.add_argument("--devices", nargs="+", default=None,
                     help="columns of the shared table (default: HELP's six unseen test devices)")
+    ap.add_argument("--validation", action="store_true",
+                    help="also search HELP's validation devices (the development devices the "
+                         "settings are chosen on); their rows say split: validation and get "
+                         "their own summary")
     ap.add_argument("--latency-csv", type=Path, help="a new device table (same CSV layout)")
     ap.add_argument("--device", help="the device column of --latency-csv")
     ap.add_argument("--accuracy-csv", type=Path, default=None,
@@ -392,9 +396,9 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     if args.latency_csv is not None:
         if not args.device:
             raise UserError("--latency-csv needs --device COLUMN (the device column to score)")
-        if args.devices:
-            raise UserError("--devices names shared-table columns; with --latency-csv use "
-                            "--device")
+        if args.devices or args.validation:
+            raise UserError("--devices and --validation name shared-table columns; with "
+                            "--latency-csv use --device")
         table = load_latency_table(args.latency_csv, space=space, devices=[args.device])
         devices = [args.device]
     else:
@@ -402,6 +406,9 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             raise UserError("--device needs --latency-csv (use --devices for shared columns)")
         table = load_shared_table("nb201", space=space)
         devices = list(args.devices or help_protocol("nb201").test)
+        if args.validation:
+            devices = [d for d in help_protocol("nb201").validation if d not in devices] \
+                + devices
         table.check_devices(devices)
     if args.accuracy_csv is None:
         from hwnas.supernet.data import shared_data_dir
@@ -425,7 +432,17 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     rows, timing = run_benchmark(space, problems, args.samplers, args.seeds, budgets,
                                  progress=not args.quiet, std_scale=args.latency_std_scale)
     elapsed = time.time() - t_start
-    print_tables(rows, problems, budgets)
+    validation = set(protocol.validation) if args.validation else set()
+    for r in rows:
+        r["split"] = "validation" if r["device"] in validation else "test"
+    splits = {"validation": [d for d in devices if d in validation],
+              "test": [d for d in devices if d not in validation]}
+    for split, names in splits.items():
+        if names and validation:
+            print(f"\n== {split} devices ==")
+        if names:
+            print_tables([r for r in rows if r["split"] == split],
+                         [p for p in problems if p.device in names], budgets)
     print("\nseconds per search (mean): " + ", ".join(
         f"{s} {t['seconds_per_search_mean']:.1f}" for s, t in timing.items()))
     print(f"total {elapsed:.0f} s")
@@ -440,6 +457,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             "machine": machine(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "default_sampler": DEFAULT_SAMPLER,
+            "screening_startup": ScreeningConfig().startup,
             "best_method": BEST_METHOD,
             "latency_source": ("meta predictor (load_pretrained('nb201')) adapted with "
                                f"{args.n_measurements} table measurements"
@@ -455,7 +473,9 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
                                              "latency_ms": round(p.front.ref_latency, 6)},
                          "latency_measurements": p.measured,
                          "seen_latency_spearman": round(p.spearman, 4)} for p in problems],
-            "summary": summarize(rows, devices),
+            "summary": summarize([r for r in rows if r["split"] == "test"], splits["test"]),
+            **({"summary_validation": summarize([r for r in rows if r["split"] == "validation"],
+                                                splits["validation"])} if validation else {}),
             "results": rows,
             "previous_runs": previous_runs(out),
         })

@@ -152,6 +152,9 @@ class ScreeningConfig:
     #: objectives instead of constant: what the cheap objectives say of accuracy is learned
     #: from the first evaluations and extrapolated to the whole pool
     cheap_trend: bool = False
+    #: the surrogate's mean is linear in the candidate's log FLOPs as well (where the space
+    #: counts them, :func:`hwnas.search.startup.size_prior`): larger networks are more accurate
+    size_trend: bool = False
     #: multiplier of the surrogate's standard deviation in the acquisition (1: as fitted)
     explore: float = 1.0
 
@@ -268,6 +271,7 @@ class ScreeningSampler(BaseSampler):
         self._scale: tuple[np.ndarray, np.ndarray] | None = None
         self._trend_scale: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._plan: tuple[_Pool, np.ndarray] | None = None  # cheap-front start-up, per pool
+        self._size_col: bool | None = None  # whether the trend features end with FLOPs
 
     # -- Optuna interface -----------------------------------------------------------------------
     def reseed_rng(self) -> None:
@@ -483,11 +487,26 @@ class ScreeningSampler(BaseSampler):
         v = np.where(log, np.log(np.where(vals > 0, vals, 1e-300)), vals)
         return (v - mean) / sd
 
+    def _trend_inputs(self, archs: Sequence[Any], keys: Sequence[str],
+                      vals: np.ndarray) -> np.ndarray:
+        """What the trend features are made of: the cheap values, then the FLOPs where
+        ``size_trend`` asks for them and the space counts them."""
+        if not self.config.size_trend or self._size_col is False:
+            return vals
+        size = size_prior(self.space, archs, keys)
+        if self._size_col is None:
+            self._size_col = size is not None and bool(np.ptp(size) > 0)
+        if not self._size_col or size is None:
+            self._size_col = False
+            return vals
+        return np.concatenate([vals, np.maximum(size, 1.0)[:, None]], axis=1)
+
     def _make_pool(self, archs: list[Any], enumerated: bool) -> _Pool:
         keys = [self.space.to_string(a) for a in archs]
         vals, std = self._cheap_values(archs)
+        trend = self._trend(self._trend_inputs(archs, keys, vals))
         return _Pool(archs, keys, {k: i for i, k in enumerate(keys)}, self._encode(archs),
-                     vals, std, enumerated, self._violations(archs), self._trend(vals))
+                     vals, std, enumerated, self._violations(archs), trend)
 
     def _ensure_pool(self, rng: np.random.Generator) -> _Pool:
         if self._pool is not None:
@@ -638,10 +657,15 @@ class ScreeningSampler(BaseSampler):
         return objective, pof
 
     def _gp_trend(self, trend: np.ndarray | None) -> np.ndarray | None:
-        """The trend features the surrogates use (``None`` unless ``cheap_trend``)."""
-        if not self.config.cheap_trend or trend is None or trend.shape[1] == 0:
+        """The trend features the surrogates use: the cheap objectives' (``cheap_trend``),
+        the FLOPs' (``size_trend``); ``None`` without any."""
+        if trend is None or trend.shape[1] == 0:
             return None
-        return trend
+        k = len(self.cheap_indices) if self.cheap is not None else 0
+        cols = list(range(k)) if self.config.cheap_trend else []
+        if self._size_col:
+            cols.append(k)
+        return trend[:, cols] if cols else None
 
     def _train_features(self, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Encodings and trend features of evaluated candidates (from the pool where they
@@ -660,7 +684,9 @@ class ScreeningSampler(BaseSampler):
                 trend.append(None)
                 todo.append((n, arch))
         if todo:
-            cheap = self._trend(self._cheap_values([a for _, a in todo])[0])
+            archs = [a for _, a in todo]
+            cheap = self._trend(self._trend_inputs(
+                archs, [self.space.to_string(a) for a in archs], self._cheap_values(archs)[0]))
             for (n, _), h in zip(todo, cheap):
                 trend[n] = h
         k = pool.trend.shape[1]
