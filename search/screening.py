@@ -148,6 +148,9 @@ class ScreeningConfig:
     #: along the front of the first cheap objective vs FLOPs, :mod:`hwnas.search.startup`;
     #: random where the space counts no FLOPs or no objective is cheap)
     startup: str = "random"
+    #: how many candidates the "cheap_front" start-up evaluates (all of them, before the
+    #: surrogate chooses; at least ``n_startup_trials`` trials start up in any case)
+    cheap_front_trials: int = 20
     #: the surrogate's mean is linear in the (standardized, log where positive) cheap
     #: objectives instead of constant: what the cheap objectives say of accuracy is learned
     #: from the first evaluations and extrapolated to the whole pool
@@ -159,8 +162,9 @@ class ScreeningConfig:
     explore: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.n_startup_trials < 1:
-            raise UserError(f"n_startup_trials = {self.n_startup_trials}; expected >= 1")
+        if self.n_startup_trials < 1 or self.cheap_front_trials < 1:
+            raise UserError(f"n_startup_trials = {self.n_startup_trials}, cheap_front_trials = "
+                            f"{self.cheap_front_trials}; expected >= 1")
         if self.max_pool < 1 or self.pool_size < 2:
             raise UserError("max_pool and pool_size must be positive (pool_size >= 2)")
         if not 0.0 <= self.mutation_fraction <= 1.0:
@@ -270,7 +274,7 @@ class ScreeningSampler(BaseSampler):
         self._choices: dict[str, BaseDistribution] = {}
         self._scale: tuple[np.ndarray, np.ndarray] | None = None
         self._trend_scale: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._plan: tuple[_Pool, np.ndarray] | None = None  # cheap-front start-up, per pool
+        self._plan: list[str] | None = None  # the cheap-front start-up's candidates
         self._size_col: bool | None = None  # whether the trend features end with FLOPs
 
     # -- Optuna interface -----------------------------------------------------------------------
@@ -321,6 +325,9 @@ class ScreeningSampler(BaseSampler):
                 and self._arch_of(t) is not None}
         self._update_history(complete)
         self._ensure_pool(rng)
+        planned = self._plan_next(directions, set(self._hist.keys) | busy)
+        if planned is not None:  # the cheap-front start-up comes first, whole
+            return self._pool.archs[planned]
         startup = len(self._hist.keys) < self.config.n_startup_trials
         score = None if startup else self._acquisition(directions, rng)  # may renew the pool
         pool = self._pool
@@ -338,25 +345,14 @@ class ScreeningSampler(BaseSampler):
             return pool.archs[int(free[int(np.argmin(pool.excess[free]))])]
         free = free[feasible[free]]
         if score is None:
-            return pool.archs[int(self._startup_choice(rng, free, directions))]
+            return pool.archs[int(self._startup_choice(rng, free))]
         return pool.archs[int(free[int(np.argmax(score[free]))])]
 
-    def _startup_choice(self, rng: np.random.Generator, free: np.ndarray,
-                        directions: list[StudyDirection]) -> int:
-        """A start-up candidate of ``free``: uniform, from the quantile bin of the first
-        cheap objective that this start-up trial stands for (``startup = "stratified"``), or the
-        next free member of the cheap-front plan (``startup = "cheap_front"``)."""
+    def _startup_choice(self, rng: np.random.Generator, free: np.ndarray) -> int:
+        """A start-up candidate of ``free``: uniform, or from the quantile bin of the first
+        cheap objective that this start-up trial stands for (``startup = "stratified"``)."""
         pool = self._pool
         k = self.config.n_startup_trials
-        if self.config.startup == "cheap_front" and pool.cheap.shape[1]:
-            if self._plan is None or self._plan[0] is not pool:
-                self._plan = (pool, self._cheap_front_plan(free, directions))
-            ok = np.zeros(len(pool.keys), dtype=bool)
-            ok[free] = True
-            for i in self._plan[1]:
-                if ok[i]:
-                    return int(i)
-            return int(free[rng.integers(len(free))])
         if self.config.startup != "stratified" or pool.cheap.shape[1] == 0 or len(free) < k:
             return int(free[rng.integers(len(free))])
         order = free[np.argsort(pool.cheap[free, 0], kind="stable")]
@@ -364,15 +360,30 @@ class ScreeningSampler(BaseSampler):
         lo, hi = (len(order) * slot) // k, (len(order) * (slot + 1)) // k
         return int(order[lo + int(rng.integers(max(hi - lo, 1)))])
 
-    def _cheap_front_plan(self, free: np.ndarray, directions: list[StudyDirection]
-                          ) -> np.ndarray:
-        """Pool indices of the cheap-front start-up (empty where the space counts no FLOPs)."""
+    def _plan_next(self, directions: list[StudyDirection], taken: set[str]) -> int | None:
+        """Pool index of the next cheap-front start-up candidate not evaluated or running
+        (``startup = "cheap_front"``); ``None`` when none is left or there is no plan.
+
+        The plan is made once, from the first pool's candidates that meet the cheap
+        constraints, whatever was evaluated: a resumed process makes the same plan."""
         pool = self._pool
-        size = size_prior(self.space, [pool.archs[i] for i in free], [pool.keys[i] for i in free])
-        if size is None or np.ptp(size) == 0:
-            return np.zeros(0, dtype=int)
-        cost = -self._signed(directions)[self.cheap_indices[0]] * pool.cheap[free, 0]
-        return free[cheap_front_plan(cost, size, self.config.n_startup_trials)]
+        if self.config.startup != "cheap_front" or pool.cheap.shape[1] == 0:
+            return None
+        if self._plan is None:
+            ok = np.flatnonzero(pool.feasible)
+            size = size_prior(self.space, [pool.archs[i] for i in ok],
+                              [pool.keys[i] for i in ok])
+            if size is None or np.ptp(size) == 0:
+                self._plan = []
+            else:
+                cost = -self._signed(directions)[self.cheap_indices[0]] * pool.cheap[ok, 0]
+                plan = ok[cheap_front_plan(cost, size, self.config.cheap_front_trials)]
+                self._plan = [pool.keys[i] for i in plan]
+        for k in self._plan:
+            i = pool.index.get(k)
+            if k not in taken and i is not None:
+                return i
+        return None
 
     def _fallback(self, rng: np.random.Generator, taken: set[str]) -> Any:
         """Every pool member is taken: a random architecture, unseen if one is found (and

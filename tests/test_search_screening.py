@@ -359,7 +359,7 @@ def test_cheap_front_start_is_spread_along_latency_vs_flops():
     archs = list(space.all_architectures())
     lat, fl = cheap_latency(archs), np.array([space.flops(a) for a in archs], float)
     on_front = {archs[i] for i in front_indices_2d(lat, fl)}
-    config = ScreeningConfig(n_startup_trials=5, startup="cheap_front")
+    config = ScreeningConfig(n_startup_trials=5, startup="cheap_front", cheap_front_trials=5)
     starts = [run_toy(space, ScreeningSampler(space, cheap_latency, (1,), seed=s, config=config),
                       5) for s in (0, 1)]
     assert starts[0] == starts[1]  # no seed luck in the start-up
