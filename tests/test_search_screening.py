@@ -370,3 +370,15 @@ def test_cheap_front_start_is_spread_along_latency_vs_flops():
     plain = run_toy(ToySpace(), ScreeningSampler(ToySpace(), cheap_latency, (1,), seed=0,
                                                  config=config), 5)
     assert len(set(plain)) == 5
+
+
+def test_screening_options_of_the_benchmark():
+    bench = _bench()
+    assert bench.screening_options(["startup=random", "cheap_front_trials=12",
+                                     "size_trend=true", "noises=0.01,0.1"]) == {
+        "startup": "random", "cheap_front_trials": 12, "size_trend": True,
+        "noises": (0.01, 0.1)}
+    for bad in ("startup", "bogus=1", "cheap_front_trials=x", "startup=sobol",
+                "cheap_std_scale=1"):
+        with pytest.raises(UserError):
+            bench.screening_options([bad])
