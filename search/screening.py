@@ -21,6 +21,11 @@ evaluations so far. Each trial evaluates the candidate with the best acquisition
   (Paria et al. 2019): each trial draws its own weights, so successive trials spread over the
   front, and the cheap objectives enter with their known values.
 
+Before the surrogate chooses, the start-up evaluates candidates spread along the *cheap front*
+- non-dominated in (first cheap objective, FLOPs), the best guess of the accuracy front before any
+accuracy is known (:mod:`hwnas.search.startup`); deterministic, so no seed's luck decides the
+first evaluations. Random where the space counts no FLOPs or no objective is cheap.
+
 Constraints (Optuna's ``trial.set_constraint``; <= 0 is feasible): those the caller can compute
 for every candidate (``constraints``, e.g. a latency predicted for free) *screen the pool* —
 a candidate that violates one is never proposed while a free one meets them all (else the
