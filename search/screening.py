@@ -21,10 +21,10 @@ evaluations so far. Each trial evaluates the candidate with the best acquisition
   (Paria et al. 2019): each trial draws its own weights, so successive trials spread over the
   front, and the cheap objectives enter with their known values.
 
-Before the surrogate chooses, the start-up evaluates candidates spread along the *cheap front*
-- non-dominated in (first cheap objective, FLOPs), the best guess of the accuracy front before any
-accuracy is known (:mod:`hwnas.search.startup`); deterministic, so no seed's luck decides the
-first evaluations. Random where the space counts no FLOPs or no objective is cheap.
+Before the surrogate chooses, the start-up evaluates random candidates (by default) or, with
+``startup="cheap_front"``, candidates spread along the *cheap front* - non-dominated in (first
+cheap objective, FLOPs), the best guess of the accuracy front before any accuracy is known
+(:mod:`hwnas.search.startup`; deterministic, so no seed's luck decides the first evaluations).
 
 Constraints (Optuna's ``trial.set_constraint``; <= 0 is feasible): those the caller can compute
 for every candidate (``constraints``, e.g. a latency predicted for free) *screen the pool* —
@@ -151,9 +151,9 @@ class ScreeningConfig:
     #: (one from each of ``n_startup_trials`` quantile bins of the first cheap objective, so
     #: that the first evaluations span the cheap objective's range) or "cheap_front" (spread
     #: along the front of the first cheap objective vs FLOPs, :mod:`hwnas.search.startup`;
-    #: random where the space counts no FLOPs or no objective is cheap). "cheap_front" is the
-    #: default: on the development devices it beat "random" at 100 and 300 evaluations
-    startup: str = "cheap_front"
+    #: random where the space counts no FLOPs or no objective is cheap). "cheap_front" beat
+    #: "random" on the development devices but not on HELP's test devices, so it is an option
+    startup: str = "random"
     #: how many candidates the "cheap_front" start-up evaluates (all of them, before the
     #: surrogate chooses; at least ``n_startup_trials`` trials start up in any case)
     cheap_front_trials: int = 15
