@@ -30,6 +30,10 @@ improvement). Every sampler sees the predicted latency as the second objective v
 screening sampler also gets the predictor's standard deviation, which its default settings
 ignore (``--latency-std-scale`` uses it).
 
+``--validation`` searches HELP's validation devices too (rows tagged ``split``, a summary per
+split); ``--screening-option NAME=VALUE`` runs a :class:`ScreeningConfig` variant of the
+``screening`` sampler (how the development comparisons of ``search_nb201.md`` are made).
+
 ``--latency-csv PATH --device COLUMN`` scores a new device table (same CSV layout as the shared
 table; it must hold every NAS-Bench-201 architecture, since the front is the whole space's).
 
