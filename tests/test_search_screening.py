@@ -382,3 +382,22 @@ def test_screening_options_of_the_benchmark():
                 "cheap_std_scale=1"):
         with pytest.raises(UserError):
             bench.screening_options([bad])
+
+
+def test_size_trend_adds_log_flops_to_the_surrogate_mean():
+    space = SizedToySpace()
+    for size_trend, cols in ((False, None), (True, 1)):
+        sampler = ScreeningSampler(space, cheap_latency, (1,), seed=0,
+                                   config=ScreeningConfig(n_startup_trials=3,
+                                                          size_trend=size_trend))
+        assert len(set(run_toy(space, sampler, 6))) == 6
+        trend = sampler._gp_trend(sampler._pool.trend)
+        assert (trend is None) if cols is None else trend.shape == (len(sampler._pool.keys), 1)
+    archs = list(space.all_architectures())
+    fl = np.log(np.maximum([space.flops(a) for a in archs], 1.0))
+    assert abs(np.corrcoef(trend[:, 0], fl)[0, 1] - 1) < 1e-9  # standardized log FLOPs
+    # without FLOPs (no layer list) the option is a no-op, not an error
+    plain = ScreeningSampler(ToySpace(), cheap_latency, (1,), seed=0,
+                             config=ScreeningConfig(n_startup_trials=3, size_trend=True))
+    run_toy(ToySpace(), plain, 6)
+    assert plain._gp_trend(plain._pool.trend) is None
