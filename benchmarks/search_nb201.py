@@ -30,6 +30,10 @@ improvement). Every sampler sees the predicted latency as the second objective v
 screening sampler also gets the predictor's standard deviation, which its default settings
 ignore (``--latency-std-scale`` uses it).
 
+``--validation`` searches HELP's validation devices too (rows tagged ``split``, a summary per
+split); ``--screening-option NAME=VALUE`` runs a :class:`ScreeningConfig` variant of the
+``screening`` sampler (how the development comparisons of ``search_nb201.md`` are made).
+
 ``--latency-csv PATH --device COLUMN`` scores a new device table (same CSV layout as the shared
 table; it must hold every NAS-Bench-201 architecture, since the front is the whole space's).
 
@@ -193,8 +197,38 @@ def make_problem(space: Any, table: LatencyTable, device: str, accuracy: dict[st
 # ------------------------------------------------------------------------------------------------
 
 
+def screening_options(texts: Sequence[str]) -> dict[str, Any]:
+    """``NAME=VALUE`` settings of :class:`ScreeningConfig` (``--screening-option``), typed by
+    the field's default: the variants compared on the development devices."""
+    import dataclasses
+
+    fields = {f.name: f for f in dataclasses.fields(ScreeningConfig)}
+    out: dict[str, Any] = {}
+    for text in texts:
+        name, sep, value = text.partition("=")
+        if not sep or name not in fields or name == "cheap_std_scale":
+            raise UserError(f"--screening-option {text!r}: expected NAME=VALUE with NAME one of "
+                            f"{sorted(set(fields) - {'cheap_std_scale'})} "
+                            f"(the deviation's scale is --latency-std-scale)")
+        default = fields[name].default
+        try:
+            if isinstance(default, bool):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(value)
+                out[name] = value.lower() in ("true", "1")
+            elif isinstance(default, tuple):
+                out[name] = tuple(float(v) for v in value.split(","))
+            else:
+                out[name] = type(default)(value)
+        except ValueError:
+            raise UserError(f"--screening-option {text!r}: {value!r} is not a "
+                            f"{type(default).__name__}") from None
+    ScreeningConfig(**out)  # a bad value is one clear error now, not in the first search
+    return out
+
+
 def make_study_sampler(name: str, seed: int, space: Any, problem: Problem,
-                       std_scale: float = 0.0):
+                       std_scale: float = 0.0, options: dict[str, Any] | None = None):
     from hwnas.search.samplers import ScreeningProblem, make_sampler
 
     if name == "auto":  # the default of `hwnas run`, built as the run builds it
@@ -218,12 +252,13 @@ def make_study_sampler(name: str, seed: int, space: Any, problem: Problem,
 
         return ScreeningSampler(space, cheap, (1,), seed=seed,
                                 directions=("maximize", "minimize"),
-                                config=ScreeningConfig(cheap_std_scale=std_scale))
+                                config=ScreeningConfig(cheap_std_scale=std_scale,
+                                                       **(options or {})))
     return make_sampler(name, seed)
 
 
 def run_search(space: Any, problem: Problem, sampler: str, seed: int, n_evals: int,
-               std_scale: float = 0.0) -> list[int]:
+               std_scale: float = 0.0, options: dict[str, Any] | None = None) -> list[int]:
     """One in-memory study of ``n_evals`` trials; the rows it evaluated, in order."""
     import optuna
 
@@ -240,7 +275,7 @@ def run_search(space: Any, problem: Problem, sampler: str, seed: int, n_evals: i
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study = optuna.create_study(directions=["maximize", "minimize"],
                                     sampler=make_study_sampler(sampler, seed, space, problem,
-                                                               std_scale))
+                                                               std_scale, options))
         study.optimize(objective, n_trials=n_evals)
     return evaluated
 
@@ -251,8 +286,8 @@ def run_search(space: Any, problem: Problem, sampler: str, seed: int, n_evals: i
 
 
 def run_benchmark(space: Any, problems: list[Problem], samplers: list[str], seeds: int,
-                  budgets: list[int], progress: bool = True,
-                  std_scale: float = 0.0) -> tuple[list[dict], dict]:
+                  budgets: list[int], progress: bool = True, std_scale: float = 0.0,
+                  options: dict[str, Any] | None = None) -> tuple[list[dict], dict]:
     from tqdm import tqdm
 
     rows: list[dict] = []
@@ -264,7 +299,7 @@ def run_benchmark(space: Any, problems: list[Problem], samplers: list[str], seed
             repeats = []
             for seed in range(seeds):
                 t0 = time.perf_counter()
-                traj = run_search(space, p, name, seed, max(budgets), std_scale)
+                traj = run_search(space, p, name, seed, max(budgets), std_scale, options)
                 seconds[name].append(time.perf_counter() - t0)
                 for b, v in score_trajectory(traj, budgets, p.latency, p.accuracy,
                                              p.front).items():
@@ -345,8 +380,8 @@ def previous_runs(path: Path) -> list[dict]:
     except (OSError, ValueError):
         raise UserError(f"{path} exists but is not a JSON file; move it away or pass "
                         f"another --out") from None
-    keep = ("command", "date", "default_sampler", "latency_source", "budgets", "devices",
-            "summary", "results")
+    keep = ("command", "date", "default_sampler", "screening_startup", "latency_source",
+            "budgets", "devices", "summary", "summary_validation", "results")
     return [{k: old[k] for k in keep if k in old}, *old.get("previous_runs", [])]
 
 
@@ -358,6 +393,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budgets", nargs="+", type=int, default=[100, 300, 1000])
     ap.add_argument("--devices", nargs="+", default=None,
                     help="columns of the shared table (default: HELP's six unseen test devices)")
+    ap.add_argument("--validation", action="store_true",
+                    help="also search HELP's validation devices (the development devices the "
+                         "settings are chosen on); their rows say split: validation and get "
+                         "their own summary")
     ap.add_argument("--latency-csv", type=Path, help="a new device table (same CSV layout)")
     ap.add_argument("--device", help="the device column of --latency-csv")
     ap.add_argument("--accuracy-csv", type=Path, default=None,
@@ -370,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-std-scale", type=float, default=0.0,
                     help="screening: multiplier of the latency predictor's standard deviation "
                          "in the acquisition (default 0: trust the predicted latency)")
+    ap.add_argument("--screening-option", action="append", default=[], metavar="NAME=VALUE",
+                    help="a ScreeningConfig setting of the 'screening' sampler (repeatable), "
+                         "e.g. startup=random: the variants compared on development devices")
     ap.add_argument("--out", type=Path, default=None,
                     help=f"JSON to write (default {OUT_JSON.name} for the standard run; "
                          f"nothing otherwise)")
@@ -388,13 +430,14 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     if not args.latency_std_scale >= 0:
         raise UserError(f"--latency-std-scale {args.latency_std_scale}; expected >= 0")
     budgets = sorted(set(args.budgets))
+    options = screening_options(args.screening_option)
     space = get_space("nb201")
     if args.latency_csv is not None:
         if not args.device:
             raise UserError("--latency-csv needs --device COLUMN (the device column to score)")
-        if args.devices:
-            raise UserError("--devices names shared-table columns; with --latency-csv use "
-                            "--device")
+        if args.devices or args.validation:
+            raise UserError("--devices and --validation name shared-table columns; with "
+                            "--latency-csv use --device")
         table = load_latency_table(args.latency_csv, space=space, devices=[args.device])
         devices = [args.device]
     else:
@@ -402,6 +445,9 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             raise UserError("--device needs --latency-csv (use --devices for shared columns)")
         table = load_shared_table("nb201", space=space)
         devices = list(args.devices or help_protocol("nb201").test)
+        if args.validation:
+            devices = [d for d in help_protocol("nb201").validation if d not in devices] \
+                + devices
         table.check_devices(devices)
     if args.accuracy_csv is None:
         from hwnas.supernet.data import shared_data_dir
@@ -423,14 +469,25 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     problems = [make_problem(space, table, d, accuracy, args.n_measurements,
                              args.latency_source) for d in devices]
     rows, timing = run_benchmark(space, problems, args.samplers, args.seeds, budgets,
-                                 progress=not args.quiet, std_scale=args.latency_std_scale)
+                                 progress=not args.quiet, std_scale=args.latency_std_scale,
+                                 options=options)
     elapsed = time.time() - t_start
-    print_tables(rows, problems, budgets)
+    validation = set(protocol.validation) if args.validation else set()
+    for r in rows:
+        r["split"] = "validation" if r["device"] in validation else "test"
+    splits = {"validation": [d for d in devices if d in validation],
+              "test": [d for d in devices if d not in validation]}
+    for split, names in splits.items():
+        if names and validation:
+            print(f"\n== {split} devices ==")
+        if names:
+            print_tables([r for r in rows if r["split"] == split],
+                         [p for p in problems if p.device in names], budgets)
     print("\nseconds per search (mean): " + ", ".join(
         f"{s} {t['seconds_per_search_mean']:.1f}" for s, t in timing.items()))
     print(f"total {elapsed:.0f} s")
     standard = (args.latency_csv is None and args.latency_source == "predictor"
-                and args.devices is None and args.latency_std_scale == 0)
+                and args.devices is None and args.latency_std_scale == 0 and not options)
     out = args.out or (OUT_JSON if standard else None)
     if out is not None:
         from hwnas.search.samplers import DEFAULT_SAMPLER
@@ -440,6 +497,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             "machine": machine(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "default_sampler": DEFAULT_SAMPLER,
+            "screening_startup": ScreeningConfig().startup,
             "best_method": BEST_METHOD,
             "latency_source": ("meta predictor (load_pretrained('nb201')) adapted with "
                                f"{args.n_measurements} table measurements"
@@ -447,6 +505,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
                                else "true table latency (calibration)"),
             "latency_csv": str(args.latency_csv) if args.latency_csv else None,
             "screening_latency_std_scale": args.latency_std_scale,
+            "screening_options": options,
             "budgets": budgets,
             "elapsed_seconds": round(elapsed, 1),
             "timing": timing,
@@ -455,7 +514,9 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
                                              "latency_ms": round(p.front.ref_latency, 6)},
                          "latency_measurements": p.measured,
                          "seen_latency_spearman": round(p.spearman, 4)} for p in problems],
-            "summary": summarize(rows, devices),
+            "summary": summarize([r for r in rows if r["split"] == "test"], splits["test"]),
+            **({"summary_validation": summarize([r for r in rows if r["split"] == "validation"],
+                                                splits["validation"])} if validation else {}),
             "results": rows,
             "previous_runs": previous_runs(out),
         })

@@ -21,6 +21,11 @@ evaluations so far. Each trial evaluates the candidate with the best acquisition
   (Paria et al. 2019): each trial draws its own weights, so successive trials spread over the
   front, and the cheap objectives enter with their known values.
 
+Before the surrogate chooses, the start-up evaluates random candidates (by default) or, with
+``startup="cheap_front"``, candidates spread along the *cheap front* - non-dominated in (first
+cheap objective, FLOPs), the best guess of the accuracy front before any accuracy is known
+(:mod:`hwnas.search.startup`; deterministic, so no seed's luck decides the first evaluations).
+
 Constraints (Optuna's ``trial.set_constraint``; <= 0 is feasible): those the caller can compute
 for every candidate (``constraints``, e.g. a latency predicted for free) *screen the pool* —
 a candidate that violates one is never proposed while a free one meets them all (else the
@@ -58,6 +63,7 @@ import optuna
 from hwnas.search.acquisition import expected_hvi_2d, expected_improvement
 from hwnas.search.gp import PoolGP
 from hwnas.search.pareto import front_indices_2d
+from hwnas.search.startup import cheap_front_plan, size_prior
 from hwnas.supernet.space import SearchSpace
 from optuna.distributions import (
     BaseDistribution,
@@ -110,10 +116,13 @@ class CandidateSpace(Protocol):
 # ------------------------------------------------------------------------------------------------
 
 
+STARTUPS = ("random", "stratified", "cheap_front")
+
+
 @dataclass(frozen=True)
 class ScreeningConfig:
     """Settings of :class:`ScreeningSampler` (defaults chosen on NAS-Bench-201 development
-    devices - HELP's validation devices and four of its meta-training phones - see
+    devices - HELP's validation devices and four of its meta-training devices - see
     ``benchmarks/search_nb201.md``)."""
 
     #: completed trials before the surrogate is used (random candidates until then)
@@ -138,20 +147,30 @@ class ScreeningConfig:
     #: 0 (default) trusts the predicted values: on the NAS-Bench-201 benchmark the few-shot
     #: latency predictor's own standard deviation (scale 1) made the search worse
     cheap_std_scale: float = 0.0
-    #: how the start-up candidates are drawn: "random" (uniform over the pool) or "stratified"
+    #: how the start-up candidates are drawn: "random" (uniform over the pool), "stratified"
     #: (one from each of ``n_startup_trials`` quantile bins of the first cheap objective, so
-    #: that the first evaluations span the cheap objective's range)
+    #: that the first evaluations span the cheap objective's range) or "cheap_front" (spread
+    #: along the front of the first cheap objective vs FLOPs, :mod:`hwnas.search.startup`;
+    #: random where the space counts no FLOPs or no objective is cheap). "cheap_front" beat
+    #: "random" on the development devices but not on HELP's test devices, so it is an option
     startup: str = "random"
+    #: how many candidates the "cheap_front" start-up evaluates (all of them, before the
+    #: surrogate chooses; at least ``n_startup_trials`` trials start up in any case)
+    cheap_front_trials: int = 15
     #: the surrogate's mean is linear in the (standardized, log where positive) cheap
     #: objectives instead of constant: what the cheap objectives say of accuracy is learned
     #: from the first evaluations and extrapolated to the whole pool
     cheap_trend: bool = False
+    #: the surrogate's mean is linear in the candidate's log FLOPs as well (where the space
+    #: counts them, :func:`hwnas.search.startup.size_prior`): larger networks are more accurate
+    size_trend: bool = False
     #: multiplier of the surrogate's standard deviation in the acquisition (1: as fitted)
     explore: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.n_startup_trials < 1:
-            raise UserError(f"n_startup_trials = {self.n_startup_trials}; expected >= 1")
+        if self.n_startup_trials < 1 or self.cheap_front_trials < 1:
+            raise UserError(f"n_startup_trials = {self.n_startup_trials}, cheap_front_trials = "
+                            f"{self.cheap_front_trials}; expected >= 1")
         if self.max_pool < 1 or self.pool_size < 2:
             raise UserError("max_pool and pool_size must be positive (pool_size >= 2)")
         if not 0.0 <= self.mutation_fraction <= 1.0:
@@ -162,8 +181,8 @@ class ScreeningConfig:
             raise UserError(f"floor_quantile = {self.floor_quantile}; expected in [0, 1)")
         if self.cheap_std_scale < 0:
             raise UserError(f"cheap_std_scale = {self.cheap_std_scale}; expected >= 0")
-        if self.startup not in ("random", "stratified"):
-            raise UserError(f"startup = {self.startup!r}; expected 'random' or 'stratified'")
+        if self.startup not in STARTUPS:
+            raise UserError(f"startup = {self.startup!r}; expected one of {list(STARTUPS)}")
         if not self.explore > 0:
             raise UserError(f"explore = {self.explore}; expected > 0")
         if not self.length_factors or not self.noises:
@@ -261,6 +280,8 @@ class ScreeningSampler(BaseSampler):
         self._choices: dict[str, BaseDistribution] = {}
         self._scale: tuple[np.ndarray, np.ndarray] | None = None
         self._trend_scale: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._plan: list[str] | None = None  # the cheap-front start-up's candidates
+        self._size_col: bool | None = None  # whether the trend features end with FLOPs
 
     # -- Optuna interface -----------------------------------------------------------------------
     def reseed_rng(self) -> None:
@@ -310,6 +331,9 @@ class ScreeningSampler(BaseSampler):
                 and self._arch_of(t) is not None}
         self._update_history(complete)
         self._ensure_pool(rng)
+        planned = self._plan_next(directions, set(self._hist.keys) | busy)
+        if planned is not None:  # the cheap-front start-up comes first, whole
+            return self._pool.archs[planned]
         startup = len(self._hist.keys) < self.config.n_startup_trials
         score = None if startup else self._acquisition(directions, rng)  # may renew the pool
         pool = self._pool
@@ -341,6 +365,31 @@ class ScreeningSampler(BaseSampler):
         slot = len(self._hist.keys) % k
         lo, hi = (len(order) * slot) // k, (len(order) * (slot + 1)) // k
         return int(order[lo + int(rng.integers(max(hi - lo, 1)))])
+
+    def _plan_next(self, directions: list[StudyDirection], taken: set[str]) -> int | None:
+        """Pool index of the next cheap-front start-up candidate not evaluated or running
+        (``startup = "cheap_front"``); ``None`` when none is left or there is no plan.
+
+        The plan is made once, from the first pool's candidates that meet the cheap
+        constraints, whatever was evaluated: a resumed process makes the same plan."""
+        pool = self._pool
+        if self.config.startup != "cheap_front" or pool.cheap.shape[1] == 0:
+            return None
+        if self._plan is None:
+            ok = np.flatnonzero(pool.feasible)
+            size = size_prior(self.space, [pool.archs[i] for i in ok],
+                              [pool.keys[i] for i in ok])
+            if size is None or np.ptp(size) == 0:
+                self._plan = []
+            else:
+                cost = -self._signed(directions)[self.cheap_indices[0]] * pool.cheap[ok, 0]
+                plan = ok[cheap_front_plan(cost, size, self.config.cheap_front_trials)]
+                self._plan = [pool.keys[i] for i in plan]
+        for k in self._plan:
+            i = pool.index.get(k)
+            if k not in taken and i is not None:
+                return i
+        return None
 
     def _fallback(self, rng: np.random.Generator, taken: set[str]) -> Any:
         """Every pool member is taken: a random architecture, unseen if one is found (and
@@ -455,11 +504,26 @@ class ScreeningSampler(BaseSampler):
         v = np.where(log, np.log(np.where(vals > 0, vals, 1e-300)), vals)
         return (v - mean) / sd
 
+    def _trend_inputs(self, archs: Sequence[Any], keys: Sequence[str],
+                      vals: np.ndarray) -> np.ndarray:
+        """What the trend features are made of: the cheap values, then the FLOPs where
+        ``size_trend`` asks for them and the space counts them."""
+        if not self.config.size_trend or self._size_col is False:
+            return vals
+        size = size_prior(self.space, archs, keys)
+        if self._size_col is None:
+            self._size_col = size is not None and bool(np.ptp(size) > 0)
+        if not self._size_col or size is None:
+            self._size_col = False
+            return vals
+        return np.concatenate([vals, np.maximum(size, 1.0)[:, None]], axis=1)
+
     def _make_pool(self, archs: list[Any], enumerated: bool) -> _Pool:
         keys = [self.space.to_string(a) for a in archs]
         vals, std = self._cheap_values(archs)
+        trend = self._trend(self._trend_inputs(archs, keys, vals))
         return _Pool(archs, keys, {k: i for i, k in enumerate(keys)}, self._encode(archs),
-                     vals, std, enumerated, self._violations(archs), self._trend(vals))
+                     vals, std, enumerated, self._violations(archs), trend)
 
     def _ensure_pool(self, rng: np.random.Generator) -> _Pool:
         if self._pool is not None:
@@ -610,10 +674,15 @@ class ScreeningSampler(BaseSampler):
         return objective, pof
 
     def _gp_trend(self, trend: np.ndarray | None) -> np.ndarray | None:
-        """The trend features the surrogates use (``None`` unless ``cheap_trend``)."""
-        if not self.config.cheap_trend or trend is None or trend.shape[1] == 0:
+        """The trend features the surrogates use: the cheap objectives' (``cheap_trend``),
+        the FLOPs' (``size_trend``); ``None`` without any."""
+        if trend is None or trend.shape[1] == 0:
             return None
-        return trend
+        k = len(self.cheap_indices) if self.cheap is not None else 0
+        cols = list(range(k)) if self.config.cheap_trend else []
+        if self._size_col:
+            cols.append(k)
+        return trend[:, cols] if cols else None
 
     def _train_features(self, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Encodings and trend features of evaluated candidates (from the pool where they
@@ -632,7 +701,9 @@ class ScreeningSampler(BaseSampler):
                 trend.append(None)
                 todo.append((n, arch))
         if todo:
-            cheap = self._trend(self._cheap_values([a for _, a in todo])[0])
+            archs = [a for _, a in todo]
+            cheap = self._trend(self._trend_inputs(
+                archs, [self.space.to_string(a) for a in archs], self._cheap_values(archs)[0]))
             for (n, _), h in zip(todo, cheap):
                 trend[n] = h
         k = pool.trend.shape[1]

@@ -340,3 +340,64 @@ def test_auto_sampler_is_screening_where_something_is_evaluated():
     assert resolve_sampler("nsga2", [accuracy]) == "nsga2"
     with pytest.raises(UserError, match="resolve"):
         make_sampler("auto", 0)
+
+
+class SizedToySpace(ToySpace):
+    """The toy space with FLOPs: accuracy grows with the first three choices, as FLOPs do."""
+
+    def flops(self, arch):
+        return int(10 * sum(arch[:3]) + arch[3])
+
+
+def test_cheap_front_start_is_spread_along_latency_vs_flops():
+    from hwnas.search.startup import cheap_front_plan
+
+    cost, size = np.array([1.0, 2, 3, 4, 5, 2, 3]), np.array([1.0, 2, 3, 4, 5, 1, 1])
+    assert list(cheap_front_plan(cost, size, 3)) == [0, 2, 4]  # ends included, evenly spaced
+    assert sorted(cheap_front_plan(cost, size, 6)) == [0, 1, 2, 3, 4, 5]  # second layer used
+    space = SizedToySpace()
+    archs = list(space.all_architectures())
+    lat, fl = cheap_latency(archs), np.array([space.flops(a) for a in archs], float)
+    on_front = {archs[i] for i in front_indices_2d(lat, fl)}
+    config = ScreeningConfig(n_startup_trials=5, startup="cheap_front", cheap_front_trials=5)
+    starts = [run_toy(space, ScreeningSampler(space, cheap_latency, (1,), seed=s, config=config),
+                      5) for s in (0, 1)]
+    assert starts[0] == starts[1]  # no seed luck in the start-up
+    assert set(starts[0]) <= on_front and len(set(starts[0])) == 5
+    got = cheap_latency(starts[0])
+    assert got.min() == lat.min() and got.max() == max(lat[i] for i in front_indices_2d(lat, fl))
+    # a space that counts no FLOPs starts at random, as before
+    plain = run_toy(ToySpace(), ScreeningSampler(ToySpace(), cheap_latency, (1,), seed=0,
+                                                 config=config), 5)
+    assert len(set(plain)) == 5
+
+
+def test_screening_options_of_the_benchmark():
+    bench = _bench()
+    assert bench.screening_options(["startup=random", "cheap_front_trials=12",
+                                     "size_trend=true", "noises=0.01,0.1"]) == {
+        "startup": "random", "cheap_front_trials": 12, "size_trend": True,
+        "noises": (0.01, 0.1)}
+    for bad in ("startup", "bogus=1", "cheap_front_trials=x", "startup=sobol",
+                "cheap_std_scale=1"):
+        with pytest.raises(UserError):
+            bench.screening_options([bad])
+
+
+def test_size_trend_adds_log_flops_to_the_surrogate_mean():
+    space = SizedToySpace()
+    for size_trend, cols in ((False, None), (True, 1)):
+        sampler = ScreeningSampler(space, cheap_latency, (1,), seed=0,
+                                   config=ScreeningConfig(n_startup_trials=3,
+                                                          size_trend=size_trend))
+        assert len(set(run_toy(space, sampler, 6))) == 6
+        trend = sampler._gp_trend(sampler._pool.trend)
+        assert (trend is None) if cols is None else trend.shape == (len(sampler._pool.keys), 1)
+    archs = list(space.all_architectures())
+    fl = np.log(np.maximum([space.flops(a) for a in archs], 1.0))
+    assert abs(np.corrcoef(trend[:, 0], fl)[0, 1] - 1) < 1e-9  # standardized log FLOPs
+    # without FLOPs (no layer list) the option is a no-op, not an error
+    plain = ScreeningSampler(ToySpace(), cheap_latency, (1,), seed=0,
+                             config=ScreeningConfig(n_startup_trials=3, size_trend=True))
+    run_toy(ToySpace(), plain, 6)
+    assert plain._gp_trend(plain._pool.trend) is None
