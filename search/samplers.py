@@ -8,15 +8,8 @@ metrics — size, BOPs, latency on estimated, table and adapted devices, under e
 bit policy — are computed for every candidate before one is chosen (:func:`screening_problem`).
 It is the best sampler of ``benchmarks/search_nb201.py`` and ``benchmarks/search_mbv3_bits.py``;
 TPE is the best of Optuna's own there, NSGA-II needs larger budgets to pay off, random is the
-baseline every method must beat. Every option is set explicitly, so a
-change of Optuna's defaults does not silently change a study (Optuna 5: constraints come from
-``trial.set_constraint``, which TPE, NSGA-II, GP and screening read without a
-``constraints_func``).
-
-Seed trials (enqueued: largest, smallest, sensitivity-based bit policies) are evaluated before
-the sampler is asked for anything, and TPE, GP and screening count *every* completed trial
-towards their random start-up phase; ``n_seeds`` extends that phase so the seeds do not eat
-into it.
+baseline every method must beat. Every option is set explicitly
+(:func:`make_sampler`), so a change of Optuna's defaults does not silently change a study.
 """
 
 from __future__ import annotations
@@ -167,9 +160,17 @@ def available_samplers() -> list[str]:
 def make_sampler(name: str, seed: int, *, n_startup_trials: int = STARTUP_TRIALS,
                  n_seeds: int = 0, problem: ScreeningProblem | None = None,
                  ) -> optuna.samplers.BaseSampler:
-    """A seeded sampler (see the module docstring for ``n_seeds``); ``screening`` needs the
-    search's ``problem`` (:func:`screening_problem`). Optuna is imported by the factories, so
-    that the settings (and ``hwnas train``, which shares them) do not need it."""
+    """A seeded sampler; ``screening`` needs the search's ``problem``
+    (:func:`screening_problem`). Optuna is imported by the factories, so that the settings (and
+    ``hwnas train``, which shares them) do not need it.
+
+    Seed trials (enqueued: largest, smallest, sensitivity-based bit policies) are evaluated
+    before the sampler is asked for anything, and TPE, GP and screening count *every*
+    completed trial towards their random start-up phase; ``n_seeds`` extends that phase so
+    the seeds do not eat into it. Every option is set explicitly, so a change of Optuna's
+    defaults does not silently change a study (Optuna 5: constraints come from
+    ``trial.set_constraint``, which TPE, NSGA-II, GP and screening read without a
+    ``constraints_func``)."""
     return SAMPLERS.get(name)(seed, n_startup_trials=n_startup_trials + n_seeds, problem=problem)
 
 

@@ -2,54 +2,15 @@
 
 In hardware-aware NAS one objective is expensive (accuracy: a supernet evaluation, a training
 run, a benchmark look-up that is counted) and the others are cheap (latency from a few-shot
-predictor, FLOPs, size: free per query). A plain Optuna sampler treats every objective as a
-black box and learns the cheap ones from the trials, as slowly as the expensive one. This module
-uses what is cheap: it keeps a *candidate pool* of architectures (the whole space when the
-space can enumerate itself and is small, else a seeded random pool refreshed with mutations of
-the current front), knows every candidate's cheap objectives before evaluating anything, and
-screens the pool with a Gaussian-process surrogate of the expensive objective(s) trained on the
-evaluations so far. Each trial evaluates the candidate with the best acquisition value:
-
-* one expensive + one cheap objective (accuracy vs latency): the exact **expected hypervolume
-  improvement** (EHVI) in 2-D; with the cheap objective known, the expectation is a sum of
-  closed-form Gaussian terms over the current front's staircase. Two expensive objectives
-  (accuracy vs a latency measured here) get the same exact EHVI with the second one's GP
-  mean and deviation as an uncertain cost (independent of the first: separate GPs);
-* one objective: expected improvement;
-* three or more objectives, where the exact 2-D EHVI does not apply: an optimistic random
-  augmented Chebyshev scalarization — ParEGO's rule (Knowles 2006) with a confidence bound
-  (Paria et al. 2019): each trial draws its own weights, so successive trials spread over the
-  front, and the cheap objectives enter with their known values.
-
-Before the surrogate chooses, the start-up evaluates random candidates (by default) or, with
-``startup="cheap_front"``, candidates spread along the *cheap front* - non-dominated in (first
-cheap objective, FLOPs), the best guess of the accuracy front before any accuracy is known
-(:mod:`hwnas.search.startup`; deterministic, so no seed's luck decides the first evaluations).
-
-Constraints (Optuna's ``trial.set_constraint``; <= 0 is feasible): those the caller can compute
-for every candidate (``constraints``, e.g. a latency predicted for free) *screen the pool* —
-a candidate that violates one is never proposed while a free one meets them all (else the
-least violating is). Every other constraint the trials report is learned like an expensive
-objective, by a GP of its value, and multiplies the acquisition by the probability of
-feasibility (Gardner et al. 2014). The front the acquisition improves is that of the feasible
-trials.
-
-Candidates need not be bare architectures: ``space`` is anything with the part of the
-:class:`SearchSpace` interface the sampler reads (:class:`CandidateSpace`), e.g.
-:class:`hwnas.search.bits.ArchBitsSpace` for architecture x bit-width candidates.
-
-It is an Optuna sampler (:class:`ScreeningSampler`), sequential and free of batches: each trial
-is chosen after the previous ones are told. Architectures of trials still running are not
-chosen again (several workers may share a study). Seeded and deterministic: in one process,
-the choice of a trial depends only on the seed, the trial number and the completed (and
-running) trials. The sampler keeps no state of its own that a study needs: a new process
-(a resumed run, another worker) rebuilds everything from the study's trials (its pool and
-surrogate refits then start from the current trials, so its later choices may differ from
-those an uninterrupted process would have made).
-
-The Pareto maths is in :mod:`hwnas.search.pareto`, the acquisition functions in
-:mod:`hwnas.search.acquisition`, the surrogate in :mod:`hwnas.search.gp`.
-"""
+predictor, FLOPs, size: free per query). A plain Optuna sampler learns the cheap ones from the
+trials, as slowly as the expensive one. :class:`ScreeningSampler` uses what is cheap: it keeps
+a *candidate pool* of architectures whose cheap objectives are known before anything is
+evaluated, screens it with a Gaussian-process surrogate of the expensive objective(s) trained
+on the evaluations so far, and evaluates the candidate with the best acquisition value (its
+class docstring says which acquisition, how constraints and the start-up work, and why it is
+deterministic). The Pareto maths is in :mod:`hwnas.search.pareto`, the acquisition functions
+in :mod:`hwnas.search.acquisition`, the surrogate in :mod:`hwnas.search.gp`, the cheap-front
+start-up in :mod:`hwnas.search.startup`."""
 
 from __future__ import annotations
 
@@ -228,7 +189,7 @@ class _History:
 
 
 class ScreeningSampler(BaseSampler):
-    """Optuna sampler that screens a candidate pool with a GP surrogate (module docstring).
+    """Optuna sampler that screens a candidate pool with a GP surrogate.
 
     ``space`` is the search space the objective suggests from (``space.suggest(trial)``);
     ``cheap`` gives the cheap objectives of any architectures of it, and ``cheap_indices`` says
@@ -238,7 +199,48 @@ class ScreeningSampler(BaseSampler):
     for candidates the cheap values. ``constraints`` gives the values of the constraints named
     ``constraint_names`` (as the trials name them in ``trial.set_constraint``) for any
     candidates; candidates that violate them are screened out. Other constraints the trials
-    report are learned (module docstring).
+    report are learned (below).
+
+    The pool is the whole space when the space can enumerate itself and is small, else a seeded
+    random pool refreshed with mutations of the current front. Each trial evaluates the
+    candidate with the best acquisition value:
+
+    * one expensive + one cheap objective (accuracy vs latency): the exact **expected hypervolume
+      improvement** (EHVI) in 2-D; with the cheap objective known, the expectation is a sum of
+      closed-form Gaussian terms over the current front's staircase. Two expensive objectives
+      (accuracy vs a latency measured here) get the same exact EHVI with the second one's GP
+      mean and deviation as an uncertain cost (independent of the first: separate GPs);
+    * one objective: expected improvement;
+    * three or more objectives, where the exact 2-D EHVI does not apply: an optimistic random
+      augmented Chebyshev scalarization — ParEGO's rule (Knowles 2006) with a confidence bound
+      (Paria et al. 2019): each trial draws its own weights, so successive trials spread over the
+      front, and the cheap objectives enter with their known values.
+
+    Before the surrogate chooses, the start-up evaluates random candidates (by default) or, with
+    ``startup="cheap_front"``, candidates spread along the *cheap front* - non-dominated in (first
+    cheap objective, FLOPs), the best guess of the accuracy front before any accuracy is known
+    (:mod:`hwnas.search.startup`; deterministic, so no seed's luck decides the first evaluations).
+
+    Constraints (Optuna's ``trial.set_constraint``; <= 0 is feasible): those the caller can compute
+    for every candidate (``constraints``, e.g. a latency predicted for free) *screen the pool* —
+    a candidate that violates one is never proposed while a free one meets them all (else the
+    least violating is). Every other constraint the trials report is learned like an expensive
+    objective, by a GP of its value, and multiplies the acquisition by the probability of
+    feasibility (Gardner et al. 2014). The front the acquisition improves is that of the feasible
+    trials.
+
+    Candidates need not be bare architectures: ``space`` is anything with the part of the
+    :class:`SearchSpace` interface the sampler reads (:class:`CandidateSpace`), e.g.
+    :class:`hwnas.search.bits.ArchBitsSpace` for architecture x bit-width candidates.
+
+    It is an Optuna sampler (:class:`ScreeningSampler`), sequential and free of batches: each trial
+    is chosen after the previous ones are told. Architectures of trials still running are not
+    chosen again (several workers may share a study). Seeded and deterministic: in one process,
+    the choice of a trial depends only on the seed, the trial number and the completed (and
+    running) trials. The sampler keeps no state of its own that a study needs: a new process
+    (a resumed run, another worker) rebuilds everything from the study's trials (its pool and
+    surrogate refits then start from the current trials, so its later choices may differ from
+    those an uninterrupted process would have made).
     """
 
     def __init__(self, space: SearchSpace | CandidateSpace, cheap: CheapObjectives | None = None,
