@@ -50,7 +50,7 @@ def test_rows_compute_the_layer_output():
 
 def test_adaround_lowers_layer_output_error_and_stays_on_grid():
     qmodel, x = _calibrated()
-    report = adaround(qmodel, [x], AdaRoundConfig(iterations=150))
+    report = adaround(qmodel, [x], AdaRoundConfig(iterations=100))
     assert sorted(report) == ["0", "2", "4", "6"]
     for name, r in report.items():
         assert r["mse_adaround"] < r["mse_nearest"], name
