@@ -196,8 +196,8 @@ def adaround(qmodel: nn.Module, xs: Sequence[torch.Tensor],
              config: AdaRoundConfig | None = None) -> dict[str, dict[str, float]]:
     """AdaRound every quant layer of a calibrated fake-quant model (activation ranges and
     weight scales set, see :func:`hwnas.quant.ptq.calibrate`), in module order, on the
-    calibration inputs ``xs`` (run as one batch). Layers with float weights (and convolutions
-    with non-zero or named padding) keep nearest rounding. Modifies ``qmodel``'s weights in
+    calibration inputs ``xs`` (run as one batch). Layers with float weights, and convolutions
+    whose padding is not zeros given as numbers, keep nearest rounding. Modifies ``qmodel``'s weights in
     place; returns ``{layer: {"mse_nearest", "mse_adaround"}}``.
 
     Examples:
