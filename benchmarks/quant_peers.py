@@ -425,7 +425,7 @@ def markdown(doc: dict) -> str:
             v, d = row.get(f"top1_{r}"), row.get(f"drop_{r}")
             cells.append("" if v is None else f"{v:.2f}" + ("" if d is None or row["method"] == "fp32"
                                                            else f" ({d:+.2f})"))
-        safe = "" if row["int16_safe"] is None else f"{'yes' if row['int16_safe'] else 'no'} ({row['worst_pair_sum']})"
+        safe = "" if row.get("int16_safe") is None else f"{'yes' if row['int16_safe'] else 'no'} ({row['worst_pair_sum']})"
         ms = "" if not ms_key or row.get(ms_key) is None else f"{row[ms_key]:.2f}"
         u8 = row.get(ms_key.replace("ort_ms", "ort_u8u8_ms")) if ms_key else None
         ms += "" if u8 is None else f" ({u8:.2f})"
@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime as ort
 
     versions = f"torch {torch.__version__}, onnx {onnx.__version__}, onnxruntime {ort.__version__}"
-    for name in ("openvino", "nncf"):
+    for name in ("openvino", "nncf", "aimet_onnx"):
         try:
             versions += f", {name} {__import__(name).__version__}"
         except ImportError:
