@@ -227,7 +227,8 @@ _OV_CHILD = textwrap.dedent("""
         try:
             m = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_NUM_THREADS": 1})
         except RuntimeError as exc:  # a file OpenVINO cannot compile: no top-1 for it
-            print(f"  OpenVINO cannot compile {path}: {str(exc).splitlines()[-1]}", flush=True)
+            why = [line for line in str(exc).splitlines() if line.strip()][-1:]
+            print(f"  OpenVINO cannot compile {path}: {' '.join(why)}", flush=True)
             continue
         top1 = np.concatenate([m(x[i:i + 250])[0].argmax(1) for i in range(0, len(x), 250)])
         np.save(path + ".top1.npy", top1)
