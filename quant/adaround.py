@@ -26,7 +26,7 @@ of them per step. Two forward passes over the calibration images in all: a float
 each layer's target at its positions, then one quantized pass learns each layer's rounding in a
 hook just before the layer runs, so the layers after it see its rounded output (the sequential
 algorithm at the cost of one pass, like :func:`hwnas.quant.ptq.bias_correct`). Beta decays
-linearly, as in AIMET. Deterministic for a given ``seed`` on the CPU.
+linearly (AIMET's along a cosine). Deterministic for a given ``seed`` on the CPU.
 """
 
 from __future__ import annotations
