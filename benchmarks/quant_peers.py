@@ -11,9 +11,16 @@ training split) are quantized by:
 * ``hwnas_int8_first7``: full range but the first layer at 7 bits (NNCF's overflow fix);
 * ``hwnas_w4a8``: W4A8, first and last layer W8A8, MSE weights and activations (the
   ``ptq_w4a8`` recipe of ``benchmarks/quant_recipes.py``), portable;
+* ``hwnas_w4a8_adaround``: the same with AdaRound (``PTQConfig(rounding="adaround")``,
+  :mod:`hwnas.quant.adaround`: learned rounding, layer by layer on the calibration images,
+  ``--adaround-iterations`` Adam steps per layer), portable;
 * ``ort_minmax`` / ``ort_entropy`` / ``ort_percentile`` / ``ort_minmax_reduce_range``:
   onnxruntime ``quantize_static`` (QDQ, per channel, uint8 activations, int8 weights);
-* ``nncf_int8``: ``nncf.quantize`` with its defaults (ONNX backend), when NNCF is installed.
+* ``nncf_int8``: ``nncf.quantize`` with its defaults (ONNX backend), when NNCF is installed;
+* ``aimet_adaround_w4a8``: AIMET (``aimet-onnx``, when installed) AdaRound at W4A8, first and
+  last layer W8A8 like ``hwnas_w4a8``: ``QuantizationSimModel`` (per-channel symmetric weights,
+  ``tf_enhanced`` ranges), ``Adaround.apply_adaround`` with ``--aimet-iterations`` steps per
+  layer, written by ``sim.to_onnx_qdq()`` (uint8 activations).
 
 Each file's top-1 on the test images is measured with onnxruntime as it runs here, with
 ``session.x64quantprecision=1`` (U8U8 kernels: no saturation on any CPU), with OpenVINO, and
@@ -24,16 +31,20 @@ is optional. Beside it: each file's worst 16-bit pair sum read from the file
 medians). The machine's CPU and ISA flags are recorded::
 
     python benchmarks/quant_peers.py [--subnets smallest,middle,largest] [--data PATH]
-        [--subset N] [--calib 512] [--out benchmarks/quant_peers.json]
+        [--subset N] [--calib 512] [--methods ...] [--merge] [--out benchmarks/quant_peers.json]
 
 ``--subset N``: a stratified seeded subset of N test images (default all 10,000). Needs torch,
 onnx and onnxruntime; OpenVINO and NNCF are used when installed. Writes --out (JSON) and the
-Markdown table beside it (.md).
+Markdown table beside it (.md). ``--merge`` updates the rows of ``--out`` with what is run now,
+(subnet, method, runtime) by (subnet, method, runtime); with ``--keep-files DIR`` the quantized
+files are kept and reused, so one subnet's methods and runtimes can be run in parts under the
+10-minute limit of a command (drops: against FP32 on onnxruntime, from this run or ``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -58,7 +69,8 @@ from hwnas.core.errors import UserError
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 METHODS = ("fp32", "hwnas_int8", "hwnas_int8_full", "hwnas_int8_first7", "hwnas_w4a8",
-           "ort_minmax", "ort_entropy", "ort_percentile", "ort_minmax_reduce_range", "nncf_int8")
+           "hwnas_w4a8_adaround", "ort_minmax", "ort_entropy", "ort_percentile",
+           "ort_minmax_reduce_range", "nncf_int8", "aimet_adaround_w4a8")
 RUNTIMES = ("ort", "ort_u8u8", "ov", "ov_no_vnni")
 
 
@@ -74,23 +86,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calib", type=int, default=512, help="calibration images (default 512)")
     p.add_argument("--timing-batch", type=int, default=32)
     p.add_argument("--timing-rounds", type=int, default=5, help="0: no timing")
+    p.add_argument("--adaround-iterations", type=int, default=500,
+                   help="AdaRound's Adam steps per layer (hwnas_w4a8_adaround)")
+    p.add_argument("--aimet-iterations", type=int, default=500,
+                   help="AIMET AdaRound's steps per layer (aimet_adaround_w4a8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(HERE / "quant_peers.json"))
-    p.add_argument("--merge", action="store_true", help="keep the rows of --out for other subnets")
+    p.add_argument("--merge", action="store_true",
+                   help="update the rows of --out with the (subnet, method, runtime) results run now")
+    p.add_argument("--keep-files", default="",
+                   help="folder for the quantized files, reused when there (one subnet's runtimes "
+                        "can then be run in parts without quantizing again)")
     return p.parse_args(argv)
 
 
 # -- the quantizers ---------------------------------------------------------------------------------
 
-def hwnas_file(net: torch.nn.Module, calib: torch.Tensor, method: str) -> onnx.ModelProto:
+def hwnas_file(net: torch.nn.Module, calib: torch.Tensor, method: str,
+               adaround_iterations: int = 500) -> onnx.ModelProto:
     from hwnas.export.qdq import build_qdq
     from hwnas.quant.policy import first_last_8bit, uniform
     from hwnas.quant.ptq import PTQConfig
 
     n = len(calib)
-    if method == "hwnas_w4a8":
+    if method.startswith("hwnas_w4a8"):
         policy = first_last_8bit(uniform(net, 4, 8))
-        config = PTQConfig(act_observer="mse", weight_observer="mse", max_images=n)
+        config = PTQConfig(act_observer="mse", weight_observer="mse", max_images=n,
+                           rounding="adaround" if method.endswith("adaround") else "nearest",
+                           adaround_iterations=adaround_iterations)
         return build_qdq(net, policy, [calib], config=config).proto()
     policy = uniform(net, 8, 8)
     config = PTQConfig(max_images=n)
@@ -143,6 +166,44 @@ def nncf_file(fp32_path: Path, calib: np.ndarray) -> onnx.ModelProto | None:
     return nncf.quantize(model, dataset, subset_size=len(calib))
 
 
+_AIMET_CONFIG = {
+    "defaults": {"ops": {"is_output_quantized": "True"},
+                 "params": {"is_quantized": "True", "is_symmetric": "True"},
+                 "per_channel_quantization": "True", "strict_symmetric": "False",
+                 "unsigned_symmetric": "False"},
+    "params": {"bias": {"is_quantized": "False"}},
+    "op_type": {},
+    "supergroups": [{"op_list": ["Conv", "Relu"]}, {"op_list": ["Gemm", "Relu"]}],
+    "model_input": {"is_input_quantized": "True"},
+    "model_output": {},
+}
+
+
+def aimet_file(fp32_path: Path, calib: np.ndarray, iterations: int,
+               work: Path) -> onnx.ModelProto | None:
+    """AIMET's AdaRound at W4A8 (first and last Conv/Gemm at 8 bits), or None without AIMET."""
+    try:
+        from aimet_onnx.adaround.adaround_weight import Adaround
+        from aimet_onnx.quantsim import QuantizationSimModel
+    except ImportError:
+        return None
+    config = work / "aimet_config.json"
+    config.write_text(json.dumps(_AIMET_CONFIG))
+    sim = QuantizationSimModel(onnx.load(str(fp32_path)), param_type="int4",
+                               activation_type="int8", quant_scheme="tf_enhanced",
+                               config_file=str(config), providers=["CPUExecutionProvider"])
+    layers = [n for n in sim.model.model.graph.node if n.op_type in ("Conv", "Gemm")]
+    for node in (layers[0], layers[-1]):
+        weight = node.input[1]
+        op = sim.qc_quantize_op_dict.get(weight) or sim.qc_quantize_op_dict[
+            weight.removesuffix("_qdq")]
+        op.set_bitwidth(8)
+    inputs = [{"input": calib[i:i + 32]} for i in range(0, len(calib), 32)]
+    sim.compute_encodings(inputs)
+    Adaround.apply_adaround(sim, inputs, num_iterations=iterations)
+    return sim.to_onnx_qdq()
+
+
 # -- running the files ------------------------------------------------------------------------------
 
 def ort_top1(path: Path, x: np.ndarray, u8u8: bool = False) -> np.ndarray:
@@ -163,7 +224,12 @@ _OV_CHILD = textwrap.dedent("""
     x = np.load(sys.argv[1])
     core = ov.Core()
     for path in sys.argv[2:]:
-        m = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_NUM_THREADS": 1})
+        try:
+            m = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_NUM_THREADS": 1})
+        except RuntimeError as exc:  # a file OpenVINO cannot compile: no top-1 for it
+            why = [line for line in str(exc).splitlines() if line.strip()][-1:]
+            print(f"  OpenVINO cannot compile {path}: {' '.join(why)}", flush=True)
+            continue
         top1 = np.concatenate([m(x[i:i + 250])[0].argmax(1) for i in range(0, len(x), 250)])
         np.save(path + ".top1.npy", top1)
 """)
@@ -171,14 +237,16 @@ _OV_CHILD = textwrap.dedent("""
 
 def ov_top1(paths: list[Path], x: np.ndarray, work: Path, isa: str = "") -> dict[str, np.ndarray]:
     """OpenVINO's top-1 per file, run in a child process (``ONEDNN_MAX_CPU_ISA=isa`` when
-    given: the variable is read once, when oneDNN loads)."""
+    given: the variable is read once, when oneDNN loads); a file it cannot compile is left out."""
     np.save(work / "x.npy", x)
+    for p in paths:
+        Path(f"{p}.top1.npy").unlink(missing_ok=True)  # none left from an earlier run
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if isa:
         env["ONEDNN_MAX_CPU_ISA"] = isa
     subprocess.run([sys.executable, "-c", _OV_CHILD, str(work / "x.npy"), *map(str, paths)],
                    check=True, env=env)
-    return {p.name: np.load(f"{p}.top1.npy") for p in paths}
+    return {p.name: np.load(f"{p}.top1.npy") for p in paths if Path(f"{p}.top1.npy").is_file()}
 
 
 def time_files(paths: list[Path], batch: int, rounds: int,
@@ -231,29 +299,51 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) 
     test_x = ((data.test.images[test_idx].float() / 255 - mean) / std).numpy()
     test_y = test_y[test_idx]
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if args.keep_files:
+            work = Path(args.keep_files) / role
+            work.mkdir(parents=True, exist_ok=True)
+        else:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         fp32_path = work / "fp32.onnx"
         onnx.save(float_proto(net, calib[:1]), fp32_path)
         files: dict[str, Path] = {"fp32": fp32_path}
         seconds: dict[str, float] = {}
+        cpu_seconds: dict[str, float] = {}  # the process's CPU time: the cost on a loaded machine
         for method in methods:
             if method == "fp32":
                 continue
-            t = time.perf_counter()
+            kept = work / f"{method}.seconds"
+            if kept.is_file() and (work / f"{method}.onnx").is_file():
+                kept_seconds = [float(v) for v in kept.read_text().split()]
+                seconds[method] = kept_seconds[0]
+                if len(kept_seconds) > 1:
+                    cpu_seconds[method] = kept_seconds[1]
+                files[method] = work / f"{method}.onnx"
+                print(f"  {role}: {method} taken from {files[method]}", flush=True)
+                continue
+            t, cpu = time.perf_counter(), time.process_time()
             if method.startswith("hwnas"):
-                proto = hwnas_file(net, calib, method)
+                proto = hwnas_file(net, calib, method, args.adaround_iterations)
             elif method.startswith("ort"):
                 proto = ort_file(fp32_path, calib.numpy(), method, work)
+            elif method.startswith("aimet"):
+                proto = aimet_file(fp32_path, calib.numpy(), args.aimet_iterations, work)
+                if proto is None:
+                    print(f"  {role}: {method} skipped: aimet-onnx is not installed", flush=True)
+                    continue
             else:
                 proto = nncf_file(fp32_path, calib.numpy())
                 if proto is None:
                     print(f"  {role}: {method} skipped: NNCF is not installed", flush=True)
                     continue
             seconds[method] = time.perf_counter() - t
+            cpu_seconds[method] = time.process_time() - cpu
             path = work / f"{method}.onnx"
             onnx.save(proto, path)
             files[method] = path
+            if args.keep_files:
+                kept.write_text(f"{seconds[method]:.1f} {cpu_seconds[method]:.1f}")
             print(f"  {role}: {method} quantized in {seconds[method]:.0f} s", flush=True)
         top1: dict[tuple[str, str], float] = {}
         for method, path in files.items():
@@ -272,20 +362,25 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) 
             got = ov_top1(list(files.values()), test_x, work,
                           "AVX512_CORE" if run == "ov_no_vnni" else "")
             for method, path in files.items():
-                top1[method, run] = 100 * float((got[path.name] == test_y).mean())
+                if path.name in got:
+                    top1[method, run] = 100 * float((got[path.name] == test_y).mean())
         ms = (time_files(list(files.values()), args.timing_batch, args.timing_rounds,
                          u8u8=tuple(p.name for m, p in files.items() if m.startswith("hwnas_int8")))
               if args.timing_rounds else {})
         fp32 = top1.get(("fp32", "ort"))
         for method, path in files.items():
             report = int16_report(onnx.load(str(path))) if method != "fp32" else {}
+            if not report.get("integer_layers_bounded"):
+                report = {}  # no int8 weights it could read (e.g. ONNX INT4): no verdict
             row = {"subnet": role, "arch": space.to_string(arch), "method": method,
                    "test_images": int(len(test_y)), "calib_images": int(len(calib)),
                    "int16_safe": report.get("int16_safe"),
                    "worst_pair_sum": report.get("worst_pair_sum"),
                    "ort_ms_b%d" % args.timing_batch: ms.get(path.name),
                    "ort_u8u8_ms_b%d" % args.timing_batch: ms.get(path.name + "+u8u8"),
-                   "quantize_seconds": round(seconds.get(method, 0.0), 1)}
+                   "quantize_seconds": round(seconds.get(method, 0.0), 1),
+                   "quantize_cpu_seconds": (round(cpu_seconds[method], 1)
+                                            if method in cpu_seconds else None)}
             for run in RUNTIMES:
                 if (method, run) in top1:
                     row[f"top1_{run}"] = round(top1[method, run], 2)
@@ -294,6 +389,23 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) 
             rows.append(row)
             print("  " + "  ".join(f"{k}={v}" for k, v in row.items() if k != "arch"), flush=True)
     return rows
+
+
+def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
+    """``old`` rows updated by ``new`` ones of the same (subnet, method), value by value (a
+    value not measured now stays), drops recomputed from each subnet's FP32 onnxruntime top-1."""
+    rows = {(r["subnet"], r["method"]): dict(r) for r in old}
+    for r in new:
+        key = (r["subnet"], r["method"])
+        rows[key] = {**rows.get(key, {}), **{k: v for k, v in r.items() if v is not None}}
+    for (subnet, _), row in rows.items():
+        fp32 = rows.get((subnet, "fp32"), {}).get("top1_ort")
+        for run in RUNTIMES:
+            if f"top1_{run}" in row:
+                row[f"drop_{run}"] = (None if fp32 is None
+                                      else round(row[f"top1_{run}"] - fp32, 2))
+    order = {m: i for i, m in enumerate(METHODS)}
+    return sorted(rows.values(), key=lambda r: (r["subnet"], order.get(r["method"], len(order))))
 
 
 def _has_openvino() -> bool:
@@ -314,21 +426,22 @@ def markdown(doc: dict) -> str:
              f" (int8 without saturation: {doc['isa']['int8_without_saturation']}); "
              f"{doc['runtimes']}", "",
              "| subnet | method | " + " | ".join(f"{head[r]} top-1 (drop)" for r in runs)
-             + " | int16-safe (worst pair sum) | "
+             + " | int16-safe (worst pair sum) | quantize s | "
              + ("onnxruntime ms/batch (x64quantprecision=1) |" if ms_key else ""),
-             "|---|---|" + "---|" * len(runs) + "---|" + ("---|" if ms_key else "")]
+             "|---|---|" + "---|" * len(runs) + "---|---|" + ("---|" if ms_key else "")]
     for row in doc["results"]:
         cells = []
         for r in runs:
             v, d = row.get(f"top1_{r}"), row.get(f"drop_{r}")
             cells.append("" if v is None else f"{v:.2f}" + ("" if d is None or row["method"] == "fp32"
                                                            else f" ({d:+.2f})"))
-        safe = "" if row["int16_safe"] is None else f"{'yes' if row['int16_safe'] else 'no'} ({row['worst_pair_sum']})"
+        safe = "" if row.get("int16_safe") is None else f"{'yes' if row['int16_safe'] else 'no'} ({row['worst_pair_sum']})"
         ms = "" if not ms_key or row.get(ms_key) is None else f"{row[ms_key]:.2f}"
         u8 = row.get(ms_key.replace("ort_ms", "ort_u8u8_ms")) if ms_key else None
         ms += "" if u8 is None else f" ({u8:.2f})"
+        sec = "" if row["method"] == "fp32" else f"{row.get('quantize_seconds', 0):.0f}"
         lines.append(f"| {row['subnet']} | {row['method']} | " + " | ".join(cells)
-                     + f" | {safe} |" + (f" {ms} |" if ms_key else ""))
+                     + f" | {safe} | {sec} |" + (f" {ms} |" if ms_key else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -362,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime as ort
 
     versions = f"torch {torch.__version__}, onnx {onnx.__version__}, onnxruntime {ort.__version__}"
-    for name in ("openvino", "nncf"):
+    for name in ("openvino", "nncf", "aimet_onnx"):
         try:
             versions += f", {name} {__import__(name).__version__}"
         except ImportError:
@@ -371,7 +484,10 @@ def main(argv: list[str] | None = None) -> int:
     commands = [recipes.command_line(argv)]
     if args.merge and out.is_file():
         old = json.loads(out.read_text())
-        rows = [r for r in old["results"] if r["subnet"] not in roles] + rows
+        rows = merge_rows(old["results"], rows)
+        before = old.get("runtimes", "").split(" (earlier rows: ")[0]
+        if before and before != versions:
+            versions += f" (earlier rows: {before})"
         commands = old.get("commands", []) + commands
     doc = {"command": " && ".join(commands), "commands": commands,
            "machine": describe_machine(), "date": recipes.now_iso(), "isa": isa,

@@ -17,9 +17,13 @@
    forward pass over all calibration images as one batch (see :func:`bias_correct`), so keep
    ``max_images`` at a few hundred for large inputs.
 
+With ``rounding="adaround"`` the weights' rounding is learned between steps 2 and 3
+(:mod:`hwnas.quant.adaround`, layer by layer on the calibration images; what W4A8 needs);
+bias correction then compares with the float network's original weights.
+
 Bad input (policy for another model, bits outside the supported set, empty calibration data,
 batches the model cannot take) raises UserError before anything is returned; ``model`` is
-unchanged in every case. AdaRound is not implemented.
+unchanged in every case.
 
 The passes over the calibration images call :func:`hwnas.core.cooperate.yield_point` at every
 quantized layer (a no-op unless a parallel export installed its pause), so a timing another
@@ -72,6 +76,7 @@ __all__ = [
 ]
 
 RESIDUAL_MODES = ("float", "shared")
+ROUNDINGS = ("nearest", "adaround")
 
 
 @dataclass
@@ -105,6 +110,10 @@ class PTQConfig:
     #: weights on a grid no x86 integer kernel can saturate (:func:`int16_safe_layers`):
     #: True for every layer that needs it, a tuple of layer names for those only
     int16_safe: bool | tuple[str, ...] = False
+    #: "nearest" or "adaround" (learned rounding, :mod:`hwnas.quant.adaround`)
+    rounding: str = "nearest"
+    #: AdaRound's Adam steps per layer
+    adaround_iterations: int = 500
 
     def validate(self) -> None:
         if self.act_observer not in ACT_OBSERVERS:
@@ -125,6 +134,12 @@ class PTQConfig:
             raise UserError(f"unknown residual mode {self.residual!r}; expected one of "
                             f"{', '.join(RESIDUAL_MODES)}")
         check_bits(self.add_bits, "residual-add activation", "<residual adds>")
+        if self.rounding not in ROUNDINGS:
+            raise UserError(f"unknown rounding {self.rounding!r}; expected one of "
+                            f"{', '.join(ROUNDINGS)}")
+        if self.adaround_iterations < 1:
+            raise UserError(f"adaround_iterations must be positive, got "
+                            f"{self.adaround_iterations}")
 
 
 # -- building the quantized model ----------------------------------------------------------------
@@ -397,6 +412,13 @@ def calibrate(qmodel: nn.Module, batches: Iterable, config: PTQConfig | None = N
         q.set_qparams(scale, zp)
         q.numel_per_sample = obs.numel_per_sample
     set_quantizers_enabled(qmodel, True)
+    if config.rounding == "adaround":
+        from hwnas.quant.adaround import AdaRoundConfig, adaround
+
+        if config.bias_correction and float_means is None:
+            float_means = _float_means(qmodel, xs)  # of the weights before they are rounded
+        adaround(qmodel, xs, AdaRoundConfig(iterations=config.adaround_iterations,
+                                            seed=config.seed))
     if config.bias_correction:
         bias_correct(qmodel, xs, float_means=float_means)
     qmodel.train(was_training)
@@ -423,6 +445,22 @@ def _recorder(means: dict[str, torch.Tensor], name: str):  # noqa: ANN202 - a fo
 
 
 @torch.no_grad()
+def _float_means(qmodel: nn.Module, xs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each quant layer's per-channel output mean in the float network (quantizers off) on
+    all of ``xs`` as one batch: bias correction's float pass."""
+    means: dict[str, torch.Tensor] = {}
+    handles = [m.register_forward_hook(_recorder(means, n)) for n, m in quant_layers(qmodel)]
+    set_quantizers_enabled(qmodel, False)
+    try:
+        qmodel(torch.cat(xs) if len(xs) > 1 else xs[0])
+    finally:
+        for h in handles:
+            h.remove()
+        set_quantizers_enabled(qmodel, True)
+    return means
+
+
+@torch.no_grad()
 def bias_correct(qmodel: nn.Module, xs: list[torch.Tensor], *,
                  float_means: dict[str, torch.Tensor] | None = None) -> None:
     """Empirical bias correction, layer by layer in forward order (see the module docstring).
@@ -437,11 +475,8 @@ def bias_correct(qmodel: nn.Module, xs: list[torch.Tensor], *,
     x = torch.cat(xs) if len(xs) > 1 else xs[0]
     layers = quant_layers(qmodel)
     corrected: set[str] = set()
-    passes = [(_recorder, False), (None, True)]
     if float_means is None:
-        float_means = {}
-    else:
-        passes = passes[1:]
+        float_means = _float_means(qmodel, [x])
 
     def correct(name):
         def hook(module, _inp, out):
@@ -456,16 +491,12 @@ def bias_correct(qmodel: nn.Module, xs: list[torch.Tensor], *,
             return out + delta.view(shape).to(out.dtype)
         return hook
 
-    for hook_fn, enabled in passes:
-        handles = [m.register_forward_hook(correct(n) if hook_fn is None
-                                           else hook_fn(float_means, n)) for n, m in layers]
-        set_quantizers_enabled(qmodel, enabled)
-        try:
-            qmodel(x)
-        finally:
-            for h in handles:
-                h.remove()
-            set_quantizers_enabled(qmodel, True)
+    handles = [m.register_forward_hook(correct(n)) for n, m in layers]
+    try:
+        qmodel(x)
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def ptq(model: nn.Module, policy: QuantPolicy, batches: Iterable, config: PTQConfig | None = None,

@@ -1,0 +1,272 @@
+"""AdaRound: learned up-or-down rounding of quantized weights, layer by layer, on calibration images.
+
+Nagel et al., 2020, "Up or Down? Adaptive Rounding for Post-Training Quantization". Rounding each
+weight to the nearest grid point minimises the weight error, not the layer's output error; at 4
+bits the difference costs about a point of CIFAR-10 top-1 on the mbv3 subnets
+(``benchmarks/quant_peers.md``). For each quantized Conv2d/Linear in module order, its weight
+scales fixed (set by the weight observer), a soft choice ``h`` in [0, 1] per weight (a rectified
+sigmoid of a learned ``V``) between floor and ceiling is trained with Adam:
+
+    w~ = s * clamp(floor(w / s) + h(V), qmin, qmax)
+    loss = mean over positions of sum over channels (layer(x_q; w~) - layer_fp(x_fp))^2
+           + reg * sum(1 - |2h - 1|^beta),   beta annealed from 20 to 2 after a warm-up
+
+``x_q`` is the layer's input in the quantized network with every layer before it already rounded
+(activation quantizers on, so errors before it are compensated), ``layer_fp(x_fp)`` the float
+network's output of that layer (AdaRound's asymmetric reconstruction; AIMET's loss scaling).
+At the end ``h`` is rounded to {0, 1} and the weight is stored as ``s * integer``: the model's
+ordinary fake quantizer (nearest rounding, same scale and grid) then gives back exactly the
+learned integers, so every exporter and the portable 7-bit grid
+(:func:`hwnas.quant.ptq.int16_safe_layers`, the grid is read from the quantizer) apply unchanged.
+
+The loss is taken on ``samples`` output positions drawn once per layer (seeded) from all
+calibration images and positions (a convolution's input patches unfolded into rows, so each
+Adam step is a small matrix product instead of a convolution over whole images), ``batch_size``
+of them per step. Two forward passes over the calibration images in all: a float pass records
+each layer's target at its positions, then one quantized pass learns each layer's rounding in a
+hook just before the layer runs, so the layers after it see its rounded output (the sequential
+algorithm at the cost of one pass, like :func:`hwnas.quant.ptq.bias_correct`). Beta decays
+linearly (AIMET's along a cosine). Deterministic for a given ``seed`` on the CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from hwnas.quant.fake_quant import QuantConv2d, quant_layers, set_quantizers_enabled
+from torch import nn
+
+from hwnas.core.cooperate import yield_point
+from hwnas.core.errors import UserError
+
+__all__ = ["AdaRoundConfig", "adaround", "adaround_layer", "rectified_sigmoid"]
+
+_ZETA, _GAMMA = 1.1, -0.1  # the rectified sigmoid's stretch (AdaRound's zeta, gamma)
+_UNFOLD_BYTES = 1 << 26  # images unfolded at a time: about 64 MiB of patches
+
+
+@dataclass
+class AdaRoundConfig:
+    """Settings of :func:`adaround`: Adam steps per layer, output positions drawn per layer
+    (``samples``) and per step (``batch_size``), learning rate, the rounding regulariser's
+    weight, beta's annealing (start, end, fraction of steps before it starts) and the seed of
+    the position draws.
+
+    Examples:
+        >>> AdaRoundConfig(iterations=200).iterations
+        200
+    """
+
+    iterations: int = 500
+    samples: int = 16384
+    batch_size: int = 1024
+    lr: float = 1e-2
+    reg: float = 0.01
+    beta_start: float = 20.0
+    beta_end: float = 2.0
+    warmup: float = 0.2
+    seed: int = 0
+
+    def validate(self) -> None:
+        if min(self.iterations, self.samples, self.batch_size) < 1:
+            raise UserError(f"AdaRound needs positive iterations, samples and batch_size, got "
+                            f"{self.iterations}, {self.samples} and {self.batch_size}")
+        if not 0.0 <= self.warmup < 1.0:
+            raise UserError(f"AdaRound warmup must be in [0, 1), got {self.warmup}")
+        if self.lr <= 0 or self.reg < 0:
+            raise UserError(f"AdaRound needs lr > 0 and reg >= 0, got {self.lr} and {self.reg}")
+
+
+def rectified_sigmoid(v: torch.Tensor) -> torch.Tensor:
+    """``clamp(sigmoid(v) * (zeta - gamma) + gamma, 0, 1)``: reaches 0 and 1 exactly."""
+    return torch.clamp(torch.sigmoid(v) * (_ZETA - _GAMMA) + _GAMMA, 0.0, 1.0)
+
+
+def _inverse_rectified_sigmoid(h: torch.Tensor) -> torch.Tensor:
+    return -torch.log((_ZETA - _GAMMA) / (h - _GAMMA) - 1.0)
+
+
+def _groups(layer: nn.Module) -> int:
+    return layer.groups if isinstance(layer, QuantConv2d) else 1
+
+
+def _supported(layer: nn.Module) -> bool:
+    """Convolutions are unfolded into rows: zero padding given as numbers only."""
+    return not isinstance(layer, QuantConv2d) or (
+        layer.padding_mode == "zeros" and not isinstance(layer.padding, str))
+
+
+def _output_rows(layer: nn.Module, out: torch.Tensor) -> torch.Tensor:
+    """A layer's output as ``(positions, channels)``: all images and positions."""
+    if isinstance(layer, QuantConv2d):
+        return out.flatten(2).transpose(1, 2).reshape(-1, out.shape[1])
+    return out.reshape(-1, out.shape[-1])
+
+
+def _input_rows(layer: nn.Module, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The (input-quantized) patches behind output positions ``pos`` (indices into
+    :func:`_output_rows` of the layer's output on ``x``): ``(len(pos), groups, inputs per
+    group)``. Convolutions are unfolded a few images at a time."""
+    if not isinstance(layer, QuantConv2d):
+        return x.reshape(-1, x.shape[-1])[pos].unsqueeze(1)
+    per_row = layer.weight[0].numel() * layer.groups
+    rows = torch.empty(len(pos), per_row, dtype=x.dtype, device=x.device)
+    step, i = 1, 0
+    while i < len(x):
+        cols = F.unfold(x[i:i + step], layer.kernel_size, layer.dilation, layer.padding,
+                        layer.stride)  # (images, C*kh*kw, positions per image)
+        per_image = cols.shape[2]
+        cols = cols.transpose(1, 2).reshape(-1, per_row)
+        lo = i * per_image
+        inside = (pos >= lo) & (pos < lo + len(cols))
+        rows[inside] = cols[pos[inside] - lo]
+        i += step
+        step = max(1, _UNFOLD_BYTES // (per_row * per_image * x.element_size()))
+    return rows.view(len(pos), layer.groups, -1)
+
+
+def _rows_forward(layer: nn.Module, rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The layer's output at the positions of ``rows`` (see :func:`_input_rows`) with
+    ``weight``: ``(positions, out channels)``."""
+    g = rows.shape[1]
+    w = weight.reshape(g, weight.shape[0] // g, -1)
+    if w.shape[1] == 1:  # depthwise: one output per group
+        out = (rows * w[:, 0].unsqueeze(0)).sum(-1)
+    else:
+        out = torch.einsum("rgk,gok->rgo", rows, w).reshape(len(rows), -1)
+    return out + layer.bias.detach()
+
+
+def adaround_layer(layer: nn.Module, rows: torch.Tensor, target: torch.Tensor,
+                   config: AdaRoundConfig | None = None) -> dict[str, float]:
+    """Learn the rounding of one quant layer's weights so that its output on ``rows`` (its
+    input patches, input quantizer already applied: :func:`_input_rows`) matches ``target``
+    ``(positions, out channels)``; the layer's weight is replaced by the rounded
+    ``s * integer`` values. Returns the output MSE (summed over channels, mean over positions)
+    with nearest and with learned rounding (``{"mse_nearest", "mse_adaround"}``)."""
+    config = config or AdaRoundConfig()
+    config.validate()
+    wq = layer.weight_quant
+    if wq.is_float:
+        raise UserError("AdaRound needs a layer with quantized weights")
+    scale, _, qmin, qmax = wq.qparams()
+    shape = [-1] + [1] * (layer.weight.dim() - 1)
+    s = scale.detach().view(shape)
+    w = layer.weight.detach()
+    w_floor = torch.floor(w / s)
+    rest = (w / s - w_floor).clamp(1e-4, 1 - 1e-4)
+    v = nn.Parameter(_inverse_rectified_sigmoid(rest))
+
+    def weight_of(h: torch.Tensor) -> torch.Tensor:
+        return s * torch.clamp(w_floor + h, qmin, qmax)
+
+    def mse(weight: torch.Tensor) -> float:
+        with torch.no_grad():
+            return float((_rows_forward(layer, rows, weight) - target).pow(2).sum(1).mean())
+
+    before = mse(wq(w))
+    opt = torch.optim.Adam([v], lr=config.lr)
+    gen = torch.Generator().manual_seed(config.seed)
+    warm = int(config.warmup * config.iterations)
+    batch = min(config.batch_size, len(rows))
+    with torch.enable_grad():  # also when called under no_grad (PTQ's calibrate)
+        for step in range(config.iterations):
+            if step % 64 == 0:
+                yield_point()
+            idx = torch.randint(len(rows), (batch,), generator=gen).to(rows.device)
+            h = rectified_sigmoid(v)
+            out = _rows_forward(layer, rows[idx], weight_of(h))
+            loss = (out - target[idx]).pow(2).sum(1).mean()
+            if step >= warm:
+                frac = (step - warm) / max(1, config.iterations - warm)
+                beta = config.beta_start + frac * (config.beta_end - config.beta_start)
+                loss = loss + config.reg * (1 - (2 * h - 1).abs().pow(beta)).sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        layer.weight.copy_(weight_of((v >= 0).to(w.dtype)))  # h(v) >= 0.5 <=> v >= 0
+    return {"mse_nearest": before, "mse_adaround": mse(wq(layer.weight.detach()))}
+
+
+def adaround(qmodel: nn.Module, xs: Sequence[torch.Tensor],
+             config: AdaRoundConfig | None = None) -> dict[str, dict[str, float]]:
+    """AdaRound every quant layer of a calibrated fake-quant model (activation ranges and
+    weight scales set, see :func:`hwnas.quant.ptq.calibrate`), in module order, on the
+    calibration inputs ``xs`` (run as one batch). Layers with float weights, and convolutions
+    whose padding is not zeros given as numbers, keep nearest rounding. Modifies ``qmodel``'s weights in
+    place; returns ``{layer: {"mse_nearest", "mse_adaround"}}``.
+
+    Examples:
+        >>> import torch
+        >>> from hwnas.quant import uniform
+        >>> from hwnas.quant.ptq import PTQConfig, ptq
+        >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(),
+        ...                             torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10)).eval()
+        >>> x = torch.randn(32, 1, 8, 8)
+        >>> qmodel = ptq(model, uniform(model, 4, 8), [x], PTQConfig(bias_correction=False))
+        >>> report = adaround(qmodel, [x], AdaRoundConfig(iterations=50))
+        >>> sorted(report)
+        ['0', '3']
+    """
+    config = config or AdaRoundConfig()
+    config.validate()
+    if not xs:
+        raise UserError("AdaRound needs calibration inputs")
+    x = torch.cat(list(xs)) if len(xs) > 1 else xs[0]
+    layers = [(i, n, m) for i, (n, m) in enumerate(quant_layers(qmodel))
+              if not m.weight_quant.is_float and _supported(m)]
+    positions: dict[str, torch.Tensor] = {}
+    targets: dict[str, torch.Tensor] = {}
+
+    def record(index, name):
+        def hook(module, _inputs, out):
+            yield_point()
+            if name in targets:
+                return
+            rows = _output_rows(module, out.detach())
+            gen = torch.Generator().manual_seed(config.seed * 100003 + index)
+            pos = torch.randperm(len(rows), generator=gen)[:config.samples].to(rows.device)
+            positions[name], targets[name] = pos, rows[pos].clone()
+        return hook
+
+    report: dict[str, dict[str, float]] = {}
+
+    def learn(name):
+        def hook(module, inputs):
+            if name in report or name not in targets:
+                return
+            yield_point()
+            with torch.no_grad():
+                rows = _input_rows(module, module.input_quant(inputs[0].detach()),
+                                   positions[name])
+            report[name] = adaround_layer(module, rows, targets.pop(name), config)
+        return hook
+
+    was_training = qmodel.training
+    qmodel.eval()
+    try:
+        with torch.no_grad():
+            handles = [m.register_forward_hook(record(i, n)) for i, n, m in layers]
+            set_quantizers_enabled(qmodel, False)
+            try:
+                qmodel(x)
+            finally:
+                for h in handles:
+                    h.remove()
+                set_quantizers_enabled(qmodel, True)
+            handles = [m.register_forward_pre_hook(learn(n)) for _, n, m in layers]
+            try:
+                qmodel(x)
+            finally:
+                for h in handles:
+                    h.remove()
+    finally:
+        qmodel.train(was_training)
+    missing = [n for _, n, _ in layers if n not in report]
+    if missing:
+        raise UserError(f"AdaRound: layer {missing[0]!r} was not run by the model's forward")
+    return report
