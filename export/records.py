@@ -79,6 +79,10 @@ class ExportSettings:
     #: labelled test images written to ``verify/<name>.npz`` with each file's top-1 here, for
     #: ``latency/ondevice.py --verify`` on the target (0: none)
     verify_images: int = 256
+    #: how PTQ rounds the weights: "nearest", or "adaround" (learned rounding,
+    #: :mod:`hwnas.quant.adaround`: about 10x PTQ's CPU time; what W4A8 files need to stay within
+    #: a point of FP32, benchmarks/quant_peers.md)
+    rounding: str = "nearest"
 
     def validate(self) -> None:
         for name in ("opset", "policy_batch",
@@ -109,6 +113,11 @@ class ExportSettings:
                 or self.verify_images < 0:
             raise UserError(f"export setting verify_images must be an integer >= 0 (0: none), "
                             f"got {self.verify_images!r}")
+        from hwnas.quant.ptq import ROUNDINGS
+
+        if self.rounding not in ROUNDINGS:
+            raise UserError(f"export setting rounding {self.rounding!r}; expected one of "
+                            f"{list(ROUNDINGS)}")
         from hwnas.supernet.train import check_torch_device
 
         check_torch_device(str(self.device))  # one line for a typo or a missing GPU

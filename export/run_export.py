@@ -330,7 +330,7 @@ def _prepare(run_dir: Path, cfg: SearchConfig, settings: Any, rows: list[ModelRo
     data = replay_splits(cfg, payload, str(rd.supernet))
     t1 = time.perf_counter()
     calib_batches = cfg.calib_batches
-    ptq_config = PTQConfig(max_images=cfg.ptq_images, seed=seed)
+    ptq_config = PTQConfig(max_images=cfg.ptq_images, seed=seed, rounding=settings.rounding)
     bn_batches = bn_calibration_batches(data, calib_batches, seed=seed, device=torch_device)
     ptq_batches = calibration_batches(
         BatchLoader(data.train, batch_size=128, mean=data.mean, std=data.std, shuffle=True,

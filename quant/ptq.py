@@ -1,25 +1,8 @@
 """Post-training quantization: apply a policy to a model, calibrate ranges, correct biases.
 
 ``ptq(model, policy, batches)`` returns a *new* fake-quantized model and never touches
-``model``:
-
-1. :func:`quantize_model` validates the policy against the model, folds BatchNorm into a copy
-   (:func:`hwnas.quant.fold.fold_bn`) and replaces each Conv2d/Linear by a QuantConv2d/QuantLinear at
-   the policy's bit-widths; weight scales are set per channel right away (they need no data).
-2. :func:`calibrate` runs the float network (quantizers off) over up to ``max_images``
-   calibration images, observes the input of every quantized layer and sets its activation
-   range with the chosen observer (min-max, percentile, MSE); weights use min-max or per-channel
-   MSE.
-3. Empirical bias correction (Nagel et al., 2019, "Data-Free Quantization", empirical variant):
-   layer by layer, in network order, the mean per-channel output of the quantized network (with
-   the layers before it already corrected) is compared with the float network's on the
-   calibration images and the difference is added to the layer's bias. Done in one quantized
-   forward pass over all calibration images as one batch (see :func:`bias_correct`), so keep
-   ``max_images`` at a few hundred for large inputs.
-
-With ``rounding="adaround"`` the weights' rounding is learned between steps 2 and 3
-(:mod:`hwnas.quant.adaround`, layer by layer on the calibration images; what W4A8 needs);
-bias correction then compares with the float network's original weights.
+``model``: the policy applied (BatchNorm folded), ranges calibrated, optionally the weights'
+rounding learned (AdaRound), biases corrected; :func:`ptq` gives the steps.
 
 Bad input (policy for another model, bits outside the supported set, empty calibration data,
 batches the model cannot take) raises UserError before anything is returned; ``model`` is
@@ -463,7 +446,7 @@ def _float_means(qmodel: nn.Module, xs: list[torch.Tensor]) -> dict[str, torch.T
 @torch.no_grad()
 def bias_correct(qmodel: nn.Module, xs: list[torch.Tensor], *,
                  float_means: dict[str, torch.Tensor] | None = None) -> None:
-    """Empirical bias correction, layer by layer in forward order (see the module docstring).
+    """Empirical bias correction, layer by layer in forward order (step 3 of :func:`ptq`).
 
     Two passes over all calibration images as one batch: a float pass records each layer's
     per-channel output mean; in the quantized pass, a hook on each layer adds the difference to
@@ -503,7 +486,26 @@ def ptq(model: nn.Module, policy: QuantPolicy, batches: Iterable, config: PTQCon
         *, example_input: torch.Tensor | None = None) -> nn.Module:
     """Post-training quantization of ``model`` under ``policy``; returns a new model in eval
     mode. ``batches``: calibration data, ``(x, y)`` pairs or tensors (e.g. a BatchLoader over
-    training images without augmentation)."""
+    training images without augmentation).
+
+    1. :func:`quantize_model` validates the policy against the model, folds BatchNorm into a copy
+       (:func:`hwnas.quant.fold.fold_bn`) and replaces each Conv2d/Linear by a
+       QuantConv2d/QuantLinear at the policy's bit-widths; weight scales are set per channel
+       right away (they need no data).
+    2. :func:`calibrate` runs the float network (quantizers off) over up to ``max_images``
+       calibration images, observes the input of every quantized layer and sets its activation
+       range with the chosen observer (min-max, percentile, MSE); weights use min-max or per-channel
+       MSE.
+    3. Empirical bias correction (Nagel et al., 2019, "Data-Free Quantization", empirical variant):
+       layer by layer, in network order, the mean per-channel output of the quantized network (with
+       the layers before it already corrected) is compared with the float network's on the
+       calibration images and the difference is added to the layer's bias. Done in one quantized
+       forward pass over all calibration images as one batch (see :func:`bias_correct`), so keep
+       ``max_images`` at a few hundred for large inputs.
+
+    With ``rounding="adaround"`` the weights' rounding is learned between steps 2 and 3
+    (:mod:`hwnas.quant.adaround`, layer by layer on the calibration images; what W4A8 needs);
+    bias correction then compares with the float network's original weights."""
     config = config or PTQConfig()
     config.validate()
     qmodel = quantize_model(model, policy, residual=config.residual, add_bits=config.add_bits,

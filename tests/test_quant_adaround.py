@@ -99,3 +99,11 @@ def test_bad_settings_are_refused(kwargs):
         PTQConfig(**kwargs).validate()
     with pytest.raises(UserError):
         AdaRoundConfig(iterations=0).validate()
+
+
+def test_export_setting_rounding_is_checked() -> None:
+    from hwnas.export.model_export import ExportSettings
+
+    ExportSettings(rounding="adaround").validate()
+    with pytest.raises(UserError, match="rounding 'learned'"):
+        ExportSettings(rounding="learned").validate()
