@@ -1,32 +1,12 @@
 """AdaRound: learned up-or-down rounding of quantized weights, layer by layer, on calibration images.
 
-Nagel et al., 2020, "Up or Down? Adaptive Rounding for Post-Training Quantization". Rounding each
-weight to the nearest grid point minimises the weight error, not the layer's output error; at 4
-bits the difference costs about a point of CIFAR-10 top-1 on the mbv3 subnets
-(``benchmarks/quant_peers.md``). For each quantized Conv2d/Linear in module order, its weight
-scales fixed (set by the weight observer), a soft choice ``h`` in [0, 1] per weight (a rectified
-sigmoid of a learned ``V``) between floor and ceiling is trained with Adam:
-
-    w~ = s * clamp(floor(w / s) + h(V), qmin, qmax)
-    loss = mean over positions of sum over channels (layer(x_q; w~) - layer_fp(x_fp))^2
-           + reg * sum(1 - |2h - 1|^beta),   beta annealed from 20 to 2 after a warm-up
-
-``x_q`` is the layer's input in the quantized network with every layer before it already rounded
-(activation quantizers on, so errors before it are compensated), ``layer_fp(x_fp)`` the float
-network's output of that layer (AdaRound's asymmetric reconstruction; AIMET's loss scaling).
-At the end ``h`` is rounded to {0, 1} and the weight is stored as ``s * integer``: the model's
-ordinary fake quantizer (nearest rounding, same scale and grid) then gives back exactly the
-learned integers, so every exporter and the portable 7-bit grid
-(:func:`hwnas.quant.ptq.int16_safe_layers`, the grid is read from the quantizer) apply unchanged.
-
-The loss is taken on ``samples`` output positions drawn once per layer (seeded) from all
-calibration images and positions (a convolution's input patches unfolded into rows, so each
-Adam step is a small matrix product instead of a convolution over whole images), ``batch_size``
-of them per step. Two forward passes over the calibration images in all: a float pass records
-each layer's target at its positions, then one quantized pass learns each layer's rounding in a
-hook just before the layer runs, so the layers after it see its rounded output (the sequential
-algorithm at the cost of one pass, like :func:`hwnas.quant.ptq.bias_correct`). Beta decays
-linearly (AIMET's along a cosine). Deterministic for a given ``seed`` on the CPU.
+Nagel et al., 2020, "Up or Down? Adaptive Rounding for Post-Training Quantization". Rounding
+each weight to the nearest grid point minimises the weight error, not the layer's output error;
+at 4 bits the difference costs about a point of CIFAR-10 top-1 on the mbv3 subnets
+(``benchmarks/quant_peers.md``). Each layer's soft up/down choices are trained with Adam on its
+output error, then stored on the ordinary weight grid, so every exporter and the portable 7-bit
+grid apply unchanged (:class:`AdaRoundConfig` gives the loss, the sampling of positions and the
+cost).
 """
 
 from __future__ import annotations
@@ -54,6 +34,33 @@ class AdaRoundConfig:
     (``samples``) and per step (``batch_size``), learning rate, the rounding regulariser's
     weight, beta's annealing (start, end, fraction of steps before it starts) and the seed of
     the position draws.
+
+    For each quantized Conv2d/Linear in module order, its weight scales fixed (set by the weight
+    observer), a soft choice ``h`` in [0, 1] per weight (a rectified sigmoid of a learned ``V``)
+    between floor and ceiling is trained with Adam:
+
+        w~ = s * clamp(floor(w / s) + h(V), qmin, qmax)
+        loss = mean over positions of sum over channels (layer(x_q; w~) - layer_fp(x_fp))^2
+               + reg * sum(1 - |2h - 1|^beta),   beta annealed from 20 to 2 after a warm-up
+
+    ``x_q`` is the layer's input in the quantized network with every layer before it already
+    rounded (activation quantizers on, so errors before it are compensated), ``layer_fp(x_fp)``
+    the float network's output of that layer (AdaRound's asymmetric reconstruction; AIMET's loss
+    scaling). At the end ``h`` is rounded to {0, 1} and the weight is stored as ``s * integer``:
+    the model's ordinary fake quantizer (nearest rounding, same scale and grid) then gives back
+    exactly the learned integers, so every exporter and the portable 7-bit grid
+    (:func:`hwnas.quant.ptq.int16_safe_layers`, the grid is read from the quantizer) apply
+    unchanged.
+
+    The loss is taken on ``samples`` output positions drawn once per layer (seeded) from all
+    calibration images and positions (a convolution's input patches unfolded into rows, so each
+    Adam step is a small matrix product instead of a convolution over whole images),
+    ``batch_size`` of them per step. Two forward passes over the calibration images in all: a
+    float pass records each layer's target at its positions, then one quantized pass learns each
+    layer's rounding in a hook just before the layer runs, so the layers after it see its
+    rounded output (the sequential algorithm at the cost of one pass, like
+    :func:`hwnas.quant.ptq.bias_correct`). Beta decays linearly (AIMET's along a cosine).
+    Deterministic for a given ``seed`` on the CPU.
 
     Examples:
         >>> AdaRoundConfig(iterations=200).iterations
