@@ -38,7 +38,14 @@ def _spin(stop: float) -> None:
 MODES = {"spin": {"OMP_NUM_THREADS": str(os.cpu_count()), "OMP_WAIT_POLICY": "ACTIVE"},
          "passive": {"OMP_NUM_THREADS": str(os.cpu_count()), "OMP_WAIT_POLICY": "PASSIVE"},
          "one": {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": None},
-         "hwnas": {"OMP_NUM_THREADS": None, "OMP_WAIT_POLICY": None}}
+         "hwnas": {"OMP_NUM_THREADS": None, "OMP_WAIT_POLICY": None},
+         # libgomp: spin this many times at a barrier, then sleep (the policy left unset)
+         "spin10k": {"OMP_NUM_THREADS": str(os.cpu_count()), "OMP_WAIT_POLICY": None,
+                     "GOMP_SPINCOUNT": "10000"},
+         "spin100k": {"OMP_NUM_THREADS": str(os.cpu_count()), "OMP_WAIT_POLICY": None,
+                      "GOMP_SPINCOUNT": "100000"},
+         "passive10k": {"OMP_NUM_THREADS": str(os.cpu_count()), "OMP_WAIT_POLICY": "PASSIVE",
+                        "GOMP_SPINCOUNT": "10000"}}
 
 
 def _bench(steps: int, mode: str) -> float:

@@ -135,7 +135,10 @@ def test_torch_thread_defaults_use_the_free_cores_and_passive_waiting(monkeypatc
     monkeypatch.setattr(affinity, "supported", lambda: False)
     env: dict[str, str] = {}
     assert affinity.torch_thread_defaults(env) == {"OMP_NUM_THREADS": "2",
-                                                   "OMP_WAIT_POLICY": "PASSIVE"}
+                                                   "OMP_WAIT_POLICY": "PASSIVE",
+                                                   "GOMP_SPINCOUNT": "10000"}
+    spin = {"GOMP_SPINCOUNT": "0"}  # a wait setting of the user's: neither is touched
+    assert "OMP_WAIT_POLICY" not in affinity.torch_thread_defaults(spin)
     monkeypatch.setattr(affinity.os, "getloadavg", lambda: (40.0, 0.0, 0.0))
     assert affinity.free_cores() == 1  # never none
     mine = {"OMP_NUM_THREADS": "3", "OMP_WAIT_POLICY": "ACTIVE"}

@@ -66,6 +66,11 @@ def pinned(cores: int | None) -> Iterator[frozenset[int] | None]:
                 continue
 
 
+#: libgomp's spins at a barrier before a thread sleeps: as fast as spinning on a quiet machine,
+#: as robust as sleeping on a busy one (benchmarks/contention.md)
+SPIN_COUNT = 10_000
+
+
 def free_cores() -> int:
     """The cores this process may use (its affinity) that other work is not using now: the
     machine's cores less its 1-minute load average, at least 1."""
@@ -79,15 +84,18 @@ def free_cores() -> int:
 
 def torch_thread_defaults(environ: dict[str, str] | None = None) -> dict[str, str]:
     """What a command that trains or evaluates with torch sets before torch starts, where the
-    user set nothing: one OpenMP thread per free core (:func:`free_cores`) and threads that
-    sleep while they wait (``OMP_WAIT_POLICY=PASSIVE``). On a busy machine, one thread per core
-    spinning at every barrier made training about 10x slower than one thread
-    (benchmarks/contention.md). Returns what it set; an ``OMP_*`` variable already set wins."""
+    user set nothing: one OpenMP thread per free core (:func:`free_cores`), threads that sleep
+    while they wait (``OMP_WAIT_POLICY=PASSIVE``) after a short spin (``GOMP_SPINCOUNT=10000``,
+    libgomp's, which torch's Linux wheels use). On a busy machine, threads spinning at every
+    barrier made training about 10x slower than one thread; on a quiet one, sleeping at once
+    was 1.5x slower than spinning, the short spin as fast (benchmarks/contention.md). Returns
+    what it set; a variable the user set wins (either wait setting keeps both as they are)."""
     environ = os.environ if environ is None else environ
     chosen = {}
     if "OMP_NUM_THREADS" not in environ:
         chosen["OMP_NUM_THREADS"] = str(free_cores())
-    if "OMP_WAIT_POLICY" not in environ:
+    if "OMP_WAIT_POLICY" not in environ and "GOMP_SPINCOUNT" not in environ:
         chosen["OMP_WAIT_POLICY"] = "PASSIVE"
+        chosen["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
     environ.update(chosen)
     return chosen
