@@ -183,7 +183,7 @@ def adaround_layer(layer: nn.Module, rows: torch.Tensor, target: torch.Tensor,
         for step in range(config.iterations):
             if step % 64 == 0:
                 yield_point()
-            idx = torch.randint(len(rows), (batch,), generator=gen).to(rows.device)
+            idx = torch.randint(len(rows), (batch,), generator=gen, device="cpu").to(rows.device)
             h = rectified_sigmoid(v)
             out = _rows_forward(layer, rows[idx], weight_of(h))
             loss = (out - target[idx]).pow(2).sum(1).mean()
@@ -236,7 +236,8 @@ def adaround(qmodel: nn.Module, xs: Sequence[torch.Tensor],
                 return
             rows = _output_rows(module, out.detach())
             gen = torch.Generator().manual_seed(config.seed * 100003 + index)
-            pos = torch.randperm(len(rows), generator=gen)[:config.samples].to(rows.device)
+            pos = torch.randperm(len(rows), generator=gen, device="cpu")[:config.samples]
+            pos = pos.to(rows.device)
             positions[name], targets[name] = pos, rows[pos].clone()
         return hook
 

@@ -40,7 +40,7 @@ SMALL: dict[str, tuple[dict, int]] = {
     "vit": ({"tokenizer_channels": [8], "embed_choices": [16, 24], "depth_choices": [1, 2],
              "heads_choices": [1, 2], "mlp_ratio_choices": [1.0, 2.0], "head_dim": 8}, 8),
 }
-POLICIES = ("int8", "mixed", "int8-shared-adds")
+POLICIES = ("int8", "mixed", "int8-shared-adds", "mixed-adaround")
 
 
 def _small_space(name: str):
@@ -85,7 +85,7 @@ def _policy(setup: _Setup, kind: str):
     from hwnas.quant.policy import SUPPORTED_BITS, QuantPolicy, uniform
 
     policy = uniform(setup.model, 8, 8)
-    if kind == "mixed":  # every supported width, float included, spread over the layers
+    if kind.startswith("mixed"):  # every supported width, float included, spread over the layers
         rng = np.random.default_rng(0)
         policy = QuantPolicy({n: (int(rng.choice(SUPPORTED_BITS)), int(rng.choice(SUPPORTED_BITS)))
                               for n in policy.bits})
@@ -123,7 +123,7 @@ def test_float_paths_keep_to_the_model_device(setup) -> None:
 def test_quantized_paths_keep_to_the_model_device(setup, kind: str) -> None:
     """PTQ (calibration, bias correction), a forward, LSQ QAT steps from a teacher and the
     measured sensitivity, with the default device foreign; then the result after ``.to()``.
-    On vit, int8 covers the attention products (QuantMatMul)."""
+    On vit, int8 covers the attention products (QuantMatMul); mixed-adaround, learned rounding."""
     from hwnas.quant.fake_quant import QuantMatMul, quantizers
     from hwnas.quant.ptq import PTQConfig, ptq
     from hwnas.quant.qat import QATConfig, qat
@@ -131,7 +131,9 @@ def test_quantized_paths_keep_to_the_model_device(setup, kind: str) -> None:
 
     s = setup
     policy = _policy(s, kind)
-    ptq_config = PTQConfig(residual="shared" if kind == "int8-shared-adds" else "float")
+    ptq_config = PTQConfig(residual="shared" if kind == "int8-shared-adds" else "float",
+                           rounding="adaround" if kind == "mixed-adaround" else "nearest",
+                           adaround_iterations=2)
     teacher = s.supernet.extract(s.space.largest()).eval()
     with foreign_default_device():
         qmodel = ptq(s.model, policy, s.batches, ptq_config)
