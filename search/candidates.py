@@ -1,0 +1,157 @@
+"""What the screening sampler works on (:mod:`hwnas.search.screening`): the interface of its
+candidates (:class:`CandidateSpace`), its settings (:class:`ScreeningConfig`), the candidate
+pool with the candidates' cheap values and constraint violations, and the trials it has seen."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from hwnas.core.errors import UserError
+
+__all__ = ["CandidatePool", "CandidateSpace", "CheapConstraints", "CheapObjectives",
+           "ScreeningConfig", "STARTUPS", "TrialHistory"]
+
+
+#: ``cheap(archs) -> array (len(archs), k)`` (or ``(len(archs),)`` when k = 1): the values of
+#: the cheap objectives, in the order of ``cheap_indices``; or a pair ``(values, std)`` where a
+#: predictor knows its uncertainty (``std`` of the same shape, or ``None``).
+CheapObjectives = Callable[[Sequence[Any]], np.ndarray]
+#: ``constraints(archs) -> array (len(archs), m)``: the values of the cheap constraints, in the
+#: order of ``constraint_names``, in Optuna's convention (<= 0 feasible)
+CheapConstraints = Callable[[Sequence[Any]], np.ndarray]
+
+
+class CandidateSpace(Protocol):
+    """What the sampler reads of a space of candidates (every :class:`SearchSpace` has it;
+    ``all_architectures()`` is optional: a space that enumerates itself)."""
+
+    def sample(self, rng: np.random.Generator) -> Any: ...
+    def to_string(self, cand: Any) -> str: ...
+    def from_string(self, text: str) -> Any: ...
+    def encode(self, cand: Any) -> np.ndarray: ...
+    def to_params(self, cand: Any) -> dict[str, Any]: ...
+    def suggest(self, trial: Any) -> Any: ...
+
+
+
+
+
+
+# ------------------------------------------------------------------------------------------------
+# the sampler
+# ------------------------------------------------------------------------------------------------
+
+
+STARTUPS = ("random", "stratified", "cheap_front")
+
+
+@dataclass(frozen=True)
+class ScreeningConfig:
+    """Settings of :class:`ScreeningSampler` (defaults chosen on NAS-Bench-201 development
+    devices - HELP's validation devices and four of its meta-training devices - see
+    ``benchmarks/search_nb201.md``)."""
+
+    #: completed trials before the surrogate is used (random candidates until then)
+    n_startup_trials: int = 10
+    #: the whole space is the pool when the space enumerates itself and has at most this many
+    max_pool: int = 20_000
+    #: size of the random pool otherwise (refreshed at every refit)
+    pool_size: int = 5_000
+    #: fraction of a refreshed random pool made of mutations of the current front
+    mutation_fraction: float = 0.5
+    #: refit the GP hyper-parameters when the evaluations have grown by this factor
+    refit_growth: float = 1.1
+    #: the worst fraction of observed values is clipped to that quantile before fitting
+    floor_quantile: float = 0.2
+    #: length-scale grid: 2 l^2 = factor x the median squared distance between candidates
+    length_factors: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
+    #: noise grid (variance relative to the output scale)
+    noises: tuple[float, ...] = (1e-3, 1e-2, 1e-1, 0.3)
+    #: confidence multiplier of the optimistic scalarization (3+ objectives)
+    ucb_beta: float = 1.0
+    #: multiplier of the cheap objectives' standard deviations, when the callable gives them.
+    #: 0 (default) trusts the predicted values: on the NAS-Bench-201 benchmark the few-shot
+    #: latency predictor's own standard deviation (scale 1) made the search worse
+    cheap_std_scale: float = 0.0
+    #: how the start-up candidates are drawn: "random" (uniform over the pool), "stratified"
+    #: (one from each of ``n_startup_trials`` quantile bins of the first cheap objective, so
+    #: that the first evaluations span the cheap objective's range) or "cheap_front" (spread
+    #: along the front of the first cheap objective vs FLOPs, :mod:`hwnas.search.startup`;
+    #: random where the space counts no FLOPs or no objective is cheap). "cheap_front" beat
+    #: "random" on the development devices but not on HELP's test devices, so it is an option
+    startup: str = "random"
+    #: how many candidates the "cheap_front" start-up evaluates (all of them, before the
+    #: surrogate chooses; at least ``n_startup_trials`` trials start up in any case)
+    cheap_front_trials: int = 15
+    #: the surrogate's mean is linear in the (standardized, log where positive) cheap
+    #: objectives instead of constant: what the cheap objectives say of accuracy is learned
+    #: from the first evaluations and extrapolated to the whole pool
+    cheap_trend: bool = False
+    #: the surrogate's mean is linear in the candidate's log FLOPs as well (where the space
+    #: counts them, :func:`hwnas.search.startup.size_prior`): larger networks are more accurate
+    size_trend: bool = False
+    #: multiplier of the surrogate's standard deviation in the acquisition (1: as fitted)
+    explore: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.n_startup_trials < 1 or self.cheap_front_trials < 1:
+            raise UserError(f"n_startup_trials = {self.n_startup_trials}, cheap_front_trials = "
+                            f"{self.cheap_front_trials}; expected >= 1")
+        if self.max_pool < 1 or self.pool_size < 2:
+            raise UserError("max_pool and pool_size must be positive (pool_size >= 2)")
+        if not 0.0 <= self.mutation_fraction <= 1.0:
+            raise UserError(f"mutation_fraction = {self.mutation_fraction}; expected 0..1")
+        if self.refit_growth <= 1.0:
+            raise UserError(f"refit_growth = {self.refit_growth}; expected > 1")
+        if not 0.0 <= self.floor_quantile < 1.0:
+            raise UserError(f"floor_quantile = {self.floor_quantile}; expected in [0, 1)")
+        if self.cheap_std_scale < 0:
+            raise UserError(f"cheap_std_scale = {self.cheap_std_scale}; expected >= 0")
+        if self.startup not in STARTUPS:
+            raise UserError(f"startup = {self.startup!r}; expected one of {list(STARTUPS)}")
+        if not self.explore > 0:
+            raise UserError(f"explore = {self.explore}; expected > 0")
+        if not self.length_factors or not self.noises:
+            raise UserError("length_factors and noises must not be empty")
+
+
+@dataclass
+class CandidatePool:
+    archs: list[Any]
+    keys: list[str]
+    index: dict[str, int]
+    features: np.ndarray
+    cheap: np.ndarray  # N x k (k may be 0)
+    cheap_sd: np.ndarray  # N x k, zeros where the callable gives no uncertainty
+    enumerated: bool = False
+    #: N x m values of the cheap constraints (<= 0 feasible); m may be 0
+    violation: np.ndarray | None = None
+    #: N x k trend features of the surrogate's mean (the cheap objectives, standardized)
+    trend: np.ndarray | None = None
+
+    @property
+    def feasible(self) -> np.ndarray:
+        if self.violation is None or self.violation.shape[1] == 0:
+            return np.ones(len(self.keys), dtype=bool)
+        return np.all(self.violation <= 0, axis=1)
+
+    @property
+    def excess(self) -> np.ndarray:
+        """Total violation, each constraint in units of its spread over the pool."""
+        if self.violation is None or self.violation.shape[1] == 0:
+            return np.zeros(len(self.keys))
+        v = self.violation
+        span = np.where(np.ptp(v, axis=0) > 0, np.ptp(v, axis=0), 1.0)
+        return np.sum(np.maximum(v, 0.0) / span, axis=1)
+
+
+@dataclass
+class TrialHistory:
+    numbers: list[int] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    values: list[list[float]] = field(default_factory=list)
+    constraints: list[dict[str, float]] = field(default_factory=list)
