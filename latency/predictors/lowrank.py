@@ -27,7 +27,7 @@ from hwnas.latency.predictors.features import (
     features,
     pair_products,
 )
-from hwnas.latency.predictors.meta import DesignedPredictor, _ridge, greedy_design
+from hwnas.latency.predictors.designed import DesignedPredictor, greedy_design, ridge_fit
 
 from hwnas.core.errors import UserError
 
@@ -191,13 +191,13 @@ class LowRankPredictor(DesignedPredictor):
             for v in variants:
                 X = mats[v][0][has]
                 tr = half[has]
-                c, b = _ridge(X[tr], y[tr], self.surrogate_ridge)
+                c, b = ridge_fit(X[tr], y[tr], self.surrogate_ridge)
                 err[v] = float(np.mean((X[~tr] @ c + b - y[~tr]) ** 2))
             v = min(err, key=err.get)
             chosen.append(v)
             for t in self.targets:
                 yt = np.log(y) if t == "log" else y
-                c, b = _ridge(mats[v][0][has], yt, self.surrogate_ridge)
+                c, b = ridge_fit(mats[v][0][has], yt, self.surrogate_ridge)
                 level = float(np.mean(mats[v][0] @ c + b))  # over every architecture given
                 if t == "log":
                     W[t].append(np.append(c, b - level))
