@@ -13,7 +13,31 @@ from typing import Any
 import numpy as np
 from hwnas.latency.predictors.features import features
 
-__all__ = ["HammingGP", "MixedGP", "cell_features", "evidence"]
+__all__ = ["DEFAULT_RESIDUAL", "RESIDUALS", "RESIDUAL_FOLDS", "RESIDUAL_FOLDS_AGAINST",
+           "RESIDUAL_MIN", "HammingGP", "MixedGP", "cell_features", "evidence"]
+
+#: residual learners (``MetaPredictor(residual=)``): ``kernel``, a GP on the architectures'
+#: encodings whose covariance falls with the number of positions that differ (every order of
+#: interaction between positions); ``mixed``, a GP whose covariance adds to that kernel pairs of
+#: positions and whole-network terms (op counts and their products, layer sums: compute and
+#: memory traffic), each chosen by marginal likelihood; ``gbm``, gradient-boosted trees
+#: (scikit-learn) on the encoding, per-layer-kind sums and FLOPs; ``off``, none
+RESIDUALS = ("off", "kernel", "gbm", "mixed")
+#: what a new predictor uses: none. Chosen on the family protocol (38 leave-one-family-out
+#: folds of NB-201 and FBNet and the two new CPU runtime families, 20-100 measurements): every
+#: residual learner lost to the prior alone on some family (up to 0.10 Spearman on a runtime
+#: unlike the training families) and gained at most 0.001 on the mean (latency_lofo.md, "The
+#: residual learner chosen on the families")
+DEFAULT_RESIDUAL = "off"
+#: the residual learner is fitted from this many measurements on (below, its own
+#: cross-validation has too little to weigh it by, and the prior alone is better)
+RESIDUAL_MIN = 20
+#: folds of the residual learner's cross-validation, which sets its weight
+RESIDUAL_FOLDS = 5
+#: the residual learner gets no weight when more than this many folds lose by it (a gain that
+#: only some folds see is a few measurements' noise; 1 halved the worst family's loss of both
+#: kernels on the family protocol against no such check)
+RESIDUAL_FOLDS_AGAINST = 1
 
 
 def evidence(K: np.ndarray, noise: float, rc: np.ndarray) -> tuple[float, np.ndarray]:
