@@ -136,13 +136,15 @@ class DivergenceReport:
     test accuracy of the graph minus the reference's (points; None without labels).
     ``rounding`` says whether the disagreements are float-rounding flips on near-tied logits,
     not an export error: most images exact, every confident one (but ``1 - min_agreement``)
-    agreeing, and no accuracy lost beyond ``max_accuracy_drop``."""
+    agreeing, and no accuracy lost beyond ``max_accuracy_drop`` (``predictions_kept``: those
+    last two)."""
 
     exact_share: float
     confident: int
     confident_agreement: float | None
     accuracy_delta: float | None
     rounding: bool
+    predictions_kept: bool = True
 
     def describe(self) -> str:
         conf = (f"{100 * self.confident_agreement:.1f}% agreement on the {self.confident} "
@@ -179,11 +181,11 @@ def divergence_of(got: np.ndarray, expected: np.ndarray, labels: np.ndarray | No
     if labels is not None:
         labels = np.asarray(labels)
         delta = float(100.0 * (np.mean(got.argmax(1) == labels) - np.mean(expected.argmax(1) == labels)))
-    rounding = (n > 0 and float(exact.mean()) >= MIN_EXACT_SHARE
-                and (conf_agreement is None or conf_agreement >= min_agreement)
-                and (delta is None or max_accuracy_drop is None or delta >= -max_accuracy_drop))
+    kept = ((conf_agreement is None or conf_agreement >= min_agreement)
+            and (delta is None or max_accuracy_drop is None or delta >= -max_accuracy_drop))
+    rounding = n > 0 and float(exact.mean()) >= MIN_EXACT_SHARE and kept
     return DivergenceReport(float(exact.mean()) if n else 0.0, int(confident.sum()),
-                            conf_agreement, delta, bool(rounding))
+                            conf_agreement, delta, bool(rounding), bool(n > 0 and kept))
 
 
 def check_parity(

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
+from hwnas.export.code_trace import trace_codes
 from hwnas.export.onnx_export import InputSpec, divergence_of, parity_of
 from hwnas.export.ort_profile import LayerIndex, integer_kernel_check
 from hwnas.export.passes import ImagePasses
@@ -133,10 +134,19 @@ def verify_qdq(proto: onnx.ModelProto, build: QdqBuild, passes: ImagePasses, rep
         shown = (f"top-1 agreement with the {report.reference} "
                  f"{100 * parity.top1_agreement:.2f}% < {100 * s.min_agreement:.0f}% on "
                  f"{parity.n} images (max diff {parity.max_abs_diff:.3g}; {why.describe()})")
-        if not why.rounding:
+        if why.rounding:
+            report.parity_note = (f"{shown}: float-rounding flips on near-tied logits, not an "
+                                  f"export error")
+        elif not why.predictions_kept:
             raise UserError(f"quantized parity failed: {shown}")
-        report.parity_note = (f"{shown}: float-rounding flips on near-tied logits, not an export "
-                              f"error")
+        else:  # every image moved a little: flips carried by float ops, or a real error?
+            ref = build.reference(requantize=requantize)
+            with ref as deployed:
+                trace = trace_codes(data, deployed, passes.x, requant=ref.requant_points())
+            if not trace.starts_as_flips:
+                raise UserError(f"quantized parity failed: {shown}; {trace.describe()}")
+            report.parity_note = (f"{shown}: {trace.describe()}, carried to near-tied logits, "
+                                  f"not an export error")
     if require_integer and islands:
         raise UserError(f"{len(islands)} quantized layer(s) did not become integer kernels after "
                         f"onnxruntime's optimizations: {'; '.join(islands[:3])}"

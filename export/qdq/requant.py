@@ -52,11 +52,8 @@ class DeployedReference:
                 module.bias.copy_((torch.round(module.bias.double() / b_scale.double())
                                    * b_scale.double()).to(module.bias.dtype))
         rw = self.rewrite or ElementwiseRewrite(onnx.ModelProto())
-        for name in self.requant:
-            lq = self.layers[name]
-            scale, zp = rw.requant.get(name, lq.requant)
-
-            def hook(_m, _inp, out, scale=scale, zp=zp, relu=lq.requant_after_relu):
+        for name, (scale, zp, relu) in self.requant_points().items():
+            def hook(_m, _inp, out, scale=scale, zp=zp, relu=relu):
                 x = torch.relu(out) if relu else out
                 return _fq8(x, scale, zp)
             self.handles.append(modules[name].register_forward_hook(hook))
@@ -74,6 +71,12 @@ class DeployedReference:
             self.handles.append(modules[name].register_forward_hook(
                 lambda _m, _inp, out, scale=scale, zp=zp: _fq8(out, scale, zp)))
         return self.qmodel
+
+    def requant_points(self) -> dict[str, tuple[float, float, bool]]:
+        """``layer -> (scale, zero point, after ReLU)`` of each 8-bit requantization point."""
+        rw = self.rewrite or ElementwiseRewrite(onnx.ModelProto())
+        return {name: (*rw.requant.get(name, self.layers[name].requant),
+                       bool(self.layers[name].requant_after_relu)) for name in self.requant}
 
     def __exit__(self, *exc: object) -> None:
         for h in self.handles:

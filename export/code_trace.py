@@ -1,0 +1,187 @@
+"""Where a QDQ file's integer codes leave its fake-quant reference, layer by layer.
+
+Each activation quantizer's codes (the graph's ``/<layer>/input_q`` QuantizeLinear outputs in
+onnxruntime) are compared with the codes the reference computes on the same images. A code
+that differs only because float rounding put its value on the other side of a rounding
+boundary (``x / s = k + 1/2`` within :data:`HALF_TOLERANCE` of a level) is a flip; one flip
+then moves the layers after it in that image. A file whose every difference *starts* as such a
+flip is correct, however far a deep or float-normalised network (a transformer's LayerNorm
+and residual stream) carries the flips; a wrong scale, grid, bias or layer makes codes differ
+in images nothing upstream touched, away from any boundary. The export's quantized check asks
+this when its logit-level test (:func:`~hwnas.export.onnx_export.divergence_of`) cannot tell.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import torch
+from torch import nn
+
+#: a differing code counts as a rounding flip when its reference value lay this close to a
+#: boundary (in quantization levels). Measured: vit's first flips on digits lay within 3e-5
+#: of one (benchmarks/qdq_divergence.md); a real error moves values by whole levels.
+HALF_TOLERANCE = 1e-2
+
+__all__ = ["CodeTrace", "HALF_TOLERANCE", "trace_codes"]
+
+
+@dataclass
+class CodeTrace:
+    """Per quantized input, in graph order: share of differing codes, largest difference,
+    images touched; ``first_layer`` and how close its differing values lay to a boundary;
+    ``unexplained``: the first layer with a difference that no upstream difference and no
+    rounding boundary explains (None: every difference starts as a flip)."""
+
+    layers: list[dict] = field(default_factory=list)
+    first_layer: str | None = None
+    first_distance_to_half: float | None = None
+    unexplained: str | None = None
+    unexplained_distance_to_half: float | None = None
+    logits: np.ndarray | None = None
+    reference: np.ndarray | None = None
+
+    @property
+    def differs(self) -> bool:
+        return any(r["max_code_diff"] > 0 for r in self.layers)
+
+    @property
+    def starts_as_flips(self) -> bool:
+        """Codes differ, and every difference begins as a rounding flip."""
+        return self.differs and self.unexplained is None
+
+    def describe(self) -> str:
+        if not self.differs:
+            return "no activation code differs, so the logits part after the last quantizer"
+        last = self.layers[-1]
+        head = (f"codes first differ at {self.first_layer} "
+                f"({self.first_distance_to_half:.1e} levels from a rounding boundary), "
+                f"{last['codes_differ_pct']:.1f}% of {last['layer']}'s codes by at most "
+                f"{last['max_code_diff']}")
+        if self.unexplained is None:
+            return head + "; every difference starts as a rounding flip"
+        return (head + f"; at {self.unexplained} codes differ in images nothing upstream "
+                f"touched, {self.unexplained_distance_to_half:.2f} levels from a boundary")
+
+
+#: the QuantizeLinear of a layer's input ``/<layer>/<suffix>_q`` -> the quantizer attribute
+#: (``requant``: the layer's 8-bit requantization point, a hook of the deployed reference)
+_SUFFIXES = {"input": "input_quant", "input0": "a_quant", "input1": "b_quant",
+             "requant": "requant"}
+
+
+def _quant_inputs(proto: onnx.ModelProto) -> list[tuple[str, str]]:
+    """``(quantizer module name, QuantizeLinear output)`` of every quantized layer input and
+    product operand, graph order."""
+    found = []
+    for n in proto.graph.node:
+        if n.op_type != "QuantizeLinear" or not n.name.startswith("/") or not n.name.endswith("_q"):
+            continue
+        layer, _, suffix = n.name[1:-2].rpartition("/")
+        if suffix in _SUFFIXES:
+            found.append((f"{layer}.{_SUFFIXES[suffix]}", n.output[0]))
+    return found
+
+
+def trace_codes(data: bytes, reference: nn.Module, images: torch.Tensor, *,
+                requant: dict[str, tuple[float, float, bool]] | None = None,
+                batch_size: int = 64) -> CodeTrace:
+    """Compare the QDQ file ``data`` with ``reference`` (the fake-quant model it must match:
+    ``QdqBuild.reference()`` entered) on ``images``, a chunk of images at a time (the codes of
+    a CIFAR-size network on 1,000 images would not fit in memory at once). ``requant``: its
+    requantization points (``DeployedReference.requant_points()``), traced too. The reference
+    runs on the CPU in float32, as onnxruntime does."""
+    import onnxruntime as ort
+
+    proto = onnx.load_from_string(data)
+    quant = _quant_inputs(proto)
+    zero_types = {t.name: t.data_type for t in proto.graph.initializer}
+    for node in proto.graph.node:
+        if node.op_type == "QuantizeLinear" and node.output[0] in {o for _, o in quant}:
+            elem = zero_types.get(node.input[2], onnx.TensorProto.UINT8) if len(node.input) > 2 \
+                else onnx.TensorProto.UINT8
+            proto.graph.output.append(onnx.helper.make_tensor_value_info(node.output[0], elem, None))
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    model = copy.deepcopy(reference).cpu().float().eval()
+    modules = dict(model.named_modules())
+    requant = requant or {}
+    names = [n for n, _ in quant if hasattr(modules.get(n), "scale")
+             or (n.endswith(".requant") and n[:-len(".requant")] in requant)]
+    stats = {n: {"differ": 0, "count": 0, "max": 0, "touched": 0} for n in names}
+    trace = CodeTrace()
+    firsts: dict[str, float] = {}
+    worst: dict[str, float] = {}
+    logits, refs = [], []
+    x_all = images.detach().to("cpu", torch.float32)
+    for i in range(0, len(x_all), batch_size):
+        x = x_all[i:i + batch_size]
+        outs = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
+        ort_codes = dict(zip([n for n, _ in quant], outs[1:]))
+        values: dict[str, np.ndarray] = {}
+        codes: dict[str, np.ndarray] = {}
+
+        def hook(name):
+            def pre(q, inputs):
+                v = inputs[0].float() / q.scale.detach().clamp_min(1e-8).reshape(())
+                values[name] = v.numpy()
+                c = v.round().add(q.zero_point.reshape(())).clamp(q.qmin, q.qmax)
+                codes[name] = c.numpy().astype(np.int64)
+            return pre
+
+        def point(name, scale, zp, relu):
+            def post(_m, _inp, out):  # runs before the reference's own requantization hook
+                v = (torch.relu(out) if relu else out).float() / scale
+                values[name] = v.numpy()
+                codes[name] = v.round().add(zp).clamp(0, 255).numpy().astype(np.int64)
+            return post
+
+        handles = [modules[n].register_forward_pre_hook(hook(n)) for n in names
+                   if not n.endswith(".requant")]
+        handles += [modules[n[:-len(".requant")]].register_forward_hook(
+            point(n, *requant[n[:-len(".requant")]]), prepend=True)
+            for n in names if n.endswith(".requant")]
+        try:
+            with torch.no_grad():
+                refs.append(model(x).numpy())
+        finally:
+            for h in handles:
+                h.remove()
+        logits.append(outs[0])
+        upstream = np.zeros(len(x), bool)  # images some earlier layer's codes differ in
+        for n in names:
+            got, want, value = ort_codes[n].astype(np.int64), codes[n], values[n]
+            if want.shape != got.shape and want.swapaxes(-1, -2).shape == got.shape:
+                want, value = want.swapaxes(-1, -2), value.swapaxes(-1, -2)  # Kᵀ traced as such
+            dif = got != want
+            per_image = dif.reshape(len(x), -1)
+            s = stats[n]
+            s["differ"] += int(dif.sum())
+            s["count"] += dif.size
+            s["max"] = max(s["max"], int(np.abs(got - want).max()) if dif.size else 0)
+            s["touched"] += int(per_image.any(1).sum())
+            if dif.any():
+                dist = np.abs(value - np.floor(value) - 0.5)
+                firsts[n] = max(firsts.get(n, 0.0), float(dist[dif].max()))
+                fresh = dif & ~upstream.reshape((-1,) + (1,) * (dif.ndim - 1))
+                if fresh.any():
+                    worst[n] = max(worst.get(n, 0.0), float(dist[fresh].max()))
+            upstream |= per_image.any(1)
+    total = len(x_all)
+    for n in names:
+        s = stats[n]
+        trace.layers.append({"layer": n, "codes_differ_pct": 100.0 * s["differ"] / max(1, s["count"]),
+                             "max_code_diff": s["max"],
+                             "images_touched_pct": 100.0 * s["touched"] / max(1, total)})
+    first = next((n for n in names if n in firsts), None)
+    trace.first_layer = first
+    trace.first_distance_to_half = firsts.get(first) if first else None
+    bad = next((n for n in names if worst.get(n, 0.0) > HALF_TOLERANCE), None)
+    trace.unexplained = bad
+    trace.unexplained_distance_to_half = worst.get(bad) if bad else None
+    trace.logits, trace.reference = np.concatenate(logits), np.concatenate(refs)
+    return trace
