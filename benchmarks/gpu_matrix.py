@@ -44,6 +44,7 @@ STAGE_LINES = (
     (re.compile(r"trained supernet .*: (\d+) epochs? in ([\d.]+) s \(([\d.]+) images/s\)"), "train"),
     (re.compile(r"sensitivity seeds: .* in ([\d.]+) s"), "sensitivity"),
     (re.compile(r"search: .* new by this process in ([\d.]+) s"), "search"),
+    (re.compile(r"exported \d+ of \d+ .* in ([\d.]+) s"), "export"),
     (re.compile(r"wall time: ([\d.]+) s"), "wall"),
 )
 IMAGES_PER_S = re.compile(r"([\d.]+) images/s")

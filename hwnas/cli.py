@@ -408,13 +408,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     result = _search(args)
+    searched = time.perf_counter()
     exported = export_run(result.run_dir, progress=not args.quiet,
                           settings=ExportSettings(uint8_input=args.with_preprocessing,
                                                   device=args.device, workers=0))
     n, failed = len(exported.models), len(exported.failed)
+    end = time.perf_counter()
     print(f"exported {n - failed} of {n} Pareto-optimal models to {exported.out_dir} "
-          f"(FP32 and QDQ ONNX, manifest.json, manifest.csv)")
-    print(f"wall time: {time.perf_counter() - start:.0f} s")
+          f"(FP32 and QDQ ONNX, manifest.json, manifest.csv) in {end - searched:.0f} s")
+    print(f"wall time: {end - start:.0f} s (search {searched - start:.0f} s, "
+          f"export {end - searched:.0f} s)")
     return EXIT_SOME_FAILED if failed else 0
 
 

@@ -56,6 +56,7 @@ def tiny_run(tmp_path_factory) -> Path:
         assert lines and all(QUANTIZED_FAILURE.match(line) for line in lines), proc.stderr
     assert "Pareto front on edgetpu-est" in proc.stdout
     assert "Pareto-optimal models to" in proc.stdout
+    assert re.search(r"wall time: \d+ s \(search \d+ s, export \d+ s\)", proc.stdout), proc.stdout
     assert "no supernet checkpoint for space mbv3-tiny" in proc.stdout  # said before training
     assert "training one first, 1 epoch on cpu" in proc.stdout
     return out / "tiny"
