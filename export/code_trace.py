@@ -56,11 +56,11 @@ class CodeTrace:
     def describe(self) -> str:
         if not self.differs:
             return "no activation code differs, so the logits part after the last quantizer"
-        last = self.layers[-1]
+        moved = [r for r in self.layers if r["max_code_diff"] > 0]
         head = (f"codes first differ at {self.first_layer} "
-                f"({self.first_distance_to_half:.1e} levels from a rounding boundary), "
-                f"{last['codes_differ_pct']:.1f}% of {last['layer']}'s codes by at most "
-                f"{last['max_code_diff']}")
+                f"({self.first_distance_to_half:.1e} levels from a rounding boundary), then in "
+                f"{len(moved)} of {len(self.layers)} quantizers, by at most "
+                f"{max(r['max_code_diff'] for r in moved)} levels")
         if self.unexplained is None:
             return head + "; every difference starts as a rounding flip"
         return (head + f"; at {self.unexplained} codes differ in images nothing upstream "
@@ -86,6 +86,107 @@ def _quant_inputs(proto: onnx.ModelProto) -> list[tuple[str, str]]:
     return found
 
 
+def _session(proto: onnx.ModelProto, quant: list[tuple[str, str]]):  # noqa: ANN202
+    """An onnxruntime session (1 thread) whose outputs are the logits, then every code."""
+    import onnxruntime as ort
+
+    zero_types = {t.name: t.data_type for t in proto.graph.initializer}
+    wanted = {o for _, o in quant}
+    for node in proto.graph.node:
+        if node.op_type == "QuantizeLinear" and node.output[0] in wanted:
+            elem = (zero_types.get(node.input[2], onnx.TensorProto.UINT8) if len(node.input) > 2
+                    else onnx.TensorProto.UINT8)
+            proto.graph.output.append(onnx.helper.make_tensor_value_info(node.output[0], elem, None))
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _reference_pass(model: nn.Module, names: list[str], requant: dict, x: torch.Tensor
+                    ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The reference's logits on ``x`` and, per traced quantizer, its values in levels before
+    rounding and its codes (forward hooks, removed again)."""
+    modules = dict(model.named_modules())
+    values: dict[str, np.ndarray] = {}
+    codes: dict[str, np.ndarray] = {}
+
+    def keep(name: str, v: torch.Tensor, zero_point, qmin: int, qmax: int) -> None:
+        values[name] = v.numpy()
+        codes[name] = v.round().add(zero_point).clamp(qmin, qmax).numpy().astype(np.int64)
+
+    def quantizer(name):
+        def pre(q, inputs):
+            v = inputs[0].float() / q.scale.detach().clamp_min(1e-8).reshape(())
+            keep(name, v, q.zero_point.reshape(()), q.qmin, q.qmax)
+        return pre
+
+    def point(name, scale, zp, relu):
+        def post(_m, _inp, out):  # runs before the reference's own requantization hook
+            keep(name, (torch.relu(out) if relu else out).float() / scale, zp, 0, 255)
+        return post
+
+    handles = []
+    for n in names:
+        layer = n[:-len(".requant")]
+        handles.append(modules[layer].register_forward_hook(point(n, *requant[layer]), prepend=True)
+                       if n.endswith(".requant") else modules[n].register_forward_pre_hook(quantizer(n)))
+    try:
+        with torch.no_grad():
+            logits = model(x).numpy()
+    finally:
+        for h in handles:
+            h.remove()
+    return logits, values, codes
+
+
+class _Tally:
+    """Code differences summed over chunks of images, per traced quantizer."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.stats = {n: {"differ": 0, "count": 0, "max": 0, "touched": 0} for n in names}
+        self.firsts: dict[str, float] = {}  # farthest distance to a boundary of any difference
+        self.worst: dict[str, float] = {}   # ... of a difference nothing upstream explains
+        self.images = 0
+
+    def add(self, ort_codes: dict, codes: dict, values: dict, n_images: int) -> None:
+        self.images += n_images
+        upstream = np.zeros(n_images, bool)  # images some earlier quantizer's codes differ in
+        for n in self.names:
+            got, want, value = ort_codes[n].astype(np.int64), codes[n], values[n]
+            if want.shape != got.shape and want.swapaxes(-1, -2).shape == got.shape:
+                want, value = want.swapaxes(-1, -2), value.swapaxes(-1, -2)  # Kᵀ traced as such
+            dif = got != want
+            per_image = dif.reshape(n_images, -1).any(1)
+            s = self.stats[n]
+            s["differ"] += int(dif.sum())
+            s["count"] += dif.size
+            s["max"] = max(s["max"], int(np.abs(got - want).max()) if dif.size else 0)
+            s["touched"] += int(per_image.sum())
+            if dif.any():
+                dist = np.abs(value - np.floor(value) - 0.5)
+                self.firsts[n] = max(self.firsts.get(n, 0.0), float(dist[dif].max()))
+                fresh = dif & ~upstream.reshape((-1,) + (1,) * (dif.ndim - 1))
+                if fresh.any():
+                    self.worst[n] = max(self.worst.get(n, 0.0), float(dist[fresh].max()))
+            upstream |= per_image
+
+    def result(self) -> CodeTrace:
+        trace = CodeTrace()
+        for n in self.names:
+            s = self.stats[n]
+            trace.layers.append({"layer": n,
+                                 "codes_differ_pct": 100.0 * s["differ"] / max(1, s["count"]),
+                                 "max_code_diff": s["max"],
+                                 "images_touched_pct": 100.0 * s["touched"] / max(1, self.images)})
+        trace.first_layer = next((n for n in self.names if n in self.firsts), None)
+        trace.first_distance_to_half = self.firsts.get(trace.first_layer)
+        trace.unexplained = next((n for n in self.names
+                                  if self.worst.get(n, 0.0) > HALF_TOLERANCE), None)
+        trace.unexplained_distance_to_half = self.worst.get(trace.unexplained)
+        return trace
+
+
 def trace_codes(data: bytes, reference: nn.Module, images: torch.Tensor, *,
                 requant: dict[str, tuple[float, float, bool]] | None = None,
                 batch_size: int = 64) -> CodeTrace:
@@ -94,94 +195,23 @@ def trace_codes(data: bytes, reference: nn.Module, images: torch.Tensor, *,
     a CIFAR-size network on 1,000 images would not fit in memory at once). ``requant``: its
     requantization points (``DeployedReference.requant_points()``), traced too. The reference
     runs on the CPU in float32, as onnxruntime does."""
-    import onnxruntime as ort
-
     proto = onnx.load_from_string(data)
     quant = _quant_inputs(proto)
-    zero_types = {t.name: t.data_type for t in proto.graph.initializer}
-    for node in proto.graph.node:
-        if node.op_type == "QuantizeLinear" and node.output[0] in {o for _, o in quant}:
-            elem = zero_types.get(node.input[2], onnx.TensorProto.UINT8) if len(node.input) > 2 \
-                else onnx.TensorProto.UINT8
-            proto.graph.output.append(onnx.helper.make_tensor_value_info(node.output[0], elem, None))
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sess = _session(proto, quant)
     model = copy.deepcopy(reference).cpu().float().eval()
     modules = dict(model.named_modules())
     requant = requant or {}
     names = [n for n, _ in quant if hasattr(modules.get(n), "scale")
              or (n.endswith(".requant") and n[:-len(".requant")] in requant)]
-    stats = {n: {"differ": 0, "count": 0, "max": 0, "touched": 0} for n in names}
-    trace = CodeTrace()
-    firsts: dict[str, float] = {}
-    worst: dict[str, float] = {}
-    logits, refs = [], []
+    tally, logits, refs = _Tally(names), [], []
     x_all = images.detach().to("cpu", torch.float32)
     for i in range(0, len(x_all), batch_size):
         x = x_all[i:i + batch_size]
         outs = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
-        ort_codes = dict(zip([n for n, _ in quant], outs[1:]))
-        values: dict[str, np.ndarray] = {}
-        codes: dict[str, np.ndarray] = {}
-
-        def hook(name):
-            def pre(q, inputs):
-                v = inputs[0].float() / q.scale.detach().clamp_min(1e-8).reshape(())
-                values[name] = v.numpy()
-                c = v.round().add(q.zero_point.reshape(())).clamp(q.qmin, q.qmax)
-                codes[name] = c.numpy().astype(np.int64)
-            return pre
-
-        def point(name, scale, zp, relu):
-            def post(_m, _inp, out):  # runs before the reference's own requantization hook
-                v = (torch.relu(out) if relu else out).float() / scale
-                values[name] = v.numpy()
-                codes[name] = v.round().add(zp).clamp(0, 255).numpy().astype(np.int64)
-            return post
-
-        handles = [modules[n].register_forward_pre_hook(hook(n)) for n in names
-                   if not n.endswith(".requant")]
-        handles += [modules[n[:-len(".requant")]].register_forward_hook(
-            point(n, *requant[n[:-len(".requant")]]), prepend=True)
-            for n in names if n.endswith(".requant")]
-        try:
-            with torch.no_grad():
-                refs.append(model(x).numpy())
-        finally:
-            for h in handles:
-                h.remove()
+        ref, values, codes = _reference_pass(model, names, requant, x)
+        tally.add(dict(zip([n for n, _ in quant], outs[1:])), codes, values, len(x))
         logits.append(outs[0])
-        upstream = np.zeros(len(x), bool)  # images some earlier layer's codes differ in
-        for n in names:
-            got, want, value = ort_codes[n].astype(np.int64), codes[n], values[n]
-            if want.shape != got.shape and want.swapaxes(-1, -2).shape == got.shape:
-                want, value = want.swapaxes(-1, -2), value.swapaxes(-1, -2)  # Kᵀ traced as such
-            dif = got != want
-            per_image = dif.reshape(len(x), -1)
-            s = stats[n]
-            s["differ"] += int(dif.sum())
-            s["count"] += dif.size
-            s["max"] = max(s["max"], int(np.abs(got - want).max()) if dif.size else 0)
-            s["touched"] += int(per_image.any(1).sum())
-            if dif.any():
-                dist = np.abs(value - np.floor(value) - 0.5)
-                firsts[n] = max(firsts.get(n, 0.0), float(dist[dif].max()))
-                fresh = dif & ~upstream.reshape((-1,) + (1,) * (dif.ndim - 1))
-                if fresh.any():
-                    worst[n] = max(worst.get(n, 0.0), float(dist[fresh].max()))
-            upstream |= per_image.any(1)
-    total = len(x_all)
-    for n in names:
-        s = stats[n]
-        trace.layers.append({"layer": n, "codes_differ_pct": 100.0 * s["differ"] / max(1, s["count"]),
-                             "max_code_diff": s["max"],
-                             "images_touched_pct": 100.0 * s["touched"] / max(1, total)})
-    first = next((n for n in names if n in firsts), None)
-    trace.first_layer = first
-    trace.first_distance_to_half = firsts.get(first) if first else None
-    bad = next((n for n in names if worst.get(n, 0.0) > HALF_TOLERANCE), None)
-    trace.unexplained = bad
-    trace.unexplained_distance_to_half = worst.get(bad) if bad else None
+        refs.append(ref)
+    trace = tally.result()
     trace.logits, trace.reference = np.concatenate(logits), np.concatenate(refs)
     return trace
