@@ -72,10 +72,12 @@ def pick_subnets(space: Any, n: int, seed: int) -> list[tuple[str, Any]]:
 
 
 def measure(space: Any, supernet: Any, data: DatasetSplits, picks: Sequence[tuple[str, Any]],
-            devices: Sequence[str], settings: Any, *,
+            devices: Sequence[str], settings: Any, *, label: str | None = None,
             log: Callable[[str], Any] = print) -> list[dict[str, Any]]:
-    """One row per pick: role, arch, test top-1 % (BN-recalibrated float subnet, as the search
-    scores it), FLOPs, params, float size and each device's latency in ms."""
+    """One row per pick: space (``label``, default the space's name), role, arch, test top-1 %
+    (BN-recalibrated float subnet, as the search scores it), FLOPs, params, float size and each
+    device's latency in ms."""
+    label = label or space.name
     evaluator = TrialEvaluator(space, supernet, data, list(devices), settings)
     archs = [a for _, a in picks]
     latency = {name: device_latencies(evaluator.devices[name], space, archs,
@@ -86,13 +88,13 @@ def measure(space: Any, supernet: Any, data: DatasetSplits, picks: Sequence[tupl
         top1, _ = evaluator.scored_model(arch, None, split="test")
         layers = space.layers(arch)
         cost = {k: COST_METRICS[k](layers, layers, None) for k in ("flops", "params", "size_bytes")}
-        row = {"space": space.name, "role": role, "arch": space.to_string(arch),
+        row = {"space": label, "role": role, "arch": space.to_string(arch),
                "top1": round(float(top1), 2), "flops": int(cost["flops"]),
                "params": int(cost["params"]), "size_bytes": int(cost["size_bytes"]),
                **{f"latency_ms:{d}": round(float(latency[d][i]), 4) for d in devices},
                "eval_seconds": round(time.perf_counter() - t0, 1)}
         rows.append(row)
-        log(f"{space.name} {i + 1}/{len(picks)} {role:8s} {row['top1']:6.2f} % "
+        log(f"{label} {i + 1}/{len(picks)} {role:8s} {row['top1']:6.2f} % "
             f"{row['flops'] / 1e6:7.1f} MFLOPs [{row['eval_seconds']:.0f} s] {row['arch']}")
     return rows
 
@@ -112,7 +114,8 @@ def fronts(rows: Sequence[dict[str, Any]], costs: Sequence[str]) -> dict[str, di
     return out
 
 
-def load_space(name: str, data: DatasetSplits, cfg: SearchConfig) -> tuple[Any, Any, DatasetSplits, str]:
+def load_space(name: str, data: DatasetSplits, cfg: SearchConfig
+               ) -> tuple[Any, Any, DatasetSplits, str]:
     """(space, supernet, its scoring splits, checkpoint path) of the supernet shipped for
     ``name`` on ``data``; the splits are the search's (``replay_splits``, scoring budget)."""
     checkpoint = shipped_checkpoint(name, data.classes)
@@ -146,15 +149,24 @@ def main(argv: list[str] | None = None) -> int:
                    help="subnets per space, the largest and smallest included (default 8)")
     p.add_argument("--images", type=int, default=1000,
                    help="class-stratified CIFAR-10 test images (0: all 10,000; default 1000)")
+    p.add_argument("--calib-batches", type=int, default=SearchConfig.calib_batches,
+                   help="BatchNorm recalibration batches of 64 (default the search's, "
+                        f"{SearchConfig.calib_batches})")
     p.add_argument("--seed", type=int, default=0, help="random subnets' and splits' seed")
     p.add_argument("--out", type=Path, default=OUT_JSON)
     args = p.parse_args(argv)
-    words = [sys.argv[0], *sys.argv[1:]] if argv is None else ["benchmarks/cifar10_fronts.py", *argv]
+    words = ([sys.argv[0], *sys.argv[1:]] if argv is None
+             else ["benchmarks/cifar10_fronts.py", *argv])
     command = "OMP_NUM_THREADS=1 python " + " ".join(shlex.quote(a) for a in words)
     start = time.perf_counter()
     try:
         if args.images < 0:
             raise UserError(f"--images {args.images}: expected 0 (every test image) or more")
+        if args.calib_batches < 1:
+            raise UserError(f"--calib-batches {args.calib_batches}: expected 1 or more")
+        if args.subnets < 2:
+            raise UserError(f"--subnets {args.subnets}: need at least 2 (the largest and the "
+                            f"smallest)")
         torch.set_num_threads(1)
         data = load_dataset("cifar10", seed=args.seed)
         rows: list[dict[str, Any]] = []
@@ -162,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         test = None
         for name in SPACES:
             cfg = SearchConfig(space=name, dataset="cifar10", data_seed=args.seed, seed=args.seed,
-                               eval_images=args.images, devices=list(DEVICES))
+                               eval_images=args.images, calib_batches=args.calib_batches,
+                               devices=list(DEVICES))
+            cfg.validate()
             space, supernet, splits, checkpoint = load_space(name, data, cfg)
             if test is None:
                 test = splits.test
@@ -173,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             settings = eval_settings(cfg)
             t0 = time.perf_counter()
             rows += measure(space, supernet, splits, pick_subnets(space, args.subnets, args.seed),
-                            DEVICES, settings)
+                            DEVICES, settings, label=name)  # by the --space that finds it
             doc["checkpoints"][name] = (str(Path(checkpoint).relative_to(REPO))
                                         if Path(checkpoint).is_relative_to(REPO) else checkpoint)
             doc["eval_seconds"][name] = round(time.perf_counter() - t0, 1)
