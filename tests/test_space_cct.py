@@ -27,9 +27,36 @@ def test_extremes_have_cct_2_and_cct_7_sizes() -> None:
         assert total_params(space.layers(arch)) + space.cfg.num_tokens * arch.embed == n
 
 
+def test_cct_matches_the_reference_structure_exactly() -> None:
+    """CCT-2/3x2 and CCT-7/3x2 parameter for parameter (CCT's Q/K/V have no bias); CCT's
+    stochastic-depth rates for the network's own depth; CCT's initialisation when a
+    standalone network is trained from scratch."""
+    from hwnas.supernet.train import reinitialize
+
+    space = get_space("cct")
+    supernet = space.build_supernet()
+    small, large = supernet.extract(space.smallest()), supernet.extract(space.largest())
+    assert sum(p.numel() for p in small.parameters()) == 283_723
+    assert sum(p.numel() for p in large.parameters()) == 3_853_259
+    assert small.blocks[0].attn.qkv.bias is None
+    assert [b.drop_path for b in small.blocks] == [0.0, 0.1]  # CCT-2: linspace(0, 0.1, 2)
+    assert large.blocks[-1].drop_path == pytest.approx(0.1)
+    supernet.set_active(space.smallest())
+    assert [b.drop_path for b in supernet.blocks[:2]] == [0.0, 0.1]
+    net = reinitialize(large, seed=0)
+    fc1 = net.blocks[0].mlp.fc1
+    assert fc1.weight.std().item() == pytest.approx(0.02, rel=0.05) and not fc1.bias.any()
+    conv = net.tokenizer[1].conv  # He-normal over the fan-in (64 x 3 x 3)
+    assert conv.weight.std().item() == pytest.approx((2.0 / 576) ** 0.5, rel=0.05)
+    assert net.pos_embed.std().item() == pytest.approx(0.2, rel=0.05)
+    assert torch.equal(net.norm.weight, torch.ones(256))
+
+
 def test_vit_keeps_its_configuration_and_the_cct_parts_are_off() -> None:
     vit = get_space("vit")
-    assert not {"seq_pool", "pos_embed", "cct_norm", "drop_path", "attn_drop"} & set(vit.config())
+    assert not ({"seq_pool", "pos_embed", "cct_norm", "drop_path", "attn_drop", "qkv_bias"}
+                & set(vit.config()))
+    assert vit.build_supernet().extract(vit.largest()).blocks[0].attn.qkv.bias is not None
     assert get_space("vit", config=vit.config()).config() == vit.config()
     cct = get_space("cct")
     assert get_space("cct", config=cct.config()).config() == cct.config()
