@@ -60,7 +60,10 @@ def test_vit_keeps_its_configuration_and_the_cct_parts_are_off() -> None:
     assert get_space("vit", config=vit.config()).config() == vit.config()
     cct = get_space("cct")
     assert get_space("cct", config=cct.config()).config() == cct.config()
-    assert cct.training_defaults()["batch_size"] == 128 and cct.training_defaults()["mixup"] == 0.8
+    recipe = cct.training_defaults()  # CCT's 200-epoch script (its examples/main.py)
+    assert (recipe["batch_size"], recipe["lr"], recipe["weight_decay"], recipe["warmup_epochs"],
+            recipe["mixup"], recipe["cutmix"], recipe["grad_clip"], recipe["augment"]) == (
+        128, 5e-4, 0.03, 5.0, 0.0, 0.0, 0.0, "autoaugment_crop_flip")
     with pytest.raises(ValueError, match="drop_path"):
         ViTConfig(drop_path=1.0)
 
