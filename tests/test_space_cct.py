@@ -100,7 +100,8 @@ def test_cct_subnet_exports_to_a_qdq_file_that_agrees_with_its_fake_quant_model(
     space = CCTSpace(ViTConfig(tokenizer_channels=(8,), embed_choices=(16, 24),
                                depth_choices=(1, 2), heads_choices=(1, 2),
                                mlp_ratio_choices=(1.0, 2.0), head_dim=8, seq_pool=True,
-                               pos_embed=True, cct_norm=True, drop_path=0.1, attn_drop=0.1))
+                               pos_embed=True, cct_norm=True, drop_path=0.1, attn_drop=0.1,
+                               qkv_bias=False))
     torch.manual_seed(0)
     model = space.build_supernet().extract(space.largest())
     images = torch.randn(64, *space.input_shape, generator=torch.Generator().manual_seed(1))

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from hwnas.supernet.train_options import check_augment
 from hwnas.supernet.auto_augment import autoaugment
+from hwnas.supernet.train_options import check_augment
 from hwnas.supernet.trivial_augment import trivial_augment
 
 __all__ = ["CUTOUT_SIZE", "augment_batch"]
