@@ -609,10 +609,14 @@ def _restricted(space: SearchSpace, choices: dict | None) -> SearchSpace:
 
 @torch.no_grad()
 def reinitialize(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Fresh weights for training from scratch: convolutions He-normal (fan-out), BatchNorm
-    and LayerNorm 1 and 0, linear layers N(0, 0.01) with zero bias (the usual MobileNet
-    initialisation)."""
+    """Fresh weights for training from scratch: the model's own ``init_weights(generator)``
+    where it has one (the transformers: CCT's initialisation, not the convolutional networks'),
+    else convolutions He-normal (fan-out), BatchNorm and LayerNorm 1 and 0, linear layers
+    N(0, 0.01) with zero bias (the usual MobileNet initialisation)."""
     gen = torch.Generator().manual_seed(seed)
+    if hasattr(model, "init_weights"):
+        model.init_weights(gen)
+        return model
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             fan_out = m.out_channels // m.groups * m.kernel_size[0] * m.kernel_size[1]

@@ -21,7 +21,8 @@ MAX_EPOCHS = 100_000
 
 #: The augmentation kinds :func:`hwnas.supernet.data.augment_batch` knows.
 AUGMENT_KINDS: tuple[str, ...] = (
-    "shift", "crop_flip", "crop_flip_cutout", "trivial_crop_flip_cutout", "none")
+    "shift", "crop_flip", "crop_flip_cutout", "trivial_crop_flip_cutout",
+    "autoaugment_crop_flip", "none")
 #: Names of the schedule presets of :func:`hwnas.supernet.recipes.schedule_config`.
 SCHEDULES: tuple[str, ...] = ("sandwich", "progressive", "deps")
 #: Ways a sandwich step combines its subnets' losses (``TrainConfig.subnet_loss``).
@@ -45,7 +46,7 @@ def check_augment(kind: str, channels: int | None = None) -> None:
     ``None``: the channels are not known yet, only the name is checked)."""
     if kind not in AUGMENT_KINDS:
         raise UserError(f"unknown augmentation {kind!r}; expected one of {', '.join(AUGMENT_KINDS)}")
-    if kind.startswith("trivial_") and channels is not None and channels != 3:
+    if kind.startswith(("trivial_", "autoaugment_")) and channels is not None and channels != 3:
         raise UserError(f"augmentation {kind!r} needs RGB images; this split has {channels} "
                         f"channel(s) (use crop_flip_cutout)")
 

@@ -20,7 +20,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ["OPS", "NUM_BINS", "trivial_augment", "apply_ops"]
+__all__ = ["OPS", "NUM_BINS", "trivial_augment", "apply_ops", "apply_scaled"]
 
 #: Operation names, in the order of their indices for :func:`apply_ops`.
 OPS: tuple[str, ...] = (
@@ -69,12 +69,21 @@ def apply_ops(images: torch.Tensor, op: torch.Tensor, level: torch.Tensor,
     the colour operations compute what torchvision's functional ops compute on uint8 images
     (``PIL.ImageEnhance`` / ``PIL.ImageOps`` semantics), to within one grey level.
     """
+    frac = level.to(torch.float32) / (NUM_BINS - 1)  # 0 ... 1 along the bins
+    return apply_scaled(images, op, frac * sign.to(torch.float32))
+
+
+def apply_scaled(images: torch.Tensor, op: torch.Tensor, signed: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_ops` with each image's magnitude given as a signed fraction ``signed[i]``
+    (-1 ... 1) of its operation's largest one (the table of :func:`apply_ops`); posterize and
+    solarize take its absolute value. Other policies (AutoAugment's) map their magnitudes
+    onto these ranges."""
     if images.dim() != 4 or images.shape[1] != 3 or images.dtype != torch.uint8:
         raise ValueError(f"trivial_augment expects a uint8 (B, 3, H, W) batch, got "
                          f"{images.dtype} {tuple(images.shape)}")
     b, _, h, w = images.shape
-    frac = level.to(torch.float32) / (NUM_BINS - 1)  # 0 ... 1 along the bins
-    signed = frac * sign.to(torch.float32)
+    signed = signed.to(torch.float32)
+    frac = signed.abs()
     x = images.to(torch.float32)
     out = _geometric(x, op, signed, h, w)
     is_op = {name: (op == i).view(b, 1, 1, 1) for i, name in enumerate(OPS)}

@@ -27,13 +27,43 @@ def test_extremes_have_cct_2_and_cct_7_sizes() -> None:
         assert total_params(space.layers(arch)) + space.cfg.num_tokens * arch.embed == n
 
 
+def test_cct_matches_the_reference_structure_exactly() -> None:
+    """CCT-2/3x2 and CCT-7/3x2 parameter for parameter (CCT's Q/K/V have no bias); CCT's
+    stochastic-depth rates for the network's own depth; CCT's initialisation when a
+    standalone network is trained from scratch."""
+    from hwnas.supernet.train import reinitialize
+
+    space = get_space("cct")
+    supernet = space.build_supernet()
+    small, large = supernet.extract(space.smallest()), supernet.extract(space.largest())
+    assert sum(p.numel() for p in small.parameters()) == 283_723
+    assert sum(p.numel() for p in large.parameters()) == 3_853_259
+    assert small.blocks[0].attn.qkv.bias is None
+    assert [b.drop_path for b in small.blocks] == [0.0, 0.1]  # CCT-2: linspace(0, 0.1, 2)
+    assert large.blocks[-1].drop_path == pytest.approx(0.1)
+    supernet.set_active(space.smallest())
+    assert [b.drop_path for b in supernet.blocks[:2]] == [0.0, 0.1]
+    net = reinitialize(large, seed=0)
+    fc1 = net.blocks[0].mlp.fc1
+    assert fc1.weight.std().item() == pytest.approx(0.02, rel=0.05) and not fc1.bias.any()
+    conv = net.tokenizer[1].conv  # He-normal over the fan-in (64 x 3 x 3)
+    assert conv.weight.std().item() == pytest.approx((2.0 / 576) ** 0.5, rel=0.05)
+    assert net.pos_embed.std().item() == pytest.approx(0.2, rel=0.05)
+    assert torch.equal(net.norm.weight, torch.ones(256))
+
+
 def test_vit_keeps_its_configuration_and_the_cct_parts_are_off() -> None:
     vit = get_space("vit")
-    assert not {"seq_pool", "pos_embed", "cct_norm", "drop_path", "attn_drop"} & set(vit.config())
+    assert not ({"seq_pool", "pos_embed", "cct_norm", "drop_path", "attn_drop", "qkv_bias"}
+                & set(vit.config()))
+    assert vit.build_supernet().extract(vit.largest()).blocks[0].attn.qkv.bias is not None
     assert get_space("vit", config=vit.config()).config() == vit.config()
     cct = get_space("cct")
     assert get_space("cct", config=cct.config()).config() == cct.config()
-    assert cct.training_defaults()["batch_size"] == 128 and cct.training_defaults()["mixup"] == 0.8
+    recipe = cct.training_defaults()  # CCT's 200-epoch script (its examples/main.py)
+    assert (recipe["batch_size"], recipe["lr"], recipe["weight_decay"], recipe["warmup_epochs"],
+            recipe["mixup"], recipe["cutmix"], recipe["grad_clip"], recipe["augment"]) == (
+        128, 5e-4, 0.03, 5.0, 0.0, 0.0, 0.0, "autoaugment_crop_flip")
     with pytest.raises(ValueError, match="drop_path"):
         ViTConfig(drop_path=1.0)
 
@@ -70,7 +100,8 @@ def test_cct_subnet_exports_to_a_qdq_file_that_agrees_with_its_fake_quant_model(
     space = CCTSpace(ViTConfig(tokenizer_channels=(8,), embed_choices=(16, 24),
                                depth_choices=(1, 2), heads_choices=(1, 2),
                                mlp_ratio_choices=(1.0, 2.0), head_dim=8, seq_pool=True,
-                               pos_embed=True, cct_norm=True, drop_path=0.1, attn_drop=0.1))
+                               pos_embed=True, cct_norm=True, drop_path=0.1, attn_drop=0.1,
+                               qkv_bias=False))
     torch.manual_seed(0)
     model = space.build_supernet().extract(space.largest())
     images = torch.randn(64, *space.input_shape, generator=torch.Generator().manual_seed(1))

@@ -24,7 +24,8 @@ DIGESTS = {
     "fbnet": ('db331d51be9f6b0d', 'beb015ff2ba7396e', '883eeaa883cfc7bb'),
     "nb201": ('e86121f61a396d87', '5395a1c90b69490d', '05e25c8d6c0c9812'),
     "vit": ('98b9af3ab561be17', '6c3442599e19809b', 'de36a3b0d30eaf98'),
-    "cct": ('d25250d6ccd92648', '3a5804955c2be6ae', 'c2a91af3512e49ae'),
+    # cct: no Q/K/V bias since session 30 (CCT has none)
+    "cct": ('9a3d64ba9b153b45', '639566e8a55c522d', 'a0dab27d1e674f37'),
 }
 
 

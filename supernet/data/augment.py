@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from hwnas.supernet.auto_augment import autoaugment
 from hwnas.supernet.train_options import check_augment
 from hwnas.supernet.trivial_augment import trivial_augment
 
@@ -34,6 +35,9 @@ def augment_batch(images: torch.Tensor, kind: str, generator: torch.Generator,
     * ``"trivial_crop_flip_cutout"``: one TrivialAugment operation per image
       (:mod:`hwnas.supernet.trivial_augment`; RGB images only), then ``crop_flip_cutout``: the
       TrivialAugment paper's CIFAR recipe.
+    * ``"autoaugment_crop_flip"``: AutoAugment's CIFAR-10 policy, one sub-policy per image
+      (:mod:`hwnas.supernet.auto_augment`; RGB only), then ``crop_flip``: the recipe of CCT's
+      200-epoch CIFAR-10 figures.
     * ``"none"``: the input, unchanged.
 
     Vectorised: one padded copy and one gather with per-sample row/column indices, no Python
@@ -48,6 +52,9 @@ def augment_batch(images: torch.Tensor, kind: str, generator: torch.Generator,
     if kind.startswith("trivial_"):
         images = trivial_augment(images, generator)
         kind = kind.removeprefix("trivial_")
+    elif kind.startswith("autoaugment_"):
+        images = autoaugment(images, generator)
+        kind = kind.removeprefix("autoaugment_")
     pad = 1 if kind == "shift" else 4
     b, c, h, w = images.shape
     gdev = generator.device

@@ -207,27 +207,29 @@ class DynamicQKV(nn.Module):
     sliced to its first ``heads × head_dim`` rows (so a subnet's heads are the first heads of
     the supernet's, in Q, K and V alike)."""
 
-    def __init__(self, max_in: int, max_heads: int, head_dim: int) -> None:
+    def __init__(self, max_in: int, max_heads: int, head_dim: int, bias: bool = True) -> None:
         super().__init__()
         self.head_dim = head_dim
         self.weight = nn.Parameter(torch.empty(3, max_heads * head_dim, max_in))
         nn.init.trunc_normal_(self.weight, std=_INIT_STD)
-        # 1-D like every bias (training exempts 1-D parameters from weight decay)
-        self.bias = nn.Parameter(torch.zeros(3 * max_heads * head_dim))
+        # 1-D like every bias (training exempts 1-D parameters from weight decay); CCT has none
+        self.bias = nn.Parameter(torch.zeros(3 * max_heads * head_dim)) if bias else None
 
-    def active(self, in_features: int, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def active(self, in_features: int, heads: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         width = heads * self.head_dim
-        return (self.weight[:, :width, :in_features].reshape(3 * width, in_features),
-                self.bias.view(3, -1)[:, :width].reshape(3 * width))
+        bias = (self.bias.view(3, -1)[:, :width].reshape(3 * width)
+                if self.bias is not None else None)
+        return self.weight[:, :width, :in_features].reshape(3 * width, in_features), bias
 
     def forward(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         return F.linear(x, *self.active(x.size(-1), heads))
 
     def static(self, in_features: int, heads: int) -> nn.Linear:
         w, b = self.active(in_features, heads)
-        lin = nn.Linear(in_features, w.size(0))
+        lin = nn.Linear(in_features, w.size(0), bias=b is not None)
         lin.weight.data.copy_(w)
-        lin.bias.data.copy_(b)
+        if b is not None:
+            lin.bias.data.copy_(b)
         return lin
 
 

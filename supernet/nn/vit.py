@@ -86,9 +86,30 @@ def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
 
 def block_rates(rate: float, depth: int) -> list[float]:
     """CCT's stochastic-depth rates: rising linearly from 0 at the first block to ``rate`` at
-    the last of ``depth`` blocks (the supernet's maximum depth, so a block keeps its rate in
-    every subnet)."""
+    the last of ``depth`` blocks -- the active network's depth, so that a depth-2 subnet drops
+    its second block at ``rate`` as CCT-2 does (``torch.linspace(0, rate, depth)``)."""
     return [rate * b / (depth - 1) if depth > 1 else 0.0 for b in range(depth)]
+
+
+@torch.no_grad()
+def init_transformer(model: nn.Module, generator: torch.Generator) -> nn.Module:
+    """CCT's initialisation (its Tokenizer and TransformerClassifier): convolutions
+    He-normal over the fan-in, linear layers truncated normal with std 0.02 and zero bias,
+    LayerNorms 1 and 0, the positional embedding truncated normal with std 0.2. What the
+    supernet's own operators start from (:mod:`hwnas.supernet.nn.dynamic_ops`, fan-in aside),
+    for a standalone network trained from scratch."""
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, generator=generator)
+        elif isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02, generator=generator)
+        elif isinstance(m, nn.LayerNorm):
+            m.reset_parameters()
+        if isinstance(m, (nn.Conv2d, nn.Linear)) and m.bias is not None:
+            m.bias.zero_()
+    if getattr(model, "pos_embed", None) is not None:
+        nn.init.trunc_normal_(model.pos_embed, std=0.2, generator=generator)
+    return model
 
 
 class ViTBlock(nn.Module):
@@ -147,6 +168,11 @@ class ViTNet(nn.Module):
                 attention_pool, nn.Softmax(dim=1), MatMul())
         self.classifier = classifier
 
+    def init_weights(self, generator: torch.Generator) -> None:
+        """Fresh weights for training from scratch (:func:`init_transformer`; what
+        :func:`hwnas.supernet.train.reinitialize` calls)."""
+        init_transformer(self, generator)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.tokenizer(x).flatten(2).transpose(1, 2)  # (B, C, H, W) -> (B, H·W, C)
         if self.pos_embed is not None:
@@ -169,14 +195,14 @@ class DynamicViTBlock(nn.Module):
         max_e, max_h = c.embed_choices[-1], c.heads_choices[-1]
         self.space, self.head_dim = space, c.head_dim
         self.norm1 = DynamicLayerNorm(max_e, eps=c.ln_eps)
-        self.qkv = DynamicQKV(max_e, max_h, c.head_dim)
+        self.qkv = DynamicQKV(max_e, max_h, c.head_dim, bias=c.qkv_bias)
         self.proj = DynamicLinear(max_h * c.head_dim, max_e)
         self.norm2 = DynamicLayerNorm(max_e, eps=c.ln_eps)
         self.fc1 = DynamicLinear(max_e, c.hidden(max_e, c.mlp_ratio_choices[-1]))
         self.fc2 = DynamicLinear(c.hidden(max_e, c.mlp_ratio_choices[-1]), max_e)
         self.active_heads = max_h
         self.active_ratio = float(c.mlp_ratio_choices[-1])
-        self.drop_path = 0.0  # this block's stochastic-depth rate (set by the supernet)
+        self.drop_path = 0.0  # this block's stochastic-depth rate (set with the active subnet)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = self.space.cfg
@@ -224,8 +250,6 @@ class ViTSupernet(Supernet):
             self.pos_embed = nn.Parameter(torch.empty(1, c.num_tokens, max_e))
             nn.init.trunc_normal_(self.pos_embed, std=0.2)
         self.blocks = nn.ModuleList(DynamicViTBlock(space) for _ in range(c.max_depth))
-        for block, rate in zip(self.blocks, block_rates(c.drop_path, c.max_depth)):
-            block.drop_path = rate
         self.norm = DynamicLayerNorm(max_e, eps=c.ln_eps)
         self.attention_pool = DynamicLinear(max_e, 1) if c.seq_pool else None
         self.classifier = DynamicLinear(max_e, c.num_classes)
@@ -236,8 +260,9 @@ class ViTSupernet(Supernet):
         """Select the subnet ``arch`` (an architecture or its string) for later forward passes."""
         arch = self.space.parse(arch)
         self.active_embed, self.active_depth = arch.embed, arch.depth
-        for block, (heads, ratio) in zip(self.blocks, arch.blocks):
-            block.active_heads, block.active_ratio = heads, float(ratio)
+        rates = block_rates(self.space.cfg.drop_path, arch.depth)
+        for block, (heads, ratio), rate in zip(self.blocks, arch.blocks, rates):
+            block.active_heads, block.active_ratio, block.drop_path = heads, float(ratio), rate
         return arch
 
     def active_arch(self) -> ViTArch:

@@ -10,9 +10,11 @@
 # the resumable checkpoints of the main jobs, split into 15 MB parts (cct7.ckpt.partNN ...).
 # Carry: data/c10 (the full cifar10-jpeg.npz) and, when resuming on a new machine,
 # data/cct_resume (the returned parts) - in two commands, with CCT_JOBS=none in the first.
-# Session 1's state: the three 50-epoch ablations are done (results/supernet_cifar10/cct1/);
-# resume with CCT_JOBS="cct7 cct2"; the per-part ablations D-G (one CCT part switched back to
-# vit's each, benchmarks/cct_ablation.py) are not started yet.
+# Session 30's state: cct7 and cct2 (200 epochs, the cifar10.yml-like recipe and the old
+# standalone init) finished at 88.34 / 82.34 %; ablations A-C are done, D-G never started (their
+# run directories held the pid files). The jobs below test the fixed `cct` (CCT's structure,
+# init, drop-path rates and CCT's 200-epoch recipe: benchmarks/supernet_cifar10.md, "Session
+# 30"); they are listed in priority order, and CCT_JOBS picks them (default: all).
 set -u
 MINUTES=${1:-9}
 ROOT=/tmp/cct
@@ -23,11 +25,11 @@ export PYTHONUNBUFFERED=1
 
 # name | hwnas train arguments (--epochs included)
 JOBS=(
-  "cct7|--space cct --standalone largest --epochs 200"
-  "cct2|--space cct --standalone smallest --epochs 200"
-  "ablA_cct7_50|--space cct --standalone largest --epochs 50"
-  "ablB_vitarch_cctrecipe_50|--space vit --standalone largest --epochs 50 --batch-size 128 --lr 5.5e-4 --weight-decay 0.06 --warmup-epochs 10 --mixup 0.8 --cutmix 1.0"
-  "ablC_cct7_vitrecipe_50|--space cct --standalone largest --epochs 50 --batch-size 512 --lr 5e-4 --weight-decay 0.05 --warmup-epochs 5 --mixup 0 --cutmix 0"
+  "cct7fix|--space cct --standalone largest --epochs 200"
+  "cct2fix|--space cct --standalone smallest --epochs 200"
+  "ablH_cct7fix_s30recipe_50|--space cct --standalone largest --epochs 50 --augment trivial_crop_flip_cutout --mixup 0.8 --cutmix 1.0 --lr 5.5e-4 --weight-decay 0.06 --warmup-epochs 10 --grad-clip 5"
+  "ablI_cct7fix_50|--space cct --standalone largest --epochs 50"
+  "ablJ_cct2fix_mix_200|--space cct --standalone smallest --epochs 200 --mixup 0.8 --cutmix 1.0"
   "ablD_no_seq_pool_50|--space cct-no-seq_pool --standalone largest --epochs 50"
   "ablE_no_pos_embed_50|--space cct-no-pos_embed --standalone largest --epochs 50"
   "ablF_no_cct_norm_50|--space cct-no-cct_norm --standalone largest --epochs 50"
@@ -36,7 +38,7 @@ JOBS=(
 # every job runs through benchmarks/cct_ablation.py: the hwnas command line with the per-part
 # ablation spaces (cct-no-<part>) registered, so their runs resume like the others
 HWNAS="python3 benchmarks/cct_ablation.py"
-RETURN_CKPT="${RETURN_CKPT:-cct7 cct2}"
+RETURN_CKPT="${RETURN_CKPT:-cct7fix cct2fix}"
 
 # CCT_JOBS: the names to start or resume (default: all); "none" starts nothing (a command that
 # only carries data: the full npz and the 46 MB cct7 parts do not fit in one 64 MiB carry)
@@ -44,7 +46,7 @@ for spec in "${JOBS[@]}"; do
   name=${spec%%|*}; args=${spec#*|}
   dir=$ROOT/$name
   case " ${CCT_JOBS:-$name} " in *" $name "*) ;; *) continue ;; esac
-  if [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
+  if [ -f "$dir.pid" ] && kill -0 "$(cat "$dir.pid")" 2>/dev/null; then
     echo "$name: running"; continue
   fi
   if [ -f "$dir/eval.json" ]; then echo "$name: done"; continue; fi
@@ -60,10 +62,11 @@ for spec in "${JOBS[@]}"; do
     rm -rf "$dir"
     cmd="$HWNAS train $args --dataset $DATA --out $dir --device cuda --compile --quiet --eval --checkpoint-every-s 90"
   fi
-  mkdir -p "$dir"
   echo "$name: $cmd" | tee -a "$ROOT/phases.log"
+  # the pid file beside the run directory, not in it: hwnas train refuses an --out that holds
+  # files it did not write
   setsid nohup bash -c "$cmd >> $dir.log 2>&1" >/dev/null 2>&1 &
-  echo $! > "$dir/pid"
+  echo $! > "$dir.pid"
 done
 
 end=$(( $(date +%s) + ${MINUTES%.*} * 60 ))
@@ -72,7 +75,7 @@ while [ "$(date +%s)" -lt "$end" ]; do
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader >> "$ROOT/smi.log"
   running=0
   for spec in "${JOBS[@]}"; do
-    d=$ROOT/${spec%%|*}; [ -f "$d/pid" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null && running=1
+    d=$ROOT/${spec%%|*}; [ -f "$d.pid" ] && kill -0 "$(cat "$d.pid")" 2>/dev/null && running=1
   done
   [ "$running" = 0 ] && break
 done
