@@ -20,7 +20,7 @@ MINUTES=${1:-9}
 ROOT=/tmp/cct
 DATA=${CCT_DATA:-data/c10/cifar10-jpeg.npz}
 mkdir -p "$ROOT"
-pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || true
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || true
 export PYTHONUNBUFFERED=1
 
 # name | hwnas train arguments (--epochs included)
