@@ -10,6 +10,7 @@
 #   3: no carry: collect the CCT jobs, returning the 200-epoch runs' checkpoints in parts
 #      (resume them the session after with data/cct_resume carried; see h200_cct.sh)
 #   bash benchmarks/results/gpu_matrix/session31.sh PHASE SECONDS
+#   (phase 3: RETURN_CKPT="cct7fix cct2fix" bash .../session31.sh 3 SECONDS)
 set -u
 PHASE=$1; S=${2:-540}
 export PYTHONUNBUFFERED=1
