@@ -14,7 +14,9 @@ devices are never in it), each held-out device is adapted once by the default me
   measurements (the prior's closed-form leave-one-out predictions against the own model's
   5-fold out-of-fold ones), so it moves to the device as its own fit gets better with n;
   ``own`` is ``ridge`` (encoding, pair products, cell-graph terms, ``RidgeCV``) or ``gbm``
-  (``latency_lofo.gbm_baseline``);
+  (``latency_lofo.gbm_baseline``); ``stack-rank:<own>`` chooses the weight by the Spearman of
+  the blended leave-out predictions instead of their log error, and ``stack-guard:<own>``
+  keeps that weight only where at least 4 of the 5 folds rank no worse with it;
 * ``fixed:<own>:<w>``: the same blend at a fixed weight (a diagnostic: does any weight pay?);
 * ``prior:alphas`` / ``prior:pairs`` (``--prior``): the prior itself given more room for the
   device's own fit, weighed by each adaptation's evidence like its other blocks (the GP's own
@@ -32,7 +34,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -176,6 +177,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fixed", nargs="*", type=float, default=[0.25, 0.5])
     ap.add_argument("--baselines", nargs="*", default=["opcount", "gbm", "gp"])
     ap.add_argument("--prior", nargs="*", default=[], choices=["alphas", "pairs"])
+    ap.add_argument("--no-residuals", action="store_true", help="no residual learners")
     ap.add_argument("--no-variants", action="store_true",
                     help="only the default and --prior / --baselines (no residual or blends)")
     ap.add_argument("--score-subsample", type=int, default=1000)
@@ -183,35 +185,19 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     space = get_space(args.space)
     devices, _ = lofo.load_devices(space)
-    fams = defaultdict(list)
-    for d in devices:
-        fams[lofo.family(d)].append(d)
-    folds = {f: fams[f] for f in sorted(fams) if not args.families or f in args.families}
+    folds = select.held_out_folds(devices, args.families)
     rows = []
     t_start = time.perf_counter()
     for fam, held in folds.items():
         meta = select.fold_predictor(space, devices, fam, held, args.cache)
         meta.residual = "off"
-        refs = meta.reference_archs
         for d in sorted(held)[:args.max_devices]:
             archs, y = devices[d]
-            idx = {a: i for i, a in enumerate(archs)}
-            score = np.sort(np.random.default_rng(7).choice(
-                len(archs), min(args.score_subsample, len(archs)), replace=False))
-            own_refs = [idx[a] for a in refs if a in idx]
-            for n in args.n:
-                if n + 50 > len(archs):
-                    continue
-                for kind in ("ref", "random"):
-                    for s in range(1 if kind == "ref" else args.draws):
-                        top = np.random.default_rng(3000 + s).permutation(len(archs))
-                        rk = (np.array(lofo._top_up(own_refs, top, n)) if kind == "ref" else
-                              np.random.default_rng(1000 + s).permutation(len(archs))[:n])
-                        used = set(rk.tolist())
-                        sc = np.array([i for i in score if i not in used])
-                        rows.append({"family": fam, "device": d, "n": n, "kind": kind, "draw": s,
-                                     **score_variants(space, meta, [archs[i] for i in rk], y[rk],
-                                                      [archs[i] for i in sc], y[sc], s, args)})
+            for n, kind, s, rk, sc in select.measurement_draws(meta, archs, args.n, args.draws,
+                                                               args.score_subsample):
+                rows.append({"family": fam, "device": d, "n": n, "kind": kind, "draw": s,
+                             **score_variants(space, meta, [archs[i] for i in rk], y[rk],
+                                              [archs[i] for i in sc], y[sc], s, args)})
         fr = [r for r in rows if r["family"] == fam]
         print(f"{fam} ({time.perf_counter() - t_start:.0f} s): " + "  ".join(
             f"@{n} " + " ".join(f"{k} {np.mean([r[k] for r in fr if r['n'] == n]):.3f}"
@@ -247,7 +233,7 @@ def score_variants(space, meta, m_archs, m_y, q, yq, s, args) -> dict:
     loo = meta.loo_predictions()
     n = len(m_y)
     # residual learners on the same adaptation
-    for name in () if args.no_variants else ("mixed", "paths"):
+    for name in () if args.no_variants or args.no_residuals else ("mixed", "paths"):
         res = _residual(space, meta, m_archs, m_y, loo, s, name)
         out[f"w[{name}]"] = res[0]
         out[name] = sp(p0 * res[1](q), yq) if res[0] > 0 else out["off"]
@@ -265,6 +251,13 @@ def score_variants(space, meta, m_archs, m_y, q, yq, s, args) -> dict:
         po = OWN[own](space, m_archs, m_y, q, s)
         out[f"w[stack:{own}]"] = w
         out[f"stack:{own}"] = sp(np.exp((1 - w) * np.log(p0) + w * np.log(po)), yq)
+        rank = [sp((1 - w) * la + w * lo, ly) for w in GRID]
+        wr = float(GRID[int(np.argmax(rank))])
+        blend = (1 - wr) * la + wr * lo
+        ok = sum(sp(blend[q_], ly[q_]) >= sp(la[q_], ly[q_]) for q_ in parts)
+        for key, wk in (("stack-rank", wr), ("stack-guard", wr if ok >= 4 else 0.0)):
+            out[f"w[{key}:{own}]"] = wk
+            out[f"{key}:{own}"] = sp(np.exp((1 - wk) * np.log(p0) + wk * np.log(po)), yq)
         out[f"own:{own}"] = sp(po, yq)
         for wf in args.fixed:
             out[f"fixed:{own}:{wf}"] = sp(np.exp((1 - wf) * np.log(p0) + wf * np.log(po)), yq)
