@@ -166,13 +166,7 @@ OWN = {"ridge": ridge_own, "gbm": lambda *a: lofo.gbm_baseline(*a)}
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--space", default="nb201", choices=["nb201", "fbnet"])
-    ap.add_argument("--cache", type=Path, default=None)
-    ap.add_argument("--n", nargs="+", type=int, default=[20, 50, 100])
-    ap.add_argument("--draws", type=int, default=2)
-    ap.add_argument("--families", nargs="+", default=None)
-    ap.add_argument("--max-devices", type=int, default=None)
+    ap = select.fold_arguments(__doc__)
     ap.add_argument("--own", nargs="*", default=["ridge", "gbm"], choices=sorted(OWN))
     ap.add_argument("--fixed", nargs="*", type=float, default=[0.25, 0.5])
     ap.add_argument("--baselines", nargs="*", default=["opcount", "gbm", "gp"])
@@ -180,7 +174,6 @@ def main(argv=None) -> int:
     ap.add_argument("--no-residuals", action="store_true", help="no residual learners")
     ap.add_argument("--no-variants", action="store_true",
                     help="only the default and --prior / --baselines (no residual or blends)")
-    ap.add_argument("--score-subsample", type=int, default=1000)
     ap.add_argument("--out", type=Path, default=OUT_JSON)
     args = ap.parse_args(argv)
     space = get_space(args.space)

@@ -58,6 +58,21 @@ def fold_predictor(space, devices, fam, held, cache: Path | None) -> MetaPredict
     return meta
 
 
+def fold_arguments(doc: str) -> argparse.ArgumentParser:
+    """The command line both development scripts share: space, fold cache, measurements,
+    draws, families, devices per family and the scoring subsample."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--space", default="nb201", choices=["nb201", "fbnet"])
+    ap.add_argument("--cache", type=Path, default=None)
+    ap.add_argument("--n", nargs="+", type=int, default=[20, 50, 100])
+    ap.add_argument("--draws", type=int, default=2)
+    ap.add_argument("--families", nargs="+", default=None)
+    ap.add_argument("--max-devices", type=int, default=None,
+                    help="score at most this many devices per family (the first, sorted)")
+    ap.add_argument("--score-subsample", type=int, default=1000)
+    return ap
+
+
 def held_out_folds(devices: dict, families=None, kinds=None) -> dict[str, list[str]]:
     """Fold name -> held-out devices: one family at a time (those of ``families``, or all), or
     with ``kinds`` every family of one processor kind at once (``latency_lofo --kinds``)."""
@@ -97,18 +112,10 @@ def measurement_draws(meta: MetaPredictor, archs: list[str], ns, draws: int,
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--space", default="nb201", choices=["nb201", "fbnet"])
-    ap.add_argument("--cache", type=Path, default=None)
-    ap.add_argument("--n", nargs="+", type=int, default=[20, 50, 100])
-    ap.add_argument("--draws", type=int, default=2)
-    ap.add_argument("--families", nargs="+", default=None)
+    ap = fold_arguments(__doc__)
     ap.add_argument("--residuals", nargs="+", default=None,
                     help="residual learners to compare (default: every one of RESIDUALS)")
     ap.add_argument("--baselines", nargs="*", default=["opcount", "gbm", "gp"])
-    ap.add_argument("--score-subsample", type=int, default=1000)
-    ap.add_argument("--max-devices", type=int, default=None,
-                    help="score at most this many devices per family (the first, sorted)")
     ap.add_argument("--kinds", nargs="+", default=None, choices=sorted(lofo.KINDS),
                     help="hold out every family of each processor kind at once instead")
     ap.add_argument("--folds-against", type=int, nargs="+", default=None,
