@@ -41,7 +41,12 @@ import numpy as np
 from hwnas.core.io import write_json
 from hwnas.latency.machine import describe_machine
 from hwnas.latency.predictors import OpCountPredictor
-from hwnas.latency.predictors.features import features, pair_products, encoding_positions
+from hwnas.latency.predictors.features import (
+    arch_strings,
+    encoding_positions,
+    features,
+    pair_products,
+)
 from hwnas.latency.predictors.residual import MixedGP, cell_features
 from hwnas.supernet.spaces import get_space
 
@@ -270,7 +275,7 @@ def _residual(space, meta, archs, y, loo, seed, name):
     from hwnas.latency.predictors.residual import RESIDUAL_FOLDS, RESIDUAL_FOLDS_AGAINST
 
     def feats(keys):
-        keys = meta_keys(space, keys)
+        keys = arch_strings(space, keys)
         X = np.hstack([features(space, keys, "encode"),
                        cell_features(space, keys, meta._p["l_cols"])])
         return np.hstack([X, path_features(space, keys)]) if name == "paths" else X
@@ -292,12 +297,6 @@ def _residual(space, meta, archs, y, loo, seed, name):
         return 0.0, None
     model = mk().fit(X, r)
     return w, lambda q: np.exp(w * model.predict(feats(q)))
-
-
-def meta_keys(space, archs):
-    from hwnas.latency.predictors.features import arch_strings
-
-    return arch_strings(space, archs)
 
 
 if __name__ == "__main__":
