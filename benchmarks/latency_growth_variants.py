@@ -183,6 +183,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     space = get_space(args.space)
     devices, _ = lofo.load_devices(space)
+    devices = {d: v for d, v in devices.items() if lofo.family(d) not in args.without}
     folds = select.held_out_folds(devices, args.families)
     rows = []
     t_start = time.perf_counter()

@@ -70,6 +70,9 @@ def fold_arguments(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--max-devices", type=int, default=None,
                     help="score at most this many devices per family (the first, sorted)")
     ap.add_argument("--score-subsample", type=int, default=1000)
+    ap.add_argument("--without", nargs="+", default=[],
+                    help="families left out of everything (meta-training and scoring), e.g. to "
+                         "compare with folds cached before their tables existed")
     return ap
 
 
@@ -133,6 +136,7 @@ def main(argv=None) -> int:
                             else args.folds_against)]
     space = get_space(args.space)
     devices, _ = lofo.load_devices(space)
+    devices = {d: v for d, v in devices.items() if lofo.family(d) not in args.without}
     folds = held_out_folds(devices, args.families, args.kinds)
     rows = []
     for fam, held in folds.items():
