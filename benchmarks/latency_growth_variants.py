@@ -58,6 +58,8 @@ except ImportError:  # pragma: no cover
     from benchmarks import latency_residual_select as select
 
 OUT_JSON = Path(__file__).with_suffix(".json")
+#: the candidates printed per family as the run goes
+SHOWN = ("off", "paths", "stack:ridge", "stack:gbm", "prior:alphas", "prior:pairs")
 GRID = np.round(np.arange(0.0, 1.01, 0.1), 2)
 
 
@@ -200,16 +202,15 @@ def main(argv=None) -> int:
         fr = [r for r in rows if r["family"] == fam]
         print(f"{fam} ({time.perf_counter() - t_start:.0f} s): " + "  ".join(
             f"@{n} " + " ".join(f"{k} {np.mean([r[k] for r in fr if r['n'] == n]):.3f}"
-                                for k in ("off", "paths", "stack:ridge", "stack:gbm", "prior:alphas",
-                                          "prior:pairs")
-                                if k in fr[0])
+                                for k in SHOWN if k in fr[0])
             for n in args.n if any(r["n"] == n for r in fr)), file=sys.stderr, flush=True)
     summary = select.summarize(rows)
     for line in summary:
         print(line["kind"], line["n"], "  ".join(f"{k} {v:.4f}" for k, v in line["mean"].items()
                                                  if not k.startswith("w[")))
     write_json(args.out, {"space": args.space, "rows": rows, "summary": summary,
-                          "command": "OMP_NUM_THREADS=1 python benchmarks/latency_growth_variants.py "
+                          "command": "OMP_NUM_THREADS=1 python benchmarks/"
+                                     "latency_growth_variants.py "
                                      + " ".join(argv if argv is not None else sys.argv[1:]),
                           "machine": describe_machine("no GPU used"),
                           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
