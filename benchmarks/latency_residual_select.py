@@ -58,19 +58,67 @@ def fold_predictor(space, devices, fam, held, cache: Path | None) -> MetaPredict
     return meta
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def fold_arguments(doc: str) -> argparse.ArgumentParser:
+    """The command line both development scripts share: space, fold cache, measurements,
+    draws, families, devices per family and the scoring subsample."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--space", default="nb201", choices=["nb201", "fbnet"])
     ap.add_argument("--cache", type=Path, default=None)
     ap.add_argument("--n", nargs="+", type=int, default=[20, 50, 100])
     ap.add_argument("--draws", type=int, default=2)
     ap.add_argument("--families", nargs="+", default=None)
+    ap.add_argument("--max-devices", type=int, default=None,
+                    help="score at most this many devices per family (the first, sorted)")
+    ap.add_argument("--score-subsample", type=int, default=1000)
+    ap.add_argument("--without", nargs="+", default=[],
+                    help="families left out of everything (meta-training and scoring), e.g. to "
+                         "compare with folds cached before their tables existed")
+    return ap
+
+
+def held_out_folds(devices: dict, families=None, kinds=None) -> dict[str, list[str]]:
+    """Fold name -> held-out devices: one family at a time (those of ``families``, or all), or
+    with ``kinds`` every family of one processor kind at once (``latency_lofo --kinds``)."""
+    fams = defaultdict(list)
+    for d in devices:
+        fams[lofo.family(d)].append(d)
+    if kinds:
+        import fnmatch
+
+        return {f"kind:{k}": [d for f in sorted(fams) if any(fnmatch.fnmatch(f, pat)
+                                                              for pat in lofo.KINDS[k])
+                              for d in fams[f]] for k in kinds}
+    return {f: fams[f] for f in sorted(fams) if not families or f in families}
+
+
+def measurement_draws(meta: MetaPredictor, archs: list[str], ns, draws: int,
+                      score_subsample: int):
+    """The measurements of one held-out device (``latency_lofo.py --n ... --score-held-out``'s
+    draws): for each ``n`` (leaving at least 50 architectures), ``ref`` (the predictor's
+    reference architectures, topped up at random) and ``draws`` random draws; yields ``(n,
+    kind, draw, measured rows, scored rows)``, the scored rows a seeded subsample of the
+    table without the measured ones."""
+    idx = {a: i for i, a in enumerate(archs)}
+    score = np.sort(np.random.default_rng(7).choice(
+        len(archs), min(score_subsample, len(archs)), replace=False))
+    own = [idx[a] for a in meta.reference_archs if a in idx]
+    for n in ns:
+        if n + 50 > len(archs):
+            continue
+        for kind in ("ref", "random"):
+            for s in range(1 if kind == "ref" else draws):
+                top = np.random.default_rng(3000 + s).permutation(len(archs))
+                rows = (np.array(lofo._top_up(own, top, n)) if kind == "ref" else
+                        np.random.default_rng(1000 + s).permutation(len(archs))[:n])
+                used = set(rows.tolist())
+                yield n, kind, s, rows, np.array([i for i in score if i not in used])
+
+
+def main(argv=None) -> int:
+    ap = fold_arguments(__doc__)
     ap.add_argument("--residuals", nargs="+", default=None,
                     help="residual learners to compare (default: every one of RESIDUALS)")
     ap.add_argument("--baselines", nargs="*", default=["opcount", "gbm", "gp"])
-    ap.add_argument("--score-subsample", type=int, default=1000)
-    ap.add_argument("--max-devices", type=int, default=None,
-                    help="score at most this many devices per family (the first, sorted)")
     ap.add_argument("--kinds", nargs="+", default=None, choices=sorted(lofo.KINDS),
                     help="hold out every family of each processor kind at once instead")
     ap.add_argument("--folds-against", type=int, nargs="+", default=None,
@@ -88,16 +136,8 @@ def main(argv=None) -> int:
                             else args.folds_against)]
     space = get_space(args.space)
     devices, _ = lofo.load_devices(space)
-    fams = defaultdict(list)
-    for d in devices:
-        fams[lofo.family(d)].append(d)
-    folds = {f: fams[f] for f in sorted(fams) if not args.families or f in args.families}
-    if args.kinds:  # every family of one processor kind held out at once (latency_lofo --kinds)
-        import fnmatch
-
-        folds = {f"kind:{k}": [d for f in sorted(fams) if any(fnmatch.fnmatch(f, pat)
-                                                               for pat in lofo.KINDS[k])
-                               for d in fams[f]] for k in args.kinds}
+    devices = {d: v for d, v in devices.items() if lofo.family(d) not in args.without}
+    folds = held_out_folds(devices, args.families, args.kinds)
     rows = []
     for fam, held in folds.items():
         t0 = time.perf_counter()
@@ -106,46 +146,33 @@ def main(argv=None) -> int:
               flush=True)
         if args.fit_only:
             continue
-        refs = meta.reference_archs
         for d in sorted(held)[:args.max_devices]:
             archs, y = devices[d]
-            idx = {a: i for i, a in enumerate(archs)}
-            score = np.sort(np.random.default_rng(7).choice(
-                len(archs), min(args.score_subsample, len(archs)), replace=False))
-            own = [idx[a] for a in refs if a in idx]
-            for n in args.n:
-                if n + 50 > len(archs):
-                    continue
-                for kind in ("ref", "random"):
-                    for s in range(1 if kind == "ref" else args.draws):
-                        top = np.random.default_rng(3000 + s).permutation(len(archs))
-                        rows_k = (np.array(lofo._top_up(own, top, n)) if kind == "ref" else
-                                  np.random.default_rng(1000 + s).permutation(len(archs))[:n])
-                        used = set(rows_k.tolist())
-                        sc = np.array([i for i in score if i not in used])
-                        m_archs, m_y = [archs[i] for i in rows_k], y[rows_k]
-                        q, yq = [archs[i] for i in sc], y[sc]
-                        out = {}
-                        for res, against in candidates:
-                            meta.residual = res
-                            label = res if against is None else f"{res},against={against}"
-                            if against is not None:
-                                meta_module.RESIDUAL_FOLDS_AGAINST = against
-                            t1 = time.perf_counter()
-                            meta.adapt(m_archs, m_y, seed=s)
-                            dt = time.perf_counter() - t1
-                            out[f"meta[{label}]"] = lofo.spearman(meta.predict(q), yq)
-                            out[f"seconds[{label}]"] = dt
-                            r = meta._post.get("residual")
-                            out[f"weight[{label}]"] = r["weight"] if r else 0.0
-                        for b in args.baselines:
-                            if b == "opcount":
-                                p = OpCountPredictor(space).adapt(m_archs, m_y, seed=s).predict(q)
-                            else:
-                                p = getattr(lofo, f"{b}_baseline")(space, m_archs, m_y, q, s)
-                            out[b] = lofo.spearman(p, yq)
-                        rows.append({"family": fam, "device": d, "n": n, "kind": kind,
-                                     "draw": s, **out})
+            for n, kind, s, rows_k, sc in measurement_draws(meta, archs, args.n, args.draws,
+                                                            args.score_subsample):
+                m_archs, m_y = [archs[i] for i in rows_k], y[rows_k]
+                q, yq = [archs[i] for i in sc], y[sc]
+                out = {}
+                for res, against in candidates:
+                    meta.residual = res
+                    label = res if against is None else f"{res},against={against}"
+                    if against is not None:
+                        meta_module.RESIDUAL_FOLDS_AGAINST = against
+                    t1 = time.perf_counter()
+                    meta.adapt(m_archs, m_y, seed=s)
+                    dt = time.perf_counter() - t1
+                    out[f"meta[{label}]"] = lofo.spearman(meta.predict(q), yq)
+                    out[f"seconds[{label}]"] = dt
+                    r = meta._post.get("residual")
+                    out[f"weight[{label}]"] = r["weight"] if r else 0.0
+                for b in args.baselines:
+                    if b == "opcount":
+                        p = OpCountPredictor(space).adapt(m_archs, m_y, seed=s).predict(q)
+                    else:
+                        p = getattr(lofo, f"{b}_baseline")(space, m_archs, m_y, q, s)
+                    out[b] = lofo.spearman(p, yq)
+                rows.append({"family": fam, "device": d, "n": n, "kind": kind,
+                             "draw": s, **out})
         fam_rows = [r for r in rows if r["family"] == fam]
         print(f"  {fam}: " + ", ".join(
             f"{k}@{n} {np.mean([r[k] for r in fam_rows if r['n'] == n]):.3f}"

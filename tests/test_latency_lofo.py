@@ -249,3 +249,32 @@ def test_residual_select_summary_is_a_mean_over_families():
     assert out["families"] == 2 and out["per_family"]["a"]["meta[off]"] == pytest.approx(0.8)
     assert out["mean"]["meta[off]"] == pytest.approx(0.65)
     assert out["worst"]["meta[off]"] == pytest.approx(0.5)
+
+
+def test_cell_graph_terms_and_measurement_draws():
+    """latency_growth_variants.path_features on known cells (paths, the parallelism bound),
+    and latency_residual_select.measurement_draws: reference rows first, disjoint scoring."""
+    from benchmarks import latency_growth_variants as var
+    from benchmarks import latency_residual_select as sel
+    from hwnas.supernet.spaces import get_space
+
+    space = get_space("nb201")
+    conv = ("|nor_conv_3x3~0|+|nor_conv_3x3~0|nor_conv_3x3~1|+"
+            "|nor_conv_3x3~0|nor_conv_3x3~1|nor_conv_3x3~2|")
+    chain = "|nor_conv_3x3~0|+|none~0|skip_connect~1|+|none~0|none~1|nor_conv_1x1~2|"
+    f = var.path_features(space, [conv, chain])
+    # live paths, longest, convs / 3x3 on the costliest path, then per node 1..3: live inputs,
+    # conv inputs, convs beyond the first among parallel inputs
+    assert f[0].tolist() == [4, 3, 3, 3, 1, 1, 0, 2, 2, 1, 3, 3, 2]
+    assert f[1].tolist() == [1, 3, 2, 1, 1, 1, 0, 1, 0, 0, 1, 1, 0]
+
+    class Meta:
+        reference_archs = ["r2", "r0", "missing"]
+
+    archs = [f"r{i}" for i in range(80)]
+    draws = list(sel.measurement_draws(Meta(), archs, [10, 40], 2, 50))
+    assert [(n, k, s) for n, k, s, _, _ in draws] == [(10, "ref", 0), (10, "random", 0),
+                                                      (10, "random", 1)]  # 40 + 50 > 80
+    _, _, _, rows, scored = draws[0]
+    assert rows[:2].tolist() == [2, 0] and len(set(rows.tolist())) == 10
+    assert not set(rows.tolist()) & set(scored.tolist())
