@@ -96,6 +96,9 @@ class ScreeningConfig:
     size_trend: bool = False
     #: multiplier of the surrogate's standard deviation in the acquisition (1: as fitted)
     explore: float = 1.0
+    #: one length-scale per encoding column (automatic relevance determination), refined by
+    #: L-BFGS on the marginal likelihood after the grid (:class:`hwnas.search.gp.PoolGP`)
+    ard: bool = False
 
     def __post_init__(self) -> None:
         if self.n_startup_trials < 1 or self.cheap_front_trials < 1:

@@ -515,7 +515,7 @@ class ScreeningSampler(BaseSampler):
                 cfg = self.config
                 self._gps = [PoolGP(self._pool.features, length_factors=cfg.length_factors,
                                     noises=cfg.noises, floor_quantile=cfg.floor_quantile,
-                                    trend=self._gp_trend(self._pool.trend))
+                                    trend=self._gp_trend(self._pool.trend), ard=cfg.ard)
                              for _ in targets]
                 self._gp_targets = list(targets)
             for gp, j in zip(self._gps, range(len(targets))):
