@@ -46,7 +46,7 @@ class CandidateSpace(Protocol):
 # ------------------------------------------------------------------------------------------------
 
 
-STARTUPS = ("random", "stratified", "cheap_front")
+STARTUPS = ("random", "stratified", "cheap_front", "mixed")
 
 
 @dataclass(frozen=True)

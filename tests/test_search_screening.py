@@ -402,6 +402,22 @@ def test_cheap_front_start_is_spread_along_latency_vs_flops():
     assert len(set(plain)) == 5
 
 
+def test_mixed_start_is_the_cheap_front_then_random_candidates():
+    space = SizedToySpace()
+    archs = list(space.all_architectures())
+    lat, fl = cheap_latency(archs), np.array([space.flops(a) for a in archs], float)
+    on_front = {archs[i] for i in front_indices_2d(lat, fl)}
+    mixed = ScreeningConfig(n_startup_trials=4, startup="mixed", cheap_front_trials=3)
+    runs = [run_toy(space, ScreeningSampler(space, cheap_latency, (1,), seed=s, config=mixed), 9)
+            for s in (0, 1)]
+    assert runs[0][:3] == runs[1][:3] and set(runs[0][:3]) <= on_front  # the plan, whole
+    assert runs[0][3:7] != runs[1][3:7]  # then each seed's own random candidates
+    # the same as a cheap-front plan of 3 inside a random start-up of 3 + 4 trials
+    same = ScreeningConfig(n_startup_trials=7, startup="cheap_front", cheap_front_trials=3)
+    assert run_toy(space, ScreeningSampler(space, cheap_latency, (1,), seed=0, config=same),
+                   9) == runs[0]
+
+
 def test_screening_options_of_the_benchmark():
     bench = _bench()
     assert bench.screening_options(["startup=random", "cheap_front_trials=12",
