@@ -384,7 +384,8 @@ def previous_runs(path: Path) -> list[dict]:
         raise UserError(f"{path} exists but is not a JSON file; move it away or pass "
                         f"another --out") from None
     keep = ("command", "date", "default_sampler", "screening_startup", "latency_source",
-            "budgets", "devices", "summary", "summary_validation", "results")
+            "budgets", "devices", "summary", "summary_validation", "results",
+            "development_runs")
     return [{k: old[k] for k in keep if k in old}, *old.get("previous_runs", [])]
 
 
