@@ -86,8 +86,8 @@ class ScreeningSampler(BaseSampler):
     ``startup="cheap_front"``, candidates spread along the *cheap front* - non-dominated in (first
     cheap objective, FLOPs), the best guess of the accuracy front before any accuracy is known
     (:mod:`hwnas.search.startup`; deterministic, so no seed's luck decides the first
-    evaluations); ``startup="mixed"`` evaluates ``cheap_front_trials`` of the cheap front and
-    then ``n_startup_trials`` random candidates, so the seeds keep their variety.
+    evaluations); ``startup="mixed"`` (the default) evaluates ``cheap_front_trials`` of the cheap
+    front and then ``n_startup_trials`` random candidates, so the seeds keep their variety.
 
     Constraints (Optuna's ``trial.set_constraint``; <= 0 is feasible): those the caller can compute
     for every candidate (``constraints``, e.g. a latency predicted for free) *screen the pool* —
