@@ -22,7 +22,8 @@ read at every budget (100, 300, 1000); mean ± std over ``--seeds`` seeds (the s
 
 Samplers: ``auto`` (the default of ``hwnas run``, built by :func:`hwnas.search.samplers.make_sampler`
 with the run's settings: here the screening sampler, which sees the predicted latency but not
-its deviation), ``tpe`` (multivariate TPE), ``nsga2`` and ``random`` from
+its deviation), ``tpe`` (multivariate TPE), ``nsga2``, ``random`` and ``gp`` (Optuna's
+GPSampler, a baseline on request: not in the default run) from
 :mod:`hwnas.search.samplers`, and
 ``screening`` (:class:`hwnas.search.screening.ScreeningSampler`: a GP surrogate of accuracy screens the
 whole space, whose predicted latency and its uncertainty are free, by expected hypervolume
@@ -75,7 +76,9 @@ from hwnas.supernet.spaces import get_space  # noqa: E402
 from hwnas.core.errors import UserError  # noqa: E402
 
 OUT_JSON = Path(__file__).with_suffix(".json")
-SAMPLER_CHOICES = ("auto", "tpe", "nsga2", "random", "screening")
+SAMPLER_CHOICES = ("auto", "tpe", "nsga2", "random", "screening", "gp")
+#: the samplers of the standard run; ``gp`` (Optuna's GPSampler, minutes per search) on request
+DEFAULT_SAMPLERS = SAMPLER_CHOICES[:5]
 BEST_METHOD = "screening"
 ACCURACY_FILE = Path("nb201") / "nb201_cifar100_accuracy.csv"
 
@@ -381,13 +384,14 @@ def previous_runs(path: Path) -> list[dict]:
         raise UserError(f"{path} exists but is not a JSON file; move it away or pass "
                         f"another --out") from None
     keep = ("command", "date", "default_sampler", "screening_startup", "latency_source",
-            "budgets", "devices", "summary", "summary_validation", "results")
+            "budgets", "devices", "summary", "summary_validation", "results",
+            "development_runs")
     return [{k: old[k] for k in keep if k in old}, *old.get("previous_runs", [])]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--samplers", nargs="+", default=list(SAMPLER_CHOICES),
+    ap.add_argument("--samplers", nargs="+", default=list(DEFAULT_SAMPLERS),
                     choices=list(SAMPLER_CHOICES))
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budgets", nargs="+", type=int, default=[100, 300, 1000])

@@ -46,7 +46,7 @@ class CandidateSpace(Protocol):
 # ------------------------------------------------------------------------------------------------
 
 
-STARTUPS = ("random", "stratified", "cheap_front")
+STARTUPS = ("random", "stratified", "cheap_front", "mixed")
 
 
 @dataclass(frozen=True)
@@ -79,14 +79,17 @@ class ScreeningConfig:
     cheap_std_scale: float = 0.0
     #: how the start-up candidates are drawn: "random" (uniform over the pool), "stratified"
     #: (one from each of ``n_startup_trials`` quantile bins of the first cheap objective, so
-    #: that the first evaluations span the cheap objective's range) or "cheap_front" (spread
+    #: that the first evaluations span the cheap objective's range), "cheap_front" (spread
     #: along the front of the first cheap objective vs FLOPs, :mod:`hwnas.search.startup`;
-    #: random where the space counts no FLOPs or no objective is cheap). "cheap_front" beat
-    #: "random" on the development devices but not on HELP's test devices, so it is an option
-    startup: str = "random"
-    #: how many candidates the "cheap_front" start-up evaluates (all of them, before the
-    #: surrogate chooses; at least ``n_startup_trials`` trials start up in any case)
-    cheap_front_trials: int = 15
+    #: random where the space counts no FLOPs or no objective is cheap) or "mixed" (the
+    #: default: ``cheap_front_trials`` of the cheap front, then ``n_startup_trials`` random
+    #: candidates). "mixed" beat "random" on both development blocks of
+    #: ``benchmarks/search_nb201.md``; "cheap_front" alone lost on HELP's test devices
+    startup: str = "mixed"
+    #: how many candidates of the cheap front the "cheap_front" and "mixed" start-ups evaluate
+    #: first (with "cheap_front", at least ``n_startup_trials`` trials start up in any case;
+    #: with "mixed", ``n_startup_trials`` random ones follow)
+    cheap_front_trials: int = 5
     #: the surrogate's mean is linear in the (standardized, log where positive) cheap
     #: objectives instead of constant: what the cheap objectives say of accuracy is learned
     #: from the first evaluations and extrapolated to the whole pool
@@ -96,6 +99,9 @@ class ScreeningConfig:
     size_trend: bool = False
     #: multiplier of the surrogate's standard deviation in the acquisition (1: as fitted)
     explore: float = 1.0
+    #: one length-scale per encoding column (automatic relevance determination), refined by
+    #: L-BFGS on the marginal likelihood after the grid (:class:`hwnas.search.gp.PoolGP`)
+    ard: bool = False
 
     def __post_init__(self) -> None:
         if self.n_startup_trials < 1 or self.cheap_front_trials < 1:

@@ -82,10 +82,12 @@ class ScreeningSampler(BaseSampler):
       (Paria et al. 2019): each trial draws its own weights, so successive trials spread over the
       front, and the cheap objectives enter with their known values.
 
-    Before the surrogate chooses, the start-up evaluates random candidates (by default) or, with
+    Before the surrogate chooses, the start-up evaluates random candidates or, with
     ``startup="cheap_front"``, candidates spread along the *cheap front* - non-dominated in (first
     cheap objective, FLOPs), the best guess of the accuracy front before any accuracy is known
-    (:mod:`hwnas.search.startup`; deterministic, so no seed's luck decides the first evaluations).
+    (:mod:`hwnas.search.startup`; deterministic, so no seed's luck decides the first
+    evaluations); ``startup="mixed"`` (the default) evaluates ``cheap_front_trials`` of the cheap
+    front and then ``n_startup_trials`` random candidates, so the seeds keep their variety.
 
     Constraints (Optuna's ``trial.set_constraint``; <= 0 is feasible): those the caller can compute
     for every candidate (``constraints``, e.g. a latency predicted for free) *screen the pool* —
@@ -202,7 +204,7 @@ class ScreeningSampler(BaseSampler):
         planned = self._plan_next(directions, set(self._hist.keys) | busy)
         if planned is not None:  # the cheap-front start-up comes first, whole
             return self._pool.archs[planned]
-        startup = len(self._hist.keys) < self.config.n_startup_trials
+        startup = len(self._hist.keys) < self._startup_trials()
         score = None if startup else self._acquisition(directions, rng)  # may renew the pool
         pool = self._pool
         taken = set(self._hist.keys) | busy
@@ -222,6 +224,12 @@ class ScreeningSampler(BaseSampler):
             return pool.archs[int(self._startup_choice(rng, free))]
         return pool.archs[int(free[int(np.argmax(score[free]))])]
 
+    def _startup_trials(self) -> int:
+        """Completed trials before the surrogate chooses: ``n_startup_trials``, after the
+        cheap-front plan's candidates where ``startup = "mixed"``."""
+        n = self.config.n_startup_trials
+        return n + len(self._plan or ()) if self.config.startup == "mixed" else n
+
     def _startup_choice(self, rng: np.random.Generator, free: np.ndarray) -> int:
         """A start-up candidate of ``free``: uniform, or from the quantile bin of the first
         cheap objective that this start-up trial stands for (``startup = "stratified"``)."""
@@ -236,12 +244,13 @@ class ScreeningSampler(BaseSampler):
 
     def _plan_next(self, directions: list[StudyDirection], taken: set[str]) -> int | None:
         """Pool index of the next cheap-front start-up candidate not evaluated or running
-        (``startup = "cheap_front"``); ``None`` when none is left or there is no plan.
+        (``startup = "cheap_front"`` or ``"mixed"``); ``None`` when none is left or there is
+        no plan.
 
         The plan is made once, from the first pool's candidates that meet the cheap
         constraints, whatever was evaluated: a resumed process makes the same plan."""
         pool = self._pool
-        if self.config.startup != "cheap_front" or pool.cheap.shape[1] == 0:
+        if self.config.startup not in ("cheap_front", "mixed") or pool.cheap.shape[1] == 0:
             return None
         if self._plan is None:
             ok = np.flatnonzero(pool.feasible)
@@ -515,7 +524,7 @@ class ScreeningSampler(BaseSampler):
                 cfg = self.config
                 self._gps = [PoolGP(self._pool.features, length_factors=cfg.length_factors,
                                     noises=cfg.noises, floor_quantile=cfg.floor_quantile,
-                                    trend=self._gp_trend(self._pool.trend))
+                                    trend=self._gp_trend(self._pool.trend), ard=cfg.ard)
                              for _ in targets]
                 self._gp_targets = list(targets)
             for gp, j in zip(self._gps, range(len(targets))):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -315,6 +316,35 @@ def test_pool_gp_trend_extrapolates_a_linear_mean():
     assert err[True] < 0.2 * err[False], err
 
 
+def test_pool_gp_ard_finds_the_relevant_column_and_its_gradient_is_exact():
+    rng = np.random.default_rng(0)
+    pool = rng.random((1000, 5))
+    y = np.sin(6 * pool[:, 0]) + 0.05 * pool[:, 1]  # only column 0 matters
+    train = rng.choice(len(pool), 60, replace=False)
+    err, gps = {}, {}
+    for ard in (False, True):
+        gp = PoolGP(pool, length_factors=(0.1, 0.4, 1.6), noises=(1e-3, 1e-2, 0.1),
+                    floor_quantile=0.0, ard=ard)
+        gp.refit(pool[train], y[train])
+        mu, _ = gp.predict(y[train])
+        err[ard], gps[ard] = float(np.sqrt(np.mean((mu - y) ** 2))), gp
+    w = gps[True].weights
+    assert w[0] > 5 * w[1:].max(), w
+    assert err[True] < 0.5 * err[False], err
+    np.testing.assert_array_equal(gps[False].weights, 1.0)
+    # the marginal likelihood's gradient (what L-BFGS follows) against finite differences
+    from scipy.optimize import check_grad
+
+    from hwnas.search.gp import _ard_nll
+
+    X = pool[train[:20]]
+    D = (X[:, None, :] - X[None, :, :]) ** 2
+    r = y[train[:20]] - y[train[:20]].mean()
+    theta = np.array([0.3, -0.2, 0.1, 0.0, -0.5, math.log(1e-2)])
+    assert check_grad(lambda t: _ard_nll(t, D, r, 1.0)[0],
+                      lambda t: _ard_nll(t, D, r, 1.0)[1], theta) < 1e-4
+
+
 def test_stratified_start_spans_the_cheap_objective():
     space = ToySpace()
     sampler = ScreeningSampler(space, cheap_latency, (1,), seed=0,
@@ -370,6 +400,22 @@ def test_cheap_front_start_is_spread_along_latency_vs_flops():
     plain = run_toy(ToySpace(), ScreeningSampler(ToySpace(), cheap_latency, (1,), seed=0,
                                                  config=config), 5)
     assert len(set(plain)) == 5
+
+
+def test_mixed_start_is_the_cheap_front_then_random_candidates():
+    space = SizedToySpace()
+    archs = list(space.all_architectures())
+    lat, fl = cheap_latency(archs), np.array([space.flops(a) for a in archs], float)
+    on_front = {archs[i] for i in front_indices_2d(lat, fl)}
+    mixed = ScreeningConfig(n_startup_trials=4, startup="mixed", cheap_front_trials=3)
+    runs = [run_toy(space, ScreeningSampler(space, cheap_latency, (1,), seed=s, config=mixed), 9)
+            for s in (0, 1)]
+    assert runs[0][:3] == runs[1][:3] and set(runs[0][:3]) <= on_front  # the plan, whole
+    assert runs[0][3:7] != runs[1][3:7]  # then each seed's own random candidates
+    # the same as a cheap-front plan of 3 inside a random start-up of 3 + 4 trials
+    same = ScreeningConfig(n_startup_trials=7, startup="cheap_front", cheap_front_trials=3)
+    assert run_toy(space, ScreeningSampler(space, cheap_latency, (1,), seed=0, config=same),
+                   9) == runs[0]
 
 
 def test_screening_options_of_the_benchmark():
