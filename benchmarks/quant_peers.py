@@ -9,6 +9,7 @@ training split) are quantized by:
   saturate (:func:`hwnas.export.qdq.build_qdq`), the deployment form with requantization;
 * ``hwnas_int8_full``: the same with full-range int8 weights (the file before issue 49);
 * ``hwnas_int8_first7``: full range but the first layer at 7 bits (NNCF's overflow fix);
+* ``hwnas_int8_adaround``: ``hwnas_int8`` with AdaRound (learned rounding, see below);
 * ``hwnas_w4a8``: W4A8, first and last layer W8A8, MSE weights and activations (the
   ``ptq_w4a8`` recipe of ``benchmarks/quant_recipes.py``), portable;
 * ``hwnas_w4a8_adaround``: the same with AdaRound (``PTQConfig(rounding="adaround")``,
@@ -17,6 +18,8 @@ training split) are quantized by:
 * ``ort_minmax`` / ``ort_entropy`` / ``ort_percentile`` / ``ort_minmax_reduce_range``:
   onnxruntime ``quantize_static`` (QDQ, per channel, uint8 activations, int8 weights);
 * ``nncf_int8``: ``nncf.quantize`` with its defaults (ONNX backend), when NNCF is installed;
+* ``nncf_w4a8``: the same with 4-bit weights in every layer (``weights_quantization_params``
+  ``num_bits=4``; NNCF has no first/last-layer exception);
 * ``aimet_adaround_w4a8``: AIMET (``aimet-onnx``, when installed) AdaRound at W4A8, first and
   last layer W8A8 like ``hwnas_w4a8``: ``QuantizationSimModel`` (per-channel symmetric weights,
   ``tf_enhanced`` ranges), ``Adaround.apply_adaround`` with ``--aimet-iterations`` steps per
@@ -68,9 +71,9 @@ from hwnas.core.errors import UserError
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-METHODS = ("fp32", "hwnas_int8", "hwnas_int8_full", "hwnas_int8_first7", "hwnas_w4a8",
-           "hwnas_w4a8_adaround", "ort_minmax", "ort_entropy", "ort_percentile",
-           "ort_minmax_reduce_range", "nncf_int8", "aimet_adaround_w4a8")
+METHODS = ("fp32", "hwnas_int8", "hwnas_int8_adaround", "hwnas_int8_full", "hwnas_int8_first7",
+           "hwnas_w4a8", "hwnas_w4a8_adaround", "ort_minmax", "ort_entropy", "ort_percentile",
+           "ort_minmax_reduce_range", "nncf_int8", "nncf_w4a8", "aimet_adaround_w4a8")
 RUNTIMES = ("ort", "ort_u8u8", "ov", "ov_no_vnni")
 
 
@@ -109,14 +112,14 @@ def hwnas_file(net: torch.nn.Module, calib: torch.Tensor, method: str,
     from hwnas.quant.ptq import PTQConfig
 
     n = len(calib)
+    rounding = "adaround" if method.endswith("adaround") else "nearest"
     if method.startswith("hwnas_w4a8"):
         policy = first_last_8bit(uniform(net, 4, 8))
         config = PTQConfig(act_observer="mse", weight_observer="mse", max_images=n,
-                           rounding="adaround" if method.endswith("adaround") else "nearest",
-                           adaround_iterations=adaround_iterations)
+                           rounding=rounding, adaround_iterations=adaround_iterations)
         return build_qdq(net, policy, [calib], config=config).proto()
     policy = uniform(net, 8, 8)
-    config = PTQConfig(max_images=n)
+    config = PTQConfig(max_images=n, rounding=rounding, adaround_iterations=adaround_iterations)
     if method == "hwnas_int8_full":
         return build_qdq(net, policy, [calib], config=config, portable=False).proto()
     if method == "hwnas_int8_first7":
@@ -155,15 +158,25 @@ def ort_file(fp32_path: Path, calib: np.ndarray, method: str, work: Path) -> onn
     return onnx.load(str(out))
 
 
-def nncf_file(fp32_path: Path, calib: np.ndarray) -> onnx.ModelProto | None:
+def nncf_file(fp32_path: Path, calib: np.ndarray, weight_bits: int = 8) -> onnx.ModelProto | None:
+    """``nncf.quantize`` with its defaults (ONNX backend); ``weight_bits=4``: 4-bit weights in
+    every layer. None without NNCF."""
     try:
         import nncf
+        from nncf.quantization.advanced_parameters import (
+            AdvancedQuantizationParameters,
+            QuantizationParameters,
+        )
     except ImportError:
         return None
     model = onnx.load(str(fp32_path))
     dataset = nncf.Dataset([calib[i:i + 1] for i in range(len(calib))],
                            lambda x: {"input": x})
-    return nncf.quantize(model, dataset, subset_size=len(calib))
+    advanced = None
+    if weight_bits != 8:
+        advanced = AdvancedQuantizationParameters(
+            weights_quantization_params=QuantizationParameters(num_bits=weight_bits))
+    return nncf.quantize(model, dataset, subset_size=len(calib), advanced_parameters=advanced)
 
 
 _AIMET_CONFIG = {
@@ -280,23 +293,36 @@ def time_files(paths: list[Path], batch: int, rounds: int,
 
 # -- the table --------------------------------------------------------------------------------------
 
-def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) -> list[dict]:
-    from hwnas.export.qdq import float_proto
-    from hwnas.export.qdq.int16 import int16_report
+def float_subnet(role: str, supernet, space, data, seed: int, calib_images: int):
+    """The ``role`` subnet with BatchNorm recalibrated as the search does, its calibration images
+    (``calib_images``, stratified and seeded, from the training split) and a function that
+    normalises uint8 images the same way: ``(arch, net, calib, normalise)``."""
     from hwnas.supernet.data.splits import _rng, _stratified_take
     from hwnas.supernet.evaluate import recalibrated_subnet
 
     arch = recipes.subnet_archs(space)[role]
-    net = recalibrated_subnet(supernet, arch, data, seed=args.seed).eval()
+    net = recalibrated_subnet(supernet, arch, data, seed=seed).eval()
     mean = torch.tensor(data.mean).view(1, -1, 1, 1)
     std = torch.tensor(data.std).view(1, -1, 1, 1)
-    _, idx = _stratified_take(data.train.labels.numpy(), args.calib, _rng(args.seed, 99))
-    calib = (data.train.images[idx].float() / 255 - mean) / std
+
+    def normalise(images: torch.Tensor) -> torch.Tensor:
+        return (images.float() / 255 - mean) / std
+
+    _, idx = _stratified_take(data.train.labels.numpy(), calib_images, _rng(seed, 99))
+    return arch, net, normalise(data.train.images[idx]), normalise
+
+
+def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) -> list[dict]:
+    from hwnas.export.qdq import float_proto
+    from hwnas.export.qdq.int16 import int16_report
+    from hwnas.supernet.data.splits import _rng, _stratified_take
+
+    arch, net, calib, normalise = float_subnet(role, supernet, space, data, args.seed, args.calib)
     test_y = data.test.labels.numpy()
     test_idx = np.arange(len(test_y))
     if 0 < args.subset < len(test_y):
         test_idx = _stratified_take(test_y, args.subset, _rng(args.seed, 98))[1]
-    test_x = ((data.test.images[test_idx].float() / 255 - mean) / std).numpy()
+    test_x = normalise(data.test.images[test_idx]).numpy()
     test_y = test_y[test_idx]
     rows = []
     with contextlib.ExitStack() as stack:
@@ -333,7 +359,7 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) 
                     print(f"  {role}: {method} skipped: aimet-onnx is not installed", flush=True)
                     continue
             else:
-                proto = nncf_file(fp32_path, calib.numpy())
+                proto = nncf_file(fp32_path, calib.numpy(), 4 if method == "nncf_w4a8" else 8)
                 if proto is None:
                     print(f"  {role}: {method} skipped: NNCF is not installed", flush=True)
                     continue
