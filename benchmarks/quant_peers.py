@@ -404,6 +404,10 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) 
                    "worst_pair_sum": report.get("worst_pair_sum"),
                    "ort_ms_b%d" % args.timing_batch: ms.get(path.name),
                    "ort_u8u8_ms_b%d" % args.timing_batch: ms.get(path.name + "+u8u8"),
+                   "adaround_iterations": (args.adaround_iterations
+                                           if method.startswith("hwnas") and "adaround" in method
+                                           else args.aimet_iterations if "adaround" in method
+                                           else None),
                    "quantize_seconds": round(seconds.get(method, 0.0), 1),
                    "quantize_cpu_seconds": (round(cpu_seconds[method], 1)
                                             if method in cpu_seconds else None)}
@@ -466,7 +470,9 @@ def markdown(doc: dict) -> str:
         u8 = row.get(ms_key.replace("ort_ms", "ort_u8u8_ms")) if ms_key else None
         ms += "" if u8 is None else f" ({u8:.2f})"
         sec = "" if row["method"] == "fp32" else f"{row.get('quantize_seconds', 0):.0f}"
-        lines.append(f"| {row['subnet']} | {row['method']} | " + " | ".join(cells)
+        steps = row.get("adaround_iterations")
+        name = row["method"] + (f" ({steps} steps)" if steps else "")
+        lines.append(f"| {row['subnet']} | {name} | " + " | ".join(cells)
                      + f" | {safe} | {sec} |" + (f" {ms} |" if ms_key else ""))
     return "\n".join(lines) + "\n"
 
