@@ -18,8 +18,9 @@ training split) are quantized by:
 * ``ort_minmax`` / ``ort_entropy`` / ``ort_percentile`` / ``ort_minmax_reduce_range``:
   onnxruntime ``quantize_static`` (QDQ, per channel, uint8 activations, int8 weights);
 * ``nncf_int8``: ``nncf.quantize`` with its defaults (ONNX backend), when NNCF is installed;
-* ``nncf_w4a8``: the same with 4-bit weights in every layer (``weights_quantization_params``
-  ``num_bits=4``; NNCF has no first/last-layer exception);
+* ``nncf_w4a8``: NNCF with 4-bit weights in every layer (``weights_quantization_params``
+  ``num_bits=4``, NNCF has no first/last-layer exception), on its OpenVINO backend with the NPU
+  target (its ONNX backend exports 8-bit Q/DQ pairs only): an OpenVINO IR, run on OpenVINO only;
 * ``aimet_adaround_w4a8``: AIMET (``aimet-onnx``, when installed) AdaRound at W4A8, first and
   last layer W8A8 like ``hwnas_w4a8``: ``QuantizationSimModel`` (per-channel symmetric weights,
   ``tf_enhanced`` ranges), ``Adaround.apply_adaround`` with ``--aimet-iterations`` steps per
@@ -158,9 +159,11 @@ def ort_file(fp32_path: Path, calib: np.ndarray, method: str, work: Path) -> onn
     return onnx.load(str(out))
 
 
-def nncf_file(fp32_path: Path, calib: np.ndarray, weight_bits: int = 8) -> onnx.ModelProto | None:
-    """``nncf.quantize`` with its defaults (ONNX backend); ``weight_bits=4``: 4-bit weights in
-    every layer. None without NNCF."""
+def nncf_file(fp32_path: Path, calib: np.ndarray, weight_bits: int = 8,
+              ir_path: Path | None = None) -> onnx.ModelProto | Path | None:
+    """``nncf.quantize`` with its defaults (ONNX backend), or None without NNCF;
+    ``weight_bits=4``: 4-bit weights in every layer on the OpenVINO backend (NPU target),
+    saved as an OpenVINO IR at ``ir_path``, which is returned."""
     try:
         import nncf
         from nncf.quantization.advanced_parameters import (
@@ -172,11 +175,17 @@ def nncf_file(fp32_path: Path, calib: np.ndarray, weight_bits: int = 8) -> onnx.
     model = onnx.load(str(fp32_path))
     dataset = nncf.Dataset([calib[i:i + 1] for i in range(len(calib))],
                            lambda x: {"input": x})
-    advanced = None
-    if weight_bits != 8:
-        advanced = AdvancedQuantizationParameters(
-            weights_quantization_params=QuantizationParameters(num_bits=weight_bits))
-    return nncf.quantize(model, dataset, subset_size=len(calib), advanced_parameters=advanced)
+    if weight_bits == 8:
+        return nncf.quantize(model, dataset, subset_size=len(calib))
+    import openvino as ov
+
+    advanced = AdvancedQuantizationParameters(
+        weights_quantization_params=QuantizationParameters(num_bits=weight_bits))
+    quantized = nncf.quantize(ov.Core().read_model(str(fp32_path)), dataset,
+                              subset_size=len(calib), target_device=nncf.TargetDevice.NPU,
+                              advanced_parameters=advanced)
+    ov.save_model(quantized, str(ir_path), compress_to_fp16=False)
+    return ir_path
 
 
 _AIMET_CONFIG = {
@@ -340,12 +349,13 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) 
             if method == "fp32":
                 continue
             kept = work / f"{method}.seconds"
-            if kept.is_file() and (work / f"{method}.onnx").is_file():
+            suffix = ".xml" if method == "nncf_w4a8" else ".onnx"  # an OpenVINO IR
+            if kept.is_file() and (work / f"{method}{suffix}").is_file():
                 kept_seconds = [float(v) for v in kept.read_text().split()]
                 seconds[method] = kept_seconds[0]
                 if len(kept_seconds) > 1:
                     cpu_seconds[method] = kept_seconds[1]
-                files[method] = work / f"{method}.onnx"
+                files[method] = work / f"{method}{suffix}"
                 print(f"  {role}: {method} taken from {files[method]}", flush=True)
                 continue
             t, cpu = time.perf_counter(), time.process_time()
@@ -359,20 +369,24 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) 
                     print(f"  {role}: {method} skipped: aimet-onnx is not installed", flush=True)
                     continue
             else:
-                proto = nncf_file(fp32_path, calib.numpy(), 4 if method == "nncf_w4a8" else 8)
+                proto = nncf_file(fp32_path, calib.numpy(), 4 if method == "nncf_w4a8" else 8,
+                                  work / f"{method}{suffix}")
                 if proto is None:
                     print(f"  {role}: {method} skipped: NNCF is not installed", flush=True)
                     continue
             seconds[method] = time.perf_counter() - t
             cpu_seconds[method] = time.process_time() - cpu
-            path = work / f"{method}.onnx"
-            onnx.save(proto, path)
+            path = work / f"{method}{suffix}"
+            if suffix == ".onnx":
+                onnx.save(proto, path)
             files[method] = path
             if args.keep_files:
                 kept.write_text(f"{seconds[method]:.1f} {cpu_seconds[method]:.1f}")
             print(f"  {role}: {method} quantized in {seconds[method]:.0f} s", flush=True)
         top1: dict[tuple[str, str], float] = {}
         for method, path in files.items():
+            if path.suffix != ".onnx":
+                continue  # an OpenVINO IR
             if "ort" in runtimes:
                 top1[method, "ort"] = 100 * float((ort_top1(path, test_x) == test_y).mean())
             if "ort_u8u8" in runtimes and method != "fp32":
@@ -390,12 +404,13 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) 
             for method, path in files.items():
                 if path.name in got:
                     top1[method, run] = 100 * float((got[path.name] == test_y).mean())
-        ms = (time_files(list(files.values()), args.timing_batch, args.timing_rounds,
+        ms = (time_files([p for p in files.values() if p.suffix == ".onnx"], args.timing_batch, args.timing_rounds,
                          u8u8=tuple(p.name for m, p in files.items() if m.startswith("hwnas_int8")))
               if args.timing_rounds else {})
         fp32 = top1.get(("fp32", "ort"))
         for method, path in files.items():
-            report = int16_report(onnx.load(str(path))) if method != "fp32" else {}
+            report = (int16_report(onnx.load(str(path)))
+                      if method != "fp32" and path.suffix == ".onnx" else {})
             if not report.get("integer_layers_bounded"):
                 report = {}  # no int8 weights it could read (e.g. ONNX INT4): no verdict
             row = {"subnet": role, "arch": space.to_string(arch), "method": method,
