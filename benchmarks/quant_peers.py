@@ -342,7 +342,8 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) 
             work = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         fp32_path = work / "fp32.onnx"
         onnx.save(float_proto(net, calib[:1]), fp32_path)
-        files: dict[str, Path] = {"fp32": fp32_path}
+        # FP32 is run only when asked (a --merge run takes the drops from the file's FP32 row)
+        files: dict[str, Path] = {"fp32": fp32_path} if "fp32" in methods else {}
         seconds: dict[str, float] = {}
         cpu_seconds: dict[str, float] = {}  # the process's CPU time: the cost on a loaded machine
         for method in methods:
