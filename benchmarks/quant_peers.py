@@ -90,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calib", type=int, default=512, help="calibration images (default 512)")
     p.add_argument("--timing-batch", type=int, default=32)
     p.add_argument("--timing-rounds", type=int, default=5, help="0: no timing")
-    p.add_argument("--adaround-iterations", type=int, default=500,
+    p.add_argument("--adaround-iterations", type=int, default=200,
                    help="AdaRound's Adam steps per layer (hwnas_w4a8_adaround)")
     p.add_argument("--aimet-iterations", type=int, default=500,
                    help="AIMET AdaRound's steps per layer (aimet_adaround_w4a8)")
@@ -107,7 +107,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # -- the quantizers ---------------------------------------------------------------------------------
 
 def hwnas_file(net: torch.nn.Module, calib: torch.Tensor, method: str,
-               adaround_iterations: int = 500) -> onnx.ModelProto:
+               adaround_iterations: int = 200) -> onnx.ModelProto:
     from hwnas.export.qdq import build_qdq
     from hwnas.quant.policy import first_last_8bit, uniform
     from hwnas.quant.ptq import PTQConfig
