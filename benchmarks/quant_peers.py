@@ -9,6 +9,7 @@ training split) are quantized by:
   saturate (:func:`hwnas.export.qdq.build_qdq`), the deployment form with requantization;
 * ``hwnas_int8_full``: the same with full-range int8 weights (the file before issue 49);
 * ``hwnas_int8_first7``: full range but the first layer at 7 bits (NNCF's overflow fix);
+* ``hwnas_int8_adaround``: ``hwnas_int8`` with AdaRound (learned rounding, see below);
 * ``hwnas_w4a8``: W4A8, first and last layer W8A8, MSE weights and activations (the
   ``ptq_w4a8`` recipe of ``benchmarks/quant_recipes.py``), portable;
 * ``hwnas_w4a8_adaround``: the same with AdaRound (``PTQConfig(rounding="adaround")``,
@@ -17,6 +18,9 @@ training split) are quantized by:
 * ``ort_minmax`` / ``ort_entropy`` / ``ort_percentile`` / ``ort_minmax_reduce_range``:
   onnxruntime ``quantize_static`` (QDQ, per channel, uint8 activations, int8 weights);
 * ``nncf_int8``: ``nncf.quantize`` with its defaults (ONNX backend), when NNCF is installed;
+* ``nncf_w4a8``: NNCF with 4-bit weights in every layer (``weights_quantization_params``
+  ``num_bits=4``, NNCF has no first/last-layer exception), on its OpenVINO backend with the NPU
+  target (its ONNX backend exports 8-bit Q/DQ pairs only): an OpenVINO IR, run on OpenVINO only;
 * ``aimet_adaround_w4a8``: AIMET (``aimet-onnx``, when installed) AdaRound at W4A8, first and
   last layer W8A8 like ``hwnas_w4a8``: ``QuantizationSimModel`` (per-channel symmetric weights,
   ``tf_enhanced`` ranges), ``Adaround.apply_adaround`` with ``--aimet-iterations`` steps per
@@ -68,9 +72,9 @@ from hwnas.core.errors import UserError
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-METHODS = ("fp32", "hwnas_int8", "hwnas_int8_full", "hwnas_int8_first7", "hwnas_w4a8",
-           "hwnas_w4a8_adaround", "ort_minmax", "ort_entropy", "ort_percentile",
-           "ort_minmax_reduce_range", "nncf_int8", "aimet_adaround_w4a8")
+METHODS = ("fp32", "hwnas_int8", "hwnas_int8_adaround", "hwnas_int8_full", "hwnas_int8_first7",
+           "hwnas_w4a8", "hwnas_w4a8_adaround", "ort_minmax", "ort_entropy", "ort_percentile",
+           "ort_minmax_reduce_range", "nncf_int8", "nncf_w4a8", "aimet_adaround_w4a8")
 RUNTIMES = ("ort", "ort_u8u8", "ov", "ov_no_vnni")
 
 
@@ -86,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calib", type=int, default=512, help="calibration images (default 512)")
     p.add_argument("--timing-batch", type=int, default=32)
     p.add_argument("--timing-rounds", type=int, default=5, help="0: no timing")
-    p.add_argument("--adaround-iterations", type=int, default=500,
+    p.add_argument("--adaround-iterations", type=int, default=200,
                    help="AdaRound's Adam steps per layer (hwnas_w4a8_adaround)")
     p.add_argument("--aimet-iterations", type=int, default=500,
                    help="AIMET AdaRound's steps per layer (aimet_adaround_w4a8)")
@@ -103,20 +107,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # -- the quantizers ---------------------------------------------------------------------------------
 
 def hwnas_file(net: torch.nn.Module, calib: torch.Tensor, method: str,
-               adaround_iterations: int = 500) -> onnx.ModelProto:
+               adaround_iterations: int = 200) -> onnx.ModelProto:
     from hwnas.export.qdq import build_qdq
     from hwnas.quant.policy import first_last_8bit, uniform
     from hwnas.quant.ptq import PTQConfig
 
     n = len(calib)
+    rounding = "adaround" if method.endswith("adaround") else "nearest"
     if method.startswith("hwnas_w4a8"):
         policy = first_last_8bit(uniform(net, 4, 8))
         config = PTQConfig(act_observer="mse", weight_observer="mse", max_images=n,
-                           rounding="adaround" if method.endswith("adaround") else "nearest",
-                           adaround_iterations=adaround_iterations)
+                           rounding=rounding, adaround_iterations=adaround_iterations)
         return build_qdq(net, policy, [calib], config=config).proto()
     policy = uniform(net, 8, 8)
-    config = PTQConfig(max_images=n)
+    config = PTQConfig(max_images=n, rounding=rounding, adaround_iterations=adaround_iterations)
     if method == "hwnas_int8_full":
         return build_qdq(net, policy, [calib], config=config, portable=False).proto()
     if method == "hwnas_int8_first7":
@@ -155,15 +159,33 @@ def ort_file(fp32_path: Path, calib: np.ndarray, method: str, work: Path) -> onn
     return onnx.load(str(out))
 
 
-def nncf_file(fp32_path: Path, calib: np.ndarray) -> onnx.ModelProto | None:
+def nncf_file(fp32_path: Path, calib: np.ndarray, weight_bits: int = 8,
+              ir_path: Path | None = None) -> onnx.ModelProto | Path | None:
+    """``nncf.quantize`` with its defaults (ONNX backend), or None without NNCF;
+    ``weight_bits=4``: 4-bit weights in every layer on the OpenVINO backend (NPU target),
+    saved as an OpenVINO IR at ``ir_path``, which is returned."""
     try:
         import nncf
+        from nncf.quantization.advanced_parameters import (
+            AdvancedQuantizationParameters,
+            QuantizationParameters,
+        )
     except ImportError:
         return None
     model = onnx.load(str(fp32_path))
     dataset = nncf.Dataset([calib[i:i + 1] for i in range(len(calib))],
                            lambda x: {"input": x})
-    return nncf.quantize(model, dataset, subset_size=len(calib))
+    if weight_bits == 8:
+        return nncf.quantize(model, dataset, subset_size=len(calib))
+    import openvino as ov
+
+    advanced = AdvancedQuantizationParameters(
+        weights_quantization_params=QuantizationParameters(num_bits=weight_bits))
+    quantized = nncf.quantize(ov.Core().read_model(str(fp32_path)), dataset,
+                              subset_size=len(calib), target_device=nncf.TargetDevice.NPU,
+                              advanced_parameters=advanced)
+    ov.save_model(quantized, str(ir_path), compress_to_fp16=False)
+    return ir_path
 
 
 _AIMET_CONFIG = {
@@ -280,23 +302,36 @@ def time_files(paths: list[Path], batch: int, rounds: int,
 
 # -- the table --------------------------------------------------------------------------------------
 
-def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) -> list[dict]:
-    from hwnas.export.qdq import float_proto
-    from hwnas.export.qdq.int16 import int16_report
+def float_subnet(role: str, supernet, space, data, seed: int, calib_images: int):
+    """The ``role`` subnet with BatchNorm recalibrated as the search does, its calibration images
+    (``calib_images``, stratified and seeded, from the training split) and a function that
+    normalises uint8 images the same way: ``(arch, net, calib, normalise)``."""
     from hwnas.supernet.data.splits import _rng, _stratified_take
     from hwnas.supernet.evaluate import recalibrated_subnet
 
     arch = recipes.subnet_archs(space)[role]
-    net = recalibrated_subnet(supernet, arch, data, seed=args.seed).eval()
+    net = recalibrated_subnet(supernet, arch, data, seed=seed).eval()
     mean = torch.tensor(data.mean).view(1, -1, 1, 1)
     std = torch.tensor(data.std).view(1, -1, 1, 1)
-    _, idx = _stratified_take(data.train.labels.numpy(), args.calib, _rng(args.seed, 99))
-    calib = (data.train.images[idx].float() / 255 - mean) / std
+
+    def normalise(images: torch.Tensor) -> torch.Tensor:
+        return (images.float() / 255 - mean) / std
+
+    _, idx = _stratified_take(data.train.labels.numpy(), calib_images, _rng(seed, 99))
+    return arch, net, normalise(data.train.images[idx]), normalise
+
+
+def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) -> list[dict]:
+    from hwnas.export.qdq import float_proto
+    from hwnas.export.qdq.int16 import int16_report
+    from hwnas.supernet.data.splits import _rng, _stratified_take
+
+    arch, net, calib, normalise = float_subnet(role, supernet, space, data, args.seed, args.calib)
     test_y = data.test.labels.numpy()
     test_idx = np.arange(len(test_y))
     if 0 < args.subset < len(test_y):
         test_idx = _stratified_take(test_y, args.subset, _rng(args.seed, 98))[1]
-    test_x = ((data.test.images[test_idx].float() / 255 - mean) / std).numpy()
+    test_x = normalise(data.test.images[test_idx]).numpy()
     test_y = test_y[test_idx]
     rows = []
     with contextlib.ExitStack() as stack:
@@ -307,19 +342,21 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) 
             work = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         fp32_path = work / "fp32.onnx"
         onnx.save(float_proto(net, calib[:1]), fp32_path)
-        files: dict[str, Path] = {"fp32": fp32_path}
+        # FP32 is run only when asked (a --merge run takes the drops from the file's FP32 row)
+        files: dict[str, Path] = {"fp32": fp32_path} if "fp32" in methods else {}
         seconds: dict[str, float] = {}
         cpu_seconds: dict[str, float] = {}  # the process's CPU time: the cost on a loaded machine
         for method in methods:
             if method == "fp32":
                 continue
             kept = work / f"{method}.seconds"
-            if kept.is_file() and (work / f"{method}.onnx").is_file():
+            suffix = ".xml" if method == "nncf_w4a8" else ".onnx"  # an OpenVINO IR
+            if kept.is_file() and (work / f"{method}{suffix}").is_file():
                 kept_seconds = [float(v) for v in kept.read_text().split()]
                 seconds[method] = kept_seconds[0]
                 if len(kept_seconds) > 1:
                     cpu_seconds[method] = kept_seconds[1]
-                files[method] = work / f"{method}.onnx"
+                files[method] = work / f"{method}{suffix}"
                 print(f"  {role}: {method} taken from {files[method]}", flush=True)
                 continue
             t, cpu = time.perf_counter(), time.process_time()
@@ -333,20 +370,24 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) 
                     print(f"  {role}: {method} skipped: aimet-onnx is not installed", flush=True)
                     continue
             else:
-                proto = nncf_file(fp32_path, calib.numpy())
+                proto = nncf_file(fp32_path, calib.numpy(), 4 if method == "nncf_w4a8" else 8,
+                                  work / f"{method}{suffix}")
                 if proto is None:
                     print(f"  {role}: {method} skipped: NNCF is not installed", flush=True)
                     continue
             seconds[method] = time.perf_counter() - t
             cpu_seconds[method] = time.process_time() - cpu
-            path = work / f"{method}.onnx"
-            onnx.save(proto, path)
+            path = work / f"{method}{suffix}"
+            if suffix == ".onnx":
+                onnx.save(proto, path)
             files[method] = path
             if args.keep_files:
                 kept.write_text(f"{seconds[method]:.1f} {cpu_seconds[method]:.1f}")
             print(f"  {role}: {method} quantized in {seconds[method]:.0f} s", flush=True)
         top1: dict[tuple[str, str], float] = {}
         for method, path in files.items():
+            if path.suffix != ".onnx":
+                continue  # an OpenVINO IR
             if "ort" in runtimes:
                 top1[method, "ort"] = 100 * float((ort_top1(path, test_x) == test_y).mean())
             if "ort_u8u8" in runtimes and method != "fp32":
@@ -364,12 +405,13 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) 
             for method, path in files.items():
                 if path.name in got:
                     top1[method, run] = 100 * float((got[path.name] == test_y).mean())
-        ms = (time_files(list(files.values()), args.timing_batch, args.timing_rounds,
+        ms = (time_files([p for p in files.values() if p.suffix == ".onnx"], args.timing_batch, args.timing_rounds,
                          u8u8=tuple(p.name for m, p in files.items() if m.startswith("hwnas_int8")))
               if args.timing_rounds else {})
         fp32 = top1.get(("fp32", "ort"))
         for method, path in files.items():
-            report = int16_report(onnx.load(str(path))) if method != "fp32" else {}
+            report = (int16_report(onnx.load(str(path)))
+                      if method != "fp32" and path.suffix == ".onnx" else {})
             if not report.get("integer_layers_bounded"):
                 report = {}  # no int8 weights it could read (e.g. ONNX INT4): no verdict
             row = {"subnet": role, "arch": space.to_string(arch), "method": method,
@@ -378,6 +420,10 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) 
                    "worst_pair_sum": report.get("worst_pair_sum"),
                    "ort_ms_b%d" % args.timing_batch: ms.get(path.name),
                    "ort_u8u8_ms_b%d" % args.timing_batch: ms.get(path.name + "+u8u8"),
+                   "adaround_iterations": (args.adaround_iterations
+                                           if method.startswith("hwnas") and "adaround" in method
+                                           else args.aimet_iterations if "adaround" in method
+                                           else None),
                    "quantize_seconds": round(seconds.get(method, 0.0), 1),
                    "quantize_cpu_seconds": (round(cpu_seconds[method], 1)
                                             if method in cpu_seconds else None)}
@@ -440,7 +486,9 @@ def markdown(doc: dict) -> str:
         u8 = row.get(ms_key.replace("ort_ms", "ort_u8u8_ms")) if ms_key else None
         ms += "" if u8 is None else f" ({u8:.2f})"
         sec = "" if row["method"] == "fp32" else f"{row.get('quantize_seconds', 0):.0f}"
-        lines.append(f"| {row['subnet']} | {row['method']} | " + " | ".join(cells)
+        steps = row.get("adaround_iterations")
+        name = row["method"] + (f" ({steps} steps)" if steps else "")
+        lines.append(f"| {row['subnet']} | {name} | " + " | ".join(cells)
                      + f" | {safe} | {sec} |" + (f" {ms} |" if ms_key else ""))
     return "\n".join(lines) + "\n"
 

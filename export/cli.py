@@ -54,7 +54,7 @@ def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
                         "7 bits where AVX2/AVX-512 without VNNI could saturate, portable)")
     p.add_argument("--rounding", choices=("nearest", "adaround"), default="nearest",
                    help="how PTQ rounds the weights: nearest (default, as the search scored "
-                        "the models) or adaround (learned rounding: about 10x PTQ's CPU time; "
+                        "the models) or adaround (learned rounding: about 5x PTQ's CPU time; "
                         "keeps W4A8 files within a point of FP32 where nearest loses 1-1.3)")
     p.add_argument("--batch", type=positive_int, default=1,
                    help="batch size each device's files are timed and chosen at, unless the "

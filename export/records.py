@@ -80,7 +80,7 @@ class ExportSettings:
     #: ``latency/ondevice.py --verify`` on the target (0: none)
     verify_images: int = 256
     #: how PTQ rounds the weights: "nearest", or "adaround" (learned rounding,
-    #: :mod:`hwnas.quant.adaround`: about 10x PTQ's CPU time; what W4A8 files need to stay within
+    #: :mod:`hwnas.quant.adaround`: about 5x PTQ's CPU time; what W4A8 files need to stay within
     #: a point of FP32, benchmarks/quant_peers.md)
     rounding: str = "nearest"
 

@@ -67,7 +67,7 @@ class AdaRoundConfig:
         200
     """
 
-    iterations: int = 500
+    iterations: int = 200
     samples: int = 16384
     batch_size: int = 1024
     lr: float = 1e-2

@@ -96,7 +96,7 @@ class PTQConfig:
     #: "nearest" or "adaround" (learned rounding, :mod:`hwnas.quant.adaround`)
     rounding: str = "nearest"
     #: AdaRound's Adam steps per layer
-    adaround_iterations: int = 500
+    adaround_iterations: int = 200
 
     def validate(self) -> None:
         if self.act_observer not in ACT_OBSERVERS:

@@ -26,3 +26,17 @@ def test_merge_keeps_old_values_and_recomputes_drops():
            "isa": {"isa": ["avx2"], "int8_without_saturation": False},
            "results": [dict(r, int16_safe=None, worst_pair_sum=None) for r in rows]}
     assert "| smallest | hwnas_w4a8_adaround |  | 88.60 (-0.40) |" in markdown(doc)
+
+
+def test_adaround_steps_rule_prefers_fewer_steps_within_tolerance():
+    """benchmarks/adaround_steps.py's choice: highest mean validation top-1 over the subnets,
+    a smaller step count within the tolerance preferred; counts not run on every subnet and
+    nearest rounding (steps 0) are not candidates."""
+    from benchmarks.adaround_steps import choose
+
+    rows = [{"subnet": s, "steps": n, "val_top1": v} for s, n, v in (
+        ("a", 0, 95.0), ("a", 50, 88.0), ("a", 100, 88.95), ("a", 500, 89.0),
+        ("b", 50, 90.0), ("b", 100, 90.0), ("b", 500, 90.1), ("b", 1000, 99.0))]
+    assert choose(rows, tolerance=0.1) == 100  # means 89.0 and 89.475 vs 89.55
+    assert choose(rows, tolerance=0.0) == 500
+    assert choose([], tolerance=0.1) is None
