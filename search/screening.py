@@ -31,7 +31,7 @@ from hwnas.search.candidates import (
 )
 from hwnas.search.gp import PoolGP
 from hwnas.search.pareto import front_indices_2d
-from hwnas.search.startup import cheap_front_plan, size_prior
+from hwnas.search.startup import size_prior, startup_plan, stratified_choice
 from hwnas.supernet.space import SearchSpace
 from optuna.distributions import (
     BaseDistribution,
@@ -237,10 +237,7 @@ class ScreeningSampler(BaseSampler):
         k = self.config.n_startup_trials
         if self.config.startup != "stratified" or pool.cheap.shape[1] == 0 or len(free) < k:
             return int(free[rng.integers(len(free))])
-        order = free[np.argsort(pool.cheap[free, 0], kind="stable")]
-        slot = len(self._hist.keys) % k
-        lo, hi = (len(order) * slot) // k, (len(order) * (slot + 1)) // k
-        return int(order[lo + int(rng.integers(max(hi - lo, 1)))])
+        return stratified_choice(rng, free, pool.cheap[:, 0], len(self._hist.keys) % k, k)
 
     def _plan_next(self, directions: list[StudyDirection], taken: set[str]) -> int | None:
         """Pool index of the next cheap-front start-up candidate not evaluated or running
@@ -253,15 +250,8 @@ class ScreeningSampler(BaseSampler):
         if self.config.startup not in ("cheap_front", "mixed") or pool.cheap.shape[1] == 0:
             return None
         if self._plan is None:
-            ok = np.flatnonzero(pool.feasible)
-            size = size_prior(self.space, [pool.archs[i] for i in ok],
-                              [pool.keys[i] for i in ok])
-            if size is None or np.ptp(size) == 0:
-                self._plan = []
-            else:
-                cost = -self._signed(directions)[self.cheap_indices[0]] * pool.cheap[ok, 0]
-                plan = ok[cheap_front_plan(cost, size, self.config.cheap_front_trials)]
-                self._plan = [pool.keys[i] for i in plan]
+            cost = -self._signed(directions)[self.cheap_indices[0]] * pool.cheap[:, 0]
+            self._plan = startup_plan(self.space, pool, cost, self.config.cheap_front_trials)
         for k in self._plan:
             i = pool.index.get(k)
             if k not in taken and i is not None:

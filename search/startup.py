@@ -71,3 +71,23 @@ def cheap_front_plan(cost: np.ndarray, size: np.ndarray, k: int) -> np.ndarray:
         return cand
     ranks = np.unique(np.round(np.linspace(0, len(cand) - 1, k)).astype(int))
     return cand[ranks]
+
+
+def startup_plan(space: Any, pool: Any, cost: np.ndarray, k: int) -> list[str]:
+    """Keys of the ``k`` cheap-front start-up candidates among ``pool``'s members that meet
+    the cheap constraints (``pool.feasible``), ``cost`` the first cheap objective of every
+    member, signed to be minimised; empty when the space has no size to spread them by."""
+    ok = np.flatnonzero(pool.feasible)
+    size = size_prior(space, [pool.archs[i] for i in ok], [pool.keys[i] for i in ok])
+    if size is None or np.ptp(size) == 0:
+        return []
+    return [pool.keys[i] for i in ok[cheap_front_plan(np.asarray(cost)[ok], size, k)]]
+
+
+def stratified_choice(rng: np.random.Generator, free: np.ndarray, cheap: np.ndarray,
+                      slot: int, k: int) -> int:
+    """A random one of ``free`` from quantile bin ``slot`` of ``k`` by ``cheap`` (the first
+    cheap objective of every pool member): start-up trial ``slot`` stands for that bin."""
+    order = free[np.argsort(cheap[free], kind="stable")]
+    lo, hi = (len(order) * slot) // k, (len(order) * (slot + 1)) // k
+    return int(order[lo + int(rng.integers(max(hi - lo, 1)))])
