@@ -179,3 +179,20 @@ def test_the_check_sees_a_tensor_made_on_the_default_device() -> None:
     with pytest.raises(DeviceMixError, match="aten::add"):
         meta_forward(HoldsOne().to("meta"), x)
     meta_forward(torch.nn.Linear(4, 2).to("meta"), x)  # a clean module passes
+
+
+@pytest.mark.parametrize("kind", ["shift", "crop_flip", "crop_flip_cutout", "trivial_crop_flip_cutout",
+                                  "autoaugment_crop_flip"])
+def test_augmentation_keeps_to_the_images_device(kind: str) -> None:
+    """Every augmentation runs on the GPU beside its CPU generator (``BatchLoader``): each
+    kind, its random numbers drawn on the CPU, makes no tensor on the default device."""
+    from hwnas.supernet.data.augment import augment_batch
+    from hwnas.supernet.train_options import AUGMENT_KINDS
+
+    assert kind in AUGMENT_KINDS
+    channels = 1 if kind == "shift" else 3
+    images = torch.randint(0, 256, (6, channels, 12, 12), dtype=torch.uint8)
+    with foreign_default_device():
+        out = augment_batch(images, kind, torch.Generator(device="cpu").manual_seed(0),
+                            fill=[128] * channels)
+    assert out.device.type == "cpu" and out.shape == images.shape and out.dtype == torch.uint8
