@@ -102,11 +102,12 @@ def _session(proto: onnx.ModelProto, quant: list[tuple[str, str]]):  # noqa: ANN
     return ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-def _reference_pass(model: nn.Module, names: list[str], requant: dict, x: torch.Tensor
+def _reference_pass(model: nn.Module, modules: dict[str, nn.Module], names: list[str],
+                    requant: dict, x: torch.Tensor
                     ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """The reference's logits on ``x`` and, per traced quantizer, its values in levels before
-    rounding and its codes (forward hooks, removed again)."""
-    modules = dict(model.named_modules())
+    """The reference's logits on ``x`` and, per traced quantizer (``modules``: the model's,
+    by name), its values in levels before rounding and its codes (forward hooks, removed
+    again)."""
     values: dict[str, np.ndarray] = {}
     codes: dict[str, np.ndarray] = {}
 
@@ -208,7 +209,7 @@ def trace_codes(data: bytes, reference: nn.Module, images: torch.Tensor, *,
     for i in range(0, len(x_all), batch_size):
         x = x_all[i:i + batch_size]
         outs = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
-        ref, values, codes = _reference_pass(model, names, requant, x)
+        ref, values, codes = _reference_pass(model, modules, names, requant, x)
         tally.add(dict(zip([n for n, _ in quant], outs[1:])), codes, values, len(x))
         logits.append(outs[0])
         refs.append(ref)
