@@ -1,6 +1,8 @@
 """Where a supernet training step spends its time on the GPU: `hwnas train` of the mbv3
 supernet (digits, 1 epoch; a CIFAR-10 subset, 1,280 images) under torch.profiler with CPU and
-CUDA activities, cuDNN on and off, each in a fresh process. Writes per run the top operators by
+CUDA activities, cuDNN on and off, each in a fresh process. The profile spans the whole
+command (data loading and the closing evaluation included, about 9-10 training steps), so it
+reads beside the command's own "trained ... in N s" line. Writes per run the top operators by
 self CPU time and by self device time, and the counts of kernel launches, stream/device
 synchronisations and host<->device copies (a per-step overhead shows up there, not in FLOPs).
 Run on the GPU machine: python benchmarks/results/gpu_matrix/train_profile.py OUTDIR"""
