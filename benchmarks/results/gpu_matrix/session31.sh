@@ -7,7 +7,7 @@
 #      failed cell again, then the digits cells not yet run
 #   2: tree with supernet/checkpoints/*.pt, no carry: the mbv3 CIFAR-10 timing (25,000 images,
 #      stages printed), then the CIFAR-10 and training cells not yet run
-#   3: no carry: collect the CCT jobs, returning the 200-epoch runs' checkpoints in parts
+#   3: tree as in 2, no carry: quant_peers on this Xeon (ort), matrix cells left; collect the CCT jobs, returning the 200-epoch runs' checkpoints in parts
 #      (resume them the session after with data/cct_resume carried; see h200_cct.sh)
 #   bash benchmarks/results/gpu_matrix/session31.sh PHASE SECONDS
 #   (phase 3: RETURN_CKPT="cct7fix cct2fix" bash .../session31.sh 3 SECONDS)
@@ -56,7 +56,13 @@ PY
   matrix $(( $(left) - 170 )) --only run/fbnet/cifar10 run/nb201/cifar10 run/vit/cifar10/float export/vit train/mbv3/cifar10 train/vit
   ;;
 3)
-  sleep $(( S > 60 ? S - 60 : 0 ))
+  # issue 49 item 4 on this machine's Xeon (onnxruntime only: no OpenVINO/NNCF carried)
+  ( OMP_NUM_THREADS=8 timeout $(( S / 2 )) python3 benchmarks/quant_peers.py --data /tmp/keep/cifar10-jpeg.npz \
+      --subnets smallest,middle,largest --methods fp32,hwnas_int8,hwnas_w4a8,ort_minmax,ort_minmax_reduce_range \
+      --runtimes ort,ort_u8u8 --timing-rounds 3 --out /tmp/res/quant_peers_xeon.json ) > /tmp/res/quant_peers_xeon.log 2>&1
+  tail -25 /tmp/res/quant_peers_xeon.log
+  matrix $(( $(left) - 170 )) --only run/fbnet/cifar10 run/nb201/cifar10 run/vit/cifar10/float export/vit train/vit train/mbv3/cifar10
+  sleep $(( $(left) > 70 ? $(left) - 70 : 0 ))
   ;;
 esac
 # collect the CCT jobs; RETURN_CKPT: the checkpoints to return in parts when not finished
