@@ -84,6 +84,14 @@ def test_front_and_scores():
     assert bench.hv_ratio(list(idx) * 2, table, front, dirs) == pytest.approx(1.0)
     assert bench.hv_ratio(idx[:-1], table, front, dirs) < 1.0
     assert bench.hv_ratio([], table, front, dirs) == 0.0
+    # two objectives: the scoring of search_nb201.py (BENCHMARKS.md), to the digit
+    rows = [3, 5, 8, 13, 21, 34]
+    two = bench.true_front(table, cols[:2], dirs[:2])
+    lat, acc = table[cols[1]], table["accuracy"]
+    nb = bench.nb201.true_front(lat, acc)
+    assert (two.size, two.hypervolume) == (nb.size, pytest.approx(nb.hypervolume))
+    assert bench.hv_ratio(rows, table, two, dirs[:2]) == pytest.approx(
+        bench.nb201.hv_ratio(rows, lat, acc, nb))
 
 
 @pytest.mark.parametrize("sampler", ["auto", "random"])
