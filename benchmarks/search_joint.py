@@ -312,14 +312,17 @@ def build_table(path: Path, supernet: Path, n_archs: int, policies: int, seed: i
             evaluated += 1
     seconds = time.time() - t0
     left = len(plan) - len(done)
+    calls_file = partial.with_suffix(".calls.json")  # every call's time, for the record
+    calls = json.loads(calls_file.read_text()) if calls_file.is_file() else []
+    calls.append({"seconds": round(seconds, 1), "evaluations": evaluated})
+    write_json(calls_file, calls)
     record = {"checkpoint": str(supernet), "checkpoint_sha256": checkpoint_sha,
               "settings": {k: v for k, v in cfg.to_dict().items() if k != "supernet"},
               "eval_settings": dataclasses.asdict(evaluator.settings),
               "validation_images": len(data.val),
               "architectures": n_archs, "policies_per_architecture": policies, "seed": seed,
               "seed_trials": [lab for _, lab in labelled], "pairs": len(plan),
-              "this_call_seconds": round(seconds, 1),
-              "this_call_evaluations": evaluated,
+              "calls": calls, "evaluation_seconds": round(sum(c["seconds"] for c in calls), 1),
               "left": left}
     if left:
         print(f"{left} of {len(plan)} candidates left; rerun the same command to go on")
