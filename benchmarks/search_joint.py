@@ -194,7 +194,7 @@ def open_run(cfg: Any) -> tuple[Any, Any, Any, Any]:
     """(space, supernet, data, evaluator) exactly as ``hwnas run`` builds them for ``cfg``:
     the checkpoint loaded and checked, the splits replayed (validation disjoint from the
     supernet's training images, the scoring budget), the trial evaluator on the run's devices."""
-    from hwnas.search import runner
+    from hwnas.search import runner  # its private steps on purpose: the run's path, not a copy
     from hwnas.supernet.data.sources import load_dataset
 
     data = load_dataset(cfg.dataset, seed=cfg.data_seed)
