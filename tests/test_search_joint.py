@@ -1,0 +1,138 @@
+"""benchmarks/search_joint.py: its hypervolume, its front, and a lookup-only search of a table."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hwnas.search.bits import DEFAULT_BIT_CHOICES, ArchBitsSpace
+from hwnas.search.config import SearchConfig
+from hwnas.supernet.spaces import get_space
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _bench():
+    name = "search_joint_benchmark"
+    if name not in sys.modules:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "search_joint.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _box_volume(losses, ref, n=200_000, seed=0):
+    """Monte-Carlo hypervolume, an independent check of the exact one."""
+    rng = np.random.default_rng(seed)
+    lo = losses.min(0)
+    pts = lo + rng.random((n, losses.shape[1])) * (ref - lo)
+    dominated = np.zeros(n, dtype=bool)
+    for p in losses:
+        dominated |= np.all(pts >= p, axis=1)
+    return dominated.mean() * np.prod(ref - lo)
+
+
+def test_hypervolume_3d_is_exact():
+    bench = _bench()
+    rng = np.random.default_rng(1)
+    losses = rng.random((40, 3))
+    ref = np.array([1.1, 1.2, 1.05])
+    exact = bench.hypervolume(losses, ref)
+    assert exact == pytest.approx(_box_volume(losses, ref), rel=0.01)
+    # one box, and the front alone gives the same volume
+    assert bench.hypervolume(np.array([[0.5, 0.5, 0.5]]), np.ones(3)) == pytest.approx(0.125)
+    front = losses[bench.nondominated(losses)]
+    assert bench.hypervolume(front, ref) == pytest.approx(exact)
+    assert len(front) < len(losses)
+    # points beyond the reference add nothing
+    assert bench.hypervolume(np.vstack([losses, [[0.0, 0.0, 2.0]]]), ref) == pytest.approx(exact)
+
+
+def _table(n=60):
+    joint = ArchBitsSpace(get_space("mbv3-tiny"), DEFAULT_BIT_CHOICES)
+    rng = np.random.default_rng(0)
+    keys = list(dict.fromkeys(joint.to_string(joint.sample(rng)) for _ in range(n)))
+    cands = [joint.from_string(k) for k in keys]
+    lat = np.array([1.0 + len(joint.space.to_string(c.arch)) / 1000 + rng.random() / 10
+                    for c in cands])
+    size = np.array([sum(c.bits) * 100.0 for c in cands])
+    acc = 90 + 5 * np.tanh(lat - lat.mean()) + np.log(size) + rng.normal(0, 0.5, len(keys))
+    seeds = ["largest-float", "smallest-int8"] + [""] * (len(keys) - 2)
+    return joint, {"candidate": keys, "seed": seeds, "accuracy": acc,
+                   "latency_ms:cpu-ort-1t": lat, "size_bytes": size}
+
+
+def test_front_and_scores():
+    bench = _bench()
+    _, table = _table()
+    cols, dirs = ["accuracy", "latency_ms:cpu-ort-1t", "size_bytes"], ["maximize", "minimize",
+                                                                       "minimize"]
+    front = bench.true_front(table, cols, dirs)
+    losses = bench.to_losses(np.stack([table[c] for c in cols], 1), dirs)
+    idx = bench.nondominated(losses)
+    assert front.size == len(idx)
+    assert front.ref[0] == pytest.approx(losses[idx, 0].max() + 1.0)  # 1 point below the worst
+    assert front.ref[2] == pytest.approx(losses[idx, 2].max() * 1.01)
+    assert bench.hv_ratio(idx, table, front, dirs) == pytest.approx(1.0)
+    assert bench.hv_ratio(list(idx) * 2, table, front, dirs) == pytest.approx(1.0)
+    assert bench.hv_ratio(idx[:-1], table, front, dirs) < 1.0
+    assert bench.hv_ratio([], table, front, dirs) == 0.0
+    # two objectives: the scoring of search_nb201.py (BENCHMARKS.md), to the digit
+    rows = [3, 5, 8, 13, 21, 34]
+    two = bench.true_front(table, cols[:2], dirs[:2])
+    lat, acc = table[cols[1]], table["accuracy"]
+    nb = bench.nb201.true_front(lat, acc)
+    assert (two.size, two.hypervolume) == (nb.size, pytest.approx(nb.hypervolume))
+    assert bench.hv_ratio(rows, table, two, dirs[:2]) == pytest.approx(
+        bench.nb201.hv_ratio(rows, lat, acc, nb))
+
+
+@pytest.mark.parametrize("sampler", ["auto", "random"])
+def test_a_lookup_only_search_starts_from_the_seeds(sampler):
+    bench = _bench()
+    joint, table = _table()
+    problem = bench.make_problem(table, joint, SearchConfig())
+    assert [lab for _, lab in problem.seeds] == ["largest-float", "smallest-int8"]
+    traj = bench.run_search(problem, sampler, 0, 16)
+    assert len(traj) == 16 and traj[:2] == [0, 1]  # the seeds first, as the run enqueues them
+    assert all(0 <= i < len(table["candidate"]) for i in traj)
+    if sampler == "auto":
+        assert len(set(traj)) == 16  # the screening sampler never pays twice
+    front = bench.true_front(table, problem.columns, problem.directions)
+    assert 0.0 < bench.hv_ratio(traj, table, front, problem.directions) <= 1.0
+
+
+def test_plan_is_stratified_and_reproducible():
+    bench = _bench()
+    joint = ArchBitsSpace(get_space("mbv3-tiny"), DEFAULT_BIT_CHOICES)
+    plan = bench.plan_candidates(joint, 24, 3, 0, bins=6, pool_factor=20)
+    again = bench.plan_candidates(joint, 24, 3, 0, bins=6, pool_factor=20)
+    assert [joint.to_string(c) for c in plan] == [joint.to_string(c) for c in again]
+    archs = list(dict.fromkeys(joint.space.to_string(c.arch) for c in plan))
+    assert len(archs) == 24 and len(plan) <= 72
+    # every uniform width is present; the FLOPs spread beats that of as many random draws
+    uniform = {c.bits[0] for c in plan if len(set(c.bits)) == 1}
+    assert uniform == set(DEFAULT_BIT_CHOICES)
+    flops = np.log([joint.space.flops(joint.space.from_string(a)) for a in archs])
+    rng = np.random.default_rng(0)
+    rand = np.log([joint.space.flops(joint.space.sample(rng)) for _ in range(24)])
+    assert flops.std() > rand.std()
+
+
+def test_bad_table_is_one_error_line(tmp_path, capsys):
+    bench = _bench()
+    path = tmp_path / "t.csv.gz"
+    with gzip.open(path, "wt", newline="") as fh:
+        csv.writer(fh).writerows([["candidate", "seed", "accuracy"], ["x", "", "1"]])
+    assert bench.main(["--table", str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("search_joint: error: ") and err.count("\n") == 1
+    assert bench.main(["--build-table", "--supernet", str(tmp_path / "none.pt")]) == 2
+    assert "needs --supernet" in capsys.readouterr().err
