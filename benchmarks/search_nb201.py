@@ -19,6 +19,9 @@ so far, scored with its TRUE accuracy and TRUE latency, / hypervolume of the tru
 15,625 architectures; reference point = (lowest accuracy on the true front - 1 point, highest
 latency on the true front x 1.01). Each run is one trajectory of ``max(--budgets)`` evaluations,
 read at every budget (100, 300, 1000); mean ± std over ``--seeds`` seeds (the sampler's seed).
+Each row also says where the missed hypervolume lies (``missed_hv_by_latency``: the fast, middle
+and slow third of the latency axis, :func:`missed_by_latency`), so that a shortfall can be told
+apart as the low-latency end, the high-accuracy end or the whole front.
 
 Samplers: ``auto`` (the default of ``hwnas run``, built by :func:`hwnas.search.samplers.make_sampler`
 with the run's settings: here the screening sampler, which sees the predicted latency but not
