@@ -19,6 +19,9 @@ so far, scored with its TRUE accuracy and TRUE latency, / hypervolume of the tru
 15,625 architectures; reference point = (lowest accuracy on the true front - 1 point, highest
 latency on the true front x 1.01). Each run is one trajectory of ``max(--budgets)`` evaluations,
 read at every budget (100, 300, 1000); mean ± std over ``--seeds`` seeds (the sampler's seed).
+Each row also says where the missed hypervolume lies (``missed_hv_by_latency``: the fast, middle
+and slow third of the latency axis, :func:`missed_by_latency`), so that a shortfall can be told
+apart as the low-latency end, the high-accuracy end or the whole front.
 
 Samplers: ``auto`` (the default of ``hwnas run``, built by :func:`hwnas.search.samplers.make_sampler`
 with the run's settings: here the screening sampler, which sees the predicted latency but not
@@ -116,6 +119,29 @@ def hv_ratio(rows: Sequence[int], latency: np.ndarray, accuracy: np.ndarray,
         return 0.0
     hv = hypervolume_2d(latency[rows], accuracy[rows], front.ref_latency, front.ref_accuracy)
     return hv / front.hypervolume
+
+
+#: the parts of the latency axis the missed hypervolume is split into (``--breakdown``)
+BREAKDOWN_PARTS = ("fast", "middle", "slow")
+
+
+def missed_by_latency(rows: Sequence[int], latency: np.ndarray, accuracy: np.ndarray,
+                      front: TrueFront, parts: int = len(BREAKDOWN_PARTS)) -> list[float]:
+    """Where the hypervolume a search missed lies: the area between the true front's staircase
+    and that of the evaluated ``rows`` (true values), as fractions of the true front's
+    hypervolume, in ``parts`` equal slices of the latency axis from the fastest front cell to
+    the reference latency (first slice: the low-latency end; last: the high-accuracy end). The
+    slices sum to ``1 - hv_ratio``."""
+    idx = front_indices_2d(latency, accuracy)
+    lo, hi = float(latency[idx].min()), front.ref_latency
+    edges = np.linspace(lo, hi, parts + 1)
+    out = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        # each slice's area = hypervolume of the points clipped to the slice's latency range
+        area = [hypervolume_2d(np.maximum(latency[r], a), accuracy[r], b, front.ref_accuracy)
+                for r in (idx, np.asarray(rows, dtype=int))]
+        out.append(round((area[0] - area[1]) / front.hypervolume, 4))
+    return out
 
 
 def score_trajectory(rows: Sequence[int], budgets: Sequence[int], latency: np.ndarray,
@@ -299,6 +325,7 @@ def run_benchmark(space: Any, problems: list[Problem], samplers: list[str], seed
     for p in problems:
         for name in samplers:
             scores: dict[int, list[float]] = {b: [] for b in budgets}
+            missed: dict[int, list[list[float]]] = {b: [] for b in budgets}
             repeats = []
             for seed in range(seeds):
                 t0 = time.perf_counter()
@@ -307,6 +334,8 @@ def run_benchmark(space: Any, problems: list[Problem], samplers: list[str], seed
                 for b, v in score_trajectory(traj, budgets, p.latency, p.accuracy,
                                              p.front).items():
                     scores[b].append(v)
+                    missed[b].append(missed_by_latency(traj[:b], p.latency, p.accuracy,
+                                                       p.front))
                 repeats.append(len(traj) - len(set(traj)))
                 bar.update(1)
             for b in budgets:
@@ -315,6 +344,9 @@ def run_benchmark(space: Any, problems: list[Problem], samplers: list[str], seed
                              "hv_ratio_mean": round(float(v.mean()), 4),
                              "hv_ratio_std": round(float(v.std()), 4), "seeds": len(v),
                              "hv_ratio_per_seed": [round(float(x), 4) for x in v],
+                             "missed_hv_by_latency": dict(zip(
+                                 BREAKDOWN_PARTS,
+                                 np.round(np.mean(missed[b], axis=0), 4).tolist())),
                              "latency_measurements": p.measured,
                              "repeated_evaluations_mean": round(float(np.mean(repeats)), 1)})
     bar.close()
@@ -358,6 +390,14 @@ def print_tables(rows: list[dict], problems: list[Problem], budgets: list[int]) 
             print(f"{s:<11}" + "".join(f"{c['hv_ratio_mean']:>9.4f}±{c['hv_ratio_std']:.4f}"
                                        for c in cells)
                   + f"{np.mean([c['hv_ratio_mean'] for c in cells]):>9.4f}")
+    print("\nmissed hypervolume (fraction of the true front's) in the fast / middle / slow "
+          "third of the latency axis, mean over seeds")
+    for b in budgets:
+        print(f"@{b}")
+        for s in samplers:
+            print(f"  {s:<11}" + "".join(
+                f"{d:>16} " + "/".join(f"{by[(d, s, b)]['missed_hv_by_latency'][k]:.3f}"
+                                      for k in BREAKDOWN_PARTS) for d in devices))
     print("\nmean over devices (worst device's mean, worst seed of any device)")
     print(f"{'sampler':<11}" + "".join(f"{f'@{b}':>26}" for b in budgets))
     for s in samplers:

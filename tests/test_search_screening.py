@@ -61,6 +61,20 @@ def test_hv_ratio_on_a_hand_made_example():
     assert got[5] == pytest.approx(1.0)
 
 
+def test_missed_hypervolume_by_latency_third():
+    bench = _bench()
+    lat = np.array([1.0, 2.0, 3.0, 2.5, 4.0])
+    acc = np.array([50.0, 60.0, 70.0, 55.0, 40.0])
+    front = bench.true_front(lat, acc)
+    # thirds of [1, 3.03]; the point (2, 60) alone misses [1, 2) at 1 point and [3, 3.03) at 10
+    third = 2.03 / 3
+    got = bench.missed_by_latency([1], lat, acc, front)
+    want = [third * 1, (2.0 - 1 - third) * 1, 0.03 * 10]
+    assert got == pytest.approx([w / 12.63 for w in want], abs=1e-4)
+    assert sum(got) == pytest.approx(1 - bench.hv_ratio([1], lat, acc, front), abs=1e-3)
+    assert bench.missed_by_latency([0, 1, 2], lat, acc, front) == [0.0, 0.0, 0.0]
+
+
 def test_front_and_hypervolume_agree_with_brute_force():
     rng = np.random.default_rng(0)
     cost, gain = rng.random(300), rng.random(300)
