@@ -30,6 +30,7 @@ from hwnas.search.rundir import RunDir
 
 from hwnas.core.errors import UserError, WriteError
 from hwnas.core import written
+from hwnas.core.heap import retain_freed_memory, retained_heap
 from hwnas.core.io import check_writable
 
 __all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front"]
@@ -249,31 +250,33 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     out_dir = Path(out) if out is not None else RunDir(run_dir).export_dir
     check_replaceable(out_dir, run_dir)
     workers = auto_workers(len(rows), settings.workers)
-    # with workers, each prepares the run itself: here only what the manifest needs
-    context = _prepare(run_dir, cfg, settings, rows, extra, max_test_images,
-                       torch_device=settings.device if workers == 1 else "cpu",
-                       with_data=workers == 1)
-    report = report or _print_line
+    # activations reuse freed memory rather than fresh pages (hwnas.core.heap)
+    with retained_heap():
+        # with workers, each prepares the run itself: here only what the manifest needs
+        context = _prepare(run_dir, cfg, settings, rows, extra, max_test_images,
+                           torch_device=settings.device if workers == 1 else "cpu",
+                           with_data=workers == 1)
+        report = report or _print_line
 
-    written.remove_stale(out_dir)
-    results: list[Any] = []
-    info = _info(run_dir, cfg, front, select, settings, context.tunable)
-    info["workers"] = workers
-    info["shared_seconds"] = context.seconds
-    with written.staged(out_dir, WRITER) as staging:
-        def done(result: Any) -> None:
-            results.append(result)
-            report(_summary_line(result))
-            write_manifest(staging, results, info)
-        if workers == 1:
-            for i, row in enumerate(rows):
-                done(_export_row(context, row, staging, i, len(rows), progress))
-        else:
-            _export_parallel(run_dir, settings, rows, extra, max_test_images, staging, progress,
-                             workers, done)
-        _write_speedups(staging, results, context.space, context.tunable)
-    written.replace_dir(staging, out_dir, writers=[WRITER], what="an hwnas export")
-    return RunExport(out_dir, results, time.perf_counter() - start)
+        written.remove_stale(out_dir)
+        results: list[Any] = []
+        info = _info(run_dir, cfg, front, select, settings, context.tunable)
+        info["workers"] = workers
+        info["shared_seconds"] = context.seconds
+        with written.staged(out_dir, WRITER) as staging:
+            def done(result: Any) -> None:
+                results.append(result)
+                report(_summary_line(result))
+                write_manifest(staging, results, info)
+            if workers == 1:
+                for i, row in enumerate(rows):
+                    done(_export_row(context, row, staging, i, len(rows), progress))
+            else:
+                _export_parallel(run_dir, settings, rows, extra, max_test_images, staging, progress,
+                                 workers, done)
+            _write_speedups(staging, results, context.space, context.tunable)
+        written.replace_dir(staging, out_dir, writers=[WRITER], what="an hwnas export")
+        return RunExport(out_dir, results, time.perf_counter() - start)
 
 
 @dataclass
@@ -412,6 +415,7 @@ def _init_worker(gate: Any, run_dir: Path, settings: Any, rows: list[ModelRow],
     from hwnas.export.parallel import install_gate
 
     torch.set_num_threads(1)
+    retain_freed_memory()  # the worker only exports: freed activations stay for reuse
     install_gate(gate)
     _WORKER["gate"] = gate
     try:
