@@ -7,9 +7,9 @@ files and verdicts compared (benchmarks/export_speed.md, Session 31)::
 
 Each pair runs the export once with the ``--before`` tree and once with the ``--after`` tree
 (default: this checkout), in alternating order (A B, B A, ...), each in a fresh process whose
-wall, user and system seconds,
-minor page faults and peak memory come from ``wait4``. ``--before`` trees are run through the
-editable install's module map (the same interpreter and packages; only hwnas's source differs).
+wall, user and system seconds, minor page faults and peak memory come from ``wait4``. Other
+trees run through the editable install's module map (the same interpreter and packages; only
+hwnas's source differs).
 Each export's manifest gives its stage seconds; its files are hashed, and every file's status,
 top-1 agreement, test accuracy and max |diff| compared between the two trees (the
 ``qdq-<device>`` files follow a timing-driven int8/float choice, so they may differ between any
