@@ -145,13 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pair {i + 1}: " + ("files and verdicts identical" if not d else
                                     f"{len(d)} difference(s): " + "; ".join(d[:4])))
     if args.json:
+        from export_speed import machine  # this folder's: CPU, cores, GPU, versions, load
+
         doc = {"command": " ".join(sys.argv), "run_dir": str(args.run_dir),
                "select": args.select, "pairs": args.pairs, "median": med,
                "stage_median_s": stages, "differences": diffs,
                "runs": {w: [{k: v for k, v in r.items() if k != "files"} for r in runs[w]]
                         for w in runs},
-               "load_average": list(os.getloadavg()),
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+               "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pickle
 import statistics
 import sys
@@ -60,10 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:>8} {med[k]:9.2f}  " + " ".join(f"{t:.2f}" for t in v))
     print(f"shipped to each worker: {len(blob) / 1e6:.1f} MB")
     if args.json:
+        from export_speed import machine  # this folder's: CPU, cores, GPU, versions, load
+
         doc = {"command": " ".join(sys.argv), "run_dir": str(args.run_dir), "dataset": cfg.dataset,
                "median_s": med, "rounds_s": times, "shipped_mb": len(blob) / 1e6,
-               "load_average": list(os.getloadavg()),
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+               "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
