@@ -358,7 +358,9 @@ def _stage_device_file(x: _Export, device: MeasuredDevice) -> None:
         return  # the per-layer choice reads onnxruntime's profiler
     try:
         with x.clock("choose"), timing_slot(_pin(x.s, [device.threads])):
-            choice = _choose(x.build, x.fp32, device, x.s, x.progress)
+            fp32_run = x.passes.sessions.get(("onnxruntime", f"{x.name}.onnx", 1, "f32"))
+            choice = _choose(x.build, x.fp32, device, x.s, x.progress,
+                             {"fp32": fp32_run} if fp32_run and device.threads == 1 else None)
     except UserError as exc:
         entry.note = f"int8-vs-float measurement failed: {first_line(exc)}"
         return
@@ -533,7 +535,7 @@ def _fill_entry(entry: DeviceEntry, rec: Recommendation) -> None:
 
 
 def _choose(build: QdqBuild, fp32_proto: onnx.ModelProto, device: MeasuredDevice,
-            s: ExportSettings, progress: bool) -> DevicePolicy:
+            s: ExportSettings, progress: bool, runners: dict | None = None) -> DevicePolicy:
     quantized = build.integer_layers()
     if not quantized:
         raise UserError("the policy quantizes no layer to integer widths")
@@ -547,6 +549,6 @@ def _choose(build: QdqBuild, fp32_proto: onnx.ModelProto, device: MeasuredDevice
                                fp32_index=fp32_index, qdq_index=qdq_index, device=device,
                                rounds=s.rounds,
                                runs=s.runs, profile_runs=s.profile_runs, refine=s.refine,
-                               progress=progress, min_rounds=s.min_rounds)
+                               progress=progress, min_rounds=s.min_rounds, runners=runners)
 
 
