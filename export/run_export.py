@@ -356,7 +356,7 @@ def _prepare(run_dir: Path, cfg: SearchConfig, settings: Any, rows: list[ModelRo
 
 def _for_worker(ctx: _Context) -> _Context:
     """What a worker process receives: the batches (on the CPU, for pickling; bit for bit the
-    same tensors), not the data set or the supernet (each worker loads that itself)."""
+    same tensors), without the data set and the supernet (each worker loads the supernet)."""
     import dataclasses
 
     def cpu(batch: Any) -> Any:
