@@ -27,7 +27,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
 
-    import numpy as np
     import torch
     import hwnas.export.device_policy as dp
     import hwnas.latency.onnx_measure as om
@@ -41,13 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     s = ExportSettings()
     ctx = _prepare(args.run_dir, _load_run(args.run_dir), s, [], {}, 1000)
-    space = ctx.space
-    if args.arch in ("smallest", "largest"):
-        arch = getattr(space, args.arch)()
-    elif args.arch.startswith("sample:"):
-        arch = space.sample(np.random.default_rng(int(args.arch.split(":", 1)[1])))
-    else:
-        arch = space.from_string(args.arch)
+    from export_one_model import parse_arch  # this folder's
+
+    arch = parse_arch(ctx.space, args.arch)
     net = recalibrated_subnet(ctx.supernet, arch, ctx.data, calib_batches=ctx.calib_batches,
                               seed=ctx.seed, batches=ctx.bn_batches).eval()
     build = build_qdq(net, uniform(net, 8, 8), ctx.ptq_batches, config=ctx.ptq_config,
