@@ -25,6 +25,17 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def parse_arch(space, text: str):  # noqa: ANN001, ANN201
+    """``smallest``, ``largest``, ``sample:SEED`` or an arch string of ``space``."""
+    import numpy as np
+
+    if text in ("smallest", "largest"):
+        return getattr(space, text)()
+    if text.startswith("sample:"):
+        return space.sample(np.random.default_rng(int(text.split(":", 1)[1])))
+    return space.from_string(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path)
@@ -33,7 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    import numpy as np
     import torch
     import hwnas.export.device_policy  # noqa: F401 - everything the export runs, loaded now
     import hwnas.export.qdq.build  # noqa: F401
@@ -51,12 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = _prepare(args.run_dir, _load_run(args.run_dir), settings, [], {}, 1000,
                        torch_device=args.device)
         space = ctx.space
-        if args.arch in ("smallest", "largest"):
-            arch = getattr(space, args.arch)()
-        elif args.arch.startswith("sample:"):
-            arch = space.sample(np.random.default_rng(int(args.arch.split(":", 1)[1])))
-        else:
-            arch = space.from_string(args.arch)
+        arch = parse_arch(space, args.arch)
         net = recalibrated_subnet(ctx.supernet, arch, ctx.data, calib_batches=ctx.calib_batches,
                                   seed=ctx.seed, batches=ctx.bn_batches)
         policy = json.dumps(uniform(net, 8, 8).to_dict())

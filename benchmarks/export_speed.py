@@ -87,7 +87,8 @@ def run(args: argparse.Namespace, out_dir: Path) -> dict:
     settings = ExportSettings(device=args.device, workers=args.workers)
     wall, cpu = time.perf_counter(), cpu_seconds()
     exported = export_run(result.run_dir, settings=settings, progress=False,
-                          report=lambda line: print(line, flush=True))
+                          report=lambda line: print(line, flush=True),
+                          dataset=result.data)  # as hwnas run: the search's data set
     export_s, export_cpu = time.perf_counter() - wall, cpu_seconds() - cpu
     manifest = json.loads((exported.out_dir / "manifest.json").read_text())
     n = len(exported.models)

@@ -129,21 +129,29 @@ class ProfiledLayerTimer:
 def time_rounds(models: Mapping[str, bytes], *, batch: int = 1, threads: int = 1,
                 rounds: int = 5, runs: int = 5, warmup: int = 3, seed: int = 0,
                 min_rounds: int | None = None, baseline: str = "fp32",
-                ) -> dict[str, np.ndarray]:
+                runners: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
     """``{label: ms array (rounds, runs)}`` of each model on onnxruntime, timed round-robin
     (:func:`hwnas.latency.onnx_measure.time_interleaved`): ``rounds`` rounds in which every
     model runs ``runs`` timed calls (after ``warmup`` untimed calls each at the start), so
     background load drifts affect all models alike. ``min_rounds``: stop after that many
     rounds or more once the fastest model other than ``baseline`` is clearly the fastest and
     every model clearly faster or slower than the baseline
-    (:func:`hwnas.latency.onnx_measure.order_settled`)."""
+    (:func:`hwnas.latency.onnx_measure.order_settled`). ``runners``: onnxruntime runners (at
+    ``threads``) by label, taken where a label has one and filled in for the labels that had
+    none, so that the timings of one choice make one session per model (a label must name the
+    same model in each): every timing starts with ``warmup`` untimed calls anyway, so a session
+    that ran before times like a new one, and creating sessions - most of the seconds of a
+    choice on a CIFAR-size QDQ graph - is not repeated while the machine is held."""
     from hwnas.latency.onnx_measure import make_runner, order_settled, time_interleaved
 
-    runners = {label: make_runner(bytes(blob), threads=threads) for label, blob in models.items()}
+    made = runners if runners is not None else {}
+    for label, blob in models.items():
+        if label not in made:
+            made[label] = make_runner(bytes(blob), threads=threads)
     def settled(t: dict) -> bool:
         return order_settled(t, baseline, faster_only=False)
 
-    return time_interleaved(runners, batch=batch, rounds=rounds, runs=runs, warmup=warmup,
+    return time_interleaved({label: made[label] for label in models}, batch=batch, rounds=rounds, runs=runs, warmup=warmup,
                             seed=seed, settled=settled if min_rounds is not None else None,
                             min_rounds=min_rounds or 1)
 
@@ -182,7 +190,8 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
                         fp32_index: LayerIndex, qdq_index: LayerIndex,
                         device: MeasuredDevice | None = None, rounds: int = 5, runs: int = 5,
                         profile_runs: int = 10, refine: int = 0, progress: bool = False,
-                        min_rounds: int | None = None) -> DevicePolicy:
+                        min_rounds: int | None = None,
+                        runners: Mapping[str, Any] | None = None) -> DevicePolicy:
     """Choose which of the ``quantized`` layers (policy-quantized, integer-capable, in graph
     order) to keep in float on this CPU at ``device``'s threads and batch (default
     ``cpu-ort-1t``):
@@ -205,8 +214,11 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
     ``build_model(float_layers)`` returns the QDQ model bytes with those layers in float;
     ``fp32`` is the float model. ``refine``: extra greedy steps (one whole-model timing each)
     that flip the layers closest to break-even. ``min_rounds``: let the two timings of all
-    candidates stop early once their order is settled (:func:`time_models`). Returns the
-    choice with its evidence."""
+    candidates stop early once their order is settled (:func:`time_models`). ``runners``:
+    sessions made before, by label (``"fp32"``: the FP32 file's verification session at the
+    device's threads); each model of the choice gets one session, which all its timings use
+    (:func:`time_rounds`). Returns the choice with its evidence."""
+    sessions = dict(runners or {})
     device = device if device is not None else MeasuredDevice("cpu-ort-1t", threads=1)
     timing = {"batch": device.batch, "threads": device.threads, "rounds": rounds, "runs": runs}
     bar = progress_bar(4 + refine, f"int8 vs float ({device.name})", disable=not progress)
@@ -216,7 +228,7 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
     candidates = _candidates(quantized, kinds, losing, losing2)
     blobs = {"fp32": fp32, **{c.label: (uniform if not c.float_layers else build_model(c.float_layers))
                                for c in candidates}}
-    timed = time_rounds(blobs, **timing, min_rounds=min_rounds)
+    timed = time_rounds(blobs, **timing, min_rounds=min_rounds, runners=sessions)
     bar.update()
     for c in candidates:
         c.median_ms, c.p95_ms = _summary(timed[c.label])
@@ -230,7 +242,8 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
             continue
         label = f"refine-{step}"
         blob = build_model(trial)
-        pair = time_rounds({best.label: blobs[best.label], label: blob}, **timing)
+        pair = time_rounds({best.label: blobs[best.label], label: blob}, **timing,
+                           runners=sessions)
         bar.update()
         cand = Candidate(label, trial, *_summary(pair[label]))
         candidates.append(cand)
@@ -244,7 +257,7 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
         if c.label == "all-int8":
             finalists.setdefault(c.label, c)
     final_rounds = time_rounds({"fp32": fp32, **{label: blobs[label] for label in finalists}},
-                               **timing, min_rounds=min_rounds)
+                               **timing, min_rounds=min_rounds, runners=sessions)
     bar.close()
     final = {label: _summary(t) for label, t in final_rounds.items()}
     best = prefer_int8(finalists.values(), final_rounds)

@@ -30,6 +30,7 @@ from hwnas.search.rundir import RunDir
 
 from hwnas.core.errors import UserError, WriteError
 from hwnas.core import written
+from hwnas.core.heap import retain_freed_memory, retained_heap
 from hwnas.core.io import check_writable
 
 __all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front"]
@@ -202,7 +203,7 @@ def _selected_rows(run_dir: Path, front: str | None, select: str) -> list[ModelR
 def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "all",
                out: str | Path | None = None, settings: Any = None, max_test_images: int = 1000,
                progress: bool = True, report: Callable[[str], None] | None = None,
-               devices: Sequence[str | Any] = ()) -> RunExport:
+               devices: Sequence[str | Any] = (), dataset: Any = None) -> RunExport:
     """Export the selected Pareto-optimal models of ``run_dir``: each rebuilt exactly as the
     search scored it - the subnet extracted from the supernet with its BatchNorm recalibrated on
     ``calib_batches`` augmented training batches (seed ``seed``), and, when the row has a
@@ -220,7 +221,11 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     ``devices``: devices measurable on this CPU to recommend a file for beside the run's own
     (names such as ``cpu-ov-2t``, ``cpu-ort-1t-b32``, or :class:`hwnas.latency.devices.MeasuredDevice`
     objects; a name becomes its Device here, once). ``report(line)``: called with one line per model
-    (default: print).
+    (default: print). ``dataset``: the run's dataset already in memory, as
+    :func:`hwnas.supernet.data.load_dataset` gives it for the run's ``dataset`` and ``data_seed``
+    (``hwnas run`` passes the search's: :attr:`hwnas.search.runner.SearchResult.data`), so that it
+    is not read and decoded again; default: loaded here. The calibration and test batches are
+    drawn from it once, here, and handed to the worker processes.
 
     Examples:
         >>> from hwnas.export import export_run
@@ -249,31 +254,33 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     out_dir = Path(out) if out is not None else RunDir(run_dir).export_dir
     check_replaceable(out_dir, run_dir)
     workers = auto_workers(len(rows), settings.workers)
-    # with workers, each prepares the run itself: here only what the manifest needs
-    context = _prepare(run_dir, cfg, settings, rows, extra, max_test_images,
-                       torch_device=settings.device if workers == 1 else "cpu",
-                       with_data=workers == 1)
-    report = report or _print_line
+    # activations reuse freed memory rather than fresh pages (hwnas.core.heap)
+    with retained_heap():
+        # the data and batches once, here; with workers, the supernet stays on the CPU here
+        # (its space and the devices are all the manifest needs) and each worker loads its own
+        context = _prepare(run_dir, cfg, settings, rows, extra, max_test_images,
+                           torch_device=settings.device if workers == 1 else "cpu",
+                           batch_device=settings.device, dataset=dataset)
+        report = report or _print_line
 
-    written.remove_stale(out_dir)
-    results: list[Any] = []
-    info = _info(run_dir, cfg, front, select, settings, context.tunable)
-    info["workers"] = workers
-    info["shared_seconds"] = context.seconds
-    with written.staged(out_dir, WRITER) as staging:
-        def done(result: Any) -> None:
-            results.append(result)
-            report(_summary_line(result))
-            write_manifest(staging, results, info)
-        if workers == 1:
-            for i, row in enumerate(rows):
-                done(_export_row(context, row, staging, i, len(rows), progress))
-        else:
-            _export_parallel(run_dir, settings, rows, extra, max_test_images, staging, progress,
-                             workers, done)
-        _write_speedups(staging, results, context.space, context.tunable)
-    written.replace_dir(staging, out_dir, writers=[WRITER], what="an hwnas export")
-    return RunExport(out_dir, results, time.perf_counter() - start)
+        written.remove_stale(out_dir)
+        results: list[Any] = []
+        info = _info(run_dir, cfg, front, select, settings, context.tunable)
+        info["workers"] = workers
+        info["shared_seconds"] = context.seconds
+        with written.staged(out_dir, WRITER) as staging:
+            def done(result: Any) -> None:
+                results.append(result)
+                report(_summary_line(result))
+                write_manifest(staging, results, info)
+            if workers == 1:
+                for i, row in enumerate(rows):
+                    done(_export_row(context, row, staging, i, len(rows), progress))
+            else:
+                _export_parallel(run_dir, context, rows, staging, progress, workers, done)
+            _write_speedups(staging, results, context.space, context.tunable)
+        written.replace_dir(staging, out_dir, writers=[WRITER], what="an hwnas export")
+        return RunExport(out_dir, results, time.perf_counter() - start)
 
 
 @dataclass
@@ -296,20 +303,23 @@ class _Context:
     devices: list[str]
     tunable: dict[str, Any]  # name -> the MeasuredDevice the export tunes for
     seconds: dict[str, float]
+    input_spec: Any = None  # the images' mean, std and class names (InputSpec)
     #: arch string -> (its recalibrated float network, the work export_model shares for it)
     networks: dict[str, tuple[Any, dict]] = field(default_factory=dict)
 
 
 def _prepare(run_dir: Path, cfg: SearchConfig, settings: Any, rows: list[ModelRow],
              extra: dict[str, Any], max_test_images: int, *, torch_device: str = "cpu",
-             with_data: bool = True) -> _Context:
-    """Load the run's supernet (on ``torch_device``) and data, and draw the calibration and
-    test batches once for all models: each model's BatchNorm recalibration and PTQ read the
-    same seeded batches a per-model loader would give, so sharing them changes no number; the
-    policies of one architecture share its recalibrated network and FP32 graph.
-    ``with_data=False``: the supernet and the devices only (what a parallel export's main process
-    needs; its workers load the data)."""
+             batch_device: str | None = None, dataset: Any = None) -> _Context:
+    """Load the run's supernet (on ``torch_device``) and data (``dataset``: already loaded,
+    :func:`export_run`), and draw the calibration and test batches once for all models: each
+    model's BatchNorm recalibration and PTQ read the same seeded batches a per-model loader
+    would give, so sharing them changes no number; the policies of one architecture share its
+    recalibrated network and FP32 graph. ``batch_device``: where the BatchNorm batches are
+    drawn (default ``torch_device``): the device the models recalibrate on, so that a worker
+    process that receives them gets the numbers it would have drawn itself."""
     from hwnas.export.model_export import measurable_devices
+    from hwnas.export.onnx_export import InputSpec
     from hwnas.quant.ptq import PTQConfig, calibration_batches
     from hwnas.supernet.data.loader import BatchLoader
     from hwnas.supernet.evaluate import bn_calibration_batches
@@ -324,14 +334,12 @@ def _prepare(run_dir: Path, cfg: SearchConfig, settings: Any, rows: list[ModelRo
             if d not in devices:
                 devices.append(d)
     tunable = {**measurable_devices(devices), **extra}
-    if not with_data:
-        return _Context(cfg, space, supernet, None, settings, seed, 0, [], [], None, None, None,
-                        devices, tunable, {"load": time.perf_counter() - t0})
-    data = replay_splits(cfg, payload, str(rd.supernet))
+    data = replay_splits(cfg, payload, str(rd.supernet), data=dataset)
     t1 = time.perf_counter()
     calib_batches = cfg.calib_batches
     ptq_config = PTQConfig(max_images=cfg.ptq_images, seed=seed, rounding=settings.rounding)
-    bn_batches = bn_calibration_batches(data, calib_batches, seed=seed, device=torch_device)
+    bn_batches = bn_calibration_batches(data, calib_batches, seed=seed,
+                                        device=batch_device or torch_device)
     ptq_batches = calibration_batches(
         BatchLoader(data.train, batch_size=128, mean=data.mean, std=data.std, shuffle=True,
                     seed=seed), ptq_config.max_images, "cpu")
@@ -342,7 +350,20 @@ def _prepare(run_dir: Path, cfg: SearchConfig, settings: Any, rows: list[ModelRo
     test_images, test_labels = next(iter(test_loader))
     seconds = {"load": t1 - t0, "batches": time.perf_counter() - t1}
     return _Context(cfg, space, supernet, data, settings, seed, calib_batches, bn_batches,
-                    ptq_batches, ptq_config, test_images, test_labels, devices, tunable, seconds)
+                    ptq_batches, ptq_config, test_images, test_labels, devices, tunable, seconds,
+                    InputSpec(tuple(data.mean), tuple(data.std), tuple(data.classes)))
+
+
+def _for_worker(ctx: _Context) -> _Context:
+    """What a worker process receives: the batches (on the CPU, for pickling; bit for bit the
+    same tensors), without the data set and the supernet (each worker loads the supernet)."""
+    import dataclasses
+
+    def cpu(batch: Any) -> Any:
+        return tuple(t.cpu() for t in batch) if isinstance(batch, (tuple, list)) else batch.cpu()
+    return dataclasses.replace(ctx, supernet=None, data=None, networks={},
+                               bn_batches=[cpu(b) for b in ctx.bn_batches],
+                               ptq_batches=[cpu(b) for b in ctx.ptq_batches])
 
 
 def _export_row(ctx: _Context, row: ModelRow, staging: Path, index: int, total: int,
@@ -351,7 +372,6 @@ def _export_row(ctx: _Context, row: ModelRow, staging: Path, index: int, total: 
     a UserError fails this model only (recorded in its result)."""
     import torch
     from hwnas.export.model_export import ModelExport, export_model
-    from hwnas.export.onnx_export import InputSpec
     from hwnas.quant.policy import QuantPolicy
     from hwnas.supernet.evaluate import recalibrated_subnet
 
@@ -388,7 +408,7 @@ def _export_row(ctx: _Context, row: ModelRow, staging: Path, index: int, total: 
             arch=space.to_string(arch), accuracy=row.accuracy,
             predicted_latency={d: row.predicted.get(d) for d in ctx.devices},
             devices=ctx.tunable, settings=ctx.settings, progress=progress,
-            input_spec=InputSpec(tuple(data.mean), tuple(data.std), tuple(data.classes)),
+            input_spec=ctx.input_spec,
             metadata={"trial": row.trial, "fronts": row.fronts, "space": space.name,
                       "dataset": ctx.cfg.dataset, "test_accuracy": row.test_accuracy},
             shared=shared)
@@ -405,20 +425,25 @@ def _export_row(ctx: _Context, row: ModelRow, staging: Path, index: int, total: 
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(gate: Any, run_dir: Path, settings: Any, rows: list[ModelRow],
-                 extra: dict[str, Any], max_test_images: int) -> None:
+def _init_worker(gate: Any, run_dir: Path, shared: _Context) -> None:
+    import dataclasses
+
     import torch
 
     from hwnas.export.parallel import install_gate
 
     torch.set_num_threads(1)
+    retain_freed_memory()  # the worker only exports: freed activations stay for reuse
     install_gate(gate)
     _WORKER["gate"] = gate
+    device = shared.settings.device
     try:
-        _WORKER["context"] = _prepare(run_dir, _load_run(run_dir), settings, rows, extra,
-                                      max_test_images, torch_device=settings.device)
-    except UserError as exc:  # e.g. the dataset moved: the main process raises it
+        _, supernet, _ = load_run_supernet(RunDir(run_dir), shared.cfg, device=device)
+    except UserError as exc:  # e.g. the checkpoint went away: the main process raises it
         _WORKER["error"] = exc
+        return
+    bn_batches = [tuple(t.to(device) for t in b) for b in shared.bn_batches]
+    _WORKER["context"] = dataclasses.replace(shared, supernet=supernet, bn_batches=bn_batches)
 
 
 def _worker_row(row: ModelRow, staging: Path, index: int, total: int, progress: bool) -> Any:
@@ -428,13 +453,12 @@ def _worker_row(row: ModelRow, staging: Path, index: int, total: int, progress: 
         return _export_row(_WORKER["context"], row, staging, index, total, progress)
 
 
-def _export_parallel(run_dir: Path, settings: Any, rows: list[ModelRow], extra: dict[str, Any],
-                     max_test_images: int, staging: Path, progress: bool, workers: int,
-                     done: Callable[[Any], None]) -> None:
+def _export_parallel(run_dir: Path, context: _Context, rows: list[ModelRow], staging: Path,
+                     progress: bool, workers: int, done: Callable[[Any], None]) -> None:
     """Export ``rows`` in ``workers`` spawned processes (CUDA and onnxruntime do not survive a
-    fork), each preparing the run once, while every timing runs alone
-    (:mod:`hwnas.export.parallel`); results reach ``done`` in the order of ``rows`` (the order
-    of the fronts)."""
+    fork), each given the batches ``context`` drew and loading the supernet once, while every
+    timing runs alone (:mod:`hwnas.export.parallel`); results reach ``done`` in the order of
+    ``rows`` (the order of the fronts)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -443,8 +467,7 @@ def _export_parallel(run_dir: Path, settings: Any, rows: list[ModelRow], extra: 
     ctx = multiprocessing.get_context("spawn")
     gate = TimingGate(ctx)
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(gate, run_dir, settings, rows, extra,
-                                       max_test_images)) as pool:
+                             initargs=(gate, run_dir, _for_worker(context))) as pool:
         futures = [pool.submit(_worker_row, row, staging, i, len(rows), progress)
                    for i, row in enumerate(rows)]
         try:

@@ -411,7 +411,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     searched = time.perf_counter()
     exported = export_run(result.run_dir, progress=not args.quiet,
                           settings=ExportSettings(uint8_input=args.with_preprocessing,
-                                                  device=args.device, workers=0))
+                                                  device=args.device, workers=0),
+                          dataset=result.data)  # the search's, not decoded again
     n, failed = len(exported.models), len(exported.failed)
     end = time.perf_counter()
     print(f"exported {n - failed} of {n} Pareto-optimal models to {exported.out_dir} "

@@ -101,6 +101,10 @@ class SearchResult:
     new_trials: int = 0
     train: TrainResult | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    #: the dataset as this process loaded it (``load_dataset`` with the run's ``data_seed``),
+    #: before any split was replayed: an export in the same process takes it
+    #: (:func:`hwnas.export.export_run`'s ``dataset``) instead of decoding it again
+    data: DatasetSplits | None = field(default=None, repr=False)
 
 
 # -- the run directory -----------------------------------------------------------------------
@@ -601,7 +605,7 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
     check_out_dir(cfg.out)
     if cfg.storage:
         check_storage(cfg.storage)
-    data = load_dataset(cfg.dataset, seed=cfg.data_seed)
+    loaded = data = load_dataset(cfg.dataset, seed=cfg.data_seed)
     lock = _lock_run_dir(run_dir_of(cfg, data))  # before the directory is checked; held to the end
     written, sqlite_lock = False, None
     try:
@@ -633,6 +637,7 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
         timings["outputs_s"] = time.perf_counter() - t0
         result.seconds, result.new_trials, result.train, result.timings = (
             time.perf_counter() - start, new, sn.train, timings)
+        result.data = loaded
         _check_feasible(cfg, result.trials)
         return result
     finally:

@@ -78,3 +78,33 @@ def test_choice_survives_a_rejected_refinement_among_the_finalists(monkeypatch) 
     assert len(calls) == 3 and calls[-1] == 3  # final: fp32, refine-0, all-int8
     assert choice.chosen_label == "all-int8" and choice.float_layers == []
     assert choice.chosen_ms == 8.0 and choice.fp32_ms == 10.0 and choice.quantized_faster
+
+
+def test_one_session_per_model_across_the_timings_of_a_choice(monkeypatch) -> None:
+    """time_rounds takes the runners it is given by label and keeps the ones it makes; a choice
+    passes one such dict to all its timings, starting from the FP32 session it was given."""
+    import hwnas.export.device_policy as dp
+    import hwnas.latency.onnx_measure as om
+
+    made: list[bytes] = []
+    monkeypatch.setattr(om, "make_runner", lambda blob, threads: made.append(blob) or blob)
+    monkeypatch.setattr(om, "time_interleaved",
+                        lambda runners, **kw: {k: np.full((1, 2), 1.0) for k in runners})
+    cache: dict = {}
+    dp.time_rounds({"fp32": b"f", "a": b"a"}, runners=cache)
+    got = dp.time_rounds({"fp32": b"f", "b": b"b"}, runners=cache)
+    assert made == [b"f", b"a", b"b"] and set(got) == {"fp32", "b"}
+
+    seen: list[dict] = []
+
+    def fake_time(models, **kw):  # noqa: ANN001, ANN202
+        seen.append(kw["runners"])
+        for label, blob in models.items():
+            kw["runners"].setdefault(label, blob)
+        return {label: np.full((2, 3), 8.0 if label == "fp32" else 4.0) for label in models}
+    monkeypatch.setattr(dp, "time_rounds", fake_time)
+    monkeypatch.setattr(dp, "_per_layer", lambda index, model, **kw: {"a": 1.0, "b": 1.0})
+    fp32_session = object()
+    dp.choose_float_layers(lambda fl: ("q:" + ",".join(fl)).encode(), b"fp32", ["a", "b"], {},
+                           fp32_index=None, qdq_index=None, runners={"fp32": fp32_session})
+    assert len(seen) == 2 and seen[0] is seen[1] and seen[0]["fp32"] is fp32_session

@@ -83,3 +83,58 @@ def test_export_settings_validation() -> None:
         ExportSettings(min_agreement=1.5).validate()
     with pytest.raises(UserError, match="policy_batch"):
         ExportSettings(policy_batch=0).validate()
+
+
+def _sample_case(tmp_path, pixels):  # noqa: ANN001, ANN202
+    """A written FP32 file, its verification pass over ``pixels`` normalised as the data
+    loader does, and what _write_verify_sample needs beside it."""
+    from hwnas.export.model_export import FileReport, ModelExport
+    from hwnas.export.onnx_export import InputSpec
+    from hwnas.export.passes import ImagePasses
+    from hwnas.supernet.onnx import onnx_bytes
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5)).eval()
+    spec = InputSpec((0.49, 0.48, 0.45), (0.25, 0.24, 0.26), tuple("abcde"))
+    mean, std = (torch.tensor(v).view(1, -1, 1, 1) for v in (spec.mean, spec.std))
+    images = pixels.float().div_(255.0).sub_(mean).div_(std)  # as BatchLoader normalises
+    labels = torch.arange(len(images)) % 5
+    data = onnx_bytes(net, images[:1])
+    (tmp_path / "m.onnx").write_bytes(data)
+    passes = ImagePasses(images, labels)
+    passes.onnx("m.onnx", data)
+    result = ModelExport(name="m", arch="tiny", files=[FileReport("m.onnx", "fp32", "",
+                                                                  written=True)])
+    return result, images, labels, spec, passes
+
+
+@pytest.mark.parametrize("from_uint8", [True, False])
+def test_verify_sample_reads_the_verification_pass(tmp_path, monkeypatch, from_uint8) -> None:
+    """Images that came from uint8: each file's top-1 on the sample comes from its
+    verification pass (no new session) and equals a fresh run on the sample; other images
+    (no exact uint8 source): the file runs on the sample."""
+    import numpy as np
+    from hwnas.export import model_export
+    from hwnas.latency import ondevice
+
+    gen = torch.Generator().manual_seed(1)
+    pixels = torch.randint(0, 256, (40, 3, 8, 8), generator=gen, dtype=torch.uint8)
+    result, images, labels, spec, passes = _sample_case(tmp_path, pixels)
+    if not from_uint8:
+        images = images + 1e-3 * torch.randn(images.shape, generator=gen)
+        passes = model_export.ImagePasses(images, labels)
+        passes.onnx("m.onnx", (tmp_path / "m.onnx").read_bytes())
+    s = ExportSettings(verify_images=20)
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "m.onnx").write_bytes((tmp_path / "m.onnx").read_bytes())
+    model_export._write_verify_sample(result, fresh, images, labels, spec, s)  # no passes: runs
+    runs = []
+    real = ondevice.verify_runner
+    monkeypatch.setattr(ondevice, "verify_runner", lambda *a: runs.append(a) or real(*a))
+    model_export._write_verify_sample(result, tmp_path, images, labels, spec, s, passes)
+    assert len(runs) == (0 if from_uint8 else 1)
+    got, want = (np.load(d / "verify" / "m.npz") for d in (tmp_path, fresh))
+    assert sorted(got.files) == sorted(want.files)
+    for key in want.files:
+        assert np.array_equal(got[key], want[key]), key

@@ -324,7 +324,8 @@ def test_recommendation_stops_timing_once_fp32_clearly_wins(monkeypatch) -> None
 
 def test_parallel_export_reports_a_missing_dataset_in_one_line(small_run: Path,
                                                                tmp_path: Path) -> None:
-    """The workers load the data: their UserError reaches the caller, and nothing is written."""
+    """The export loads the data once, before any worker starts: its UserError reaches the
+    caller, and nothing is written."""
     import json
     import shutil
     from dataclasses import replace
@@ -341,3 +342,30 @@ def test_parallel_export_reports_a_missing_dataset_in_one_line(small_run: Path,
                    settings=replace(FAST, workers=2), report=lambda line: None)
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+
+def test_prepare_takes_a_loaded_dataset_and_ships_its_batches(small_run: Path) -> None:
+    """``dataset`` (hwnas run passes the search's) replaces loading: the same batches as loading
+    it here; another seed's split gives other batches (so it is the one used); a worker gets
+    the batches bit for bit, without the data set or the supernet."""
+    import pickle
+
+    from hwnas.export.run_export import _for_worker, _load_run, _prepare
+    from hwnas.supernet.data.sources import load_dataset
+
+    cfg = _load_run(small_run)
+    own = _prepare(small_run, cfg, FAST, [], {}, 100)
+    given = _prepare(small_run, cfg, FAST, [], {}, 100,
+                     dataset=load_dataset(cfg.dataset, seed=cfg.data_seed))
+    other = _prepare(small_run, cfg, FAST, [], {}, 100,
+                     dataset=load_dataset(cfg.dataset, seed=cfg.data_seed + 1))
+
+    def tensors(ctx):  # noqa: ANN001, ANN202
+        return [ctx.test_images, ctx.test_labels, *ctx.ptq_batches,
+                *(t for b in ctx.bn_batches for t in b)]
+    assert all(torch.equal(a, b) for a, b in zip(tensors(own), tensors(given), strict=True))
+    assert not torch.equal(own.test_images, other.test_images)
+    assert given.input_spec == own.input_spec
+    shipped = pickle.loads(pickle.dumps(_for_worker(given)))
+    assert shipped.data is None and shipped.supernet is None
+    assert all(torch.equal(a, b) for a, b in zip(tensors(shipped), tensors(own), strict=True))
