@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pytest
 from hwnas.search.bits import DEFAULT_BIT_CHOICES, ArchBitsSpace
 from hwnas.search.config import SearchConfig
@@ -94,6 +95,21 @@ def test_front_and_scores():
         bench.nb201.hv_ratio(rows, lat, acc, nb))
 
 
+def test_table_space_snaps_suggestions_to_members():
+    bench = _bench()
+    joint, table = _table()
+    space = bench.TableSpace(joint, table["candidate"])
+    member = space.members[7]
+    assert space.suggest(optuna.trial.FixedTrial(space.to_params(member))) == member
+    other = joint.sample(np.random.default_rng(123))
+    assert joint.to_string(other) not in space.index
+    snapped = space.suggest(optuna.trial.FixedTrial(joint.to_params(other)))
+    assert space.to_string(snapped) in space.index
+    assert len(list(space.all_architectures())) == len(table["candidate"])
+    assert not hasattr(bench.TableSpace(joint, table["candidate"], enumerable=False),
+                       "all_architectures")
+
+
 @pytest.mark.parametrize("sampler", ["auto", "random"])
 def test_a_lookup_only_search_starts_from_the_seeds(sampler):
     bench = _bench()
@@ -132,6 +148,10 @@ def test_bad_table_is_one_error_line(tmp_path, capsys):
     with gzip.open(path, "wt", newline="") as fh:
         csv.writer(fh).writerows([["candidate", "seed", "accuracy"], ["x", "", "1"]])
     assert bench.main(["--table", str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("search_joint: error: ") and err.count("\n") == 1
+    # objectives the table has no column for: one line, before any search
+    assert bench.main(["--objectives", "accuracy,latency:cpu-ov-1t", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("search_joint: error: ") and err.count("\n") == 1
     assert bench.main(["--build-table", "--supernet", str(tmp_path / "none.pt")]) == 2
