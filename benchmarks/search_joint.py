@@ -150,6 +150,22 @@ def hv_ratio(rows: Sequence[int], table: dict[str, Any], front: Front,
     return hypervolume(losses, front.ref) / front.hypervolume
 
 
+def front_misses(rows: Sequence[int], table: dict[str, Any], front: Front,
+                 directions: Sequence[str]) -> dict[str, list[int]]:
+    """The table's front points that the evaluated ``rows`` neither hold nor weakly dominate,
+    split by what the search lacked: ``"policy"`` (the point's architecture was evaluated, under
+    another policy) and ``"architecture"`` (never evaluated under any policy)."""
+    losses = to_losses(np.stack([table[c] for c in front.columns], 1), directions)
+    seen = np.unique(np.asarray(rows, dtype=int))
+    archs = {table["candidate"][i].partition(ArchBitsSpace.SEPARATOR)[0] for i in seen}
+    out: dict[str, list[int]] = {"policy": [], "architecture": []}
+    for i in nondominated(losses):
+        if not np.any(np.all(losses[seen] <= losses[i], axis=1)):
+            arch = table["candidate"][i].partition(ArchBitsSpace.SEPARATOR)[0]
+            out["policy" if arch in archs else "architecture"].append(int(i))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # the table
 # ------------------------------------------------------------------------------------------------
@@ -519,6 +535,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budgets", nargs="+", type=int, default=[50, 100, 300])
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--misses", action="store_true",
+                    help="print, per search and budget, the front points it missed and the "
+                         "hypervolume ratio it would have with them: those whose architecture "
+                         "it evaluated under another policy, and those whose architecture it "
+                         "never evaluated")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -570,6 +591,9 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
                 for b in budgets:
                     scores.setdefault((kind, b), []).append(hv_ratio(traj[:b], table, front, d))
             repeats.append(len(traj) - len(set(traj)))
+            if args.misses:
+                print_misses(name, seed, traj, budgets, table, fronts["joint"],
+                             problem.directions)
             bar.update(1)
         for b in budgets:
             v = np.asarray(scores[("joint", b)])
@@ -616,6 +640,20 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         })
         print(f"wrote {out}")
     return 0
+
+
+def print_misses(name: str, seed: int, traj: Sequence[int], budgets: Sequence[int],
+                 table: dict[str, Any], front: Front, directions: Sequence[str]) -> None:
+    """One line per budget: the ratio, and what adding the missed front points of each kind
+    would give (rows: the table's, 0-based after the header)."""
+    for b in budgets:
+        miss = front_misses(traj[:b], table, front, directions)
+        r = hv_ratio(traj[:b], table, front, directions)
+        with_p = hv_ratio([*traj[:b], *miss["policy"]], table, front, directions)
+        with_a = hv_ratio([*traj[:b], *miss["architecture"]], table, front, directions)
+        print(f"{name} seed {seed} @{b}: {r:.4f}; +missed policies of evaluated architectures "
+              f"{with_p - r:+.4f} {miss['policy']}; +missed architectures {with_a - r:+.4f} "
+              f"{miss['architecture']}")
 
 
 def print_table(rows: list[dict], samplers: Sequence[str], budgets: Sequence[int],

@@ -156,3 +156,25 @@ def test_bad_table_is_one_error_line(tmp_path, capsys):
     assert err.startswith("search_joint: error: ") and err.count("\n") == 1
     assert bench.main(["--build-table", "--supernet", str(tmp_path / "none.pt")]) == 2
     assert "needs --supernet" in capsys.readouterr().err
+
+
+def test_front_misses_split_by_what_the_search_lacked():
+    bench = _bench()
+    _, table = _table()
+    cols, dirs = ["accuracy", "latency_ms:cpu-ort-1t", "size_bytes"], ["maximize", "minimize",
+                                                                       "minimize"]
+    front = bench.true_front(table, cols, dirs)
+    idx = [int(i) for i in bench.nondominated(
+        bench.to_losses(np.stack([table[c] for c in cols], 1), dirs))]
+    assert bench.front_misses(idx, table, front, dirs) == {"policy": [], "architecture": []}
+    missed, other = idx[0], next(i for i in range(len(table["seed"])) if i not in idx)
+    rows = [i for i in idx if i != missed]
+    assert bench.front_misses(rows, table, front, dirs) == {"policy": [],
+                                                            "architecture": [missed]}
+    # an evaluated row with the missed point's architecture (another policy): a policy miss
+    sep = bench.ArchBitsSpace.SEPARATOR
+    table = dict(table, candidate=list(table["candidate"]))
+    table["candidate"][other] = (table["candidate"][missed].partition(sep)[0] + sep
+                                 + table["candidate"][other].partition(sep)[2])
+    assert bench.front_misses([*rows, other], table, front, dirs) == {
+        "policy": [missed], "architecture": []}
