@@ -24,7 +24,10 @@ so no candidate outside the table is ever scored. The run's seeds are enqueued f
 does. Score: hypervolume of every evaluated candidate / that of the table's front, over the
 search's three objectives, reference point as ``../shared/BENCHMARKS.md`` defines it for each
 objective (accuracy: lowest front value - 1 point; latency and size: highest front value x
-1.01); the two-objective (accuracy, latency) ratio of BENCHMARKS.md beside it.
+1.01); the two-objective (accuracy, latency) ratio of BENCHMARKS.md beside it. ``--objectives``
+searches other columns of the table (``accuracy,latency:fpga-zcu102-est``: the two-objective
+view with a cheap latency of the benchmark this one replaced, ``search_mbv3_bits.py``);
+``--misses`` lists the front points each search missed.
 
     python benchmarks/search_joint.py --build-table --supernet CKPT   # resumable, see --help
     python benchmarks/search_joint.py

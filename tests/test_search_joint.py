@@ -16,6 +16,9 @@ from hwnas.search.config import SearchConfig
 from hwnas.supernet.spaces import get_space
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the run's default objectives as the table's columns, and their directions
+COLS = ["accuracy", "latency_ms:cpu-ort-1t", "size_bytes"]
+DIRS = ["maximize", "minimize", "minimize"]
 
 
 def _bench():
@@ -73,8 +76,7 @@ def _table(n=60):
 def test_front_and_scores():
     bench = _bench()
     _, table = _table()
-    cols, dirs = ["accuracy", "latency_ms:cpu-ort-1t", "size_bytes"], ["maximize", "minimize",
-                                                                       "minimize"]
+    cols, dirs = COLS, DIRS
     front = bench.true_front(table, cols, dirs)
     losses = bench.to_losses(np.stack([table[c] for c in cols], 1), dirs)
     idx = bench.nondominated(losses)
@@ -161,11 +163,10 @@ def test_bad_table_is_one_error_line(tmp_path, capsys):
 def test_front_misses_split_by_what_the_search_lacked():
     bench = _bench()
     _, table = _table()
-    cols, dirs = ["accuracy", "latency_ms:cpu-ort-1t", "size_bytes"], ["maximize", "minimize",
-                                                                       "minimize"]
+    cols, dirs = COLS, DIRS
     front = bench.true_front(table, cols, dirs)
-    idx = [int(i) for i in bench.nondominated(
-        bench.to_losses(np.stack([table[c] for c in cols], 1), dirs))]
+    idx = [int(i) for i in bench.nondominated(bench.to_losses(
+        np.stack([table[c] for c in cols], 1), dirs))]
     assert bench.front_misses(idx, table, front, dirs) == {"policy": [], "architecture": []}
     missed, other = idx[0], next(i for i in range(len(table["seed"])) if i not in idx)
     rows = [i for i in idx if i != missed]
