@@ -19,12 +19,15 @@ evaluated exactly as a trial of that search is, on one fixed supernet:
 
 The search space of the benchmark *is* the table (a lookup-only search): every sampler proposes
 through the joint space's own Optuna parameters, and a trial evaluates the table member nearest
-to the proposal (:class:`search_mbv3_bits.TableSpace`: the proposal itself when it is a member),
+to the proposal (:class:`TableSpace`: the proposal itself when it is a member),
 so no candidate outside the table is ever scored. The run's seeds are enqueued first, as the run
 does. Score: hypervolume of every evaluated candidate / that of the table's front, over the
 search's three objectives, reference point as ``../shared/BENCHMARKS.md`` defines it for each
 objective (accuracy: lowest front value - 1 point; latency and size: highest front value x
-1.01); the two-objective (accuracy, latency) ratio of BENCHMARKS.md beside it.
+1.01); the two-objective (accuracy, latency) ratio of BENCHMARKS.md beside it. ``--objectives``
+searches other columns of the table (``accuracy,latency:fpga-zcu102-est``: the two-objective
+view with a cheap latency of the benchmark this one replaced, ``search_mbv3_bits.py``);
+``--misses`` lists the front points each search missed.
 
     python benchmarks/search_joint.py --build-table --supernet CKPT   # resumable, see --help
     python benchmarks/search_joint.py
@@ -50,10 +53,8 @@ from typing import Any
 import numpy as np
 
 try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
-    import search_mbv3_bits as mbv3_bits
     import search_nb201 as nb201
 except ModuleNotFoundError:
-    from benchmarks import search_mbv3_bits as mbv3_bits
     from benchmarks import search_nb201 as nb201
 from hwnas.search.bits import ArchBits, ArchBitsSpace  # noqa: E402
 from hwnas.search.pareto import hypervolume_2d  # noqa: E402
@@ -152,9 +153,83 @@ def hv_ratio(rows: Sequence[int], table: dict[str, Any], front: Front,
     return hypervolume(losses, front.ref) / front.hypervolume
 
 
+def front_misses(rows: Sequence[int], table: dict[str, Any], front: Front,
+                 directions: Sequence[str]) -> dict[str, list[int]]:
+    """The table's front points that the evaluated ``rows`` neither hold nor weakly dominate,
+    split by what the search lacked: ``"policy"`` (the point's architecture was evaluated, under
+    another policy) and ``"architecture"`` (never evaluated under any policy)."""
+    losses = to_losses(np.stack([table[c] for c in front.columns], 1), directions)
+    seen = np.unique(np.asarray(rows, dtype=int))
+    archs = {table["candidate"][i].partition(ArchBitsSpace.SEPARATOR)[0] for i in seen}
+    out: dict[str, list[int]] = {"policy": [], "architecture": []}
+    for i in nondominated(losses):
+        if not np.any(np.all(losses[seen] <= losses[i], axis=1)):
+            arch = table["candidate"][i].partition(ArchBitsSpace.SEPARATOR)[0]
+            out["policy" if arch in archs else "architecture"].append(int(i))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # the table
 # ------------------------------------------------------------------------------------------------
+
+
+class TableSpace:
+    """The table's candidates with the interface the samplers read (``suggest``, ``to_params``,
+    ``sample``, ``to_string`` / ``from_string``, ``encode``; ``all_architectures`` unless
+    ``enumerable`` is off). ``suggest`` snaps the joint space's suggestion to the nearest
+    member (squared distance of the min-max scaled encodings), so that samplers proposing free
+    parameter values search the table and nothing outside it is ever scored."""
+
+    def __init__(self, joint: ArchBitsSpace, keys: Sequence[str], *, enumerable: bool = True):
+        self.joint = joint
+        self.keys = list(keys)
+        self.index = {k: i for i, k in enumerate(self.keys)}
+        self.members = [joint.from_string(k) for k in self.keys]
+        F = np.stack([joint.encode(c) for c in self.members]).astype(np.float64)
+        self._lo = F.min(0)
+        self._span = np.where(np.ptp(F, 0) > 1e-12, np.ptp(F, 0), 1.0)
+        self._F = (F - self._lo) / self._span
+        self._sq = (self._F ** 2).sum(1)
+        self.name = f"{joint.name}-table"
+        if enumerable:
+            self.all_architectures = lambda: iter(self.members)
+
+    def row(self, cand: ArchBits) -> int:
+        """The table row of ``cand``, or of its nearest member."""
+        i = self.index.get(self.joint.to_string(cand))
+        if i is not None:
+            return i
+        f = (np.asarray(self.joint.encode(cand), np.float64) - self._lo) / self._span
+        return int(np.argmin(self._sq - 2.0 * self._F @ f))
+
+    def suggest(self, trial: Any) -> ArchBits:
+        return self.members[self.row(self.joint.suggest(trial))]
+
+    def sample(self, rng: np.random.Generator) -> ArchBits:
+        return self.members[int(rng.integers(len(self.members)))]
+
+    def to_params(self, cand: ArchBits) -> dict[str, Any]:
+        return self.joint.to_params(cand)
+
+    def to_string(self, cand: ArchBits) -> str:
+        return self.joint.to_string(cand)
+
+    def from_string(self, text: str) -> ArchBits:
+        return self.joint.from_string(text)
+
+    def encode(self, cand: ArchBits) -> np.ndarray:
+        return self.joint.encode(cand)
+
+
+def joint_space(cfg: Any, data: Any) -> ArchBitsSpace:
+    """The joint candidates of the search ``cfg`` on ``data`` (its space, its bit choices)."""
+    from hwnas.supernet.spaces import get_space
+
+    h, _ = data.image_size
+    space = get_space(cfg.space, in_channels=data.in_channels, image_size=h,
+                      num_classes=data.num_classes)
+    return ArchBitsSpace(space, cfg.bit_choices)
 
 
 def load_table(path: Path, columns: Sequence[str]) -> dict[str, Any]:
@@ -181,11 +256,14 @@ def load_table(path: Path, columns: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def run_config(supernet: Path | str | None) -> Any:
-    """The settings of ``hwnas run`` at its defaults, on the checkpoint ``supernet``."""
+def run_config(supernet: Path | str | None, objectives: str | None = None) -> Any:
+    """The settings of ``hwnas run`` at its defaults, on the checkpoint ``supernet``, with
+    ``objectives`` instead of the default ones where given."""
     from hwnas.search.config import SearchConfig
 
     cfg = SearchConfig(supernet=None if supernet is None else str(supernet))
+    if objectives is not None:
+        cfg = dataclasses.replace(cfg, objectives=objectives)
     cfg.validate()
     return cfg
 
@@ -413,8 +491,8 @@ def run_search(problem: Problem, sampler: str, seed: int, n: int) -> list[int]:
     import optuna
     from hwnas.search.study import enqueue_once, open_study, run_trials, sampler_seed
 
-    space = mbv3_bits.TableSpace(problem.joint, problem.table["candidate"],
-                                 enumerable=sampler != "auto-pool")
+    space = TableSpace(problem.joint, problem.table["candidate"],
+                       enumerable=sampler != "auto-pool")
     values = np.stack([problem.table[c] for c in problem.columns], 1)
     evaluated: list[int] = []
 
@@ -451,11 +529,20 @@ def main(argv: list[str] | None = None) -> int:
                     default=Path(tempfile.gettempdir()) / "hwnas-search-joint",
                     help="--build-table: where the partial table and the seeds are kept")
     ap.add_argument("--table", type=Path, default=TABLE)
+    ap.add_argument("--objectives", default=None,
+                    help="search these objectives of the table instead of the run's defaults, "
+                         "e.g. accuracy,latency:fpga-zcu102-est (the two-objective view with a "
+                         "cheap latency that the screening sampler knows for every candidate)")
     ap.add_argument("--samplers", nargs="+", default=list(DEFAULT_SAMPLERS),
                     choices=list(SAMPLER_CHOICES))
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budgets", nargs="+", type=int, default=[50, 100, 300])
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--misses", action="store_true",
+                    help="print, per search and budget, the front points it missed and the "
+                         "hypervolume ratio it would have with them: those whose architecture "
+                         "it evaluated under another policy, and those whose architecture it "
+                         "never evaluated")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -484,11 +571,8 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             return 0
     from hwnas.supernet.data.sources import load_dataset
 
-    cfg = run_config(None)
-    _, joint = mbv3_bits.joint_space(load_dataset(cfg.dataset, seed=cfg.data_seed))
-    if list(joint.choices) != list(cfg.bit_choices) or joint.space.name != cfg.space:
-        raise UserError(f"the run's defaults ({cfg.space}, bits {cfg.bit_choices}) are not the "
-                        f"table's ({joint.space.name}, bits {list(joint.choices)})")
+    cfg = run_config(None, args.objectives)
+    joint = joint_space(cfg, load_dataset(cfg.dataset, seed=cfg.data_seed))
     table = load_table(args.table, [m.column for m in cfg.objective_metrics])
     problem = make_problem(table, joint, cfg)
     budgets = sorted(set(args.budgets))
@@ -510,6 +594,9 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
                 for b in budgets:
                     scores.setdefault((kind, b), []).append(hv_ratio(traj[:b], table, front, d))
             repeats.append(len(traj) - len(set(traj)))
+            if args.misses:
+                print_misses(name, seed, traj, budgets, table, fronts["joint"],
+                             problem.directions)
             bar.update(1)
         for b in budgets:
             v = np.asarray(scores[("joint", b)])
@@ -526,7 +613,8 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     bar.close()
     elapsed = time.time() - t_start
     print_table(rows, args.samplers, budgets, fronts, len(table["candidate"]), args.seeds)
-    standard = (args.table == TABLE and args.samplers == list(DEFAULT_SAMPLERS)
+    standard = (args.table == TABLE and args.objectives is None
+                and args.samplers == list(DEFAULT_SAMPLERS)
                 and args.seeds == 5 and budgets == [50, 100, 300])
     out = args.out or (OUT_JSON if standard else None)
     if out is not None:
@@ -555,6 +643,20 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         })
         print(f"wrote {out}")
     return 0
+
+
+def print_misses(name: str, seed: int, traj: Sequence[int], budgets: Sequence[int],
+                 table: dict[str, Any], front: Front, directions: Sequence[str]) -> None:
+    """One line per budget: the ratio, and what adding the missed front points of each kind
+    would give (rows: the table's, 0-based after the header)."""
+    for b in budgets:
+        miss = front_misses(traj[:b], table, front, directions)
+        r = hv_ratio(traj[:b], table, front, directions)
+        with_p = hv_ratio([*traj[:b], *miss["policy"]], table, front, directions)
+        with_a = hv_ratio([*traj[:b], *miss["architecture"]], table, front, directions)
+        print(f"{name} seed {seed} @{b}: {r:.4f}; +missed policies of evaluated architectures "
+              f"{with_p - r:+.4f} {miss['policy']}; +missed architectures {with_a - r:+.4f} "
+              f"{miss['architecture']}")
 
 
 def print_table(rows: list[dict], samplers: Sequence[str], budgets: Sequence[int],

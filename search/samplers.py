@@ -6,7 +6,7 @@ multivariate TPE (:func:`resolve_sampler`). ``screening``
 surrogate of accuracy (and of latency measured here) screens a pool of candidates whose cheap
 metrics — size, BOPs, latency on estimated, table and adapted devices, under each candidate's
 bit policy — are computed for every candidate before one is chosen (:func:`screening_problem`).
-It is the best sampler of ``benchmarks/search_nb201.py`` and ``benchmarks/search_mbv3_bits.py``;
+It is the best sampler of ``benchmarks/search_nb201.py`` and ``benchmarks/search_joint.py``;
 TPE is the best of Optuna's own there, NSGA-II needs larger budgets to pay off, random is the
 baseline every method must beat. Every option is set explicitly
 (:func:`make_sampler`), so a change of Optuna's defaults does not silently change a study.

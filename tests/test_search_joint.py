@@ -9,12 +9,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pytest
 from hwnas.search.bits import DEFAULT_BIT_CHOICES, ArchBitsSpace
 from hwnas.search.config import SearchConfig
 from hwnas.supernet.spaces import get_space
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the run's default objectives as the table's columns, and their directions
+COLS = ["accuracy", "latency_ms:cpu-ort-1t", "size_bytes"]
+DIRS = ["maximize", "minimize", "minimize"]
 
 
 def _bench():
@@ -72,8 +76,7 @@ def _table(n=60):
 def test_front_and_scores():
     bench = _bench()
     _, table = _table()
-    cols, dirs = ["accuracy", "latency_ms:cpu-ort-1t", "size_bytes"], ["maximize", "minimize",
-                                                                       "minimize"]
+    cols, dirs = COLS, DIRS
     front = bench.true_front(table, cols, dirs)
     losses = bench.to_losses(np.stack([table[c] for c in cols], 1), dirs)
     idx = bench.nondominated(losses)
@@ -92,6 +95,21 @@ def test_front_and_scores():
     assert (two.size, two.hypervolume) == (nb.size, pytest.approx(nb.hypervolume))
     assert bench.hv_ratio(rows, table, two, dirs[:2]) == pytest.approx(
         bench.nb201.hv_ratio(rows, lat, acc, nb))
+
+
+def test_table_space_snaps_suggestions_to_members():
+    bench = _bench()
+    joint, table = _table()
+    space = bench.TableSpace(joint, table["candidate"])
+    member = space.members[7]
+    assert space.suggest(optuna.trial.FixedTrial(space.to_params(member))) == member
+    other = joint.sample(np.random.default_rng(123))
+    assert joint.to_string(other) not in space.index
+    snapped = space.suggest(optuna.trial.FixedTrial(joint.to_params(other)))
+    assert space.to_string(snapped) in space.index
+    assert len(list(space.all_architectures())) == len(table["candidate"])
+    assert not hasattr(bench.TableSpace(joint, table["candidate"], enumerable=False),
+                       "all_architectures")
 
 
 @pytest.mark.parametrize("sampler", ["auto", "random"])
@@ -134,5 +152,30 @@ def test_bad_table_is_one_error_line(tmp_path, capsys):
     assert bench.main(["--table", str(path), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("search_joint: error: ") and err.count("\n") == 1
+    # objectives the table has no column for: one line, before any search
+    assert bench.main(["--objectives", "accuracy,latency:cpu-ov-1t", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("search_joint: error: ") and err.count("\n") == 1
     assert bench.main(["--build-table", "--supernet", str(tmp_path / "none.pt")]) == 2
     assert "needs --supernet" in capsys.readouterr().err
+
+
+def test_front_misses_split_by_what_the_search_lacked():
+    bench = _bench()
+    _, table = _table()
+    cols, dirs = COLS, DIRS
+    front = bench.true_front(table, cols, dirs)
+    idx = [int(i) for i in bench.nondominated(bench.to_losses(
+        np.stack([table[c] for c in cols], 1), dirs))]
+    assert bench.front_misses(idx, table, front, dirs) == {"policy": [], "architecture": []}
+    missed, other = idx[0], next(i for i in range(len(table["seed"])) if i not in idx)
+    rows = [i for i in idx if i != missed]
+    assert bench.front_misses(rows, table, front, dirs) == {"policy": [],
+                                                            "architecture": [missed]}
+    # an evaluated row with the missed point's architecture (another policy): a policy miss
+    sep = bench.ArchBitsSpace.SEPARATOR
+    table = dict(table, candidate=list(table["candidate"]))
+    table["candidate"][other] = (table["candidate"][missed].partition(sep)[0] + sep
+                                 + table["candidate"][other].partition(sep)[2])
+    assert bench.front_misses([*rows, other], table, front, dirs) == {
+        "policy": [missed], "architecture": []}
