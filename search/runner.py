@@ -72,6 +72,7 @@ from hwnas.supernet.train import (
 )
 
 from hwnas.core.errors import UserError
+from hwnas.core.heap import retain_freed_memory, retained_heap
 from hwnas.core.io import LockFile, check_writable, first_line, write_json
 from hwnas.core.written import (
     RECORD,
@@ -432,6 +433,7 @@ def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int, worker: in
     sampler seeded apart from the other workers')."""
     cfg = SearchConfig(**cfg_dict)
     torch.set_num_threads(1)
+    retain_freed_memory()  # the worker only searches: freed activations stay for reuse
     rd = RunDir(run_dir)
     space, supernet, payload = load_run_supernet(rd, cfg, device=cfg.torch_device)
     data = replay_splits(cfg, payload, str(rd.supernet), scoring=True)  # as the main process
@@ -622,19 +624,22 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
                 f"{sn.train.seconds:.0f} s ({sn.train.images_per_s:.0f} images/s)")
         written = True
         _write_run_files(cfg, run_dir, continuing, sn, data)
-        study, evaluator, search_evaluator, n_seeds = _start_study(
-            cfg, sn, data, run_dir, continuing, progress, log)
+        # the sensitivity seeds, trials and scoring reuse freed activations (hwnas.core.heap)
+        with retained_heap():
+            study, evaluator, search_evaluator, n_seeds = _start_study(
+                cfg, sn, data, run_dir, continuing, progress, log)
 
-        t0 = time.perf_counter()
-        new = _run_all_trials(cfg, study, sn.space, search_evaluator, run_dir, n_seeds, progress)
-        timings["search_s"] = time.perf_counter() - t0
-        log(f"search: {_sampler_label(cfg)} (seed {cfg.seed}), {len(completed(study))} "
-            f"trials in the "
-            f"study, {new} new by this process in {timings['search_s']:.0f} s")
+            t0 = time.perf_counter()
+            new = _run_all_trials(cfg, study, sn.space, search_evaluator, run_dir, n_seeds,
+                                  progress)
+            timings["search_s"] = time.perf_counter() - t0
+            log(f"search: {_sampler_label(cfg)} (seed {cfg.seed}), {len(completed(study))} "
+                f"trials in the "
+                f"study, {new} new by this process in {timings['search_s']:.0f} s")
 
-        t0 = time.perf_counter()
-        result = write_outputs(study, cfg, sn.space, evaluator, data, run_dir)
-        timings["outputs_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            result = write_outputs(study, cfg, sn.space, evaluator, data, run_dir)
+            timings["outputs_s"] = time.perf_counter() - t0
         result.seconds, result.new_trials, result.train, result.timings = (
             time.perf_counter() - start, new, sn.train, timings)
         result.data = loaded
