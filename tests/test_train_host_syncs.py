@@ -52,3 +52,17 @@ def test_counter_sees_reads():
         t.sum().item(), bool(t[0]), t.tolist(), float(t[1])
     assert counts == {"item": 1, "__bool__": 1, "tolist": 1, "__float__": 1}
     assert torch.Tensor.item is torch._C.TensorBase.item  # restored
+
+
+@pytest.mark.parametrize("kind", ["shift", "crop_flip", "crop_flip_cutout",
+                                  "trivial_crop_flip_cutout", "autoaugment_crop_flip"])
+def test_augment_copies_to_the_device_without_waiting(kind):
+    """Images on the ``meta`` device stand in for a GPU: the per-batch random numbers come from
+    the host and must reach the device without a blocking (stream-synchronising) copy."""
+    from hwnas.supernet.data.augment import augment_batch
+
+    images = torch.zeros(4, 3, 32, 32, dtype=torch.uint8, device="meta")
+    with count_host_syncs(where=True) as counts:
+        out = augment_batch(images, kind, torch.Generator().manual_seed(0), fill=[1, 2, 3])
+    assert out.shape == images.shape and out.device.type == "meta"
+    assert not counts, f"host waits in augment_batch({kind!r}): {dict(counts)}"
