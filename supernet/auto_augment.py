@@ -17,6 +17,7 @@ where CCT's PIL code fills with grey 128.
 from __future__ import annotations
 
 import torch
+from hwnas.supernet.host_sync import to_device
 from hwnas.supernet.trivial_augment import OPS, apply_scaled
 
 __all__ = ["CIFAR10_POLICY", "autoaugment", "policy_tensors"]
@@ -99,5 +100,5 @@ def autoaugment(images: torch.Tensor, generator: torch.Generator) -> torch.Tenso
         sign = torch.where(torch.rand(b, generator=generator, device=gdev).cpu() < 0.5, -1.0, 1.0)
         op = torch.where(apply, ops[k, j], torch.zeros_like(k))  # 0: identity
         scale = mag[k, j] * torch.where(signed[k, j], sign, torch.ones_like(sign))
-        images = apply_scaled(images, op.to(dev), scale.to(dev))
+        images = apply_scaled(images, to_device(op, dev), to_device(scale, dev))
     return images

@@ -20,6 +20,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from hwnas.supernet.host_sync import to_device
+
 __all__ = ["OPS", "NUM_BINS", "trivial_augment", "apply_ops", "apply_scaled"]
 
 #: Operation names, in the order of their indices for :func:`apply_ops`.
@@ -40,8 +42,8 @@ def trivial_augment(images: torch.Tensor, generator: torch.Generator) -> torch.T
     op = torch.randint(0, len(OPS), (b,), generator=generator, device=gdev)
     level = torch.randint(0, NUM_BINS, (b,), generator=generator, device=gdev)
     sign = torch.where(torch.rand(b, generator=generator, device=gdev) < 0.5, -1.0, 1.0)
-    return apply_ops(images, op.to(images.device), level.to(images.device),
-                     sign.to(images.device))
+    dev = images.device
+    return apply_ops(images, to_device(op, dev), to_device(level, dev), to_device(sign, dev))
 
 
 def apply_ops(images: torch.Tensor, op: torch.Tensor, level: torch.Tensor,

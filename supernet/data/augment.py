@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from hwnas.supernet.auto_augment import autoaugment
+from hwnas.supernet.host_sync import to_device
 from hwnas.supernet.train_options import check_augment
 from hwnas.supernet.trivial_augment import trivial_augment
 
@@ -61,23 +62,23 @@ def augment_batch(images: torch.Tensor, kind: str, generator: torch.Generator,
     dy = torch.randint(0, 2 * pad + 1, (b,), generator=generator, device=gdev)
     dx = torch.randint(0, 2 * pad + 1, (b,), generator=generator, device=gdev)
     dev = images.device
-    rows = dy.to(dev)[:, None] + torch.arange(h, device=dev)  # (B, H) rows of the padded image
-    cols = dx.to(dev)[:, None] + torch.arange(w, device=dev)  # (B, W)
+    rows = to_device(dy, dev)[:, None] + torch.arange(h, device=dev)  # (B, H) rows of the padded image
+    cols = to_device(dx, dev)[:, None] + torch.arange(w, device=dev)  # (B, W)
     if kind.startswith("crop_flip"):
         flip = torch.rand(b, generator=generator, device=gdev) < 0.5
-        cols = torch.where(flip.to(dev)[:, None], cols.flip(1), cols)
+        cols = torch.where(to_device(flip, dev)[:, None], cols.flip(1), cols)
     padded = F.pad(images, (pad, pad, pad, pad))
     bi = torch.arange(b, device=dev)[:, None, None, None]
     ci = torch.arange(c, device=dev)[None, :, None, None]
     out = padded[bi, ci, rows[:, None, :, None], cols[:, None, None, :]]
     if kind == "crop_flip_cutout":
-        cy = torch.randint(0, h, (b,), generator=generator, device=gdev).to(dev)
-        cx = torch.randint(0, w, (b,), generator=generator, device=gdev).to(dev)
+        cy = to_device(torch.randint(0, h, (b,), generator=generator, device=gdev), dev)
+        cx = to_device(torch.randint(0, w, (b,), generator=generator, device=gdev), dev)
         half = CUTOUT_SIZE // 2
         ys = torch.arange(h, device=dev)[None, :] - cy[:, None]  # (B, H) offsets from the centre
         xs = torch.arange(w, device=dev)[None, :] - cx[:, None]
         mask = (((ys >= -half) & (ys < half))[:, :, None]
                 & ((xs >= -half) & (xs < half))[:, None, :])  # (B, H, W)
-        value = torch.tensor([0] * c if fill is None else list(fill), dtype=out.dtype, device=dev)
+        value = to_device(torch.tensor([0] * c if fill is None else list(fill), dtype=out.dtype), dev)
         out = torch.where(mask[:, None], value.view(1, c, 1, 1), out)
     return out

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from hwnas.supernet.data.augment import augment_batch
 from hwnas.supernet.data.splits import ImageSplit
+from hwnas.supernet.host_sync import to_device
 from hwnas.supernet.train_options import check_augment
 
 from hwnas.core.errors import UserError
@@ -94,7 +95,7 @@ class BatchLoader:
     def _batches(self, generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         n = int(self._labels.shape[0])
         if self.shuffle:
-            order = torch.randperm(n, generator=generator, device="cpu").to(self.device)
+            order = to_device(torch.randperm(n, generator=generator, device="cpu"), self.device)
         else:
             order = torch.arange(n, device=self.device)
         for b in range(len(self)):
