@@ -15,7 +15,15 @@ attention products follow their projection's bits), PTQ with the search's ``PTQC
 * ``ort_device``: the requantized file for integer kernels (``qdq-cpu-ort-1t/<name>.onnx`` with
   every layer int8: the per-device float-for-speed choice not applied) with onnxruntime;
 * ``ort_device_u8u8``: the same with ``session.x64quantprecision=1`` (no saturation on any CPU);
-* ``ov_device``: the same file with OpenVINO (when installed).
+* ``ov_device``: the same file with OpenVINO (when installed);
+* ``ov_device_avx2``: the same with OpenVINO's oneDNN limited to AVX2
+  (``ONEDNN_MAX_CPU_ISA=AVX2``: uint8 x int8 kernels that add product pairs into a saturating
+  int16, what an AVX2 CPU without VNNI runs, whatever this CPU has);
+* ``ov_full_avx2``: the file ``build_qdq(..., portable=False)`` writes (full 8-bit weight grid,
+  exact only where VNNI/AMX or U8U8 kernels run it), the same way: what the portable grid
+  protects against.
+
+Each file's row records its worst 16-bit pair sum (:func:`hwnas.export.qdq.int16.int16_report`).
 
 The subnets default to the vit front of ``benchmarks/cifar10_fronts.json`` (every cost's front,
 joined); ``--subnets smallest,largest,<arch string>`` picks others. Resumable: each (subnet,
@@ -58,9 +66,7 @@ from hwnas.core.errors import UserError
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = ("float", "fq_search", "fq_export", "ort_qdq", "ort_device", "ort_device_u8u8",
-            "ov_device")
-#: a variant that needs the export's build (and its files)
-BUILT = {"fq_export", "ort_qdq", "ort_device", "ort_device_u8u8", "ov_device"}
+            "ov_device", "ov_device_avx2", "ov_full_avx2")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -126,7 +132,8 @@ def test_arrays(splits: Any) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(xs).astype(np.float32), np.concatenate(ys)
 
 
-def export_build(model: torch.nn.Module, splits: Any, cfg: Any, example: torch.Tensor) -> Any:
+def export_build(model: torch.nn.Module, splits: Any, cfg: Any, example: torch.Tensor,
+                 portable: bool = True) -> Any:
     """The export's :func:`build_qdq` of ``model`` at W8A8, as ``hwnas export`` makes it for a
     trial of this run (``run_export._prepare``'s calibration batches and PTQConfig)."""
     from hwnas.export.qdq import build_qdq
@@ -139,7 +146,7 @@ def export_build(model: torch.nn.Module, splits: Any, cfg: Any, example: torch.T
         BatchLoader(splits.train, batch_size=128, mean=splits.mean, std=splits.std, shuffle=True,
                     seed=cfg.seed), config.max_images, "cpu")
     return build_qdq(copy.deepcopy(model), uniform(model, 8, 8), batches, config=config,
-                     example=example)
+                     example=example, portable=portable)
 
 
 def torch_top1(model: torch.nn.Module, splits: Any) -> float:
@@ -153,6 +160,7 @@ def subnet_rows(role: str, arch: Any, space: Any, supernet: Any, splits: Any, cf
                 save: Any, start: float) -> bool:
     """Measure ``variants`` of one subnet not yet in ``done``; ``save(row)`` each. False when
     ``--max-seconds`` ran out first."""
+    from hwnas.export.qdq.int16 import int16_report
     from hwnas.quant.policy import uniform
     from hwnas.search.evaluator import TrialEvaluator
     from hwnas.search.replay import eval_settings
@@ -167,7 +175,8 @@ def subnet_rows(role: str, arch: Any, space: Any, supernet: Any, splits: Any, cf
     work = Path(args.work) / key
     work.mkdir(parents=True, exist_ok=True)
     files = {"ort_qdq": work / "qdq.onnx", "ort_device": work / "qdq_device.onnx"}
-    files["ort_device_u8u8"] = files["ov_device"] = files["ort_device"]
+    files["ort_device_u8u8"] = files["ov_device"] = files["ov_device_avx2"] = files["ort_device"]
+    files["ov_full_avx2"] = work / "qdq_device_full.onnx"
     build = None
     test_x = test_y = None
     from hwnas.search.evaluator import COST_METRICS
@@ -185,6 +194,11 @@ def subnet_rows(role: str, arch: Any, space: Any, supernet: Any, splits: Any, cf
             top1 = torch_top1(evaluator.quantized_model(copy.deepcopy(model),
                                                         uniform(model, 8, 8)), splits)
         else:
+            if variant == "ov_full_avx2" and not files[variant].is_file():
+                full = export_build(model, splits, cfg, splits.test.images[:1].float(),
+                                    portable=False)
+                onnx.save(full.proto(requantize=True), files[variant])
+                extra["build_seconds"] = round(time.perf_counter() - t0, 1)
             need_build = variant == "fq_export" or not files[variant].is_file()
             if need_build and build is None:
                 build = export_build(model, splits, cfg, splits.test.images[:1].float())
@@ -197,11 +211,13 @@ def subnet_rows(role: str, arch: Any, space: Any, supernet: Any, splits: Any, cf
             else:
                 if test_x is None:
                     test_x, test_y = test_arrays(splits)
-                if variant == "ov_device":
+                if variant.startswith("ov_"):
                     if not peers._has_openvino():
-                        print(f"  {key}: ov_device skipped: OpenVINO is not installed", flush=True)
+                        print(f"  {key}: {variant} skipped: OpenVINO is not installed",
+                              flush=True)
                         continue
-                    got = peers.ov_top1([files[variant]], test_x, work)
+                    got = peers.ov_top1([files[variant]], test_x, work,
+                                        "AVX2" if variant.endswith("avx2") else "")
                     if files[variant].name not in got:
                         print(f"  {key}: OpenVINO cannot compile the file", flush=True)
                         continue
@@ -210,6 +226,9 @@ def subnet_rows(role: str, arch: Any, space: Any, supernet: Any, splits: Any, cf
                     pred = peers.ort_top1(files[variant], test_x,
                                           u8u8=variant.endswith("u8u8"))
                 top1 = 100 * float((pred == test_y).mean())
+                report = int16_report(onnx.load(str(files[variant])))
+                extra.update(int16_safe=report["int16_safe"],
+                             worst_pair_sum=report["worst_pair_sum"])
         row = {"space": space.name, "role": role, "arch": key, "flops": flops,
                "variant": variant, "top1": round(top1, 2), "test_images": len(splits.test),
                "seconds": round(time.perf_counter() - t0, 1), **extra}
@@ -224,7 +243,8 @@ def markdown(doc: dict[str, Any]) -> str:
     variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
     archs = sorted({r["arch"]: r["flops"] for r in rows}.items(), key=lambda kv: kv[1])
     lines = [f"# Int8 PTQ of the {doc['space']} CIFAR-10 front ({doc['date']})", "",
-             "```", *doc["commands"], "```", "", f"Machine: {doc['machine']}", "",
+             "```", *doc["commands"], "```", "", f"Machine: {doc['machine']}; ISA: "
+             f"{' '.join(doc['isa']['isa'])}", "",
              f"{doc['test_images']} CIFAR-10 test images; W8A8 PTQ as the search scores it and "
              f"the export writes it (top-1 %, in brackets the change against float).", "",
              "| subnet | MFLOPs | " + " | ".join(variants) + " |",
@@ -247,6 +267,7 @@ def markdown(doc: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from hwnas.latency.machine import describe_machine
+    from hwnas.latency.ondevice import cpu_isa
 
     torch.set_num_threads(1)
     variants = [v for v in args.variants.split(",") if v]
@@ -280,16 +301,19 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"space": space.name, "checkpoint": str(Path(checkpoint).name), "commands": commands,
            "machine": describe_machine(f"1 torch thread, 1 onnxruntime thread, {versions}, "
                                        f"Python {platform.python_version()}"),
-           "date": recipes.now_iso(), "test_images": len(splits.test),
+           "isa": cpu_isa(), "date": recipes.now_iso(), "test_images": len(splits.test),
            "ptq_images": cfg.ptq_images, "results": rows}
+
+    def write() -> None:
+        recipes.write_json(out, doc)
+        md = out.with_suffix(".md")
+        notes = md.read_text().partition("\n## Notes")[1:] if md.is_file() else ("", "")
+        md.write_text(markdown(doc) + "".join(notes))  # the hand-written notes stay
 
     def save(row: dict[str, Any]) -> None:
         rows[:] = [r for r in rows if (r["arch"], r["variant"]) != (row["arch"], row["variant"])]
         rows.append(row)
-        recipes.write_json(out, doc)
-        md = out.with_suffix(".md")
-        notes = md.read_text().partition("\n## Notes")[1:] if md.is_file() else ("", "")
-        md.write_text(markdown(doc) + "".join(notes))
+        write()
 
     done = {(r["arch"], r["variant"]) for r in rows}
     finished = True
@@ -299,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                            start):
             finished = False
             break
+    if rows:
+        write()  # this command's record (machine, ISA) even when every row was there
     print(markdown(doc))
     print(("done" if finished else f"stopped after --max-seconds {args.max_seconds:.0f}; run the "
            f"same command again to go on") + f"; wrote {out}")
