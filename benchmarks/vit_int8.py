@@ -15,10 +15,12 @@ attention products follow their projection's bits), PTQ with the search's ``PTQC
 * ``ort_device``: the requantized file for integer kernels (``qdq-cpu-ort-1t/<name>.onnx`` with
   every layer int8: the per-device float-for-speed choice not applied) with onnxruntime;
 * ``ort_device_u8u8``: the same with ``session.x64quantprecision=1`` (no saturation on any CPU);
-* ``ov_device``: the same file with OpenVINO (when installed);
-* ``ov_device_avx2``: the same with OpenVINO's oneDNN limited to AVX2
-  (``ONEDNN_MAX_CPU_ISA=AVX2``: uint8 x int8 kernels that add product pairs into a saturating
-  int16, what an AVX2 CPU without VNNI runs, whatever this CPU has);
+* ``ov_device``: the same file with OpenVINO (when installed), its default settings (on a CPU
+  with AVX-512 BF16 or AMX its float parts, LayerNorm, softmax, GELU, run in bf16);
+* ``ov_device_f32``: the same with ``INFERENCE_PRECISION_HINT=f32``;
+* ``ov_device_avx2``: the same (f32, what an AVX2 CPU runs) with OpenVINO's oneDNN limited to
+  AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2``: uint8 x int8 kernels that add product pairs into a
+  saturating int16, what an AVX2 CPU without VNNI runs, whatever this CPU has);
 * ``ov_full_avx2``: the file ``build_qdq(..., portable=False)`` writes (full 8-bit weight grid,
   exact only where VNNI/AMX or U8U8 kernels run it), the same way: what the portable grid
   protects against.
@@ -66,7 +68,7 @@ from hwnas.core.errors import UserError
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = ("float", "fq_search", "fq_export", "ort_qdq", "ort_device", "ort_device_u8u8",
-            "ov_device", "ov_device_avx2", "ov_full_avx2")
+            "ov_device", "ov_device_f32", "ov_device_avx2", "ov_full_avx2")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -175,7 +177,8 @@ def subnet_rows(role: str, arch: Any, space: Any, supernet: Any, splits: Any, cf
     work = Path(args.work) / key
     work.mkdir(parents=True, exist_ok=True)
     files = {"ort_qdq": work / "qdq.onnx", "ort_device": work / "qdq_device.onnx"}
-    files["ort_device_u8u8"] = files["ov_device"] = files["ov_device_avx2"] = files["ort_device"]
+    files["ort_device_u8u8"] = files["ov_device"] = files["ov_device_f32"] = files["ort_device"]
+    files["ov_device_avx2"] = files["ort_device"]
     files["ov_full_avx2"] = work / "qdq_device_full.onnx"
     build = None
     test_x = test_y = None
@@ -217,7 +220,8 @@ def subnet_rows(role: str, arch: Any, space: Any, supernet: Any, splits: Any, cf
                               flush=True)
                         continue
                     got = peers.ov_top1([files[variant]], test_x, work,
-                                        "AVX2" if variant.endswith("avx2") else "")
+                                        "AVX2" if variant.endswith("avx2") else "",
+                                        "" if variant == "ov_device" else "f32")
                     if files[variant].name not in got:
                         print(f"  {key}: OpenVINO cannot compile the file", flush=True)
                         continue
