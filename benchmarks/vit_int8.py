@@ -302,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         import openvino
 
         versions += f", openvino {openvino.__version__}"
-    doc = {"space": space.name, "checkpoint": str(Path(checkpoint).name), "commands": commands,
+    doc = {"command": " && ".join(commands), "commands": commands,
+           "space": space.name, "checkpoint": str(Path(checkpoint).name),
            "machine": describe_machine(f"1 torch thread, 1 onnxruntime thread, {versions}, "
                                        f"Python {platform.python_version()}"),
            "isa": cpu_isa(), "date": recipes.now_iso(), "test_images": len(splits.test),
