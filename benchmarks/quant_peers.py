@@ -244,10 +244,13 @@ def ort_top1(path: Path, x: np.ndarray, u8u8: bool = False) -> np.ndarray:
 _OV_CHILD = textwrap.dedent("""
     import sys, numpy as np, openvino as ov
     x = np.load(sys.argv[1])
+    config = {"INFERENCE_NUM_THREADS": 1}
+    if sys.argv[2]:
+        config["INFERENCE_PRECISION_HINT"] = sys.argv[2]
     core = ov.Core()
-    for path in sys.argv[2:]:
+    for path in sys.argv[3:]:
         try:
-            m = core.compile_model(core.read_model(path), "CPU", {"INFERENCE_NUM_THREADS": 1})
+            m = core.compile_model(core.read_model(path), "CPU", config)
         except RuntimeError as exc:  # a file OpenVINO cannot compile: no top-1 for it
             why = [line for line in str(exc).splitlines() if line.strip()][-1:]
             print(f"  OpenVINO cannot compile {path}: {' '.join(why)}", flush=True)
@@ -257,16 +260,20 @@ _OV_CHILD = textwrap.dedent("""
 """)
 
 
-def ov_top1(paths: list[Path], x: np.ndarray, work: Path, isa: str = "") -> dict[str, np.ndarray]:
+def ov_top1(paths: list[Path], x: np.ndarray, work: Path, isa: str = "",
+            precision: str = "") -> dict[str, np.ndarray]:
     """OpenVINO's top-1 per file, run in a child process (``ONEDNN_MAX_CPU_ISA=isa`` when
-    given: the variable is read once, when oneDNN loads); a file it cannot compile is left out."""
+    given: the variable is read once, when oneDNN loads); a file it cannot compile is left out.
+    ``precision``: OpenVINO's ``INFERENCE_PRECISION_HINT`` for the float parts (default its own:
+    bf16 on a CPU with AVX-512 BF16 or AMX, which a CPU limited to an older ISA cannot run)."""
     np.save(work / "x.npy", x)
     for p in paths:
         Path(f"{p}.top1.npy").unlink(missing_ok=True)  # none left from an earlier run
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if isa:
         env["ONEDNN_MAX_CPU_ISA"] = isa
-    subprocess.run([sys.executable, "-c", _OV_CHILD, str(work / "x.npy"), *map(str, paths)],
+    subprocess.run([sys.executable, "-c", _OV_CHILD, str(work / "x.npy"), precision,
+                    *map(str, paths)],
                    check=True, env=env)
     return {p.name: np.load(f"{p}.top1.npy") for p in paths if Path(f"{p}.top1.npy").is_file()}
 

@@ -1,0 +1,48 @@
+"""benchmarks/vit_int8.py on a tiny untrained vit subnet and synthetic 32x32 images: every
+variant (torch float and fake-quant, the export's QDQ files on onnxruntime) gives a row, a rerun
+measures nothing it has, and the table has one line per subnet."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+from hwnas.search.config import SearchConfig  # noqa: E402
+from hwnas.supernet.data.splits import DatasetSplits, ImageSplit  # noqa: E402
+
+from benchmarks import vit_int8  # noqa: E402
+
+
+def _split(n: int, seed: int) -> ImageSplit:
+    g = torch.Generator().manual_seed(seed)
+    return ImageSplit(torch.randint(0, 256, (n, 3, 32, 32), generator=g, dtype=torch.uint8),
+                      torch.randint(0, 10, (n,), generator=g))
+
+
+def test_every_variant_once_then_resumed(vit_tiny, tmp_path, one_torch_thread) -> None:
+    data = DatasetSplits("synthetic", _split(32, 0), _split(8, 1), _split(24, 2),
+                         [str(i) for i in range(10)], (0.5,) * 3, (0.25,) * 3, "crop_flip")
+    cfg = SearchConfig(space="vit", dataset="cifar10", ptq_images=16, calib_batches=1, devices=[])
+    torch.manual_seed(0)
+    supernet = vit_tiny.build_supernet().eval()
+    args = argparse.Namespace(work=str(tmp_path), max_seconds=0)
+    variants = [v for v in vit_int8.VARIANTS if not v.startswith("ov_")]  # OpenVINO: optional
+    rows: list[dict] = []
+    arch = vit_tiny.smallest()
+    assert vit_int8.subnet_rows("smallest", arch, vit_tiny, supernet, data, cfg, variants, set(),
+                                args, rows.append, 0.0)
+    assert [r["variant"] for r in rows] == variants
+    assert all(0 <= r["top1"] <= 100 and r["test_images"] == 24 for r in rows)
+    assert (tmp_path / vit_tiny.to_string(arch) / "qdq_device.onnx").is_file()
+    done = {(r["arch"], r["variant"]) for r in rows}
+    again: list[dict] = []
+    assert vit_int8.subnet_rows("smallest", arch, vit_tiny, supernet, data, cfg, variants, done,
+                                args, again.append, 0.0)
+    assert again == []
+    table = vit_int8.markdown({"space": "vit", "date": "d", "commands": ["c"], "machine": "m",
+                               "isa": {"isa": ["avx2"]}, "test_images": 24, "results": rows})
+    line = next(t for t in table.splitlines() if vit_tiny.to_string(arch) in t)
+    assert line.count("|") == len(variants) + 3
