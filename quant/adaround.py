@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from hwnas.quant.fake_quant import QuantConv2d, quant_layers, set_quantizers_enabled
 from torch import nn
+from torch.nn.modules.utils import _pair
 
 from hwnas.core.cooperate import yield_point
 from hwnas.core.errors import UserError
@@ -25,7 +26,6 @@ from hwnas.core.errors import UserError
 __all__ = ["AdaRoundConfig", "adaround", "adaround_layer", "rectified_sigmoid"]
 
 _ZETA, _GAMMA = 1.1, -0.1  # the rectified sigmoid's stretch (AdaRound's zeta, gamma)
-_UNFOLD_BYTES = 1 << 26  # images unfolded at a time: about 64 MiB of patches
 
 
 @dataclass
@@ -106,33 +106,35 @@ def _supported(layer: nn.Module) -> bool:
         layer.padding_mode == "zeros" and not isinstance(layer.padding, str))
 
 
-def _output_rows(layer: nn.Module, out: torch.Tensor) -> torch.Tensor:
-    """A layer's output as ``(positions, channels)``: all images and positions."""
+def _output_rows(layer: nn.Module, out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """A layer's output at positions ``pos`` as ``(len(pos), channels)``; a position indexes
+    all images and positions, image-major (``image * H * W + y * W + x`` for a convolution).
+    Gathered, not transposed whole: only the drawn positions are copied."""
     if isinstance(layer, QuantConv2d):
-        return out.flatten(2).transpose(1, 2).reshape(-1, out.shape[1])
-    return out.reshape(-1, out.shape[-1])
+        flat = out.flatten(2)  # (images, channels, H*W)
+        return flat[pos // flat.shape[2], :, pos % flat.shape[2]]
+    return out.reshape(-1, out.shape[-1])[pos]
 
 
 def _input_rows(layer: nn.Module, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """The (input-quantized) patches behind output positions ``pos`` (indices into
-    :func:`_output_rows` of the layer's output on ``x``): ``(len(pos), groups, inputs per
-    group)``. Convolutions are unfolded a few images at a time."""
+    """The (input-quantized) patches behind output positions ``pos`` (see
+    :func:`_output_rows`) of the layer on ``x``: ``(len(pos), groups, inputs per group)``, in
+    :func:`torch.nn.functional.unfold`'s order (channel, kernel row, kernel column). Only the
+    drawn patches are copied, from a strided window view of the zero-padded input: unfolding
+    every image cost ``kernel_size**2`` times the input per layer (most of AdaRound's time on
+    the largest mbv3 subnet, whose 7x7 depthwise layers are wide; ``benchmarks/quant_peers.md``)."""
     if not isinstance(layer, QuantConv2d):
         return x.reshape(-1, x.shape[-1])[pos].unsqueeze(1)
-    per_row = layer.weight[0].numel() * layer.groups
-    rows = torch.empty(len(pos), per_row, dtype=x.dtype, device=x.device)
-    step, i = 1, 0
-    while i < len(x):
-        cols = F.unfold(x[i:i + step], layer.kernel_size, layer.dilation, layer.padding,
-                        layer.stride)  # (images, C*kh*kw, positions per image)
-        per_image = cols.shape[2]
-        cols = cols.transpose(1, 2).reshape(-1, per_row)
-        lo = i * per_image
-        inside = (pos >= lo) & (pos < lo + len(cols))
-        rows[inside] = cols[pos[inside] - lo]
-        i += step
-        step = max(1, _UNFOLD_BYTES // (per_row * per_image * x.element_size()))
-    return rows.view(len(pos), layer.groups, -1)
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (_pair(layer.kernel_size), _pair(layer.dilation),
+                                              _pair(layer.padding), _pair(layer.stride))
+    xp = F.pad(x, (pw, pw, ph, ph))
+    # (images, C, out H, out W, window rows, window cols); a view, nothing copied yet
+    windows = xp.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)
+    per_image = windows.shape[2] * windows.shape[3]
+    img, rest = pos // per_image, pos % per_image
+    patches = windows[img, :, rest // windows.shape[3], rest % windows.shape[3]]
+    patches = patches[..., ::dh, ::dw]  # (positions, C, kh, kw)
+    return patches.reshape(len(pos), layer.groups, -1)
 
 
 def _rows_forward(layer: nn.Module, rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -234,11 +236,12 @@ def adaround(qmodel: nn.Module, xs: Sequence[torch.Tensor],
             yield_point()
             if name in targets:
                 return
-            rows = _output_rows(module, out.detach())
+            out = out.detach()
+            n_rows = out.numel() // out.shape[1 if isinstance(module, QuantConv2d) else -1]
             gen = torch.Generator().manual_seed(config.seed * 100003 + index)
-            pos = torch.randperm(len(rows), generator=gen, device="cpu")[:config.samples]
-            pos = pos.to(rows.device)
-            positions[name], targets[name] = pos, rows[pos].clone()
+            pos = torch.randperm(n_rows, generator=gen, device="cpu")[:config.samples]
+            pos = pos.to(out.device)
+            positions[name], targets[name] = pos, _output_rows(module, out, pos)
         return hook
 
     report: dict[str, dict[str, float]] = {}

@@ -40,12 +40,28 @@ def test_rows_compute_the_layer_output():
     h = x
     for _, m in qmodel.named_children():
         if hasattr(m, "weight_quant"):
-            out = _output_rows(m, m(h))
-            pos = torch.randperm(len(out), generator=torch.Generator().manual_seed(0))[:50]
+            y = m(h)
+            channels = y.shape[1] if y.dim() == 4 else y.shape[-1]
+            pos = torch.randperm(y.numel() // channels,
+                                 generator=torch.Generator().manual_seed(0))[:50]
             rows = _input_rows(m, m.input_quant(h), pos)
             got = _rows_forward(m, rows, m.weight_quant(m.weight))
-            assert torch.allclose(got, out[pos], atol=1e-5)
+            assert torch.allclose(got, _output_rows(m, y, pos), atol=1e-5)
         h = m(h)
+
+
+def test_rows_are_unfold_patches_with_dilation_stride_and_padding():
+    """The gathered patches are exactly ``F.unfold``'s columns at the drawn positions, also for
+    a non-square, dilated, strided, unevenly padded grouped convolution."""
+    model = nn.Sequential(nn.Conv2d(6, 6, (3, 5), stride=2, padding=(2, 1), dilation=(2, 1),
+                                    groups=3)).eval()
+    x = torch.randn(5, 6, 11, 9, generator=torch.Generator().manual_seed(2))
+    layer = dict(quant_layers(ptq(model, uniform(model, 4, 8), [x],
+                                  PTQConfig(bias_correction=False))))["0"]
+    cols = torch.nn.functional.unfold(x, (3, 5), (2, 1), (2, 1), 2)  # (images, C*k, positions)
+    cols = cols.transpose(1, 2).reshape(-1, cols.shape[1])
+    pos = torch.randperm(len(cols), generator=torch.Generator().manual_seed(0))[:40]
+    assert torch.equal(_input_rows(layer, x, pos).reshape(len(pos), -1), cols[pos])
 
 
 def test_adaround_lowers_layer_output_error_and_stays_on_grid():
