@@ -31,6 +31,16 @@ SETTINGS = [(10, 64, (0, 1, 2)), (20, 64, (0, 1)), (40, 64, (0, 1)), (10, 128, (
 REFERENCE = (40, 256, 0)
 
 
+def parse_settings(text: str) -> list[tuple[int, int, tuple[int, ...]]]:
+    """``"10x64:0,1,2 40x64:0,1"`` -> [(10, 64, (0, 1, 2)), (40, 64, (0, 1))]."""
+    out = []
+    for item in text.split():
+        size, seeds = item.split(":")
+        b, bs = size.split("x")
+        out.append((int(b), int(bs), tuple(int(x) for x in seeds.split(","))))
+    return out
+
+
 def machine() -> str:
     import torch
     cpu = platform.processor() or platform.machine()
@@ -80,9 +90,14 @@ def measure(args) -> None:
             done.add((r["space"], r["dataset"], r["arch"], r["batches"], r["batch_size"], r["seed"]))
     start = time.monotonic()
     print(f"{len(data.val)} validation images; {len(archs)} subnets", flush=True)
-    jobs = [(b, bs, s, a) for (b, bs, seeds) in SETTINGS for s in seeds for a in archs]
-    # reference first (every comparison needs it), then cheap settings
-    jobs.sort(key=lambda j: (j[:3] != REFERENCE, j[0] * j[1]))
+    if args.only is not None:
+        archs = [archs[i] for i in args.only]
+    settings = parse_settings(args.settings) if args.settings else SETTINGS
+    jobs = [(b, bs, s, a) for (b, bs, seeds) in settings for s in seeds for a in archs]
+    # per subnet (a slow machine finishes some subnets rather than none): reference first
+    # (every comparison needs it), then cheap settings
+    order = {space.to_string(a): i for i, a in enumerate(archs)}
+    jobs.sort(key=lambda j: (order[space.to_string(j[3])], j[:3] != REFERENCE, j[0] * j[1]))
     for b, bs, s, arch in jobs:
         key = (args.space, args.dataset, space.to_string(arch), b, bs, s)
         if key in done:
@@ -154,6 +169,28 @@ def report(command: str) -> None:
                                 front_jaccard_mean=float(np.mean(jacc)),
                                 calib_cpu_s_median=float(np.median(calib)),
                                 eval_cpu_s_median=float(np.median(evals))))
+    per_subnet = []
+    for (sp, ds, arch, b, bs) in sorted({(r["space"], r["dataset"], r["arch"], r["batches"], r["batch_size"])
+                                        for r in rows}, key=lambda k: (k[:3], k[3] * k[4])):
+        cell = [r for r in rows if (r["space"], r["dataset"], r["arch"], r["batches"], r["batch_size"])
+                == (sp, ds, arch, b, bs)]
+        accs = [r["val_top1"] for r in cell]
+        ref = [r["val_top1"] for r in rows if (r["space"], r["dataset"], r["arch"]) == (sp, ds, arch)
+               and (r["batches"], r["batch_size"], r["seed"]) == REFERENCE]
+        per_subnet.append(dict(space=sp, dataset=ds, arch=arch, flops=cell[0]["flops"], batches=b,
+                               batch_size=bs, seeds=len(accs), val_images=cell[0]["val_images"],
+                               val_top1_mean=float(np.mean(accs)),
+                               seed_std=float(np.std(accs, ddof=1)) if len(accs) > 1 else None,
+                               bias_vs_reference=float(np.mean(accs) - ref[0]) if ref else None,
+                               calib_cpu_s_median=float(np.median([r["calib_cpu_s"] for r in cell])),
+                               eval_cpu_s_median=float(np.median([r["eval_cpu_s"] for r in cell]))))
+    print(f"{'MFLOPs':>7} {'setting':8} {'seeds':>5} {'top1':>6} {'seedstd':>7} {'bias':>6} {'calib s':>7} {'eval s':>6}")
+    for r in per_subnet:
+        std = "" if r["seed_std"] is None else f"{r['seed_std']:.2f}"
+        bias = "" if r["bias_vs_reference"] is None else f"{r['bias_vs_reference']:.2f}"
+        print(f"{r['flops'] / 1e6:7.1f} {r['batches']}x{r['batch_size']:<5} {r['seeds']:>5} "
+              f"{r['val_top1_mean']:6.2f} {std:>7} {bias:>6} {r['calib_cpu_s_median']:7.2f} "
+              f"{r['eval_cpu_s_median']:6.2f}")
     head = f"{'space':6} {'data':8} {'setting':8} {'n':>3} {'bias':>6} {'seedstd':>7} {'tau':>5} {'taumin':>6} {'rho':>5} {'front':>5} {'calib s':>7} {'eval s':>6}"
     print(head)
     for r in results:
@@ -163,7 +200,7 @@ def report(command: str) -> None:
               f"{r['calib_cpu_s_median']:7.2f} {r['eval_cpu_s_median']:6.2f}")
     OUT.write_text(json.dumps(dict(command=command, machine=machine(),
                                    date=time.strftime("%Y-%m-%d"), reference=list(REFERENCE),
-                                   results=results), indent=1) + "\n")
+                                   results=results, per_subnet=per_subnet), indent=1) + "\n")
 
 
 def main() -> None:
@@ -172,6 +209,9 @@ def main() -> None:
     p.add_argument("--dataset", default="cifar10")
     p.add_argument("--subnets", type=int, default=12)
     p.add_argument("--budget", type=float, default=540, help="seconds of this invocation")
+    p.add_argument("--settings", help='e.g. "40x256:0 10x64:0,1,2 40x64:0,1" (default: SETTINGS)')
+    p.add_argument("--only", type=int, nargs="+", help="indices into the stratified subnets "
+                   "(0: smallest, subnets-1: largest)")
     p.add_argument("--report", action="store_true")
     args = p.parse_args()
     if args.report:
