@@ -232,23 +232,8 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
     bar.update()
     for c in candidates:
         c.median_ms, c.p95_ms = _summary(timed[c.label])
-    best = prefer_int8(candidates, timed)
-    # greedy refinement: flip the layers whose two costs are closest, one at a time
-    order = sorted(speeds, key=lambda s: abs(s.float_ms - s.int8_ms) / max(s.float_ms, 1e-9))
-    for step, s in enumerate(order[:refine]):
-        trial = [n for n in best.float_layers if n != s.layer] if s.layer in best.float_layers \
-            else sorted(best.float_layers + [s.layer], key=quantized.index)
-        if len(trial) >= len(quantized):
-            continue
-        label = f"refine-{step}"
-        blob = build_model(trial)
-        pair = time_rounds({best.label: blobs[best.label], label: blob}, **timing,
-                           runners=sessions)
-        bar.update()
-        cand = Candidate(label, trial, *_summary(pair[label]))
-        candidates.append(cand)
-        blobs[label] = blob  # a rejected step can still be among the finalists below
-        best = prefer_int8([best, cand], pair)
+    best = _refine(build_model, quantized, speeds, prefer_int8(candidates, timed), candidates,
+                   blobs, refine, timing, sessions, bar)
     # final: FP32, all-int8 and the two best candidates timed together again; chosen there
     # (prefer_int8), it counts as faster than FP32 only if it was faster in both timings
     finalists = {c.label: c for c in sorted(candidates, key=lambda c: c.median_ms)[:2]}
@@ -269,6 +254,30 @@ def choose_float_layers(build_model: Callable[[Iterable[str]], bytes], fp32: byt
                         chosen_ms=final[best.label][0], chosen_p95_ms=final[best.label][1],
                         chosen_label=best.label, faster_twice=faster, candidates=candidates,
                         layers=speeds)
+
+
+def _refine(build_model: Callable[[Iterable[str]], bytes], quantized: list[str], speeds: list,
+            best: Candidate, candidates: list[Candidate], blobs: dict[str, bytes], refine: int,
+            timing: dict[str, Any], sessions: dict[str, Any], bar) -> Candidate:
+    """Greedy refinement of :func:`choose_float_layers`: flip the ``refine`` layers whose two
+    costs are closest, one at a time, each step timed against the best so far; every step's
+    candidate joins ``candidates`` (and its bytes ``blobs``), the better of each pair is kept."""
+    order = sorted(speeds, key=lambda s: abs(s.float_ms - s.int8_ms) / max(s.float_ms, 1e-9))
+    for step, s in enumerate(order[:refine]):
+        trial = [n for n in best.float_layers if n != s.layer] if s.layer in best.float_layers \
+            else sorted(best.float_layers + [s.layer], key=quantized.index)
+        if len(trial) >= len(quantized):
+            continue
+        label = f"refine-{step}"
+        blob = build_model(trial)
+        pair = time_rounds({best.label: blobs[best.label], label: blob}, **timing,
+                           runners=sessions)
+        bar.update()
+        cand = Candidate(label, trial, *_summary(pair[label]))
+        candidates.append(cand)
+        blobs[label] = blob  # a rejected step can still be among the finalists
+        best = prefer_int8([best, cand], pair)
+    return best
 
 
 def _profiled_choices(build_model: Callable[[Iterable[str]], bytes], fp32: bytes, uniform: bytes,

@@ -254,15 +254,13 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     out_dir = Path(out) if out is not None else RunDir(run_dir).export_dir
     check_replaceable(out_dir, run_dir)
     workers = auto_workers(len(rows), settings.workers)
-    # activations reuse freed memory rather than fresh pages (hwnas.core.heap)
-    with retained_heap():
+    with retained_heap():  # activations reuse freed memory, not fresh pages (hwnas.core.heap)
         # the data and batches once, here; with workers, the supernet stays on the CPU here
         # (its space and the devices are all the manifest needs) and each worker loads its own
         context = _prepare(run_dir, cfg, settings, rows, extra, max_test_images,
                            torch_device=settings.device if workers == 1 else "cpu",
                            batch_device=settings.device, dataset=dataset)
         report = report or _print_line
-
         written.remove_stale(out_dir)
         results: list[Any] = []
         info = _info(run_dir, cfg, front, select, settings, context.tunable)

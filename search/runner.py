@@ -102,9 +102,7 @@ class SearchResult:
     new_trials: int = 0
     train: TrainResult | None = None
     timings: dict[str, float] = field(default_factory=dict)
-    #: the dataset as this process loaded it (``load_dataset`` with the run's ``data_seed``),
-    #: before any split was replayed: an export in the same process takes it
-    #: (:func:`hwnas.export.export_run`'s ``dataset``) instead of decoding it again
+    #: the dataset as loaded, before any split was replayed: ``export_run(dataset=)`` reuses it
     data: DatasetSplits | None = field(default=None, repr=False)
 
 
@@ -433,7 +431,7 @@ def worker_main(cfg_dict: dict[str, Any], run_dir: str, n_seeds: int, worker: in
     sampler seeded apart from the other workers')."""
     cfg = SearchConfig(**cfg_dict)
     torch.set_num_threads(1)
-    retain_freed_memory()  # the worker only searches: freed activations stay for reuse
+    retain_freed_memory()  # the worker only searches: freed memory is reused
     rd = RunDir(run_dir)
     space, supernet, payload = load_run_supernet(rd, cfg, device=cfg.torch_device)
     data = replay_splits(cfg, payload, str(rd.supernet), scoring=True)  # as the main process
@@ -615,7 +613,6 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
         _check_continuable(cfg, run_dir, continuing)
         sqlite_lock = lock_sqlite(cfg.storage) if cfg.storage else None
         timings: dict[str, float] = {}
-
         t0 = time.perf_counter()
         sn, data = _supernet_and_data(cfg, data, run_dir, continuing, progress, log)
         timings["supernet_s"] = time.perf_counter() - t0
@@ -624,19 +621,15 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
                 f"{sn.train.seconds:.0f} s ({sn.train.images_per_s:.0f} images/s)")
         written = True
         _write_run_files(cfg, run_dir, continuing, sn, data)
-        # the sensitivity seeds, trials and scoring reuse freed activations (hwnas.core.heap)
-        with retained_heap():
+        with retained_heap():  # seeds, trials and scoring reuse freed memory (hwnas.core.heap)
             study, evaluator, search_evaluator, n_seeds = _start_study(
                 cfg, sn, data, run_dir, continuing, progress, log)
-
             t0 = time.perf_counter()
             new = _run_all_trials(cfg, study, sn.space, search_evaluator, run_dir, n_seeds,
                                   progress)
             timings["search_s"] = time.perf_counter() - t0
-            log(f"search: {_sampler_label(cfg)} (seed {cfg.seed}), {len(completed(study))} "
-                f"trials in the "
-                f"study, {new} new by this process in {timings['search_s']:.0f} s")
-
+            log(f"search: {_sampler_label(cfg)} (seed {cfg.seed}), {len(completed(study))} trials "
+                f"in the study, {new} new by this process in {timings['search_s']:.0f} s")
             t0 = time.perf_counter()
             result = write_outputs(study, cfg, sn.space, evaluator, data, run_dir)
             timings["outputs_s"] = time.perf_counter() - t0
