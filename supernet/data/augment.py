@@ -79,6 +79,7 @@ def augment_batch(images: torch.Tensor, kind: str, generator: torch.Generator,
         xs = torch.arange(w, device=dev)[None, :] - cx[:, None]
         mask = (((ys >= -half) & (ys < half))[:, :, None]
                 & ((xs >= -half) & (xs < half))[:, None, :])  # (B, H, W)
-        value = to_device(torch.tensor([0] * c if fill is None else list(fill), dtype=out.dtype), dev)
+        value = to_device(torch.tensor([0] * c if fill is None else list(fill), dtype=out.dtype,
+                                       device="cpu"), dev)  # not on the default device
         out = torch.where(mask[:, None], value.view(1, c, 1, 1), out)
     return out
