@@ -37,3 +37,14 @@ def test_retained_heap_reuses_freed_blocks_and_restores():
         kept = _faults(4)
     assert kept < pages // 2  # then the same block is reused: hardly a fault
     assert _faults(4) >= 3 * pages  # after the body: blocks this size are mapped again
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    """HWNAS_RETAIN_HEAP=0 (a machine short of memory): nothing is retained, blocks are mapped
+    afresh inside the body too."""
+    monkeypatch.setenv(heap.ENV, "0")
+    pages = SIZE // resource.getpagesize()
+    with heap.retained_heap() as active:
+        assert not active
+        assert _faults(4) >= 3 * pages
+    assert not heap.retain_freed_memory()

@@ -10,7 +10,9 @@ time and ~40 M minor faults (benchmarks/export_speed.md, Session 31). :func:`ret
 both off for its body (every block from the heap, nothing trimmed), so freed activations are
 reused as they are; the arithmetic is untouched. On exit it sets glibc's own maximum thresholds
 (what its dynamic thresholds reach in such a process) and gives the free memory back
-(``malloc_trim``). Elsewhere (musl, macOS, Windows) it does nothing.
+(``malloc_trim``). Elsewhere (musl, macOS, Windows) it does nothing. The cost is peak memory
+(about +0.6 GB in a CIFAR-10 export, +1.8 GB in a CIFAR-10 search on the CPU):
+``HWNAS_RETAIN_HEAP=0`` turns it off for a machine short of memory.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import os
 from collections.abc import Iterator
 
 __all__ = ["retain_freed_memory", "retained_heap", "supported"]
@@ -31,6 +34,8 @@ _M_MMAP_MAX = -4
 _MMAP_THRESHOLD_AFTER = 32 * 1024 * 1024
 _TRIM_THRESHOLD_AFTER = 2 * _MMAP_THRESHOLD_AFTER
 _MMAP_MAX_AFTER = 65536
+#: the environment variable that turns the setting off ("0")
+ENV = "HWNAS_RETAIN_HEAP"
 #: "never trim" for the body: the largest threshold mallopt's int can express (2 GiB)
 _TRIM_NEVER = 2**31 - 1
 
@@ -65,7 +70,7 @@ def retain_freed_memory() -> bool:
     """Serve every block from the heap and never trim it, for the rest of the process (a worker
     process that only exports); True when it took effect."""
     lib = _glibc()
-    if lib is None:
+    if lib is None or os.environ.get(ENV, "1").strip() == "0":
         return False
     return bool(lib.mallopt(_M_MMAP_MAX, 0)) and bool(lib.mallopt(_M_TRIM_THRESHOLD, _TRIM_NEVER))
 
@@ -76,7 +81,7 @@ def retained_heap() -> Iterator[bool]:
     docstring); yields whether that took effect. On exit, glibc's maximum dynamic thresholds
     are set and the free memory is returned to the system."""
     lib = _glibc()
-    active = retain_freed_memory() if lib is not None else False
+    active = retain_freed_memory()
     try:
         yield active
     finally:
