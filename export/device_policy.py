@@ -148,11 +148,13 @@ def time_rounds(models: Mapping[str, bytes], *, batch: int = 1, threads: int = 1
     for label, blob in models.items():
         if label not in made:
             made[label] = make_runner(bytes(blob), threads=threads)
+
     def settled(t: dict) -> bool:
         return order_settled(t, baseline, faster_only=False)
 
-    return time_interleaved({label: made[label] for label in models}, batch=batch, rounds=rounds, runs=runs, warmup=warmup,
-                            seed=seed, settled=settled if min_rounds is not None else None,
+    return time_interleaved({label: made[label] for label in models}, batch=batch, rounds=rounds,
+                            runs=runs, warmup=warmup, seed=seed,
+                            settled=settled if min_rounds is not None else None,
                             min_rounds=min_rounds or 1)
 
 

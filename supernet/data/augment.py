@@ -62,7 +62,7 @@ def augment_batch(images: torch.Tensor, kind: str, generator: torch.Generator,
     dy = torch.randint(0, 2 * pad + 1, (b,), generator=generator, device=gdev)
     dx = torch.randint(0, 2 * pad + 1, (b,), generator=generator, device=gdev)
     dev = images.device
-    rows = to_device(dy, dev)[:, None] + torch.arange(h, device=dev)  # (B, H) rows of the padded image
+    rows = to_device(dy, dev)[:, None] + torch.arange(h, device=dev)  # (B, H) padded-image rows
     cols = to_device(dx, dev)[:, None] + torch.arange(w, device=dev)  # (B, W)
     if kind.startswith("crop_flip"):
         flip = torch.rand(b, generator=generator, device=gdev) < 0.5
