@@ -43,6 +43,7 @@ from torch import nn
 
 from hwnas.core.cooperate import yield_point
 from hwnas.core.errors import UserError
+from hwnas.core.heap import retained_heap
 from hwnas.core.io import first_line
 
 __all__ = [
@@ -505,13 +506,18 @@ def ptq(model: nn.Module, policy: QuantPolicy, batches: Iterable, config: PTQCon
 
     With ``rounding="adaround"`` the weights' rounding is learned between steps 2 and 3
     (:mod:`hwnas.quant.adaround`, layer by layer on the calibration images; what W4A8 needs);
-    bias correction then compares with the float network's original weights."""
+    bias correction then compares with the float network's original weights.
+
+    Runs in :func:`hwnas.core.heap.retained_heap`: AdaRound's per-step tensors and the passes'
+    activations reuse freed memory instead of fresh pages (middle CIFAR-10 subnet, W4A8
+    AdaRound: benchmarks/adaround_steps.md, Session 32)."""
     config = config or PTQConfig()
     config.validate()
     qmodel = quantize_model(model, policy, residual=config.residual, add_bits=config.add_bits,
                             weight_observer=config.weight_observer, mse_grid=config.mse_grid,
                             example_input=example_input, int16_safe=config.int16_safe)
-    return calibrate(qmodel, batches, config).eval()
+    with retained_heap():
+        return calibrate(qmodel, batches, config).eval()
 
 
 def policy_of(qmodel: nn.Module) -> QuantPolicy:

@@ -48,3 +48,17 @@ def test_switched_off_by_the_environment(monkeypatch):
         assert not active
         assert _faults(4) >= 3 * pages
     assert not heap.retain_freed_memory()
+
+
+def test_bodies_nest_and_only_the_outermost_restores():
+    """A PTQ's body inside a search's: leaving the inner one keeps the outer one's setting."""
+    pages = SIZE // resource.getpagesize()
+    with heap.retained_heap() as outer:
+        assert outer
+        with heap.retained_heap() as inner:
+            assert inner
+            _faults(1)
+        assert heap._depth == 1
+        assert _faults(4) < pages // 2  # still retained after the inner body
+    assert heap._depth == 0
+    assert _faults(4) >= 3 * pages  # restored by the outermost

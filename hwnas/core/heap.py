@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import threading
 from collections.abc import Iterator
 
 __all__ = ["retain_freed_memory", "retained_heap", "supported"]
@@ -40,6 +41,11 @@ ENV = "HWNAS_RETAIN_HEAP"
 _TRIM_NEVER = 2**31 - 1
 
 _libc: ctypes.CDLL | None | bool = False  # False: not looked up yet
+#: bodies of :func:`retained_heap` now open (only the outermost sets and restores glibc), and
+#: whether :func:`retain_freed_memory` set it for the whole process (then nothing restores it)
+_depth = 0
+_forever = False
+_lock = threading.Lock()
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -66,27 +72,45 @@ def supported() -> bool:
     return _glibc() is not None
 
 
-def retain_freed_memory() -> bool:
-    """Serve every block from the heap and never trim it, for the rest of the process (a worker
-    process that only exports); True when it took effect."""
+def _retain() -> bool:
+    """Serve every block from the heap and never trim it; True when that took effect."""
     lib = _glibc()
     if lib is None or os.environ.get(ENV, "1").strip() == "0":
         return False
     return bool(lib.mallopt(_M_MMAP_MAX, 0)) and bool(lib.mallopt(_M_TRIM_THRESHOLD, _TRIM_NEVER))
 
 
+def retain_freed_memory() -> bool:
+    """Serve every block from the heap and never trim it, for the rest of the process (a worker
+    process that only exports); True when it took effect."""
+    global _forever
+    with _lock:
+        _forever = _forever or _retain()
+        return _forever
+
+
 @contextlib.contextmanager
 def retained_heap() -> Iterator[bool]:
     """For the body, freed memory stays in the process and is reused (see the module
     docstring); yields whether that took effect. On exit, glibc's maximum dynamic thresholds
-    are set and the free memory is returned to the system."""
-    lib = _glibc()
-    active = retain_freed_memory()
+    are set and the free memory is returned to the system. Bodies nest (a PTQ inside a search):
+    only the outermost sets and restores, and nothing restores what
+    :func:`retain_freed_memory` set for the whole process."""
+    global _depth
+    with _lock:
+        outer = _depth > 0 or _forever
+        active = True if outer else _retain()
+        if active:
+            _depth += 1
     try:
         yield active
     finally:
         if active:
-            lib.mallopt(_M_MMAP_MAX, _MMAP_MAX_AFTER)
-            lib.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_AFTER)
-            lib.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_AFTER)
-            lib.malloc_trim(0)
+            with _lock:
+                _depth -= 1
+                if _depth == 0 and not _forever:
+                    lib = _glibc()
+                    lib.mallopt(_M_MMAP_MAX, _MMAP_MAX_AFTER)
+                    lib.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_AFTER)
+                    lib.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_AFTER)
+                    lib.malloc_trim(0)
