@@ -514,7 +514,8 @@ class ScreeningSampler(BaseSampler):
                 cfg = self.config
                 self._gps = [PoolGP(self._pool.features, length_factors=cfg.length_factors,
                                     noises=cfg.noises, floor_quantile=cfg.floor_quantile,
-                                    trend=self._gp_trend(self._pool.trend), ard=cfg.ard)
+                                    trend=self._gp_trend(self._pool.trend), ard=cfg.ard,
+                                    warp=cfg.output_warp)
                              for _ in targets]
                 self._gp_targets = list(targets)
             for gp, j in zip(self._gps, range(len(targets))):
@@ -593,6 +594,15 @@ class ScreeningSampler(BaseSampler):
             dominated[i] = bool(np.any(np.all(Y >= Y[i], 1) & np.any(Y > Y[i], 1)))
         return [k for k, d in zip(keys, dominated) if not d]
 
+    def _observed(self, directions: list[StudyDirection]) -> np.ndarray:
+        """The evaluated values in maximised form, each expensive objective on its GP's
+        (warped) scale, which the acquisition compares the GP's predictions with."""
+        Y = np.array(self._hist.values) * self._signed(directions)
+        if self.config.output_warp != "none":
+            for gp, j in zip(self._gps, self._expensive(directions)):
+                Y[:, j] = gp.transform(Y[:, j])
+        return Y
+
     def _acquisition(self, directions: list[StudyDirection],
                      rng: np.random.Generator) -> np.ndarray:
         preds, pof = self._fit(directions, rng)
@@ -612,7 +622,7 @@ class ScreeningSampler(BaseSampler):
         pool = self._pool
         sign = self._signed(directions)
         exp_idx = self._expensive(directions)
-        Y = np.array(self._hist.values) * sign  # observed, maximised form
+        Y = self._observed(directions)
         feasible = self._feasible_history()
         if not feasible.all():
             if not feasible.any():
@@ -661,7 +671,7 @@ class ScreeningSampler(BaseSampler):
             G[:, j] = mu + self.config.ucb_beta * sd
         for col, j in enumerate(self.cheap_indices):
             G[:, j] = sign[j] * pool.cheap[:, col]
-        Y = np.array(self._hist.values) * sign
+        Y = self._observed(directions)
         lo = np.minimum(Y.min(0), G.min(0))
         hi = np.maximum(Y.max(0), np.quantile(G, 0.99, axis=0))
         span = np.where(hi - lo > 1e-12, hi - lo, 1.0)
