@@ -105,10 +105,12 @@ class ScreeningConfig:
     ard: bool = False
     #: monotone warp of the observed values after the floor, before the GP: "none", "copula"
     #: (normal scores of the ranks; the default) or "power" (Yeo-Johnson by maximum
-    #: likelihood); the acquisition then compares on the warped scale
-    #: (:class:`hwnas.search.gp.PoolGP`). The copula spreads out the crowded top of skewed
-    #: accuracies, where the front is: +0.014 at 100 evaluations on the integer-millisecond
-    #: phones of ``benchmarks/search_nb201.md`` (session 32), level on the validation devices
+    #: likelihood); the EHVI then compares on the warped scale (:class:`hwnas.search.gp.PoolGP`).
+    #: Used only where it was measured: two objectives, one learned and one cheap, no learned
+    #: constraint (the 2-D EHVI). The copula spreads out the crowded top of skewed accuracies,
+    #: where the front is: +0.014 at 100 evaluations on the integer-millisecond phones of
+    #: ``benchmarks/search_nb201.md`` (session 32), level on the validation devices; on the
+    #: three objectives of ``benchmarks/search_joint.py`` (ParEGO) it cost 0.08 at 100
     output_warp: str = "copula"
 
     def __post_init__(self) -> None:

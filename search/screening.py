@@ -504,12 +504,13 @@ class ScreeningSampler(BaseSampler):
                 self._refresh_pool(rng, self._front_keys(directions))
             X, H = self._train_features(self._hist.keys)
             if targets != self._gp_targets:
-                cfg = self.config
+                cfg = self.config  # the warp where it was measured: 2-D EHVI, cheap cost
+                warp = cfg.output_warp if len(directions) == 2 and len(targets) == 1 == len(
+                    self._expensive(directions)) else "none"  # no learned constraint either
                 self._gps = [PoolGP(self._pool.features, length_factors=cfg.length_factors,
                                     noises=cfg.noises, floor_quantile=cfg.floor_quantile,
                                     trend=self._gp_trend(self._pool.trend), ard=cfg.ard,
-                                    warp=cfg.output_warp)
-                             for _ in targets]
+                                    warp=warp) for _ in targets]
                 self._gp_targets = list(targets)
             for gp, j in zip(self._gps, range(len(targets))):
                 gp.refit(X, Y[:, j], self._gp_trend(H))
@@ -589,9 +590,8 @@ class ScreeningSampler(BaseSampler):
     def _observed(self, directions: list[StudyDirection]) -> np.ndarray:
         """Evaluated values, maximised, each expensive one on its GP's (warped) scale."""
         Y = np.array(self._hist.values) * self._signed(directions)
-        for gp, j in zip(self._gps if self.config.output_warp != "none" else (),
-                         self._expensive(directions)):
-            Y[:, j] = gp.transform(Y[:, j])
+        for gp, j in zip(self._gps, self._expensive(directions)):
+            Y[:, j] = gp.transform(Y[:, j]) if gp.warp != "none" else Y[:, j]
         return Y
 
     def _acquisition(self, directions: list[StudyDirection],
