@@ -7,8 +7,8 @@ region, and a few broken architectures (1 % accuracy) would otherwise dominate a
 kernel. ``warp`` may then map the observed values monotonically onto a Gaussian-like scale
 (``"copula"``: normal scores of their ranks; ``"power"``: a Yeo-Johnson transform fitted by
 maximum likelihood), so that the skewed top of the accuracies, where a front lies, is spread
-out for the stationary kernel. Hyper-parameters are refitted whenever the number of evaluations has grown by
-``refit_growth``; in between, each new evaluation is added to the Cholesky factor and to the
+out for the stationary kernel. Hyper-parameters are refitted whenever the number of
+evaluations has grown by ``refit_growth``; in between, each new evaluation is added to the Cholesky factor and to the
 pool's cross-covariances in O(n·N) (n evaluations, N candidates), so a step stays in the tens of
 milliseconds at n = 1000, N = 15,625.
 
