@@ -8,9 +8,9 @@ kernel. ``warp`` may then map the observed values monotonically onto a Gaussian-
 (``"copula"``: normal scores of their ranks; ``"power"``: a Yeo-Johnson transform fitted by
 maximum likelihood), so that the skewed top of the accuracies, where a front lies, is spread
 out for the stationary kernel. Hyper-parameters are refitted whenever the number of
-evaluations has grown by ``refit_growth``; in between, each new evaluation is added to the Cholesky factor and to the
-pool's cross-covariances in O(n·N) (n evaluations, N candidates), so a step stays in the tens of
-milliseconds at n = 1000, N = 15,625.
+evaluations has grown by ``refit_growth``; in between, each new evaluation is added to the
+Cholesky factor and to the pool's cross-covariances in O(n·N) (n evaluations, N candidates), so
+a step stays in the tens of milliseconds at n = 1000, N = 15,625.
 
 With ``ard=True`` each encoding column gets its own length-scale (automatic relevance
 determination): after the grid search, the column weights and the noise are refined by L-BFGS on
