@@ -267,12 +267,9 @@ class ScreeningSampler(BaseSampler):
             v = self._violations(unseen)
             ok = np.flatnonzero(np.all(v <= 0, axis=1))
             return unseen[int(ok[0])] if len(ok) else unseen[0]
-        arch = self.space.sample(rng)
-        for _ in range(100):
-            if self.space.to_string(arch) not in taken:
-                break
-            arch = self.space.sample(rng)
-        return arch
+        draws = (self.space.sample(rng) for _ in range(101))  # the last one in any case
+        return next(a for i, a in enumerate(draws) if i == 100
+                    or self.space.to_string(a) not in taken)
 
     def _check_directions(self, directions: list[StudyDirection]) -> None:
         if self.directions is not None and self.directions != directions:
@@ -445,8 +442,7 @@ class ScreeningSampler(BaseSampler):
             return
         seen = set(self._hist.keys)
         archs: list[Any] = []
-        fronts = [self._key_arch(k) for k in front_keys]
-        fronts = [a for a in fronts if a is not None]
+        fronts = [self._by_key[k] for k in front_keys if k in self._by_key]
         n_mut = int(self.config.mutation_fraction * self.config.pool_size) if fronts else 0
         for _ in range(5 * n_mut):
             if len(archs) >= n_mut:
@@ -462,9 +458,6 @@ class ScreeningSampler(BaseSampler):
         self._pool = self._make_pool(archs, False)
         for gp in self._gps:
             gp.set_pool(self._pool.features, self._gp_trend(self._pool.trend))
-
-    def _key_arch(self, key: str) -> Any | None:
-        return self._by_key.get(key)
 
     # -- surrogate and acquisition ----------------------------------------------------------------
     def _expensive(self, directions: list[StudyDirection]) -> list[int]:
@@ -511,11 +504,13 @@ class ScreeningSampler(BaseSampler):
                 self._refresh_pool(rng, self._front_keys(directions))
             X, H = self._train_features(self._hist.keys)
             if targets != self._gp_targets:
-                cfg = self.config
+                cfg = self.config  # the warp where it was measured: 2-D EHVI, cheap cost
+                warp = cfg.output_warp if len(directions) == 2 and len(targets) == 1 == len(
+                    self._expensive(directions)) else "none"  # no learned constraint either
                 self._gps = [PoolGP(self._pool.features, length_factors=cfg.length_factors,
                                     noises=cfg.noises, floor_quantile=cfg.floor_quantile,
-                                    trend=self._gp_trend(self._pool.trend), ard=cfg.ard)
-                             for _ in targets]
+                                    trend=self._gp_trend(self._pool.trend), ard=cfg.ard,
+                                    warp=warp) for _ in targets]
                 self._gp_targets = list(targets)
             for gp, j in zip(self._gps, range(len(targets))):
                 gp.refit(X, Y[:, j], self._gp_trend(H))
@@ -562,8 +557,7 @@ class ScreeningSampler(BaseSampler):
                 rows.append(pool.features[i])
                 trend.append(pool.trend[i])
             else:
-                arch = self._key_arch(k)
-                arch = arch if arch is not None else self.space.from_string(k)
+                arch = self._by_key[k] if k in self._by_key else self.space.from_string(k)
                 rows.append(self._encode([arch])[0])
                 trend.append(None)
                 todo.append((n, arch))
@@ -593,6 +587,13 @@ class ScreeningSampler(BaseSampler):
             dominated[i] = bool(np.any(np.all(Y >= Y[i], 1) & np.any(Y > Y[i], 1)))
         return [k for k, d in zip(keys, dominated) if not d]
 
+    def _observed(self, directions: list[StudyDirection]) -> np.ndarray:
+        """Evaluated values, maximised, each expensive one on its GP's (warped) scale."""
+        Y = np.array(self._hist.values) * self._signed(directions)
+        for gp, j in zip(self._gps, self._expensive(directions)):
+            Y[:, j] = gp.transform(Y[:, j]) if gp.warp != "none" else Y[:, j]
+        return Y
+
     def _acquisition(self, directions: list[StudyDirection],
                      rng: np.random.Generator) -> np.ndarray:
         preds, pof = self._fit(directions, rng)
@@ -612,7 +613,7 @@ class ScreeningSampler(BaseSampler):
         pool = self._pool
         sign = self._signed(directions)
         exp_idx = self._expensive(directions)
-        Y = np.array(self._hist.values) * sign  # observed, maximised form
+        Y = self._observed(directions)
         feasible = self._feasible_history()
         if not feasible.all():
             if not feasible.any():
@@ -661,7 +662,7 @@ class ScreeningSampler(BaseSampler):
             G[:, j] = mu + self.config.ucb_beta * sd
         for col, j in enumerate(self.cheap_indices):
             G[:, j] = sign[j] * pool.cheap[:, col]
-        Y = np.array(self._hist.values) * sign
+        Y = self._observed(directions)
         lo = np.minimum(Y.min(0), G.min(0))
         hi = np.maximum(Y.max(0), np.quantile(G, 0.99, axis=0))
         span = np.where(hi - lo > 1e-12, hi - lo, 1.0)
@@ -673,11 +674,10 @@ class ScreeningSampler(BaseSampler):
 def _direction(d: str | StudyDirection) -> StudyDirection:
     if isinstance(d, StudyDirection):
         return d
-    text = str(d).lower()
-    if text in ("maximize", "max"):
-        return StudyDirection.MAXIMIZE
-    if text in ("minimize", "min"):
-        return StudyDirection.MINIMIZE
+    named = {"maximize": StudyDirection.MAXIMIZE, "max": StudyDirection.MAXIMIZE,
+             "minimize": StudyDirection.MINIMIZE, "min": StudyDirection.MINIMIZE}
+    if str(d).lower() in named:
+        return named[str(d).lower()]
     raise UserError(f"direction {d!r}; expected 'maximize' or 'minimize'")
 
 

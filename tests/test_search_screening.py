@@ -228,6 +228,7 @@ def cheap_latency_with_std(archs):
     (ToySpace, ScreeningConfig(), cheap_latency),
     (SampledToySpace, ScreeningConfig(pool_size=400, cheap_std_scale=1.0),
      cheap_latency_with_std),
+    (ToySpace, ScreeningConfig(output_warp="none"), cheap_latency),
 ])
 def test_screening_is_deterministic_and_beats_random(space_cls, config, cheap):
     space = space_cls()
@@ -237,7 +238,9 @@ def test_screening_is_deterministic_and_beats_random(space_cls, config, cheap):
         return ScreeningSampler(space, cheap, (1,), seed=seed, config=config,
                                 directions=["maximize", "minimize"])
 
-    a = run_toy(space, screening(0), n)
+    sampler = screening(0)
+    a = run_toy(space, sampler, n)
+    assert sampler._gps[0].warp == config.output_warp  # two objectives, one cheap: the EHVI
     assert run_toy(space, screening(0), n) == a
     assert run_toy(space, screening(1), n) != a
     assert len(set(a)) == n  # never pays twice for one architecture
@@ -261,6 +264,7 @@ def test_three_objectives_and_enqueued_trials():
     archs = [space.suggest(optuna.trial.FixedTrial(t.params)) for t in study.trials]
     assert archs[0] == space.largest()
     assert len(set(archs)) == 15
+    assert sampler._gps[0].warp == "none"  # the default copula warp is for the 2-D EHVI only
 
 
 def test_bad_configuration_is_a_user_error():
@@ -311,6 +315,30 @@ def test_incomplete_latency_csv_is_refused(tmp_path, capsys):
 
 
 # -- options and the default ---------------------------------------------------------------------
+
+
+def test_pool_gp_output_warps_keep_the_order_and_unskew():
+    from scipy.stats import skew
+
+    rng = np.random.default_rng(0)
+    y = 100.0 - rng.gamma(1.5, 6.0, 200)  # left-skewed, as NAS-Bench-201 accuracies
+    y[:5] = 1.0  # broken cells
+    y[5] = y[6]  # a tie
+    pool = rng.random((10, 3))
+    out = {w: PoolGP(pool, length_factors=(0.5,), noises=(1e-2,), floor_quantile=0.0,
+                     warp=w).transform(y) for w in ("none", "copula", "power")}
+    np.testing.assert_array_equal(out["none"], y)
+    for w in ("copula", "power"):
+        t = out[w]
+        assert np.array_equal(np.argsort(t, kind="stable"), np.argsort(y, kind="stable")), w
+        assert t[5] == t[6]
+        assert abs(skew(t)) < 0.3 * abs(skew(y)), (w, skew(t), skew(y))
+    # normal scores of (rank - 1/2) / n; the five broken cells share the mean rank 3
+    assert np.allclose(np.sort(out["copula"])[[0, -1]], [-2.2414, 2.5758], atol=1e-4)
+    with pytest.raises(ValueError, match="warp"):
+        PoolGP(pool, length_factors=(0.5,), noises=(1e-2,), floor_quantile=0.0, warp="log")
+    with pytest.raises(UserError, match="output_warp"):
+        ScreeningConfig(output_warp="log")
 
 
 def test_pool_gp_trend_extrapolates_a_linear_mean():
