@@ -47,6 +47,7 @@ table; it must hold every NAS-Bench-201 architecture, since the front is the who
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import datetime as _dt
 import math
@@ -194,7 +195,8 @@ class Problem:
 
 
 def make_problem(space: Any, table: LatencyTable, device: str, accuracy: dict[str, float],
-                 n_measurements: int, latency_source: str) -> Problem:
+                 n_measurements: int, latency_source: str, predictor: Any = None) -> Problem:
+    """``predictor``: the un-adapted meta predictor to adapt (default: the shipped one)."""
     missing = [a for a in accuracy if a not in table]
     if missing:
         raise UserError(f"latency table {table.path} lacks {len(missing)} of the "
@@ -207,7 +209,8 @@ def make_problem(space: Any, table: LatencyTable, device: str, accuracy: dict[st
     if latency_source == "table":
         seen, std, measured = lat.copy(), None, len(archs)
     else:
-        predictor = load_pretrained(space.name)
+        predictor = copy.deepcopy(predictor) if predictor is not None \
+            else load_pretrained(space.name)
         refs = predictor.reference_archs[:n_measurements]
         if len(refs) < n_measurements:
             raise UserError(f"the {space.name} predictor has {len(refs)} reference "
@@ -219,6 +222,29 @@ def make_problem(space: Any, table: LatencyTable, device: str, accuracy: dict[st
 
     return Problem(device, archs, acc, lat, np.asarray(seen, float), std,
                    true_front(lat, acc), measured, float(spearmanr(seen, lat)[0]))
+
+
+def holdout_predictor(space: Any, fam: str, cache: Path | None) -> tuple[Any, list[str]]:
+    """A meta predictor trained WITHOUT the device family ``fam`` (``--predictor-holdout``), and
+    that family's devices: the development proxy of the shipped predictor on an unseen device.
+    The fold of ``latency_residual_select.fold_predictor`` on ``latency_lofo``'s device tables
+    (HELP's and the measured ones, families by ``latency_lofo.family``), less HELP's test
+    devices, which never enter development (neither trained on nor searched)."""
+    try:
+        import latency_residual_select as select
+    except ModuleNotFoundError:
+        from benchmarks import latency_residual_select as select
+    lofo = select.lofo
+    test = set(help_protocol(space.name).test)
+    devices, _ = lofo.load_devices(space)
+    devices = {d: v for d, v in devices.items() if d not in test}
+    folds = select.held_out_folds(devices)
+    if fam not in folds:
+        raise UserError(f"--predictor-holdout {fam!r}: no such device family; families: "
+                        f"{', '.join(folds)}")
+    # the cached fold is of this device set (not latency_lofo's, which keeps HELP's test devices)
+    sub = None if cache is None else cache / "without-help-test"
+    return select.fold_predictor(space, devices, fam, folds[fam], sub), sorted(folds[fam])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -450,6 +476,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-source", choices=["predictor", "table"], default="predictor",
                     help="what the search sees: the adapted predictor (the benchmark) or the "
                          "true table latency (calibration only)")
+    ap.add_argument("--predictor-holdout", metavar="FAMILY", default=None,
+                    help="latency from a meta predictor trained without this device family "
+                         "(latency_lofo.py's families, e.g. phone; HELP's test devices left "
+                         "out), adapted like the shipped one; searches that family's devices "
+                         "(--devices: a subset of them): the unseen-device development proxy")
+    ap.add_argument("--fold-cache", type=Path, default=None,
+                    help="directory caching --predictor-holdout's meta-training (seconds to a "
+                         "minute per family)")
     ap.add_argument("--latency-std-scale", type=float, default=0.0,
                     help="screening: multiplier of the latency predictor's standard deviation "
                          "in the acquisition (default 0: trust the predicted latency)")
@@ -476,6 +510,15 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     budgets = sorted(set(args.budgets))
     options = screening_options(args.screening_option)
     space = get_space("nb201")
+    held = fold = None
+    if args.predictor_holdout is not None:
+        if args.latency_csv is not None or args.validation or args.latency_source != "predictor":
+            raise UserError("--predictor-holdout searches the held-out family's shared-table "
+                            "devices with predicted latency; it does not go with --latency-csv, "
+                            "--validation or --latency-source table")
+        fold, held = holdout_predictor(space, args.predictor_holdout, args.fold_cache)
+    elif args.fold_cache is not None:
+        raise UserError("--fold-cache caches --predictor-holdout's meta-training; pass both")
     if args.latency_csv is not None:
         if not args.device:
             raise UserError("--latency-csv needs --device COLUMN (the device column to score)")
@@ -488,7 +531,11 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         if args.device:
             raise UserError("--device needs --latency-csv (use --devices for shared columns)")
         table = load_shared_table("nb201", space=space)
-        devices = list(args.devices or help_protocol("nb201").test)
+        devices = list(args.devices or held or help_protocol("nb201").test)
+        if held is not None and not set(devices) <= set(held):
+            raise UserError(f"--predictor-holdout {args.predictor_holdout}: searches only the "
+                            f"held-out family's devices ({', '.join(held)}); got "
+                            f"{', '.join(d for d in devices if d not in held)}")
         if args.validation:
             devices = [d for d in help_protocol("nb201").validation if d not in devices] \
                 + devices
@@ -506,12 +553,12 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     accuracy = load_accuracy(Path(acc_path), space)
     protocol = help_protocol("nb201")
     for d in devices:
-        if d in protocol.meta_train:
+        if d in protocol.meta_train and fold is None:
             print(f"note: {d} is a meta-training device of the latency predictor; it is not "
                   f"unseen")
     t_start = time.time()
     problems = [make_problem(space, table, d, accuracy, args.n_measurements,
-                             args.latency_source) for d in devices]
+                             args.latency_source, fold) for d in devices]
     rows, timing = run_benchmark(space, problems, args.samplers, args.seeds, budgets,
                                  progress=not args.quiet, std_scale=args.latency_std_scale,
                                  options=options)
@@ -531,7 +578,8 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         f"{s} {t['seconds_per_search_mean']:.1f}" for s, t in timing.items()))
     print(f"total {elapsed:.0f} s")
     standard = (args.latency_csv is None and args.latency_source == "predictor"
-                and args.devices is None and args.latency_std_scale == 0 and not options)
+                and fold is None and args.devices is None and args.latency_std_scale == 0
+                and not options)
     out = args.out or (OUT_JSON if standard else None)
     if out is not None:
         from hwnas.search.samplers import DEFAULT_SAMPLER
@@ -543,7 +591,10 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             "default_sampler": DEFAULT_SAMPLER,
             "screening_startup": ScreeningConfig().startup,
             "best_method": BEST_METHOD,
-            "latency_source": ("meta predictor (load_pretrained('nb201')) adapted with "
+            "latency_source": (f"meta predictor meta-trained without the family "
+                               f"{args.predictor_holdout!r} and HELP's test devices, adapted "
+                               f"with {args.n_measurements} table measurements" if fold is not None
+                               else "meta predictor (load_pretrained('nb201')) adapted with "
                                f"{args.n_measurements} table measurements"
                                if args.latency_source == "predictor"
                                else "true table latency (calibration)"),
