@@ -489,3 +489,27 @@ def test_size_trend_adds_log_flops_to_the_surrogate_mean():
                              config=ScreeningConfig(n_startup_trials=3, size_trend=True))
     run_toy(ToySpace(), plain, 6)
     assert plain._gp_trend(plain._pool.trend) is None
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--fold-cache", "x"], "pass both"),
+    (["--predictor-holdout", "phone", "--latency-source", "table"], "does not go with"),
+    (["--predictor-holdout", "phone", "--validation"], "does not go with"),
+])
+def test_predictor_holdout_errors_are_one_line(capsys, argv, expected):
+    code = _bench().main([*argv, "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("search_nb201: error: ") and expected in err
+    assert err.count("\n") == 1
+
+
+def test_predictor_holdout_names_a_family_without_the_test_devices(capsys):
+    from hwnas.supernet.data import shared_data_dir
+
+    if shared_data_dir() is None or not (shared_data_dir() / "nb201").is_dir():
+        pytest.skip("the shared NAS-Bench-201 latency table is absent")
+    assert _bench().main(["--predictor-holdout", "pixel", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "no such device family" in err and "phone" in err
+    assert "simulated-accel" not in err  # fpga and eyeriss are HELP test devices: left out
