@@ -224,12 +224,14 @@ def make_problem(space: Any, table: LatencyTable, device: str, accuracy: dict[st
                    true_front(lat, acc), measured, float(spearmanr(seen, lat)[0]))
 
 
-def holdout_predictor(space: Any, fam: str, cache: Path | None) -> tuple[Any, list[str]]:
+def holdout_predictor(space: Any, fam: str, cache: Path | None,
+                      training: str = "lofo") -> tuple[Any, list[str]]:
     """A meta predictor trained WITHOUT the device family ``fam`` (``--predictor-holdout``), and
     that family's devices: the development proxy of the shipped predictor on an unseen device.
     The fold of ``latency_residual_select.fold_predictor`` on ``latency_lofo``'s device tables
     (HELP's and the measured ones, families by ``latency_lofo.family``), less HELP's test
-    devices, which never enter development (neither trained on nor searched)."""
+    devices, which never enter development (neither trained on nor searched). ``training``
+    ``"shipped"``: only the shipped predictor's meta-training devices (HELP's), less ``fam``."""
     try:
         import latency_residual_select as select
     except ModuleNotFoundError:
@@ -237,13 +239,16 @@ def holdout_predictor(space: Any, fam: str, cache: Path | None) -> tuple[Any, li
     lofo = select.lofo
     test = set(help_protocol(space.name).test)
     devices, _ = lofo.load_devices(space)
-    devices = {d: v for d, v in devices.items() if d not in test}
+    keep = set(help_protocol(space.name).meta_train) if training == "shipped" else None
+    devices = {d: v for d, v in devices.items()
+               if d not in test and (keep is None or d in keep)}
     folds = select.held_out_folds(devices)
     if fam not in folds:
         raise UserError(f"--predictor-holdout {fam!r}: no such device family; families: "
                         f"{', '.join(folds)}")
     # the cached fold is of this device set (not latency_lofo's, which keeps HELP's test devices)
-    sub = None if cache is None else cache / "without-help-test"
+    sub = None if cache is None else cache / ("without-help-test" if training == "lofo"
+                                              else "help-meta-train")
     return select.fold_predictor(space, devices, fam, folds[fam], sub), sorted(folds[fam])
 
 
@@ -481,6 +486,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(latency_lofo.py's families, e.g. phone; HELP's test devices left "
                          "out), adapted like the shipped one; searches that family's devices "
                          "(--devices: a subset of them): the unseen-device development proxy")
+    ap.add_argument("--fold-training", choices=["lofo", "shipped"], default=None,
+                    help="--predictor-holdout's meta-training devices: latency_lofo.py's tables "
+                         "(default) or only the shipped predictor's (HELP's meta-training set)")
     ap.add_argument("--fold-cache", type=Path, default=None,
                     help="directory caching --predictor-holdout's meta-training (seconds to a "
                          "minute per family)")
@@ -516,9 +524,11 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             raise UserError("--predictor-holdout searches the held-out family's shared-table "
                             "devices with predicted latency; it does not go with --latency-csv, "
                             "--validation or --latency-source table")
-        fold, held = holdout_predictor(space, args.predictor_holdout, args.fold_cache)
-    elif args.fold_cache is not None:
-        raise UserError("--fold-cache caches --predictor-holdout's meta-training; pass both")
+        args.fold_training = args.fold_training or "lofo"
+        fold, held = holdout_predictor(space, args.predictor_holdout, args.fold_cache,
+                                       args.fold_training)
+    elif args.fold_cache is not None or args.fold_training is not None:
+        raise UserError("--fold-cache and --fold-training are --predictor-holdout's; pass it")
     if args.latency_csv is not None:
         if not args.device:
             raise UserError("--latency-csv needs --device COLUMN (the device column to score)")
@@ -591,8 +601,9 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             "default_sampler": DEFAULT_SAMPLER,
             "screening_startup": ScreeningConfig().startup,
             "best_method": BEST_METHOD,
-            "latency_source": (f"meta predictor meta-trained without the family "
-                               f"{args.predictor_holdout!r} and HELP's test devices, adapted "
+            "latency_source": (f"meta predictor meta-trained ({args.fold_training} devices) "
+                               f"without the family {args.predictor_holdout!r} and HELP's test "
+                               f"devices, adapted "
                                f"with {args.n_measurements} table measurements" if fold is not None
                                else "meta predictor (load_pretrained('nb201')) adapted with "
                                f"{args.n_measurements} table measurements"

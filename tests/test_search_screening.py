@@ -492,7 +492,8 @@ def test_size_trend_adds_log_flops_to_the_surrogate_mean():
 
 
 @pytest.mark.parametrize("argv,expected", [
-    (["--fold-cache", "x"], "pass both"),
+    (["--fold-cache", "x"], "pass it"),
+    (["--fold-training", "shipped"], "pass it"),
     (["--predictor-holdout", "phone", "--latency-source", "table"], "does not go with"),
     (["--predictor-holdout", "phone", "--validation"], "does not go with"),
 ])
