@@ -38,6 +38,11 @@ ignore (``--latency-std-scale`` uses it).
 split); ``--screening-option NAME=VALUE`` runs a :class:`ScreeningConfig` variant of the
 ``screening`` sampler (how the development comparisons of ``search_nb201.md`` are made).
 
+``--predictor-holdout FAMILY`` (development only): latency from a meta predictor trained without
+that device family (``latency_lofo.py``'s families; HELP's test devices never enter), adapted with
+10 measurements like the shipped one, on that family's devices: the shipped predictor's errors on
+a device it has not seen, which a meta-training device searched with it cannot show.
+
 ``--latency-csv PATH --device COLUMN`` scores a new device table (same CSV layout as the shared
 table; it must hold every NAS-Bench-201 architecture, since the front is the whole space's).
 
