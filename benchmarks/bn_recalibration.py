@@ -148,23 +148,31 @@ def ranking_agreement(x, ref, spread: float | None = None) -> dict:
                 flips_beyond_spread=None if spread is None else sum(g > spread + 1e-9 for g in gaps))
 
 
-def decide(ref: dict, noise: tuple[dict, dict], default: list[dict], proxy: bool = False) -> dict:
+def decide(ref: dict, noise: tuple[dict, dict], default: list[dict], proxy: bool = False,
+           min_tau_subnets: int = 6) -> dict:
     """The session-32 rule (benchmarks/bn_recalibration.md): keep the default setting if the mean
     of its seeds' tau against the reference ``ref`` is at least the reference's own seed-to-seed
     tau, or if none of its seeds flips a pair wider than the reference's spread. ``noise`` is
-    the reference's two seeds (tau between them; spread: their largest difference on one
-    subnet); ``proxy``: another setting's two seeds stand in, so the verdict is provisional.
-    Readings are {arch: top-1}; the rule runs on the subnets all of them have."""
-    archs = sorted(set(ref).intersection(*noise, *default))
-    r = [ref[a] for a in archs]
-    d_ref = max(abs(noise[0][a] - noise[1][a]) for a in archs)
-    tau_ref = kendall_tau([noise[0][a] for a in archs], [noise[1][a] for a in archs])
-    per_seed = [ranking_agreement([x[a] for a in archs], r, d_ref) for x in default]
-    tau_mean = float(np.mean([p["kendall_tau"] for p in per_seed]))
+    the reference's two seeds: their tau, on the subnets they share (at least
+    ``min_tau_subnets``, else that half of the rule is not judged), and their spread, the
+    largest difference on one subnet; the flips are counted on every subnet that ``ref`` and
+    all of ``default`` (readings {arch: top-1}) have. ``proxy``: another setting's two seeds
+    stand in for the reference's, so the verdict is provisional."""
+    archs = sorted(set(ref).intersection(*default))
+    noisy = sorted(set(archs).intersection(*noise))
+    d_ref = max(abs(noise[0][a] - noise[1][a]) for a in noisy)
+    per_seed = [ranking_agreement([x[a] for a in archs], [ref[a] for a in archs], d_ref) for x in default]
     beyond = sum(p["flips_beyond_spread"] for p in per_seed)
-    keep = tau_mean >= tau_ref or beyond == 0
-    return dict(subnets=len(archs), tau_ref=tau_ref, d_ref=d_ref, proxy=proxy,
-                default_tau_mean=tau_mean, default_flips=[len(p["flips"]) for p in per_seed],
+    tau_ref = tau_mean = None
+    if len(noisy) >= min_tau_subnets:
+        tau_ref = kendall_tau([noise[0][a] for a in noisy], [noise[1][a] for a in noisy])
+        tau_mean = float(np.mean([kendall_tau([x[a] for a in noisy], [ref[a] for a in noisy])
+                                  for x in default]))
+    keep = (tau_mean is not None and tau_mean >= tau_ref) or beyond == 0
+    return dict(subnets=len(archs), noise_subnets=len(noisy), tau_ref=tau_ref, d_ref=d_ref,
+                proxy=proxy, default_tau_mean_on_noise_subnets=tau_mean,
+                default_tau_mean=float(np.mean([p["kendall_tau"] for p in per_seed])),
+                default_flips=[len(p["flips"]) for p in per_seed],
                 default_flips_beyond_d_ref=beyond, keep_default=keep,
                 flipped=[dict(seed=i, a=archs[f[0]], b=archs[f[1]], ref_gap=f[2])
                          for i, p in enumerate(per_seed) for f in p["flips"]],
@@ -184,10 +192,10 @@ def report(command: str) -> None:
         flops = {r["arch"]: r["flops"] for r in rs}
         ref_front = pareto_members(ref, flops)
         # the reference's own noise: its seed 1, else 40 x 64's two seeds (a lenient stand-in)
-        proxy = len(set(ref).intersection(reading(*REFERENCE[:2], 1))) < 3
+        proxy = len(set(ref).intersection(reading(*REFERENCE[:2], 1))) < 2
         noise = (reading(*PROXY, 1), reading(*PROXY, 0)) if proxy else (reading(*REFERENCE[:2], 1), ref)
         default = [reading(*SETTINGS[0][:2], s) for s in SETTINGS[0][2]]
-        if len(set(ref).intersection(*noise, *default)) >= 3:
+        if len(set(ref).intersection(*default)) >= 3 and len(set(ref).intersection(*noise)) >= 2:
             d = decide(ref, noise, default, proxy)
             d["flipped"] = [dict(f, a_mflops=flops[f["a"]] / 1e6, b_mflops=flops[f["b"]] / 1e6)
                             for f in d["flipped"]]
@@ -267,8 +275,10 @@ def report(command: str) -> None:
               f"{r['spearman_mean']:5.2f} {flips:>12} {r['max_flip_gap']:6.2f} {beyond:>6} "
               f"{r['front_jaccard_mean']:5.2f} {r['calib_cpu_s_median']:7.2f} {r['eval_cpu_s_median']:6.2f}")
     for d in decisions:
-        print(f"rule ({d['space']} {d['dataset']}, {d['subnets']} subnets): reference seed-to-seed "
-              f"tau {d['tau_ref']:.3f}, spread d_ref {d['d_ref']:.2f}"
+        tau = "not judged" if d["tau_ref"] is None else \
+            f"{d['tau_ref']:.3f} (default {d['default_tau_mean_on_noise_subnets']:.3f})"
+        print(f"rule ({d['space']} {d['dataset']}, {d['subnets']} subnets; reference noise on "
+              f"{d['noise_subnets']}): reference seed-to-seed tau {tau}, spread d_ref {d['d_ref']:.2f}"
               f"{' (40x64 stand-in)' if d['proxy'] else ''}; "
               f"default tau mean {d['default_tau_mean']:.3f}, flips per seed {d['default_flips']}, "
               f"beyond d_ref {d['default_flips_beyond_d_ref']} -> {d['verdict']}")
