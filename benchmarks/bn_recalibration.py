@@ -3,7 +3,9 @@ stratified set of subnets of a shipped supernet, the validation accuracy the sea
 score (its own splits: :func:`hwnas.search.replay.replay_splits` with ``scoring=True``) under
 several (batches x batch size) recalibration settings and seeds, against a large reference
 setting. Rows are appended to a JSONL file as they are measured (resumable); ``--report``
-prints the table and writes benchmarks/bn_recalibration.json.
+prints the table, how each setting ranks the subnets against the reference (Kendall tau,
+Spearman, the pairs whose order flips and their reference gaps) and the keep/change rule of
+benchmarks/bn_recalibration.md, and writes benchmarks/bn_recalibration.json.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bn_recalibration.py --space mbv3 \
         --dataset cifar10 --subnets 12 --budget 540     # repeat until done
