@@ -88,7 +88,6 @@ def setup(space_name: str, dataset: str, n: int, seed: int = 0):
 
 
 def measure(args) -> None:
-    import torch
     from hwnas.supernet.evaluate import accuracy, eval_loader, recalibrated_subnet
 
     space, supernet, data, archs = setup(args.space, args.dataset, args.subnets)
