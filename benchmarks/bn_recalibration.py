@@ -242,9 +242,9 @@ def report(command: str) -> None:
                                 calib_cpu_s_median=float(np.median([r["calib_cpu_s"] for r in cell])),
                                 eval_cpu_s_median=float(np.median([r["eval_cpu_s"] for r in cell]))))
     per_subnet = []
-    mflops = {r["arch"]: r["flops"] for r in rows}
+    arch_flops = {r["arch"]: r["flops"] for r in rows}
     for (sp, ds, arch, b, bs) in sorted({(r["space"], r["dataset"], r["arch"], r["batches"], r["batch_size"])
-                                        for r in rows}, key=lambda k: (k[:2], mflops[k[2]], k[2], k[3] * k[4])):
+                                        for r in rows}, key=lambda k: (k[:2], arch_flops[k[2]], k[2], k[3] * k[4])):
         cell = [r for r in rows if (r["space"], r["dataset"], r["arch"], r["batches"], r["batch_size"])
                 == (sp, ds, arch, b, bs)]
         accs = [r["val_top1"] for r in cell]

@@ -7,9 +7,10 @@
 
 Each pair quantizes the same float subnet (``quant_peers.float_subnet``, 512 calibration
 images) once with the heap retained and once without, in alternating order, each in a fresh
-process; user and system CPU seconds, minor page faults and peak memory of the PTQ alone come
-from the child's ``getrusage`` around :func:`quant_peers.hwnas_file`. Prints medians, writes
-JSON.
+process; user and system CPU seconds and minor page faults of the quantization (PTQ and the
+QDQ graph it is written to: :func:`quant_peers.hwnas_file`, data loading excluded) come from
+the child's ``getrusage`` around that call; peak memory is the whole child's. Prints medians,
+writes JSON.
 """
 
 from __future__ import annotations
