@@ -59,6 +59,11 @@ BLOCKS: dict[str, tuple[list[str] | None, str, str | None, str | None]] = {
     "S": (PHONES, "predictor", "phone", "shipped"),  # the same, HELP-only meta-training
     "Bp": (PHONES, "predictor", None, None),         # phones seen in meta-training (optimistic)
     "B": (PHONES, "table", None, None),              # true latency (the search alone)
+    # the true latency with its ties broken (+-0.45 of the resolution, seeded): order of the
+    # levels kept, so only the quantization is gone
+    "Bj": (PHONES, "jitter", None, None),
+    # block P's predictions snapped to the measurements' grid (1 ms where all 10 are integral)
+    "Pr": (PHONES, "rounded", "phone", "lofo"),
 }
 
 
@@ -190,7 +195,19 @@ def problems_of(block: str, space: Any, accuracy: dict[str, float],
     test = set(help_protocol("nb201").test)
     if test & set(devices):  # never: development data only
         raise UserError(f"block {block} names HELP test devices {sorted(test & set(devices))}")
-    return [nb.make_problem(space, table, d, accuracy, 10, source, fold) for d in devices]
+    probs = [nb.make_problem(space, table, d, accuracy, 10,
+                             "table" if source == "jitter" else
+                             "predictor" if source == "rounded" else source, fold)
+             for d in devices]
+    for p in probs:
+        integral = bool(np.all(p.latency == np.round(p.latency)))
+        if source == "jitter" and integral:
+            p.seen_latency = p.latency + np.random.default_rng(0).uniform(-0.45, 0.45,
+                                                                          len(p.latency))
+        if source == "rounded" and integral:  # the 10 measurements are table values
+            p.seen_latency = np.maximum(np.round(p.seen_latency), 1.0)
+        p.spearman = float(spearmanr(p.seen_latency, p.latency)[0])
+    return probs
 
 
 def main(argv: list[str] | None = None) -> int:
