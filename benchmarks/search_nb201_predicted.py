@@ -159,8 +159,8 @@ def seen_ratio(rows: np.ndarray, p: Any) -> float:
     return hypervolume_2d(seen[rows], acc[rows], ref_c, ref_g) / total
 
 
-def trajectories(space: Any, p: Any, warps: list[str], seeds: int,
-                 budgets: list[int]) -> list[dict[str, Any]]:
+def trajectories(space: Any, p: Any, warps: list[str], seeds: int, budgets: list[int],
+                 options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The screening sampler per warp and seed: true and seen ratios, front cells found."""
     front = set(front_indices_2d(p.latency, p.accuracy).tolist())
     seen_front = set(front_indices_2d(p.seen_latency, p.accuracy).tolist())
@@ -169,7 +169,8 @@ def trajectories(space: Any, p: Any, warps: list[str], seeds: int,
         for seed in range(seeds):
             t0 = time.perf_counter()
             traj = np.asarray(nb.run_search(space, p, "screening", seed, max(budgets),
-                                            options={"output_warp": warp}), dtype=int)
+                                            options={**(options or {}), "output_warp": warp}),
+                              dtype=int)
             row: dict[str, Any] = {"device": p.device, "warp": warp, "seed": seed,
                                    "seconds": round(time.perf_counter() - t0, 1)}
             for b in budgets:
@@ -221,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                     choices=["none", "copula", "power"])
     ap.add_argument("--search-blocks", nargs="+", default=None, choices=list(BLOCKS),
                     help="blocks the searches run on (default: all of --blocks)")
+    ap.add_argument("--screening-option", action="append", default=[], metavar="NAME=VALUE",
+                    help="a ScreeningConfig setting of the searches (as search_nb201.py's)")
     ap.add_argument("--fold-cache", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -235,6 +238,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     if args.seeds < 0 or any(b < 1 for b in args.budgets) or not args.band > 0:
         raise UserError("--seeds must be >= 0, --budgets and --band positive")
     budgets = sorted(set(args.budgets))
+    options = nb.screening_options(args.screening_option)
     space = get_space("nb201")
     from hwnas.supernet.data import shared_data_dir
 
@@ -250,14 +254,15 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         if args.seeds and block in (args.search_blocks or args.blocks):
             for p in probs:
                 runs += [{"block": block, **r}
-                         for r in trajectories(space, p, args.warps, args.seeds, budgets)]
+                         for r in trajectories(space, p, args.warps, args.seeds, budgets,
+                                                      options)]
     print_tables(rows, runs, budgets)
     if args.out is not None:
         nb.write_json(args.out, {
             "command": "python benchmarks/search_nb201_predicted.py " + " ".join(argv),
             "machine": nb.machine(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "budgets": budgets, "band_points": args.band,
+            "budgets": budgets, "band_points": args.band, "screening_options": options,
             "results": rows, "searches": runs})
         print(f"wrote {args.out}")
     return 0

@@ -112,6 +112,11 @@ class ScreeningConfig:
     #: ``benchmarks/search_nb201.md`` (session 32), level on the validation devices; on the
     #: three objectives of ``benchmarks/search_joint.py`` (ParEGO) it cost 0.08 at 100
     output_warp: str = "copula"
+    #: relative slack on the observed front's cheap cost in the 2-D EHVI (0: off): an evaluated
+    #: point is taken to dominate only from ``cost x (1 + slack)`` on, so a predicted-fast cell
+    #: does not hide the slightly slower candidates that the predictor's error may put before it
+    #: (``benchmarks/search_nb201.md``, session 33)
+    front_cost_slack: float = 0.0
 
     def __post_init__(self) -> None:
         if self.n_startup_trials < 1 or self.cheap_front_trials < 1:
@@ -131,6 +136,8 @@ class ScreeningConfig:
             raise UserError(f"startup = {self.startup!r}; expected one of {list(STARTUPS)}")
         if self.output_warp not in WARPS:
             raise UserError(f"output_warp = {self.output_warp!r}; expected one of {list(WARPS)}")
+        if not 0.0 <= self.front_cost_slack < 1.0:
+            raise UserError(f"front_cost_slack = {self.front_cost_slack}; expected in [0, 1)")
         if not self.explore > 0:
             raise UserError(f"explore = {self.explore}; expected > 0")
         if not self.length_factors or not self.noises:

@@ -634,6 +634,7 @@ class ScreeningSampler(BaseSampler):
                 e, c = exp_idx
                 cost, cost_sd = -preds[1][0], preds[1][1]
             obs_gain, obs_cost = Y[:, e], -Y[:, c]
+            obs_cost = obs_cost + self.config.front_cost_slack * np.abs(obs_cost)
             f = front_indices_2d(obs_cost, obs_gain)
             span_c = float(np.ptp(cost)) or 1.0
             span_g = float(np.ptp(obs_gain)) or 1.0
