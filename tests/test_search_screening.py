@@ -250,6 +250,21 @@ def test_screening_is_deterministic_and_beats_random(space_cls, config, cheap):
     assert ours > rand + 0.03, (ours, rand)
 
 
+def test_front_cost_slack_revisits_cells_just_slower_than_the_front():
+    space = ToySpace()
+
+    def run(slack, seed=0):
+        cfg = ScreeningConfig(front_cost_slack=slack)
+        return run_toy(space, ScreeningSampler(space, cheap_latency, (1,), seed=seed,
+                                               config=cfg, directions=["maximize", "minimize"]),
+                       30)
+
+    a = run(0.2)
+    assert run(0.2) == a and len(set(a)) == 30  # deterministic, never pays twice
+    assert a != run(0.0)  # the slack changes the choices after the start-up
+    assert a[:10] == run(0.0)[:10]  # the start-up is untouched
+
+
 def test_three_objectives_and_enqueued_trials():
     space = ToySpace()
     sampler = ScreeningSampler(space, lambda archs: np.array(
@@ -339,6 +354,8 @@ def test_pool_gp_output_warps_keep_the_order_and_unskew():
         PoolGP(pool, length_factors=(0.5,), noises=(1e-2,), floor_quantile=0.0, warp="log")
     with pytest.raises(UserError, match="output_warp"):
         ScreeningConfig(output_warp="log")
+    with pytest.raises(UserError, match="front_cost_slack"):
+        ScreeningConfig(front_cost_slack=1.5)
 
 
 def test_pool_gp_trend_extrapolates_a_linear_mean():
