@@ -115,7 +115,8 @@ class ScreeningConfig:
     #: relative slack on the observed front's cheap cost in the 2-D EHVI (0: off): an evaluated
     #: point is taken to dominate only from ``cost x (1 + slack)`` on, so a predicted-fast cell
     #: does not hide the slightly slower candidates that the predictor's error may put before it
-    #: (``benchmarks/search_nb201.md``, session 33)
+    #: (``benchmarks/search_nb201.md``, session 33: +0.010 at 100 on the unseen-phone proxy
+    #: with 0.15, but -0.008 on the validation devices, whose predictor errs by 1-3 %)
     front_cost_slack: float = 0.0
 
     def __post_init__(self) -> None:
