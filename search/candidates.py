@@ -118,6 +118,10 @@ class ScreeningConfig:
     #: (``benchmarks/search_nb201.md``, session 33: +0.010 at 100 on the unseen-phone proxy
     #: with 0.15, but -0.008 on the validation devices, whose predictor errs by 1-3 %)
     front_cost_slack: float = 0.0
+    #: the same slack as a multiple of the cheap cost's standard deviation at the evaluated
+    #: point (the latency predictor's own uncertainty; 0 where the callable gives none, so a
+    #: measured or exact cost is unaffected)
+    front_slack_sd: float = 0.0
 
     def __post_init__(self) -> None:
         if self.n_startup_trials < 1 or self.cheap_front_trials < 1:
@@ -139,6 +143,8 @@ class ScreeningConfig:
             raise UserError(f"output_warp = {self.output_warp!r}; expected one of {list(WARPS)}")
         if not 0.0 <= self.front_cost_slack < 1.0:
             raise UserError(f"front_cost_slack = {self.front_cost_slack}; expected in [0, 1)")
+        if not 0.0 <= self.front_slack_sd < 10.0:
+            raise UserError(f"front_slack_sd = {self.front_slack_sd}; expected in [0, 10)")
         if not self.explore > 0:
             raise UserError(f"explore = {self.explore}; expected > 0")
         if not self.length_factors or not self.noises:
@@ -173,6 +179,19 @@ class CandidatePool:
         v = self.violation
         span = np.where(np.ptp(v, axis=0) > 0, np.ptp(v, axis=0), 1.0)
         return np.sum(np.maximum(v, 0.0) / span, axis=1)
+
+
+def front_slack(config: ScreeningConfig, pool: CandidatePool, keys: Sequence[str],
+                keep: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """How much slower than its cheap cost ``cost`` each kept evaluated point (``keys`` where
+    ``keep``) is taken to dominate from in the 2-D EHVI: ``front_cost_slack`` x |cost| +
+    ``front_slack_sd`` x the cost's standard deviation there (0 for a point not in the pool)."""
+    shift = config.front_cost_slack * np.abs(cost)
+    if config.front_slack_sd > 0 and pool.cheap_sd.shape[1]:
+        rows = [pool.index.get(k) for k, ok in zip(keys, keep) if ok]
+        shift = shift + config.front_slack_sd * np.array(
+            [0.0 if i is None else float(pool.cheap_sd[i, 0]) for i in rows])
+    return shift
 
 
 @dataclass

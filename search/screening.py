@@ -28,6 +28,7 @@ from hwnas.search.candidates import (
     CheapObjectives,
     ScreeningConfig,
     TrialHistory,
+    front_slack,
 )
 from hwnas.search.gp import PoolGP
 from hwnas.search.pareto import front_indices_2d
@@ -634,7 +635,7 @@ class ScreeningSampler(BaseSampler):
                 e, c = exp_idx
                 cost, cost_sd = -preds[1][0], preds[1][1]
             obs_gain, obs_cost = Y[:, e], -Y[:, c]
-            obs_cost = obs_cost + self.config.front_cost_slack * np.abs(obs_cost)
+            obs_cost += front_slack(self.config, pool, self._hist.keys, feasible, obs_cost)
             f = front_indices_2d(obs_cost, obs_gain)
             span_c = float(np.ptp(cost)) or 1.0
             span_g = float(np.ptp(obs_gain)) or 1.0

@@ -264,6 +264,15 @@ def test_front_cost_slack_revisits_cells_just_slower_than_the_front():
     assert a != run(0.0)  # the slack changes the choices after the start-up
     assert a[:10] == run(0.0)[:10]  # the start-up is untouched
 
+    def run_sd(cheap, sd):
+        cfg = ScreeningConfig(front_slack_sd=sd)
+        return run_toy(space, ScreeningSampler(space, cheap, (1,), seed=0, config=cfg,
+                                               directions=["maximize", "minimize"]), 30)
+
+    # in units of the cost's standard deviation: nothing where the cost has none (exact)
+    assert run_sd(cheap_latency, 3.0) == run(0.0)
+    assert run_sd(cheap_latency_with_std, 3.0) != run_sd(cheap_latency_with_std, 0.0)
+
 
 def test_three_objectives_and_enqueued_trials():
     space = ToySpace()
@@ -356,6 +365,8 @@ def test_pool_gp_output_warps_keep_the_order_and_unskew():
         ScreeningConfig(output_warp="log")
     with pytest.raises(UserError, match="front_cost_slack"):
         ScreeningConfig(front_cost_slack=1.5)
+    with pytest.raises(UserError, match="front_slack_sd"):
+        ScreeningConfig(front_slack_sd=-1.0)
 
 
 def test_pool_gp_trend_extrapolates_a_linear_mean():
