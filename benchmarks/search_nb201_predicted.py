@@ -46,7 +46,7 @@ try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo 
 except ModuleNotFoundError:
     from benchmarks import search_nb201 as nb
 from hwnas.latency.tables import help_protocol, load_shared_table  # noqa: E402
-from hwnas.search.pareto import front_indices_2d, hypervolume_2d  # noqa: E402
+from hwnas.search.pareto import front_indices_2d, front_layers, hypervolume_2d  # noqa: E402
 from hwnas.supernet.spaces import get_space  # noqa: E402
 
 from hwnas.core.errors import UserError  # noqa: E402
@@ -67,24 +67,11 @@ BLOCKS: dict[str, tuple[list[str] | None, str, str | None, str | None]] = {
 }
 
 
-def layers(cost: np.ndarray, gain: np.ndarray, limit: int) -> list[np.ndarray]:
-    """Non-dominated layers (min ``cost``, max ``gain``) until ``limit`` cells are covered."""
-    rest = np.arange(len(cost))
-    out: list[np.ndarray] = []
-    covered = 0
-    while covered < limit and len(rest):
-        f = rest[front_indices_2d(cost[rest], gain[rest])]
-        out.append(f)
-        covered += len(f)
-        rest = np.setdiff1d(rest, f, assume_unique=True)
-    return out
-
-
 def oracle_rows(seen: np.ndarray, acc: np.ndarray, budget: int) -> np.ndarray:
     """The cells an accuracy oracle that sees ``seen`` latency evaluates with ``budget``
     evaluations: whole non-dominated layers, the last one thinned evenly along ``seen``."""
     picked: list[int] = []
-    for layer in layers(seen, acc, budget):
+    for layer in front_layers(seen, acc, budget):
         room = budget - len(picked)
         if len(layer) <= room:
             picked.extend(layer.tolist())

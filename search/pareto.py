@@ -20,6 +20,21 @@ def front_indices_2d(cost: np.ndarray, gain: np.ndarray) -> np.ndarray:
     return order[g > prev_best]
 
 
+def front_layers(cost: np.ndarray, gain: np.ndarray, limit: int) -> list[np.ndarray]:
+    """Successive non-dominated layers (min ``cost``, max ``gain``; each as
+    :func:`front_indices_2d`), until they hold at least ``limit`` points or none is left."""
+    cost, gain = np.asarray(cost, float), np.asarray(gain, float)
+    left = np.arange(len(cost))
+    out: list[np.ndarray] = []
+    n = 0
+    while n < limit and len(left):
+        f = left[front_indices_2d(cost[left], gain[left])]
+        out.append(f)
+        n += len(f)
+        left = np.setdiff1d(left, f, assume_unique=True)
+    return out
+
+
 def hypervolume_2d(cost: np.ndarray, gain: np.ndarray, ref_cost: float,
                    ref_gain: float) -> float:
     """Area dominated by the points (min ``cost``, max ``gain``) and bounded by the reference

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hwnas.search.pareto import front_indices_2d
+from hwnas.search.pareto import front_layers
 
 __all__ = ["cheap_front_plan", "size_prior"]
 
@@ -55,14 +55,7 @@ def cheap_front_plan(cost: np.ndarray, size: np.ndarray, k: int) -> np.ndarray:
     spans the cheap objective's range. Fewer than ``k`` points in all: all of them.
     """
     cost, size = np.asarray(cost, float), np.asarray(size, float)
-    left = np.arange(len(cost))
-    chosen: list[np.ndarray] = []
-    n = 0
-    while n < k and len(left):
-        f = left[front_indices_2d(cost[left], size[left])]
-        chosen.append(f)
-        n += len(f)
-        left = np.setdiff1d(left, f, assume_unique=True)
+    chosen = front_layers(cost, size, k)
     if not chosen:
         return np.zeros(0, dtype=int)
     cand = np.concatenate(chosen)
