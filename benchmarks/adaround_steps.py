@@ -11,7 +11,11 @@ running: the step count with the highest validation top-1, except that a smaller
 subnets, by mean validation top-1. Records each file's PTQ CPU seconds::
 
     python benchmarks/adaround_steps.py [--subnets smallest,middle] [--steps 50,100,200,500]
-        [--merge] [--out benchmarks/adaround_steps.json]
+        [--recipe w4a8|int8] [--merge] [--out benchmarks/adaround_steps.json]
+
+``--recipe int8`` writes ``hwnas_int8`` instead (the exported int8 file: min-max, bias
+correction, portable), to see whether AdaRound helps at 8 bits; its rows are never candidates
+of the rule, which chooses the W4A8 step count.
 
 ``--merge`` keeps the rows of ``--out`` that are not run now (one subnet or step count per
 command, under the 10-minute limit of a command).
@@ -40,6 +44,13 @@ from hwnas.core.errors import UserError
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+RECIPES = ("w4a8", "int8")
+
+
+def recipe_of(row: dict) -> str:
+    """A row's recipe; rows written before ``--recipe`` existed are W4A8 ones."""
+    return row.get("recipe") or ("int8" if row.get("method", "").startswith("hwnas_int8")
+                                 else "w4a8")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--subnets", default="smallest", help="comma list of smallest,middle,largest")
     p.add_argument("--steps", default="50,100,200,500",
                    help="AdaRound Adam steps per layer to try; 0 = nearest rounding")
+    p.add_argument("--recipe", choices=RECIPES, default="w4a8",
+                   help="W4A8 (first and last layer W8A8) or int8 file of quant_peers.py")
     p.add_argument("--calib", type=int, default=512)
     p.add_argument("--val", type=int, default=0, help="stratified validation images (0: all)")
     p.add_argument("--tolerance", type=float, default=0.1,
@@ -61,7 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def choose(rows: list[dict], tolerance: float) -> int | None:
     """The step count (>0) by the rule of the module docstring, from rows of
-    ``{"subnet", "steps", "val_top1"}``; only step counts run on every subnet count."""
+    ``{"subnet", "steps", "val_top1"}``; only W4A8 rows, and only step counts run on every
+    subnet, count."""
+    rows = [r for r in rows if recipe_of(r) == "w4a8"]
     subnets = {r["subnet"] for r in rows}
     by_steps: dict[int, list[float]] = {}
     for r in rows:
@@ -107,14 +122,14 @@ def main(argv: list[str] | None = None) -> int:
             fp32 = 100 * float((peers.ort_top1(fp32_path, val_x) == val_y).mean())
             for n in steps:
                 cpu = time.process_time()
-                method = "hwnas_w4a8_adaround" if n else "hwnas_w4a8"
+                method = f"hwnas_{args.recipe}" + ("_adaround" if n else "")
                 proto = peers.hwnas_file(net, calib, method, max(1, n))
                 cpu = time.process_time() - cpu
                 path = Path(work) / f"{method}_{n}.onnx"
                 onnx.save(proto, path)
                 top1 = 100 * float((peers.ort_top1(path, val_x) == val_y).mean())
                 row = {"subnet": role, "arch": space.to_string(arch), "method": method,
-                       "steps": n, "val_images": int(len(val_y)),
+                       "recipe": args.recipe, "steps": n, "val_images": int(len(val_y)),
                        "calib_images": int(len(calib)), "fp32_val_top1": round(fp32, 2),
                        "val_top1": round(top1, 2), "drop": round(top1 - fp32, 2),
                        "ptq_cpu_seconds": round(cpu, 1)}
@@ -125,19 +140,22 @@ def main(argv: list[str] | None = None) -> int:
     commands = [recipes.command_line(argv)]
     if args.merge and out.is_file():
         old = json.loads(out.read_text())
-        now = {(r["subnet"], r["steps"]) for r in rows}
-        rows = [r for r in old["results"] if (r["subnet"], r["steps"]) not in now] + rows
+        now = {(r["subnet"], recipe_of(r), r["steps"]) for r in rows}
+        rows = [r for r in old["results"]
+                if (r["subnet"], recipe_of(r), r["steps"]) not in now] + rows
         commands = old.get("commands", []) + commands
-    rows.sort(key=lambda r: (r["subnet"], r["steps"]))
+    rows.sort(key=lambda r: (r["subnet"], RECIPES.index(recipe_of(r)), r["steps"]))
     chosen = choose(rows, args.tolerance)
     doc = {"command": " && ".join(commands), "commands": commands,
            "machine": describe_machine(), "date": recipes.now_iso(),
-           "rule": f"highest mean validation top-1 over subnets; fewer steps within "
+           "rule": f"W4A8 rows: highest mean validation top-1 over subnets; fewer steps within "
                    f"{args.tolerance} point preferred", "chosen_steps": chosen, "results": rows}
     recipes.write_json(out, doc)
-    lines = ["| subnet | steps | validation top-1 (drop vs FP32) | PTQ CPU s |", "|---|---|---|---|"]
+    lines = ["| subnet | recipe | steps | validation top-1 (drop vs FP32) | PTQ CPU s |",
+             "|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['subnet']} | {r['steps'] or 'nearest'} | {r['val_top1']:.2f} "
+        lines.append(f"| {r['subnet']} | {recipe_of(r)} | {r['steps'] or 'nearest'} | "
+                     f"{r['val_top1']:.2f} "
                      f"({r['drop']:+.2f}) | {r['ptq_cpu_seconds']:.0f} |")
     print("\n".join(lines))
     print(f"chosen steps: {chosen}; wrote {out}")
