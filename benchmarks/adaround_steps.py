@@ -11,11 +11,15 @@ running: the step count with the highest validation top-1, except that a smaller
 subnets, by mean validation top-1. Records each file's PTQ CPU seconds::
 
     python benchmarks/adaround_steps.py [--subnets smallest,middle] [--steps 50,100,200,500]
-        [--recipe w4a8|int8] [--merge] [--out benchmarks/adaround_steps.json]
+        [--recipe w4a8|int8] [--resume-dir DIR [--budget 360]] [--merge]
+        [--out benchmarks/adaround_steps.json]
 
 ``--recipe int8`` writes ``hwnas_int8`` instead (the exported int8 file: min-max, bias
 correction, portable), to see whether AdaRound helps at 8 bits; its rows are never candidates
-of the rule, which chooses the W4A8 step count.
+of the rule, which chooses the W4A8 step count. ``--resume-dir``: AdaRound in parts
+(:mod:`adaround_resume`): learned layers are kept there and the PTQ pauses after ``--budget``
+wall seconds (exit status 3, the rows finished before it written); the same command again goes
+on where it stopped. Its PTQ CPU seconds are then those of all parts.
 
 ``--merge`` keeps the rows of ``--out`` that are not run now (one subnet or step count per
 command, under the 10-minute limit of a command).
@@ -34,9 +38,11 @@ import onnx
 import torch
 
 try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
+    import adaround_resume as resume
     import quant_peers as peers
     import quant_recipes as recipes
 except ModuleNotFoundError:
+    from benchmarks import adaround_resume as resume
     from benchmarks import quant_peers as peers
     from benchmarks import quant_recipes as recipes
 
@@ -66,6 +72,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--val", type=int, default=0, help="stratified validation images (0: all)")
     p.add_argument("--tolerance", type=float, default=0.1,
                    help="points within which fewer steps are preferred")
+    p.add_argument("--resume-dir", default="",
+                   help="keep AdaRound's learned layers here and pause after --budget seconds")
+    p.add_argument("--budget", type=float, default=360.0,
+                   help="wall seconds of AdaRound per command with --resume-dir")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(HERE / "adaround_steps.json"))
     p.add_argument("--merge", action="store_true")
@@ -111,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     if 0 < args.val < len(val_y):
         idx = _stratified_take(val_y, args.val, _rng(args.seed, 97))[1]
     val_y = val_y[idx]
-    rows = []
+    rows, paused = [], None
     for role in roles:
+        if paused:
+            break
         arch, net, calib, normalise = peers.float_subnet(role, supernet, space, data, args.seed,
                                                          args.calib)
         val_x = normalise(data.val.images[idx]).numpy()
@@ -123,8 +135,15 @@ def main(argv: list[str] | None = None) -> int:
             for n in steps:
                 cpu = time.process_time()
                 method = f"hwnas_{args.recipe}" + ("_adaround" if n else "")
-                proto = peers.hwnas_file(net, calib, method, max(1, n))
-                cpu = time.process_time() - cpu
+                folder = (resume.folder_of(args.resume_dir, role, method, n)
+                          if args.resume_dir and n else None)
+                try:
+                    with resume.resumable(folder, args.budget) as part:
+                        proto = peers.hwnas_file(net, calib, method, max(1, n))
+                except resume.Paused as exc:
+                    paused = f"{role}, {n} steps paused: {exc}; run the same command again"
+                    break
+                cpu = part.earlier_cpu + time.process_time() - cpu
                 path = Path(work) / f"{method}_{n}.onnx"
                 onnx.save(proto, path)
                 top1 = 100 * float((peers.ort_top1(path, val_x) == val_y).mean())
@@ -159,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"({r['drop']:+.2f}) | {r['ptq_cpu_seconds']:.0f} |")
     print("\n".join(lines))
     print(f"chosen steps: {chosen}; wrote {out}")
+    if paused:
+        print(paused)
+        return 3
     return 0
 
 
