@@ -7,17 +7,21 @@ it and taken from there (its Adam steps skipped) when the same command runs agai
 wall-clock budget is spent, :class:`Paused` is raised after a kept layer. The layers are learned
 in module order, each on its input with the layers before it already rounded, from seeded
 position draws, so a file finished in parts is the file of one uninterrupted run (CPU,
-deterministic). The folder is one PTQ's: same subnet, calibration images, recipe and steps.
+deterministic). The folder is one PTQ's: same subnet, calibration images, recipe and steps; a
+kept layer whose nearest-rounding output error differs from the one recorded with it (another
+PTQ's folder) is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from hwnas.core.errors import UserError
 
 __all__ = ["Paused", "folder_of", "resumable"]
 
@@ -69,6 +73,13 @@ def resumable(folder: Path | str | None, budget_s: float) -> Iterator[Part]:
         path = Path(folder) / f"{names.setdefault(id(layer), len(names)):03d}.pt"
         if path.is_file():
             saved = torch.load(path, weights_only=True)
+            with torch.no_grad():
+                out = module._rows_forward(layer, rows, layer.weight_quant(layer.weight))
+                nearest = float((out - target).pow(2).sum(1).mean())
+            if not math.isclose(nearest, saved["report"]["mse_nearest"], rel_tol=1e-4):
+                raise UserError(f"{path} was learned in another PTQ (nearest-rounding error "
+                                f"{saved['report']['mse_nearest']:.6g} there, {nearest:.6g} "
+                                f"here); use another folder")
             with torch.no_grad():
                 layer.weight.copy_(saved["weight"])
             part.kept += 1

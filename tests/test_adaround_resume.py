@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from benchmarks.adaround_resume import Paused, folder_of, resumable
+from hwnas.core.errors import UserError
 
 
 def _ptq(model, x):
@@ -41,6 +42,8 @@ def test_parts_give_the_uninterrupted_weights(tmp_path):
     with resumable(None, 0.0) as plain:  # no folder: plain AdaRound, nothing kept
         _ptq(model, x)
     assert plain.kept == plain.learned == 0
+    with pytest.raises(UserError, match="another PTQ"), resumable(folder, 0.0):
+        _ptq(model, 2 * x)  # other calibration images: the kept layers are refused
 
 
 def test_folder_names_one_ptq(tmp_path):
