@@ -43,6 +43,9 @@ Markdown table beside it (.md). ``--merge`` updates the rows of ``--out`` with w
 (subnet, method, runtime) by (subnet, method, runtime); with ``--keep-files DIR`` the quantized
 files are kept and reused, so one subnet's methods and runtimes can be run in parts under the
 10-minute limit of a command (drops: against FP32 on onnxruntime, from this run or ``--out``).
+``--adaround-resume DIR``: hwnas AdaRound in parts (:mod:`adaround_resume`, the folders of
+``adaround_steps.py --resume-dir``): learned layers kept there, a method paused after
+``--budget`` wall seconds is left out of this run (exit status 3) and goes on when run again.
 """
 
 from __future__ import annotations
@@ -64,8 +67,10 @@ import onnx
 import torch
 
 try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo root is
+    import adaround_resume as resume
     import quant_recipes as recipes
 except ModuleNotFoundError:
+    from benchmarks import adaround_resume as resume
     from benchmarks import quant_recipes as recipes
 
 from hwnas.core.errors import UserError
@@ -94,6 +99,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="AdaRound's Adam steps per layer (hwnas_w4a8_adaround)")
     p.add_argument("--aimet-iterations", type=int, default=500,
                    help="AIMET AdaRound's steps per layer (aimet_adaround_w4a8)")
+    p.add_argument("--adaround-resume", default="",
+                   help="keep hwnas AdaRound's learned layers here; pause after --budget seconds")
+    p.add_argument("--budget", type=float, default=360.0,
+                   help="wall seconds of one hwnas AdaRound PTQ per command (--adaround-resume)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(HERE / "quant_peers.json"))
     p.add_argument("--merge", action="store_true",
@@ -328,7 +337,10 @@ def float_subnet(role: str, supernet, space, data, seed: int, calib_images: int)
     return arch, net, normalise(data.train.images[idx]), normalise
 
 
-def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) -> list[dict]:
+def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa,
+                paused: list[str] | None = None) -> list[dict]:
+    """The rows of one subnet; a method whose AdaRound paused (``--adaround-resume``) is left
+    out and said in ``paused``."""
     from hwnas.export.qdq import float_proto
     from hwnas.export.qdq.int16 import int16_report
     from hwnas.supernet.data.splits import _rng, _stratified_take
@@ -368,7 +380,19 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa) 
                 continue
             t, cpu = time.perf_counter(), time.process_time()
             if method.startswith("hwnas"):
-                proto = hwnas_file(net, calib, method, args.adaround_iterations)
+                folder = (resume.folder_of(args.adaround_resume, role, method,
+                                           args.adaround_iterations)
+                          if args.adaround_resume and method.endswith("adaround") else None)
+                try:
+                    with resume.resumable(folder, args.budget) as part:
+                        proto = hwnas_file(net, calib, method, args.adaround_iterations)
+                except resume.Paused as exc:
+                    note = f"{role}: {method} paused: {exc}; run the same command again"
+                    print("  " + note, flush=True)
+                    if paused is not None:
+                        paused.append(note)
+                    continue
+                t, cpu = t - part.earlier_wall, cpu - part.earlier_cpu
             elif method.startswith("ort"):
                 proto = ort_file(fp32_path, calib.numpy(), method, work)
             elif method.startswith("aimet"):
@@ -523,10 +547,12 @@ def main(argv: list[str] | None = None) -> int:
     data = with_training_augment(load_dataset(args.data, seed=args.seed),
                                  payload.get("train_config"))
     rows: list[dict[str, Any]] = []
+    paused: list[str] = []
     start = time.perf_counter()
     for role in roles:
         print(f"{role}:", flush=True)
-        rows.extend(subnet_rows(role, supernet, space, data, args, methods, runtimes, isa))
+        rows.extend(subnet_rows(role, supernet, space, data, args, methods, runtimes, isa,
+                                paused))
     import onnxruntime as ort
 
     versions = f"torch {torch.__version__}, onnx {onnx.__version__}, onnxruntime {ort.__version__}"
@@ -554,6 +580,9 @@ def main(argv: list[str] | None = None) -> int:
     md.write_text(markdown(doc) + "".join(notes))  # the hand-written notes stay
     print(markdown(doc))
     print(f"wrote {out} and {out.with_suffix('.md')}")
+    if paused:
+        print("\n".join(paused))
+        return 3
     return 0
 
 

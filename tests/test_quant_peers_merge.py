@@ -40,3 +40,7 @@ def test_adaround_steps_rule_prefers_fewer_steps_within_tolerance():
     assert choose(rows, tolerance=0.1) == 100  # means 89.0 and 89.475 vs 89.55
     assert choose(rows, tolerance=0.0) == 500
     assert choose([], tolerance=0.1) is None
+    # int8 rows (--recipe int8) never vote in the W4A8 choice
+    int8 = [{"subnet": s, "method": "hwnas_int8_adaround", "recipe": "int8", "steps": 50,
+             "val_top1": 99.0} for s in ("a", "b")]
+    assert choose(rows + int8, tolerance=0.1) == 100
