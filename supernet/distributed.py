@@ -23,16 +23,18 @@ from typing import Iterable
 
 import torch
 import torch.distributed as dist
-# imported before any process group exists, on purpose: this module binds ``group.WORLD`` into
-# its functions' default arguments when first imported (torch 2.13 imports it lazily, with
-# torch._dynamo, at the first optimizer). Imported after init_process_group, those defaults hold
-# the group forever: destroy_process_group then cannot free it, gloo's worker threads outlive
-# main(), and one that drops its last finished work during interpreter shutdown needs the GIL
-# and aborts the process ("terminate called without an active exception").
-import torch.distributed.nn.functional  # noqa: F401
 from torch import nn
 
 from hwnas.core.errors import UserError
+
+if dist.is_available():
+    # imported before any process group exists, on purpose: this module binds ``group.WORLD``
+    # into its functions' default arguments when first imported (torch 2.13 imports it lazily,
+    # with torch._dynamo, at the first optimizer). Imported after init_process_group, those
+    # defaults hold the group for good: destroy_process_group cannot free it, gloo's worker
+    # threads outlive main(), and one that drops its last finished work while the interpreter
+    # shuts down needs the GIL and aborts ("terminate called without an active exception").
+    import torch.distributed.nn.functional  # noqa: F401
 
 
 @dataclass(frozen=True)
