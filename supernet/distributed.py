@@ -27,6 +27,15 @@ from torch import nn
 
 from hwnas.core.errors import UserError
 
+if dist.is_available():
+    # imported before any process group exists, on purpose: this module binds ``group.WORLD``
+    # into its functions' default arguments when first imported (torch 2.13 imports it lazily,
+    # with torch._dynamo, at the first optimizer). Imported after init_process_group, those
+    # defaults hold the group for good: destroy_process_group cannot free it, gloo's worker
+    # threads outlive main(), and one that drops its last finished work while the interpreter
+    # shuts down needs the GIL and aborts ("terminate called without an active exception").
+    import torch.distributed.nn.functional  # noqa: F401
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -81,11 +90,12 @@ def init_from_env(device: str | None = None, *, backend: str | None = None,
 def shutdown(ctx: DistContext, *, ok: bool = True) -> None:
     """Leave the process group (a no-op for a single process).
 
-    After a run that ended well, every rank first waits at a barrier so that all leave
-    together: a gloo rank that destroyed its group and exited while rank 0 was still writing
-    the checkpoint aborted now and then ("terminate called without an active exception").
-    After a failure there is no barrier (the other ranks may be stuck or gone) and the group
-    is left as it is: the launcher ends the job.
+    After a run that ended well, every rank waits at a barrier so that all leave together,
+    then destroys the group, which frees it and joins gloo's worker threads here, while the
+    interpreter is whole (see the import of ``torch.distributed.nn.functional`` above for what
+    kept it alive and aborted a rank at exit now and then). After a failure there is no
+    barrier (the other ranks may be stuck or gone) and the group is left as it is: the
+    launcher ends the job.
     """
     if not (ctx.enabled and dist.is_initialized()):
         return

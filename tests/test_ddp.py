@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 WORKER = textwrap.dedent(
     """
     import sys
+    import weakref
     from pathlib import Path
 
     import torch
@@ -44,7 +45,11 @@ WORKER = textwrap.dedent(
                             checkpoint_path=out / "ckpt.pt")
     torch.save({"state": net.state_dict(), "init": init, "step": result.step,
                 "images": result.images, "history": result.history, "grads": grads}, out / f"rank{ctx.rank}.pt")
+    # leaving the group must free it (gloo's worker threads joined): one that outlived it could
+    # drop its last work while the interpreter shuts down, and abort the process
+    group = weakref.ref(torch.distributed.group.WORLD)
     shutdown(ctx)
+    assert group() is None, "the process group outlived shutdown(): something still holds it"
     """
 )
 
