@@ -10,7 +10,8 @@
 #   3: tree as in 2, no carry: quant_peers on this Xeon (ort), matrix cells left; collect the CCT jobs, returning the 200-epoch runs' checkpoints in parts
 #      (resume them the session after with data/cct_resume carried; see h200_cct.sh)
 #   bash benchmarks/results/gpu_matrix/session31.sh PHASE SECONDS
-#   (phase 3: RETURN_CKPT="cct7fix cct2fix" bash .../session31.sh 3 SECONDS)
+#   (RETURN_CKPT="cct7fix cct2fix" before phase 1 or 3: return the 200-epoch runs' checkpoints
+#   in parts when no later phase may come; session 33 had one short command, so prefix phase 1)
 set -u
 PHASE=$1; S=${2:-540}
 export PYTHONUNBUFFERED=1
@@ -37,6 +38,20 @@ case $PHASE in
     bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_start1.log 2>&1
   head -8 /tmp/res/cct_start1.log
   matrix 1 --rerun-failed --only run/vit/digits/bits
+  # session 33: that cell reached the export and failed its QDQ parity check with a code trace
+  # pointing at a 0.23-level difference at blocks.0.attn.qkv.input_quant (CPU runs pass):
+  # the same run exported again with the reference on the GPU and on the CPU, the code trace
+  # (on this CPU), and the run's supernet back for the CPU (8th file of $OUT)
+  V=/tmp/gm/run_vit_digits_bits/r
+  if [ -f "$V/supernet.pt" ]; then
+    for d in cuda cpu; do
+      ( cd /tmp && timeout 90 python3 -m hwnas export "$V" --device $d --out /tmp/vit_e$d ) \
+        > /tmp/res/vit_export_$d.log 2>&1; echo "export --device $d"; grep -a "trial_0001\|error" /tmp/res/vit_export_$d.log | cut -c1-400
+    done
+    OMP_NUM_THREADS=4 timeout 150 python3 benchmarks/qdq_divergence.py "$V" --select 1 \
+      --out /tmp/res/vit_divergence.json > /tmp/res/vit_divergence.log 2>&1; tail -12 /tmp/res/vit_divergence.log | cut -c1-300
+    cp "$V/supernet.pt" "$OUT/vit_digits_supernet.pt"; cp "$V/config.json" /tmp/res/vit_digits_config.json
+  fi
   timeout 240 python3 benchmarks/results/gpu_matrix/train_profile.py /tmp/res > /tmp/res/profile.log 2>&1
   tail -4 /tmp/res/profile.log
   matrix $(( $(left) - 170 )) --only run/nb201/digits run/mbv3-tiny/digits run/fbnet/digits/float run/cct/digits/float train/mbv3/digits
