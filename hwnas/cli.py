@@ -113,9 +113,9 @@ def _search_options(p: argparse.ArgumentParser, d) -> None:
                    help=f"BatchNorm recalibration batches (64 augmented training images each) per "
                         f"candidate (default {d.calib_batches}, sized for a CPU: about 8 %% of a "
                         f"candidate's scoring. On CIFAR-10's 5,000 validation images it reads "
-                        f"0.02-0.25 points below 40 batches of 256, with 0.02-0.23 points of "
-                        f"seed-to-seed noise (std), and ranks 10 subnets against it with Kendall "
-                        f"tau 0.82-0.96 (40 x 256 against itself, 6 subnets: 0.97): "
+                        f"0.02-0.25 points below 40 batches of 256, with 0.02-0.28 points of "
+                        f"seed-to-seed noise (std), and ranks 12 subnets against it with Kendall "
+                        f"tau 0.88-0.97 (40 x 256 against itself: 0.90): "
                         f"benchmarks/bn_recalibration.md)")
     p.add_argument("--eval-images", type=non_negative_int, default=d.eval_images,
                    help="validation images scoring each candidate and test images scoring each "
