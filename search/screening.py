@@ -697,4 +697,3 @@ def _other_value(rng: np.random.Generator, dist: BaseDistribution, value: Any) -
             return float(dist.low + dist.step * int(rng.integers(n)))
         return float(rng.uniform(dist.low, dist.high))
     return value
-
