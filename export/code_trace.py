@@ -9,6 +9,10 @@ flip is correct, however far a deep or float-normalised network (a transformer's
 and residual stream) carries the flips; a wrong scale, grid, bias or layer makes codes differ
 in images nothing upstream touched, away from any boundary. The export's quantized check asks
 this when its logit-level test (:func:`~hwnas.export.onnx_export.divergence_of`) cannot tell.
+The reference's values and codes are taken as its quantizers compute them, ``x * (1/s)``
+(:func:`~hwnas.quant.fake_quant.per_tensor_levels`); onnxruntime divides, so a value within an
+ulp of a boundary may round to neighbouring codes in the two, a flip that must show where it
+happens, not as a difference in the next layer (``benchmarks/qdq_divergence.md``, session 33).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 import torch
+from hwnas.quant.fake_quant import per_tensor_levels
 from torch import nn
 
 #: a differing code counts as a rounding flip when its reference value lay this close to a
@@ -117,13 +122,14 @@ def _reference_pass(model: nn.Module, modules: dict[str, nn.Module], names: list
 
     def quantizer(name):
         def pre(q, inputs):
-            v = inputs[0].float() / q.scale.detach().clamp_min(1e-8).reshape(())
+            v = per_tensor_levels(inputs[0], q.scale.detach().clamp_min(1e-8))
             keep(name, v, q.zero_point.reshape(()), q.qmin, q.qmax)
         return pre
 
     def point(name, scale, zp, relu):
         def post(_m, _inp, out):  # runs before the reference's own requantization hook
-            keep(name, (torch.relu(out) if relu else out).float() / scale, zp, 0, 255)
+            keep(name, per_tensor_levels(torch.relu(out) if relu else out,
+                                         torch.tensor(float(scale))), zp, 0, 255)
         return post
 
     handles = []

@@ -36,6 +36,7 @@ __all__ = [
     "quantizable_layer_names",
     "quantizers",
     "fake_quant_per_tensor",
+    "per_tensor_levels",
     "INT16_PAIR_LIMIT",
     "int16_safe_grid_bits",
     "reference_fake_quant",
@@ -93,11 +94,19 @@ def fake_quant_per_tensor(x: torch.Tensor, scale: torch.Tensor, zero_point: torc
     ops, which repeat its arithmetic - ``x * (1/s)`` in float32, rounded half to even, ``+ z``,
     NaN to ``qmin``, clamped, ``- z``, ``* s`` - and with it the parity passes of an export."""
     s = scale.reshape(())
-    inv = torch.ones((), dtype=torch.float32, device=s.device).div(s)
     z = zero_point.reshape(()).to(torch.int32).to(torch.float32)  # as the kernel takes it
     lo, hi = float(qmin), float(qmax)
-    return (torch.mul(x, inv).round_().add_(z).nan_to_num_(lo, hi, lo).clamp_(lo, hi)
+    return (per_tensor_levels(x, s).round_().add_(z).nan_to_num_(lo, hi, lo).clamp_(lo, hi)
             .sub_(z).mul_(s))
+
+
+def per_tensor_levels(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x`` in levels of the one-element ``scale``, before rounding, as PyTorch's per-tensor
+    fake-quant kernels compute it: ``x * (1/s)`` in float32. onnxruntime's QuantizeLinear
+    divides, ``x / s``; the two round a value within an ulp of ``k + 1/2`` to neighbouring
+    codes, so whoever compares codes with a fake-quant model must take them from here."""
+    s = scale.reshape(()).to(torch.float32)
+    return torch.mul(x.float(), torch.ones((), dtype=torch.float32, device=s.device).div(s))
 
 
 class FakeQuantize(nn.Module):

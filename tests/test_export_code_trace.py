@@ -61,3 +61,45 @@ def test_flips_on_rounding_boundaries_are_told_from_a_wrong_scale(built) -> None
     assert wrong.differs and not wrong.starts_as_flips
     assert wrong.unexplained == second[1:-len("/input_q")] + ".input_quant"
     assert "nothing upstream" in wrong.describe()
+
+
+def _ambiguous_values(scale: float, zero_point: int) -> np.ndarray:
+    """float32 values that PyTorch's fake quantizer (``x * (1/s)``) and onnxruntime's
+    QuantizeLinear (``x / s``) round to neighbouring codes: within an ulp of ``k + 1/2``."""
+    s = np.float32(scale)
+    inv = np.float32(1.0) / s
+    found = []
+    for k in range(-zero_point, 255 - zero_point):
+        v = np.float32((k + 0.5) * s)
+        for _ in range(3):
+            v = np.nextafter(v, np.float32(-np.inf))
+        for _ in range(7):
+            if np.round(v / s) != np.round(v * inv):
+                found.append(v)
+            v = np.nextafter(v, np.float32(np.inf))
+    return np.array(found, np.float32)
+
+
+def test_a_flip_between_division_and_reciprocal_shows_where_it_happens(qdq_net, qdq_images) -> None:
+    """Every pixel on a value that the reference's first quantizer and the file round to
+    neighbouring codes: the trace must see the flips there, at the first quantizer, not as
+    unexplained differences in the next layer (vit on digits, benchmarks/qdq_divergence.md).
+    Whether a scale has such values depends on how exact its float32 reciprocal is: the
+    calibration images are scaled until the first quantizer's does."""
+    import torch
+
+    calib, test = qdq_images
+    for factor in (1.0, 1.25, 1.5, 1.75):
+        build = build_qdq(qdq_net, uniform(qdq_net, 8, 8), [calib * factor])
+        proto = build.proto(requantize=False)
+        first = next(n for n in proto.graph.node if n.op_type == "QuantizeLinear")
+        inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+        values = _ambiguous_values(float(inits[first.input[1]]), int(inits[first.input[2]]))
+        if len(values) >= 20:
+            break
+    assert len(values) >= 20
+    nearest = np.abs((test * factor).numpy()[..., None] - values).argmin(-1)
+    trace = _trace(build, proto.SerializeToString(), torch.from_numpy(values[nearest]))
+    assert trace.first_layer == first.name[1:-len("/input_q")] + ".input_quant"
+    assert trace.first_distance_to_half < 1e-4
+    assert trace.starts_as_flips, trace.describe()

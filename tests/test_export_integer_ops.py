@@ -92,7 +92,7 @@ def test_reference_mirrors_the_rewritten_graph(built) -> None:
         before = build.qmodel(test[:8])
     with build.reference() as ref:
         mirrored = check_parity(data, ref, test, atol=float("inf"))
-    unmirrored = DeployedReference(build.qmodel, build.layers, build.builder.integer_layers(),
+    unmirrored = DeployedReference(build.qmodel, build.layers, build.builder.int32_bias_layers(),
                                    build.builder.requant_layers())
     with unmirrored as ref:
         plain = check_parity(data, ref, test, atol=float("inf"))

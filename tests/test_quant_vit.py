@@ -112,3 +112,34 @@ def test_layer_timer_runs_a_token_wise_linear_layer(vit_tiny) -> None:
     _, shape = timer._model_bytes(fc1)
     assert shape == (1, fc1.in_h, fc1.in_channels)
     assert timer(fc1, False) > 0 and timer(fc1, True) > 0
+
+
+def test_the_reference_adds_each_bias_as_the_file_does(vit_tiny) -> None:
+    """A linear layer on a token sequence exports as MatMul + Add: onnxruntime adds its bias in
+    float after the integer product, so the reference keeps that bias float; a Gemm's bias
+    (the classifier, on pooled features) is stored as int32 and the reference rounds it the same
+    way. Compared: the bias each reference layer adds against the file's initializers."""
+    import onnx
+    from hwnas.export.qdq import build_qdq
+    from hwnas.quant.policy import uniform
+    from onnx import numpy_helper
+
+    torch.manual_seed(0)
+    model = vit_tiny.build_supernet().extract(vit_tiny.largest())
+    with torch.no_grad():  # biases off the int32 grid, as after training
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                m.bias.uniform_(-0.3, 0.3)
+    x = torch.randn(16, *vit_tiny.input_shape, generator=torch.Generator().manual_seed(2))
+    build = build_qdq(model, uniform(model, 8, 8), [x])
+    proto = build.proto(requantize=False)
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    ops = {build.builder.node_of[n]: n for n in build.integer_layers()}
+    kinds = {ops[n.name]: n.op_type for n in proto.graph.node if n.name in ops}
+    assert {"MatMul", "Gemm"} <= set(kinds.values())
+    with build.reference(requantize=False) as ref:
+        for name, op in kinds.items():
+            want = (inits[f"{name}.bias"] if op == "MatMul"  # the float Add after the MatMul
+                    else inits[f"{name}.bias_quantized"] * inits[f"{name}.bias_scale"])
+            got = ref.get_submodule(name).bias.detach().numpy()
+            assert np.abs(got - want).max() <= 1e-7 * np.abs(want).max(), (name, op)

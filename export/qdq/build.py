@@ -157,7 +157,7 @@ class QdqBuild:
     def reference(self, *, requantize: bool = True) -> DeployedReference:
         """Context manager: the fake-quant model as the QDQ graph computes it (int32 biases,
         and the requantization points when ``requantize``)."""
-        return DeployedReference(self.qmodel, self.layers, self.builder.integer_layers(),
+        return DeployedReference(self.qmodel, self.layers, self.builder.int32_bias_layers(),
                                  self.builder.requant_layers() if requantize else (),
                                  self.builder.rewrite() if requantize else None)
 
@@ -182,7 +182,8 @@ class QdqBuild:
             "integer_elementwise": ({"hswish": len(rewrite.hswish), "se_gates": len(rewrite.gates),
                                      "residual_adds": len(rewrite.residual)}
                                     if requantized else {}),
-            "bias": "int32 on input_scale * weight_scale for integer layers",
+            "bias": ("int32 on input_scale * weight_scale for integer Conv/Gemm layers; float, "
+                     "added after the integer product, for MatMul (token-sequence linear) layers"),
             "weight_storage": "int8 containers (values on each layer's w_bits grid)",
         }
 

@@ -151,6 +151,14 @@ class QdqGraphBuilder:
         skip = set(float_layers)
         return {n for n, lq in self.layers.items() if lq.category == "int" and n not in skip}
 
+    def int32_bias_layers(self, float_layers: Iterable[str] = ()) -> list[str]:
+        """Integer layers whose bias the graph stores as int32 on ``input_scale *
+        weight_scale`` (a Conv/Gemm bias input). A linear layer on a token sequence exports as
+        MatMul + Add: onnxruntime adds that bias in float, after the integer product."""
+        integer = self.integer_layers(float_layers)
+        return [n for n, node in self.node_of.items() if n in integer
+                and len(self.nodes[node].input) > 2 and self.nodes[node].input[2]]
+
     def integer_products(self, float_layers: Iterable[str] = ()) -> list[str]:
         """Products that run as integer kernels: those whose layer runs as one."""
         integer = self.integer_layers(float_layers)

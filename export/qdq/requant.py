@@ -27,8 +27,10 @@ class DeployedReference:
     biases of integer layers rounded to int32 on ``input_scale * weight_scale`` (as integer
     kernels add them) and the exporter's requantization points (forward hooks). The model is
     restored on exit. Used to show that an export is exact up to float rounding, beside its
-    agreement with the plain fake-quant model. ``rewrite``: the integer element-wise ops of the
-    graph (:mod:`hwnas.export.integer_ops`), mirrored by hooks on their modules."""
+    agreement with the plain fake-quant model. ``integer``: the layers whose bias the graph
+    stores as int32 (:meth:`QdqGraphBuilder.int32_bias_layers`); ``rewrite``: the integer
+    element-wise ops of the graph (:mod:`hwnas.export.integer_ops`), mirrored by hooks on their
+    modules."""
 
     def __init__(self, qmodel: nn.Module, layers: Mapping[str, LayerQuant],
                  integer: Iterable[str], requant: Iterable[str],
