@@ -122,13 +122,13 @@ def _reference_pass(model: nn.Module, modules: dict[str, nn.Module], names: list
 
     def quantizer(name):
         def pre(q, inputs):
-            v = per_tensor_levels(inputs[0], q.scale.detach().clamp_min(1e-8))
+            v = per_tensor_levels(inputs[0].float(), q.scale.detach().clamp_min(1e-8))
             keep(name, v, q.zero_point.reshape(()), q.qmin, q.qmax)
         return pre
 
     def point(name, scale, zp, relu):
         def post(_m, _inp, out):  # runs before the reference's own requantization hook
-            keep(name, per_tensor_levels(torch.relu(out) if relu else out,
+            keep(name, per_tensor_levels((torch.relu(out) if relu else out).float(),
                                          torch.tensor(float(scale))), zp, 0, 255)
         return post
 

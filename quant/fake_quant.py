@@ -105,8 +105,9 @@ def per_tensor_levels(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     fake-quant kernels compute it: ``x * (1/s)`` in float32. onnxruntime's QuantizeLinear
     divides, ``x / s``; the two round a value within an ulp of ``k + 1/2`` to neighbouring
     codes, so whoever compares codes with a fake-quant model must take them from here."""
-    s = scale.reshape(()).to(torch.float32)
-    return torch.mul(x.float(), torch.ones((), dtype=torch.float32, device=s.device).div(s))
+    s = scale.reshape(())
+    # x keeps its dtype (a bf16 activation under autocast stays bf16, as before this helper)
+    return torch.mul(x, torch.ones((), dtype=torch.float32, device=s.device).div(s))
 
 
 class FakeQuantize(nn.Module):
