@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 import torch
-from hwnas.quant.fake_quant import per_tensor_levels
 from torch import nn
+
+from hwnas.quant.fake_quant import per_tensor_levels
 
 #: a differing code counts as a rounding flip when its reference value lay this close to a
 #: boundary (in quantization levels). Measured: vit's first flips on digits lay within 3e-5

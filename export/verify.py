@@ -3,12 +3,13 @@
 ``onnx.checker``; FP32: max |ONNX - PyTorch| <= ``atol`` (1e-4). QDQ: top-1 agreement >=
 ``min_agreement`` (99 %) with the PyTorch fake-quant model as onnxruntime computes the file -
 Conv/Gemm biases rounded to int32 on ``input_scale * weight_scale`` (a MatMul's bias is added
-in float, as onnxruntime does) and, for ``qdq-<device>`` files, the requantization points: exact up to float rounding, so any export error shows. The deviation
-from the *searched* fake-quant model (int32 biases, requantization, layers kept float) is
-reported, and a file losing more than ``max_accuracy_drop`` points of test accuracy fails.
-After onnxruntime's optimizations every integer layer of a ``qdq-<device>`` file, and every
-quantized attention product of two activations (Q·Kᵀ, attention × V), must run as an integer
-kernel; float islands are reported by name. A uint8-input file is checked against its parent.
+in float, as onnxruntime does) and, for ``qdq-<device>`` files, the requantization points:
+exact up to float rounding, so any export error shows. The deviation from the *searched*
+fake-quant model (int32 biases, requantization, layers kept float) is reported, and a file
+losing more than ``max_accuracy_drop`` points of test accuracy fails. After onnxruntime's
+optimizations every integer layer of a ``qdq-<device>`` file, and every quantized attention
+product of two activations (Q·Kᵀ, attention × V), must run as an integer kernel; float
+islands are reported by name. A uint8-input file is checked against its parent.
 Where a check ran: :func:`verified_here`, and the ISA condition of a QDQ file.
 """
 

@@ -1,31 +1,11 @@
 """The analysis helpers of benchmarks/search_nb201_predicted.py on a small synthetic space."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _analysis():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        name = "search_nb201_predicted_analysis"
-        if name not in sys.modules:
-            spec = importlib.util.spec_from_file_location(
-                name, ROOT / "benchmarks" / "search_nb201_predicted.py")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-        return sys.modules[name]
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+from benchmarks import search_nb201_predicted as an
 
 
 def test_layers_oracle_and_band():
-    an = _analysis()
     lat = np.array([1.0, 2.0, 3.0, 1.5, 2.5, 3.5, 2.0])
     acc = np.array([10.0, 20.0, 30.0, 9.0, 19.0, 29.0, 15.0])
     from hwnas.search.pareto import front_layers
