@@ -7,8 +7,10 @@ compiled, ``--resume`` after a SIGKILL), ``hwnas finetune`` of a quantized trial
 ``hwnas export --device cuda``. Each cell records pass/fail, the first error line, wall
 seconds, the seconds per stage that the commands print and the training images/s.
 
-Budgets are small (a smoke matrix, not a benchmark of accuracy). Cells run one after the other;
-results are written after every cell, and cells already in ``--results`` are skipped, so a
+Budgets are small (a smoke matrix, not a benchmark of accuracy). Cells run one after the other,
+or ``--jobs N`` at a time (pass/fail then as alone; seconds are upper bounds, the timings of
+the issue are measured alone); a cell waits for the cell it needs. Results are written after
+every cell, and cells already in ``--results`` are skipped, so a
 command cut off by its time limit resumes where it stopped::
 
     # on the GPU machine, with a stratified CIFAR-10 subset under $HWNAS_SHARED_DATA/cifar10
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -261,12 +264,38 @@ def write(path: Path, doc: dict) -> None:
     path.with_suffix(".md").write_text(head + "\n".join(rows) + "\n")
 
 
+def schedule(todo: list[dict], run, done, jobs: int, budget_s: float) -> None:
+    """Run ``todo``'s cells in order, ``jobs`` at a time; a cell whose ``needs`` is still to run
+    waits for it. ``done`` gets each result (on this thread); no cell starts after ``budget_s``."""
+    t0, pending, running = time.perf_counter(), list(todo), {}
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        while pending or running:
+            busy = {c["id"] for c in pending} | set(running.values())
+            for cell in list(pending):
+                if len(running) >= max(1, jobs) or time.perf_counter() - t0 > budget_s:
+                    break
+                if cell.get("needs") not in busy:
+                    pending.remove(cell)
+                    running[pool.submit(run, cell)] = cell["id"]
+            if time.perf_counter() - t0 > budget_s and pending:
+                print(f"budget spent: {', '.join(c['id'] for c in pending)} left for the next command")
+                pending = []
+            if running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    running.pop(f)
+                    done(f.result())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="folder for gpu_matrix.json/.md")
     p.add_argument("--results", type=Path, help="an earlier gpu_matrix.json: its cells are kept")
     p.add_argument("--only", nargs="*", default=None, help="cell ids (prefixes) to run")
     p.add_argument("--rerun-failed", action="store_true", help="run the kept failed cells again")
+    p.add_argument("--rerun", nargs="*", default=[],
+                   help="cell ids (prefixes) to run again though kept (a GPU path they take changed)")
+    p.add_argument("--jobs", type=int, default=1, help="cells at a time on the one GPU")
     p.add_argument("--device", default="cuda", help="torch device of every cell (cpu: a smoke test)")
     p.add_argument("--base-space", default="mbv3", help="the space whose digits run is fine-tuned and exported")
     p.add_argument("--trials", type=int, default=4)
@@ -292,24 +321,23 @@ def main(argv: list[str] | None = None) -> int:
     kept = json.loads(a.results.read_text())["cells"] if a.results else []
     if a.rerun_failed:
         kept = [c for c in kept if c["status"] == "pass"]
+    kept = [c for c in kept if not any(c["id"].startswith(r) for r in a.rerun)]
     a.results_by_id = {c["id"]: c for c in kept}
     doc = {"command": "python benchmarks/gpu_matrix.py " + " ".join(argv or sys.argv[1:]),
            "machine": machine(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "cells": kept}
     work = a.work or Path(tempfile.mkdtemp(prefix="gpu_matrix_"))
-    t0 = time.perf_counter()
-    for cell in cells(available_spaces(), a.base_space):
-        if cell["id"] in a.results_by_id or (a.only and not any(cell["id"].startswith(o) for o in a.only)):
-            continue
-        if time.perf_counter() - t0 > a.budget_s:
-            print(f"budget spent: {cell['id']} and later cells left for the next command")
-            break
-        res = run_cell(cell, work, a)
-        print(f"{res['status']:4} {res.get('seconds', 0):7.1f} s  {cell['id']}  {res.get('error') or ''}",
+    todo = [c for c in cells(available_spaces(), a.base_space) if c["id"] not in a.results_by_id
+            and (a.only is None or any(c["id"].startswith(o) for o in a.only))]
+
+    def done(res: dict) -> None:
+        print(f"{res['status']:4} {res.get('seconds', 0):7.1f} s  {res['id']}  {res.get('error') or ''}",
               flush=True)
         doc["cells"] = [c for c in doc["cells"] if c["id"] != res["id"]] + [res]
         a.results_by_id[res["id"]] = res
         write(out_json, doc)
+
+    schedule(todo, lambda cell: run_cell(cell, work, a), done, a.jobs, a.budget_s)
     write(out_json, doc)
     return 0 if all(c["status"] == "pass" for c in doc["cells"]) else 1
 

@@ -1,0 +1,47 @@
+"""The GPU matrix's scheduler (benchmarks/gpu_matrix.py): cells run ``--jobs`` at a time, a cell
+waits for the cell it needs, and none starts after the budget."""
+
+import threading
+import time
+
+from benchmarks.gpu_matrix import schedule
+
+
+def _run_all(todo, jobs, budget_s=1e9):
+    lock, events, results = threading.Lock(), [], []
+
+    def run(cell):
+        with lock:
+            events.append(("start", cell["id"]))
+        time.sleep(cell.get("sleep", 0.05))
+        with lock:
+            events.append(("end", cell["id"]))
+        return {"id": cell["id"], "status": "pass"}
+
+    schedule(todo, run, results.append, jobs, budget_s)
+    return events, results
+
+
+def test_cells_overlap_up_to_jobs_and_wait_for_what_they_need():
+    todo = [{"id": "run/a", "sleep": 0.3}, {"id": "export/a", "needs": "run/a"},
+            {"id": "run/b", "sleep": 0.1}, {"id": "run/c"}]
+    events, results = _run_all(todo, jobs=2)
+    assert sorted(r["id"] for r in results) == sorted(c["id"] for c in todo)
+    order = [e for e in events]
+    # export/a starts only after run/a ended; run/b ran beside run/a
+    assert order.index(("start", "export/a")) > order.index(("end", "run/a"))
+    assert order.index(("start", "run/b")) < order.index(("end", "run/a"))
+    # never more than two at a time
+    live = peak = 0
+    for kind, _ in events:
+        live += 1 if kind == "start" else -1
+        peak = max(peak, live)
+    assert peak == 2
+
+
+def test_one_job_keeps_the_order_and_a_spent_budget_starts_nothing():
+    todo = [{"id": "x"}, {"id": "y"}, {"id": "z"}]
+    events, _ = _run_all(todo, jobs=1)
+    assert [i for k, i in events if k == "start"] == ["x", "y", "z"]
+    events, results = _run_all(todo, jobs=3, budget_s=-1)
+    assert events == [] and results == []
