@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="folder for gpu_matrix.json/.md")
     p.add_argument("--results", type=Path, help="an earlier gpu_matrix.json: its cells are kept")
-    p.add_argument("--only", nargs="*", default=None, help="cell ids (prefixes) to run")
+    p.add_argument("--only", nargs="*", default=None, help="cell ids (prefixes) to run, in this order")
     p.add_argument("--rerun-failed", action="store_true", help="run the kept failed cells again")
     p.add_argument("--rerun", nargs="*", default=[],
                    help="cell ids (prefixes) to run again though kept (a GPU path they take changed)")
@@ -329,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     work = a.work or Path(tempfile.mkdtemp(prefix="gpu_matrix_"))
     todo = [c for c in cells(available_spaces(), a.base_space) if c["id"] not in a.results_by_id
             and (a.only is None or any(c["id"].startswith(o) for o in a.only))]
+    if a.only:  # in the order --only names them
+        todo.sort(key=lambda c: min(i for i, o in enumerate(a.only) if c["id"].startswith(o)))
 
     def done(res: dict) -> None:
         print(f"{res['status']:4} {res.get('seconds', 0):7.1f} s  {res['id']}  {res.get('error') or ''}",
