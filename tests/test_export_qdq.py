@@ -227,7 +227,7 @@ def test_dead_layers_of_a_nb201_cell_are_left_out() -> None:
     assert parity.top1_agreement == 1.0
 
 
-def test_float_layer_behind_a_channel_shuffle_stays_float() -> None:
+def test_float_layer_behind_a_channel_shuffle_stays_float(monkeypatch) -> None:
     """fbnet's ``_g2`` block: expand conv (integer, requantized after its ReLU) - channel
     shuffle (Reshape - Transpose - Reshape) - depthwise conv kept float - ReLU - project conv
     (integer). onnxruntime moves the requantization's DequantizeLinear past the shuffle and then
@@ -265,3 +265,8 @@ def test_float_layer_behind_a_channel_shuffle_stays_float() -> None:
     # images, by up to 3 levels, 0.5 level from a boundary ("nothing upstream touched")
     assert codes["blocks.1.project_conv.input_quant"]["images_touched_pct"] < 10, codes
     assert trace.unexplained is None, trace.describe()
+    # without the guard, the export's check names the layer onnxruntime made an integer kernel
+    monkeypatch.setattr(type(build.builder), "_float_guards", lambda *_: {})
+    integer, _ = integer_kernel_check(build.proto().SerializeToString(), index,
+                                      build.integer_layers(), kept_float=["blocks.1.dw_conv"])
+    assert integer["blocks.1.dw_conv"] == "QLinearConv"
