@@ -8,6 +8,9 @@ Runs ``hwnas export`` on a finished run with the QDQ check wrapped (a harness: i
 files and references are exactly the export's.
 
     OMP_NUM_THREADS=1 python benchmarks/qdq_divergence.py RUN_DIR --select 1
+
+``--float-layers`` keeps the given layers float in the device files instead of the layers this
+machine's timings choose, to rebuild a file whose choice was made on another machine.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--select", default="all", help="as `hwnas export --select`")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
+    ap.add_argument("--float-layers", default=None,
+                    help="comma-separated layers the device files keep float (default: the "
+                         "timed choice); a name that is no quantized layer of a model is ignored")
     args = ap.parse_args(argv)
 
     import tempfile
@@ -68,6 +74,17 @@ def main(argv: list[str] | None = None) -> int:
                       require_integer=require_integer, searched=searched)
 
     me.verify_qdq = wrapped
+    if args.float_layers is not None:
+        import hwnas.export.model_export as mx
+
+        forced, choose = [n for n in args.float_layers.split(",") if n], mx.choose_float_layers
+
+        def chosen(build_model, fp32, quantized, *a, **k):  # noqa: ANN001, ANN202
+            policy = choose(build_model, fp32, quantized, *a, **k)
+            policy.float_layers = [n for n in quantized if n in forced]
+            return policy
+
+        mx.choose_float_layers = chosen
     with tempfile.TemporaryDirectory() as out:
         export_run(args.run_dir, select=args.select, out=out, progress=False)
     for path, r in found.items():

@@ -289,14 +289,21 @@ class LayerIndex:
 
 
 def integer_kernel_check(model: bytes | str | Path, index: LayerIndex, quantized: Iterable[str], *,
-                         threads: int = 1) -> tuple[dict[str, str], list[str]]:
+                         kept_float: Iterable[str] = (), threads: int = 1
+                         ) -> tuple[dict[str, str], list[str]]:
     """``({layer: integer op type}, [float island descriptions])`` for the ``quantized`` layers
     after onnxruntime's optimizations: a layer is an island when the node carrying it is a float
-    op, when its weights are still de-quantized at run time, or when no node carries it."""
+    op, when its weights are still de-quantized at run time, or when no node carries it. Layers of
+    ``kept_float`` that onnxruntime made integer kernels anyway (with weight scales of its own)
+    are in the dict too."""
     graph = optimized_model(model, threads=threads).graph
     kernels = index.kernels(graph)
     integer: dict[str, str] = {}
     islands: list[str] = []
+    for layer in kept_float:
+        int_ops = [op for _, op in kernels.get(layer, []) if op in INTEGER_OPS]
+        if int_ops:
+            integer[layer] = int_ops[0]
     for layer in quantized:
         found = kernels.get(layer, [])
         ops = [op for _, op in found]

@@ -9,7 +9,8 @@ fake-quant model (int32 biases, requantization, layers kept float) is reported, 
 losing more than ``max_accuracy_drop`` points of test accuracy fails. After onnxruntime's
 optimizations every integer layer of a ``qdq-<device>`` file, and every quantized attention
 product of two activations (Q·Kᵀ, attention × V), must run as an integer kernel; float
-islands are reported by name. A uint8-input file is checked against its parent.
+islands are reported by name; a layer kept float must not run as one (onnxruntime would give it
+weight scales of its own). A uint8-input file is checked against its parent.
 Where a check ran: :func:`verified_here`, and the ISA condition of a QDQ file.
 """
 
@@ -122,7 +123,15 @@ def verify_qdq(proto: onnx.ModelProto, build: QdqBuild, passes: ImagePasses, rep
         report.searched_test_accuracy = passes.accuracy(searched_logits)
     index = LayerIndex.from_source(proto, build.kernel_nodes())
     quantized, products = build.integer_layers(), build.integer_products()
-    integer, islands = integer_kernel_check(data, index, quantized + products)
+    kept_float = [n for n in build.builder.node_of if n not in quantized]
+    integer, islands = integer_kernel_check(data, index, quantized + products,
+                                            kept_float=kept_float)
+    requantized_by_ort = [f"{n} ({integer[n]})" for n in kept_float if n in integer]
+    if requantized_by_ort:  # the reference runs them in float: the file is not what it says
+        raise UserError(f"{len(requantized_by_ort)} layer(s) kept float run as integer kernels "
+                        f"after onnxruntime's optimizations, with weight scales onnxruntime chose: "
+                        f"{'; '.join(requantized_by_ort[:3])}"
+                        + (" ..." if len(requantized_by_ort) > 3 else ""))
     report.quantized_layers, report.integer_layers, report.float_islands = (
         len(quantized), sum(n in integer for n in quantized), islands)
     report.integer_products = sum(n in integer for n in products)

@@ -66,6 +66,11 @@ class ProductQuant:
 
 # -- assembling the QDQ graph ----------------------------------------------------------------------
 
+#: ops onnxruntime's ``QDQPropagationTransformer`` moves a DequantizeLinear forward past (its
+#: ``CanNodePropagate``): the data path is their first input, their values those of the input
+DQ_PROPAGATES = frozenset({"MaxPool", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice"})
+
+
 def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     out: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
@@ -262,24 +267,34 @@ class QdqGraphBuilder:
         onnxruntime's ``WeightBiasQuantization`` pass quantizes the float weights of a conv whose
         input comes from a DequantizeLinear and whose output (after a ReLU) goes into a
         QuantizeLinear, with its own scales - a layer kept float between two integer layers would
-        silently run as int8 with other numbers. A ``Clip`` to the exact range the
-        DequantizeLinear can produce (a no-op on its values) in front of the conv keeps it
-        float."""
+        silently run as int8 with other numbers. Its ``QDQPropagationTransformer`` first moves a
+        DequantizeLinear forward past shape-only ops (:data:`DQ_PROPAGATES`: a channel shuffle's
+        Reshape - Transpose - Reshape), so a requantized output reaches the conv through them too
+        (fbnet's ``_g2`` blocks: ``benchmarks/qdq_divergence.md``, session 34). A ``Clip`` to the
+        exact range the DequantizeLinear can produce (a no-op on its values) in front of the conv
+        keeps it float."""
         quantized_inputs = {n for n, lq in self.layers.items()
                             if n not in skip and lq.category != "float" and lq.a_bits < FLOAT_BITS}
+        producer = {out: n for n in self.twin.graph.node for out in n.output}
         guards: dict[str, tuple[float, int]] = {}
         for layer, node_name in self.node_of.items():
             lq = self.layers.get(layer)
             floaty = layer in skip or (lq is not None and lq.category == "float")
             node = self.nodes[node_name]
-            if not floaty or node.op_type != "Conv" or node.input[0] not in after:
+            if not floaty or node.op_type != "Conv":
+                continue
+            source = node.input[0]
+            while source not in after and source in producer \
+                    and producer[source].op_type in DQ_PROPAGATES:
+                source = producer[source].input[0]
+            if source not in after:
                 continue
             out = node.output[0]
             users = self.consumers.get(out, [])
             if len(users) == 1 and users[0].op_type == "Relu":
                 users = self.consumers.get(users[0].output[0], [])
             if any(self.layer_of.get(u.name) in quantized_inputs for u in users):
-                _, scale, zp = after[node.input[0]]
+                _, scale, zp = after[source]
                 guards[layer] = (scale, zp)
         return guards
 
