@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The next session's device commands (nvidia-h200 or nvidia-h100-x1), one phase each, straight
+# after one another (the machine must stay warm: data stays in /tmp/keep). Make the tree lean
+# first (/work/tools/lean.sh: large tracked files out; restore with git checkout) so each carry
+# fits in 64 MiB:
+#   1: carry .whl data/c10 (lean tree): step_probe.py alone (why GPU training is slow), then
+#      the cells that need no shipped checkpoint, left or changed since session 34 (fbnet bits
+#      after the float-guard fix, nb201 CIFAR-10 bits, the training cells), 3 at a time
+#   2: carry data/cct_resume (lean tree): resume the two 200-epoch CCT jobs (cct7fix at epoch
+#      124, cct2fix at 189; about 13 and 2 minutes), then the digits quantized cells again
+#      (session 34's new verification check) beside them
+#   3: no carry, the tree with supernet/checkpoints/*.pt: the 25,000-image mbv3 CIFAR-10 timing
+#      (beside cct7fix, as in sessions 30 and 34), the CIFAR-10 cells that use the shipped
+#      checkpoints, the vit export
+#   4: no carry: quant_peers on this Xeon for the middle and largest subnets, cells left, the
+#      CCT jobs collected (their eval.json, or their checkpoints in parts again)
+# Every phase returns the CCT checkpoints in parts while the jobs run (RETURN_CKPT).
+#   bash benchmarks/results/gpu_matrix/session35.sh PHASE SECONDS
+set -u
+PHASE=$1; S=${2:-520}
+export PYTHONUNBUFFERED=1
+if [ ! -d /tmp/site/optuna ]; then
+  [ -d .whl ] || { echo "no /tmp/site and no .whl carried: run phase 1 first"; exit 1; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+mkdir -p /tmp/keep /tmp/res
+if [ ! -f /tmp/keep/cifar10-jpeg.npz ]; then
+  cp data/c10/cifar10-jpeg.npz /tmp/keep/ || { echo "no CIFAR-10 on this machine: carry data/c10 (phase 1)"; exit 1; }
+fi
+export CCT_DATA=/tmp/keep/cifar10-jpeg.npz HWNAS_SHARED_DATA=/tmp/sub
+T0=$(date +%s)
+left() { echo $(( S - ($(date +%s) - T0) )); }
+matrix() {  # matrix BUDGET ARGS...: cells kept from the last results, 3 at a time
+  local b=$1; shift
+  prev="--results benchmarks/gpu_matrix.json"; [ -f /tmp/res/gpu_matrix.json ] && prev="--results /tmp/res/gpu_matrix.json"
+  [ "$b" -lt 1 ] && return
+  timeout $(( b + 200 )) python3 benchmarks/gpu_matrix.py --out /tmp/res --budget-s "$b" --cell-timeout 200 \
+    --jobs 3 --work /tmp/gm --subset-from /tmp/keep/cifar10-jpeg.npz $prev "$@" 2>&1 | tee -a /tmp/res/matrix.log | tail -24
+}
+case $PHASE in
+1)
+  timeout 200 python3 benchmarks/results/gpu_matrix/step_probe.py /tmp/res 30 cuda > /tmp/res/step_probe.log 2>&1
+  cut -c1-250 /tmp/res/step_probe.log
+  matrix $(( $(left) - 200 )) --rerun run/fbnet/digits/bits run/fbnet/cifar10/bits \
+    --only run/fbnet/digits/bits run/fbnet/cifar10/bits run/nb201/cifar10/bits train/
+  ;;
+2)
+  CCT_JOBS="cct7fix cct2fix" RETURN_CKPT="" \
+    bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_start2.log 2>&1
+  head -6 /tmp/res/cct_start2.log
+  matrix $(( $(left) - 170 )) --rerun run/mbv3/digits/bits run/vit/digits/bits run/nb201/digits/bits \
+    run/mbv3-tiny/digits/bits run/cct/digits/bits export/mbv3 finetune \
+    --only run/mbv3/digits/bits export/mbv3 finetune run/vit/digits/bits run/nb201/digits/bits \
+    run/mbv3-tiny/digits/bits run/cct/digits/bits
+  ;;
+3)
+  python3 - <<'PY'
+import sys; sys.path.insert(0, "benchmarks")
+from pathlib import Path
+from gpu_matrix import stratified_subset
+dst = Path("/tmp/sub25/cifar10/cifar10-jpeg.npz")
+if not dst.exists():
+    stratified_subset(Path("/tmp/keep/cifar10-jpeg.npz"), dst, 2500, 1000)
+PY
+  ( cd /tmp && HWNAS_SHARED_DATA=/tmp/sub25 timeout 300 python3 -m hwnas run --space mbv3 --dataset cifar10 \
+      --trials 20 --device cuda --out /tmp/t25 --name r --overwrite ) > /tmp/res/timing_mbv3_cifar10.log 2>&1
+  sed -i 's/\r/\n/g' /tmp/res/timing_mbv3_cifar10.log
+  grep -a "sensitivity seeds\|new by this process\|exported .* in\|wall time\|trained" /tmp/res/timing_mbv3_cifar10.log
+  matrix $(( $(left) - 170 )) --rerun run/mbv3/cifar10/bits run/vit/cifar10/bits run/cct/cifar10/bits \
+    --only run/vit/cifar10/bits export/vit run/mbv3/cifar10/bits run/cct/cifar10/bits
+  ;;
+4)
+  ( OMP_NUM_THREADS=8 timeout $(( S / 2 )) python3 benchmarks/quant_peers.py --data /tmp/keep/cifar10-jpeg.npz \
+      --subnets middle,largest --methods fp32,hwnas_int8,hwnas_w4a8,ort_minmax,ort_minmax_reduce_range \
+      --runtimes ort,ort_u8u8 --timing-rounds 3 --out /tmp/res/quant_peers_xeon.json ) > /tmp/res/quant_peers_xeon.log 2>&1
+  grep -a "subnet=" /tmp/res/quant_peers_xeon.log | cut -c1-300
+  matrix $(( $(left) - 170 )) --rerun-failed
+  ;;
+esac
+# the CCT jobs: their eval.json when done, else their checkpoints in parts (RETURN_CKPT)
+CCT_JOBS=none RETURN_CKPT="${RETURN_CKPT:-cct7fix cct2fix}" bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_collect$PHASE.log 2>&1
+grep -a -A3 "^== cct" /tmp/res/cct_collect$PHASE.log | cut -c1-300
+nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+tar -czf "$OUT/results.tgz" -C /tmp/res .
+ls -la "$OUT"
