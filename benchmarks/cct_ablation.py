@@ -24,7 +24,8 @@ PARTS: dict[str, dict] = {
     "seq_pool": {"seq_pool": False},
     "pos_embed": {"pos_embed": False},
     "cct_norm": {"cct_norm": False},
-    "regularisers": {"drop_path": 0.0, "attn_drop": 0.0},
+    "regularisers": {"drop_path": 0.0, "attn_drop": 0.0, "dropout": 0.0},
+    "dropout": {"dropout": 0.0},  # `cct` before session 34 (CCT's dropout_rate 0.1 missing)
 }
 
 

@@ -10,8 +10,10 @@ draws one sub-policy per call (per batch when given a batch); here every image d
 Per image: one of the 25 sub-policies uniformly; each of its two operations applied with the
 sub-policy's probability at its magnitude (bin 0-9 of AutoAugment's ranges), the signed ones
 with a random sign. The operations are those of :mod:`hwnas.supernet.trivial_augment`
-(:func:`apply_scaled`; invert is solarize at threshold 0), so geometric ones fill with 0
-where CCT's PIL code fills with grey 128.
+(:func:`apply_scaled`; invert is solarize at threshold 0); the geometric ones fill with grey
+:data:`FILL` as CCT's PIL code does (torchvision's default is 0). Checked op by op against
+torchvision's and CCT's definitions (benchmarks/supernet_cifar10.md, "Session 34"); left
+different: CCT rotates one way only, here (as in torchvision and the paper) either way.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ import torch
 from hwnas.supernet.host_sync import to_device
 from hwnas.supernet.trivial_augment import OPS, apply_scaled
 
-__all__ = ["CIFAR10_POLICY", "autoaugment", "policy_tensors"]
+__all__ = ["CIFAR10_POLICY", "FILL", "autoaugment", "policy_tensors"]
+
+#: Grey level left where shear, translate and rotate move the image away (CCT's ``fillcolor``).
+FILL = 128
 
 #: The 25 sub-policies: two (operation, probability, magnitude bin 0-9) each, in the paper's
 #: (and torchvision's ``AutoAugmentPolicy.CIFAR10``) order.
@@ -100,5 +105,5 @@ def autoaugment(images: torch.Tensor, generator: torch.Generator) -> torch.Tenso
         sign = torch.where(torch.rand(b, generator=generator, device=gdev).cpu() < 0.5, -1.0, 1.0)
         op = torch.where(apply, ops[k, j], torch.zeros_like(k))  # 0: identity
         scale = mag[k, j] * torch.where(signed[k, j], sign, torch.ones_like(sign))
-        images = apply_scaled(images, to_device(op, dev), to_device(scale, dev))
+        images = apply_scaled(images, to_device(op, dev), to_device(scale, dev), fill=FILL)
     return images

@@ -257,7 +257,7 @@ class _Training:
 
 def _training(args: argparse.Namespace, settings: dict, recorded: dict, ctx, device,
               say) -> _Training:
-    """The data, space, configuration (recorded, or from the settings), teacher and freshly
+    """The data, space and configuration (recorded, or from the settings), teacher and freshly
     initialised model of this run."""
     from hwnas.supernet.checkpoint_io import with_training_augment
     from hwnas.supernet.recipes import TrainConfig
@@ -269,8 +269,10 @@ def _training(args: argparse.Namespace, settings: dict, recorded: dict, ctx, dev
     h, w = data.image_size
     if h != w:
         raise UserError(f"space {settings['space']} needs square images; the dataset's are {h}x{w}")
+    # a resumed run keeps the space configuration it started with (run.json), as it keeps
+    # its training configuration, so a space's changed defaults do not stop it
     space = get_space(settings["space"], in_channels=data.in_channels, image_size=h,
-                      num_classes=data.num_classes)
+                      num_classes=data.num_classes, config=recorded.get("space_config"))
     if recorded.get("train_config") is not None:
         config = TrainConfig.from_dict(recorded["train_config"])
     else:

@@ -54,7 +54,8 @@ def apply_ops(images: torch.Tensor, op: torch.Tensor, level: torch.Tensor,
 
     =================  ==============================================================
     identity           the image
-    shear x / y        shear factor up to ±0.99 (about the image centre)
+    shear x / y        shear factor up to ±0.99 (about the top-left corner, as PIL and
+                       torchvision shear: the top row / left column stays)
     translate x / y    up to ±32 pixels (of a 32-pixel image; scaled with its size)
     rotate             up to ±135 degrees about the centre
     brightness         blend with black, factor 1 ± up to 0.99
@@ -67,7 +68,8 @@ def apply_ops(images: torch.Tensor, op: torch.Tensor, level: torch.Tensor,
     equalize           histogram-equalise each channel
     =================  ==============================================================
 
-    Geometric operations sample with nearest neighbours and fill with 0, as torchvision does;
+    Geometric operations sample with nearest neighbours and fill with 0, as torchvision does
+    (:func:`apply_scaled` takes another fill);
     the colour operations compute what torchvision's functional ops compute on uint8 images
     (``PIL.ImageEnhance`` / ``PIL.ImageOps`` semantics), to within one grey level.
     """
@@ -75,11 +77,13 @@ def apply_ops(images: torch.Tensor, op: torch.Tensor, level: torch.Tensor,
     return apply_scaled(images, op, frac * sign.to(torch.float32))
 
 
-def apply_scaled(images: torch.Tensor, op: torch.Tensor, signed: torch.Tensor) -> torch.Tensor:
+def apply_scaled(images: torch.Tensor, op: torch.Tensor, signed: torch.Tensor,
+                 fill: int = 0) -> torch.Tensor:
     """:func:`apply_ops` with each image's magnitude given as a signed fraction ``signed[i]``
     (-1 ... 1) of its operation's largest one (the table of :func:`apply_ops`); posterize and
     solarize take its absolute value. Other policies (AutoAugment's) map their magnitudes
-    onto these ranges."""
+    onto these ranges. ``fill``: the grey level (0 ... 255) the geometric operations leave
+    where the image moved away."""
     if images.dim() != 4 or images.shape[1] != 3 or images.dtype != torch.uint8:
         raise ValueError(f"trivial_augment expects a uint8 (B, 3, H, W) batch, got "
                          f"{images.dtype} {tuple(images.shape)}")
@@ -87,7 +91,7 @@ def apply_scaled(images: torch.Tensor, op: torch.Tensor, signed: torch.Tensor) -
     signed = signed.to(torch.float32)
     frac = signed.abs()
     x = images.to(torch.float32)
-    out = _geometric(x, op, signed, h, w)
+    out = _geometric(x, op, signed, h, w, float(fill))
     is_op = {name: (op == i).view(b, 1, 1, 1) for i, name in enumerate(OPS)}
     factor = (1.0 + 0.99 * signed).view(b, 1, 1, 1)  # enhance factors 0.01 ... 1.99
     grey = _grey(x)
@@ -107,9 +111,9 @@ def apply_scaled(images: torch.Tensor, op: torch.Tensor, signed: torch.Tensor) -
 
 
 def _geometric(x: torch.Tensor, op: torch.Tensor, signed: torch.Tensor, h: int,
-               w: int) -> torch.Tensor:
+               w: int, fill: float = 0.0) -> torch.Tensor:
     """The geometric operations as one per-image affine map (the identity for the others),
-    sampled with nearest neighbours, zeros outside."""
+    sampled with nearest neighbours, ``fill`` outside."""
     b = x.shape[0]
     # theta maps output to input coordinates, both normalised to [-1, 1] (align_corners=False)
     theta = torch.zeros(b, 2, 3, device=x.device)
@@ -119,9 +123,12 @@ def _geometric(x: torch.Tensor, op: torch.Tensor, signed: torch.Tensor, h: int,
     shear = 0.99 * signed
     sx = op == index["shear_x"]
     sy = op == index["shear_y"]
-    # shear x: x_in = x_out + s * y_out in pixels; in normalised units scaled by h / w
+    # shear x: x_in = x_out + s * y_out in pixels from the top-left corner (PIL's and
+    # torchvision's origin), i.e. X_in = X_out + s (h / w) (Y_out + 1) in normalised units
     theta[:, 0, 1] = torch.where(sx, shear * (h / w), theta[:, 0, 1])
     theta[:, 1, 0] = torch.where(sy, shear * (w / h), theta[:, 1, 0])
+    theta[:, 0, 2] = torch.where(sx, shear * (h / w), theta[:, 0, 2])
+    theta[:, 1, 2] = torch.where(sy, shear * (w / h), theta[:, 1, 2])
     shift = signed * 32.0 * (max(h, w) / 32.0)  # pixels, 32 for a 32-pixel image
     tx = op == index["translate_x"]
     ty = op == index["translate_y"]
@@ -136,7 +143,8 @@ def _geometric(x: torch.Tensor, op: torch.Tensor, signed: torch.Tensor, h: int,
     theta[:, 1, 0] = torch.where(rot, sin * (w / h), theta[:, 1, 0])
     theta[:, 1, 1] = torch.where(rot, cos, theta[:, 1, 1])
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
-    moved = F.grid_sample(x, grid, mode="nearest", padding_mode="zeros", align_corners=False)
+    moved = F.grid_sample(x - fill, grid, mode="nearest", padding_mode="zeros",
+                          align_corners=False) + fill
     geometric = (sx | sy | tx | ty | rot).view(b, 1, 1, 1)
     return torch.where(geometric, moved, x)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hwnas.supernet.auto_augment import CIFAR10_POLICY, autoaugment, policy_tensors
+from hwnas.supernet.auto_augment import CIFAR10_POLICY, FILL, autoaugment, policy_tensors
 from hwnas.supernet.data import augment_batch
 from hwnas.supernet.trivial_augment import OPS, apply_scaled
 
@@ -48,3 +48,27 @@ def test_each_image_draws_its_own_sub_policy_reproducibly() -> None:
     assert out.shape == x.shape and not torch.equal(out, a)
     with pytest.raises(UserError, match="RGB"):
         augment_batch(x[:, :1], "autoaugment_crop_flip", torch.Generator())
+
+
+def test_shear_is_about_the_top_left_corner_as_pil_and_torchvision_shear() -> None:
+    """PIL's ``(1, m, 0, 0, 1, 0)`` affine and torchvision's ``center=[0, 0]``: the top row
+    (shear x) or left column (shear y) stays, the far side moves by up to m × 31 pixels."""
+    x = _images(8)
+    for name, keep in (("shear_x", (slice(None), slice(None), 0, slice(None))),
+                       ("shear_y", (slice(None), slice(None), slice(None), 0))):
+        for sign in (1.0, -1.0):
+            out = apply_scaled(x, torch.full((8,), OPS.index(name)), torch.full((8,), sign * 0.3))
+            assert torch.equal(out[keep], x[keep]), f"{name} {sign} moved its origin line"
+            assert not torch.equal(out, x)
+
+
+def test_autoaugment_fills_where_the_image_moved_with_ccts_grey() -> None:
+    """On black images the colour operations give 0 or 255 (invert); 128 comes only from
+    shear, translate and rotate leaving CCT's grey fill behind."""
+    x = torch.zeros(256, 3, 32, 32, dtype=torch.uint8)
+    out = autoaugment(x, torch.Generator().manual_seed(0))
+    assert FILL == 128 and bool((out == FILL).any())
+    assert set(out.unique().tolist()) <= {0, FILL, 255}
+    moved = apply_scaled(x, torch.full((256,), OPS.index("translate_x")), torch.full((256,), 0.5),
+                         fill=FILL)
+    assert bool((moved[..., :16] == FILL).all()) and not moved[..., 16:].any()

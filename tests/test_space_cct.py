@@ -1,5 +1,5 @@
 """The ``cct`` space: ``vit`` with CCT's parts (sequence pooling, positional embedding, CCT's
-block norm, stochastic depth, attention dropout). Its extremes have the published CCT sizes, the
+block norm, stochastic depth, attention dropout, dropout). Its extremes have the published CCT sizes, the
 parts are off in ``vit`` (old checkpoints keep matching), the training-only parts vanish in
 eval mode, and a subnet exports to a QDQ file that agrees with its fake-quant model."""
 
@@ -54,8 +54,8 @@ def test_cct_matches_the_reference_structure_exactly() -> None:
 
 def test_vit_keeps_its_configuration_and_the_cct_parts_are_off() -> None:
     vit = get_space("vit")
-    assert not ({"seq_pool", "pos_embed", "cct_norm", "drop_path", "attn_drop", "qkv_bias"}
-                & set(vit.config()))
+    assert not ({"seq_pool", "pos_embed", "cct_norm", "drop_path", "attn_drop", "qkv_bias",
+                 "dropout"} & set(vit.config()))
     assert vit.build_supernet().extract(vit.largest()).blocks[0].attn.qkv.bias is not None
     assert get_space("vit", config=vit.config()).config() == vit.config()
     cct = get_space("cct")
@@ -81,6 +81,58 @@ def test_training_only_parts_act_in_training_and_vanish_in_eval() -> None:
     supernet.eval()
     supernet.set_active(space.largest())
     assert torch.allclose(supernet(x), net(x), atol=1e-5)
+
+
+def test_dropout_is_ccts_dropout_rate_in_the_supernet_and_its_subnets() -> None:
+    """CCT's ``dropout_rate`` 0.1 as its code ran for the README's 200-epoch table: on the
+    tokens entering the blocks, the attention projection's output, the MLP's hidden units and
+    its output; training only, the same masks in the supernet and its extracted subnet, and
+    a configuration stored before it existed loads with it off."""
+    from dataclasses import replace
+
+    assert get_space("cct").cfg.dropout == 0.1
+    old = {k: v for k, v in get_space("cct").config().items() if k != "dropout"}
+    assert get_space("cct", config=old).cfg.dropout == 0.0
+    with pytest.raises(ValueError, match="dropout"):
+        ViTConfig(dropout=1.0)
+    only = CCTSpace(replace(get_space("cct").cfg, drop_path=0.0, attn_drop=0.0, dropout=0.3))
+    supernet = only.build_supernet()
+    net = supernet.extract(only.largest())
+    assert net.drop == net.blocks[0].attn.proj_drop == net.blocks[0].mlp.drop == 0.3
+    x = torch.randn(4, 3, 32, 32)
+    net.train()
+    supernet.train()
+    torch.manual_seed(5)
+    a = net(x)
+    torch.manual_seed(5)
+    b = supernet(x)
+    assert torch.allclose(a, b, atol=1e-5) and not torch.equal(a, net(x))
+    off = CCTSpace(replace(only.cfg, dropout=0.0)).build_supernet()
+    off.load_state_dict(supernet.state_dict())
+    off.train()
+    assert torch.equal(off(x), off(x))  # nothing else draws: dropout made the difference
+    net.eval()
+    assert torch.equal(net(x), net(x))
+
+
+def test_resumed_run_keeps_the_space_configuration_it_started_with(tmp_path, monkeypatch):
+    """A run started before a space's default changed (here: ``cct`` without dropout)
+    resumes with the configuration its run.json records, as it keeps its training one."""
+    from dataclasses import replace
+
+    import hwnas.supernet.spaces as spaces
+    from hwnas.cli import main
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(spaces, "CCT_CONFIG", replace(spaces.CCT_CONFIG, dropout=0.0))
+    assert main(["train", "--space", "cct", "--standalone", "smallest", "--epochs", "1",
+                 "--limit-train", "128", "--batch-size", "64", "--out", str(out), "--quiet",
+                 "--max-minutes", "0.0001"]) == 0
+    monkeypatch.undo()
+    assert get_space("cct").cfg.dropout == 0.1
+    assert main(["train", "--out", str(out), "--resume", "--quiet"]) == 0
+    saved = torch.load(out / "model.pt", weights_only=False)
+    assert "dropout" not in saved["space_config"]
 
 
 def test_sequence_pooling_product_follows_its_score_layer() -> None:

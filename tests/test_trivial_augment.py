@@ -63,7 +63,7 @@ def test_shear_x_shifts_each_row_as_a_whole() -> None:
             found = [d for d in range(-32, 33) if torch.equal(row, _shift_row(src, d))]
             assert found, f"image {i} row {r} is not a shifted copy of the input row"
             shifts.add(found[0])
-    assert len(shifts) > 20  # the shift grows with the distance from the centre row
+    assert len(shifts) > 20  # the shift grows with the distance from the top row
 
 
 def _shift_row(row: torch.Tensor, d: int) -> torch.Tensor:

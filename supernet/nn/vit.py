@@ -46,13 +46,14 @@ class Attention(nn.Module):
     """Static multi-head self-attention: qkv projection, scaled Q·Kᵀ, softmax, × V, projection."""
 
     def __init__(self, qkv: nn.Linear, proj: nn.Linear, heads: int, head_dim: int,
-                 attn_drop: float = 0.0) -> None:
+                 attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, head_dim
         self.qkv = qkv
         self.qk = MatMul(transpose_b=True, scale=head_dim**-0.5)
         self.softmax = nn.Softmax(dim=-1)
-        self.attn_drop = attn_drop  # a float, not a module: no node in the exported graph
+        # floats, not modules: no node in the exported graph
+        self.attn_drop, self.proj_drop = attn_drop, proj_drop
         self.av = MatMul()
         self.proj = proj
 
@@ -63,16 +64,25 @@ class Attention(nn.Module):
         if self.training and self.attn_drop:
             attn = F.dropout(attn, self.attn_drop)
         out = self.av(attn, qkv[2]).transpose(1, 2).flatten(2)
-        return self.proj(out)
+        return dropout(self.proj(out), self.proj_drop, self.training)
 
 
 class Mlp(nn.Module):
-    def __init__(self, fc1: nn.Linear, fc2: nn.Linear) -> None:
+    """``fc2(act(fc1 x))``, with CCT's dropout after the activation and after ``fc2``."""
+
+    def __init__(self, fc1: nn.Linear, fc2: nn.Linear, drop: float = 0.0) -> None:
         super().__init__()
         self.fc1, self.act, self.fc2 = fc1, nn.GELU(), fc2
+        self.drop = drop  # a float, not a module: no node in the exported graph
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+        y = dropout(self.act(self.fc1(x)), self.drop, self.training)
+        return dropout(self.fc2(y), self.drop, self.training)
+
+
+def dropout(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
+    """Element-wise dropout in training at ``rate`` (> 0); the identity otherwise."""
+    return F.dropout(x, rate) if training and rate > 0.0 else x
 
 
 def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
@@ -154,10 +164,11 @@ class ViTNet(nn.Module):
 
     def __init__(self, tokenizer: list[TokenizerStage], blocks: list[ViTBlock],
                  norm: nn.LayerNorm, classifier: nn.Linear, pos_embed: torch.Tensor | None = None,
-                 attention_pool: nn.Linear | None = None) -> None:
+                 attention_pool: nn.Linear | None = None, drop: float = 0.0) -> None:
         super().__init__()
         self.tokenizer = nn.Sequential(*tokenizer)
         self.pos_embed = nn.Parameter(pos_embed) if pos_embed is not None else None
+        self.drop = drop  # CCT's dropout of the tokens before the blocks (training only)
         self.blocks = nn.Sequential(*blocks)
         self.norm = norm
         # CCT's sequence pooling: a score per token, softmax over the tokens, the tokens'
@@ -177,7 +188,7 @@ class ViTNet(nn.Module):
         x = self.tokenizer(x).flatten(2).transpose(1, 2)  # (B, C, H, W) -> (B, H·W, C)
         if self.pos_embed is not None:
             x = x + self.pos_embed
-        x = self.norm(self.blocks(x))
+        x = self.norm(self.blocks(dropout(x, self.drop, self.training)))
         if self.seq_pool:
             w = self.pool_softmax(self.attention_pool(x)).transpose(1, 2)  # (B, 1, N)
             return self.classifier(self.pool(w, x).flatten(1))
@@ -215,18 +226,19 @@ class DynamicViTBlock(nn.Module):
             attn = torch.softmax(torch.matmul(y[0], y[1].transpose(-2, -1)) * d**-0.5, dim=-1)
             y = torch.matmul(attn, y[2])
         y = y.transpose(1, 2).flatten(2)
-        x = x + drop_path(self.proj(y, e), self.drop_path, self.training)
+        p, t = c.dropout, self.training
+        x = x + drop_path(dropout(self.proj(y, e), p, t), self.drop_path, t)
         if c.cct_norm:
             x = self.norm2(x)
         y = F.gelu(self.fc1(x if c.cct_norm else self.norm2(x), c.hidden(e, self.active_ratio)))
-        return x + drop_path(self.fc2(y, e), self.drop_path, self.training)
+        return x + drop_path(dropout(self.fc2(dropout(y, p, t), e), p, t), self.drop_path, t)
 
     def static(self, embed: int) -> ViTBlock:
         c, h = self.space.cfg, self.active_heads
         hidden = c.hidden(embed, self.active_ratio)
         attn = Attention(self.qkv.static(embed, h), self.proj.static(h * self.head_dim, embed),
-                         h, self.head_dim, attn_drop=c.attn_drop)
-        mlp = Mlp(self.fc1.static(embed, hidden), self.fc2.static(hidden, embed))
+                         h, self.head_dim, attn_drop=c.attn_drop, proj_drop=c.dropout)
+        mlp = Mlp(self.fc1.static(embed, hidden), self.fc2.static(hidden, embed), drop=c.dropout)
         return ViTBlock(self.norm1.static(embed), attn, self.norm2.static(embed), mlp,
                         cct_norm=c.cct_norm, drop_path=self.drop_path)
 
@@ -276,6 +288,7 @@ class ViTSupernet(Supernet):
         x = x.flatten(2).transpose(1, 2)
         if self.pos_embed is not None:
             x = x + self.pos_embed[..., : x.size(-1)]
+        x = dropout(x, self.space.cfg.dropout, self.training)
         for block in self.blocks[: self.active_depth]:
             x = block(x)
         x = self.norm(x)
@@ -295,4 +308,4 @@ class ViTSupernet(Supernet):
         pool = self.attention_pool.static(e, 1) if self.attention_pool is not None else None
         return ViTNet(tokenizer, [b.static(e) for b in self.blocks[: self.active_depth]],
                       self.norm.static(e), self.classifier.static(e, c.num_classes),
-                      pos_embed=pos, attention_pool=pool)
+                      pos_embed=pos, attention_pool=pool, drop=c.dropout)

@@ -15,6 +15,9 @@
 # run directories held the pid files). The jobs below test the fixed `cct` (CCT's structure,
 # init, drop-path rates and CCT's 200-epoch recipe: benchmarks/supernet_cifar10.md, "Session
 # 30"); they are listed in priority order, and CCT_JOBS picks them (default: all).
+# Session 34: cct7fix / cct2fix resume with the space configuration their run.json records
+# (no dropout); cct2drop / cct7drop start afresh with `cct`'s new default, CCT's dropout 0.1
+# (benchmarks/supernet_cifar10.md, "Session 34"); the jobs not yet started get it too.
 set -u
 MINUTES=${1:-9}
 ROOT=/tmp/cct
@@ -27,6 +30,8 @@ export PYTHONUNBUFFERED=1
 JOBS=(
   "cct7fix|--space cct --standalone largest --epochs 200"
   "cct2fix|--space cct --standalone smallest --epochs 200"
+  "cct2drop|--space cct --standalone smallest --epochs 200"
+  "cct7drop|--space cct --standalone largest --epochs 200"
   "ablH_cct7fix_s30recipe_50|--space cct --standalone largest --epochs 50 --augment trivial_crop_flip_cutout --mixup 0.8 --cutmix 1.0 --lr 5.5e-4 --weight-decay 0.06 --warmup-epochs 10 --grad-clip 5"
   "ablI_cct7fix_50|--space cct --standalone largest --epochs 50"
   "ablJ_cct2fix_mix_200|--space cct --standalone smallest --epochs 200 --mixup 0.8 --cutmix 1.0"
@@ -38,7 +43,7 @@ JOBS=(
 # every job runs through benchmarks/cct_ablation.py: the hwnas command line with the per-part
 # ablation spaces (cct-no-<part>) registered, so their runs resume like the others
 HWNAS="python3 benchmarks/cct_ablation.py"
-RETURN_CKPT="${RETURN_CKPT:-cct7fix cct2fix}"
+RETURN_CKPT="${RETURN_CKPT:-cct7fix cct2fix cct2drop cct7drop}"
 
 # CCT_JOBS: the names to start or resume (default: all); "none" starts nothing (a command that
 # only carries data: the full npz and the 46 MB cct7 parts do not fit in one 64 MiB carry)
