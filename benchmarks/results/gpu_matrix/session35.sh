@@ -7,14 +7,17 @@
 #      the cells that need no shipped checkpoint, left or changed since session 34 (fbnet bits
 #      after the float-guard fix, nb201 CIFAR-10 bits, the training cells), 3 at a time
 #   2: carry data/cct_resume (lean tree): resume the two 200-epoch CCT jobs (cct7fix at epoch
-#      124, cct2fix at 189; about 13 and 2 minutes), then the digits quantized cells again
-#      (session 34's new verification check) beside them
+#      124, cct2fix at 189; about 13 and 2 minutes) and start cct2drop / cct7drop (CCT's dropout
+#      0.1, supernet_cifar10.md "Session 34"; about 23 and 35 minutes alone, so cct7drop goes on
+#      the session after from its parts), then the digits quantized cells again (session 34's
+#      new verification check) beside them
 #   3: no carry, the tree with supernet/checkpoints/*.pt: the 25,000-image mbv3 CIFAR-10 timing
 #      (beside cct7fix, as in sessions 30 and 34), the CIFAR-10 cells that use the shipped
 #      checkpoints, the vit export
 #   4: no carry: quant_peers on this Xeon for the middle and largest subnets, cells left, the
 #      CCT jobs collected (their eval.json, or their checkpoints in parts again)
-# Every phase returns the CCT checkpoints in parts while the jobs run (RETURN_CKPT).
+# Every phase returns the CCT checkpoints in parts while the jobs run (RETURN_CKPT; $OUT holds
+# 8 files: results.tgz with the CCT logs inside, and at most 7 parts: cct7 3, cct2 1).
 #   bash benchmarks/results/gpu_matrix/session35.sh PHASE SECONDS
 set -u
 PHASE=$1; S=${2:-520}
@@ -47,7 +50,7 @@ case $PHASE in
     --only run/fbnet/digits/bits run/fbnet/cifar10/bits run/nb201/cifar10/bits train/
   ;;
 2)
-  CCT_JOBS="cct7fix cct2fix" RETURN_CKPT="" \
+  CCT_JOBS="cct7fix cct2fix cct2drop cct7drop" RETURN_CKPT="" \
     bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_start2.log 2>&1
   head -6 /tmp/res/cct_start2.log
   matrix $(( $(left) - 170 )) --rerun run/mbv3/digits/bits run/vit/digits/bits run/nb201/digits/bits \
@@ -80,7 +83,9 @@ PY
   ;;
 esac
 # the CCT jobs: their eval.json when done, else their checkpoints in parts (RETURN_CKPT)
-CCT_JOBS=none RETURN_CKPT="${RETURN_CKPT:-cct7fix cct2fix}" bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_collect$PHASE.log 2>&1
+[ "$PHASE" = 2 ] && R="cct2fix cct7fix cct2drop" || R="cct7fix cct2drop cct7drop"
+CCT_JOBS=none RETURN_CKPT="${RETURN_CKPT:-$R}" bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_collect$PHASE.log 2>&1
+mv "$OUT/cct_logs.tgz" /tmp/res/ 2>/dev/null
 grep -a -A3 "^== cct" /tmp/res/cct_collect$PHASE.log | cut -c1-300
 nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
 tar -czf "$OUT/results.tgz" -C /tmp/res .
