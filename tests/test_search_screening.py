@@ -62,6 +62,24 @@ def test_hv_ratio_on_a_hand_made_example():
     assert got[5] == pytest.approx(1.0)
 
 
+def test_paired_differences_pair_device_and_seed():
+    bench = _bench()
+
+    def row(device, b, seeds, sampler="screening"):
+        return {"device": device, "sampler": sampler, "evaluations": b, "hv_ratio_per_seed": seeds}
+
+    base = [row("a", 100, [0.5, 0.6, 0.7]), row("b", 100, [0.9, 0.9, 0.9])]
+    new = [row("a", 100, [0.6, 0.6, 0.8]), row("b", 100, [0.9, 0.8, 1.0])]
+    (got,) = bench.paired_differences(new, base)
+    # per seed, mean over the two devices: +0.05, -0.05, +0.1
+    assert got["paired_difference"] == pytest.approx(0.1 / 3, abs=1e-4)
+    assert got["standard_error"] == pytest.approx(np.std([.05, -.05, .1], ddof=1) / 3 ** .5,
+                                                  abs=1e-4)
+    assert got["seeds_ahead"] == 2 and got["seeds"] == 3
+    with pytest.raises(UserError, match="baseline lacks"):
+        bench.paired_differences([row("c", 100, [0.5])], base)
+
+
 def test_missed_hypervolume_by_latency_third():
     bench = _bench()
     lat = np.array([1.0, 2.0, 3.0, 2.5, 4.0])
