@@ -125,8 +125,10 @@ class ScreeningConfig:
     #: share of the surrogate's trials (after the start-up) that are *layered* in the 2-D EHVI
     #: with a cheap cost (0: off): evenly spaced, each evaluates the candidate with the best EHVI
     #: over the evaluated points' second layer among those the front hides, where a cell
-    #: predicted too fast may hide true-front cells (:mod:`hwnas.search.layered`)
-    layer_share: float = 0.0
+    #: predicted too fast may hide true-front cells (:mod:`hwnas.search.layered`). 0.25 (the
+    #: default) gained +0.011 / +0.008 at 100 / 300 on the unseen-phone proxy of
+    #: ``benchmarks/search_nb201.md`` (session 34), level on the validation devices
+    layer_share: float = 0.25
 
     def __post_init__(self) -> None:
         if self.n_startup_trials < 1 or self.cheap_front_trials < 1:

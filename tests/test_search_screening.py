@@ -247,7 +247,7 @@ def cheap_latency_with_std(archs):
     (ToySpace, ScreeningConfig(), cheap_latency),
     (SampledToySpace, ScreeningConfig(pool_size=400, cheap_std_scale=1.0),
      cheap_latency_with_std),
-    (ToySpace, ScreeningConfig(output_warp="none"), cheap_latency),
+    (ToySpace, ScreeningConfig(output_warp="none", layer_share=0.0), cheap_latency),
 ])
 def test_screening_is_deterministic_and_beats_random(space_cls, config, cheap):
     space = space_cls()
