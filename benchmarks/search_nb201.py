@@ -36,7 +36,9 @@ ignore (``--latency-std-scale`` uses it).
 
 ``--validation`` searches HELP's validation devices too (rows tagged ``split``, a summary per
 split); ``--screening-option NAME=VALUE`` runs a :class:`ScreeningConfig` variant of the
-``screening`` sampler (how the development comparisons of ``search_nb201.md`` are made).
+``screening`` sampler (how the development comparisons of ``search_nb201.md`` are made), and
+``--paired-with JSON`` prints and writes the paired difference (same device and seed) to a
+previous run's rows.
 
 ``--predictor-holdout FAMILY`` (development only): latency from a meta predictor trained without
 that device family (``latency_lofo.py``'s families; HELP's test devices never enter), adapted with

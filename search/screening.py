@@ -76,7 +76,8 @@ class ScreeningSampler(BaseSampler):
       improvement** (EHVI) in 2-D; with the cheap objective known, the expectation is a sum of
       closed-form Gaussian terms over the current front's staircase. Two expensive objectives
       (accuracy vs a latency measured here) get the same exact EHVI with the second one's GP
-      mean and deviation as an uncertain cost (independent of the first: separate GPs);
+      mean and deviation as an uncertain cost (independent of the first: separate GPs). With a
+      cheap cost, ``layer_share`` of the trials look behind the front (:mod:`hwnas.search.layered`);
     * one objective: expected improvement;
     * three or more objectives, where the exact 2-D EHVI does not apply: an optimistic random
       augmented Chebyshev scalarization — ParEGO's rule (Knowles 2006) with a confidence bound
