@@ -36,7 +36,9 @@ ignore (``--latency-std-scale`` uses it).
 
 ``--validation`` searches HELP's validation devices too (rows tagged ``split``, a summary per
 split); ``--screening-option NAME=VALUE`` runs a :class:`ScreeningConfig` variant of the
-``screening`` sampler (how the development comparisons of ``search_nb201.md`` are made).
+``screening`` sampler (how the development comparisons of ``search_nb201.md`` are made), and
+``--paired-with JSON`` prints and writes the paired difference (same device and seed) to a
+previous run's rows.
 
 ``--predictor-holdout FAMILY`` (development only): latency from a meta predictor trained without
 that device family (``latency_lofo.py``'s families; HELP's test devices never enter), adapted with
@@ -447,6 +449,34 @@ def print_tables(rows: list[dict], problems: list[Problem], budgets: list[int]) 
         for p in problems))
 
 
+def paired_differences(rows: list[dict], base_rows: list[dict]) -> list[dict]:
+    """Per sampler and budget: this run's block mean against a baseline run's rows of the same
+    devices, sampler and seeds (``--paired-with``): the paired difference per seed (mean over
+    the devices), its mean, standard error and the seeds where this run is ahead."""
+    base = {(r["device"], r["sampler"], r["evaluations"]): r["hv_ratio_per_seed"]
+            for r in base_rows}
+    out = []
+    for sampler, b in sorted({(r["sampler"], r["evaluations"]) for r in rows},
+                             key=lambda k: (_order(k[0]), k[1])):
+        sel = [r for r in rows if r["sampler"] == sampler and r["evaluations"] == b]
+        pairs = [(np.asarray(r["hv_ratio_per_seed"]), base.get((r["device"], sampler, b)))
+                 for r in sel]
+        n = min([len(v) for v, w in pairs] + [len(w) for v, w in pairs if w is not None])
+        if any(w is None for _, w in pairs) or n < 1:
+            raise UserError(f"--paired-with: the baseline lacks {sampler} @{b} on a device of "
+                            f"this run, or its seeds")
+        new = np.mean([v[:n] for v, _ in pairs], axis=0)
+        old = np.mean([np.asarray(w[:n]) for _, w in pairs], axis=0)
+        d = new - old
+        se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else float("nan")
+        out.append({"sampler": sampler, "evaluations": b, "seeds": n,
+                    "baseline_mean": round(float(old.mean()), 4),
+                    "mean": round(float(new.mean()), 4),
+                    "paired_difference": round(float(d.mean()), 4),
+                    "standard_error": round(se, 4), "seeds_ahead": int(np.sum(d > 0))})
+    return out
+
+
 def previous_runs(path: Path) -> list[dict]:
     """The runs a JSON file already holds (its own, then those it kept), to keep beside a new
     run: rows of other predictors and settings stay comparable across commits."""
@@ -506,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None,
                     help=f"JSON to write (default {OUT_JSON.name} for the standard run; "
                          f"nothing otherwise)")
+    ap.add_argument("--paired-with", type=Path, default=None, metavar="JSON",
+                    help="a previous run's JSON of the same devices and seeds: print and write "
+                         "the paired difference per budget (mean over devices, per seed)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     try:
@@ -522,6 +555,15 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         raise UserError(f"--latency-std-scale {args.latency_std_scale}; expected >= 0")
     budgets = sorted(set(args.budgets))
     options = screening_options(args.screening_option)
+    base_rows = None
+    if args.paired_with is not None:
+        import json
+
+        try:
+            base_rows = json.loads(args.paired_with.read_text(encoding="utf-8"))["results"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise UserError(f"--paired-with {args.paired_with}: not a search_nb201 JSON with "
+                            f"results") from None
     space = get_space("nb201")
     held = fold = None
     if args.predictor_holdout is not None:
@@ -592,6 +634,11 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     print("\nseconds per search (mean): " + ", ".join(
         f"{s} {t['seconds_per_search_mean']:.1f}" for s, t in timing.items()))
     print(f"total {elapsed:.0f} s")
+    paired = None if base_rows is None else paired_differences(rows, base_rows)
+    for p in paired or ():
+        print(f"paired with {args.paired_with.name}: {p['sampler']} @{p['evaluations']} "
+              f"{p['baseline_mean']:.4f} -> {p['mean']:.4f}, {p['paired_difference']:+.4f} ± "
+              f"{p['standard_error']:.4f} ({p['seeds_ahead']}/{p['seeds']} seeds ahead)")
     standard = (args.latency_csv is None and args.latency_source == "predictor"
                 and fold is None and args.devices is None and args.latency_std_scale == 0
                 and not options)
@@ -629,6 +676,8 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             **({"summary_validation": summarize([r for r in rows if r["split"] == "validation"],
                                                 splits["validation"])} if validation else {}),
             "results": rows,
+            **({"paired_with": {"path": str(args.paired_with), "differences": paired}}
+               if paired is not None else {}),
             "previous_runs": previous_runs(out),
         })
         print(f"wrote {out}")

@@ -122,6 +122,13 @@ class ScreeningConfig:
     #: point (the latency predictor's own uncertainty; 0 where the callable gives none, so a
     #: measured or exact cost is unaffected); 1 cost 0.016 at 300 on the unseen-phone proxy
     front_slack_sd: float = 0.0
+    #: share of the surrogate's trials (after the start-up) that are *layered* in the 2-D EHVI
+    #: with a cheap cost (0: off): evenly spaced, each evaluates the candidate with the best EHVI
+    #: over the evaluated points' second layer among those the front hides, where a cell
+    #: predicted too fast may hide true-front cells (:mod:`hwnas.search.layered`). 0.25 (the
+    #: default) gained +0.011 / +0.008 at 100 / 300 on the unseen-phone proxy of
+    #: ``benchmarks/search_nb201.md`` (session 34), level on the validation devices
+    layer_share: float = 0.25
 
     def __post_init__(self) -> None:
         if self.n_startup_trials < 1 or self.cheap_front_trials < 1:
@@ -145,6 +152,8 @@ class ScreeningConfig:
             raise UserError(f"front_cost_slack = {self.front_cost_slack}; expected in [0, 1)")
         if not 0.0 <= self.front_slack_sd < 10.0:
             raise UserError(f"front_slack_sd = {self.front_slack_sd}; expected in [0, 10)")
+        if not 0.0 <= self.layer_share < 1.0:
+            raise UserError(f"layer_share = {self.layer_share}; expected in [0, 1)")
         if not self.explore > 0:
             raise UserError(f"explore = {self.explore}; expected > 0")
         if not self.length_factors or not self.noises:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import optuna
-from hwnas.search.acquisition import expected_hvi_2d, expected_improvement
+from hwnas.search.acquisition import expected_improvement
 from hwnas.search.candidates import (
     CandidatePool,
     CandidateSpace,
@@ -31,7 +31,7 @@ from hwnas.search.candidates import (
     front_slack,
 )
 from hwnas.search.gp import PoolGP
-from hwnas.search.pareto import front_indices_2d
+from hwnas.search.layered import front_ehvi, is_layered_trial
 from hwnas.search.startup import size_prior, startup_plan, stratified_choice
 from hwnas.supernet.space import SearchSpace
 from optuna.distributions import (
@@ -76,7 +76,8 @@ class ScreeningSampler(BaseSampler):
       improvement** (EHVI) in 2-D; with the cheap objective known, the expectation is a sum of
       closed-form Gaussian terms over the current front's staircase. Two expensive objectives
       (accuracy vs a latency measured here) get the same exact EHVI with the second one's GP
-      mean and deviation as an uncertain cost (independent of the first: separate GPs);
+      mean and deviation as an uncertain cost (independent of the first: separate GPs). With a
+      cheap cost, ``layer_share`` of the trials look behind the front (:mod:`hwnas.search.layered`);
     * one objective: expected improvement;
     * three or more objectives, where the exact 2-D EHVI does not apply: an optimistic random
       augmented Chebyshev scalarization — ParEGO's rule (Knowles 2006) with a confidence bound
@@ -636,20 +637,14 @@ class ScreeningSampler(BaseSampler):
                 cost, cost_sd = -preds[1][0], preds[1][1]
             obs_gain, obs_cost = Y[:, e], -Y[:, c]
             obs_cost += front_slack(self.config, pool, self._hist.keys, feasible, obs_cost)
-            f = front_indices_2d(obs_cost, obs_gain)
-            span_c = float(np.ptp(cost)) or 1.0
-            span_g = float(np.ptp(obs_gain)) or 1.0
-            # reference: just beyond the slowest point that is (or is expected to be) on the
-            # front - the most accurate observed one, and the most accurate predicted one
-            # (of the candidates that meet the cheap constraints)
-            ok = pool.feasible
+            ok = pool.feasible  # the most accurate predicted candidate meeting the constraints
             best = int(np.argmax(mu)) if ok.all() or not ok.any() else \
                 int(np.flatnonzero(ok)[int(np.argmax(mu[ok]))])
-            ref_cost = max(float(obs_cost[f].max()), float(cost[best]))
-            ref_cost += 0.01 * span_c
-            ref_gain = float(obs_gain[f].min()) - 0.02 * span_g
-            return expected_hvi_2d(mu, sd, cost, obs_cost[f], obs_gain[f], ref_cost, ref_gain,
-                                   cost_sd)
+            layered = len(exp_idx) == 1 and is_layered_trial(
+                self.config.layer_share, len(self._hist.keys) - self._startup_trials())
+            taken = np.zeros(len(pool.keys), dtype=bool)
+            taken[[pool.index[k] for k in self._hist.keys if k in pool.index]] = True
+            return front_ehvi(mu, sd, cost, cost_sd, obs_cost, obs_gain, best, layered, taken)
         return self._parego(preds, directions, rng)
 
     def _parego(self, preds: list[tuple], directions: list[StudyDirection],

@@ -14,6 +14,7 @@ import optuna
 import pytest
 from hwnas.search.acquisition import expected_hvi_2d
 from hwnas.search.gp import PoolGP
+from hwnas.search.layered import front_ehvi, is_layered_trial
 from hwnas.search.pareto import front_indices_2d, hypervolume_2d
 from hwnas.search.screening import ScreeningConfig, ScreeningSampler
 from hwnas.supernet.space import SearchSpace
@@ -59,6 +60,24 @@ def test_hv_ratio_on_a_hand_made_example():
     assert got[2] == pytest.approx(1.03 * 11 / 12.63)
     assert got[4] == pytest.approx((1 * 1 + 1.03 * 11) / 12.63)
     assert got[5] == pytest.approx(1.0)
+
+
+def test_paired_differences_pair_device_and_seed():
+    bench = _bench()
+
+    def row(device, b, seeds, sampler="screening"):
+        return {"device": device, "sampler": sampler, "evaluations": b, "hv_ratio_per_seed": seeds}
+
+    base = [row("a", 100, [0.5, 0.6, 0.7]), row("b", 100, [0.9, 0.9, 0.9])]
+    new = [row("a", 100, [0.6, 0.6, 0.8]), row("b", 100, [0.9, 0.8, 1.0])]
+    (got,) = bench.paired_differences(new, base)
+    # per seed, mean over the two devices: +0.05, -0.05, +0.1
+    assert got["paired_difference"] == pytest.approx(0.1 / 3, abs=1e-4)
+    assert got["standard_error"] == pytest.approx(np.std([.05, -.05, .1], ddof=1) / 3 ** .5,
+                                                  abs=1e-4)
+    assert got["seeds_ahead"] == 2 and got["seeds"] == 3
+    with pytest.raises(UserError, match="baseline lacks"):
+        bench.paired_differences([row("c", 100, [0.5])], base)
 
 
 def test_missed_hypervolume_by_latency_third():
@@ -228,7 +247,7 @@ def cheap_latency_with_std(archs):
     (ToySpace, ScreeningConfig(), cheap_latency),
     (SampledToySpace, ScreeningConfig(pool_size=400, cheap_std_scale=1.0),
      cheap_latency_with_std),
-    (ToySpace, ScreeningConfig(output_warp="none"), cheap_latency),
+    (ToySpace, ScreeningConfig(output_warp="none", layer_share=0.0), cheap_latency),
 ])
 def test_screening_is_deterministic_and_beats_random(space_cls, config, cheap):
     space = space_cls()
@@ -272,6 +291,35 @@ def test_front_cost_slack_revisits_cells_just_slower_than_the_front():
     # in units of the cost's standard deviation: nothing where the cost has none (exact)
     assert run_sd(cheap_latency, 3.0) == run(0.0)
     assert run_sd(cheap_latency_with_std, 3.0) != run_sd(cheap_latency_with_std, 0.0)
+
+
+def test_layered_ehvi_looks_behind_the_front_for_hidden_cells():
+    assert [j for j in range(12) if is_layered_trial(0.25, j)] == [3, 7, 11]
+    assert not any(is_layered_trial(0.0, j) for j in range(12))
+    # evaluated: the front (1, 10), (3, 12) and (2, 5) behind it (layer 2); candidates: hidden by
+    # (1, 10) at cost 1.5, improving the front at cost 0.5, two of the evaluated points
+    obs_cost, obs_gain = np.array([1.0, 3.0, 2.0]), np.array([10.0, 12.0, 5.0])
+    cost, mu, sd = np.array([1.5, 0.5, 1.0, 2.0]), np.array([8.0, 11.0, 10.0, 5.0]), np.full(4, .1)
+    taken = np.array([False, False, True, True])
+    plain = front_ehvi(mu, sd, cost, None, obs_cost, obs_gain, 2)
+    assert plain[1] > 0.1 and plain[0] < 1e-9  # the EHVI sees no gain behind the front
+    got = front_ehvi(mu, sd, cost, None, obs_cost, obs_gain, 2, layered=True, taken=taken)
+    assert got[0] > 0.1 and np.all(got[1:] == -1.0)  # only the hidden, untaken candidate
+    # no hidden candidate improves the second layer: the plain EHVI
+    mu2 = np.array([4.0, 11.0, 10.0, 5.0])
+    assert np.array_equal(front_ehvi(mu2, sd, cost, None, obs_cost, obs_gain, 2, True, taken),
+                          front_ehvi(mu2, sd, cost, None, obs_cost, obs_gain, 2))
+    space = ToySpace()
+
+    def run(share):
+        return run_toy(space, ScreeningSampler(space, cheap_latency, (1,), seed=0,
+                                               config=ScreeningConfig(layer_share=share),
+                                               directions=["maximize", "minimize"]), 30)
+
+    a = run(0.5)
+    assert run(0.5) == a and len(set(a)) == 30  # deterministic, never pays twice
+    assert a[:11] == run(0.0)[:11]  # the 10 start-up trials and the first plain one
+    assert a[11] != run(0.0)[11]  # the second surrogate trial is layered
 
 
 def test_three_objectives_and_enqueued_trials():
@@ -367,6 +415,8 @@ def test_pool_gp_output_warps_keep_the_order_and_unskew():
         ScreeningConfig(front_cost_slack=1.5)
     with pytest.raises(UserError, match="front_slack_sd"):
         ScreeningConfig(front_slack_sd=-1.0)
+    with pytest.raises(UserError, match="layer_share"):
+        ScreeningConfig(layer_share=1.0)
 
 
 def test_pool_gp_trend_extrapolates_a_linear_mean():
