@@ -9,12 +9,17 @@ training split) are quantized by:
   saturate (:func:`hwnas.export.qdq.build_qdq`), the deployment form with requantization;
 * ``hwnas_int8_full``: the same with full-range int8 weights (the file before issue 49);
 * ``hwnas_int8_first7``: full range but the first layer at 7 bits (NNCF's overflow fix);
-* ``hwnas_int8_adaround``: ``hwnas_int8`` with AdaRound (learned rounding, see below);
+* ``hwnas_int8_adaround``: ``hwnas_int8`` with AdaRound (learned rounding, see below) forced
+  on its 8-bit weights (``PTQConfig(rounding="adaround-all")``; ``"adaround"`` leaves an int8
+  file as nearest rounding makes it);
 * ``hwnas_w4a8``: W4A8, first and last layer W8A8, MSE weights and activations (the
   ``ptq_w4a8`` recipe of ``benchmarks/quant_recipes.py``), portable;
 * ``hwnas_w4a8_adaround``: the same with AdaRound (``PTQConfig(rounding="adaround")``,
   :mod:`hwnas.quant.adaround`: learned rounding, layer by layer on the calibration images,
-  ``--adaround-iterations`` Adam steps per layer), portable;
+  ``--adaround-iterations`` Adam steps per layer) of the 4-bit weights, the W8 first and last
+  layer rounded to nearest (what ``hwnas export --rounding adaround`` does), portable;
+* ``hwnas_w4a8_adaround_all``: AdaRound of every layer, the W8 ones too (``"adaround-all"``:
+  what ``hwnas_w4a8_adaround`` did before benchmarks/adaround_steps.md, Session 34);
 * ``ort_minmax`` / ``ort_entropy`` / ``ort_percentile`` / ``ort_minmax_reduce_range``:
   onnxruntime ``quantize_static`` (QDQ, per channel, uint8 activations, int8 weights);
 * ``nncf_int8``: ``nncf.quantize`` with its defaults (ONNX backend), when NNCF is installed;
@@ -78,7 +83,7 @@ from hwnas.core.errors import UserError
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 METHODS = ("fp32", "hwnas_int8", "hwnas_int8_adaround", "hwnas_int8_full", "hwnas_int8_first7",
-           "hwnas_w4a8", "hwnas_w4a8_adaround", "ort_minmax", "ort_entropy", "ort_percentile",
+           "hwnas_w4a8", "hwnas_w4a8_adaround", "hwnas_w4a8_adaround_all", "ort_minmax", "ort_entropy", "ort_percentile",
            "ort_minmax_reduce_range", "nncf_int8", "nncf_w4a8", "aimet_adaround_w4a8")
 RUNTIMES = ("ort", "ort_u8u8", "ov", "ov_no_vnni")
 
@@ -115,6 +120,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # -- the quantizers ---------------------------------------------------------------------------------
 
+def rounding_of(method: str) -> str:
+    """The ``PTQConfig.rounding`` of an hwnas method: AdaRound at 8 bits (an int8 method) has
+    to be forced, ``"adaround"`` learns only weights below 8 bits."""
+    if "adaround" not in method:
+        return "nearest"
+    return "adaround-all" if method.endswith("_all") or method.startswith("hwnas_int8") \
+        else "adaround"
+
+
 def hwnas_file(net: torch.nn.Module, calib: torch.Tensor, method: str,
                adaround_iterations: int = 200) -> onnx.ModelProto:
     from hwnas.export.qdq import build_qdq
@@ -122,7 +136,7 @@ def hwnas_file(net: torch.nn.Module, calib: torch.Tensor, method: str,
     from hwnas.quant.ptq import PTQConfig
 
     n = len(calib)
-    rounding = "adaround" if method.endswith("adaround") else "nearest"
+    rounding = rounding_of(method)
     if method.startswith("hwnas_w4a8"):
         policy = first_last_8bit(uniform(net, 4, 8))
         config = PTQConfig(act_observer="mse", weight_observer="mse", max_images=n,
@@ -382,7 +396,7 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa,
             if method.startswith("hwnas"):
                 folder = (resume.folder_of(args.adaround_resume, role, method,
                                            args.adaround_iterations)
-                          if args.adaround_resume and method.endswith("adaround") else None)
+                          if args.adaround_resume and "adaround" in method else None)
                 try:
                     with resume.resumable(folder, args.budget) as part:
                         proto = hwnas_file(net, calib, method, args.adaround_iterations)
@@ -455,6 +469,7 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa,
                                            if method.startswith("hwnas") and "adaround" in method
                                            else args.aimet_iterations if "adaround" in method
                                            else None),
+                   "rounding": rounding_of(method) if method.startswith("hwnas") else None,
                    "quantize_seconds": round(seconds.get(method, 0.0), 1),
                    "quantize_cpu_seconds": (round(cpu_seconds[method], 1)
                                             if method in cpu_seconds else None)}

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+from hwnas.quant.adaround import AdaRoundConfig, adaround, adaround_targets
 from hwnas.quant.fake_quant import (
     QUANT_LAYER_TYPES,
     FakeQuantize,
@@ -60,7 +61,11 @@ __all__ = [
 ]
 
 RESIDUAL_MODES = ("float", "shared")
-ROUNDINGS = ("nearest", "adaround")
+#: how PTQ rounds the weights (:attr:`PTQConfig.rounding`)
+ROUNDINGS = ("nearest", "adaround", "adaround-all")
+#: ``rounding="adaround"`` learns the rounding of weights narrower than this; at 8 bits it
+#: bought no accuracy for 9x the PTQ time (benchmarks/adaround_steps.md, Sessions 33-34)
+ADAROUND_BELOW_BITS = 8
 
 
 @dataclass
@@ -94,7 +99,9 @@ class PTQConfig:
     #: weights on a grid no x86 integer kernel can saturate (:func:`int16_safe_layers`):
     #: True for every layer that needs it, a tuple of layer names for those only
     int16_safe: bool | tuple[str, ...] = False
-    #: "nearest" or "adaround" (learned rounding, :mod:`hwnas.quant.adaround`)
+    #: "nearest"; "adaround": learned rounding (:mod:`hwnas.quant.adaround`) of the weights
+    #: below 8 bits (:data:`ADAROUND_BELOW_BITS`), the others nearest; "adaround-all": of
+    #: every quantized weight, 8-bit ones too
     rounding: str = "nearest"
     #: AdaRound's Adam steps per layer
     adaround_iterations: int = 200
@@ -396,13 +403,12 @@ def calibrate(qmodel: nn.Module, batches: Iterable, config: PTQConfig | None = N
         q.set_qparams(scale, zp)
         q.numel_per_sample = obs.numel_per_sample
     set_quantizers_enabled(qmodel, True)
-    if config.rounding == "adaround":
-        from hwnas.quant.adaround import AdaRoundConfig, adaround
-
+    below = None if config.rounding == "adaround-all" else ADAROUND_BELOW_BITS
+    if config.rounding != "nearest" and adaround_targets(qmodel, below):  # else nothing to learn
         if config.bias_correction and float_means is None:
             float_means = _float_means(qmodel, xs)  # of the weights before they are rounded
         adaround(qmodel, xs, AdaRoundConfig(iterations=config.adaround_iterations,
-                                            seed=config.seed))
+                                            seed=config.seed), below_bits=below)
     if config.bias_correction:
         bias_correct(qmodel, xs, float_means=float_means)
     qmodel.train(was_training)
@@ -504,9 +510,11 @@ def ptq(model: nn.Module, policy: QuantPolicy, batches: Iterable, config: PTQCon
        forward pass over all calibration images as one batch (see :func:`bias_correct`), so keep
        ``max_images`` at a few hundred for large inputs.
 
-    With ``rounding="adaround"`` the weights' rounding is learned between steps 2 and 3
-    (:mod:`hwnas.quant.adaround`, layer by layer on the calibration images; what W4A8 needs);
-    bias correction then compares with the float network's original weights.
+    With ``rounding="adaround"`` the rounding of the weights below 8 bits is learned between
+    steps 2 and 3 (:mod:`hwnas.quant.adaround`, layer by layer on the calibration images; what
+    W4A8 needs; ``"adaround-all"``: 8-bit weights too); bias correction then compares with the
+    float network's original weights. A policy without such weights (int8) is then exactly
+    the nearest-rounding PTQ, at its cost.
 
     Runs in :func:`hwnas.core.heap.retained_heap`: AdaRound's per-step tensors and the passes'
     activations reuse freed memory instead of fresh pages (middle CIFAR-10 subnet, W4A8
