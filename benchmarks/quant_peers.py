@@ -129,28 +129,35 @@ def rounding_of(method: str) -> str:
         else "adaround"
 
 
-def hwnas_file(net: torch.nn.Module, calib: torch.Tensor, method: str,
-               adaround_iterations: int = 200) -> onnx.ModelProto:
+def hwnas_build(net: torch.nn.Module, calib: torch.Tensor, method: str,
+                adaround_iterations: int = 200, rounding: str | None = None) -> Any:
+    """The :class:`hwnas.export.qdq.QdqBuild` of an hwnas ``method`` (its PTQ model and file);
+    ``rounding``: instead of the method's own (:func:`rounding_of`)."""
     from hwnas.export.qdq import build_qdq
     from hwnas.quant.policy import first_last_8bit, uniform
     from hwnas.quant.ptq import PTQConfig
 
     n = len(calib)
-    rounding = rounding_of(method)
+    rounding = rounding or rounding_of(method)
     if method.startswith("hwnas_w4a8"):
         policy = first_last_8bit(uniform(net, 4, 8))
         config = PTQConfig(act_observer="mse", weight_observer="mse", max_images=n,
                            rounding=rounding, adaround_iterations=adaround_iterations)
-        return build_qdq(net, policy, [calib], config=config).proto()
+        return build_qdq(net, policy, [calib], config=config)
     policy = uniform(net, 8, 8)
     config = PTQConfig(max_images=n, rounding=rounding, adaround_iterations=adaround_iterations)
     if method == "hwnas_int8_full":
-        return build_qdq(net, policy, [calib], config=config, portable=False).proto()
+        return build_qdq(net, policy, [calib], config=config, portable=False)
     if method == "hwnas_int8_first7":
         first = policy.layer_names[0]
         config = PTQConfig(max_images=n, int16_safe=(first,))
-        return build_qdq(net, policy, [calib], config=config, portable=False).proto()
-    return build_qdq(net, policy, [calib], config=config).proto()
+        return build_qdq(net, policy, [calib], config=config, portable=False)
+    return build_qdq(net, policy, [calib], config=config)
+
+
+def hwnas_file(net: torch.nn.Module, calib: torch.Tensor, method: str,
+               adaround_iterations: int = 200) -> onnx.ModelProto:
+    return hwnas_build(net, calib, method, adaround_iterations).proto()
 
 
 def ort_file(fp32_path: Path, calib: np.ndarray, method: str, work: Path) -> onnx.ModelProto:
