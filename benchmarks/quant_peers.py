@@ -358,6 +358,19 @@ def float_subnet(role: str, supernet, space, data, seed: int, calib_images: int)
     return arch, net, normalise(data.train.images[idx]), normalise
 
 
+def cifar10_subnet(checkpoint: str | Path, role: str, *, data: str = "cifar10", seed: int = 0,
+                   calib_images: int = 512) -> tuple:
+    """:func:`float_subnet` of a supernet checkpoint, the data set loaded with the checkpoint's
+    training augmentation (what a benchmark's child process needs):
+    ``(data, arch, net, calib, normalise)``."""
+    from hwnas.supernet.data import load_dataset
+    from hwnas.supernet.train import load_checkpoint, with_training_augment
+
+    space, supernet, payload = load_checkpoint(str(checkpoint), device="cpu")
+    data = with_training_augment(load_dataset(data, seed=seed), payload.get("train_config"))
+    return (data, *float_subnet(role, supernet, space, data, seed, calib_images))
+
+
 def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa,
                 paused: list[str] | None = None) -> list[dict]:
     """The rows of one subnet; a method whose AdaRound paused (``--adaround-resume``) is left
