@@ -10,7 +10,8 @@ The file is that of ``quant_peers.hwnas_build`` for the recipe (``int8``: the ex
 file, min-max, bias correction, portable; ``w4a8``: first and last layer W8A8, MSE observers),
 on the CIFAR-10 mbv3 subnet with BatchNorm recalibrated and 512 calibration images, once per
 arm (its ``PTQConfig.rounding``): ``adaround-all`` is what ``--rounding adaround`` did before
-(every quantized weight learned), ``adaround`` what it does now, ``nearest`` the reference.
+(every quantized weight of every file learned), ``adaround`` what it does now (the same for a
+file with weights below 8 bits, nothing for an int8 one), ``nearest`` the reference.
 Each round runs every arm in its own fresh process, the order rotated round by round (also
 across ``--merge`` commands) so that a loaded machine slows them alike; user and system CPU
 seconds come from the child's ``getrusage`` around the PTQ and the writing of its QDQ graph
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {rnd} {arm:>12}: user {row['user_s']:.1f} s, sys {row['sys_s']:.1f} s, "
                   f"wall {row['wall_s']:.1f} s, val top-1 {row['val_top1']:.2f}, learned "
                   f"{row['learned_layers']}/{row['quant_layers']}", flush=True)
-    medians = summary(rows, list(ARMS))
+    medians = summary(rows, list(ARMS) + sorted({r["arm"] for r in rows} - set(ARMS)))
     print(f"\n{args.subnet} {args.recipe}, {args.steps} steps: medians over rounds")
     print(f"{'arm':<13} {'rounds':>6} {'CPU s':>7} {'user s':>7} {'sys s':>6} {'wall s':>7} "
           f"{'val top-1':>10} {'learned':>8}  file")

@@ -17,9 +17,7 @@ subnets, by mean validation top-1. Records each file's PTQ CPU seconds::
 ``--recipe int8`` writes ``hwnas_int8`` instead (the exported int8 file: min-max, bias
 correction, portable), to see whether AdaRound helps at 8 bits (forced:
 ``rounding="adaround-all"``); its rows are never candidates of the rule, which chooses the W4A8
-step count. The W4A8 files learn the rounding of their 4-bit layers only
-(``rounding="adaround"``, :func:`quant_peers.rounding_of`); rows written before Session 34 of
-benchmarks/adaround_steps.md learned the W8 first and last layer's too. ``--resume-dir``: AdaRound in parts
+step count. ``--resume-dir``: AdaRound in parts
 (:mod:`adaround_resume`): learned layers are kept there and the PTQ pauses after ``--budget``
 wall seconds (exit status 3, the rows finished before it written); the same command again goes
 on where it stopped. Its PTQ CPU seconds are then those of all parts.

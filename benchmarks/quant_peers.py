@@ -9,17 +9,14 @@ training split) are quantized by:
   saturate (:func:`hwnas.export.qdq.build_qdq`), the deployment form with requantization;
 * ``hwnas_int8_full``: the same with full-range int8 weights (the file before issue 49);
 * ``hwnas_int8_first7``: full range but the first layer at 7 bits (NNCF's overflow fix);
-* ``hwnas_int8_adaround``: ``hwnas_int8`` with AdaRound (learned rounding, see below) forced
-  on its 8-bit weights (``PTQConfig(rounding="adaround-all")``; ``"adaround"`` leaves an int8
-  file as nearest rounding makes it);
+* ``hwnas_int8_adaround``: ``hwnas_int8`` with AdaRound (learned rounding, see below), forced
+  (``PTQConfig(rounding="adaround-all")``: ``"adaround"`` leaves an int8 file as nearest
+  rounding makes it, benchmarks/adaround_steps.md, Session 34);
 * ``hwnas_w4a8``: W4A8, first and last layer W8A8, MSE weights and activations (the
   ``ptq_w4a8`` recipe of ``benchmarks/quant_recipes.py``), portable;
 * ``hwnas_w4a8_adaround``: the same with AdaRound (``PTQConfig(rounding="adaround")``,
   :mod:`hwnas.quant.adaround`: learned rounding, layer by layer on the calibration images,
-  ``--adaround-iterations`` Adam steps per layer) of the 4-bit weights, the W8 first and last
-  layer rounded to nearest (what ``hwnas export --rounding adaround`` does), portable;
-* ``hwnas_w4a8_adaround_all``: AdaRound of every layer, the W8 ones too (``"adaround-all"``:
-  what ``hwnas_w4a8_adaround`` did before benchmarks/adaround_steps.md, Session 34);
+  ``--adaround-iterations`` Adam steps per layer, every layer, the W8 ones too), portable;
 * ``ort_minmax`` / ``ort_entropy`` / ``ort_percentile`` / ``ort_minmax_reduce_range``:
   onnxruntime ``quantize_static`` (QDQ, per channel, uint8 activations, int8 weights);
 * ``nncf_int8``: ``nncf.quantize`` with its defaults (ONNX backend), when NNCF is installed;
@@ -83,7 +80,7 @@ from hwnas.core.errors import UserError
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 METHODS = ("fp32", "hwnas_int8", "hwnas_int8_adaround", "hwnas_int8_full", "hwnas_int8_first7",
-           "hwnas_w4a8", "hwnas_w4a8_adaround", "hwnas_w4a8_adaround_all", "ort_minmax", "ort_entropy", "ort_percentile",
+           "hwnas_w4a8", "hwnas_w4a8_adaround", "ort_minmax", "ort_entropy", "ort_percentile",
            "ort_minmax_reduce_range", "nncf_int8", "nncf_w4a8", "aimet_adaround_w4a8")
 RUNTIMES = ("ort", "ort_u8u8", "ov", "ov_no_vnni")
 
@@ -121,12 +118,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # -- the quantizers ---------------------------------------------------------------------------------
 
 def rounding_of(method: str) -> str:
-    """The ``PTQConfig.rounding`` of an hwnas method: AdaRound at 8 bits (an int8 method) has
-    to be forced, ``"adaround"`` learns only weights below 8 bits."""
+    """The ``PTQConfig.rounding`` of an hwnas method: AdaRound of an int8 file has to be
+    forced (``"adaround"`` learns only files with weights below 8 bits)."""
     if "adaround" not in method:
         return "nearest"
-    return "adaround-all" if method.endswith("_all") or method.startswith("hwnas_int8") \
-        else "adaround"
+    return "adaround-all" if method.startswith("hwnas_int8") else "adaround"
 
 
 def hwnas_build(net: torch.nn.Module, calib: torch.Tensor, method: str,

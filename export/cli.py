@@ -55,10 +55,10 @@ def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
     p.add_argument("--rounding", choices=("nearest", "adaround", "adaround-all"),
                    default="nearest",
                    help="how PTQ rounds the weights: nearest (default, as the search scored "
-                        "the models), adaround (learned rounding of the weights below 8 bits: "
-                        "about 5x PTQ's CPU time; keeps W4A8 files within a point of FP32 where "
-                        "nearest loses 1-1.3; int8 files as with nearest) or adaround-all "
-                        "(8-bit weights too, for no measured gain)")
+                        "the models), adaround (learned rounding of the files with weights "
+                        "below 8 bits: about 5x PTQ's CPU time; keeps W4A8 files within a point "
+                        "of FP32 where nearest loses 1-1.3; int8 files as with nearest) or "
+                        "adaround-all (int8 files too, for no measured gain)")
     p.add_argument("--batch", type=positive_int, default=1,
                    help="batch size each device's files are timed and chosen at, unless the "
                         "device's name gives one (cpu-ov-8t-b32) (default 1)")

@@ -80,10 +80,10 @@ class ExportSettings:
     #: ``latency/ondevice.py --verify`` on the target (0: none)
     verify_images: int = 256
     #: how PTQ rounds the weights: "nearest"; "adaround", learned rounding
-    #: (:mod:`hwnas.quant.adaround`) of the weights below 8 bits (about 5x PTQ's CPU time; what
-    #: W4A8 files need to stay within a point of FP32, benchmarks/quant_peers.md), int8 files
-    #: as with "nearest"; "adaround-all", of 8-bit weights too (each file's
-    #: ``adaround_layers`` says which layers got it)
+    #: (:mod:`hwnas.quant.adaround`) of the files with weights below 8 bits, all their layers
+    #: (about 5x PTQ's CPU time; what W4A8 files need to stay within a point of FP32,
+    #: benchmarks/quant_peers.md), int8 files as with "nearest"; "adaround-all", of the int8
+    #: files too (each file's ``adaround_layers`` says which layers got it)
     rounding: str = "nearest"
 
     def validate(self) -> None:

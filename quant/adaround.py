@@ -202,12 +202,10 @@ def adaround_layer(layer: nn.Module, rows: torch.Tensor, target: torch.Tensor,
     return {"mse_nearest": before, "mse_adaround": mse(wq(layer.weight.detach()))}
 
 
-def adaround_targets(qmodel: nn.Module, below_bits: int | None = None) -> list[str]:
+def adaround_targets(qmodel: nn.Module) -> list[str]:
     """The quant layers of ``qmodel`` that :func:`adaround` learns, in module order: those with
-    quantized weights of fewer than ``below_bits`` bits (None: any width), except convolutions
-    whose padding is not zeros given as numbers."""
-    return [n for n, m in quant_layers(qmodel) if not m.weight_quant.is_float and _supported(m)
-            and (below_bits is None or m.w_bits < below_bits)]
+    quantized weights, except convolutions whose padding is not zeros given as numbers."""
+    return [n for n, m in quant_layers(qmodel) if not m.weight_quant.is_float and _supported(m)]
 
 
 def learned_layers(qmodel: nn.Module) -> list[str]:
@@ -216,14 +214,14 @@ def learned_layers(qmodel: nn.Module) -> list[str]:
 
 
 def adaround(qmodel: nn.Module, xs: Sequence[torch.Tensor],
-             config: AdaRoundConfig | None = None, *,
-             below_bits: int | None = None) -> dict[str, dict[str, float]]:
-    """AdaRound the quant layers of a calibrated fake-quant model (activation ranges and
+             config: AdaRoundConfig | None = None) -> dict[str, dict[str, float]]:
+    """AdaRound every quant layer of a calibrated fake-quant model (activation ranges and
     weight scales set, see :func:`hwnas.quant.ptq.calibrate`) that :func:`adaround_targets`
-    names (``below_bits``: only weights narrower than that), in module order, on the
-    calibration inputs ``xs`` (run as one batch); the others keep nearest rounding. Modifies
-    ``qmodel``'s weights in place and marks each learned layer (``weight_rounding``,
-    :func:`learned_layers`); returns ``{layer: {"mse_nearest", "mse_adaround"}}``.
+    names, in module order, on the calibration inputs ``xs`` (run as one batch); layers with
+    float weights, and convolutions whose padding is not zeros given as numbers, keep nearest
+    rounding. Modifies ``qmodel``'s weights in place and marks each learned layer
+    (``weight_rounding``, :func:`learned_layers`); returns
+    ``{layer: {"mse_nearest", "mse_adaround"}}``.
 
     Examples:
         >>> import torch
@@ -242,8 +240,8 @@ def adaround(qmodel: nn.Module, xs: Sequence[torch.Tensor],
     if not xs:
         raise UserError("AdaRound needs calibration inputs")
     x = torch.cat(list(xs)) if len(xs) > 1 else xs[0]
-    chosen = set(adaround_targets(qmodel, below_bits))
-    # a layer's seed is its index among all quant layers, whichever others are learned
+    chosen = set(adaround_targets(qmodel))
+    # a layer's seed is its index among all quant layers
     layers = [(i, n, m) for i, (n, m) in enumerate(quant_layers(qmodel)) if n in chosen]
     positions: dict[str, torch.Tensor] = {}
     targets: dict[str, torch.Tensor] = {}

@@ -1,7 +1,7 @@
 """AdaRound (hwnas.quant.adaround): learned rounding lowers each layer's output error against
 nearest rounding, stays on the quantizer's grid (the portable 7-bit one included), is
-deterministic for a seed, learns only the weights below 8 bits unless told "adaround-all" (and
-the export's manifest names the layers that got it), and refuses bad settings in one line."""
+deterministic for a seed, leaves int8 models to nearest rounding unless told "adaround-all"
+(the export's manifest names the layers that got it), and refuses bad settings in one line."""
 
 from __future__ import annotations
 
@@ -122,10 +122,10 @@ def _weights(qmodel: nn.Module) -> dict[str, torch.Tensor]:
     return {n: m.weight.detach().clone() for n, m in quant_layers(qmodel)}
 
 
-def test_adaround_learns_only_weights_below_8_bits_unless_forced():
-    """A mixed policy (W4A8, first and last layer W8A8): ``"adaround"`` learns the W4 layers
-    only, the W8 ones keep the nearest-rounding PTQ's weights; ``"adaround-all"`` learns all.
-    An int8 policy under ``"adaround"`` is the nearest-rounding PTQ, bit for bit."""
+def test_adaround_leaves_int8_models_to_nearest_rounding_unless_forced():
+    """A mixed policy (W4A8, first and last layer W8A8) under ``"adaround"``: every layer
+    learned, the W8 ones too, as under ``"adaround-all"``. An int8 policy under ``"adaround"``
+    is the nearest-rounding PTQ, bit for bit; ``"adaround-all"`` learns it."""
     model = _model()
     x = torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(1))
     mixed = first_last_8bit(uniform(model, 4, 8))
@@ -134,13 +134,10 @@ def test_adaround_learns_only_weights_below_8_bits_unless_forced():
     some = ptq(model, mixed, [x], PTQConfig(rounding="adaround", adaround_iterations=20))
     every = ptq(model, mixed, [x], PTQConfig(rounding="adaround-all", adaround_iterations=20))
     assert learned_layers(nearest) == []
-    assert learned_layers(some) == ["2", "4"]
-    assert learned_layers(every) == ["0", "2", "4", "6"]
+    assert learned_layers(some) == learned_layers(every) == ["0", "2", "4", "6"]
     w_near, w_some, w_every = _weights(nearest), _weights(some), _weights(every)
-    for name in ("0", "6"):  # W8: untouched by "adaround", learned by "adaround-all"
-        assert torch.equal(w_some[name], w_near[name]), name
-        assert not torch.equal(w_every[name], w_near[name]), name
-    for name in ("2", "4"):  # W4: learned, so stored on the grid, unlike the float weights
+    for name in ("0", "2", "4", "6"):
+        assert torch.equal(w_some[name], w_every[name]), name
         assert not torch.equal(w_some[name], w_near[name]), name
     int8 = uniform(model, 8, 8)
     plain = ptq(model, int8, [x], PTQConfig()).state_dict()
@@ -148,11 +145,14 @@ def test_adaround_learns_only_weights_below_8_bits_unless_forced():
     assert learned_layers(asked) == []
     for key, value in asked.state_dict().items():
         assert torch.equal(value, plain[key]), key
+    forced = ptq(model, int8, [x], PTQConfig(rounding="adaround-all", adaround_iterations=20))
+    assert learned_layers(forced) == ["0", "2", "4", "6"]
 
 
 def test_the_manifest_names_the_layers_that_got_adaround(qdq_net, qdq_images, tmp_path):
-    """An export with ``rounding="adaround"``: each QDQ file's ``adaround_layers`` (manifest
-    JSON and CSV) lists exactly its W4 layers; an int8 policy's file lists none."""
+    """An export with ``rounding="adaround"``: the W4A8 policy's QDQ file's
+    ``adaround_layers`` (manifest JSON and CSV) lists every layer, its W8 ones too; an int8
+    policy's file lists none."""
     from hwnas.export.model_export import ExportSettings, export_model
     from hwnas.export.records import manifest_rows
 
@@ -160,8 +160,8 @@ def test_the_manifest_names_the_layers_that_got_adaround(qdq_net, qdq_images, tm
     config = PTQConfig(rounding="adaround", adaround_iterations=5)
     settings = ExportSettings(warmup=1, rounds=1, rounding="adaround", verify_images=0)
     mixed = first_last_8bit(uniform(qdq_net, 4, 8))
-    below8 = [n for n in mixed.layer_names if mixed.bits[n][0] < 8]
-    assert below8 and len(below8) < len(mixed.layer_names)
+    layers = list(mixed.layer_names)
+    assert 0 < sum(mixed.bits[n][0] < 8 for n in layers) < len(layers)
     got = {}
     for kind, policy in (("mixed", mixed), ("int8", uniform(qdq_net, 8, 8))):
         result = export_model(qdq_net, name=kind, out_dir=tmp_path / kind, example=test[:1],
@@ -170,8 +170,8 @@ def test_the_manifest_names_the_layers_that_got_adaround(qdq_net, qdq_images, tm
         assert result.status == "ok", result.errors
         got[kind] = {r["path"]: r["adaround_layers"] for r in manifest_rows([result])}
         report = next(f for f in result.files if f.path == f"qdq/{kind}.onnx")
-        assert report.adaround_layers == (below8 if kind == "mixed" else [])
-    assert got["mixed"] == {"mixed.onnx": "", "qdq/mixed.onnx": " ".join(below8)}
+        assert report.adaround_layers == (layers if kind == "mixed" else [])
+    assert got["mixed"] == {"mixed.onnx": "", "qdq/mixed.onnx": " ".join(layers)}
     assert got["int8"] == {"int8.onnx": "", "qdq/int8.onnx": ""}
 
 
