@@ -15,8 +15,9 @@ subnets, by mean validation top-1. Records each file's PTQ CPU seconds::
         [--out benchmarks/adaround_steps.json]
 
 ``--recipe int8`` writes ``hwnas_int8`` instead (the exported int8 file: min-max, bias
-correction, portable), to see whether AdaRound helps at 8 bits; its rows are never candidates
-of the rule, which chooses the W4A8 step count. ``--resume-dir``: AdaRound in parts
+correction, portable), to see whether AdaRound helps at 8 bits (forced:
+``rounding="adaround-all"``); its rows are never candidates of the rule, which chooses the W4A8
+step count. ``--resume-dir``: AdaRound in parts
 (:mod:`adaround_resume`): learned layers are kept there and the PTQ pauses after ``--budget``
 wall seconds (exit status 3, the rows finished before it written); the same command again goes
 on where it stopped. Its PTQ CPU seconds are then those of all parts.
@@ -148,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                 onnx.save(proto, path)
                 top1 = 100 * float((peers.ort_top1(path, val_x) == val_y).mean())
                 row = {"subnet": role, "arch": space.to_string(arch), "method": method,
-                       "recipe": args.recipe, "steps": n, "val_images": int(len(val_y)),
+                       "recipe": args.recipe, "steps": n,
+                       "rounding": peers.rounding_of(method), "val_images": int(len(val_y)),
                        "calib_images": int(len(calib)), "fp32_val_top1": round(fp32, 2),
                        "val_top1": round(top1, 2), "drop": round(top1 - fp32, 2),
                        "ptq_cpu_seconds": round(cpu, 1)}

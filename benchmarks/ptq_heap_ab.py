@@ -30,12 +30,8 @@ import hashlib, json, resource, sys, time
 import torch
 sys.path.insert(0, {here!r})
 import quant_peers as peers
-from hwnas.supernet.data import load_dataset
-from hwnas.supernet.train import load_checkpoint, with_training_augment
 torch.set_num_threads(1)
-space, supernet, payload = load_checkpoint({checkpoint!r}, device="cpu")
-data = with_training_augment(load_dataset("cifar10", seed=0), payload.get("train_config"))
-arch, net, calib, normalise = peers.float_subnet({subnet!r}, supernet, space, data, 0, 512)
+data, arch, net, calib, normalise = peers.cifar10_subnet({checkpoint!r}, {subnet!r})
 r0 = resource.getrusage(resource.RUSAGE_SELF); w = time.time()
 proto = peers.hwnas_file(net, calib, "hwnas_w4a8_adaround", {steps})
 r1 = resource.getrusage(resource.RUSAGE_SELF)

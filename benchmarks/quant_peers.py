@@ -9,12 +9,14 @@ training split) are quantized by:
   saturate (:func:`hwnas.export.qdq.build_qdq`), the deployment form with requantization;
 * ``hwnas_int8_full``: the same with full-range int8 weights (the file before issue 49);
 * ``hwnas_int8_first7``: full range but the first layer at 7 bits (NNCF's overflow fix);
-* ``hwnas_int8_adaround``: ``hwnas_int8`` with AdaRound (learned rounding, see below);
+* ``hwnas_int8_adaround``: ``hwnas_int8`` with AdaRound (learned rounding, see below), forced
+  (``PTQConfig(rounding="adaround-all")``: ``"adaround"`` leaves an int8 file as nearest
+  rounding makes it, benchmarks/adaround_steps.md, Session 34);
 * ``hwnas_w4a8``: W4A8, first and last layer W8A8, MSE weights and activations (the
   ``ptq_w4a8`` recipe of ``benchmarks/quant_recipes.py``), portable;
 * ``hwnas_w4a8_adaround``: the same with AdaRound (``PTQConfig(rounding="adaround")``,
   :mod:`hwnas.quant.adaround`: learned rounding, layer by layer on the calibration images,
-  ``--adaround-iterations`` Adam steps per layer), portable;
+  ``--adaround-iterations`` Adam steps per layer, every layer, the W8 ones too), portable;
 * ``ort_minmax`` / ``ort_entropy`` / ``ort_percentile`` / ``ort_minmax_reduce_range``:
   onnxruntime ``quantize_static`` (QDQ, per channel, uint8 activations, int8 weights);
 * ``nncf_int8``: ``nncf.quantize`` with its defaults (ONNX backend), when NNCF is installed;
@@ -115,28 +117,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # -- the quantizers ---------------------------------------------------------------------------------
 
-def hwnas_file(net: torch.nn.Module, calib: torch.Tensor, method: str,
-               adaround_iterations: int = 200) -> onnx.ModelProto:
+def rounding_of(method: str) -> str:
+    """The ``PTQConfig.rounding`` of an hwnas method: AdaRound of an int8 file has to be
+    forced (``"adaround"`` learns only files with weights below 8 bits)."""
+    if "adaround" not in method:
+        return "nearest"
+    return "adaround-all" if method.startswith("hwnas_int8") else "adaround"
+
+
+def hwnas_build(net: torch.nn.Module, calib: torch.Tensor, method: str,
+                adaround_iterations: int = 200, rounding: str | None = None) -> Any:
+    """The :class:`hwnas.export.qdq.QdqBuild` of an hwnas ``method`` (its PTQ model and file);
+    ``rounding``: instead of the method's own (:func:`rounding_of`)."""
     from hwnas.export.qdq import build_qdq
     from hwnas.quant.policy import first_last_8bit, uniform
     from hwnas.quant.ptq import PTQConfig
 
     n = len(calib)
-    rounding = "adaround" if method.endswith("adaround") else "nearest"
+    rounding = rounding or rounding_of(method)
     if method.startswith("hwnas_w4a8"):
         policy = first_last_8bit(uniform(net, 4, 8))
         config = PTQConfig(act_observer="mse", weight_observer="mse", max_images=n,
                            rounding=rounding, adaround_iterations=adaround_iterations)
-        return build_qdq(net, policy, [calib], config=config).proto()
+        return build_qdq(net, policy, [calib], config=config)
     policy = uniform(net, 8, 8)
     config = PTQConfig(max_images=n, rounding=rounding, adaround_iterations=adaround_iterations)
     if method == "hwnas_int8_full":
-        return build_qdq(net, policy, [calib], config=config, portable=False).proto()
+        return build_qdq(net, policy, [calib], config=config, portable=False)
     if method == "hwnas_int8_first7":
         first = policy.layer_names[0]
         config = PTQConfig(max_images=n, int16_safe=(first,))
-        return build_qdq(net, policy, [calib], config=config, portable=False).proto()
-    return build_qdq(net, policy, [calib], config=config).proto()
+        return build_qdq(net, policy, [calib], config=config, portable=False)
+    return build_qdq(net, policy, [calib], config=config)
+
+
+def hwnas_file(net: torch.nn.Module, calib: torch.Tensor, method: str,
+               adaround_iterations: int = 200) -> onnx.ModelProto:
+    return hwnas_build(net, calib, method, adaround_iterations).proto()
 
 
 def ort_file(fp32_path: Path, calib: np.ndarray, method: str, work: Path) -> onnx.ModelProto:
@@ -337,6 +354,19 @@ def float_subnet(role: str, supernet, space, data, seed: int, calib_images: int)
     return arch, net, normalise(data.train.images[idx]), normalise
 
 
+def cifar10_subnet(checkpoint: str | Path, role: str, *, data: str = "cifar10", seed: int = 0,
+                   calib_images: int = 512) -> tuple:
+    """:func:`float_subnet` of a supernet checkpoint, the data set loaded with the checkpoint's
+    training augmentation (what a benchmark's child process needs):
+    ``(data, arch, net, calib, normalise)``."""
+    from hwnas.supernet.data import load_dataset
+    from hwnas.supernet.train import load_checkpoint, with_training_augment
+
+    space, supernet, payload = load_checkpoint(str(checkpoint), device="cpu")
+    data = with_training_augment(load_dataset(data, seed=seed), payload.get("train_config"))
+    return (data, *float_subnet(role, supernet, space, data, seed, calib_images))
+
+
 def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa,
                 paused: list[str] | None = None) -> list[dict]:
     """The rows of one subnet; a method whose AdaRound paused (``--adaround-resume``) is left
@@ -382,7 +412,7 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa,
             if method.startswith("hwnas"):
                 folder = (resume.folder_of(args.adaround_resume, role, method,
                                            args.adaround_iterations)
-                          if args.adaround_resume and method.endswith("adaround") else None)
+                          if args.adaround_resume and "adaround" in method else None)
                 try:
                     with resume.resumable(folder, args.budget) as part:
                         proto = hwnas_file(net, calib, method, args.adaround_iterations)
@@ -455,6 +485,7 @@ def subnet_rows(role: str, supernet, space, data, args, methods, runtimes, isa,
                                            if method.startswith("hwnas") and "adaround" in method
                                            else args.aimet_iterations if "adaround" in method
                                            else None),
+                   "rounding": rounding_of(method) if method.startswith("hwnas") else None,
                    "quantize_seconds": round(seconds.get(method, 0.0), 1),
                    "quantize_cpu_seconds": (round(cpu_seconds[method], 1)
                                             if method in cpu_seconds else None)}

@@ -29,8 +29,8 @@ def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
 
         hwnas export RUN_DIR [--front DEVICE] [--select all|3,7|top:K|fastest:K] [--out DIR]
                              [--devices cpu-ov-2t,...] [--int4] [--int8-full-range] [--batch N]
-                             [--rounding nearest|adaround] [--max-images N] [--refine N]
-                             [--no-requantize] [--with-preprocessing] [--workers N]
+                             [--rounding nearest|adaround|adaround-all] [--max-images N]
+                             [--refine N] [--no-requantize] [--with-preprocessing] [--workers N]
                              [--device cpu|cuda] [--quiet]
     """
     p = sub.add_parser("export", help="export a run's Pareto-optimal models to ONNX (FP32 and "
@@ -52,10 +52,13 @@ def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
                    help="int8 weights on the full [-127, 127] grid: exact only on CPUs with "
                         "VNNI/AMX or with onnxruntime's session.x64quantprecision=1 (default: "
                         "7 bits where AVX2/AVX-512 without VNNI could saturate, portable)")
-    p.add_argument("--rounding", choices=("nearest", "adaround"), default="nearest",
+    p.add_argument("--rounding", choices=("nearest", "adaround", "adaround-all"),
+                   default="nearest",
                    help="how PTQ rounds the weights: nearest (default, as the search scored "
-                        "the models) or adaround (learned rounding: about 5x PTQ's CPU time; "
-                        "keeps W4A8 files within a point of FP32 where nearest loses 1-1.3)")
+                        "the models), adaround (learned rounding of the files with weights "
+                        "below 8 bits: about 5x PTQ's CPU time; keeps W4A8 files within a point "
+                        "of FP32 where nearest loses 1-1.3; int8 files as with nearest) or "
+                        "adaround-all (int8 files too, for no measured gain)")
     p.add_argument("--batch", type=positive_int, default=1,
                    help="batch size each device's files are timed and chosen at, unless the "
                         "device's name gives one (cpu-ov-8t-b32) (default 1)")

@@ -79,9 +79,11 @@ class ExportSettings:
     #: labelled test images written to ``verify/<name>.npz`` with each file's top-1 here, for
     #: ``latency/ondevice.py --verify`` on the target (0: none)
     verify_images: int = 256
-    #: how PTQ rounds the weights: "nearest", or "adaround" (learned rounding,
-    #: :mod:`hwnas.quant.adaround`: about 5x PTQ's CPU time; what W4A8 files need to stay within
-    #: a point of FP32, benchmarks/quant_peers.md)
+    #: how PTQ rounds the weights: "nearest"; "adaround", learned rounding
+    #: (:mod:`hwnas.quant.adaround`) of the files with weights below 8 bits, all their layers
+    #: (about 5x PTQ's CPU time; what W4A8 files need to stay within a point of FP32,
+    #: benchmarks/quant_peers.md), int8 files as with "nearest"; "adaround-all", of the int8
+    #: files too (each file's ``adaround_layers`` says which layers got it)
     rounding: str = "nearest"
 
     def validate(self) -> None:
@@ -158,6 +160,9 @@ class FileReport:
     int16: dict[str, Any] = field(default_factory=dict)
     #: on which x86 CPUs the file computes what was verified: ``any`` or the ISA it needs
     isa_condition: str = ""
+    #: QDQ files: the layers whose weights' rounding was learned (AdaRound,
+    #: ``ExportSettings.rounding``); the others are rounded to nearest
+    adaround_layers: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -230,6 +235,7 @@ def manifest_rows(models: Iterable[ModelExport]) -> list[dict[str, Any]]:
                                    "accuracy": m.accuracy, **{k: v for k, v in asdict(f).items()}}
             row["float_islands"] = "; ".join(f.float_islands)
             row["float_layers_for_speed"] = " ".join(f.float_layers_for_speed)
+            row["adaround_layers"] = " ".join(f.adaround_layers)
             del row["latency_ms"]
             for d in m.devices:
                 row[f"predicted_ms:{d.device}"] = d.predicted_latency_ms

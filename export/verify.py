@@ -27,6 +27,7 @@ from hwnas.export.ort_profile import LayerIndex, integer_kernel_check
 from hwnas.export.passes import ImagePasses
 from hwnas.export.qdq.build import QdqBuild
 from hwnas.export.records import ExportSettings, FileReport
+from hwnas.quant.adaround import learned_layers
 from torch import nn
 
 from hwnas.core.errors import UserError
@@ -135,6 +136,7 @@ def verify_qdq(proto: onnx.ModelProto, build: QdqBuild, passes: ImagePasses, rep
     report.quantized_layers, report.integer_layers, report.float_islands = (
         len(quantized), sum(n in integer for n in quantized), islands)
     report.integer_products = sum(n in integer for n in products)
+    report.adaround_layers = [n for n in learned_layers(build.qmodel) if n in build.layers]
     if parity.max_abs_diff != parity.max_abs_diff:  # NaN
         raise UserError("quantized parity failed: onnxruntime produced NaN")
     if parity.top1_agreement < s.min_agreement:

@@ -23,7 +23,8 @@ from torch.nn.modules.utils import _pair
 from hwnas.core.cooperate import yield_point
 from hwnas.core.errors import UserError
 
-__all__ = ["AdaRoundConfig", "adaround", "adaround_layer", "rectified_sigmoid"]
+__all__ = ["AdaRoundConfig", "adaround", "adaround_layer", "adaround_targets", "learned_layers",
+           "rectified_sigmoid"]
 
 _ZETA, _GAMMA = 1.1, -0.1  # the rectified sigmoid's stretch (AdaRound's zeta, gamma)
 
@@ -201,13 +202,26 @@ def adaround_layer(layer: nn.Module, rows: torch.Tensor, target: torch.Tensor,
     return {"mse_nearest": before, "mse_adaround": mse(wq(layer.weight.detach()))}
 
 
+def adaround_targets(qmodel: nn.Module) -> list[str]:
+    """The quant layers of ``qmodel`` that :func:`adaround` learns, in module order: those with
+    quantized weights, except convolutions whose padding is not zeros given as numbers."""
+    return [n for n, m in quant_layers(qmodel) if not m.weight_quant.is_float and _supported(m)]
+
+
+def learned_layers(qmodel: nn.Module) -> list[str]:
+    """The quant layers of ``qmodel`` whose weights' rounding :func:`adaround` learned."""
+    return [n for n, m in quant_layers(qmodel) if m.weight_rounding == "adaround"]
+
+
 def adaround(qmodel: nn.Module, xs: Sequence[torch.Tensor],
              config: AdaRoundConfig | None = None) -> dict[str, dict[str, float]]:
     """AdaRound every quant layer of a calibrated fake-quant model (activation ranges and
-    weight scales set, see :func:`hwnas.quant.ptq.calibrate`), in module order, on the
-    calibration inputs ``xs`` (run as one batch). Layers with float weights, and convolutions
-    whose padding is not zeros given as numbers, keep nearest rounding. Modifies ``qmodel``'s weights in
-    place; returns ``{layer: {"mse_nearest", "mse_adaround"}}``.
+    weight scales set, see :func:`hwnas.quant.ptq.calibrate`) that :func:`adaround_targets`
+    names, in module order, on the calibration inputs ``xs`` (run as one batch); layers with
+    float weights, and convolutions whose padding is not zeros given as numbers, keep nearest
+    rounding. Modifies ``qmodel``'s weights in place and marks each learned layer
+    (``weight_rounding``, :func:`learned_layers`); returns
+    ``{layer: {"mse_nearest", "mse_adaround"}}``.
 
     Examples:
         >>> import torch
@@ -226,8 +240,9 @@ def adaround(qmodel: nn.Module, xs: Sequence[torch.Tensor],
     if not xs:
         raise UserError("AdaRound needs calibration inputs")
     x = torch.cat(list(xs)) if len(xs) > 1 else xs[0]
-    layers = [(i, n, m) for i, (n, m) in enumerate(quant_layers(qmodel))
-              if not m.weight_quant.is_float and _supported(m)]
+    chosen = set(adaround_targets(qmodel))
+    # a layer's seed is its index among all quant layers
+    layers = [(i, n, m) for i, (n, m) in enumerate(quant_layers(qmodel)) if n in chosen]
     positions: dict[str, torch.Tensor] = {}
     targets: dict[str, torch.Tensor] = {}
 
@@ -255,6 +270,7 @@ def adaround(qmodel: nn.Module, xs: Sequence[torch.Tensor],
                 rows = _input_rows(module, module.input_quant(inputs[0].detach()),
                                    positions[name])
             report[name] = adaround_layer(module, rows, targets.pop(name), config)
+            module.weight_rounding = "adaround"
         return hook
 
     was_training = qmodel.training

@@ -246,6 +246,11 @@ class _FakeQuantLayer:
     bias copied in (a zero bias where it had none), the weight and input fake quantizers, and
     their bit widths."""
 
+    #: how the weights were put on their grid: "nearest" (the fake quantizer's own rounding)
+    #: or "adaround" (learned, set by :func:`hwnas.quant.adaround.adaround`); what an export
+    #: records per file
+    weight_rounding: str = "nearest"
+
     def _take_float(self, layer: nn.Module, w_bits: int, a_bits: int, channels: int,
                     numel_per_sample: int) -> None:
         with torch.no_grad():

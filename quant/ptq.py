@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+from hwnas.quant.adaround import AdaRoundConfig, adaround, adaround_targets
 from hwnas.quant.fake_quant import (
     QUANT_LAYER_TYPES,
     FakeQuantize,
@@ -53,6 +54,7 @@ __all__ = [
     "calibration_batches",
     "insert_shared_add_quant",
     "int16_safe_layers",
+    "learns_rounding",
     "policy_of",
     "ptq",
     "quantize_model",
@@ -60,7 +62,12 @@ __all__ = [
 ]
 
 RESIDUAL_MODES = ("float", "shared")
-ROUNDINGS = ("nearest", "adaround")
+#: how PTQ rounds the weights (:attr:`PTQConfig.rounding`)
+ROUNDINGS = ("nearest", "adaround", "adaround-all")
+#: ``rounding="adaround"`` learns the rounding of a model with weights narrower than this (of
+#: all its layers) and leaves the others, int8 ones, to nearest rounding: at 8 bits it bought
+#: no accuracy for 7-9x the PTQ CPU time (benchmarks/adaround_steps.md, Sessions 33-34)
+ADAROUND_BELOW_BITS = 8
 
 
 @dataclass
@@ -94,7 +101,10 @@ class PTQConfig:
     #: weights on a grid no x86 integer kernel can saturate (:func:`int16_safe_layers`):
     #: True for every layer that needs it, a tuple of layer names for those only
     int16_safe: bool | tuple[str, ...] = False
-    #: "nearest" or "adaround" (learned rounding, :mod:`hwnas.quant.adaround`)
+    #: "nearest"; "adaround": learned rounding (:mod:`hwnas.quant.adaround`) of every
+    #: quantized layer of a model with weights below 8 bits (:data:`ADAROUND_BELOW_BITS`; its
+    #: 8-bit layers too: they make up for the narrower ones' error), none of an int8 one;
+    #: "adaround-all": of an int8 model too
     rounding: str = "nearest"
     #: AdaRound's Adam steps per layer
     adaround_iterations: int = 200
@@ -396,9 +406,7 @@ def calibrate(qmodel: nn.Module, batches: Iterable, config: PTQConfig | None = N
         q.set_qparams(scale, zp)
         q.numel_per_sample = obs.numel_per_sample
     set_quantizers_enabled(qmodel, True)
-    if config.rounding == "adaround":
-        from hwnas.quant.adaround import AdaRoundConfig, adaround
-
+    if learns_rounding(qmodel, config.rounding):
         if config.bias_correction and float_means is None:
             float_means = _float_means(qmodel, xs)  # of the weights before they are rounded
         adaround(qmodel, xs, AdaRoundConfig(iterations=config.adaround_iterations,
@@ -407,6 +415,17 @@ def calibrate(qmodel: nn.Module, batches: Iterable, config: PTQConfig | None = N
         bias_correct(qmodel, xs, float_means=float_means)
     qmodel.train(was_training)
     return qmodel
+
+
+def learns_rounding(qmodel: nn.Module, rounding: str) -> bool:
+    """Whether PTQ with ``rounding`` (:attr:`PTQConfig.rounding`) learns ``qmodel``'s rounding:
+    "adaround-all" when it has a layer AdaRound can learn, "adaround" only when it also has
+    weights below :data:`ADAROUND_BELOW_BITS` bits."""
+    if rounding == "nearest" or not adaround_targets(qmodel):
+        return False
+    return rounding == "adaround-all" or any(
+        not m.weight_quant.is_float and m.w_bits < ADAROUND_BELOW_BITS
+        for _, m in quant_layers(qmodel))
 
 
 def _channel_axis(module: nn.Module, out: torch.Tensor) -> int:
@@ -504,9 +523,11 @@ def ptq(model: nn.Module, policy: QuantPolicy, batches: Iterable, config: PTQCon
        forward pass over all calibration images as one batch (see :func:`bias_correct`), so keep
        ``max_images`` at a few hundred for large inputs.
 
-    With ``rounding="adaround"`` the weights' rounding is learned between steps 2 and 3
-    (:mod:`hwnas.quant.adaround`, layer by layer on the calibration images; what W4A8 needs);
-    bias correction then compares with the float network's original weights.
+    With ``rounding="adaround"`` and a policy with weights below 8 bits, the weights' rounding
+    is learned between steps 2 and 3 (:mod:`hwnas.quant.adaround`, layer by layer on the
+    calibration images; what W4A8 needs); bias correction then compares with the float
+    network's original weights. An int8 policy is then exactly the nearest-rounding PTQ, at its
+    cost; ``"adaround-all"`` learns its rounding too (:func:`learns_rounding`).
 
     Runs in :func:`hwnas.core.heap.retained_heap`: AdaRound's per-step tensors and the passes'
     activations reuse freed memory instead of fresh pages (middle CIFAR-10 subnet, W4A8

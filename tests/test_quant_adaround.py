@@ -1,6 +1,7 @@
 """AdaRound (hwnas.quant.adaround): learned rounding lowers each layer's output error against
 nearest rounding, stays on the quantizer's grid (the portable 7-bit one included), is
-deterministic for a seed, and refuses bad settings in one line."""
+deterministic for a seed, leaves int8 models to nearest rounding unless told "adaround-all"
+(the export's manifest names the layers that got it), and refuses bad settings in one line."""
 
 from __future__ import annotations
 
@@ -10,10 +11,17 @@ import pytest
 import torch
 from hwnas.export.qdq import build_qdq
 from hwnas.export.qdq.int16 import int16_report
-from hwnas.quant.adaround import AdaRoundConfig, _input_rows, _output_rows, _rows_forward, adaround
+from hwnas.quant.adaround import (
+    AdaRoundConfig,
+    _input_rows,
+    _output_rows,
+    _rows_forward,
+    adaround,
+    learned_layers,
+)
 from hwnas.quant.fake_quant import quant_layers
-from hwnas.quant.policy import uniform
-from hwnas.quant.ptq import PTQConfig, ptq
+from hwnas.quant.policy import first_last_8bit, uniform
+from hwnas.quant.ptq import ROUNDINGS, PTQConfig, ptq
 from torch import nn
 
 from hwnas.core.errors import UserError
@@ -96,17 +104,83 @@ def test_adaround_is_deterministic_for_a_seed():
 
 
 def test_adaround_in_a_portable_qdq_export():
-    """``PTQConfig(rounding="adaround")`` through the QDQ export: W8A8 layers keep the 7-bit
-    grid (no 16-bit pair sum can saturate) and the file holds the learned integers."""
+    """``PTQConfig(rounding="adaround-all")`` through the QDQ export: W8A8 layers learned keep
+    the 7-bit grid (no 16-bit pair sum can saturate) and the file holds the learned integers."""
     model = _model()
     x = torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(1))
-    config = PTQConfig(rounding="adaround", adaround_iterations=30)
+    config = PTQConfig(rounding="adaround-all", adaround_iterations=30)
     built = build_qdq(model, uniform(model, 8, 8), [x], config=config)
+    assert learned_layers(built.qmodel) == ["0", "2", "4", "6"]
     proto = built.proto()
     assert int16_report(proto)["int16_safe"]
     ints = [np.abs(onnx.numpy_helper.to_array(i)).max() for i in proto.graph.initializer
             if i.data_type == onnx.TensorProto.INT8]
     assert ints and max(ints) <= 63
+
+
+def _weights(qmodel: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: m.weight.detach().clone() for n, m in quant_layers(qmodel)}
+
+
+def test_adaround_leaves_int8_models_to_nearest_rounding_unless_forced():
+    """A mixed policy (W4A8, first and last layer W8A8) under ``"adaround"``: every layer
+    learned, the W8 ones too, as under ``"adaround-all"``. An int8 policy under ``"adaround"``
+    is the nearest-rounding PTQ, bit for bit; ``"adaround-all"`` learns it."""
+    model = _model()
+    x = torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    mixed = first_last_8bit(uniform(model, 4, 8))
+    assert [mixed.bits[n][0] for n in ("0", "2", "4", "6")] == [8, 4, 4, 8]
+    nearest = ptq(model, mixed, [x], PTQConfig())
+    some = ptq(model, mixed, [x], PTQConfig(rounding="adaround", adaround_iterations=20))
+    every = ptq(model, mixed, [x], PTQConfig(rounding="adaround-all", adaround_iterations=20))
+    assert learned_layers(nearest) == []
+    assert learned_layers(some) == learned_layers(every) == ["0", "2", "4", "6"]
+    w_near, w_some, w_every = _weights(nearest), _weights(some), _weights(every)
+    for name in ("0", "2", "4", "6"):
+        assert torch.equal(w_some[name], w_every[name]), name
+        assert not torch.equal(w_some[name], w_near[name]), name
+    int8 = uniform(model, 8, 8)
+    plain = ptq(model, int8, [x], PTQConfig()).state_dict()
+    asked = ptq(model, int8, [x], PTQConfig(rounding="adaround", adaround_iterations=20))
+    assert learned_layers(asked) == []
+    for key, value in asked.state_dict().items():
+        assert torch.equal(value, plain[key]), key
+    forced = ptq(model, int8, [x], PTQConfig(rounding="adaround-all", adaround_iterations=20))
+    assert learned_layers(forced) == ["0", "2", "4", "6"]
+
+
+def test_the_manifest_names_the_layers_that_got_adaround(qdq_net, qdq_images, tmp_path):
+    """An export with ``rounding="adaround"``: the W4A8 policy's QDQ file's
+    ``adaround_layers`` (manifest JSON and CSV) lists every layer, its W8 ones too; an int8
+    policy's file lists none."""
+    from hwnas.export.model_export import ExportSettings, export_model
+    from hwnas.export.records import manifest_rows
+
+    calib, test = qdq_images
+    config = PTQConfig(rounding="adaround", adaround_iterations=5)
+    settings = ExportSettings(warmup=1, rounds=1, rounding="adaround", verify_images=0)
+    mixed = first_last_8bit(uniform(qdq_net, 4, 8))
+    layers = list(mixed.layer_names)
+    assert 0 < sum(mixed.bits[n][0] < 8 for n in layers) < len(layers)
+    got = {}
+    for kind, policy in (("mixed", mixed), ("int8", uniform(qdq_net, 8, 8))):
+        result = export_model(qdq_net, name=kind, out_dir=tmp_path / kind, example=test[:1],
+                              test_images=test, policy=policy, calibration=[calib],
+                              ptq_config=config, settings=settings)
+        assert result.status == "ok", result.errors
+        got[kind] = {r["path"]: r["adaround_layers"] for r in manifest_rows([result])}
+        report = next(f for f in result.files if f.path == f"qdq/{kind}.onnx")
+        assert report.adaround_layers == (layers if kind == "mixed" else [])
+    assert got["mixed"] == {"mixed.onnx": "", "qdq/mixed.onnx": " ".join(layers)}
+    assert got["int8"] == {"int8.onnx": "", "qdq/int8.onnx": ""}
+
+
+def test_every_rounding_is_a_cli_choice() -> None:
+    from hwnas.cli import _subparsers, build_parser
+
+    export = _subparsers(build_parser())["export"]
+    flag = next(a for a in export._actions if a.dest == "rounding")
+    assert tuple(flag.choices) == ROUNDINGS
 
 
 @pytest.mark.parametrize("kwargs", [{"rounding": "stochastic"}, {"adaround_iterations": 0}])
@@ -121,5 +195,6 @@ def test_export_setting_rounding_is_checked() -> None:
     from hwnas.export.model_export import ExportSettings
 
     ExportSettings(rounding="adaround").validate()
+    ExportSettings(rounding="adaround-all").validate()
     with pytest.raises(UserError, match="rounding 'learned'"):
         ExportSettings(rounding="learned").validate()
