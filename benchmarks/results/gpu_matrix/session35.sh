@@ -75,9 +75,13 @@ PY
     --only run/vit/cifar10/bits export/vit run/mbv3/cifar10/bits run/cct/cifar10/bits
   ;;
 4)
-  ( OMP_NUM_THREADS=8 timeout $(( S / 2 )) python3 benchmarks/quant_peers.py --data /tmp/keep/cifar10-jpeg.npz \
-      --subnets middle,largest --methods fp32,hwnas_int8,hwnas_w4a8,ort_minmax,ort_minmax_reduce_range \
-      --runtimes ort,ort_u8u8 --timing-rounds 3 --out /tmp/res/quant_peers_xeon.json ) > /tmp/res/quant_peers_xeon.log 2>&1
+  # one subnet per command, merged into one JSON (quant_peers writes at the end of a command)
+  for sub in middle largest; do
+    [ "$(left)" -lt 240 ] && break
+    ( OMP_NUM_THREADS=8 timeout $(( $(left) - 200 )) python3 benchmarks/quant_peers.py --data /tmp/keep/cifar10-jpeg.npz \
+        --subnets $sub --methods fp32,hwnas_int8,hwnas_w4a8,ort_minmax,ort_minmax_reduce_range \
+        --runtimes ort,ort_u8u8 --timing-rounds 3 --merge --out /tmp/res/quant_peers_xeon.json ) >> /tmp/res/quant_peers_xeon.log 2>&1
+  done
   grep -a "subnet=" /tmp/res/quant_peers_xeon.log | cut -c1-300
   matrix $(( $(left) - 170 )) --rerun-failed
   ;;
