@@ -17,6 +17,7 @@ import contextlib
 import copy
 import time
 from collections.abc import Callable, Hashable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -90,51 +91,67 @@ class ImagePasses:
 
     def onnx(self, path: str, data: bytes) -> np.ndarray:
         """The file's logits on every image (one onnxruntime pass); UserError when it fails."""
-        if path in self.files:
-            return self.files[path]
-        runner = make_runner(data, runtime="onnxruntime", threads=1)
-        name = runner.get_inputs()[0].name
-        out = []
-        for i in range(0, len(self.np), self.batch_size):
-            yield_point()  # a timing another worker waits for may run between chunks
-            chunk = self.np[i:i + self.batch_size]
-            try:
-                out.append(np.asarray(runner.run({name: chunk})[0]))
-            except Exception as exc:  # onnxruntime raises several unrelated types
-                raise UserError(f"onnxruntime failed on inputs of shape {list(chunk.shape)}: "
-                                f"{first_line(exc)}") from exc
-        self.sessions[("onnxruntime", path, 1, "f32")] = runner
-        self.files[path] = np.concatenate(out)
+        if path not in self.files:
+            self._onnx_pass(path, data, None)
         return self.files[path]
 
     def torch(self, key: Hashable, model: nn.Module) -> np.ndarray:
         """``model``'s logits on every image, computed the first time ``key`` is asked for."""
         if key not in self.logits:
-            if self.device.type != "cpu":
-                try:
-                    with no_tf32():
-                        self.logits[key] = self._run(copy.deepcopy(model).to(self.device))
-                    return self.logits[key]
-                except (RuntimeError, NotImplementedError) as exc:
-                    self.notes.append(f"PyTorch reference {key!r} ran on the CPU: "
-                                      f"{first_line(exc)}")
-            self.logits[key] = self._run(model)
+            run = _TorchPass(self, key, model)
+            while run.done < len(self.x):
+                yield_point()  # a timing another worker waits for may run between chunks
+                run.advance_to(run.done + run.step)
+            self.logits[key] = run.result()
         return self.logits[key]
 
-    def _run(self, model: nn.Module) -> np.ndarray:
-        device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        step = self.cpu_batch_size if device.type == "cpu" else self.batch_size
-        was_training = model.training
-        model.eval()
-        try:
-            out = []
-            with torch.no_grad():
-                for i in range(0, len(self.x), step):
-                    yield_point()  # a timing another worker waits for may run between chunks
-                    out.append(model(self.x[i:i + step].to(device)).float().cpu())
-            return torch.cat(out).numpy()
-        finally:
-            model.train(was_training)
+    def together(self, path: str, data: bytes, key: Hashable, model: nn.Module
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """The file's onnxruntime pass (:meth:`onnx`) and ``model``'s PyTorch pass
+        (:meth:`torch`) side by side: onnxruntime on a second thread, in step with PyTorch
+        chunk by chunk (both release the GIL while they compute). Each computes the same
+        chunks as alone, so the logits are the same bit for bit; the two threads join before
+        every yield point, so a worker that pauses there for another's timing leaves nothing
+        running. One pass that was made before: the other runs alone. Returns both logits."""
+        if path not in self.files and key not in self.logits:
+            run = _TorchPass(self, key, model)
+            self._onnx_pass(path, data, run)
+            self.logits[key] = run.result()
+        return self.onnx(path, data), self.torch(key, model)
+
+    def _onnx_pass(self, path: str, data: bytes, beside: _TorchPass | None) -> None:
+        """One onnxruntime pass of the file, chunk by chunk; with ``beside``, each chunk on a
+        second thread while ``beside`` advances over the same images on this one."""
+        runner = make_runner(data, runtime="onnxruntime", threads=1)
+        name = runner.get_inputs()[0].name
+
+        def run(chunk: np.ndarray) -> np.ndarray:
+            try:
+                return np.asarray(runner.run({name: chunk})[0])
+            except Exception as exc:  # onnxruntime raises several unrelated types
+                raise UserError(f"onnxruntime failed on inputs of shape {list(chunk.shape)}: "
+                                f"{first_line(exc)}") from exc
+        out = []
+        with contextlib.ExitStack() as stack:
+            pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="hwnas-ort")
+                                       ) if beside is not None else None
+            for i in range(0, len(self.np), self.batch_size):
+                yield_point()  # a timing another worker waits for may run between chunks
+                chunk = self.np[i:i + self.batch_size]
+                if pool is None:
+                    out.append(run(chunk))
+                    continue
+                future = pool.submit(run, chunk)
+                failed: BaseException | None = None
+                try:
+                    beside.advance_to(i + len(chunk))
+                except BaseException as exc:  # noqa: BLE001 - re-raised once the chunk is joined
+                    failed = exc
+                out.append(future.result())  # the file's own failure first, as when alone
+                if failed is not None:
+                    raise failed
+        self.sessions[("onnxruntime", path, 1, "f32")] = runner
+        self.files[path] = np.concatenate(out)
 
     def accuracy(self, logits: np.ndarray) -> float | None:
         """Top-1 accuracy (%) of ``logits`` against the labels (None without labels)."""
@@ -154,3 +171,63 @@ class ImagePasses:
             agreement = float((got.argmax(1) == references[f.reference].argmax(1)).mean())
             cache[("onnxruntime", f.path, "f32")] = (agreement, self.accuracy(got))
         return cache
+
+
+class _TorchPass:
+    """One PyTorch model's pass over the images of an :class:`ImagePasses`, advanced chunk by
+    chunk (``advance_to``) so that it can run in step with an onnxruntime pass. Chunks of
+    ``cpu_batch_size`` images on the CPU, ``batch_size`` on a GPU, always from image 0, so the
+    logits do not depend on how the pass was advanced. On ``passes.device`` (a copy, TF32 off)
+    when that is not the CPU; a model that cannot run there runs on the CPU from the start,
+    with a note."""
+
+    def __init__(self, passes: ImagePasses, key: Hashable, model: nn.Module) -> None:
+        self.passes, self.key, self.model = passes, key, model
+        self.out: list[torch.Tensor] = []
+        self.done = 0
+        self.target = model
+        if passes.device.type != "cpu":
+            try:
+                self.target = copy.deepcopy(model).to(passes.device)
+            except (RuntimeError, NotImplementedError) as exc:
+                self._to_cpu(exc)
+
+    @property
+    def device(self) -> torch.device:
+        return next((p.device for p in self.target.parameters()), torch.device("cpu"))
+
+    @property
+    def step(self) -> int:
+        cpu = self.device.type == "cpu"
+        return self.passes.cpu_batch_size if cpu else self.passes.batch_size
+
+    def _to_cpu(self, exc: BaseException) -> None:
+        self.passes.notes.append(f"PyTorch reference {self.key!r} ran on the CPU: "
+                                 f"{first_line(exc)}")
+        self.target, self.out, self.done = self.model, [], 0
+
+    def advance_to(self, stop: int) -> None:
+        """Compute whole chunks until at least ``stop`` images are done."""
+        while self.done < min(stop, len(self.passes.x)):
+            try:
+                self._chunk()
+            except (RuntimeError, NotImplementedError) as exc:
+                if self.device.type == "cpu":
+                    raise
+                self._to_cpu(exc)
+
+    def _chunk(self) -> None:
+        model, device = self.target, self.device
+        x = self.passes.x[self.done:self.done + self.step].to(device)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), (no_tf32() if device.type != "cpu" else contextlib.nullcontext()):
+                self.out.append(model(x).float().cpu())
+        finally:
+            model.train(was_training)
+        self.done += len(x)
+
+    def result(self) -> np.ndarray:
+        self.advance_to(len(self.passes.x))
+        return torch.cat(self.out).numpy()

@@ -122,6 +122,79 @@ def test_image_passes_run_each_file_and_model_once() -> None:
     assert ("onnxruntime", "m.onnx", 1, "f32") in passes.sessions  # reused for the timing
 
 
+class _SlowRunner:
+    """An onnxruntime runner that says when a chunk is in flight and on which thread."""
+
+    def __init__(self, runner: Runner, log: dict) -> None:
+        self.runner, self.log = runner, log
+
+    def get_inputs(self):  # noqa: ANN201
+        return self.runner.get_inputs()
+
+    def run(self, feed: dict) -> list:
+        self.log["threads"].add(threading.get_ident())
+        self.log["in_flight"] = True
+        try:
+            time.sleep(0.02)
+            return self.runner.run(None, feed)
+        finally:
+            self.log["in_flight"] = False
+
+
+def test_together_overlaps_onnxruntime_with_pytorch_and_joins_at_yield_points(monkeypatch) -> None:
+    from hwnas.core import cooperate
+    from hwnas.export import passes as passes_mod
+    from hwnas.latency.onnx_measure import make_session
+
+    torch.manual_seed(0)
+    model = _Counting().eval()
+    x = torch.randn(300, 4)
+    data = onnx_bytes(model, x[:1])
+    alone = ImagePasses(x, batch_size=128, cpu_batch_size=32)
+    want_file, want_torch = alone.onnx("m.onnx", data), alone.torch("float", model)
+    log: dict = {"threads": set(), "in_flight": False, "seen": [], "yields": []}
+    monkeypatch.setattr(passes_mod, "make_runner",
+                        lambda blob, **kw: _SlowRunner(make_session(blob, threads=1), log))
+    forward = model.forward
+
+    def watched(t: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.005)
+        log["seen"].append(log["in_flight"])
+        return forward(t)
+    model.forward = watched
+    both = ImagePasses(x, batch_size=128, cpu_batch_size=32)
+    with cooperate.installed(lambda: log["yields"].append(log["in_flight"])):
+        got_file, got_torch = both.together("m.onnx", data, "float", model)
+    assert np.array_equal(got_file, want_file) and np.array_equal(got_torch, want_torch)
+    assert threading.get_ident() not in log["threads"]  # onnxruntime ran beside, not here
+    assert any(log["seen"])  # PyTorch computed while an onnxruntime chunk was in flight
+    assert log["yields"] and not any(log["yields"])  # nothing runs at a yield point
+    assert both.together("m.onnx", b"", "float", model)[0] is got_file  # kept, not rerun
+    assert ("onnxruntime", "m.onnx", 1, "f32") in both.sessions
+
+
+def test_together_reports_a_failing_file_once_its_chunk_is_joined() -> None:
+    torch.manual_seed(0)
+    model = _Counting().eval()
+    x = torch.randn(40, 4)
+    data = onnx_bytes(torch.nn.Linear(5, 3), torch.randn(1, 5))  # wants 5 features: it fails
+    passes = ImagePasses(x)
+    with pytest.raises(UserError, match="onnxruntime failed on inputs of shape"):
+        passes.together("m.onnx", data, "float", model)
+    assert "m.onnx" not in passes.files
+    assert not [t for t in threading.enumerate() if t.name.startswith("hwnas-ort")]
+
+
+def test_reference_that_cannot_run_on_the_device_runs_on_the_cpu() -> None:
+    torch.manual_seed(0)
+    model = _Counting().eval()
+    x = torch.randn(50, 4)
+    on_meta = ImagePasses(x, device="meta")  # runs there, but its logits cannot be read back
+    got = on_meta.torch("float", model)
+    assert np.array_equal(got, ImagePasses(x).torch("float", model))
+    assert len(on_meta.notes) == 1 and "'float' ran on the CPU" in on_meta.notes[0]
+
+
 def test_parity_of_reports_nan_and_refuses_other_shapes() -> None:
     a = np.zeros((4, 3), np.float32)
     b = a.copy()
