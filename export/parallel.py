@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +39,7 @@ class TimingGate:
         self.active = ctx.RawValue("i", 0)  # workers computing; guarded by cond
         self.waiting = ctx.RawValue("i", 0)  # timings waiting for the machine
         self.timing = ctx.RawValue("i", 0)  # 1 while a timing runs
+        self.held = ctx.RawValue("d", 0.0)  # seconds timings have held the machine, in all
         self._local = threading.local()  # per worker (process, or thread in tests): computing?
 
     def __getstate__(self) -> dict[str, Any]:
@@ -83,11 +85,13 @@ class TimingGate:
             self.cond.wait_for(lambda: not self.timing.value and self.active.value == 0)
             self.waiting.value -= 1
             self.timing.value = 1
+        start = time.perf_counter()
         try:
             yield
         finally:
             with self.cond:
                 self.timing.value = 0
+                self.held.value += time.perf_counter() - start
                 self.cond.notify_all()
             self.enter()
 

@@ -290,6 +290,7 @@ def test_timing_gate_never_overlaps_a_timing_with_work() -> None:
         t.join(timeout=30)
     assert not any(t.is_alive() for t in threads)
     assert state["overlaps"] == 0
+    assert 8 * 0.002 <= gate.held.value < 5.0  # the 8 timings' seconds, reported as alone
 
 
 def _figures(result) -> dict:  # noqa: ANN001
@@ -304,7 +305,7 @@ def test_parallel_export_writes_what_the_sequential_one_writes(small_run: Path,
     import json
     from dataclasses import replace
 
-    from hwnas.export.run_export import export_run
+    from hwnas.export.run_export import export_run, stage_summary
 
     kw = {"select": "top:2", "progress": False, "report": lambda line: None,
           "max_test_images": 200}
@@ -318,6 +319,15 @@ def test_parallel_export_writes_what_the_sequential_one_writes(small_run: Path,
     assert manifest["workers"] == 2
     stages = manifest["models"][0]["info"]["stage_seconds"]
     assert {"recalibrate", "fp32"} <= set(stages)
+    # where the export's seconds went: nothing was timed (no measurable device)
+    assert set(one.stages) == {"prepare", "models", "timings_alone", "finish"}
+    assert set(two.stages) == set(one.stages) | {"workers_ready"}
+    assert one.stages["timings_alone"] == two.stages["timings_alone"] == 0.0
+    assert 0 < two.stages["workers_ready"] < two.stages["models"] < two.seconds
+    assert manifest["export_stages_s"]["models"] == pytest.approx(two.stages["models"])
+    lines = stage_summary(two).splitlines()
+    assert lines[0].startswith("export stages (s): prepare ") and "workers ready after" in lines[0]
+    assert lines[1].startswith("model stages summed over 2 model(s) (s): ") and "fp32" in lines[1]
     assert sorted(str(p.relative_to(tmp_path / "one")) for p in (tmp_path / "one").rglob("*.onnx")) \
         == sorted(str(p.relative_to(tmp_path / "two")) for p in (tmp_path / "two").rglob("*.onnx"))
 
