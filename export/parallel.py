@@ -40,6 +40,7 @@ class TimingGate:
         self.waiting = ctx.RawValue("i", 0)  # timings waiting for the machine
         self.timing = ctx.RawValue("i", 0)  # 1 while a timing runs
         self.held = ctx.RawValue("d", 0.0)  # seconds timings have held the machine, in all
+        self.waited = ctx.RawValue("d", 0.0)  # seconds timings waited for it, in all
         self._local = threading.local()  # per worker (process, or thread in tests): computing?
 
     def __getstate__(self) -> dict[str, Any]:
@@ -80,12 +81,14 @@ class TimingGate:
     def exclusive(self) -> Iterator[None]:
         """Run the body with no other worker computing or timing (the caller computes)."""
         self.leave()
+        asked = time.perf_counter()
         with self.cond:
             self.waiting.value += 1
             self.cond.wait_for(lambda: not self.timing.value and self.active.value == 0)
             self.waiting.value -= 1
             self.timing.value = 1
-        start = time.perf_counter()
+            start = time.perf_counter()
+            self.waited.value += start - asked
         try:
             yield
         finally:

@@ -63,6 +63,7 @@ class RunExport:
     #: wall seconds of the export's parts (:func:`stage_summary`): ``prepare`` (supernet, data,
     #: batches), ``workers_ready`` (parallel: spawn to the last worker ready), ``models``,
     #: ``timings_alone`` (within ``models``: the paired timings, during which nothing else ran),
+    #: ``timings_waited`` (parallel: what the timings waited for the machine, in all),
     #: ``finish`` (speed-up tables, the directory moved into place)
     stages: dict[str, float] = field(default_factory=dict)
 
@@ -83,8 +84,9 @@ def stage_summary(result: RunExport) -> str:
     parts = [f"prepare {st.get('prepare', 0.0):.1f}"]
     if "workers_ready" in st:
         parts.append(f"workers ready after {st['workers_ready']:.1f}")
+    waited = (f", waited for {st['timings_waited']:.1f}" if "timings_waited" in st else "")
     parts.append(f"models {st.get('models', 0.0):.1f} (timings alone "
-                 f"{st.get('timings_alone', 0.0):.1f})")
+                 f"{st.get('timings_alone', 0.0):.1f}{waited})")
     parts.append(f"finish {st.get('finish', 0.0):.1f}")
     sums: dict[str, float] = {}
     for m in result.models:
@@ -502,8 +504,9 @@ def _export_parallel(run_dir: Path, context: _Context, rows: list[ModelRow], sta
     fork), each given the batches ``context`` drew and loading the supernet once, while every
     timing runs alone (:mod:`hwnas.export.parallel`); results reach ``done`` in the order of
     ``rows`` (the order of the fronts). Returns ``workers_ready`` (seconds from the pool's
-    start to the last worker that reported ready) and ``timings_alone`` (seconds the gate gave
-    the machine to timings)."""
+    start to the last worker that reported ready), ``timings_alone`` (seconds the gate gave
+    the machine to timings) and ``timings_waited`` (seconds timings waited for the other
+    workers to reach a yield point, in all)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -525,7 +528,8 @@ def _export_parallel(run_dir: Path, context: _Context, rows: list[ModelRow], sta
             for future in futures:
                 future.cancel()
             raise
-    return {"workers_ready": ready, "timings_alone": gate.held.value}
+    return {"workers_ready": ready, "timings_alone": gate.held.value,
+            "timings_waited": gate.waited.value}
 
 
 #: what writes an export directory, in its record of written files (:mod:`hwnas.core.written`)

@@ -291,6 +291,7 @@ def test_timing_gate_never_overlaps_a_timing_with_work() -> None:
     assert not any(t.is_alive() for t in threads)
     assert state["overlaps"] == 0
     assert 8 * 0.002 <= gate.held.value < 5.0  # the 8 timings' seconds, reported as alone
+    assert 0.0 <= gate.waited.value < 5.0
 
 
 def _figures(result) -> dict:  # noqa: ANN001
@@ -321,7 +322,7 @@ def test_parallel_export_writes_what_the_sequential_one_writes(small_run: Path,
     assert {"recalibrate", "fp32"} <= set(stages)
     # where the export's seconds went: nothing was timed (no measurable device)
     assert set(one.stages) == {"prepare", "models", "timings_alone", "finish"}
-    assert set(two.stages) == set(one.stages) | {"workers_ready"}
+    assert set(two.stages) == set(one.stages) | {"workers_ready", "timings_waited"}
     assert one.stages["timings_alone"] == two.stages["timings_alone"] == 0.0
     assert 0 < two.stages["workers_ready"] < two.stages["models"] < two.seconds
     assert manifest["export_stages_s"]["models"] == pytest.approx(two.stages["models"])

@@ -1,0 +1,141 @@
+"""The export's verification passes, one after the other against side by side
+(:meth:`hwnas.export.passes.ImagePasses.together`), on the models of a run directory
+(benchmarks/export_speed.md, Session 34)::
+
+    OMP_NUM_THREADS=1 HWNAS_SHARED_DATA=... python benchmarks/export_passes.py RUN_DIR \\
+        --select 3,5 --rounds 3 [--json out.json]
+
+For each selected model it builds what the export verifies (the recalibrated float network and
+its FP32 file; for a quantized row also PTQ and the ``qdq/`` file with its exact reference,
+the fake-quant model with int32 biases) and times, in alternating order per round, the pairs
+of passes the export makes over the test images (1000 by default): the file with onnxruntime
+(one thread) and the PyTorch model it is compared with, first one after the other
+(``ImagePasses.onnx`` then ``.torch``, as before), then side by side. Every round checks that
+both ways give the same logits bit for bit. Prints a table of medians (wall and this
+process's CPU seconds) and writes JSON (``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def pairs_of(run_dir: Path, select: str, max_images: int) -> tuple[list, object, object]:
+    """``[(model name, [(label, file bytes, key, context), ...])]``, the test images and labels: the
+    (file, reference) pairs the export verifies for each selected model; ``context()`` gives
+    the model to run (the exact reference of a QDQ file exists only inside its context)."""
+    import contextlib
+    import copy
+    import json as _json
+
+    import torch
+    from hwnas.export.model_export import ExportSettings
+    from hwnas.export.qdq.build import build_qdq, float_proto
+    from hwnas.export.run_export import _load_run, _prepare, _selected_rows
+    from hwnas.quant.policy import QuantPolicy
+    from hwnas.supernet.evaluate import recalibrated_subnet
+
+    cfg = _load_run(run_dir)
+    rows = _selected_rows(run_dir, None, select)
+    s = ExportSettings()
+    ctx = _prepare(run_dir, cfg, s, rows, {}, max_images)
+    out = []
+    for row in rows:
+        arch = ctx.space.from_string(row.arch)
+        torch.manual_seed(ctx.seed)
+        net = recalibrated_subnet(ctx.supernet, arch, ctx.data, calib_batches=ctx.calib_batches,
+                                  seed=ctx.seed, batches=ctx.bn_batches).cpu().eval()
+        fp32 = float_proto(net, ctx.test_images[:1], opset=s.opset).SerializeToString()
+        pairs = [("fp32 file + float model", fp32, "float", lambda net=net: contextlib.nullcontext(net))]
+        if row.policy:
+            policy = QuantPolicy.from_dict(_json.loads(row.policy))
+            build = build_qdq(copy.deepcopy(net), policy, ctx.ptq_batches, config=ctx.ptq_config,
+                              example=ctx.test_images[:1], opset=s.opset, portable=s.portable)
+            qdq = build.proto(requantize=False).SerializeToString()
+            pairs.append(("qdq file + exact reference", qdq, "deployed",
+                          lambda build=build: build.reference(requantize=False)))
+        out.append((row.name, pairs))
+    return out, ctx.test_images, ctx.test_labels
+
+
+def time_pair(images, labels, data: bytes, key: str, context, together: bool  # noqa: ANN001
+              ) -> tuple[float, float, np.ndarray, np.ndarray]:
+    """Wall and CPU seconds of one (file, model) pair of passes on fresh ImagePasses."""
+    from hwnas.export.passes import ImagePasses
+
+    passes = ImagePasses(images, labels)
+    with context() as model:
+        wall, cpu = time.perf_counter(), _cpu()
+        if together:
+            got, want = passes.together("f.onnx", data, key, model)
+        else:
+            got, want = passes.onnx("f.onnx", data), passes.torch(key, model)
+        return time.perf_counter() - wall, _cpu() - cpu, got, want
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--select", default="all")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-images", type=int, default=1000)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    import torch
+
+    models, images, labels = pairs_of(args.run_dir, args.select, args.max_images)
+    rows = []
+    for name, pairs in models:
+        for label, data, key, context in pairs:
+            runs: dict[str, list] = {"alone": [], "together": []}
+            for r in range(args.rounds):
+                order = ("alone", "together") if r % 2 == 0 else ("together", "alone")
+                logits = {}
+                for mode in order:
+                    wall, cpu, got, want = time_pair(images, labels, data, key, context,
+                                                     mode == "together")
+                    runs[mode].append((wall, cpu))
+                    logits[mode] = (got, want)
+                same = all(np.array_equal(a, b) for a, b in zip(logits["alone"], logits["together"]))
+                if not same:
+                    print(f"{name} {label}: logits differ between the two ways", file=sys.stderr)
+                    return 1
+                print(f"{name} {label} round {r + 1}: alone {runs['alone'][-1][0]:.2f} s, "
+                      f"together {runs['together'][-1][0]:.2f} s", flush=True)
+            row = {"model": name, "pair": label, "images": len(images), "bit_identical": True}
+            for mode, got in runs.items():
+                row[f"{mode}_wall_s"] = [round(w, 3) for w, _ in got]
+                row[f"{mode}_cpu_s"] = [round(c, 3) for _, c in got]
+                row[f"{mode}_wall_median_s"] = round(statistics.median(w for w, _ in got), 3)
+                row[f"{mode}_cpu_median_s"] = round(statistics.median(c for _, c in got), 3)
+            rows.append(row)
+    head = f"{'model':<11} {'pair':<28} {'alone s':>8} {'together s':>10} {'change':>7}  CPU s alone / together"
+    print(head + "\n" + "-" * len(head))
+    for r in rows:
+        a, t = r["alone_wall_median_s"], r["together_wall_median_s"]
+        print(f"{r['model']:<11} {r['pair']:<28} {a:>8.2f} {t:>10.2f} {100 * (t / a - 1):>6.0f}%  "
+              f"{r['alone_cpu_median_s']:.2f} / {r['together_cpu_median_s']:.2f}")
+    if args.json:
+        doc = {"command": "python benchmarks/export_passes.py " + " ".join(argv or sys.argv[1:]),
+               "torch_threads": torch.get_num_threads(), "cores": os.cpu_count(),
+               "load_average": [round(x, 2) for x in os.getloadavg()],
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
