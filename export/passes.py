@@ -5,7 +5,10 @@ searched fake-quant model, the float model) and each device's recommendation ver
 candidate again. :class:`ImagePasses` runs each ONNX file once with onnxruntime (one thread) and
 each PyTorch model once, keeps the logits, and lets every comparison read them; the sessions it
 made are reused for the onnxruntime timing at one thread. The PyTorch references may run on a
-GPU (``device``) with TF32 off, so that they stay within the FP32 parity tolerance.
+GPU (``device``) with TF32 off, so that they stay within the FP32 parity tolerance. A file's
+pass runs beside the PyTorch pass it is compared with (``together``), and with PyTorch on a
+GPU over two one-thread sessions: the two cores a parallel export gives each worker
+(:func:`hwnas.export.parallel.auto_workers`), the same logits bit for bit.
 
 :class:`StageClock` adds up the seconds an export spends per stage (for the manifest and
 ``benchmarks/export_speed.py``).
@@ -17,7 +20,7 @@ import contextlib
 import copy
 import time
 from collections.abc import Callable, Hashable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -67,13 +70,15 @@ class ImagePasses:
     """The logits of each ONNX file and PyTorch model on ``images``, computed once.
 
     ``onnx(path, data)``: onnxruntime at one thread (the session is kept in ``sessions`` under
-    :func:`hwnas.export.recommend.verify_candidates`'s key); ``torch(key, model)``: the model in
-    eval mode under ``no_grad`` on ``device`` (falls back to the CPU, with a note, when the
-    model cannot run there). A key names one model: callers use distinct keys for distinct
-    models (``"float"``, ``"searched"``, ``("deployed", path)``)."""
+    :func:`hwnas.export.recommend.verify_candidates`'s key; ``onnx_sessions`` such sessions
+    share the pass); ``torch(key, model)``: the model in eval mode under ``no_grad`` on
+    ``device`` (falls back to the CPU, with a note, when the model cannot run there);
+    ``together(path, data, key, model)``: both side by side. A key names one model: callers use
+    distinct keys for distinct models (``"float"``, ``"searched"``, ``("deployed", path)``)."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor | None = None, *,
-                 device: str = "cpu", batch_size: int = 256, cpu_batch_size: int = 64) -> None:
+                 device: str = "cpu", batch_size: int = 256, cpu_batch_size: int = 64,
+                 onnx_sessions: int | None = None) -> None:
         self.x = images.detach().to("cpu", torch.float32)
         self.np = self.x.numpy()
         self.labels = None if labels is None else labels.detach().cpu().numpy()
@@ -84,6 +89,12 @@ class ImagePasses:
         #: (a third of the CPU time as system time); 64 images stay cheap and, on the
         #: CIFAR-10 models measured, give the same logits bit for bit
         self.cpu_batch_size = int(cpu_batch_size)
+        #: one-thread onnxruntime sessions of a file that share its pass, chunk by chunk
+        #: (default: 1 beside PyTorch passes on the CPU, 2 when PyTorch runs on a GPU and
+        #: leaves its thread's core to onnxruntime): each chunk computed as one session alone
+        #: computes it, so the logits are the same bit for bit
+        self.onnx_sessions = max(1, int(onnx_sessions if onnx_sessions is not None
+                                        else 1 if self.device.type == "cpu" else 2))
         self.logits: dict[Hashable, np.ndarray] = {}
         self.files: dict[str, np.ndarray] = {}
         self.sessions: dict[tuple, Runner] = {}
@@ -120,37 +131,45 @@ class ImagePasses:
         return self.onnx(path, data), self.torch(key, model)
 
     def _onnx_pass(self, path: str, data: bytes, beside: _TorchPass | None) -> None:
-        """One onnxruntime pass of the file, chunk by chunk; with ``beside``, each chunk on a
-        second thread while ``beside`` advances over the same images on this one."""
-        runner = make_runner(data, runtime="onnxruntime", threads=1)
-        name = runner.get_inputs()[0].name
+        """One onnxruntime pass of the file in chunks of ``batch_size`` images. With several
+        ``onnx_sessions`` or a PyTorch pass ``beside``, each step's chunks run on threads
+        (one chunk per session) while ``beside`` advances over the same images on this one;
+        everything joins before the next yield point."""
+        runners = [make_runner(data, runtime="onnxruntime", threads=1)
+                   for _ in range(self.onnx_sessions)]
+        name = runners[0].get_inputs()[0].name
 
-        def run(chunk: np.ndarray) -> np.ndarray:
+        def run(runner: Runner, chunk: np.ndarray) -> np.ndarray:
             try:
                 return np.asarray(runner.run({name: chunk})[0])
             except Exception as exc:  # onnxruntime raises several unrelated types
                 raise UserError(f"onnxruntime failed on inputs of shape {list(chunk.shape)}: "
                                 f"{first_line(exc)}") from exc
         out = []
+        step = self.batch_size * len(runners)
+        threaded = beside is not None or len(runners) > 1
         with contextlib.ExitStack() as stack:
-            pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="hwnas-ort")
-                                       ) if beside is not None else None
-            for i in range(0, len(self.np), self.batch_size):
-                yield_point()  # a timing another worker waits for may run between chunks
-                chunk = self.np[i:i + self.batch_size]
+            pool = stack.enter_context(ThreadPoolExecutor(
+                len(runners), thread_name_prefix="hwnas-ort")) if threaded else None
+            for i in range(0, len(self.np), step):
+                yield_point()  # a timing another worker waits for may run between steps
+                chunks = [self.np[j:j + self.batch_size]
+                          for j in range(i, min(i + step, len(self.np)), self.batch_size)]
                 if pool is None:
-                    out.append(run(chunk))
+                    out.append(run(runners[0], chunks[0]))
                     continue
-                future = pool.submit(run, chunk)
+                futures = [pool.submit(run, r, c) for r, c in zip(runners, chunks)]
                 failed: BaseException | None = None
                 try:
-                    beside.advance_to(i + len(chunk))
-                except BaseException as exc:  # noqa: BLE001 - re-raised once the chunk is joined
+                    if beside is not None:
+                        beside.advance_to(i + sum(len(c) for c in chunks))
+                except BaseException as exc:  # noqa: BLE001 - re-raised once the chunks are joined
                     failed = exc
-                out.append(future.result())  # the file's own failure first, as when alone
+                wait(futures)
+                out.extend(f.result() for f in futures)  # the file's own failure first
                 if failed is not None:
                     raise failed
-        self.sessions[("onnxruntime", path, 1, "f32")] = runner
+        self.sessions[("onnxruntime", path, 1, "f32")] = runners[0]
         self.files[path] = np.concatenate(out)
 
     def accuracy(self, logits: np.ndarray) -> float | None:

@@ -171,6 +171,11 @@ def test_together_overlaps_onnxruntime_with_pytorch_and_joins_at_yield_points(mo
     assert log["yields"] and not any(log["yields"])  # nothing runs at a yield point
     assert both.together("m.onnx", b"", "float", model)[0] is got_file  # kept, not rerun
     assert ("onnxruntime", "m.onnx", 1, "f32") in both.sessions
+    # two sessions share the file's pass (PyTorch on a GPU leaves its core): the same logits
+    log["threads"].clear()
+    split = ImagePasses(x, batch_size=64, onnx_sessions=2)
+    assert np.array_equal(split.onnx("m.onnx", data), want_file) and len(log["threads"]) == 2
+    assert ImagePasses(x).onnx_sessions == 1 and ImagePasses(x, device="meta").onnx_sessions == 2
 
 
 def test_together_reports_a_failing_file_once_its_chunk_is_joined() -> None:
