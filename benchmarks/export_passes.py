@@ -9,10 +9,13 @@ For each selected model it builds what the export verifies (the recalibrated flo
 its FP32 file; for a quantized row also PTQ and the ``qdq/`` file with its exact reference,
 the fake-quant model with int32 biases) and times, in alternating order per round, the pairs
 of passes the export makes over the test images (1000 by default): the file with onnxruntime
-(one thread) and the PyTorch model it is compared with, first one after the other
-(``ImagePasses.onnx`` then ``.torch``, as before), then side by side. Every round checks that
-both ways give the same logits bit for bit. Prints a table of medians (wall and this
-process's CPU seconds) and writes JSON (``--json``).
+(one thread) and the PyTorch model it is compared with, one after the other
+(``ImagePasses.onnx`` then ``.torch``, as before) against side by side (``together``); then
+the file's pass alone over one session against two (``onnx_sessions=2``, what a worker does
+when its PyTorch passes run on a GPU). Every round checks that both ways give the same logits
+bit for bit. Prints a table of medians (wall and this process's CPU seconds; for the passes
+one after the other, the CPU seconds of each: on a free second core, side by side takes the
+larger of the two) and writes JSON (``--json``).
 """
 
 from __future__ import annotations
@@ -71,19 +74,25 @@ def pairs_of(run_dir: Path, select: str, max_images: int) -> tuple[list, object,
     return out, ctx.test_images, ctx.test_labels
 
 
-def time_pair(images, labels, data: bytes, key: str, context, together: bool  # noqa: ANN001
-              ) -> tuple[float, float, np.ndarray, np.ndarray]:
-    """Wall and CPU seconds of one (file, model) pair of passes on fresh ImagePasses."""
+def time_pair(images, labels, data: bytes, key: str, context, mode: str  # noqa: ANN001
+              ) -> tuple[float, float, float, np.ndarray, np.ndarray]:
+    """Wall and CPU seconds of one (file, model) pair of passes on fresh ImagePasses, and the
+    CPU seconds of the onnxruntime pass alone (``alone``: the two one after the other;
+    ``together``: side by side; ``onnx x2``: the file's pass alone over two sessions, as with
+    PyTorch on a GPU, against ``onnx x1``)."""
     from hwnas.export.passes import ImagePasses
 
-    passes = ImagePasses(images, labels)
+    passes = ImagePasses(images, labels, onnx_sessions=2 if mode == "onnx x2" else 1)
     with context() as model:
         wall, cpu = time.perf_counter(), _cpu()
-        if together:
+        if mode == "together":
             got, want = passes.together("f.onnx", data, key, model)
+            ort_cpu = float("nan")
         else:
-            got, want = passes.onnx("f.onnx", data), passes.torch(key, model)
-        return time.perf_counter() - wall, _cpu() - cpu, got, want
+            got = passes.onnx("f.onnx", data)
+            ort_cpu = _cpu() - cpu
+            want = passes.torch(key, model) if mode == "alone" else got
+        return time.perf_counter() - wall, _cpu() - cpu, ort_cpu, got, want
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,34 +109,44 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, pairs in models:
         for label, data, key, context in pairs:
-            runs: dict[str, list] = {"alone": [], "together": []}
-            for r in range(args.rounds):
-                order = ("alone", "together") if r % 2 == 0 else ("together", "alone")
-                logits = {}
-                for mode in order:
-                    wall, cpu, got, want = time_pair(images, labels, data, key, context,
-                                                     mode == "together")
-                    runs[mode].append((wall, cpu))
-                    logits[mode] = (got, want)
-                same = all(np.array_equal(a, b) for a, b in zip(logits["alone"], logits["together"]))
-                if not same:
-                    print(f"{name} {label}: logits differ between the two ways", file=sys.stderr)
-                    return 1
-                print(f"{name} {label} round {r + 1}: alone {runs['alone'][-1][0]:.2f} s, "
-                      f"together {runs['together'][-1][0]:.2f} s", flush=True)
-            row = {"model": name, "pair": label, "images": len(images), "bit_identical": True}
-            for mode, got in runs.items():
-                row[f"{mode}_wall_s"] = [round(w, 3) for w, _ in got]
-                row[f"{mode}_cpu_s"] = [round(c, 3) for _, c in got]
-                row[f"{mode}_wall_median_s"] = round(statistics.median(w for w, _ in got), 3)
-                row[f"{mode}_cpu_median_s"] = round(statistics.median(c for _, c in got), 3)
-            rows.append(row)
-    head = f"{'model':<11} {'pair':<28} {'alone s':>8} {'together s':>10} {'change':>7}  CPU s alone / together"
+            for modes in (("alone", "together"), ("onnx x1", "onnx x2")):
+                runs: dict[str, list] = {m: [] for m in modes}
+                for r in range(args.rounds):
+                    logits = {}
+                    for mode in modes if r % 2 == 0 else modes[::-1]:
+                        wall, cpu, ort_cpu, got, want = time_pair(images, labels, data, key,
+                                                                  context, mode)
+                        runs[mode].append((wall, cpu, ort_cpu))
+                        logits[mode] = (got, want)
+                    a, b = modes
+                    if not all(np.array_equal(x, y) for x, y in zip(logits[a], logits[b])):
+                        print(f"{name} {label}: logits differ ({a} / {b})", file=sys.stderr)
+                        return 1
+                    print(f"{name} {label} round {r + 1}: {a} {runs[a][-1][0]:.2f} s, "
+                          f"{b} {runs[b][-1][0]:.2f} s", flush=True)
+                row = {"model": name, "pair": label, "modes": list(modes), "images": len(images),
+                       "bit_identical": True}
+                for mode, got in runs.items():
+                    row[mode] = {"wall_s": [round(w, 3) for w, _, _ in got],
+                                 "cpu_s": [round(c, 3) for _, c, _ in got],
+                                 "wall_median_s": round(statistics.median(w for w, _, _ in got), 3),
+                                 "cpu_median_s": round(statistics.median(c for _, c, _ in got), 3)}
+                    if mode == "alone":  # the two passes' CPU seconds: what a free core overlaps
+                        ort = statistics.median(o for _, _, o in got)
+                        row[mode]["onnx_cpu_median_s"] = round(ort, 3)
+                        row[mode]["torch_cpu_median_s"] = round(row[mode]["cpu_median_s"] - ort, 3)
+                rows.append(row)
+    head = (f"{'model':<11} {'pair':<28} {'mode a / b':<20} {'a s':>7} {'b s':>7} {'change':>7}"
+            f"  CPU s a / b")
     print(head + "\n" + "-" * len(head))
     for r in rows:
-        a, t = r["alone_wall_median_s"], r["together_wall_median_s"]
-        print(f"{r['model']:<11} {r['pair']:<28} {a:>8.2f} {t:>10.2f} {100 * (t / a - 1):>6.0f}%  "
-              f"{r['alone_cpu_median_s']:.2f} / {r['together_cpu_median_s']:.2f}")
+        a, b = (r[m] for m in r["modes"])
+        wa, wb = a["wall_median_s"], b["wall_median_s"]
+        print(f"{r['model']:<11} {r['pair']:<28} {' / '.join(r['modes']):<20} {wa:>7.2f} "
+              f"{wb:>7.2f} {100 * (wb / wa - 1):>6.0f}%  {a['cpu_median_s']:.2f} / "
+              f"{b['cpu_median_s']:.2f}"
+              + (f" (onnxruntime {a['onnx_cpu_median_s']:.2f}, PyTorch "
+                 f"{a['torch_cpu_median_s']:.2f})" if "onnx_cpu_median_s" in a else ""))
     if args.json:
         doc = {"command": "python benchmarks/export_passes.py " + " ".join(argv or sys.argv[1:]),
                "torch_threads": torch.get_num_threads(), "cores": os.cpu_count(),
