@@ -82,7 +82,8 @@ def time_pair(images, labels, data: bytes, key: str, context, mode: str  # noqa:
     PyTorch on a GPU, against ``onnx x1``)."""
     from hwnas.export.passes import ImagePasses
 
-    passes = ImagePasses(images, labels, onnx_sessions=2 if mode == "onnx x2" else 1)
+    passes = ImagePasses(images, labels, onnx_sessions=2 if mode == "onnx x2" else 1,
+                         side_by_side=mode == "together")
     with context() as model:
         wall, cpu = time.perf_counter(), _cpu()
         if mode == "together":

@@ -24,9 +24,11 @@ from hwnas.latency.onnx_measure import prime_openvino
 
 from hwnas.core import affinity, cooperate
 
-__all__ = ["TimingGate", "auto_workers", "checkpoint", "install_gate", "timing_slot"]
+__all__ = ["TimingGate", "auto_workers", "checkpoint", "install_gate", "timing_slot",
+           "worker_cores"]
 
 _GATE: TimingGate | None = None
+_CORES: int | None = None
 
 
 class TimingGate:
@@ -108,12 +110,19 @@ class TimingGate:
             self.leave()
 
 
-def install_gate(gate: TimingGate | None) -> None:
+def install_gate(gate: TimingGate | None, cores: int | None = None) -> None:
     """Make ``gate`` this process's gate (a worker's initializer calls it); its pause becomes
-    what every yield point of the process calls."""
-    global _GATE
-    _GATE = gate
+    what every yield point of the process calls. ``cores``: the worker's share of the machine
+    (:func:`worker_cores`)."""
+    global _GATE, _CORES
+    _GATE, _CORES = gate, cores
     cooperate.install(None if gate is None else gate.pause_if_wanted)
+
+
+def worker_cores() -> int | None:
+    """The cores this worker process may use: the machine's, shared among the export's workers
+    (:func:`auto_workers` gives each two); None outside a parallel export."""
+    return _CORES
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ import torch
 from hwnas.latency.onnx_measure import Runner, make_runner
 from torch import nn
 
+from hwnas.core.affinity import free_cores
 from hwnas.core.cooperate import yield_point
 from hwnas.core.errors import UserError
 from hwnas.core.io import first_line
@@ -78,7 +79,8 @@ class ImagePasses:
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor | None = None, *,
                  device: str = "cpu", batch_size: int = 256, cpu_batch_size: int = 64,
-                 onnx_sessions: int | None = None) -> None:
+                 cores: int | None = None, onnx_sessions: int | None = None,
+                 side_by_side: bool | None = None) -> None:
         self.x = images.detach().to("cpu", torch.float32)
         self.np = self.x.numpy()
         self.labels = None if labels is None else labels.detach().cpu().numpy()
@@ -89,12 +91,19 @@ class ImagePasses:
         #: (a third of the CPU time as system time); 64 images stay cheap and, on the
         #: CIFAR-10 models measured, give the same logits bit for bit
         self.cpu_batch_size = int(cpu_batch_size)
-        #: one-thread onnxruntime sessions of a file that share its pass, chunk by chunk
-        #: (default: 1 beside PyTorch passes on the CPU, 2 when PyTorch runs on a GPU and
-        #: leaves its thread's core to onnxruntime): each chunk computed as one session alone
-        #: computes it, so the logits are the same bit for bit
+        # the cores the passes may use: a parallel export's share per worker, else those
+        # other work leaves free now (on a busy machine a second thread only competes)
+        cores = max(1, int(cores if cores is not None else free_cores()))
+        gpu = self.device.type != "cpu"
+        #: whether a file's pass runs beside the PyTorch pass it is compared with
+        #: (:meth:`together`): with PyTorch on a GPU, or where a core is left beside its threads
+        self.side_by_side = bool(side_by_side if side_by_side is not None
+                                 else gpu or torch.get_num_threads() < cores)
+        #: one-thread onnxruntime sessions of a file that share its pass, chunk by chunk (2 when
+        #: PyTorch runs on a GPU and leaves its thread's core free, else 1): each chunk is
+        #: computed as one session alone computes it, so the logits are the same bit for bit
         self.onnx_sessions = max(1, int(onnx_sessions if onnx_sessions is not None
-                                        else 1 if self.device.type == "cpu" else 2))
+                                        else 2 if gpu and cores >= 2 else 1))
         self.logits: dict[Hashable, np.ndarray] = {}
         self.files: dict[str, np.ndarray] = {}
         self.sessions: dict[tuple, Runner] = {}
@@ -123,8 +132,9 @@ class ImagePasses:
         chunk by chunk (both release the GIL while they compute). Each computes the same
         chunks as alone, so the logits are the same bit for bit; the two threads join before
         every yield point, so a worker that pauses there for another's timing leaves nothing
-        running. One pass that was made before: the other runs alone. Returns both logits."""
-        if path not in self.files and key not in self.logits:
+        running. One pass that was made before, or no core for a second thread
+        (``side_by_side``): one after the other. Returns both logits."""
+        if self.side_by_side and path not in self.files and key not in self.logits:
             run = _TorchPass(self, key, model)
             self._onnx_pass(path, data, run)
             self.logits[key] = run.result()

@@ -465,7 +465,8 @@ def _export_row(ctx: _Context, row: ModelRow, staging: Path, index: int, total: 
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(gate: Any, run_dir: Path, shared: _Context, started: float) -> None:
+def _init_worker(gate: Any, run_dir: Path, shared: _Context, started: float,
+                 cores: int) -> None:
     import dataclasses
 
     import torch
@@ -474,7 +475,7 @@ def _init_worker(gate: Any, run_dir: Path, shared: _Context, started: float) -> 
 
     torch.set_num_threads(1)
     retain_freed_memory()  # the worker only exports: freed activations stay for reuse
-    install_gate(gate)
+    install_gate(gate, cores)
     _WORKER["gate"] = gate
     device = shared.settings.device
     try:
@@ -516,7 +517,8 @@ def _export_parallel(run_dir: Path, context: _Context, rows: list[ModelRow], sta
     gate = TimingGate(ctx)
     ready = 0.0
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(gate, run_dir, _for_worker(context), time.time())) as pool:
+                             initargs=(gate, run_dir, _for_worker(context), time.time(),
+                                       max(1, (os.cpu_count() or 1) // workers))) as pool:
         futures = [pool.submit(_worker_row, row, staging, i, len(rows), progress)
                    for i, row in enumerate(rows)]
         try:

@@ -162,7 +162,7 @@ def test_together_overlaps_onnxruntime_with_pytorch_and_joins_at_yield_points(mo
         log["seen"].append(log["in_flight"])
         return forward(t)
     model.forward = watched
-    both = ImagePasses(x, batch_size=128, cpu_batch_size=32)
+    both = ImagePasses(x, batch_size=128, cpu_batch_size=32, side_by_side=True)
     with cooperate.installed(lambda: log["yields"].append(log["in_flight"])):
         got_file, got_torch = both.together("m.onnx", data, "float", model)
     assert np.array_equal(got_file, want_file) and np.array_equal(got_torch, want_torch)
@@ -175,7 +175,18 @@ def test_together_overlaps_onnxruntime_with_pytorch_and_joins_at_yield_points(mo
     log["threads"].clear()
     split = ImagePasses(x, batch_size=64, onnx_sessions=2)
     assert np.array_equal(split.onnx("m.onnx", data), want_file) and len(log["threads"]) == 2
-    assert ImagePasses(x).onnx_sessions == 1 and ImagePasses(x, device="meta").onnx_sessions == 2
+    # a second thread only where a core is left for it
+    threads = torch.get_num_threads()
+    assert ImagePasses(x, cores=threads + 1).side_by_side
+    assert not ImagePasses(x, cores=threads).side_by_side
+    assert ImagePasses(x, cores=1, device="meta").side_by_side  # PyTorch on a GPU: its core
+    assert ImagePasses(x, cores=2).onnx_sessions == 1
+    assert ImagePasses(x, cores=2, device="meta").onnx_sessions == 2
+    assert ImagePasses(x, cores=1, device="meta").onnx_sessions == 1
+    log["threads"].clear()
+    one_core = ImagePasses(x, batch_size=128, cores=threads)
+    got = one_core.together("m.onnx", data, "float", model)
+    assert np.array_equal(got[0], want_file) and log["threads"] == {threading.get_ident()}
 
 
 def test_together_reports_a_failing_file_once_its_chunk_is_joined() -> None:
@@ -183,7 +194,7 @@ def test_together_reports_a_failing_file_once_its_chunk_is_joined() -> None:
     model = _Counting().eval()
     x = torch.randn(40, 4)
     data = onnx_bytes(torch.nn.Linear(5, 3), torch.randn(1, 5))  # wants 5 features: it fails
-    passes = ImagePasses(x)
+    passes = ImagePasses(x, side_by_side=True)
     with pytest.raises(UserError, match="onnxruntime failed on inputs of shape"):
         passes.together("m.onnx", data, "float", model)
     assert "m.onnx" not in passes.files
