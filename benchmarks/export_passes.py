@@ -12,10 +12,11 @@ of passes the export makes over the test images (1000 by default): the file with
 (one thread) and the PyTorch model it is compared with, one after the other
 (``ImagePasses.onnx`` then ``.torch``, as before) against side by side (``together``); then
 the file's pass alone over one session against two (``onnx_sessions=2``, what a worker does
-when its PyTorch passes run on a GPU). Every round checks that both ways give the same logits
-bit for bit. Prints a table of medians (wall and this process's CPU seconds; for the passes
-one after the other, the CPU seconds of each: on a free second core, side by side takes the
-larger of the two) and writes JSON (``--json``).
+when its PyTorch passes run on a GPU); then in chunks of 256 images against 64 (the longest
+gap between two yield points is what a timing of another worker waits at most). Every round
+checks that both ways give the same logits bit for bit. Prints a table of medians (wall and
+this process's CPU seconds; for the passes one after the other, the CPU seconds of each: on
+a free second core, side by side takes the larger of the two) and writes JSON (``--json``).
 """
 
 from __future__ import annotations
@@ -74,26 +75,42 @@ def pairs_of(run_dir: Path, select: str, max_images: int) -> tuple[list, object,
     return out, ctx.test_images, ctx.test_labels
 
 
+#: what each mode runs: ImagePasses settings, and whether the PyTorch pass runs too
+MODES = {
+    "alone": ({"side_by_side": False, "onnx_batch_size": 256}, True),  # as before
+    "together": ({"side_by_side": True, "onnx_batch_size": 256}, True),
+    "onnx x1": ({"onnx_sessions": 1}, False),
+    "onnx x2": ({"onnx_sessions": 2}, False),
+    "chunks 256": ({"onnx_batch_size": 256}, False),
+    "chunks 64": ({"onnx_batch_size": 64}, False),
+}
+PAIRS = (("alone", "together"), ("onnx x1", "onnx x2"), ("chunks 256", "chunks 64"))
+
+
 def time_pair(images, labels, data: bytes, key: str, context, mode: str  # noqa: ANN001
-              ) -> tuple[float, float, float, np.ndarray, np.ndarray]:
-    """Wall and CPU seconds of one (file, model) pair of passes on fresh ImagePasses, and the
-    CPU seconds of the onnxruntime pass alone (``alone``: the two one after the other;
-    ``together``: side by side; ``onnx x2``: the file's pass alone over two sessions, as with
-    PyTorch on a GPU, against ``onnx x1``)."""
+              ) -> dict:
+    """One mode (:data:`MODES`) on fresh ImagePasses: wall and CPU seconds, the CPU seconds of
+    the onnxruntime pass, the longest gap between two yield points (what a timing of another
+    worker waits at most) and the logits."""
+    from hwnas.core import cooperate
     from hwnas.export.passes import ImagePasses
 
-    passes = ImagePasses(images, labels, onnx_sessions=2 if mode == "onnx x2" else 1,
-                         side_by_side=mode == "together")
-    with context() as model:
+    kwargs, with_torch = MODES[mode]
+    passes = ImagePasses(images, labels, **kwargs)
+    marks: list[float] = []
+    with context() as model, cooperate.installed(lambda: marks.append(time.perf_counter())):
         wall, cpu = time.perf_counter(), _cpu()
+        ort_cpu = float("nan")
         if mode == "together":
             got, want = passes.together("f.onnx", data, key, model)
-            ort_cpu = float("nan")
         else:
             got = passes.onnx("f.onnx", data)
             ort_cpu = _cpu() - cpu
-            want = passes.torch(key, model) if mode == "alone" else got
-        return time.perf_counter() - wall, _cpu() - cpu, ort_cpu, got, want
+            want = passes.torch(key, model) if with_torch else got
+        end = time.perf_counter()
+    gaps = np.diff([*marks, end])  # from the first yield point: the sessions are made before
+    return {"wall": end - wall, "cpu": _cpu() - cpu, "ort_cpu": ort_cpu,
+            "max_gap": float(gaps.max()), "logits": (got, want)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,41 +127,44 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, pairs in models:
         for label, data, key, context in pairs:
-            for modes in (("alone", "together"), ("onnx x1", "onnx x2")):
+            for modes in PAIRS:
                 runs: dict[str, list] = {m: [] for m in modes}
                 for r in range(args.rounds):
                     logits = {}
                     for mode in modes if r % 2 == 0 else modes[::-1]:
-                        wall, cpu, ort_cpu, got, want = time_pair(images, labels, data, key,
-                                                                  context, mode)
-                        runs[mode].append((wall, cpu, ort_cpu))
-                        logits[mode] = (got, want)
+                        got = time_pair(images, labels, data, key, context, mode)
+                        logits[mode] = got.pop("logits")
+                        runs[mode].append(got)
                     a, b = modes
                     if not all(np.array_equal(x, y) for x, y in zip(logits[a], logits[b])):
                         print(f"{name} {label}: logits differ ({a} / {b})", file=sys.stderr)
                         return 1
-                    print(f"{name} {label} round {r + 1}: {a} {runs[a][-1][0]:.2f} s, "
-                          f"{b} {runs[b][-1][0]:.2f} s", flush=True)
+                    print(f"{name} {label} round {r + 1}: {a} {runs[a][-1]['wall']:.2f} s, "
+                          f"{b} {runs[b][-1]['wall']:.2f} s", flush=True)
                 row = {"model": name, "pair": label, "modes": list(modes), "images": len(images),
                        "bit_identical": True}
                 for mode, got in runs.items():
-                    row[mode] = {"wall_s": [round(w, 3) for w, _, _ in got],
-                                 "cpu_s": [round(c, 3) for _, c, _ in got],
-                                 "wall_median_s": round(statistics.median(w for w, _, _ in got), 3),
-                                 "cpu_median_s": round(statistics.median(c for _, c, _ in got), 3)}
+                    med = {k: round(statistics.median(g[k] for g in got), 3)
+                           for k in ("wall", "cpu", "max_gap")}
+                    row[mode] = {"wall_s": [round(g["wall"], 3) for g in got],
+                                 "cpu_s": [round(g["cpu"], 3) for g in got],
+                                 "max_yield_gap_s": [round(g["max_gap"], 3) for g in got],
+                                 "wall_median_s": med["wall"], "cpu_median_s": med["cpu"],
+                                 "max_yield_gap_median_s": med["max_gap"]}
                     if mode == "alone":  # the two passes' CPU seconds: what a free core overlaps
-                        ort = statistics.median(o for _, _, o in got)
+                        ort = statistics.median(g["ort_cpu"] for g in got)
                         row[mode]["onnx_cpu_median_s"] = round(ort, 3)
-                        row[mode]["torch_cpu_median_s"] = round(row[mode]["cpu_median_s"] - ort, 3)
+                        row[mode]["torch_cpu_median_s"] = round(med["cpu"] - ort, 3)
                 rows.append(row)
-    head = (f"{'model':<11} {'pair':<28} {'mode a / b':<20} {'a s':>7} {'b s':>7} {'change':>7}"
-            f"  CPU s a / b")
+    head = (f"{'model':<11} {'pair':<28} {'mode a / b':<24} {'a s':>7} {'b s':>7} {'change':>7}"
+            f"  longest gap a / b s   CPU s a / b")
     print(head + "\n" + "-" * len(head))
     for r in rows:
         a, b = (r[m] for m in r["modes"])
         wa, wb = a["wall_median_s"], b["wall_median_s"]
-        print(f"{r['model']:<11} {r['pair']:<28} {' / '.join(r['modes']):<20} {wa:>7.2f} "
-              f"{wb:>7.2f} {100 * (wb / wa - 1):>6.0f}%  {a['cpu_median_s']:.2f} / "
+        print(f"{r['model']:<11} {r['pair']:<28} {' / '.join(r['modes']):<24} {wa:>7.2f} "
+              f"{wb:>7.2f} {100 * (wb / wa - 1):>6.0f}%  {a['max_yield_gap_median_s']:>8.2f} / "
+              f"{b['max_yield_gap_median_s']:<8.2f}   {a['cpu_median_s']:.2f} / "
               f"{b['cpu_median_s']:.2f}"
               + (f" (onnxruntime {a['onnx_cpu_median_s']:.2f}, PyTorch "
                  f"{a['torch_cpu_median_s']:.2f})" if "onnx_cpu_median_s" in a else ""))

@@ -79,7 +79,7 @@ class ImagePasses:
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor | None = None, *,
                  device: str = "cpu", batch_size: int = 256, cpu_batch_size: int = 64,
-                 cores: int | None = None, onnx_sessions: int | None = None,
+                 onnx_batch_size: int = 64, cores: int | None = None, onnx_sessions: int | None = None,
                  side_by_side: bool | None = None) -> None:
         self.x = images.detach().to("cpu", torch.float32)
         self.np = self.x.numpy()
@@ -91,6 +91,12 @@ class ImagePasses:
         #: (a third of the CPU time as system time); 64 images stay cheap and, on the
         #: CIFAR-10 models measured, give the same logits bit for bit
         self.cpu_batch_size = int(cpu_batch_size)
+        #: onnxruntime's chunks: between two chunks is a yield point, so a timing another
+        #: worker waits for waits at most one chunk of this file (the exact QDQ file of the
+        #: largest CIFAR-10 model takes ~15 s per 256 images on a busy 2-core machine); one
+        #: thread computes each image alone, so the logits do not depend on the chunk size
+        #: (bit-identical at 64 and 256 on every CIFAR-10 file checked, export_speed.md)
+        self.onnx_batch_size = int(onnx_batch_size)
         # the cores the passes may use: a parallel export's share per worker, else those
         # other work leaves free now (on a busy machine a second thread only competes)
         cores = max(1, int(cores if cores is not None else free_cores()))
@@ -141,7 +147,7 @@ class ImagePasses:
         return self.onnx(path, data), self.torch(key, model)
 
     def _onnx_pass(self, path: str, data: bytes, beside: _TorchPass | None) -> None:
-        """One onnxruntime pass of the file in chunks of ``batch_size`` images. With several
+        """One onnxruntime pass of the file in chunks of ``onnx_batch_size`` images. With several
         ``onnx_sessions`` or a PyTorch pass ``beside``, each step's chunks run on threads
         (one chunk per session) while ``beside`` advances over the same images on this one;
         everything joins before the next yield point."""
@@ -156,15 +162,15 @@ class ImagePasses:
                 raise UserError(f"onnxruntime failed on inputs of shape {list(chunk.shape)}: "
                                 f"{first_line(exc)}") from exc
         out = []
-        step = self.batch_size * len(runners)
+        size = self.onnx_batch_size
+        step = size * len(runners)
         threaded = beside is not None or len(runners) > 1
         with contextlib.ExitStack() as stack:
             pool = stack.enter_context(ThreadPoolExecutor(
                 len(runners), thread_name_prefix="hwnas-ort")) if threaded else None
             for i in range(0, len(self.np), step):
                 yield_point()  # a timing another worker waits for may run between steps
-                chunks = [self.np[j:j + self.batch_size]
-                          for j in range(i, min(i + step, len(self.np)), self.batch_size)]
+                chunks = [self.np[j:j + size] for j in range(i, min(i + step, len(self.np)), size)]
                 if pool is None:
                     out.append(run(runners[0], chunks[0]))
                     continue

@@ -189,6 +189,18 @@ def test_together_overlaps_onnxruntime_with_pytorch_and_joins_at_yield_points(mo
     assert np.array_equal(got[0], want_file) and log["threads"] == {threading.get_ident()}
 
 
+def test_onnxruntime_logits_do_not_depend_on_the_chunk_size() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 8, 3, groups=8), torch.nn.AdaptiveAvgPool2d(1),
+                              torch.nn.Flatten(), torch.nn.Linear(8, 10)).eval()
+    x = torch.randn(90, 3, 16, 16)
+    data = onnx_bytes(net, x[:1])
+    whole = ImagePasses(x, onnx_batch_size=256).onnx("n.onnx", data)
+    for size in (1, 7, 64):
+        assert np.array_equal(ImagePasses(x, onnx_batch_size=size).onnx("n.onnx", data), whole)
+
+
 def test_together_reports_a_failing_file_once_its_chunk_is_joined() -> None:
     torch.manual_seed(0)
     model = _Counting().eval()
