@@ -119,15 +119,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--select", default="all")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-images", type=int, default=1000)
+    ap.add_argument("--compare", default="all",
+                    help="which comparisons: all, or some of together,sessions,chunks")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     import torch
 
+    names = dict(zip(("together", "sessions", "chunks"), PAIRS))
+    wanted = list(names) if args.compare == "all" else args.compare.split(",")
+    if not set(wanted) <= set(names):
+        ap.error(f"--compare {args.compare}: expected all or some of {', '.join(names)}")
+    chosen = [names[w] for w in wanted]
     models, images, labels = pairs_of(args.run_dir, args.select, args.max_images)
     rows = []
     for name, pairs in models:
         for label, data, key, context in pairs:
-            for modes in PAIRS:
+            for modes in chosen:
                 runs: dict[str, list] = {m: [] for m in modes}
                 for r in range(args.rounds):
                     logits = {}

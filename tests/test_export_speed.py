@@ -378,6 +378,22 @@ def test_benchmark_summarises_stages_and_rows() -> None:
     assert "C10.npz" in text and "fp32=2 qdq=2" in text and "10.00" in text
 
 
+def test_passes_benchmark_compares_the_ways_bit_for_bit(small_run: Path, tmp_path: Path) -> None:
+    import json
+
+    from benchmarks.export_passes import main
+
+    out = tmp_path / "passes.json"
+    assert main([str(small_run), "--select", "top:1", "--rounds", "2", "--max-images", "40",
+                 "--compare", "together,chunks", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {tuple(r["modes"]) for r in rows} == {("alone", "together"), ("chunks 256", "chunks 64")}
+    for r in rows:
+        assert r["bit_identical"] and r["images"] == 40
+        assert all(len(r[m]["wall_s"]) == 2 and r[m]["max_yield_gap_median_s"] > 0
+                   for m in r["modes"])
+
+
 def test_range_errors_in_place_match_the_formula() -> None:
     from hwnas.quant.observers import _range_errors
 
