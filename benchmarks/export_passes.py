@@ -63,7 +63,8 @@ def pairs_of(run_dir: Path, select: str, max_images: int) -> tuple[list, object,
         net = recalibrated_subnet(ctx.supernet, arch, ctx.data, calib_batches=ctx.calib_batches,
                                   seed=ctx.seed, batches=ctx.bn_batches).cpu().eval()
         fp32 = float_proto(net, ctx.test_images[:1], opset=s.opset).SerializeToString()
-        pairs = [("fp32 file + float model", fp32, "float", lambda net=net: contextlib.nullcontext(net))]
+        pairs = [("fp32 file + float model", fp32, "float",
+                  lambda net=net: contextlib.nullcontext(net))]
         if row.policy:
             policy = QuantPolicy.from_dict(_json.loads(row.policy))
             build = build_qdq(copy.deepcopy(net), policy, ctx.ptq_batches, config=ctx.ptq_config,

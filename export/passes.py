@@ -79,8 +79,8 @@ class ImagePasses:
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor | None = None, *,
                  device: str = "cpu", batch_size: int = 256, cpu_batch_size: int = 64,
-                 onnx_batch_size: int = 64, cores: int | None = None, onnx_sessions: int | None = None,
-                 side_by_side: bool | None = None) -> None:
+                 onnx_batch_size: int = 64, cores: int | None = None,
+                 onnx_sessions: int | None = None, side_by_side: bool | None = None) -> None:
         self.x = images.detach().to("cpu", torch.float32)
         self.np = self.x.numpy()
         self.labels = None if labels is None else labels.detach().cpu().numpy()

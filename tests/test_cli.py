@@ -62,7 +62,8 @@ def tiny_run(tmp_path_factory) -> Path:
                      r"seeds included\) [\d.]+, supernet [\d.]+, trials [\d.]+, test scores and "
                      r"outputs [\d.]+", proc.stdout), proc.stdout
     assert re.search(r"export stages \(s\): prepare [\d.]+, (workers ready after [\d.]+, )?"
-                     r"models [\d.]+ \(timings alone [\d.]+(, waited for [\d.]+)?\), finish [\d.]+", proc.stdout)
+                     r"models [\d.]+ \(timings alone [\d.]+(, waited for [\d.]+)?\), "
+                     r"finish [\d.]+", proc.stdout)
     assert re.search(r"model stages summed over \d+ model\(s\) \(s\): .*fp32 [\d.]+", proc.stdout)
     assert "no supernet checkpoint for space mbv3-tiny" in proc.stdout  # said before training
     assert "training one first, 1 epoch on cpu" in proc.stdout
