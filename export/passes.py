@@ -5,10 +5,10 @@ searched fake-quant model, the float model) and each device's recommendation ver
 candidate again. :class:`ImagePasses` runs each ONNX file once with onnxruntime (one thread) and
 each PyTorch model once, keeps the logits, and lets every comparison read them; the sessions it
 made are reused for the onnxruntime timing at one thread. The PyTorch references may run on a
-GPU (``device``) with TF32 off, so that they stay within the FP32 parity tolerance. A file's
-pass runs beside the PyTorch pass it is compared with (``together``), and with PyTorch on a
-GPU over two one-thread sessions: the two cores a parallel export gives each worker
-(:func:`hwnas.export.parallel.auto_workers`), the same logits bit for bit.
+GPU (``device``) with TF32 off, so that they stay within the FP32 parity tolerance. With
+PyTorch on a GPU, a file's pass runs beside the PyTorch pass it is compared with
+(``together``) and over two one-thread sessions: the two cores a parallel export gives each
+worker (:func:`hwnas.export.parallel.auto_workers`), the same logits bit for bit.
 
 :class:`StageClock` adds up the seconds an export spends per stage (for the manifest and
 ``benchmarks/export_speed.py``).
@@ -102,9 +102,10 @@ class ImagePasses:
         cores = max(1, int(cores if cores is not None else free_cores()))
         gpu = self.device.type != "cpu"
         #: whether a file's pass runs beside the PyTorch pass it is compared with
-        #: (:meth:`together`): with PyTorch on a GPU, or where a core is left beside its threads
-        self.side_by_side = bool(side_by_side if side_by_side is not None
-                                 else gpu or torch.get_num_threads() < cores)
+        #: (:meth:`together`): by default with PyTorch on a GPU, whose thread leaves its core
+        #: to onnxruntime; with PyTorch on the CPU it did not pay on a shared 2-core machine
+        #: (export_speed.md, Session 34), so there the passes run one after the other
+        self.side_by_side = bool(side_by_side if side_by_side is not None else gpu)
         #: one-thread onnxruntime sessions of a file that share its pass, chunk by chunk (2 when
         #: PyTorch runs on a GPU and leaves its thread's core free, else 1): each chunk is
         #: computed as one session alone computes it, so the logits are the same bit for bit
