@@ -104,6 +104,10 @@ def run(args: argparse.Namespace, out_dir: Path) -> dict:
             "export_s_per_model": round(export_s / max(n, 1), 2),
             "total_s": round(search_s + export_s, 1),
             "shared_s": {k: round(v, 2) for k, v in manifest.get("shared_seconds", {}).items()},
+            # where the export's wall seconds went (prepare, workers_ready, models,
+            # timings_alone within models, finish) and the search's (hwnas run prints both)
+            "export_stages_s": {k: round(v, 2) for k, v in exported.stages.items()},
+            "search_stages_s": {k: round(v, 2) for k, v in result.timings.items()},
             "model_s": per_model, "stage_median_s": stage_medians(exported.models),
             "recommend_rounds": sorted(d.rounds_timed for m in exported.models
                                        for d in m.devices if d.rounds_timed),

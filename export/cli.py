@@ -101,7 +101,7 @@ def run_export(args: argparse.Namespace) -> int:
     verified, 1 when some failed (one line each on stderr; the others are written), 2 on a
     whole-command error (UserError, raised to the ``hwnas`` main)."""
     from hwnas.export.model_export import ExportSettings
-    from hwnas.export.run_export import export_run
+    from hwnas.export.run_export import export_run, stage_summary
     from hwnas.latency.devices import get_device
 
     if args.refine < 0:
@@ -119,6 +119,7 @@ def run_export(args: argparse.Namespace) -> int:
     n, failed = len(result.models), len(result.failed)
     print(f"exported {n - failed} of {n} models to {result.out_dir} "
           f"(manifest.json, manifest.csv) in {result.seconds:.0f} s")
+    print(stage_summary(result))
     return EXIT_SOME_FAILED if failed else 0
 
 

@@ -30,7 +30,7 @@ from hwnas.export import verify
 from hwnas.export.device_policy import DevicePolicy, choose_float_layers
 from hwnas.export.onnx_export import InputSpec, describe_model, with_uint8_input
 from hwnas.export.ort_profile import LayerIndex
-from hwnas.export.parallel import checkpoint, timing_slot
+from hwnas.export.parallel import checkpoint, timing_slot, worker_cores
 from hwnas.export.passes import ImagePasses, StageClock
 from hwnas.export.qdq.build import EXPORT_FORMAT, QdqBuild, build_qdq, float_proto
 from hwnas.export.qdq.names import map_layer_nodes
@@ -215,7 +215,7 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
     x = _Export(model, name, Path(out_dir), example, test_images, test_labels, policy,
                 calibration, ptq_config, quantized, _at_policy_batch(devices or (), s), s,
                 progress, input_spec, model_version, shared, result,
-                ImagePasses(test_images, test_labels, device=s.device),
+                ImagePasses(test_images, test_labels, device=s.device, cores=worker_cores()),
                 StageClock(before=checkpoint),
                 {"hwnas_format": EXPORT_FORMAT, "name": name, "arch": arch, "accuracy": accuracy,
                  "predicted_latency_ms": predicted, **dict(metadata or {})})

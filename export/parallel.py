@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,9 +24,11 @@ from hwnas.latency.onnx_measure import prime_openvino
 
 from hwnas.core import affinity, cooperate
 
-__all__ = ["TimingGate", "auto_workers", "checkpoint", "install_gate", "timing_slot"]
+__all__ = ["TimingGate", "auto_workers", "checkpoint", "install_gate", "timing_slot",
+           "worker_cores"]
 
 _GATE: TimingGate | None = None
+_CORES: int | None = None
 
 
 class TimingGate:
@@ -38,6 +41,8 @@ class TimingGate:
         self.active = ctx.RawValue("i", 0)  # workers computing; guarded by cond
         self.waiting = ctx.RawValue("i", 0)  # timings waiting for the machine
         self.timing = ctx.RawValue("i", 0)  # 1 while a timing runs
+        self.held = ctx.RawValue("d", 0.0)  # seconds timings have held the machine, in all
+        self.waited = ctx.RawValue("d", 0.0)  # seconds timings waited for it, in all
         self._local = threading.local()  # per worker (process, or thread in tests): computing?
 
     def __getstate__(self) -> dict[str, Any]:
@@ -78,16 +83,20 @@ class TimingGate:
     def exclusive(self) -> Iterator[None]:
         """Run the body with no other worker computing or timing (the caller computes)."""
         self.leave()
+        asked = time.perf_counter()
         with self.cond:
             self.waiting.value += 1
             self.cond.wait_for(lambda: not self.timing.value and self.active.value == 0)
             self.waiting.value -= 1
             self.timing.value = 1
+            start = time.perf_counter()
+            self.waited.value += start - asked
         try:
             yield
         finally:
             with self.cond:
                 self.timing.value = 0
+                self.held.value += time.perf_counter() - start
                 self.cond.notify_all()
             self.enter()
 
@@ -101,12 +110,19 @@ class TimingGate:
             self.leave()
 
 
-def install_gate(gate: TimingGate | None) -> None:
+def install_gate(gate: TimingGate | None, cores: int | None = None) -> None:
     """Make ``gate`` this process's gate (a worker's initializer calls it); its pause becomes
-    what every yield point of the process calls."""
-    global _GATE
-    _GATE = gate
+    what every yield point of the process calls. ``cores``: the worker's share of the machine
+    (:func:`worker_cores`)."""
+    global _GATE, _CORES
+    _GATE, _CORES = gate, cores
     cooperate.install(None if gate is None else gate.pause_if_wanted)
+
+
+def worker_cores() -> int | None:
+    """The cores this worker process may use: the machine's, shared among the export's workers
+    (:func:`auto_workers` gives each two); None outside a parallel export."""
+    return _CORES
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ from hwnas.core import written
 from hwnas.core.heap import retain_freed_memory, retained_heap
 from hwnas.core.io import check_writable
 
-__all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front"]
+__all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front", "stage_summary"]
 
 
 @dataclass
@@ -60,10 +60,41 @@ class RunExport:
     out_dir: Path
     models: list[Any]
     seconds: float
+    #: wall seconds of the export's parts (:func:`stage_summary`): ``prepare`` (supernet, data,
+    #: batches), ``workers_ready`` (parallel: spawn to the last worker ready), ``models``,
+    #: ``timings_alone`` (within ``models``: the paired timings, during which nothing else ran),
+    #: ``timings_waited`` (parallel: what the timings waited for the machine, in all),
+    #: ``finish`` (speed-up tables, the directory moved into place)
+    stages: dict[str, float] = field(default_factory=dict)
 
     @property
     def failed(self) -> list[Any]:
         return [m for m in self.models if m.status != "ok"]
+
+
+#: stages of a model that time alone (the int8/float choice, the recommendation)
+TIMING_STAGES = ("choose", "recommend")
+
+
+def stage_summary(result: RunExport) -> str:
+    """Where an export's wall seconds went, on one line, then the per-model stages summed over
+    the models (``ptq`` is counted inside ``qdq`` and ``device_files``): what ``hwnas export``
+    and ``hwnas run`` print, so that a run on another machine says where its time goes."""
+    st = result.stages
+    parts = [f"prepare {st.get('prepare', 0.0):.1f}"]
+    if "workers_ready" in st:
+        parts.append(f"workers ready after {st['workers_ready']:.1f}")
+    waited = (f", waited for {st['timings_waited']:.1f}" if "timings_waited" in st else "")
+    parts.append(f"models {st.get('models', 0.0):.1f} (timings alone "
+                 f"{st.get('timings_alone', 0.0):.1f}{waited})")
+    parts.append(f"finish {st.get('finish', 0.0):.1f}")
+    sums: dict[str, float] = {}
+    for m in result.models:
+        for k, v in (m.info.get("stage_seconds") or {}).items():
+            sums[k] = sums.get(k, 0.0) + v
+    shown = ", ".join(f"{k} {v:.1f}" for k, v in sorted(sums.items(), key=lambda kv: -kv[1]))
+    return (f"export stages (s): {', '.join(parts)}\n"
+            f"model stages summed over {len(result.models)} model(s) (s): {shown or 'none'}")
 
 
 def _float_or_none(text: Any) -> float | None:
@@ -254,12 +285,14 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
     out_dir = Path(out) if out is not None else RunDir(run_dir).export_dir
     check_replaceable(out_dir, run_dir)
     workers = auto_workers(len(rows), settings.workers)
+    stages: dict[str, float] = {}
     with retained_heap():  # activations reuse freed memory, not fresh pages (hwnas.core.heap)
         # the data and batches once, here; with workers, the supernet stays on the CPU here
         # (its space and the devices are all the manifest needs) and each worker loads its own
         context = _prepare(run_dir, cfg, settings, rows, extra, max_test_images,
                            torch_device=settings.device if workers == 1 else "cpu",
                            batch_device=settings.device, dataset=dataset)
+        stages["prepare"] = time.perf_counter() - start
         report = report or _print_line
         written.remove_stale(out_dir)
         results: list[Any] = []
@@ -271,14 +304,23 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
                 results.append(result)
                 report(_summary_line(result))
                 write_manifest(staging, results, info)
+            t0 = time.perf_counter()
             if workers == 1:
                 for i, row in enumerate(rows):
                     done(_export_row(context, row, staging, i, len(rows), progress))
+                stages["timings_alone"] = sum(m.info.get("stage_seconds", {}).get(k, 0.0)
+                                              for m in results for k in TIMING_STAGES)
             else:
-                _export_parallel(run_dir, context, rows, staging, progress, workers, done)
+                stages.update(_export_parallel(run_dir, context, rows, staging, progress,
+                                               workers, done))
+            t1 = time.perf_counter()
+            stages["models"] = t1 - t0
             _write_speedups(staging, results, context.space, context.tunable)
+            info["export_stages_s"] = stages
+            write_manifest(staging, results, info)
         written.replace_dir(staging, out_dir, writers=[WRITER], what="an hwnas export")
-        return RunExport(out_dir, results, time.perf_counter() - start)
+        stages["finish"] = time.perf_counter() - t1
+        return RunExport(out_dir, results, time.perf_counter() - start, stages)
 
 
 @dataclass
@@ -423,7 +465,8 @@ def _export_row(ctx: _Context, row: ModelRow, staging: Path, index: int, total: 
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(gate: Any, run_dir: Path, shared: _Context) -> None:
+def _init_worker(gate: Any, run_dir: Path, shared: _Context, started: float,
+                 cores: int) -> None:
     import dataclasses
 
     import torch
@@ -432,7 +475,7 @@ def _init_worker(gate: Any, run_dir: Path, shared: _Context) -> None:
 
     torch.set_num_threads(1)
     retain_freed_memory()  # the worker only exports: freed activations stay for reuse
-    install_gate(gate)
+    install_gate(gate, cores)
     _WORKER["gate"] = gate
     device = shared.settings.device
     try:
@@ -442,21 +485,29 @@ def _init_worker(gate: Any, run_dir: Path, shared: _Context) -> None:
         return
     bn_batches = [tuple(t.to(device) for t in b) for b in shared.bn_batches]
     _WORKER["context"] = dataclasses.replace(shared, supernet=supernet, bn_batches=bn_batches)
+    _WORKER["ready"] = time.time() - started  # spawn, imports, the supernet: seconds to ready
 
 
-def _worker_row(row: ModelRow, staging: Path, index: int, total: int, progress: bool) -> Any:
+def _worker_row(row: ModelRow, staging: Path, index: int, total: int, progress: bool
+                ) -> tuple[Any, float]:
+    """One model in a worker, and how long after the pool started that worker was ready."""
     if "error" in _WORKER:
         raise _WORKER["error"]
     with _WORKER["gate"].computing():
-        return _export_row(_WORKER["context"], row, staging, index, total, progress)
+        return (_export_row(_WORKER["context"], row, staging, index, total, progress),
+                _WORKER["ready"])
 
 
 def _export_parallel(run_dir: Path, context: _Context, rows: list[ModelRow], staging: Path,
-                     progress: bool, workers: int, done: Callable[[Any], None]) -> None:
+                     progress: bool, workers: int, done: Callable[[Any], None]
+                     ) -> dict[str, float]:
     """Export ``rows`` in ``workers`` spawned processes (CUDA and onnxruntime do not survive a
     fork), each given the batches ``context`` drew and loading the supernet once, while every
     timing runs alone (:mod:`hwnas.export.parallel`); results reach ``done`` in the order of
-    ``rows`` (the order of the fronts)."""
+    ``rows`` (the order of the fronts). Returns ``workers_ready`` (seconds from the pool's
+    start to the last worker that reported ready), ``timings_alone`` (seconds the gate gave
+    the machine to timings) and ``timings_waited`` (seconds timings waited for the other
+    workers to reach a yield point, in all)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -464,17 +515,23 @@ def _export_parallel(run_dir: Path, context: _Context, rows: list[ModelRow], sta
 
     ctx = multiprocessing.get_context("spawn")
     gate = TimingGate(ctx)
+    ready = 0.0
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(gate, run_dir, _for_worker(context))) as pool:
+                             initargs=(gate, run_dir, _for_worker(context), time.time(),
+                                       max(1, (os.cpu_count() or 1) // workers))) as pool:
         futures = [pool.submit(_worker_row, row, staging, i, len(rows), progress)
                    for i, row in enumerate(rows)]
         try:
             for future in futures:
-                done(future.result())
+                result, worker_ready = future.result()
+                ready = max(ready, worker_ready)
+                done(result)
         except BaseException:
             for future in futures:
                 future.cancel()
             raise
+    return {"workers_ready": ready, "timings_alone": gate.held.value,
+            "timings_waited": gate.waited.value}
 
 
 #: what writes an export directory, in its record of written files (:mod:`hwnas.core.written`)

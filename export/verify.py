@@ -76,8 +76,8 @@ def verify_fp32(proto: onnx.ModelProto, model: nn.Module, passes: ImagePasses,
     onnx.checker.check_model(proto)
     report.checker = True
     report.verified_on, report.isa_condition = verified_here(), "any"
-    got = passes.onnx(report.path, proto.SerializeToString())
-    parity = parity_of(got, passes.torch("float", model), atol=s.atol)
+    got, want = passes.together(report.path, proto.SerializeToString(), "float", model)
+    parity = parity_of(got, want, atol=s.atol)
     report.max_abs_diff, report.top1_agreement, report.n_images = (
         finite(parity.max_abs_diff), parity.top1_agreement, parity.n)
     report.test_accuracy = passes.accuracy(got)
@@ -104,9 +104,8 @@ def verify_qdq(proto: onnx.ModelProto, build: QdqBuild, passes: ImagePasses, rep
     report.verified_on = verified_here()
     isa_condition(proto, report)
     data = proto.SerializeToString()
-    got = passes.onnx(report.path, data)
-    with build.reference(requantize=requantize) as deployed:
-        expected = passes.torch(("deployed", report.path), deployed)
+    with build.reference(requantize=requantize) as deployed:  # the file and its exact reference
+        got, expected = passes.together(report.path, data, ("deployed", report.path), deployed)
     parity = parity_of(got, expected, atol=float("inf"))
     report.reference = ("fake-quant model with int32 biases"
                         + (" and 8-bit requantization points" if requantize and build.requant_layers()

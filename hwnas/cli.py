@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from hwnas.core.cli_args import (
     EXIT_USER_ERROR,
@@ -41,6 +42,9 @@ from hwnas.supernet.train_options import (
     SUBNET_LOSSES,
     TEACHER_MODES,
 )
+
+if TYPE_CHECKING:  # the search (and torch) load only when a command needs them
+    from hwnas.search.runner import SearchResult
 
 
 def _common(p: argparse.ArgumentParser, d) -> None:
@@ -401,13 +405,24 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def search_stages(result: SearchResult) -> str:
+    """Where the search's wall seconds went, on one line (``hwnas run``): its ``timings`` and
+    the rest (data, run directory, the study's start with the sensitivity seeds)."""
+    t = result.timings
+    known = {"supernet": t.get("supernet_s", 0.0), "trials": t.get("search_s", 0.0),
+             "test scores and outputs": t.get("outputs_s", 0.0)}
+    rest = max(result.seconds - sum(known.values()), 0.0)
+    return (f"search stages (s): data, run directory and study start (sensitivity seeds "
+            f"included) {rest:.1f}, " + ", ".join(f"{k} {v:.1f}" for k, v in known.items()))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """The search, then the models of every front exported (FP32 and QDQ ONNX, verified and
     timed; ``hwnas export`` does the same for any run directory)."""
     import time
 
     from hwnas.export.model_export import ExportSettings
-    from hwnas.export.run_export import export_run
+    from hwnas.export.run_export import export_run, stage_summary
 
     start = time.perf_counter()
     result = _search(args)
@@ -422,6 +437,8 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"(FP32 and QDQ ONNX, manifest.json, manifest.csv) in {end - searched:.0f} s")
     print(f"wall time: {end - start:.0f} s (search {searched - start:.0f} s, "
           f"export {end - searched:.0f} s)")
+    print(search_stages(result))
+    print(stage_summary(exported))
     return EXIT_SOME_FAILED if failed else 0
 
 

@@ -57,9 +57,29 @@ def tiny_run(tmp_path_factory) -> Path:
     assert "Pareto front on edgetpu-est" in proc.stdout
     assert "Pareto-optimal models to" in proc.stdout
     assert re.search(r"wall time: \d+ s \(search \d+ s, export \d+ s\)", proc.stdout), proc.stdout
+    # each stage's seconds, so that a run on another machine says where its time went
+    assert re.search(r"search stages \(s\): data, run directory and study start \(sensitivity "
+                     r"seeds included\) [\d.]+, supernet [\d.]+, trials [\d.]+, test scores and "
+                     r"outputs [\d.]+", proc.stdout), proc.stdout
+    assert re.search(r"export stages \(s\): prepare [\d.]+, (workers ready after [\d.]+, )?"
+                     r"models [\d.]+ \(timings alone [\d.]+(, waited for [\d.]+)?\), "
+                     r"finish [\d.]+", proc.stdout)
+    assert re.search(r"model stages summed over \d+ model\(s\) \(s\): .*fp32 [\d.]+", proc.stdout)
     assert "no supernet checkpoint for space mbv3-tiny" in proc.stdout  # said before training
     assert "training one first, 1 epoch on cpu" in proc.stdout
     return out / "tiny"
+
+
+def test_search_stages_add_up_to_the_search() -> None:
+    from types import SimpleNamespace
+
+    from hwnas.cli import search_stages
+
+    result = SimpleNamespace(seconds=60.0, timings={"supernet_s": 2.0, "search_s": 39.0,
+                                                    "outputs_s": 4.0})
+    assert search_stages(result) == ("search stages (s): data, run directory and study start "
+                                     "(sensitivity seeds included) 15.0, supernet 2.0, trials "
+                                     "39.0, test scores and outputs 4.0")
 
 
 def test_run_exports_every_front_model_verified(tiny_run: Path):

@@ -122,6 +122,105 @@ def test_image_passes_run_each_file_and_model_once() -> None:
     assert ("onnxruntime", "m.onnx", 1, "f32") in passes.sessions  # reused for the timing
 
 
+class _SlowRunner:
+    """An onnxruntime runner that says when a chunk is in flight and on which thread."""
+
+    def __init__(self, runner: Runner, log: dict) -> None:
+        self.runner, self.log = runner, log
+
+    def get_inputs(self):  # noqa: ANN201
+        return self.runner.get_inputs()
+
+    def run(self, feed: dict) -> list:
+        self.log["threads"].add(threading.get_ident())
+        self.log["in_flight"] = True
+        try:
+            time.sleep(0.02)
+            return self.runner.run(None, feed)
+        finally:
+            self.log["in_flight"] = False
+
+
+def test_together_overlaps_onnxruntime_with_pytorch_and_joins_at_yield_points(monkeypatch) -> None:
+    from hwnas.core import cooperate
+    from hwnas.export import passes as passes_mod
+    from hwnas.latency.onnx_measure import make_session
+
+    torch.manual_seed(0)
+    model = _Counting().eval()
+    x = torch.randn(300, 4)
+    data = onnx_bytes(model, x[:1])
+    alone = ImagePasses(x, batch_size=128, cpu_batch_size=32)
+    want_file, want_torch = alone.onnx("m.onnx", data), alone.torch("float", model)
+    log: dict = {"threads": set(), "in_flight": False, "seen": [], "yields": []}
+    monkeypatch.setattr(passes_mod, "make_runner",
+                        lambda blob, **kw: _SlowRunner(make_session(blob, threads=1), log))
+    forward = model.forward
+
+    def watched(t: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.005)
+        log["seen"].append(log["in_flight"])
+        return forward(t)
+    model.forward = watched
+    both = ImagePasses(x, batch_size=128, cpu_batch_size=32, side_by_side=True)
+    with cooperate.installed(lambda: log["yields"].append(log["in_flight"])):
+        got_file, got_torch = both.together("m.onnx", data, "float", model)
+    assert np.array_equal(got_file, want_file) and np.array_equal(got_torch, want_torch)
+    assert threading.get_ident() not in log["threads"]  # onnxruntime ran beside, not here
+    assert any(log["seen"])  # PyTorch computed while an onnxruntime chunk was in flight
+    assert log["yields"] and not any(log["yields"])  # nothing runs at a yield point
+    assert both.together("m.onnx", b"", "float", model)[0] is got_file  # kept, not rerun
+    assert ("onnxruntime", "m.onnx", 1, "f32") in both.sessions
+    # two sessions share the file's pass (PyTorch on a GPU leaves its core): the same logits
+    log["threads"].clear()
+    split = ImagePasses(x, batch_size=64, onnx_sessions=2)
+    assert np.array_equal(split.onnx("m.onnx", data), want_file) and len(log["threads"]) == 2
+    # by default a second thread only where PyTorch runs on a GPU (and leaves its core)
+    assert not ImagePasses(x, cores=64).side_by_side
+    assert ImagePasses(x, cores=1, device="meta").side_by_side
+    assert ImagePasses(x, cores=2).onnx_sessions == 1
+    assert ImagePasses(x, cores=2, device="meta").onnx_sessions == 2
+    assert ImagePasses(x, cores=1, device="meta").onnx_sessions == 1
+    log["threads"].clear()
+    one_core = ImagePasses(x, batch_size=128)
+    got = one_core.together("m.onnx", data, "float", model)
+    assert np.array_equal(got[0], want_file) and log["threads"] == {threading.get_ident()}
+
+
+def test_onnxruntime_logits_do_not_depend_on_the_chunk_size() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 8, 3, groups=8), torch.nn.AdaptiveAvgPool2d(1),
+                              torch.nn.Flatten(), torch.nn.Linear(8, 10)).eval()
+    x = torch.randn(90, 3, 16, 16)
+    data = onnx_bytes(net, x[:1])
+    whole = ImagePasses(x, onnx_batch_size=256).onnx("n.onnx", data)
+    for size in (1, 7, 64):
+        assert np.array_equal(ImagePasses(x, onnx_batch_size=size).onnx("n.onnx", data), whole)
+
+
+def test_together_reports_a_failing_file_once_its_chunk_is_joined() -> None:
+    torch.manual_seed(0)
+    model = _Counting().eval()
+    x = torch.randn(40, 4)
+    data = onnx_bytes(torch.nn.Linear(5, 3), torch.randn(1, 5))  # wants 5 features: it fails
+    passes = ImagePasses(x, side_by_side=True)
+    with pytest.raises(UserError, match="onnxruntime failed on inputs of shape"):
+        passes.together("m.onnx", data, "float", model)
+    assert "m.onnx" not in passes.files
+    assert not [t for t in threading.enumerate() if t.name.startswith("hwnas-ort")]
+
+
+def test_reference_that_cannot_run_on_the_device_runs_on_the_cpu() -> None:
+    torch.manual_seed(0)
+    model = _Counting().eval()
+    x = torch.randn(50, 4)
+    on_meta = ImagePasses(x, device="meta")  # runs there, but its logits cannot be read back
+    got = on_meta.torch("float", model)
+    assert np.array_equal(got, ImagePasses(x).torch("float", model))
+    assert len(on_meta.notes) == 1 and "'float' ran on the CPU" in on_meta.notes[0]
+
+
 def test_parity_of_reports_nan_and_refuses_other_shapes() -> None:
     a = np.zeros((4, 3), np.float32)
     b = a.copy()
@@ -217,6 +316,8 @@ def test_timing_gate_never_overlaps_a_timing_with_work() -> None:
         t.join(timeout=30)
     assert not any(t.is_alive() for t in threads)
     assert state["overlaps"] == 0
+    assert 8 * 0.002 <= gate.held.value < 5.0  # the 8 timings' seconds, reported as alone
+    assert 0.0 <= gate.waited.value < 5.0
 
 
 def _figures(result) -> dict:  # noqa: ANN001
@@ -231,7 +332,7 @@ def test_parallel_export_writes_what_the_sequential_one_writes(small_run: Path,
     import json
     from dataclasses import replace
 
-    from hwnas.export.run_export import export_run
+    from hwnas.export.run_export import export_run, stage_summary
 
     kw = {"select": "top:2", "progress": False, "report": lambda line: None,
           "max_test_images": 200}
@@ -245,6 +346,15 @@ def test_parallel_export_writes_what_the_sequential_one_writes(small_run: Path,
     assert manifest["workers"] == 2
     stages = manifest["models"][0]["info"]["stage_seconds"]
     assert {"recalibrate", "fp32"} <= set(stages)
+    # where the export's seconds went: nothing was timed (no measurable device)
+    assert set(one.stages) == {"prepare", "models", "timings_alone", "finish"}
+    assert set(two.stages) == set(one.stages) | {"workers_ready", "timings_waited"}
+    assert one.stages["timings_alone"] == two.stages["timings_alone"] == 0.0
+    assert 0 < two.stages["workers_ready"] < two.stages["models"] < two.seconds
+    assert manifest["export_stages_s"]["models"] == pytest.approx(two.stages["models"])
+    lines = stage_summary(two).splitlines()
+    assert lines[0].startswith("export stages (s): prepare ") and "workers ready after" in lines[0]
+    assert lines[1].startswith("model stages summed over 2 model(s) (s): ") and "fp32" in lines[1]
     assert sorted(str(p.relative_to(tmp_path / "one")) for p in (tmp_path / "one").rglob("*.onnx")) \
         == sorted(str(p.relative_to(tmp_path / "two")) for p in (tmp_path / "two").rglob("*.onnx"))
 
@@ -264,6 +374,22 @@ def test_benchmark_summarises_stages_and_rows() -> None:
            "stage_median_s": medians}
     text = table([row])
     assert "C10.npz" in text and "fp32=2 qdq=2" in text and "10.00" in text
+
+
+def test_passes_benchmark_compares_the_ways_bit_for_bit(small_run: Path, tmp_path: Path) -> None:
+    import json
+
+    from benchmarks.export_passes import main
+
+    out = tmp_path / "passes.json"
+    assert main([str(small_run), "--select", "top:1", "--rounds", "2", "--max-images", "40",
+                 "--compare", "together,chunks", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {tuple(r["modes"]) for r in rows} == {("alone", "together"), ("chunks 256", "chunks 64")}
+    for r in rows:
+        assert r["bit_identical"] and r["images"] == 40
+        assert all(len(r[m]["wall_s"]) == 2 and r[m]["max_yield_gap_median_s"] > 0
+                   for m in r["modes"])
 
 
 def test_range_errors_in_place_match_the_formula() -> None:
