@@ -24,9 +24,11 @@ and slow third of the latency axis, :func:`missed_by_latency`), so that a shortf
 apart as the low-latency end, the high-accuracy end or the whole front.
 
 Samplers: ``auto`` (the default of ``hwnas run``, built by :func:`hwnas.search.samplers.make_sampler`
-with the run's settings: here the screening sampler, which sees the predicted latency but not
-its deviation), ``tpe`` (multivariate TPE), ``nsga2``, ``random`` and ``gp`` (Optuna's
-GPSampler, a baseline on request: not in the default run) from
+with the run's settings: here the screening sampler, which sees the predicted latency and its
+deviation, flagged predicted as ``hwnas run`` flags an adapted device's, so that its layered
+trials run; with ``--latency-source table`` the latency is exact and they do not), ``tpe``
+(multivariate TPE), ``nsga2``, ``random`` and ``gp`` (Optuna's GPSampler, a baseline on
+request: not in the default run) from
 :mod:`hwnas.search.samplers`, and
 ``screening`` (:class:`hwnas.search.screening.ScreeningSampler`: a GP surrogate of accuracy screens the
 whole space, whose predicted latency and its uncertainty are free, by expected hypervolume
@@ -199,6 +201,7 @@ class Problem:
     front: TrueFront
     measured: int                # latency measurements taken from the table
     spearman: float              # of the seen latency against the true one
+    predicted: bool = False      # the seen latency is the predictor's (else the true, exact)
 
 
 def make_problem(space: Any, table: LatencyTable, device: str, accuracy: dict[str, float],
@@ -228,7 +231,8 @@ def make_problem(space: Any, table: LatencyTable, device: str, accuracy: dict[st
     from scipy.stats import spearmanr
 
     return Problem(device, archs, acc, lat, np.asarray(seen, float), std,
-                   true_front(lat, acc), measured, float(spearmanr(seen, lat)[0]))
+                   true_front(lat, acc), measured, float(spearmanr(seen, lat)[0]),
+                   latency_source != "table")
 
 
 def holdout_predictor(space: Any, fam: str, cache: Path | None,
@@ -298,29 +302,28 @@ def make_study_sampler(name: str, seed: int, space: Any, problem: Problem,
                        std_scale: float = 0.0, options: dict[str, Any] | None = None):
     from hwnas.search.samplers import ScreeningProblem, make_sampler
 
+    row = {a: i for i, a in enumerate(problem.archs)}
+    # a predicted latency is flagged as `hwnas run` flags an adapted device's; the table's is exact
+    predicted = (problem.predicted,)
+
+    def cheap(archs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None]:
+        """The latency predictor's mean and standard deviation (free per query; None for the
+        table), as `hwnas run`'s CheapMetrics gives an adapted device's; the sampler's default
+        ``cheap_std_scale`` = 0 ignores the deviation."""
+        rows = [row[space.to_string(a)] for a in archs]
+        std = problem.seen_latency_std
+        return problem.seen_latency[rows], (None if std is None else std[rows])
+
     if name == "auto":  # the default of `hwnas run`, built as the run builds it
-        row = {a: i for i, a in enumerate(problem.archs)}
-
-        def seen(archs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None]:
-            rows = [row[space.to_string(a)] for a in archs]
-            return problem.seen_latency[rows], None
-
         return make_sampler("screening", seed, problem=ScreeningProblem(
-            space=space, directions=("maximize", "minimize"), cheap=seen, cheap_indices=(1,)))
+            space=space, directions=("maximize", "minimize"), cheap=cheap, cheap_indices=(1,),
+            cheap_predicted=predicted))
     if name == "screening":
-        row = {a: i for i, a in enumerate(problem.archs)}
-
-        def cheap(archs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None]:
-            """The latency predictor's mean and standard deviation (free per query); the
-            sampler's default ``cheap_std_scale`` = 0 ignores the deviation."""
-            rows = [row[space.to_string(a)] for a in archs]
-            std = problem.seen_latency_std
-            return problem.seen_latency[rows], (None if std is None else std[rows])
-
         return ScreeningSampler(space, cheap, (1,), seed=seed,
                                 directions=("maximize", "minimize"),
                                 config=ScreeningConfig(cheap_std_scale=std_scale,
-                                                       **(options or {})))
+                                                       **(options or {})),
+                                cheap_predicted=predicted)
     return make_sampler(name, seed)
 
 

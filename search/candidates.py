@@ -125,7 +125,9 @@ class ScreeningConfig:
     #: share of the surrogate's trials (after the start-up) that are *layered* in the 2-D EHVI
     #: with a cheap cost (0: off): evenly spaced, each evaluates the candidate with the best EHVI
     #: over the evaluated points' second layer among those the front hides, where a cell
-    #: predicted too fast may hide true-front cells (:mod:`hwnas.search.layered`). 0.25 (the
+    #: predicted too fast may hide true-front cells (:mod:`hwnas.search.layered`). Only where
+    #: the cost is a prediction (the sampler's ``cheap_predicted``; an exact cost hides only
+    #: truly dominated cells, and the layers cost 0.004-0.02 at 300 there). 0.25 (the
     #: default) gained +0.011 / +0.008 at 100 / 300 on the unseen-phone proxy of
     #: ``benchmarks/search_nb201.md`` (session 34), level on the validation devices
     layer_share: float = 0.25

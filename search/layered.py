@@ -8,6 +8,8 @@ oracle under predicted latency avoids this by evaluating the front's later layer
 trial does the same with the surrogate: its EHVI is over the evaluated points' second
 non-dominated layer, and only the candidates that the first layer hides (mean at or below its
 staircase at their cost) compete, so it spends the trial where the plain EHVI never looks.
+The sampler takes layered trials only where the cost is predicted (``cheap_predicted``): with an
+exact cost a hidden cell is truly dominated, and the trial is lost.
 """
 
 from __future__ import annotations

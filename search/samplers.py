@@ -45,8 +45,10 @@ class ScreeningProblem:
     """What the screening sampler must know of a search (:func:`screening_problem` builds it
     from the search's settings): the candidates (``space``: the search space, or
     :class:`hwnas.search.bits.ArchBitsSpace` when bit-widths are searched), the study's directions,
-    the cheap objectives (``cheap`` for the objectives at ``cheap_indices``) and the cheap
-    constraints (``constraints`` for the constraints named ``constraint_names``)."""
+    the cheap objectives (``cheap`` for the objectives at ``cheap_indices``; ``cheap_predicted``
+    says which of them are predictions, e.g. latency on an adapted device, rather than the value
+    itself) and the cheap constraints (``constraints`` for the constraints named
+    ``constraint_names``)."""
 
     space: Any
     directions: tuple[str, ...]
@@ -54,6 +56,7 @@ class ScreeningProblem:
     cheap_indices: tuple[int, ...] = ()
     constraints: Callable[[Sequence[Any]], np.ndarray] | None = None
     constraint_names: tuple[str, ...] = ()
+    cheap_predicted: tuple[bool, ...] = ()
 
 
 def check_screening_objectives(objectives: Sequence[Any]) -> None:
@@ -91,6 +94,10 @@ def screening_problem(space: Any, objectives: Sequence[Any], constraints: Sequen
     candidates by :class:`hwnas.search.evaluator.CheapMetrics` — the functions the trial evaluator
     uses, with the candidate's bit policy — and cached by candidate; every other objective
     is learned by the sampler's surrogate, every other constraint by a feasibility model.
+    A cheap latency is *predicted* where its device is of kind ``adapted`` (a latency predictor
+    adapted to measurements); a table, an estimator or a cost model is the value the trial
+    reports and the search is scored by (the screening sampler's layered trials need a
+    predicted cost, :mod:`hwnas.search.layered`).
     """
     from hwnas.search.bits import ArchBitsSpace
     from hwnas.search.evaluator import CheapMetrics
@@ -141,7 +148,10 @@ def screening_problem(space: Any, objectives: Sequence[Any], constraints: Sequen
         space=cands, directions=tuple(m.direction for m in objectives),
         cheap=cheap if cheap_idx else None, cheap_indices=cheap_idx,
         constraints=violations if cheap_cons else None,
-        constraint_names=tuple(c.text for c in cheap_cons))
+        constraint_names=tuple(c.text for c in cheap_cons),
+        cheap_predicted=tuple(objectives[i].device is not None
+                              and devices[objectives[i].device].kind == "adapted"
+                              for i in cheap_idx))
 
 
 def register_sampler(name: str,
@@ -217,7 +227,8 @@ def _screening(seed: int, *, n_startup_trials: int, problem: ScreeningProblem | 
         problem.space, problem.cheap, problem.cheap_indices, seed=seed,
         directions=problem.directions,
         config=ScreeningConfig(n_startup_trials=n_startup_trials, pool_size=SCREENING_POOL),
-        constraints=problem.constraints, constraint_names=problem.constraint_names)
+        constraints=problem.constraints, constraint_names=problem.constraint_names,
+        cheap_predicted=problem.cheap_predicted)
 
 
 for _name, _factory in (("auto", _auto), ("tpe", _tpe), ("nsga2", _nsga2), ("random", _random),

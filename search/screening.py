@@ -77,7 +77,8 @@ class ScreeningSampler(BaseSampler):
       closed-form Gaussian terms over the current front's staircase. Two expensive objectives
       (accuracy vs a latency measured here) get the same exact EHVI with the second one's GP
       mean and deviation as an uncertain cost (independent of the first: separate GPs). With a
-      cheap cost, ``layer_share`` of the trials look behind the front (:mod:`hwnas.search.layered`);
+      cheap cost that is predicted (``cheap_predicted``: a flag per cheap objective; default
+      exact), ``layer_share`` of the trials look behind the front (:mod:`hwnas.search.layered`);
     * one objective: expected improvement;
     * three or more objectives, where the exact 2-D EHVI does not apply: an optimistic random
       augmented Chebyshev scalarization — ParEGO's rule (Knowles 2006) with a confidence bound
@@ -118,7 +119,8 @@ class ScreeningSampler(BaseSampler):
                  directions: Sequence[str | StudyDirection] | None = None,
                  config: ScreeningConfig | None = None,
                  constraints: CheapConstraints | None = None,
-                 constraint_names: Sequence[str] = ()) -> None:
+                 constraint_names: Sequence[str] = (),
+                 cheap_predicted: Sequence[bool] = ()) -> None:
         self.space = space
         self.constraints = constraints
         self.constraint_names = tuple(str(n) for n in constraint_names)
@@ -136,6 +138,10 @@ class ScreeningSampler(BaseSampler):
         if cheap is not None and not self.cheap_indices:
             raise UserError("a cheap-objectives callable needs cheap_indices (which of the "
                             "study's objectives it computes)")
+        self.cheap_predicted = tuple(bool(p) for p in cheap_predicted)
+        if self.cheap_predicted and len(self.cheap_predicted) != len(self.cheap_indices):
+            raise UserError(f"cheap_predicted has {len(self.cheap_predicted)} flags for "
+                            f"{len(self.cheap_indices)} cheap objectives")
         self.seed = int(seed)
         self.directions = None if directions is None else [_direction(d) for d in directions]
         self.config = config or ScreeningConfig()
@@ -640,7 +646,7 @@ class ScreeningSampler(BaseSampler):
             ok = pool.feasible  # the most accurate predicted candidate meeting the constraints
             best = int(np.argmax(mu)) if ok.all() or not ok.any() else \
                 int(np.flatnonzero(ok)[int(np.argmax(mu[ok]))])
-            layered = len(exp_idx) == 1 and is_layered_trial(
+            layered = self.cheap_predicted[:1] == (True,) and is_layered_trial(
                 self.config.layer_share, len(self._hist.keys) - self._startup_trials())
             taken = np.zeros(len(pool.keys), dtype=bool)
             taken[[pool.index[k] for k in self._hist.keys if k in pool.index]] = True

@@ -81,7 +81,8 @@ def synthetic_search(cfg: SearchConfig, n_trials: int, *, pool_size: int = 200,
         problem.space, problem.cheap, problem.cheap_indices, seed=cfg.seed,
         directions=problem.directions, config=ScreeningConfig(n_startup_trials=5,
                                                               pool_size=pool_size),
-        constraints=problem.constraints, constraint_names=problem.constraint_names)
+        constraints=problem.constraints, constraint_names=problem.constraint_names,
+        cheap_predicted=problem.cheap_predicted)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(directions=[m.direction for m in cfg.objective_metrics],
                                 sampler=sampler)

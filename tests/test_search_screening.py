@@ -311,15 +311,22 @@ def test_layered_ehvi_looks_behind_the_front_for_hidden_cells():
                           front_ehvi(mu2, sd, cost, None, obs_cost, obs_gain, 2))
     space = ToySpace()
 
-    def run(share):
-        return run_toy(space, ScreeningSampler(space, cheap_latency, (1,), seed=0,
+    def run(share, predicted=(True,), cheap=cheap_latency):
+        return run_toy(space, ScreeningSampler(space, cheap, (1,), seed=0,
                                                config=ScreeningConfig(layer_share=share),
-                                               directions=["maximize", "minimize"]), 30)
+                                               directions=["maximize", "minimize"],
+                                               cheap_predicted=predicted), 30)
 
-    a = run(0.5)
+    a, plain = run(0.5), run(0.0)
     assert run(0.5) == a and len(set(a)) == 30  # deterministic, never pays twice
-    assert a[:11] == run(0.0)[:11]  # the 10 start-up trials and the first plain one
-    assert a[11] != run(0.0)[11]  # the second surrogate trial is layered
+    assert a[:11] == plain[:11]  # the 10 start-up trials and the first plain one
+    assert a[11] != plain[11]  # the second surrogate trial is layered
+    # gated on a predicted cost: an exact one (the default), even with a deviation (a
+    # measurement's noise), never takes a layered trial
+    assert run(0.5, ()) == plain
+    assert run(0.5, (False,), cheap_latency_with_std) == run(0.0, (True,), cheap_latency_with_std)
+    with pytest.raises(UserError, match="cheap_predicted has 2 flags for 1 cheap"):
+        run(0.5, (True, False))
 
 
 def test_three_objectives_and_enqueued_trials():

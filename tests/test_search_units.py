@@ -29,6 +29,7 @@ from hwnas.search.samplers import (
     make_sampler,
     register_sampler,
     resolve_sampler,
+    screening_problem,
 )
 from hwnas.search.study import (
     enqueue_once,
@@ -147,6 +148,30 @@ def test_every_sampler_is_built_and_seeded(sampler_name):
         study.optimize(objective, n_trials=3)
         trials.append([t.params for t in study.trials])
     assert trials[0] == trials[1] and len(trials[0]) == 3
+
+
+def test_only_a_predicted_latency_is_flagged_predicted(profile_dir, tmp_path, monkeypatch):
+    """The screening sampler's layered trials need a predicted cost: latency on an adapted device
+    (a predictor) is one; an estimator's, a table's and a cost model's are exact."""
+    from hwnas.latency import profiles
+    from hwnas.latency.devices import get_device
+    from hwnas.latency.profiles import read_measurements, save_profile
+    from latency_support import SPACE, write_measurements
+    from test_latency_profiles import FlopsPredictor
+
+    monkeypatch.setattr(profiles, "TRUSTED_PREDICTOR_PACKAGES",
+                        profiles.TRUSTED_PREDICTOR_PACKAGES + [FlopsPredictor.__module__])
+    archs, ms = write_measurements(tmp_path / "m.csv", 8)
+    space = get_space(SPACE)
+    save_profile("my-phone", space, FlopsPredictor().adapt(archs, ms),
+                 read_measurements(tmp_path / "m.csv", space))
+    devices = {d: get_device(d, space) for d in ("my-phone", "edgetpu-est")}
+    for text, flags in (("accuracy,latency:my-phone", (True,)),
+                        ("accuracy,latency:edgetpu-est", (False,)),
+                        ("accuracy,size,latency:my-phone", (False, True))):
+        problem = screening_problem(space, parse_objectives(text), [], devices, bits=False)
+        assert problem.cheap_predicted == flags, text
+        assert make_sampler("screening", 0, problem=problem).cheap_predicted == flags
 
 
 def test_auto_and_screening_need_the_search():
