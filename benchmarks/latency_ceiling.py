@@ -54,7 +54,7 @@ from hwnas.latency.predictors.features import (
 RICH_TREES = {"max_iter": 600, "learning_rate": 0.03, "max_leaf_nodes": 15,
               "min_samples_leaf": 5, "l2_regularization": 1.0}
 #: :func:`gp_predict` fits its kernel's parameters on at most this many training rows
-GP_OPTIMIZE_MAX = 800
+GP_OPTIMIZE_MAX = 400
 #: training / scoring architectures per fold at most (a seeded subsample of larger halves)
 MAX_TRAIN = 2000
 MAX_SCORE = 5000

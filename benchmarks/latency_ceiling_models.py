@@ -112,9 +112,17 @@ def session_evidence(space, archs: list[str], pred: np.ndarray, cols: list[dict[
         ok = np.isfinite(others) & (r_id >= 0)
         if ok.sum() > 10:
             round_r.append(float(np.corrcoef(R[b][ok], others[ok])[0, 1]))
-    known = [r for r in rounds if r is not None]
-    same_round = (float(np.mean([known[0].get(a) == known[1].get(a) for a in common]))
+    known = [(b, r) for b, r in enumerate(rounds) if r is not None]
+    same_round = (float(np.mean([known[0][1].get(a) == known[1][1].get(a) for a in common]))
                   if len(known) >= 2 else None)
+    # do the rounds' mean residuals repeat from session to session (noise every session shares)?
+    round_means = []
+    for b, rb in known:
+        r_id = np.array([rb.get(a, -1) for a in common])
+        round_means.append({g: float(R[b][r_id == g].mean()) for g in set(r_id) if g >= 0})
+    shared = [np.corrcoef(*[[m[g] for g in sorted(set(m1) & set(m2))] for m in (m1, m2)])[0, 1]
+              for i, m1 in enumerate(round_means) for m2 in round_means[i + 1:]
+              if len(set(m1) & set(m2)) > 2]
     ek, _ = executed(space, arch_strings(space, common), "pruned")
     groups: dict[str, list[int]] = {}
     for i, e in enumerate(ek):
@@ -140,20 +148,25 @@ def session_evidence(space, archs: list[str], pred: np.ndarray, cols: list[dict[
             [np.corrcoef(R[i], R[j])[0, 1] for i, j in pairs])), 4),
         "round_residual_r": [round(r, 3) for r in round_r],
         "same_rounds_share": same_round,
+        "round_mean_r_between_sessions": (round(float(np.mean(shared)), 3) if shared
+                                          else None),
         "identical_network_pairs": len(twins),
         "identical_network_diff_r": None if twin_r is None else round(twin_r, 3),
     }
 
 
-def device_row(space, device: str, archs: list[str], y: np.ndarray, seed: int = 0) -> dict:
+def device_row(space, device: str, archs: list[str], y: np.ndarray, seed: int = 0,
+               rich: bool = True) -> dict:
     """One device: the richer models' and ``most``'s Spearman (5-fold, the same folds) and,
-    for a column of several sessions, :func:`session_evidence` of the ``ens`` prediction."""
+    for a column of several sessions, :func:`session_evidence` of the ``ens`` prediction
+    (without ``rich``: of ``most``'s ``pairwise`` and ``trees`` models only, much faster)."""
     if len(archs) > MAX_ARCHS:
         idx = np.sort(np.random.default_rng(seed).permutation(len(archs))[:MAX_ARCHS])
         archs, y = [archs[i] for i in idx], y[idx]
     t0 = time.perf_counter()
     most = ceiling.most_fit(ceiling.ceiling_features(space, archs), y, seed=seed)
-    preds = ceiling.rich_most_fit(space, archs, y, seed=seed)
+    preds = ceiling.rich_most_fit(space, archs, y, seed=seed,
+                                  models=("gp", "trees+") if rich else ())
     row = {"device": device, "family": lofo.family(device), "architectures": len(archs),
            "most": round(most["best"], 4),
            "most_models": {k: round(v, 4) for k, v in most.items() if k != "best"},
@@ -171,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--space", default="nb201", choices=["nb201", "fbnet"])
     ap.add_argument("--devices", nargs="+", default=None)
     ap.add_argument("--families", nargs="+", default=None)
+    ap.add_argument("--sessions-only", action="store_true",
+                    help="no richer models: the session evidence of most's pairwise + trees")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
     args = ap.parse_args(argv)
     space = get_space(args.space)
@@ -181,10 +196,10 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("no device of the space matches --devices / --families")
     rows = []
     for d in names:
-        rows.append(device_row(space, d, *devices[d]))
+        rows.append(device_row(space, d, *devices[d], rich=not args.sessions_only))
         r = rows[-1]
-        print(f"{d}: most {r['most']:.3f} gp {r['gp']:.3f} trees+ {r['trees+']:.3f} "
-              f"ens {r['ens']:.3f}" + (f"  sessions {r['sessions_ceiling']:.3f} per-arch "
+        print(f"{d}: most {r['most']:.3f} " + " ".join(
+            f"{k} {r[k]:.3f}" for k in ("gp", "trees+", "ens") if k in r) + (f"  sessions {r['sessions_ceiling']:.3f} per-arch "
                                        f"{r['sessions_ceiling_per_arch']:.3f} model~truth "
                                        f"{r['model_vs_truth']:.3f} residual r "
                                        f"{r['residual_r_between_sessions']:.2f}"
@@ -192,9 +207,10 @@ def main(argv: list[str] | None = None) -> int:
               + f" ({r['seconds']:.0f} s)", file=sys.stderr, flush=True)
     fams = sorted({r["family"] for r in rows})
     keys = ["most", "gp", "trees+", "ens", "best_rich", "sessions_ceiling",
-            "sessions_ceiling_per_arch", "model_vs_truth"]
+            "sessions_ceiling_per_arch", "model_vs_truth", "residual_r_between_sessions",
+            "round_mean_r_between_sessions"]
     summary = {f: {k: round(float(np.mean([r[k] for r in rows if r["family"] == f])), 4)
-                   for k in keys if all(k in r for r in rows if r["family"] == f)}
+                   for k in keys if all(r.get(k) is not None for r in rows if r["family"] == f)}
                for f in fams}
     print("| family | " + " | ".join(keys) + " |")
     for f in fams:

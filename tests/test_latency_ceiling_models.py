@@ -61,6 +61,7 @@ def test_session_evidence_tells_reproducible_misses_from_noise(device):
     slow = np.array([1.5 if i // 20 % 2 else 1.0 for i in range(len(y))])
     shared = models.session_evidence(space, archs, np.log(y), sessions(y * slow), rounds)
     assert np.mean(shared["round_residual_r"]) > 0.5 > np.mean(exact["round_residual_r"])
+    assert shared["round_mean_r_between_sessions"] > 0.8 > exact["round_mean_r_between_sessions"]
 
 
 def test_rich_residual_learner_takes_weight_on_a_missed_term(device):
