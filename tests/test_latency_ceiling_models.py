@@ -64,13 +64,19 @@ def test_session_evidence_tells_reproducible_misses_from_noise(device):
     assert shared["round_mean_r_between_sessions"] > 0.8 > exact["round_mean_r_between_sessions"]
 
 
-def test_rich_residual_learner_takes_weight_on_a_missed_term(device):
+def test_rich_residual_learner_takes_weight_on_a_missed_term(device, monkeypatch):
     from benchmarks import latency_growth_variants as var
+
+    monkeypatch.setitem(ceiling.RICH_TREES, "max_iter", 60)  # 600 rounds take 20 s here
+    monkeypatch.setitem(ceiling.RICH_TREES, "learning_rate", 0.3)
 
     space, archs, y = device
     fit, query = archs[:100], archs[100:]
     prior = y / 1.6 ** ceiling.path_features(space, archs)[:, 2]  # misses the path term
-    w, factor = var._residual(space, None, fit, y[:100], prior[:100], 0, "gp+")
-    assert w > 0.5
     sp = models.lofo.spearman
-    assert sp(prior[100:] * factor(query), y[100:]) > sp(prior[100:], y[100:]) + 0.05
+    for name in ("gp+", "trees+"):
+        w, factor = var._residual(space, None, fit, y[:100], prior[:100], 0, name)
+        assert w > 0.5, name
+        assert sp(prior[100:] * factor(query), y[100:]) > sp(prior[100:], y[100:]) + 0.05, name
+    # nothing to learn: no weight
+    assert var._residual(space, None, fit, y[:100], y[:100], 0, "gp+") == (0.0, None)
