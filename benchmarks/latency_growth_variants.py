@@ -51,52 +51,21 @@ from hwnas.latency.predictors.residual import MixedGP, cell_features
 from hwnas.supernet.spaces import get_space
 
 try:
+    import latency_ceiling as ceiling
     import latency_lofo as lofo
     import latency_residual_select as select
+    from latency_ceiling import path_features
 except ImportError:  # pragma: no cover
+    from benchmarks import latency_ceiling as ceiling
     from benchmarks import latency_lofo as lofo
     from benchmarks import latency_residual_select as select
+    from benchmarks.latency_ceiling import path_features
 
 OUT_JSON = Path(__file__).with_suffix(".json")
 #: the candidates printed per family as the run goes
-SHOWN = ("off", "paths", "stack:ridge", "stack:gbm", "prior:alphas", "prior:pairs")
+SHOWN = ("off", "paths", "gp+", "trees+", "stack:ridge", "stack:gbm", "prior:alphas",
+         "prior:pairs")
 GRID = np.round(np.arange(0.0, 1.01, 0.1), 2)
-
-
-def path_features(space, keys: list[str]) -> np.ndarray:
-    """NAS-Bench-201 cell-graph terms (zero columns for other spaces): the number of live
-    input-output paths and the longest one's edges, the most convolutions (and 3x3 ones) on a
-    live path, and per inner node the number of live inputs, of convolution inputs, and of
-    convolutions beyond the first among its parallel inputs (sum minus max)."""
-    if space.name != "nb201":
-        return np.zeros((len(keys), 0))
-    from hwnas.supernet.spaces.nb201 import NB201_EDGES
-
-    X = features(space, keys, "encode")
-    names = space.feature_names
-    col = {n: k for k, n in enumerate(names)}
-
-    def ind(e, op):
-        t, f = NB201_EDGES[e]
-        return X[:, col[f"edge{t}<-{f}={op}"]]
-
-    live = np.stack([1.0 - ind(e, "none") for e in range(6)], 1)
-    c3 = np.stack([ind(e, "nor_conv_3x3") for e in range(6)], 1)
-    conv = c3 + np.stack([ind(e, "nor_conv_1x1") for e in range(6)], 1)
-    eidx = {edge: k for k, edge in enumerate(NB201_EDGES)}
-    paths = [[(3, 0)], [(1, 0), (3, 1)], [(2, 0), (3, 2)], [(1, 0), (2, 1), (3, 2)]]
-    out = []
-    alive = np.stack([np.prod([live[:, eidx[e]] for e in p], 0) for p in paths], 1)
-    out.append(alive.sum(1))
-    out.append(np.max(alive * np.array([len(p) for p in paths]), 1))
-    out.append(np.max(alive * np.stack([sum(conv[:, eidx[e]] for e in p) for p in paths], 1), 1))
-    out.append(np.max(alive * np.stack([sum(c3[:, eidx[e]] for e in p) for p in paths], 1), 1))
-    for node in (1, 2, 3):
-        es = [eidx[e] for e in NB201_EDGES if e[0] == node]
-        out.append(live[:, es].sum(1))
-        out.append(conv[:, es].sum(1))
-        out.append(conv[:, es].sum(1) - conv[:, es].max(1))
-    return np.stack(out, 1)
 
 
 def ridge_own(space, archs, y, query, seed):
@@ -179,6 +148,9 @@ def main(argv=None) -> int:
     ap.add_argument("--baselines", nargs="*", default=["opcount", "gbm", "gp"])
     ap.add_argument("--prior", nargs="*", default=[], choices=["alphas", "pairs"])
     ap.add_argument("--no-residuals", action="store_true", help="no residual learners")
+    ap.add_argument("--residuals", nargs="+", default=["mixed", "paths"],
+                    choices=["mixed", "paths", *RICH_RESIDUALS],
+                    help="the residual learners scored (default: mixed paths)")
     ap.add_argument("--no-variants", action="store_true",
                     help="only the default and --prior / --baselines (no residual or blends)")
     ap.add_argument("--out", type=Path, default=OUT_JSON)
@@ -233,7 +205,7 @@ def score_variants(space, meta, m_archs, m_y, q, yq, s, args) -> dict:
     loo = meta.loo_predictions()
     n = len(m_y)
     # residual learners on the same adaptation
-    for name in () if args.no_variants or args.no_residuals else ("mixed", "paths"):
+    for name in () if args.no_variants or args.no_residuals else args.residuals:
         res = _residual(space, meta, m_archs, m_y, loo, s, name)
         out[f"w[{name}]"] = res[0]
         out[name] = sp(p0 * res[1](q), yq) if res[0] > 0 else out["off"]
@@ -271,34 +243,57 @@ def score_variants(space, meta, m_archs, m_y, q, yq, s, args) -> dict:
 
 
 def _residual(space, meta, archs, y, loo, seed, name):
-    """The mixed residual learner (fold check 1, as ``MetaPredictor._fit_residual``) on the
-    encoding and whole-network terms, plus the cell-graph terms for ``paths``; returns its
-    weight and a function giving the factor on the prior's prediction."""
+    """A residual learner with the weight and fold check of ``MetaPredictor._fit_residual``
+    (its own 5-fold CV on the prior's leave-one-out misses; fold check 1): the mixed GP on the
+    encoding and whole-network terms, plus the cell-graph terms for ``paths``; for ``gp+`` /
+    ``trees+`` the richer ceiling models (``latency_ceiling.gp_predict`` / ``trees_predict``
+    on ``rich_features``: both execution variants' encodings, pair products, cell-graph and
+    layer terms). Returns its weight and a function giving the factor on the prior's
+    prediction."""
     from hwnas.latency.predictors.residual import RESIDUAL_FOLDS, RESIDUAL_FOLDS_AGAINST
 
-    def feats(keys):
-        keys = arch_strings(space, keys)
-        X = np.hstack([features(space, keys, "encode"),
-                       cell_features(space, keys, meta._p["l_cols"])])
-        return np.hstack([X, path_features(space, keys)]) if name == "paths" else X
-
     r = np.log(y) - np.log(loo)
-    X = feats(archs)
     n = len(r)
     parts = np.array_split(np.random.default_rng(seed).permutation(n), min(RESIDUAL_FOLDS, n))
-    mk = lambda: MixedGP(space.feature_dim, len(encoding_positions(space)))  # noqa: E731
-    cv = np.empty(n)
-    for part in parts:
-        fit = np.setdiff1d(np.arange(n), part)
-        cv[part] = mk().fit(X[fit], r[fit]).predict(X[part])
+    if name in RICH_RESIDUALS:
+        fit_predict = RICH_RESIDUALS[name]
+        rich = ceiling.rich_features(space, archs)
+        cv = np.empty(n)
+        for part in parts:
+            cv[part] = fit_predict(rich, r, np.setdiff1d(np.arange(n), part), part, seed)
+    else:
+        def feats(keys):
+            keys = arch_strings(space, keys)
+            X = np.hstack([features(space, keys, "encode"),
+                           cell_features(space, keys, meta._p["l_cols"])])
+            return np.hstack([X, path_features(space, keys)]) if name == "paths" else X
+
+        X = feats(archs)
+        mk = lambda: MixedGP(space.feature_dim, len(encoding_positions(space)))  # noqa: E731
+        cv = np.empty(n)
+        for part in parts:
+            fit = np.setdiff1d(np.arange(n), part)
+            cv[part] = mk().fit(X[fit], r[fit]).predict(X[part])
     w = float(np.clip((r @ cv) / max(float(cv @ cv), 1e-12), 0.0, 1.0))
     better = sum(float(np.sum(r[q] ** 2 - (r[q] - w * cv[q]) ** 2)) > 0 for q in parts)
     if better < len(parts) - RESIDUAL_FOLDS_AGAINST:
         w = 0.0
     if w == 0:
         return 0.0, None
+    if name in RICH_RESIDUALS:
+        def factor(q):
+            both = ceiling.rich_features(space, list(archs) + list(q))
+            pred = fit_predict(both, np.concatenate([r, np.zeros(len(q))]), np.arange(n),
+                               np.arange(n, n + len(q)), seed)
+            return np.exp(w * pred)
+        return w, factor
     model = mk().fit(X, r)
     return w, lambda q: np.exp(w * model.predict(feats(q)))
+
+
+#: the richer residual learners (``--residuals``), fit-and-predict functions on
+#: ``latency_ceiling.rich_features`` rows (train rows, test rows)
+RICH_RESIDUALS = {"gp+": ceiling.gp_predict, "trees+": ceiling.trees_predict}
 
 
 if __name__ == "__main__":
