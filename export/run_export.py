@@ -231,6 +231,37 @@ def _selected_rows(run_dir: Path, front: str | None, select: str) -> list[ModelR
     return rows
 
 
+def _checked_arguments(devices: Sequence[str | Any], settings: Any,
+                       max_test_images: Any) -> tuple[dict, Any]:
+    """(the extra devices measurable here, the settings) of :func:`export_run`'s arguments;
+    UserError for a device not measurable on this CPU or a bad ``max_test_images``."""
+    from hwnas.export.model_export import ExportSettings, measurable_devices
+
+    extra = measurable_devices(devices)
+    wrong = [getattr(d, "name", d) for d in devices if getattr(d, "name", d) not in extra]
+    if wrong:
+        raise UserError(f"device {wrong[0]!r} cannot be measured on this CPU; expected "
+                        f"cpu-ort-<N>t or cpu-ov-<N>t (OpenVINO installed), optionally with "
+                        f"-b<batch>")
+    settings = settings or ExportSettings()
+    settings.validate()
+    if isinstance(max_test_images, bool) or not isinstance(max_test_images, int) or max_test_images < 1:
+        raise UserError(f"max_test_images must be a positive integer, got {max_test_images!r}")
+    return extra, settings
+
+
+def _export_models(run_dir: Path, context: Any, rows: list, staging: Path, progress: bool,
+                   workers: int, done: Callable[[Any], None], results: list) -> dict[str, float]:
+    """Every selected model exported (here, or by ``workers`` processes); returns the stage
+    seconds the models' part adds (``timings_alone``, and the parallel ones)."""
+    if workers == 1:
+        for i, row in enumerate(rows):
+            done(_export_row(context, row, staging, i, len(rows), progress))
+        return {"timings_alone": sum(m.info.get("stage_seconds", {}).get(k, 0.0)
+                                     for m in results for k in TIMING_STAGES)}
+    return _export_parallel(run_dir, context, rows, staging, progress, workers, done)
+
+
 def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "all",
                out: str | Path | None = None, settings: Any = None, max_test_images: int = 1000,
                progress: bool = True, report: Callable[[str], None] | None = None,
@@ -265,21 +296,12 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
         >>> len(result.models), sorted(p.name for p in result.out_dir.glob("*.json"))
         (1, ['.hwnas-written.json', 'manifest.json'])
     """
-    from hwnas.export.model_export import ExportSettings, measurable_devices, write_manifest
+    from hwnas.export.model_export import write_manifest
     from hwnas.export.parallel import auto_workers
 
     start = time.perf_counter()
     run_dir = Path(run_dir)
-    extra = measurable_devices(devices)
-    wrong = [getattr(d, "name", d) for d in devices if getattr(d, "name", d) not in extra]
-    if wrong:
-        raise UserError(f"device {wrong[0]!r} cannot be measured on this CPU; expected "
-                        f"cpu-ort-<N>t or cpu-ov-<N>t (OpenVINO installed), optionally with "
-                        f"-b<batch>")
-    settings = settings or ExportSettings()
-    settings.validate()
-    if isinstance(max_test_images, bool) or not isinstance(max_test_images, int) or max_test_images < 1:
-        raise UserError(f"max_test_images must be a positive integer, got {max_test_images!r}")
+    extra, settings = _checked_arguments(devices, settings, max_test_images)
     cfg = _load_run(run_dir)
     rows = _selected_rows(run_dir, front, select)
     out_dir = Path(out) if out is not None else RunDir(run_dir).export_dir
@@ -305,14 +327,8 @@ def export_run(run_dir: str | Path, *, front: str | None = None, select: str = "
                 report(_summary_line(result))
                 write_manifest(staging, results, info)
             t0 = time.perf_counter()
-            if workers == 1:
-                for i, row in enumerate(rows):
-                    done(_export_row(context, row, staging, i, len(rows), progress))
-                stages["timings_alone"] = sum(m.info.get("stage_seconds", {}).get(k, 0.0)
-                                              for m in results for k in TIMING_STAGES)
-            else:
-                stages.update(_export_parallel(run_dir, context, rows, staging, progress,
-                                               workers, done))
+            stages.update(_export_models(run_dir, context, rows, staging, progress, workers,
+                                         done, results))
             t1 = time.perf_counter()
             stages["models"] = t1 - t0
             _write_speedups(staging, results, context.space, context.tunable)

@@ -86,6 +86,23 @@ def verify_fp32(proto: onnx.ModelProto, model: nn.Module, passes: ImagePasses,
                         f"{s.atol:g} on {parity.n} images")
 
 
+def _integer_kernels(data: bytes, index: LayerIndex, build: QdqBuild, quantized: list[str],
+                     products: list[str]) -> tuple[dict[str, str], list[str]]:
+    """:func:`integer_kernel_check` of a QDQ file; UserError where a layer the file keeps float
+    runs as an integer kernel (onnxruntime chose its weight scales; the reference runs it in
+    float, so the file is not what it says)."""
+    kept_float = [n for n in build.builder.node_of if n not in quantized]
+    integer, islands = integer_kernel_check(data, index, quantized + products,
+                                            kept_float=kept_float)
+    requantized_by_ort = [f"{n} ({integer[n]})" for n in kept_float if n in integer]
+    if requantized_by_ort:
+        raise UserError(f"{len(requantized_by_ort)} layer(s) kept float run as integer kernels "
+                        f"after onnxruntime's optimizations, with weight scales onnxruntime chose: "
+                        f"{'; '.join(requantized_by_ort[:3])}"
+                        + (" ..." if len(requantized_by_ort) > 3 else ""))
+    return integer, islands
+
+
 def verify_qdq(proto: onnx.ModelProto, build: QdqBuild, passes: ImagePasses, report: FileReport,
                 s: ExportSettings, *, requantize: bool, require_integer: bool,
                 searched: nn.Module | None = None) -> None:
@@ -123,15 +140,7 @@ def verify_qdq(proto: onnx.ModelProto, build: QdqBuild, passes: ImagePasses, rep
         report.searched_test_accuracy = passes.accuracy(searched_logits)
     index = LayerIndex.from_source(proto, build.kernel_nodes())
     quantized, products = build.integer_layers(), build.integer_products()
-    kept_float = [n for n in build.builder.node_of if n not in quantized]
-    integer, islands = integer_kernel_check(data, index, quantized + products,
-                                            kept_float=kept_float)
-    requantized_by_ort = [f"{n} ({integer[n]})" for n in kept_float if n in integer]
-    if requantized_by_ort:  # the reference runs them in float: the file is not what it says
-        raise UserError(f"{len(requantized_by_ort)} layer(s) kept float run as integer kernels "
-                        f"after onnxruntime's optimizations, with weight scales onnxruntime chose: "
-                        f"{'; '.join(requantized_by_ort[:3])}"
-                        + (" ..." if len(requantized_by_ort) > 3 else ""))
+    integer, islands = _integer_kernels(data, index, build, quantized, products)
     report.quantized_layers, report.integer_layers, report.float_islands = (
         len(quantized), sum(n in integer for n in quantized), islands)
     report.integer_products = sum(n in integer for n in products)

@@ -215,13 +215,10 @@ def learned_layers(qmodel: nn.Module) -> list[str]:
 
 def adaround(qmodel: nn.Module, xs: Sequence[torch.Tensor],
              config: AdaRoundConfig | None = None) -> dict[str, dict[str, float]]:
-    """AdaRound every quant layer of a calibrated fake-quant model (activation ranges and
-    weight scales set, see :func:`hwnas.quant.ptq.calibrate`) that :func:`adaround_targets`
-    names, in module order, on the calibration inputs ``xs`` (run as one batch); layers with
-    float weights, and convolutions whose padding is not zeros given as numbers, keep nearest
-    rounding. Modifies ``qmodel``'s weights in place and marks each learned layer
-    (``weight_rounding``, :func:`learned_layers`); returns
-    ``{layer: {"mse_nearest", "mse_adaround"}}``.
+    """AdaRound the quant layers :func:`adaround_targets` names of a calibrated fake-quant
+    model (:func:`hwnas.quant.ptq.calibrate`), in module order, on the calibration inputs
+    ``xs`` (one batch), the others keeping nearest rounding; in place, each learned layer
+    marked (:func:`learned_layers`). Returns ``{layer: {"mse_nearest", "mse_adaround"}}``.
 
     Examples:
         >>> import torch
@@ -240,8 +237,7 @@ def adaround(qmodel: nn.Module, xs: Sequence[torch.Tensor],
     if not xs:
         raise UserError("AdaRound needs calibration inputs")
     x = torch.cat(list(xs)) if len(xs) > 1 else xs[0]
-    chosen = set(adaround_targets(qmodel))
-    # a layer's seed is its index among all quant layers
+    chosen = set(adaround_targets(qmodel))  # a layer's seed: its index among all quant layers
     layers = [(i, n, m) for i, (n, m) in enumerate(quant_layers(qmodel)) if n in chosen]
     positions: dict[str, torch.Tensor] = {}
     targets: dict[str, torch.Tensor] = {}

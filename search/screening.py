@@ -77,8 +77,8 @@ class ScreeningSampler(BaseSampler):
       closed-form Gaussian terms over the current front's staircase. Two expensive objectives
       (accuracy vs a latency measured here) get the same exact EHVI with the second one's GP
       mean and deviation as an uncertain cost (independent of the first: separate GPs). With a
-      cheap cost that is predicted (``cheap_predicted``: a flag per cheap objective; default
-      exact), ``layer_share`` of the trials look behind the front (:mod:`hwnas.search.layered`);
+      predicted cheap cost (``cheap_predicted``), ``layer_share`` of the trials look behind the
+      front (:mod:`hwnas.search.layered`);
     * one objective: expected improvement;
     * three or more objectives, where the exact 2-D EHVI does not apply: an optimistic random
       augmented Chebyshev scalarization — ParEGO's rule (Knowles 2006) with a confidence bound
@@ -118,8 +118,7 @@ class ScreeningSampler(BaseSampler):
                  cheap_indices: Sequence[int] = (), *, seed: int,
                  directions: Sequence[str | StudyDirection] | None = None,
                  config: ScreeningConfig | None = None,
-                 constraints: CheapConstraints | None = None,
-                 constraint_names: Sequence[str] = (),
+                 constraints: CheapConstraints | None = None, constraint_names: Sequence[str] = (),
                  cheap_predicted: Sequence[bool] = ()) -> None:
         self.space = space
         self.constraints = constraints
