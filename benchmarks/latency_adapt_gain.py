@@ -2,7 +2,8 @@
 
 On ``latency_residual_select.py``'s leave-one-family-out folds (development families only;
 HELP's test devices are never in it), each held-out device gets ``n`` random measurements (the
-first ``n`` of a seeded permutation, per draw) and then the first ``n + 20`` of the same one.
+first ``n`` of a seeded permutation, per draw; ``--start ref``: the predictor's reference
+architectures first) and then the first ``n + 20`` of the same one.
 ``leave_one_out`` runs on the ``n`` (what ``adapt`` prints: the learning curve and
 ``expected_gain(20)``); the default predictor adapted to ``n`` and to ``n + 20`` is scored on
 ``--score-subsample`` architectures of the table measured in neither: the actual gain. Per row
@@ -60,6 +61,10 @@ def measure(args) -> list[dict]:
             archs, y = devices[d]
             for s in range(args.draws):
                 perm = np.random.default_rng(1000 + s).permutation(len(archs))
+                if args.start == "ref":  # the predictor's reference archs first, then random
+                    idx = {a: i for i, a in enumerate(archs)}
+                    own = [idx[a] for a in meta.reference_archs if a in idx]
+                    perm = np.array(lofo._top_up(own, perm, len(archs)))
                 for n in args.n:
                     if n + MORE + 50 > len(archs):
                         continue
@@ -227,6 +232,9 @@ def analyse(rows) -> dict:
 def main(argv=None) -> int:
     ap = select.fold_arguments(__doc__)
     ap.set_defaults(n=[10, 20, 50], draws=1, max_devices=1)
+    ap.add_argument("--start", choices=["random", "ref"], default="random",
+                    help="the first n measurements: random, or the predictor's reference "
+                         "architectures topped up at random (the 20 more are random either way)")
     ap.add_argument("--from", dest="from_", nargs="+", type=Path, default=None,
                     help="analyse the rows of these JSON files (no measuring)")
     ap.add_argument("--out", type=Path, default=None)
