@@ -20,7 +20,6 @@ is validated out of family. Reports per ``n`` the families' ratio predicted / ac
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections import defaultdict
