@@ -14,8 +14,10 @@ is validated out of family. Reports per ``n`` the families' ratio predicted / ac
 (median and quartiles over families, each the ratio of its mean gains) before and after.
 
     OMP_NUM_THREADS=1 python benchmarks/latency_adapt_gain.py --space nb201 --cache DIR \\
-        --n 10 20 50 --draws 1 --max-devices 1 --out benchmarks/results/latency_lofo/curve/gain_nb201.json
-    python benchmarks/latency_adapt_gain.py --from benchmarks/results/latency_lofo/curve/gain_*.json
+        --n 10 20 50 --draws 2 --max-devices 2 \\
+        --out benchmarks/results/latency_lofo/curve/gain_nb201.json
+    python benchmarks/latency_adapt_gain.py \\
+        --from benchmarks/results/latency_lofo/curve/gain_{nb201,fbnet}.json
 """
 
 from __future__ import annotations
