@@ -219,8 +219,10 @@ def analyse(rows) -> dict:
         fits[how] = {"all_families": {str(k): v for k, v in fit_shrink(raw, how).items()},
                      "out_of_family": {f: {str(k): v for k, v in c.items()}
                                        for f, c in chosen.items()}}
-    shipped = gains(rows, fewshot.GAIN_SHRINK)
-    lines += report(shipped, f"shipped {fewshot.GAIN_SHRINK}")
+    ref = {r.get("start", "random") for r in rows} == {"ref"}
+    k = fewshot.GAIN_SHRINK_REFERENCE if ref else fewshot.GAIN_SHRINK
+    shipped = gains(rows, k)
+    lines += report(shipped, f"shipped {k}")
     choice["shipped"] = abs_errors(shipped)
     print_report(lines)
     print("mean |predicted - actual| gain over all rows (Spearman, error points), out of family:")
@@ -248,11 +250,12 @@ def main(argv=None) -> int:
             import json
 
             d = json.loads(p.read_text())
-            rows += [{**r, "space": d["space"]} for r in d["rows"]]
+            start = d.get("args", {}).get("start", "random")
+            rows += [{**r, "space": d["space"], "start": start} for r in d["rows"]]
         result = analyse(rows)
     else:
         rows = measure(args)
-        result = analyse([{**r, "space": args.space} for r in rows])
+        result = analyse([{**r, "space": args.space, "start": args.start} for r in rows])
     if args.out:
         write_json(args.out, {"space": None if args.from_ else args.space, "rows": rows,
                               **result, "command": command,

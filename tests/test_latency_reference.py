@@ -270,3 +270,24 @@ def test_expected_gain_is_calibrated_on_a_device_whose_curve_is_known(nb201_samp
         cal_miss += np.abs(cal - actual)
     assert (cal_miss < raw_miss).all(), (cal_miss, raw_miss)
     assert "an estimate" in loo.gain_line() and "typically missed" in loo.gain_line()
+
+
+def test_a_reference_start_is_shrunk_more(nb201_sample):
+    """Measurements that start with the predictor's reference architectures get the reference
+    calibration (their curve is steeper than what 20 random ones more bring)."""
+    from hwnas.latency.fewshot import GAIN_SHRINK, GAIN_SHRINK_REFERENCE
+
+    space, archs = nb201_sample(14, seed=12)
+    y = opcount_truth(space, archs, 0.1, 3)
+
+    class WithReferences(OpCountPredictor):
+        reference_archs = archs[2:12]
+
+    assert not leave_one_out(OpCountPredictor(space), archs, y, seed=0).reference_start
+    loo = leave_one_out(WithReferences(space), archs, y, seed=0)
+    assert loo.reference_start
+    assert not leave_one_out(WithReferences(space), archs[3:], y[3:], seed=0).reference_start
+    assert loo.expected_gain() == loo.expected_gain(shrink=GAIN_SHRINK_REFERENCE)
+    plain = leave_one_out(OpCountPredictor(space), archs, y, seed=0)
+    assert plain.expected_gain() == plain.expected_gain(shrink=GAIN_SHRINK)
+    assert GAIN_SHRINK_REFERENCE[0] < GAIN_SHRINK[0] and GAIN_SHRINK_REFERENCE[1] < GAIN_SHRINK[1]
