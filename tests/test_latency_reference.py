@@ -242,3 +242,52 @@ def test_loo_learning_curve_and_expected_gain(nb201_sample):
     assert d_err <= 0 and d_rho >= 0
     assert short.median_rel_error + d_err >= 0 and short.spearman + d_rho <= 1
     assert "expected from 20 more" in short.gain_line()
+
+
+def test_expected_gain_is_calibrated_on_a_device_whose_curve_is_known(nb201_sample):
+    """On a synthetic device (op-count latencies with 10 % noise, the op-count predictor), the
+    real change from 20 more measurements is known: adapt to n and to n + 20 and rank 400
+    unmeasured architectures. The raw extrapolation of the held-out curve overshoots it (its
+    Spearman is over the few measurements); the calibrated gain (``GAIN_SHRINK``) misses it by
+    less, for both the Spearman and the error."""
+    from hwnas.latency.fewshot import GAIN_SHRINK, spearman
+
+    space, archs = nb201_sample(12 + 20 + 400, seed=11)
+    assert GAIN_SHRINK[0] < 1 and GAIN_SHRINK[1] < 1
+    raw_miss, cal_miss = np.zeros(2), np.zeros(2)
+    for seed in range(4):
+        y = opcount_truth(space, archs, 0.1, seed)
+        q, yq = archs[32:], y[32:]
+        loo = leave_one_out(OpCountPredictor(space), archs[:12], y[:12], seed=seed)
+        real = []
+        for k in (12, 32):
+            p = OpCountPredictor(space).adapt(archs[:k], y[:k], seed=0).predict(q)
+            real.append(np.array([np.median(np.abs(p - yq) / yq), spearman(p, yq)]))
+        actual = real[1] - real[0]
+        raw, cal = np.array(loo.expected_gain(shrink=(1.0, 1.0))), np.array(loo.expected_gain())
+        assert (np.abs(cal) <= np.abs(raw) + 1e-12).all()  # scaled down (before the clips)
+        raw_miss += np.abs(raw - actual)
+        cal_miss += np.abs(cal - actual)
+    assert (cal_miss < raw_miss).all(), (cal_miss, raw_miss)
+    assert "an estimate" in loo.gain_line() and "typically missed" in loo.gain_line()
+
+
+def test_a_reference_start_is_shrunk_more(nb201_sample):
+    """Measurements that start with the predictor's reference architectures get the reference
+    calibration (their curve is steeper than what 20 random ones more bring)."""
+    from hwnas.latency.fewshot import GAIN_SHRINK, GAIN_SHRINK_REFERENCE
+
+    space, archs = nb201_sample(14, seed=12)
+    y = opcount_truth(space, archs, 0.1, 3)
+
+    class WithReferences(OpCountPredictor):
+        reference_archs = archs[2:12]
+
+    assert not leave_one_out(OpCountPredictor(space), archs, y, seed=0).reference_start
+    loo = leave_one_out(WithReferences(space), archs, y, seed=0)
+    assert loo.reference_start
+    assert not leave_one_out(WithReferences(space), archs[3:], y[3:], seed=0).reference_start
+    assert loo.expected_gain() == loo.expected_gain(shrink=GAIN_SHRINK_REFERENCE)
+    plain = leave_one_out(OpCountPredictor(space), archs, y, seed=0)
+    assert plain.expected_gain() == plain.expected_gain(shrink=GAIN_SHRINK)
+    assert GAIN_SHRINK_REFERENCE[0] < GAIN_SHRINK[0] and GAIN_SHRINK_REFERENCE[1] < GAIN_SHRINK[1]
