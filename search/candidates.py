@@ -131,6 +131,12 @@ class ScreeningConfig:
     #: default) gained +0.011 / +0.008 at 100 / 300 on the unseen-phone proxy of
     #: ``benchmarks/search_nb201.md`` (session 34), level on the validation devices
     layer_share: float = 0.25
+    #: the share of layered trials while fewer than ``early_trials`` evaluations are complete
+    #: (0, the default: ``layer_share`` throughout); a higher one spends more of a small
+    #: budget behind the front (``benchmarks/search_nb201.md``, session 35)
+    early_layer_share: float = 0.0
+    #: completed evaluations up to which ``early_layer_share`` applies
+    early_trials: int = 100
 
     def __post_init__(self) -> None:
         if self.n_startup_trials < 1 or self.cheap_front_trials < 1:
@@ -156,6 +162,9 @@ class ScreeningConfig:
             raise UserError(f"front_slack_sd = {self.front_slack_sd}; expected in [0, 10)")
         if not 0.0 <= self.layer_share < 1.0:
             raise UserError(f"layer_share = {self.layer_share}; expected in [0, 1)")
+        if not 0.0 <= self.early_layer_share < 1.0 or self.early_trials < 0:
+            raise UserError(f"early_layer_share = {self.early_layer_share}, early_trials = "
+                            f"{self.early_trials}; expected a share in [0, 1), trials >= 0")
         if not self.explore > 0:
             raise UserError(f"explore = {self.explore}; expected > 0")
         if not self.length_factors or not self.noises:

@@ -15,19 +15,30 @@ exact cost a hidden cell is truly dominated, and the trial is lost.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from hwnas.search.acquisition import expected_hvi_2d
 from hwnas.search.pareto import front_layers
 
-__all__ = ["front_ehvi", "is_layered_trial", "staircase"]
+__all__ = ["front_ehvi", "is_layered_trial", "layered_now", "staircase"]
 
 
 def is_layered_trial(share: float, j: int) -> bool:
     """Whether the ``j``-th trial chosen by the surrogate (0-based) is a layered one: ``share``
     of them, evenly spaced (the first after ``1 / share`` plain ones); never for ``share`` 0."""
     return share > 0 and j >= 0 and math.floor((j + 1) * share) > math.floor(j * share)
+
+
+def layered_now(config: Any, done: int, startup: int) -> bool:
+    """Whether the next trial, after ``done`` completed ones of which ``startup`` start up, is
+    layered under ``config`` (a :class:`ScreeningConfig`): ``early_layer_share`` (where > 0)
+    while fewer than ``early_trials`` are complete, ``layer_share`` after; small budgets gain
+    the most from looking behind a front that predicted costs distort."""
+    early = config.early_layer_share > 0 and done < config.early_trials
+    return is_layered_trial(config.early_layer_share if early else config.layer_share,
+                            done - startup)
 
 
 def staircase(front_cost: np.ndarray, front_gain: np.ndarray, cost: np.ndarray) -> np.ndarray:

@@ -31,7 +31,7 @@ from hwnas.search.candidates import (
     front_slack,
 )
 from hwnas.search.gp import PoolGP
-from hwnas.search.layered import front_ehvi, is_layered_trial
+from hwnas.search.layered import front_ehvi, layered_now
 from hwnas.search.startup import size_prior, startup_plan, stratified_choice
 from hwnas.supernet.space import SearchSpace
 from optuna.distributions import (
@@ -645,8 +645,8 @@ class ScreeningSampler(BaseSampler):
             ok = pool.feasible  # the most accurate predicted candidate meeting the constraints
             best = int(np.argmax(mu)) if ok.all() or not ok.any() else \
                 int(np.flatnonzero(ok)[int(np.argmax(mu[ok]))])
-            layered = self.cheap_predicted[:1] == (True,) and is_layered_trial(
-                self.config.layer_share, len(self._hist.keys) - self._startup_trials())
+            layered = self.cheap_predicted[:1] == (True,) and layered_now(
+                self.config, len(self._hist.keys), self._startup_trials())
             taken = np.zeros(len(pool.keys), dtype=bool)
             taken[[pool.index[k] for k in self._hist.keys if k in pool.index]] = True
             return front_ehvi(mu, sd, cost, cost_sd, obs_cost, obs_gain, best, layered, taken)

@@ -14,7 +14,7 @@ import optuna
 import pytest
 from hwnas.search.acquisition import expected_hvi_2d
 from hwnas.search.gp import PoolGP
-from hwnas.search.layered import front_ehvi, is_layered_trial
+from hwnas.search.layered import front_ehvi, is_layered_trial, layered_now
 from hwnas.search.pareto import front_indices_2d, hypervolume_2d
 from hwnas.search.screening import ScreeningConfig, ScreeningSampler
 from hwnas.supernet.space import SearchSpace
@@ -291,6 +291,30 @@ def test_front_cost_slack_revisits_cells_just_slower_than_the_front():
     # in units of the cost's standard deviation: nothing where the cost has none (exact)
     assert run_sd(cheap_latency, 3.0) == run(0.0)
     assert run_sd(cheap_latency_with_std, 3.0) != run_sd(cheap_latency_with_std, 0.0)
+
+
+def test_early_layer_share_takes_more_layered_trials_before_early_trials():
+    early = ScreeningConfig(early_layer_share=0.5, early_trials=20)  # layer_share 0.25 after
+    # 10 start-up trials: one in two of the surrogate's trials until 20 are complete, then 1 in 4
+    assert [d for d in range(10, 32) if layered_now(early, d, 10)] == [11, 13, 15, 17, 19, 21,
+                                                                        25, 29]
+    off = ScreeningConfig()  # early_layer_share 0: layer_share throughout, as before
+    assert [layered_now(off, d, 10) for d in range(10, 40)] == [
+        is_layered_trial(0.25, d - 10) for d in range(10, 40)]
+    space = ToySpace()
+
+    def run(cfg):
+        return run_toy(space, ScreeningSampler(space, cheap_latency, (1,), seed=0, config=cfg,
+                                               directions=["maximize", "minimize"],
+                                               cheap_predicted=(True,)), 26)
+
+    # before early_trials the same trials as a constant share of 0.5, not those of 0.25
+    const, quarter = run(ScreeningConfig(layer_share=0.5)), run(ScreeningConfig())
+    got = run(early)
+    assert got[:20] == const[:20] and got[:20] != quarter[:20]
+    for bad in ({"early_layer_share": 1.0}, {"early_trials": -1}):
+        with pytest.raises(UserError, match="early_layer_share"):
+            ScreeningConfig(**bad)
 
 
 def test_layered_ehvi_looks_behind_the_front_for_hidden_cells():
