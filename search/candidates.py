@@ -133,7 +133,7 @@ class ScreeningConfig:
     layer_share: float = 0.25
     #: the share of layered trials while fewer than ``early_trials`` evaluations are complete
     #: (0, the default: ``layer_share`` throughout); a higher one spends more of a small
-    #: budget behind the front (``benchmarks/search_nb201.md``, session 35)
+    #: budget behind the front (``benchmarks/search_nb201.md``, session 34)
     early_layer_share: float = 0.0
     #: completed evaluations up to which ``early_layer_share`` applies
     early_trials: int = 100

@@ -21,27 +21,7 @@
 #   bash benchmarks/results/gpu_matrix/session35.sh PHASE SECONDS
 set -u
 PHASE=$1; S=${2:-520}
-export PYTHONUNBUFFERED=1
-if [ ! -d /tmp/site/optuna ]; then
-  [ -d .whl ] || { echo "no /tmp/site and no .whl carried: run phase 1 first"; exit 1; }
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
-mkdir -p /tmp/keep /tmp/res
-if [ ! -f /tmp/keep/cifar10-jpeg.npz ]; then
-  cp data/c10/cifar10-jpeg.npz /tmp/keep/ || { echo "no CIFAR-10 on this machine: carry data/c10 (phase 1)"; exit 1; }
-fi
-export CCT_DATA=/tmp/keep/cifar10-jpeg.npz HWNAS_SHARED_DATA=/tmp/sub
-T0=$(date +%s)
-left() { echo $(( S - ($(date +%s) - T0) )); }
-matrix() {  # matrix BUDGET ARGS...: cells kept from the last results, 3 at a time
-  local b=$1; shift
-  prev="--results benchmarks/gpu_matrix.json"; [ -f /tmp/res/gpu_matrix.json ] && prev="--results /tmp/res/gpu_matrix.json"
-  [ "$b" -lt 1 ] && return
-  timeout $(( b + 200 )) python3 benchmarks/gpu_matrix.py --out /tmp/res --budget-s "$b" --cell-timeout 200 \
-    --jobs 3 --work /tmp/gm --subset-from /tmp/keep/cifar10-jpeg.npz $prev "$@" 2>&1 | tee -a /tmp/res/matrix.log | tail -24
-}
+. benchmarks/results/gpu_matrix/device_env.sh || exit 1
 case $PHASE in
 1)
   timeout 200 python3 benchmarks/results/gpu_matrix/step_probe.py /tmp/res 30 cuda > /tmp/res/step_probe.log 2>&1
