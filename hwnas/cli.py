@@ -177,6 +177,9 @@ def _train_recipe_options(h) -> None:
                    help=f"peak learning rate (default {c.lr:g})")
     h.add_argument("--weight-decay", type=non_negative_float, default=None,
                    help=f"(default {c.weight_decay:g})")
+    h.add_argument("--decay-all", action="store_true", default=None,
+                   help="weight decay on every parameter, norms, biases and position embeddings "
+                        "too (CCT's original script); default: weights only")
     h.add_argument("--label-smoothing", type=non_negative_float, default=None,
                    help=f"(default {c.label_smoothing:g})")
     h.add_argument("--mixup", type=non_negative_float, default=None, metavar="ALPHA",

@@ -107,6 +107,10 @@ class TrainConfig:
     #: ``"sgd"`` (Nesterov, ``momentum``) or ``"adamw"`` (betas 0.9, 0.999, for vision
     #: transformers); either decays only weights, not norms, biases or position embeddings.
     optimizer: str = "sgd"
+    #: Decay every parameter, norms, biases and position embeddings too, as CCT's original
+    #: training script (``model.parameters()`` to AdamW) did for its published CIFAR figures;
+    #: False: only weights (timm's and DeiT's filter).
+    decay_all: bool = False
     #: Beta alphas of MixUp and CutMix (:func:`hwnas.supernet.data.mix.mix_batch`; 0 = off):
     #: each training batch mixed in pairs, the targets then class probabilities.
     mixup: float = 0.0

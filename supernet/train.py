@@ -210,7 +210,7 @@ _NO_DECAY_NAMES = ("transforms", "pos_embed", "position")
 def _make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        skip = p.ndim <= 1 or any(k in name for k in _NO_DECAY_NAMES)
+        skip = not config.decay_all and (p.ndim <= 1 or any(k in name for k in _NO_DECAY_NAMES))
         (no_decay if skip else decay).append(p)
     groups = [{"params": decay, "weight_decay": config.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]

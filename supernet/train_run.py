@@ -41,11 +41,11 @@ RUN_KEYS = ("data", "space", "schedule", "epochs", "batch_size", "lr", "weight_d
             "label_smoothing", "warmup_epochs", "grad_clip", "num_random", "full_fraction", "seed",
             "standalone", "limit_train", "limit_eval", "compile", "subnet_loss", "augment",
             "optimizer", "mixup", "cutmix", "teacher", "teacher_arch", "teacher_weight",
-            "teacher_mode")
+            "teacher_mode", "decay_all")
 #: TrainConfig fields a setting overrides when given (else the space's default, else TrainConfig's).
 CONFIG_KEYS = ("batch_size", "lr", "weight_decay", "label_smoothing", "warmup_epochs",
                "grad_clip", "seed", "subnet_loss", "augment", "optimizer", "mixup", "cutmix",
-               "teacher_weight", "teacher_mode")
+               "teacher_weight", "teacher_mode", "decay_all")
 #: Seed of the random subnets that --eval reports (and --standalone randomN trains).
 EVAL_SEED = 2024
 NUM_RANDOM_EVAL = 3

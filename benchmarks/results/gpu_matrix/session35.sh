@@ -1,38 +1,35 @@
 #!/usr/bin/env bash
-# The next session's device commands (nvidia-h200 or nvidia-h100-x1), one phase each, straight
-# after one another (the machine must stay warm: data stays in /tmp/keep). Make the tree lean
-# first (/work/tools/lean.sh: large tracked files out; restore with git checkout) so each carry
-# fits in 64 MiB:
-#   1: carry .whl data/c10 (lean tree): step_probe.py alone (why GPU training is slow), then
-#      the cells that need no shipped checkpoint, left or changed since session 34 (fbnet bits
-#      after the float-guard fix, nb201 CIFAR-10 bits, the training cells), 3 at a time
-#   2: carry data/cct_resume (lean tree): resume the two 200-epoch CCT jobs (cct7fix at epoch
-#      124, cct2fix at 189; about 13 and 2 minutes) and start cct2drop / cct7drop (CCT's dropout
-#      0.1, supernet_cifar10.md "Session 34"; about 23 and 35 minutes alone, so cct7drop goes on
-#      the session after from its parts), then the digits quantized cells again (session 34's
-#      new verification check) beside them
-#   3: no carry, the tree with supernet/checkpoints/*.pt: the 25,000-image mbv3 CIFAR-10 timing
-#      (beside cct7fix, as in sessions 30 and 34), the CIFAR-10 cells that use the shipped
-#      checkpoints, the vit export
-#   4: no carry: quant_peers on this Xeon for the middle and largest subnets, cells left, the
-#      CCT jobs collected (their eval.json, or their checkpoints in parts again)
-# Every phase returns the CCT checkpoints in parts while the jobs run (RETURN_CKPT; $OUT holds
-# 8 files: results.tgz with the CCT logs inside, and at most 7 parts: cct7 3, cct2 1).
+# Session 35's device commands (nvidia-h200 or nvidia-h100-x1), one phase each, straight after
+# one another (the machine must stay warm: data stays in /tmp/keep, the CCT jobs run on in the
+# background). Session 34's CCT parts were lost with its machine (git-ignored), so the CCT-2
+# jobs start afresh in phase 1; CCT-7 (35 minutes alone, a 46 MB checkpoint that cannot be
+# committed) waits for a session that can run it through. Make the tree lean first
+# (/work/tools/lean.sh: large tracked files out; restore with git checkout) so phase 1 fits:
+#   1: carry .whl data/c10 (lean tree): start cct2drop and cct2dropwd (CCT-2 with CCT's dropout
+#      0.1; the second also decays every parameter, as CCT's script), step_probe.py (why GPU
+#      training is slow), then the cells that need no shipped checkpoint, left or changed since
+#      session 34 (fbnet bits after the float-guard fix, nb201 CIFAR-10 bits, training cells)
+#   2: no carry (lean tree): the digits quantized cells again (session 34's new verification)
+#   3: no carry, the tree with supernet/checkpoints/*.pt: the 25,000-image mbv3 CIFAR-10 timing,
+#      the CIFAR-10 cells that use the shipped checkpoints, the vit export
+#   4: no carry: quant_peers on this Xeon for the middle and largest subnets, cells left
+# Every phase returns the CCT-2 checkpoints in parts while the jobs run (RETURN_CKPT), and
+# their eval.json once done; results.tgz holds the CCT logs.
 #   bash benchmarks/results/gpu_matrix/session35.sh PHASE SECONDS
 set -u
 PHASE=$1; S=${2:-520}
 . benchmarks/results/gpu_matrix/device_env.sh || exit 1
 case $PHASE in
 1)
+  CCT_JOBS="cct2drop cct2dropwd" RETURN_CKPT="" \
+    bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_start1.log 2>&1
+  head -4 /tmp/res/cct_start1.log
   timeout 200 python3 benchmarks/results/gpu_matrix/step_probe.py /tmp/res 30 cuda > /tmp/res/step_probe.log 2>&1
   cut -c1-250 /tmp/res/step_probe.log
   matrix $(( $(left) - 200 )) --rerun run/fbnet/digits/bits run/fbnet/cifar10/bits \
     --only run/fbnet/digits/bits run/fbnet/cifar10/bits run/nb201/cifar10/bits train/
   ;;
 2)
-  CCT_JOBS="cct7fix cct2fix cct2drop cct7drop" RETURN_CKPT="" \
-    bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_start2.log 2>&1
-  head -6 /tmp/res/cct_start2.log
   matrix $(( $(left) - 170 )) --rerun run/mbv3/digits/bits run/vit/digits/bits run/nb201/digits/bits \
     run/mbv3-tiny/digits/bits run/cct/digits/bits export/mbv3 finetune \
     --only run/mbv3/digits/bits export/mbv3 finetune run/vit/digits/bits run/nb201/digits/bits \
@@ -67,8 +64,7 @@ PY
   ;;
 esac
 # the CCT jobs: their eval.json when done, else their checkpoints in parts (RETURN_CKPT)
-[ "$PHASE" = 2 ] && R="cct2fix cct7fix cct2drop" || R="cct7fix cct2drop cct7drop"
-CCT_JOBS=none RETURN_CKPT="${RETURN_CKPT:-$R}" bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_collect$PHASE.log 2>&1
+CCT_JOBS=none RETURN_CKPT="${RETURN_CKPT:-cct2drop cct2dropwd}" bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_collect$PHASE.log 2>&1
 mv "$OUT/cct_logs.tgz" /tmp/res/ 2>/dev/null
 grep -a -A3 "^== cct" /tmp/res/cct_collect$PHASE.log | cut -c1-300
 nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader

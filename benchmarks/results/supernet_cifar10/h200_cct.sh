@@ -18,6 +18,11 @@
 # Session 34: cct7fix / cct2fix resume with the space configuration their run.json records
 # (no dropout); cct2drop / cct7drop start afresh with `cct`'s new default, CCT's dropout 0.1
 # (benchmarks/supernet_cifar10.md, "Session 34"); the jobs not yet started get it too.
+# Session 35: session 34's returned parts were lost with its machine (they lay in a git-ignored
+# folder); cct2drop and cct2dropwd (plus CCT's weight decay on every parameter, --decay-all)
+# start afresh. CCT-2's parts (about 3.5 MB) are committed when a run does not finish, so the
+# next session resumes them from the repository (data/cct_resume or
+# benchmarks/results/supernet_cifar10/resume/).
 set -u
 MINUTES=${1:-9}
 ROOT=/tmp/cct
@@ -31,6 +36,7 @@ JOBS=(
   "cct7fix|--space cct --standalone largest --epochs 200"
   "cct2fix|--space cct --standalone smallest --epochs 200"
   "cct2drop|--space cct --standalone smallest --epochs 200"
+  "cct2dropwd|--space cct --standalone smallest --epochs 200 --decay-all"
   "cct7drop|--space cct --standalone largest --epochs 200"
   "ablH_cct7fix_s30recipe_50|--space cct --standalone largest --epochs 50 --augment trivial_crop_flip_cutout --mixup 0.8 --cutmix 1.0 --lr 5.5e-4 --weight-decay 0.06 --warmup-epochs 10 --grad-clip 5"
   "ablI_cct7fix_50|--space cct --standalone largest --epochs 50"
@@ -55,12 +61,14 @@ for spec in "${JOBS[@]}"; do
     echo "$name: running"; continue
   fi
   if [ -f "$dir/eval.json" ]; then echo "$name: done"; continue; fi
-  if [ ! -f "$dir/checkpoint.pt" ] && ls data/cct_resume/"$name".ckpt.part* >/dev/null 2>&1; then
-    mkdir -p "$dir"
-    cat data/cct_resume/"$name".ckpt.part* > "$dir/checkpoint.pt"
-    tar -xzf data/cct_resume/cct_logs.tgz -C "$ROOT" --wildcards "*/$name/run.json" 2>/dev/null
-    echo "$name: restored from carried parts"
-  fi
+  for src in data/cct_resume benchmarks/results/supernet_cifar10/resume; do
+    if [ ! -f "$dir/checkpoint.pt" ] && ls "$src/$name".ckpt.part* >/dev/null 2>&1; then
+      mkdir -p "$dir"
+      cat "$src/$name".ckpt.part* > "$dir/checkpoint.pt"
+      tar -xzf "$src/cct_logs.tgz" -C "$ROOT" --wildcards "*/$name/run.json" 2>/dev/null
+      echo "$name: restored from carried parts ($src)"
+    fi
+  done
   if [ -f "$dir/checkpoint.pt" ] && [ -f "$dir/run.json" ]; then
     cmd="$HWNAS train --out $dir --resume --device cuda --compile --quiet --eval"
   else
