@@ -362,3 +362,32 @@ def test_sort_channels_permutes_optimizer_state():
     a.eval(), b.eval()
     with torch.no_grad():
         assert torch.allclose(a(xs[0]), b(xs[0]), atol=1e-5)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("stride,kernel", [(1, 3), (2, 5)])
+def test_native_depthwise_equals_conv2d(channels_last, stride, kernel):
+    """The GPU path of the supernets' depthwise convolutions (PyTorch's kernels, cuDNN off;
+    forced here on the CPU) gives F.conv2d's outputs and gradients, in float and under
+    autocast, where it casts as F.conv2d would."""
+    import torch.nn.functional as F
+    from hwnas.supernet.nn.dynamic_ops import depthwise_conv2d
+
+    torch.manual_seed(0)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(4, 8, 9, 9).to(memory_format=fmt).requires_grad_()
+    w = torch.randn(8, 1, kernel, kernel, requires_grad=True)
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    y = depthwise_conv2d(x, w, stride, kernel // 2, native=True)
+    ref = F.conv2d(x2, w2, None, stride, kernel // 2, 1, 8)
+    g = torch.randn_like(ref)
+    y.backward(g)
+    ref.backward(g)
+    assert torch.equal(y, ref) and torch.equal(x.grad, x2.grad) and torch.equal(w.grad, w2.grad)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = depthwise_conv2d(x, w, stride, kernel // 2, native=True)
+        ref = F.conv2d(x, w, None, stride, kernel // 2, 1, 8)
+    assert y.dtype == ref.dtype == torch.bfloat16 and torch.equal(y, ref)
+    x.grad = None
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and w.grad.dtype == torch.float32

@@ -215,3 +215,17 @@ def test_half_checkpoint_loads_as_float32(tmp_path):
     x = torch.randn(4, *space.input_shape, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.allclose(loaded.eval()(x), net.eval()(x), atol=2e-2)
+
+
+def test_decay_all_decays_every_parameter():
+    """--decay-all (CCT's original script) puts norms, biases and position embeddings under
+    weight decay too; by default they are not decayed."""
+    from hwnas.supernet.recipes import TrainConfig
+    from hwnas.supernet.train import _make_optimizer
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    for decay_all, decayed in ((False, 1), (True, 4)):
+        opt = _make_optimizer(model, TrainConfig(weight_decay=0.03, optimizer="adamw",
+                                                 decay_all=decay_all))
+        n = sum(len(g["params"]) for g in opt.param_groups if g["weight_decay"] == 0.03)
+        assert n == decayed

@@ -44,6 +44,50 @@ class DynamicConv2d(nn.Module):
         return conv
 
 
+class _NativeDepthwise(torch.autograd.Function):
+    """Depthwise convolution with cuDNN off in forward and backward (PyTorch's own kernels)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, stride: int, padding: int) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.stride, ctx.padding = stride, padding
+        with torch.backends.cudnn.flags(enabled=False):
+            return F.conv2d(x, w, None, stride, padding, 1, x.size(1))
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, w = ctx.saved_tensors
+        s, p = ctx.stride, ctx.padding
+        with torch.backends.cudnn.flags(enabled=False):
+            gx, gw, _ = torch.ops.aten.convolution_backward(
+                grad, x, w, None, [s, s], [p, p], [1, 1], False, [0, 0], x.size(1),
+                [ctx.needs_input_grad[0], ctx.needs_input_grad[1], False])
+        return gx, gw, None, None
+
+
+def depthwise_conv2d(x: torch.Tensor, w: torch.Tensor, stride: int, padding: int,
+                     native: bool | None = None) -> torch.Tensor:
+    """``F.conv2d(x, w, None, stride, padding, 1, channels)``; on a GPU (``native`` None) or
+    when ``native``, through PyTorch's own depthwise kernels instead of cuDNN.
+
+    Why: a supernet step meets new depthwise shapes (channels x kernel x resolution) for many
+    steps, and cuDNN 9 builds a plan for each new one: 0.9 s median per new shape (up to 4.4 s)
+    on an H100, against 0.9 ms for PyTorch's kernels, which are also faster once warm (0.74 vs
+    1.07 ms): `benchmarks/gpu_matrix.md`, "Session 35" (step_probe). Autocast is applied here
+    (inputs cast to its dtype, the Function run outside it), as ``F.conv2d`` would.
+    """
+    if native is None:
+        native = x.is_cuda and not torch.compiler.is_compiling()
+    if not native:
+        return F.conv2d(x, w, None, stride, padding, 1, x.size(1))
+    kind = x.device.type
+    if torch.is_autocast_enabled(kind):
+        dtype = torch.get_autocast_dtype(kind)
+        x, w = x.to(dtype), w.to(dtype)
+    with torch.autocast(kind, enabled=False):
+        return _NativeDepthwise.apply(x, w.to(x.dtype), stride, padding)
+
+
 class DynamicDepthwiseConv2d(nn.Module):
     """A depthwise convolution with elastic channels and elastic kernel size.
 
@@ -82,8 +126,7 @@ class DynamicDepthwiseConv2d(nn.Module):
 
     def forward(self, x: torch.Tensor, kernel: int) -> torch.Tensor:
         channels = x.size(1)
-        w = self.active_weight(channels, kernel)
-        return F.conv2d(x, w, None, self.stride, kernel // 2, 1, channels)
+        return depthwise_conv2d(x, self.active_weight(channels, kernel), self.stride, kernel // 2)
 
     def static(self, channels: int, kernel: int) -> nn.Conv2d:
         conv = nn.Conv2d(channels, channels, kernel, self.stride, kernel // 2, groups=channels,

@@ -1,20 +1,22 @@
 """Why a sandwich step of the mbv3 supernet takes about a second on an H100/H200: per-step
 times of the training step alone (no data loading: one random batch of 128 on the device),
-bf16 autocast and channels-last as `hwnas train` uses on a GPU, in four variants, each in a
-fresh process:
+bf16 autocast and channels-last as `hwnas train` uses on a GPU, each variant in a fresh process:
 
-- ``sample``: the real step (largest, smallest and two random subnets, new ones every step);
+- ``sample``: the real step (largest, smallest and two random subnets, new ones every step),
+  the library as it is (since session 35 its depthwise convolutions skip cuDNN on a GPU);
+- ``sample_cudnndw``: the same with the depthwise convolutions through cuDNN (before);
 - ``repeat``: the same four subnets every step (no new convolution shapes after step 1);
-- ``sample_nocudnn``: the real step with cuDNN switched off;
-- ``sample_dwnative``: the real step with cuDNN off for the depthwise convolutions only;
-- ``cold*``: the first and second forward+backward of 24 new depthwise and pointwise
-  convolution shapes each (cuDNN on, off, off for depthwise only): what a new shape costs.
+- ``profile``: ``sample`` with torch.profiler over its last 5 steps: the top operators by host
+  and device time, and the synchronisations and copies;
+- ``cold``, ``cold_nocudnn``, ``cold_dwnative``: the first and second forward+backward of 24
+  new depthwise and pointwise convolution shapes each (cuDNN on; off; the library's native
+  depthwise path): what a new shape costs. Session 35 (H100): a new depthwise shape cost
+  0.91 s median through cuDNN, 0.9 ms without it.
 
-If new shapes cost the time (cuDNN building a plan per new convolution shape), ``sample`` stays
-slow while ``repeat`` is fast after its first step and ``sample`` speeds up as shapes recur.
 Prints per-step seconds (first 10, then the median of the rest) and the distinct convolution
 shapes seen; writes OUT/step_probe.json.
-Run on the GPU machine: python benchmarks/results/gpu_matrix/step_probe.py OUT [STEPS] [DEVICE] [BATCH]"""
+Run on the GPU machine:
+  python benchmarks/results/gpu_matrix/step_probe.py OUT [STEPS] [DEVICE] [BATCH] [VARIANT,...]"""
 import json
 import statistics
 import subprocess
@@ -26,28 +28,10 @@ import sys, time, json, numpy as np, torch, torch.nn.functional as F
 variant, steps, device, batch = sys.argv[1], int(sys.argv[2]), torch.device(sys.argv[3]), int(sys.argv[4])
 if variant.endswith("nocudnn"):
     torch.backends.cudnn.enabled = False
-if variant.endswith("dwnative"):  # cuDNN off for grouped (depthwise) convolutions only
-    _conv2d = F.conv2d
-    class _DW(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, w, stride, padding, groups):
-            ctx.save_for_backward(x, w); ctx.args = (stride, padding, groups)
-            with torch.backends.cudnn.flags(enabled=False):
-                return _conv2d(x, w, None, stride, padding, 1, groups)
-        @staticmethod
-        def backward(ctx, g):
-            x, w = ctx.saved_tensors; stride, padding, groups = ctx.args
-            st = [stride] * 2 if isinstance(stride, int) else list(stride)
-            pd = [padding] * 2 if isinstance(padding, int) else list(padding)
-            with torch.backends.cudnn.flags(enabled=False):
-                gi, gw, _ = torch.ops.aten.convolution_backward(
-                    g, x, w, None, st, pd, [1, 1], False, [0, 0], groups, [True, True, False])
-            return gi, gw, None, None, None
-    def _patched(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
-        if groups > 1 and b is None and dilation == 1 and x.is_cuda:
-            return _DW.apply(x, w, stride, padding, groups)
-        return _conv2d(x, w, b, stride, padding, dilation, groups)
-    F.conv2d = _patched
+from hwnas.supernet.nn import dynamic_ops
+if variant.endswith("cudnndw"):  # the depthwise convolutions through cuDNN (before session 35)
+    _dw = dynamic_ops.depthwise_conv2d
+    dynamic_ops.depthwise_conv2d = lambda x, w, s, p, native=None: _dw(x, w, s, p, native=False)
 if variant.startswith("cold"):  # first and second fwd+bwd of new convolution shapes
     dev = torch.device(sys.argv[3]); rows = []
     for i, (c, k, s, hw) in enumerate([(c, k, s, hw) for c in (72, 120, 240, 480) for k in (3, 5, 7)
@@ -59,7 +43,8 @@ if variant.startswith("cold"):  # first and second fwd+bwd of new convolution sh
             for rep in range(2):
                 torch.cuda.synchronize(); t0 = time.perf_counter()
                 with torch.autocast("cuda", dtype=torch.bfloat16):
-                    y = F.conv2d(x, w, None, s, k // 2, 1, c) if kind == "dw" else F.conv2d(x, w)
+                    y = (dynamic_ops.depthwise_conv2d(x, w, s, k // 2, native=variant.endswith("dwnative"))
+                         if kind == "dw" else F.conv2d(x, w))
                 y.float().sum().backward()
                 torch.cuda.synchronize(); t.append(time.perf_counter() - t0)
             rows.append({"kind": kind, "c": c, "k": k, "s": s, "hw": hw, "first": t[0], "second": t[1]})
@@ -85,6 +70,12 @@ for m in net.modules():
 fixed = [space.largest(), space.smallest(), space.sample(rng), space.sample(rng)]
 amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" else (lambda: torch.autocast("cpu", enabled=False))
 times, nshapes = [], []
+prof = None
+if variant.startswith("profile"):  # torch.profiler over the last 5 steps: where 0.2 s goes
+    from torch.profiler import ProfilerActivity, profile, schedule
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                   schedule=schedule(wait=steps - 6, warmup=1, active=5))
+    prof.start()
 for step in range(steps):
     archs = fixed if variant.startswith("repeat") else [space.largest(), space.smallest(), space.sample(rng), space.sample(rng)]
     if device.type == "cuda":
@@ -105,7 +96,18 @@ for step in range(steps):
         torch.cuda.synchronize()
     times.append(time.perf_counter() - t0)
     nshapes.append(len(shapes))
-print(json.dumps({"variant": variant, "times": times, "shapes": nshapes}))
+    if prof is not None:
+        prof.step()
+extra = {}
+if prof is not None:
+    prof.stop()
+    ev = prof.key_averages()
+    extra["top_cpu"] = [(e.key, e.count, round(e.self_cpu_time_total / 5e3, 2)) for e in
+                        sorted(ev, key=lambda e: -e.self_cpu_time_total)[:20]]
+    extra["top_cuda"] = [(e.key, e.count, round(e.self_device_time_total / 5e3, 2)) for e in
+                         sorted(ev, key=lambda e: -e.self_device_time_total)[:15]]
+    extra["sync_copy"] = [(e.key, e.count) for e in ev if "Synchronize" in e.key or "Memcpy" in e.key]
+print(json.dumps({"variant": variant, "times": times, "shapes": nshapes, **extra}))
 '''
 
 
@@ -115,8 +117,9 @@ def main() -> None:
     device = sys.argv[3] if len(sys.argv) > 3 else "cuda"
     batch = sys.argv[4] if len(sys.argv) > 4 else "128"
     res = {}
-    for variant in ("cold", "cold_nocudnn", "cold_dwnative", "sample", "repeat", "sample_dwnative",
-                    "sample_nocudnn"):
+    variants = sys.argv[5].split(",") if len(sys.argv) > 5 else [
+        "cold_dwnative", "sample", "sample_cudnndw", "profile", "repeat"]
+    for variant in variants:
         t0 = time.perf_counter()
         try:
             p = subprocess.run([sys.executable, "-c", CHILD, variant, str(steps), device, batch],
@@ -141,6 +144,9 @@ def main() -> None:
                   f"shapes {r['shapes'][0]} -> {r['shapes'][-1]}  ({r['seconds']} s)", flush=True)
         else:
             print(variant, r.get("error"), flush=True)
+        for key in ("top_cpu", "top_cuda", "sync_copy"):
+            for row in r.get(key, []):
+                print(f"  {key} {row}", flush=True)
         with open(f"{out}/step_probe.json", "w") as f:
             json.dump(res, f)
 
