@@ -52,6 +52,7 @@ PY
     --only run/vit/cifar10/bits export/vit run/mbv3/cifar10/bits run/cct/cifar10/bits
   ;;
 4)
+  ( matrix 260 --only train/mbv3/cifar10/resume-after-kill train/vit/cifar10/standalone-compiled > /tmp/res/m4.log 2>&1 & )
   # one subnet per command, merged into one JSON (quant_peers writes at the end of a command)
   for sub in middle largest; do
     [ "$(left)" -lt 240 ] && break
@@ -60,7 +61,7 @@ PY
         --runtimes ort,ort_u8u8 --timing-rounds 3 --merge --out /tmp/res/quant_peers_xeon.json ) >> /tmp/res/quant_peers_xeon.log 2>&1
   done
   grep -a "subnet=" /tmp/res/quant_peers_xeon.log | cut -c1-300
-  matrix $(( $(left) - 170 )) --rerun-failed
+  matrix $(( $(left) - 170 )) --only train/mbv3/cifar10/resume-after-kill
   ;;
 esac
 # the CCT jobs: their eval.json when done, else their checkpoints in parts (RETURN_CKPT)
