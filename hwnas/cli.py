@@ -246,8 +246,9 @@ def _train_speed_options(s) -> None:
     s.add_argument("--cudnn-benchmark", choices=("auto", "on", "off"), default="auto",
                    help="cuDNN autotuning per new convolution shape (CUDA): auto = on for "
                         "--standalone, off for supernets, whose random subnets bring new shapes")
-    s.add_argument("--precision", choices=PRECISIONS, default="auto",
-                   help="auto = bf16 autocast on CUDA, fp32 on CPU")
+    s.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="auto = bf16 autocast on CUDA, fp32 on CPU (default auto; on --resume "
+                        "the run's)")
     s.add_argument("--channels-last", choices=("auto", "on", "off"), default="auto",
                    help="auto = on for CUDA")
     s.add_argument("--bench-steps", type=positive_int, default=None,

@@ -41,7 +41,7 @@ RUN_KEYS = ("data", "space", "schedule", "epochs", "batch_size", "lr", "weight_d
             "label_smoothing", "warmup_epochs", "grad_clip", "num_random", "full_fraction", "seed",
             "standalone", "limit_train", "limit_eval", "compile", "subnet_loss", "augment",
             "optimizer", "mixup", "cutmix", "teacher", "teacher_arch", "teacher_weight",
-            "teacher_mode", "decay_all")
+            "teacher_mode", "decay_all", "precision")
 #: TrainConfig fields a setting overrides when given (else the space's default, else TrainConfig's).
 CONFIG_KEYS = ("batch_size", "lr", "weight_decay", "label_smoothing", "warmup_epochs",
                "grad_clip", "seed", "subnet_loss", "augment", "optimizer", "mixup", "cutmix",
@@ -206,6 +206,8 @@ def _read_settings(args: argparse.Namespace, run_file: Path | None) -> tuple[dic
         raise UserError(f"--resume: {run_file} is not a run.json written by hwnas train") from None
     if args.compile is not None:  # speed only: a resumed chunk may compile or not
         settings["compile"] = None if args.compile == "off" else args.compile
+    if getattr(args, "precision", None) is not None:  # a resumed chunk may change it, if asked
+        settings["precision"] = args.precision
     return settings, recorded
 
 
@@ -295,7 +297,7 @@ def _training(args: argparse.Namespace, settings: dict, recorded: dict, ctx, dev
         arch = resolve_arch(space, settings["standalone"])
         model = reinitialize(model.extract(arch).train(), seed=config.seed)
     options = TrainOptions(
-        device=device, progress=not args.quiet, precision=args.precision,
+        device=device, progress=not args.quiet, precision=settings.get("precision") or "auto",
         channels_last={"auto": None, "on": True, "off": False}[args.channels_last], dist=ctx,
         dataset=data.name, compile=settings["compile"] or False)
     return _Training(model, space, arch, data, config, options, teacher, args.half_weights)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -182,3 +184,23 @@ def test_reinitialize_is_seeded():
 # --------------------------------------------------------------------------------------------
 # subnet_loss (sum vs mean of a sandwich step's losses), compiling the fixed subnets
 # --------------------------------------------------------------------------------------------
+
+
+def test_resume_keeps_the_runs_precision(tmp_path):
+    """A run started with --precision fp32 resumes in fp32 (run.json records it), unless the
+    resuming command asks for another; before, a resumed chunk fell back to bf16 on a GPU."""
+    from hwnas.cli import build_parser
+    from hwnas.supernet.train_run import _read_settings, settings_from_args
+
+    parser = build_parser()
+    out = str(tmp_path / "run")
+    first = parser.parse_args(["train", "--space", "nb201", "--dataset", "digits", "--epochs",
+                               "1", "--precision", "fp32", "--out", out])
+    settings = settings_from_args(first)
+    assert settings["precision"] == "fp32"
+    run_file = tmp_path / "run.json"
+    run_file.write_text(json.dumps({"settings": settings}))
+    resumed = parser.parse_args(["train", "--out", out, "--resume"])
+    assert _read_settings(resumed, run_file)[0]["precision"] == "fp32"
+    asked = parser.parse_args(["train", "--out", out, "--resume", "--precision", "bf16"])
+    assert _read_settings(asked, run_file)[0]["precision"] == "bf16"

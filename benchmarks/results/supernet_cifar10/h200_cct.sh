@@ -37,6 +37,7 @@ JOBS=(
   "cct2fix|--space cct --standalone smallest --epochs 200"
   "cct2drop|--space cct --standalone smallest --epochs 200"
   "cct2dropwd|--space cct --standalone smallest --epochs 200 --decay-all"
+  "cct2drop32|--space cct --standalone smallest --epochs 200 --precision fp32"
   "cct7drop|--space cct --standalone largest --epochs 200"
   "ablH_cct7fix_s30recipe_50|--space cct --standalone largest --epochs 50 --augment trivial_crop_flip_cutout --mixup 0.8 --cutmix 1.0 --lr 5.5e-4 --weight-decay 0.06 --warmup-epochs 10 --grad-clip 5"
   "ablI_cct7fix_50|--space cct --standalone largest --epochs 50"
