@@ -50,8 +50,9 @@ __all__ = ["ResNetCifar", "degrade", "main", "reencode"]
 
 CHECKPOINT = "checkpoint.pt"
 RESULT = "result.json"
-#: settings a resumed run must share with the checkpoint it resumes
-SAME_ON_RESUME = ("dataset", "quality", "depth", "iterations", "milestones", "batch_size", "lr",
+#: settings a resumed run must share with the checkpoint it resumes (not the dataset's path,
+#: which may differ between machines: the images' fingerprint must match instead)
+SAME_ON_RESUME = ("quality", "depth", "iterations", "milestones", "batch_size", "lr",
                   "momentum", "weight_decay", "seed", "bf16")
 
 
@@ -279,7 +280,7 @@ def train(args: argparse.Namespace) -> dict:
                  "images_per_cpu_s": round((step - first) * args.batch_size / max(cpu, 1e-9), 1)}
     if step < args.iterations:
         return {"completed": False, "step": step, "iterations": args.iterations,
-                "this_part": this_part, "checkpoint": str(ckpt_path)}
+                "this_part": this_part, "data": degraded, "checkpoint": str(ckpt_path)}
     total_s = prior_s + seconds
     result = {
         "completed": True, "network": f"resnet{args.depth}",

@@ -66,6 +66,14 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, capsys):
     capsys.readouterr()
     assert main(_args(npz, tmp_path / "q", "--quality", "50")) == 2
     assert "other settings (quality" in capsys.readouterr().err
+    # the same images at another path (another machine) resume; other images are refused
+    moved = tmp_path / "elsewhere.npz"
+    moved.write_bytes((tmp_path / "tiny.npz").read_bytes())
+    assert main(_args(str(moved), tmp_path / "q", "--max-steps", "2")) == 0
+    assert _state(tmp_path / "q")["step"] == 2
+    capsys.readouterr()
+    assert main(_args(_npz(tmp_path / "other.npz", seed=1), tmp_path / "q")) == 2
+    assert "other images" in capsys.readouterr().err
 
 
 def test_reencode_and_the_network():
