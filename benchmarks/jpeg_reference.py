@@ -203,7 +203,8 @@ def train(args: argparse.Namespace) -> dict:
     step, history, prior_s, parts, partial = 0, [], 0.0, [], [0.0, 0.0]
     ckpt_path = out / CHECKPOINT
     if ckpt_path.is_file():
-        ckpt = torch.load(ckpt_path, map_location=device, weights_only=False)
+        # on the CPU: RNG states must stay CPU tensors; load_state_dict moves the rest
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         _check_resume(ckpt, settings, fingerprint, ckpt_path)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
