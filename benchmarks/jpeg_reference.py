@@ -50,6 +50,7 @@ __all__ = ["ResNetCifar", "degrade", "main", "reencode"]
 
 CHECKPOINT = "checkpoint.pt"
 RESULT = "result.json"
+WARMUP_STEPS = 20  # steps of a part left out of its steady images/s (compilation, caches)
 #: settings a resumed run must share with the checkpoint it resumes (not the dataset's path,
 #: which may differ between machines: the images' fingerprint must match instead)
 SAME_ON_RESUME = ("quality", "depth", "iterations", "milestones", "batch_size", "lr",
@@ -222,6 +223,7 @@ def train(args: argparse.Namespace) -> dict:
     sums = torch.tensor(partial, dtype=torch.float64, device=device)
     start = last_save = time.perf_counter()
     cpu_start, first = time.process_time(), step
+    warm = None  # (step, clock) once WARMUP_STEPS are done: images/s without compilation
     model.train()
 
     def save() -> None:
@@ -253,6 +255,10 @@ def train(args: argparse.Namespace) -> dict:
             optimizer.step()
             scheduler.step()
             step += 1
+            if step - first == WARMUP_STEPS:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                warm = (step, time.perf_counter())
             sums += torch.stack([loss.detach().double() * y.numel(),
                                  (logits.argmax(1) == y).sum().double()])
             if step % steps_per_epoch == 0:
@@ -279,6 +285,9 @@ def train(args: argparse.Namespace) -> dict:
     this_part = {"steps": step - first, "seconds": round(seconds, 3), "cpu_seconds": round(cpu, 3),
                  "images_per_s": round((step - first) * args.batch_size / max(seconds, 1e-9), 1),
                  "images_per_cpu_s": round((step - first) * args.batch_size / max(cpu, 1e-9), 1)}
+    if warm is not None and step > warm[0]:
+        this_part["images_per_s_after_warmup"] = round(
+            (step - warm[0]) * args.batch_size / max(time.perf_counter() - warm[1], 1e-9), 1)
     if step < args.iterations:
         return {"completed": False, "step": step, "iterations": args.iterations,
                 "this_part": this_part, "data": degraded, "checkpoint": str(ckpt_path)}
