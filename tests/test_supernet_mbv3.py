@@ -391,3 +391,22 @@ def test_native_depthwise_equals_conv2d(channels_last, stride, kernel):
     x.grad = None
     y.float().sum().backward()
     assert x.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
+
+
+def test_native_depthwise_is_twice_differentiable():
+    """The sensitivity seeds' Hessian-vector products run through the supernets' depthwise
+    convolutions: the GPU path's double backward equals F.conv2d's."""
+    from hwnas.supernet.nn.dynamic_ops import depthwise_conv2d
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 7, 7, requires_grad=True)
+    w = torch.randn(6, 1, 3, 3, requires_grad=True)
+    v = torch.randn_like(w)
+
+    def hvp(native):
+        loss = (depthwise_conv2d(x, w, 1, 1, native=native).tanh() ** 2).sum()
+        g, = torch.autograd.grad(loss, w, create_graph=True)
+        return torch.autograd.grad((g * v).sum(), (w, x))
+
+    for a, b in zip(hvp(True), hvp(False)):
+        assert torch.allclose(a, b, atol=1e-5)
