@@ -3,7 +3,8 @@ files and verdicts compared (benchmarks/export_speed.md, Session 31)::
 
     git archive BASE | tar -x -C /tmp/base          # the code to compare against
     OMP_NUM_THREADS=1 HWNAS_SHARED_DATA=... python benchmarks/export_ab.py RUN_DIR \\
-        --before /tmp/base [--after /tmp/new] --pairs 3 [--select 2,3] [--json out.json]
+        --before /tmp/base [--after /tmp/new] --pairs 3 [--select 2,3] [--json out.json] \\
+        [--devices cpu-ort-1t-b2] [--keep-dw-float 2]
 
 Each pair runs the export once with the ``--before`` tree and once with the ``--after`` tree
 (default: this checkout), in alternating order (A B, B A, ...), each in a fresh process whose
@@ -13,7 +14,10 @@ hwnas's source differs).
 Each export's manifest gives its stage seconds; its files are hashed, and every file's status,
 top-1 agreement, test accuracy and max |diff| compared between the two trees (the
 ``qdq-<device>`` files follow a timing-driven int8/float choice, so they may differ between any
-two runs). Prints a table of medians and writes JSON (``--json``).
+two runs; ``--keep-dw-float N`` replaces every device's choice, after its timings, by the first
+N depthwise layers, so that those files can be compared too), and the rest of the manifest
+but its timings. Each stage's CPU seconds come from the export's process as it runs. Prints a
+table of medians and writes JSON (``--json``).
 """
 
 from __future__ import annotations
@@ -39,19 +43,52 @@ for name in list(sys.modules):
         finder = sys.modules[name]
         for key, path in list(finder.MAPPING.items()):
             finder.MAPPING[key] = path.replace(sys.argv[1], sys.argv[2], 1)
+exec(sys.argv[3])
 from hwnas.cli import main
-sys.exit(main(sys.argv[3:]))
+sys.exit(main(sys.argv[4:]))
+"""
+
+#: run inside the export's process before it starts (argv: the JSON file of CPU seconds per
+#: stage, the number of depthwise layers every device keeps float, or -1 for its own choice):
+#: each stage's CPU seconds of the process (``time.process_time``; stages nest as in the
+#: manifest) and, with ``--keep-dw-float``, every device's choice made after its timings as
+#: usual but replaced by the first N depthwise layers, so that two runs write the same files
+_PATCH = """
+import atexit, contextlib, dataclasses, json, time
+import hwnas.export.model_export as _me
+import hwnas.export.passes as _passes
+_cpu, _cpu_path, _keep = {{}}, {path!r}, {keep}
+_wall_call = _passes.StageClock.__call__
+
+@contextlib.contextmanager
+def _call(self, stage):
+    start = time.process_time()
+    try:
+        with _wall_call(self, stage):
+            yield
+    finally:
+        _cpu[stage] = _cpu.get(stage, 0.0) + time.process_time() - start
+_passes.StageClock.__call__ = _call
+atexit.register(lambda: open(_cpu_path, "w").write(json.dumps(_cpu)))
+if _keep >= 0:
+    _choose = _me.choose_float_layers
+
+    def _fixed(build_model, fp32, quantized, kinds, **kw):
+        chosen = _choose(build_model, fp32, quantized, kinds, **kw)
+        dw = [n for n in quantized if kinds.get(n) == "depthwise"][:_keep]
+        return dataclasses.replace(chosen, float_layers=dw, chosen_label=f"first {{_keep}} dw")
+    _me.choose_float_layers = _fixed
 """
 
 
-def run_once(tree: Path | None, run_dir: Path, out: Path, extra: list[str]) -> dict:
+def run_once(tree: Path | None, run_dir: Path, out: Path, extra: list[str],
+             keep_dw_float: int = -1) -> dict:
     """One ``hwnas export`` in a fresh process (``tree``: another source tree, else this one);
-    its resource figures and the stage seconds of its manifest."""
+    its resource figures, the stage seconds of its manifest and each stage's CPU seconds."""
     args = ["export", str(run_dir), "--out", str(out), "--quiet", *extra]
-    if tree is None:
-        cmd = [sys.executable, "-m", "hwnas", *args]
-    else:
-        cmd = [sys.executable, "-c", _RUNNER, str(HERE), str(tree), *args]
+    cpu_path = Path(str(out) + ".cpu_stages.json")
+    patch = _PATCH.format(path=str(cpu_path), keep=int(keep_dw_float))
+    cmd = [sys.executable, "-c", _RUNNER, str(HERE), str(tree or HERE), patch, *args]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -70,7 +107,25 @@ def run_once(tree: Path | None, run_dir: Path, out: Path, extra: list[str]) -> d
     return {"wall_s": wall, "user_s": usage.ru_utime, "sys_s": usage.ru_stime,
             "cpu_s": usage.ru_utime + usage.ru_stime, "minor_faults": usage.ru_minflt,
             "max_rss_mb": usage.ru_maxrss / 1024, "stages_s": stages,
-            "files": file_facts(out, manifest)}
+            "stages_cpu_s": json.loads(cpu_path.read_text()),
+            "files": {**file_facts(out, manifest), **manifest_facts(manifest)}}
+
+
+#: manifest fields that hold timings (or follow from them), left out of the comparison
+_TIMED = {"latency_ms", "stage_seconds", "device_choice", "candidates", "created",
+          "shared_seconds", "export_stages_s", "machine", "run_dir"}
+
+
+def manifest_facts(manifest: dict) -> dict[str, dict]:
+    """Every model's file records and info in the manifest, timings left out (``_TIMED``; a
+    device's entry is a timing's verdict and is left out too): what must not change."""
+    facts = {}
+    for m in manifest["models"]:
+        for f in m.get("files", []):
+            facts[f"manifest:{f['path']}"] = {k: v for k, v in f.items() if k not in _TIMED}
+        facts[f"manifest:{m['name']}:info"] = {k: v for k, v in m.get("info", {}).items()
+                                               if k not in _TIMED}
+    return facts
 
 
 def file_facts(out: Path, manifest: dict) -> dict[str, dict]:
@@ -113,17 +168,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="source tree measured against it (default: this checkout)")
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--select", default="all")
+    ap.add_argument("--devices", default="", help="more devices to tune for (export's flag)")
+    ap.add_argument("--keep-dw-float", type=int, default=-1,
+                    help="every device keeps the first N depthwise layers float, whatever its "
+                         "timings chose (the same files in every run; default: its own choice)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
 
-    extra = ["--select", args.select]
+    extra = ["--select", args.select] + (["--devices", args.devices] if args.devices else [])
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="hwnas-ab-") as tmp:
         for i in range(args.pairs):
             order = ["before", "after"] if i % 2 == 0 else ["after", "before"]
             for which in order:
                 tree = args.before if which == "before" else args.after
-                r = run_once(tree, args.run_dir, Path(tmp) / f"{which}{i}", extra)
+                r = run_once(tree, args.run_dir, Path(tmp) / f"{which}{i}", extra,
+                             args.keep_dw_float)
                 runs[which].append(r)
                 print(f"pair {i + 1} {which}: wall {r['wall_s']:.1f} s, CPU {r['cpu_s']:.1f} s "
                       f"(sys {r['sys_s']:.1f}), faults {r['minor_faults'] / 1e6:.2f} M",
@@ -134,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     stage_keys = sorted({k for w in runs for r in runs[w] for k in r["stages_s"]})
     stages = {w: {k: statistics.median(r["stages_s"].get(k, 0.0) for r in runs[w])
                   for k in stage_keys} for w in runs}
+    cpu_keys = sorted({k for w in runs for r in runs[w] for k in r["stages_cpu_s"]})
+    stages_cpu = {w: {k: statistics.median(r["stages_cpu_s"].get(k, 0.0) for r in runs[w])
+                      for k in cpu_keys} for w in runs}
     print(f"\n{'median of ' + str(args.pairs):>22} {'before':>10} {'after':>10} {'change':>8}")
     for k in keys:
         b, a = med["before"][k], med["after"][k]
@@ -141,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     for k in stage_keys:
         b, a = stages["before"][k], stages["after"][k]
         print(f"{'stage ' + k:>22} {b:10.1f} {a:10.1f}")
+    for k in cpu_keys:
+        b, a = stages_cpu["before"][k], stages_cpu["after"][k]
+        print(f"{'CPU s ' + k:>22} {b:10.1f} {a:10.1f}")
     for i, d in enumerate(diffs):
         print(f"pair {i + 1}: " + ("files and verdicts identical" if not d else
                                     f"{len(d)} difference(s): " + "; ".join(d[:4])))
@@ -149,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
 
         doc = {"command": " ".join(sys.argv), "run_dir": str(args.run_dir),
                "select": args.select, "pairs": args.pairs, "median": med,
-               "stage_median_s": stages, "differences": diffs,
+               "stage_median_s": stages, "stage_cpu_median_s": stages_cpu,
+               "differences": diffs,
                "runs": {w: [{k: v for k, v in r.items() if k != "files"} for r in runs[w]]
                         for w in runs},
                "machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}

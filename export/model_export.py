@@ -143,6 +143,11 @@ class _Export:
     references: dict[str, np.ndarray] = field(default_factory=dict)
     fp32: onnx.ModelProto | None = None
     build: QdqBuild | None = None
+    #: the quantized models by the layers they keep float (``()``: the searched one): devices
+    #: that choose the same layers share one PTQ
+    builds: dict[tuple[str, ...], QdqBuild] = field(default_factory=dict)
+    #: ``{float layers: (path, graph bytes)}`` of the first device file of each quantized model
+    device_graphs: dict[tuple[str, ...], tuple[str, bytes]] = field(default_factory=dict)
 
     def set_metadata(self, proto: onnx.ModelProto, meta: Mapping[str, Any]) -> None:
         policy_meta = "float" if self.policy is None else self.policy.to_dict()
@@ -235,6 +240,7 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
         _recommend(x, searched=None)
         return result
     result.info["integer_layers"] = x.build.integer_layers()
+    x.builds[()] = x.build
     for entry in x.entries.values():
         if not entry.measured:
             entry.recommended = None  # cannot tell which is faster without measuring there
@@ -352,7 +358,9 @@ def _stage_int4(x: _Export) -> None:
 
 def _stage_device_file(x: _Export, device: MeasuredDevice) -> None:
     """``qdq-<device>/<name>.onnx`` for an onnxruntime device: the fastest int8/float mix
-    there (:func:`_choose`), requantized for integer kernels."""
+    there (:func:`_choose`), requantized for integer kernels. Devices that keep the same layers
+    float share one PTQ (``x.builds``) and, their graphs being equal, one pass of the file and
+    of its reference: only the file's metadata differs."""
     entry = x.entries[device.name]
     if device.runtime != "onnxruntime" or x.fp32 is None:
         return  # the per-layer choice reads onnxruntime's profiler
@@ -376,15 +384,22 @@ def _stage_device_file(x: _Export, device: MeasuredDevice) -> None:
 
     def do() -> None:
         s = x.s
-        with x.clock("ptq"):
-            build = x.build if not choice.float_layers else build_qdq(
-                x.model, x.policy, x.calibration, config=x.ptq_config, example=x.example[:1],
-                float_layers=choice.float_layers, opset=s.opset, quantized=x.quantized,
-                device=s.device, portable=s.portable)
+        key = tuple(choice.float_layers)
+        if key not in x.builds:
+            with x.clock("ptq"):
+                x.builds[key] = build_qdq(
+                    x.model, x.policy, x.calibration, config=x.ptq_config, example=x.example[:1],
+                    float_layers=choice.float_layers, opset=s.opset, quantized=x.quantized,
+                    device=s.device, portable=s.portable)
+        build = x.builds[key]
         proto = build.proto(requantize=s.requantize)
         x.set_metadata(proto, {**x.base_meta, "precision": "qdq", "target_device": device.name,
                                "device_choice": {"threads": choice.threads, "batch": choice.batch,
                                                  "float_layers": len(choice.float_layers)}})
+        graph = proto.graph.SerializeToString()
+        first = x.device_graphs.setdefault(key, (rel, graph))
+        if first[0] != rel and first[1] == graph:  # another device's file, but for its metadata
+            x.passes.share(rel, first[0], ("deployed", rel), ("deployed", first[0]))
         verify.verify_qdq(proto, build, x.passes, report, s, requantize=s.requantize,
                           require_integer=s.require_integer, searched=x.build.qmodel)
         _write(x.out_dir, rel, proto, report)

@@ -189,6 +189,15 @@ class ImagePasses:
         self.sessions[("onnxruntime", path, 1, "f32")] = runners[0]
         self.files[path] = np.concatenate(out)
 
+    def share(self, path: str, same_as: str, key: Hashable, same_key: Hashable) -> None:
+        """``path`` is ``same_as``'s graph (byte for byte; the model's metadata may differ) and
+        ``key`` names the same PyTorch model as ``same_key``: their passes are those made for
+        ``same_as`` and ``same_key``, where made (the same computation gives the same logits)."""
+        if same_as in self.files:
+            self.files[path] = self.files[same_as]
+        if same_key in self.logits:
+            self.logits[key] = self.logits[same_key]
+
     def accuracy(self, logits: np.ndarray) -> float | None:
         """Top-1 accuracy (%) of ``logits`` against the labels (None without labels)."""
         if self.labels is None:
