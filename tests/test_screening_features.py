@@ -89,3 +89,35 @@ def test_sampler_surrogate_sees_the_configured_features():
     assert set(FEATURE_SETS) >= {"encoding", "executed_counts"}
     with pytest.raises(UserError, match="surrogate_features"):
         ScreeningConfig(surrogate_features="paths")
+
+
+def test_band_metrics_of_the_surrogate_diagnosis():
+    """``search_nb201_surrogate.band_metrics``: a perfect ranking scores 1 within every band
+    and no regret, a reversed one -1 and the band's full spread; evaluated cells are left out."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    name = "search_nb201_surrogate_benchmark"
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "search_nb201_surrogate.py"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    bench = sys.modules[name]
+    rng = np.random.default_rng(0)
+    seen = rng.uniform(1, 10, 400)
+    acc = rng.uniform(0, 70, 400)
+    free = np.ones(400, bool)
+    m = bench.band_metrics(acc.copy(), acc, seen, free)
+    assert m["all"] == pytest.approx(1) and m["band"] == pytest.approx(1)
+    assert m["band_top"] == pytest.approx(1) and m["pick_regret"] == 0
+    m = bench.band_metrics(-acc, acc, seen, free)
+    assert m["band"] == pytest.approx(-1) and m["pick_regret"] > 30
+    # the best cell evaluated: it is not the band's best any more, and no regret is counted
+    best = int(np.argmax(acc))
+    free[best] = False
+    mu = acc.copy()
+    mu[best] = -1.0
+    assert bench.band_metrics(mu, acc, seen, free)["pick_regret"] == 0
