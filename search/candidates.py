@@ -142,7 +142,7 @@ class ScreeningConfig:
     #: "encoding" (the space's, the default), "executed" (that of the architecture without
     #: its dead code), "counts" (the encoding and how often each parameter value occurs) or
     #: "executed_counts"; the surrogate ranks cells of one latency level by what they compute
-    surrogate_features: str = "encoding"
+    surrogate_features: str = "executed"
 
     def __post_init__(self) -> None:
         if self.n_startup_trials < 1 or self.cheap_front_trials < 1:
