@@ -139,9 +139,12 @@ class ScreeningConfig:
     #: completed evaluations up to which ``early_layer_share`` applies
     early_trials: int = 100
     #: what the surrogate's kernel sees of a candidate (:mod:`hwnas.search.features`):
-    #: "encoding" (the space's, the default), "executed" (that of the architecture without
-    #: its dead code), "counts" (the encoding and how often each parameter value occurs) or
-    #: "executed_counts"; the surrogate ranks cells of one latency level by what they compute
+    #: "encoding" (the space's), "executed" (the default: the encoding of the architecture
+    #: without its dead code, so cells that compute the same are one point; the encoding
+    #: itself on spaces without dead code), "counts" (the encoding and how often each
+    #: parameter value occurs) or "executed_counts". "executed" ranked NAS-Bench-201 cells of
+    #: one latency level better and gained +0.013 at 100 on the unseen-phone proxy
+    #: (``benchmarks/search_nb201.md``, session 35)
     surrogate_features: str = "executed"
 
     def __post_init__(self) -> None:
