@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from hwnas.core.errors import UserError
+from hwnas.search.features import FEATURE_SETS
 from hwnas.search.gp import WARPS
 
 __all__ = ["CandidatePool", "CandidateSpace", "CheapConstraints", "CheapObjectives",
@@ -137,6 +138,14 @@ class ScreeningConfig:
     early_layer_share: float = 0.0
     #: completed evaluations up to which ``early_layer_share`` applies
     early_trials: int = 100
+    #: what the surrogate's kernel sees of a candidate (:mod:`hwnas.search.features`):
+    #: "encoding" (the space's), "executed" (the default: the encoding of the architecture
+    #: without its dead code, so cells that compute the same are one point; the encoding
+    #: itself on spaces without dead code), "counts" (the encoding and how often each
+    #: parameter value occurs) or "executed_counts". "executed" ranked NAS-Bench-201 cells of
+    #: one latency level better and gained +0.013 at 100 on the unseen-phone proxy
+    #: (``benchmarks/search_nb201.md``, session 35)
+    surrogate_features: str = "executed"
 
     def __post_init__(self) -> None:
         if self.n_startup_trials < 1 or self.cheap_front_trials < 1:
@@ -167,6 +176,9 @@ class ScreeningConfig:
                             f"{self.early_trials}; expected a share in [0, 1), trials >= 0")
         if not self.explore > 0:
             raise UserError(f"explore = {self.explore}; expected > 0")
+        if self.surrogate_features not in FEATURE_SETS:
+            raise UserError(f"surrogate_features = {self.surrogate_features!r}; expected one "
+                            f"of {list(FEATURE_SETS)}")
         if not self.length_factors or not self.noises:
             raise UserError("length_factors and noises must not be empty")
 
