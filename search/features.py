@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FEATURE_SETS", "count_values", "executed_archs", "surrogate_features"]
+__all__ = ["FEATURE_SETS", "SurrogateEncoder", "count_values", "executed_archs",
+           "surrogate_features"]
 
 #: the feature sets of :func:`surrogate_features`
 FEATURE_SETS = ("encoding", "executed", "counts", "executed_counts")
@@ -70,3 +71,23 @@ def surrogate_features(space: Any, archs: Sequence[Any], name: str,
         return enc, np.zeros((len(run), 0)), []
     counts, values = count_values(space, run, values)
     return enc, counts, values
+
+
+class SurrogateEncoder:
+    """The screening surrogate's inputs for feature set ``name``: the encodings scaled to
+    [0, 1] by the first call's range (the first pool's), then the value counts, unscaled, over
+    the first call's count columns."""
+
+    def __init__(self, space: Any, name: str) -> None:
+        self.space, self.name = space, name
+        self._scale: tuple[np.ndarray, np.ndarray] | None = None
+        self._values: list[str] | None = None
+
+    def __call__(self, archs: Sequence[Any]) -> np.ndarray:
+        enc, counts, self._values = surrogate_features(self.space, archs, self.name,
+                                                       self._values)
+        if self._scale is None:
+            lo, hi = enc.min(0), enc.max(0)
+            self._scale = (lo, np.where(hi - lo > 1e-12, hi - lo, 1.0))
+        lo, span = self._scale
+        return np.hstack([(enc - lo) / span, counts])

@@ -30,7 +30,7 @@ from hwnas.search.candidates import (
     TrialHistory,
     front_slack,
 )
-from hwnas.search.features import surrogate_features
+from hwnas.search.features import SurrogateEncoder
 from hwnas.search.gp import PoolGP
 from hwnas.search.layered import front_ehvi, layered_now
 from hwnas.search.startup import size_prior, startup_plan, stratified_choice
@@ -156,8 +156,7 @@ class ScreeningSampler(BaseSampler):
         self._arch_cache: dict[tuple, tuple[Any, str] | None] = {}
         self._by_key: dict[str, Any] = {}  # canonical string -> architecture (evaluated ones)
         self._choices: dict[str, BaseDistribution] = {}
-        self._scale: tuple[np.ndarray, np.ndarray] | None = None
-        self._count_cols: list[str] | None = None  # the value-count features' values
+        self._encoder = SurrogateEncoder(space, self.config.surrogate_features)
         self._trend_scale: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._plan: list[str] | None = None  # the cheap-front start-up's candidates
         self._size_col: bool | None = None  # whether the trend features end with FLOPs
@@ -325,16 +324,7 @@ class ScreeningSampler(BaseSampler):
 
     # -- pool ------------------------------------------------------------------------------------
     def _encode(self, archs: Sequence[Any]) -> np.ndarray:
-        """The surrogate's features (``surrogate_features``): the encoding scaled to [0, 1] by
-        the first pool's range, then any value counts, unscaled."""
-        F, counts, self._count_cols = surrogate_features(
-            self.space, archs, self.config.surrogate_features, self._count_cols)
-        if self._scale is None:
-            lo, hi = F.min(0), F.max(0)
-            span = np.where(hi - lo > 1e-12, hi - lo, 1.0)
-            self._scale = (lo, span)
-        lo, span = self._scale
-        return np.hstack([(F - lo) / span, counts])
+        return self._encoder(archs)  # the surrogate's features (``surrogate_features``)
 
     def _cheap_values(self, archs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
         """Cheap objective values and their standard deviations (zeros when not given)."""
