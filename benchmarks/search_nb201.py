@@ -167,6 +167,17 @@ def score_trajectory(rows: Sequence[int], budgets: Sequence[int], latency: np.nd
 # ------------------------------------------------------------------------------------------------
 
 
+def shared_accuracy(space: Any, hint: str = "") -> dict[str, float]:
+    """:func:`load_accuracy` of the table in the shared data directory (``hint``: what else
+    the caller accepts, for the error)."""
+    from hwnas.supernet.data import shared_data_dir
+
+    root = shared_data_dir()
+    if root is None:
+        raise UserError(f"the shared data directory was not found; set $HWNAS_SHARED_DATA{hint}")
+    return load_accuracy(root / ACCURACY_FILE, space)
+
+
 def load_accuracy(path: Path, space: Any) -> dict[str, float]:
     """Canonical architecture string -> CIFAR-100 test accuracy (%)."""
     if not path.is_file():
@@ -600,17 +611,8 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             devices = [d for d in help_protocol("nb201").validation if d not in devices] \
                 + devices
         table.check_devices(devices)
-    if args.accuracy_csv is None:
-        from hwnas.supernet.data import shared_data_dir
-
-        root = shared_data_dir()
-        if root is None:
-            raise UserError(f"the shared data directory was not found; set $HWNAS_SHARED_DATA "
-                            f"or pass --accuracy-csv (the {ACCURACY_FILE} layout)")
-        acc_path = root / ACCURACY_FILE
-    else:
-        acc_path = args.accuracy_csv
-    accuracy = load_accuracy(Path(acc_path), space)
+    accuracy = (shared_accuracy(space, f" or pass --accuracy-csv (the {ACCURACY_FILE} layout)")
+                if args.accuracy_csv is None else load_accuracy(Path(args.accuracy_csv), space))
     protocol = help_protocol("nb201")
     for d in devices:
         if d in protocol.meta_train and fold is None:

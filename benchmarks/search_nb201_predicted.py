@@ -227,12 +227,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     budgets = sorted(set(args.budgets))
     options = nb.screening_options(args.screening_option)
     space = get_space("nb201")
-    from hwnas.supernet.data import shared_data_dir
-
-    root = shared_data_dir()
-    if root is None:
-        raise UserError("the shared data directory was not found; set $HWNAS_SHARED_DATA")
-    accuracy = nb.load_accuracy(root / nb.ACCURACY_FILE, space)
+    accuracy = nb.shared_accuracy(space)
     rows, runs = [], []
     for block in args.blocks:
         probs = problems_of(block, space, accuracy, args.fold_cache)

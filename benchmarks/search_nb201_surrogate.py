@@ -37,7 +37,7 @@ try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo 
 except ModuleNotFoundError:
     from benchmarks import search_nb201 as nb
     from benchmarks import search_nb201_predicted as pred
-from hwnas.search.features import FEATURE_SETS, surrogate_features  # noqa: E402
+from hwnas.search.features import FEATURE_SETS, SurrogateEncoder  # noqa: E402
 from hwnas.search.gp import PoolGP  # noqa: E402
 from hwnas.search.screening import ScreeningConfig  # noqa: E402
 from hwnas.supernet.spaces import get_space  # noqa: E402
@@ -114,19 +114,11 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     checkpoints = sorted(set(args.checkpoints))
     options = nb.screening_options(args.screening_option)
     space = get_space("nb201")
-    from hwnas.supernet.data import shared_data_dir
-
-    root = shared_data_dir()
-    if root is None:
-        raise UserError("the shared data directory was not found; set $HWNAS_SHARED_DATA")
-    accuracy = nb.load_accuracy(root / nb.ACCURACY_FILE, space)
+    accuracy = nb.shared_accuracy(space)
     archs = [space.from_string(a) for a in sorted(accuracy)]
     feats = {}
     for f in args.features:  # scaled as the sampler scales them (the whole space is its pool)
-        enc, counts, _ = surrogate_features(space, archs, f)
-        span = np.ptp(enc, axis=0)
-        enc = (enc - enc.min(0)) / np.where(span > 1e-12, span, 1.0)
-        feats[f] = np.hstack([enc, counts])
+        feats[f] = SurrogateEncoder(space, f)(archs)
     rows = []
     for block in args.blocks:
         for p in pred.problems_of(block, space, accuracy, args.fold_cache):

@@ -10,25 +10,11 @@ from hwnas.export import model_export as me
 from hwnas.export import passes as passes_module
 from hwnas.export import recommend as rec
 from hwnas.export.device_policy import DevicePolicy
-from hwnas.export.model_export import ExportSettings, export_model, measurable_devices
+from hwnas.export.model_export import export_model, measurable_devices
 from hwnas.quant.policy import uniform
 from onnx import numpy_helper
-from torch import nn
-
-FAST = ExportSettings(warmup=1, rounds=2, runs=3, profile_runs=2)
-
-
-class PwNet(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(3, 8, 3, padding=1, bias=False)
-        self.bn = nn.BatchNorm2d(8)
-        self.pw = nn.Conv2d(8, 8, 1)
-        self.fc = nn.Linear(8, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.relu(self.bn(self.stem(x)))
-        return self.fc(torch.relu(self.pw(x)).mean((2, 3)))
+from test_export_recommend import FAST
+from test_export_recommend import SmallNet as PwNet  # conv, BN, a 1x1 conv, classifier
 
 
 def _keep_pw_float(build_model, fp32, quantized, kinds, **kw):  # noqa: ANN001, ANN202
