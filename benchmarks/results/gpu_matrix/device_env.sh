@@ -18,6 +18,16 @@ fi
 export CCT_DATA=/tmp/keep/cifar10-jpeg.npz HWNAS_SHARED_DATA=/tmp/sub
 T0=$(date +%s)
 left() { echo $(( S - ($(date +%s) - T0) )); }
+sub25() {  # the timing's class-stratified CIFAR-10 copy (issue 43): 25,000 + 10,000 images
+  python3 - <<'PY'
+import sys; sys.path.insert(0, "benchmarks")
+from pathlib import Path
+from gpu_matrix import stratified_subset
+dst = Path("/tmp/sub25/cifar10/cifar10-jpeg.npz")
+if not dst.exists():
+    stratified_subset(Path("/tmp/keep/cifar10-jpeg.npz"), dst, 2500, 1000)
+PY
+}
 matrix() {  # matrix BUDGET ARGS...: cells kept from the last results, 3 at a time
   local b=$1; shift
   prev="--results benchmarks/gpu_matrix.json"; [ -f /tmp/res/gpu_matrix.json ] && prev="--results /tmp/res/gpu_matrix.json"
