@@ -8,7 +8,10 @@
 * latency per device (:func:`device_latencies`): as the device executes the policy (its
   quantization rules), so an Edge TPU sees int8 and host fallbacks, an FPGA the bit-widths.
 
-Results are cached by (architecture, policy), so repeats and resumed studies cost nothing.
+Results are cached by (architecture, policy), so repeats and resumed studies cost nothing; the
+scoring inputs (BN recalibration batches, PTQ calibration images, validation and test loaders)
+are drawn once per evaluator, and the last few recalibrated float subnets are kept, so the
+policies of one architecture (the seeds, the front's test scores) share one recalibration.
 :class:`CheapMetrics` gives the metrics that need no model (cost models, latency on devices not
 measured here) for many candidates at once, with the same functions: the screening sampler's
 view of candidates it has not evaluated.
@@ -16,7 +19,9 @@ view of candidates it has not evaluated.
 
 from __future__ import annotations
 
+import copy
 import json
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -42,6 +47,7 @@ from hwnas.supernet.data.loader import BatchLoader
 from hwnas.supernet.data.splits import DatasetSplits
 from hwnas.supernet.evaluate import (
     accuracy,
+    bn_calibration_batches,
     calibration_loader,
     eval_loader,
     recalibrated_subnet,
@@ -182,24 +188,94 @@ class TrialEvaluator:
         #: architecture, so every policy of it scales the same timing (timed again per policy,
         #: a noisy machine once ranked an int8 copy slower than its float subnet)
         self._float_ms: dict[tuple[str, str], tuple[Any, Any]] = {}
+        #: drawn once: (BN batches, PTQ images, {split: loader}); the same seeded draws every
+        #: candidate's own loaders would give (:meth:`_inputs`)
+        self._drawn: tuple[list, list[torch.Tensor], dict[str, BatchLoader]] | None = None
+        #: arch string -> its recalibrated float subnet, the most recent :data:`KEPT_FLOAT` ones
+        self._floats: OrderedDict[str, nn.Module] = OrderedDict()
+
+    #: recalibrated float subnets kept for the next candidates of the same architecture
+    KEPT_FLOAT = 2
+
+    def _device(self) -> torch.device:
+        return next(self.supernet.parameters()).device
+
+    def _inputs(self) -> tuple[list, list[torch.Tensor], dict[str, BatchLoader]]:
+        """(BN recalibration batches, PTQ calibration images, evaluation loaders), on the
+        supernet's device, drawn on first use: the loaders are seeded, so every candidate got
+        these same tensors when each built its own."""
+        if self._drawn is None:
+            from hwnas.quant.ptq import calibration_batches
+
+            s, device = self.settings, self._device()
+            bn = bn_calibration_batches(self.data, s.calib_batches, seed=s.seed, device=device)
+            ptq_x = calibration_batches(self.calibration_batches(device), s.ptq_images, device)
+            self._drawn = (bn, ptq_x, {})
+        return self._drawn
+
+    def _loader(self, split: str) -> BatchLoader:
+        """The evaluation loader of ``split`` (unshuffled: every pass gives the same batches)."""
+        loaders = self._inputs()[2]
+        if split not in loaders:
+            loaders[split] = eval_loader(self.data, getattr(self.data, split),
+                                         device=self._device())
+        return loaders[split]
+
+    def _float(self, arch: Any) -> nn.Module:
+        """:meth:`float_model`, shared: kept for the next candidates of ``arch`` (callers
+        must not change it; PTQ copies it)."""
+        key = self.space.to_string(arch)
+        if key in self._floats:
+            self._floats.move_to_end(key)
+            return self._floats[key]
+        s = self.settings
+        model = recalibrated_subnet(self.supernet, arch, self.data,
+                                    calib_batches=s.calib_batches, seed=s.seed,
+                                    batches=self._inputs()[0])
+        self._floats[key] = model
+        while len(self._floats) > self.KEPT_FLOAT:
+            self._floats.popitem(last=False)
+        return model
 
     def _model_of(self, arch: Any) -> nn.Module:
         return self._current[self.space.to_string(arch)]
 
     def float_model(self, arch: Any) -> nn.Module:
-        """The BN-recalibrated float subnet — deterministic per arch."""
-        s = self.settings
-        return recalibrated_subnet(self.supernet, arch, self.data, calib_batches=s.calib_batches,
-                                   seed=s.seed)
+        """The BN-recalibrated float subnet — deterministic per arch; a fresh copy of the
+        caller's own."""
+        return copy.deepcopy(self._float(arch))
 
     def scored_model(self, arch: Any, policy: QuantPolicy | None, split: str = "val"
                      ) -> tuple[float, nn.Module]:
-        """(accuracy % on ``split``, the model as searched: float, or PTQ under ``policy``)."""
-        model = self.float_model(arch)
-        if policy is not None:
-            model = self.quantized_model(model, policy)
-        device = next(model.parameters()).device
-        return accuracy(model, eval_loader(self.data, getattr(self.data, split), device=device)), model
+        """(accuracy % on ``split``, the model as searched: float, or PTQ under ``policy``;
+        the caller's own)."""
+        model = self.searched_model(arch, policy)
+        model = copy.deepcopy(model) if policy is None else model
+        return accuracy(model, self._loader(split)), model
+
+    def front_scores(self, pairs: Sequence[tuple[str, Any]]) -> dict[tuple[str, str], tuple]:
+        """(arch string, policy text) -> (validation, test) accuracy % of each pair (policy
+        text as in trials.csv): the validation accuracy this evaluator's trial measured when
+        it has one (the same computation, not repeated), the test accuracy of the model rebuilt
+        as searched. The pairs of one architecture run in a row, sharing its recalibration."""
+        pairs = list(dict.fromkeys((a, p if isinstance(p, str) else "") for a, p in pairs))
+        first = {a: i for i, a in enumerate(dict.fromkeys(a for a, _ in pairs))}
+        out = {}
+        for arch_str, ptext in sorted(pairs, key=lambda pair: first[pair[0]]):
+            arch, policy = self.space.from_string(arch_str), policy_from_text(ptext)
+            model = self.searched_model(arch, policy)
+            known = self.cache.get((arch_str, policy_text(policy)))
+            val = (known["accuracy"] if known and self.accuracy_fn is None
+                   else accuracy(model, self._loader("val")))
+            out[(arch_str, ptext)] = (val, accuracy(model, self._loader("test")))
+        return out
+
+    def searched_model(self, arch: Any, policy: QuantPolicy | None) -> nn.Module:
+        """The model as searched (float, or PTQ under ``policy``), unscored; the float one is
+        shared with later candidates of ``arch`` (do not train it: :meth:`float_model` is a
+        copy)."""
+        model = self._float(arch)
+        return model if policy is None else self.quantized_model(model, policy)
 
     def calibration_batches(self, device: torch.device | str = "cpu") -> BatchLoader:
         return calibration_loader(self.data, batch_size=128, seed=self.settings.seed, device=device)
@@ -210,7 +286,10 @@ class TrialEvaluator:
 
         device = next(model.parameters()).device
         config = PTQConfig(max_images=self.settings.ptq_images, seed=self.settings.seed)
-        return ptq(model, policy, self.calibration_batches(device), config)
+        images = self._inputs()[1]
+        if images[0].device != device:  # a model moved off the supernet's device
+            images = self.calibration_batches(device)
+        return ptq(model, policy, images, config)
 
     def __call__(self, arch: Any, policy: QuantPolicy | None = None) -> dict[str, float]:
         key = (self.space.to_string(arch), policy_text(policy))
@@ -220,14 +299,14 @@ class TrialEvaluator:
             acc = self.accuracy_fn(arch, policy)
             model = self.supernet.extract(arch)  # for measured latency; weights do not matter
         else:
-            model = self.float_model(arch)
-            scored = model if policy is None else self.quantized_model(model, policy)
-            acc = accuracy(scored, eval_loader(self.data, self.data.val,
-                                               device=next(model.parameters()).device))
+            model = self._float(arch)
+            acc = accuracy(self.searched_model(arch, policy), self._loader("val"))
         layers, q_layers = quantized_layers(self.space, arch, policy)
         metrics: dict[str, float] = {"accuracy": float(acc)}
         metrics.update({col: f(layers, q_layers, policy) for col, f in COST_METRICS.items()})
-        self._current = {key[0]: model.cpu().eval()}
+        if any(isinstance(d, MeasuredDevice) for d in self.devices.values()):
+            # a copy: a measured device may move it (the kept float subnet stays put)
+            self._current = {key[0]: copy.deepcopy(model).cpu().eval()}
         for name, device in self.devices.items():
             timed = None
             if isinstance(device, MeasuredDevice):

@@ -56,7 +56,6 @@ from hwnas.search.study import (
 from hwnas.supernet.checkpoints import shipped_checkpoint
 from hwnas.supernet.data.sources import load_dataset
 from hwnas.supernet.data.splits import DatasetSplits
-from hwnas.supernet.evaluate import accuracy, eval_loader
 from hwnas.supernet.fingerprint import training_record
 from hwnas.supernet.space import SearchSpace
 from hwnas.supernet.spaces import get_space
@@ -646,14 +645,9 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
 
 def score_models(rows: pd.DataFrame, evaluator: TrialEvaluator, data: DatasetSplits) -> dict:
     """(arch, policy) -> (validation, test) accuracy measured on the supernet for each
-    distinct model in ``rows``."""
-    out = {}
-    for arch_str, ptext in rows[["arch", "policy"]].drop_duplicates().itertuples(index=False):
-        val, model = evaluator.scored_model(evaluator.space.from_string(arch_str),
-                                            policy_from_text(ptext))
-        test = accuracy(model, eval_loader(data, data.test, device=next(model.parameters()).device))
-        out[(arch_str, ptext if isinstance(ptext, str) else "")] = (val, test)
-    return out
+    distinct model in ``rows`` (:meth:`TrialEvaluator.front_scores`, on the evaluator's
+    splits: ``data`` is those)."""
+    return evaluator.front_scores(list(rows[["arch", "policy"]].itertuples(index=False)))
 
 
 def write_outputs(study, cfg: SearchConfig, space: SearchSpace, evaluator: TrialEvaluator,
