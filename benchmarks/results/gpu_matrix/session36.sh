@@ -10,7 +10,8 @@
 #      steady step); the cells whose supernet training the fix changes
 #   2: no carry, the tree with supernet/checkpoints/*.pt: the 25,000-image mbv3 CIFAR-10 timing
 #      (after session 35's export and search changes), the CIFAR-10 cells they touch
-#   3: no carry: quant_peers on this Xeon for the middle subnet (issue 49), alone: 450 s
+#   3: no carry: quant_peers on this Xeon for the middle subnet (issue 49), alone: run it with
+#      SECONDS 560 (session 35 gave it 250 s, too few: it writes its JSON once, at the end)
 #   4: no carry: quant_peers for the largest subnet, the jobs collected
 # Every phase returns the jobs' resumable checkpoints (CCT-2 in 15 MB parts, ResNet-20 whole,
 # about 1 MB) until they are done, then their results; results.tgz holds the logs. Commit the
