@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The next session's device commands (nvidia-h200 or nvidia-h100-x1), one phase each, straight
 # after one another (the machine must stay warm: data stays in /tmp/keep, the training jobs run
-# on in the background between commands). Make the tree lean first (/work/tools/lean.sh, keeping
-# benchmarks/results/supernet_cifar10/resume if it exists; restore with git checkout):
+# on in the background between commands). Make the tree lean first
+# (benchmarks/results/gpu_matrix/lean_tree.sh, keeping benchmarks/results/supernet_cifar10/resume
+# if it exists; restore with git checkout -- .):
 #   1: carry .whl data/c10 (lean tree): start the data calibration of issue 44 (ResNet-20 with
 #      He et al.'s recipe on the JPEG images as stored and re-encoded at quality 50,
 #      benchmarks/jpeg_reference.py) and CCT-2 in fp32 (cct2drop32: cct2drop without bf16);
@@ -14,7 +15,7 @@
 #      SECONDS 560 (session 35 gave it 250 s, too few: it writes its JSON once, at the end)
 #   4: no carry: quant_peers for the largest subnet, the jobs collected
 # Every phase returns the jobs' resumable checkpoints (CCT-2 in 15 MB parts, ResNet-20 whole,
-# about 1 MB) until they are done, then their results; results.tgz holds the logs. Commit the
+# 2.2 MB) until they are done, then their results; results.tgz holds the logs. Commit the
 # returned checkpoints of unfinished jobs under benchmarks/results/supernet_cifar10/resume/ (the
 # next session resumes them from the repository: session 34's parts were lost in a git-ignored
 # folder).
