@@ -16,8 +16,9 @@
 #   4: no carry: quant_peers for the largest subnet, the jobs collected
 # Every phase returns the jobs' resumable checkpoints (CCT-2 in 15 MB parts, ResNet-20 whole,
 # 2.2 MB) until they are done, then their results; results.tgz holds the logs. Commit the
-# returned checkpoints of unfinished jobs under benchmarks/results/supernet_cifar10/resume/ (the
-# next session resumes them from the repository: session 34's parts were lost in a git-ignored
+# returned checkpoints of unfinished jobs under benchmarks/results/supernet_cifar10/resume/, with
+# cct_logs.tgz from results.tgz (h200_cct.sh takes a resumed CCT run's run.json from it): the
+# next session resumes them from the repository (session 34's parts were lost in a git-ignored
 # folder).
 #   bash benchmarks/results/gpu_matrix/session36.sh PHASE SECONDS
 set -u
