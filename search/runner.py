@@ -643,10 +643,9 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
         lock.release(clean=not written)
 
 
-def score_models(rows: pd.DataFrame, evaluator: TrialEvaluator, data: DatasetSplits) -> dict:
+def score_models(rows: pd.DataFrame, evaluator: TrialEvaluator) -> dict:
     """(arch, policy) -> (validation, test) accuracy measured on the supernet for each
-    distinct model in ``rows`` (:meth:`TrialEvaluator.front_scores`, on the evaluator's
-    splits: ``data`` is those)."""
+    distinct model in ``rows`` (:meth:`TrialEvaluator.front_scores`, on its data's splits)."""
     return evaluator.front_scores(list(rows[["arch", "policy"]].itertuples(index=False)))
 
 
@@ -660,7 +659,7 @@ def write_outputs(study, cfg: SearchConfig, space: SearchSpace, evaluator: Trial
     trials["policy"] = trials["policy"].fillna("")
     fronts = {d: outputs.device_front(trials, d, objectives) for d in devices}
     union = pd.concat(list(fronts.values())) if fronts else trials.head(0)
-    scores = score_models(union, evaluator, data) if len(union) else {}
+    scores = score_models(union, evaluator) if len(union) else {}
     for d, f in fronts.items():
         keys = list(zip(f["arch"], f["policy"]))
         at = f.columns.get_loc("accuracy") + 1

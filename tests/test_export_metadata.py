@@ -56,7 +56,7 @@ def exported(tmp_path_factory, one_torch_thread, fitted_digits_checkpoint):
                          {"trial": 2, "arch": arch, "policy": policy}])
     evaluator = TrialEvaluator(space, supernet, data, ["fpga-zcu102-est"],
                                EvalSettings(calib_batches=2, ptq_images=128, seed=0))
-    scores = score_models(rows, evaluator, data)
+    scores = score_models(rows, evaluator)
     with open(run / f"pareto_{FRONT}.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
         writer.writerow(["trial", "arch", "policy", "accuracy", "test_accuracy",

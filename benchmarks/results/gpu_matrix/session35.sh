@@ -36,14 +36,7 @@ case $PHASE in
     run/mbv3-tiny/digits/bits run/cct/digits/bits
   ;;
 3)
-  python3 - <<'PY'
-import sys; sys.path.insert(0, "benchmarks")
-from pathlib import Path
-from gpu_matrix import stratified_subset
-dst = Path("/tmp/sub25/cifar10/cifar10-jpeg.npz")
-if not dst.exists():
-    stratified_subset(Path("/tmp/keep/cifar10-jpeg.npz"), dst, 2500, 1000)
-PY
+  sub25
   ( cd /tmp && HWNAS_SHARED_DATA=/tmp/sub25 timeout 300 python3 -m hwnas run --space mbv3 --dataset cifar10 \
       --trials 20 --device cuda --out /tmp/t25 --name r --overwrite ) > /tmp/res/timing_mbv3_cifar10.log 2>&1
   sed -i 's/\r/\n/g' /tmp/res/timing_mbv3_cifar10.log
