@@ -54,13 +54,86 @@ class _Hardswish2(nn.Module):
         return x * torch.clamp(x / 6.0 + 0.5, 0.0, 1.0)
 
 
+def _depthwise_backward(g, x, w, stride, padding, mask):
+    """``(grad_input, grad_weight)`` of a depthwise convolution (``mask``: which), by
+    PyTorch's own first-order kernels."""
+    gx, gw, _ = torch.ops.aten.convolution_backward(
+        g, x, w, None, list(stride), list(padding), [1, 1], False, [0, 0], w.shape[0],
+        [mask[0], mask[1], False])
+    return gx, gw
+
+
+class _DepthwiseGrads(torch.autograd.Function):
+    """The gradients of a depthwise convolution, differentiable once more through first-order
+    convolutions: PyTorch's own double backward of a grouped convolution runs one convolution
+    per channel (9,465 of them per Hessian-vector product of the largest mbv3 subnet on 32
+    CIFAR-10 images), most of the sensitivity seeds' time (benchmarks/gpu_matrix_timing.md).
+    Both derivatives are linear in each input, so each term is one convolution."""
+
+    @staticmethod
+    def forward(ctx, g, x, w, stride, padding, need_x):
+        ctx.save_for_backward(g, x, w)
+        ctx.conf = stride, padding
+        ctx.set_materialize_grads(False)
+        return _depthwise_backward(g, x, w, stride, padding, (need_x, True))
+
+    @staticmethod
+    def backward(ctx, ggx, ggw):
+        g, x, w = ctx.saved_tensors
+        stride, padding = ctx.conf
+        dg = dx = dw = None
+        if ggw is not None:  # grad_weight = corr(x, g): linear in x and in g
+            dg = F.conv2d(x, ggw, None, stride, padding, 1, w.shape[0])
+            dx = _depthwise_backward(g, x, ggw, stride, padding, (True, False))[0]
+        if ggx is not None:  # grad_input = conv_transpose(g, w): linear in g and in w
+            term = F.conv2d(ggx, w, None, stride, padding, 1, w.shape[0])
+            dg = term if dg is None else dg + term
+            dw = _depthwise_backward(g, ggx, w, stride, padding, (False, True))[1]
+        return dg, dx, dw, None, None, None
+
+
+class _DepthwiseConv(torch.autograd.Function):
+    """``F.conv2d`` of a depthwise convolution (the same forward kernel) whose backward is
+    :class:`_DepthwiseGrads`."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, stride, padding):
+        ctx.save_for_backward(x, w)
+        ctx.conf = stride, padding
+        return F.conv2d(x, w, b, stride, padding, 1, w.shape[0])
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        gx, gw = _DepthwiseGrads.apply(g, x, w, *ctx.conf, ctx.needs_input_grad[0])
+        gb = g.sum((0, 2, 3)) if ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None, None
+
+
+class _Depthwise2(nn.Conv2d):
+    """A depthwise ``nn.Conv2d`` through :class:`_DepthwiseConv`: the same values, a fast
+    second derivative."""
+
+    def _conv_forward(self, x, weight, bias):
+        return _DepthwiseConv.apply(x, weight, bias, self.stride, self.padding)
+
+
+def _is_depthwise(m: nn.Module) -> bool:
+    return (type(m) is nn.Conv2d and m.groups == m.in_channels == m.out_channels > 1
+            and m.dilation == (1, 1) and m.padding_mode == "zeros"
+            and not isinstance(m.padding, str))
+
+
 def _twice_differentiable(model: nn.Module) -> nn.Module:
-    """Swap (in place) activation modules without second derivatives for equivalent ones."""
+    """Swap (in place) activation modules without second derivatives for equivalent ones, and
+    depthwise convolutions for :class:`_Depthwise2` (same weights, same forward)."""
     for name, module in list(model.named_modules()):
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
         if isinstance(module, (nn.Hardsigmoid, nn.Hardswish)):
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
             setattr(parent, child, _Hardsigmoid2() if isinstance(module, nn.Hardsigmoid) else _Hardswish2())
+        elif _is_depthwise(module):
+            module.__class__ = _Depthwise2  # a subclass adding no state: the module kept as is
     return model
 
 
