@@ -68,7 +68,9 @@ class _DepthwiseGrads(torch.autograd.Function):
     convolutions: PyTorch's own double backward of a grouped convolution runs one convolution
     per channel (9,465 of them per Hessian-vector product of the largest mbv3 subnet on 32
     CIFAR-10 images), most of the sensitivity seeds' time (benchmarks/gpu_matrix_timing.md).
-    Both derivatives are linear in each input, so each term is one convolution."""
+    Both derivatives are linear in each input, so each term is one convolution. On the CPU
+    the two take the same time (13.45 vs 13.69 CPU s); the gain is in kernel launches, i.e. on
+    a GPU (benchmarks/hessian_depthwise_probe.py measures both there)."""
 
     @staticmethod
     def forward(ctx, g, x, w, stride, padding, need_x):
@@ -124,15 +126,19 @@ def _is_depthwise(m: nn.Module) -> bool:
             and not isinstance(m.padding, str))
 
 
-def _twice_differentiable(model: nn.Module) -> nn.Module:
-    """Swap (in place) activation modules without second derivatives for equivalent ones, and
-    depthwise convolutions for :class:`_Depthwise2` (same weights, same forward)."""
+def _twice_differentiable(model: nn.Module, depthwise: bool | None = None) -> nn.Module:
+    """Swap (in place) activation modules without second derivatives for equivalent ones, and,
+    if ``depthwise`` (default: the model is not on the CPU, where the two double backwards
+    cost the same), depthwise convolutions for :class:`_Depthwise2` (same weights, same
+    forward)."""
+    if depthwise is None:
+        depthwise = _model_device(model).type != "cpu"
     for name, module in list(model.named_modules()):
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         if isinstance(module, (nn.Hardsigmoid, nn.Hardswish)):
             setattr(parent, child, _Hardsigmoid2() if isinstance(module, nn.Hardsigmoid) else _Hardswish2())
-        elif _is_depthwise(module):
+        elif depthwise and _is_depthwise(module):
             module.__class__ = _Depthwise2  # a subclass adding no state: the module kept as is
     return model
 

@@ -231,3 +231,34 @@ def test_hessian_sensitivity_through_hard_sigmoid_gates():
     table = hessian_sensitivity(model, _batches(), [(2, 8), (8, 8)], n_samples=4)
     assert all(row[(2, 8)] > row[(8, 8)] > 0 for row in table.values.values())
     assert isinstance(model[3], nn.Hardsigmoid)  # the caller's model keeps its modules
+
+
+@pytest.mark.parametrize("stride,padding,kernel", [(1, 1, 3), (2, 2, 5), (2, 1, 3)])
+def test_depthwise_second_derivative_by_first_order_convolutions(stride, padding, kernel):
+    """The sensitivity copy's depthwise convolutions (``_Depthwise2``) give F.conv2d's output,
+    gradients and Hessian-vector products (w.r.t. weights and inputs, single and batched
+    vectors), through first-order convolutions instead of PyTorch's per-channel double
+    backward."""
+    from hwnas.quant.sensitivity import _Depthwise2, _twice_differentiable
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Conv2d(6, 6, kernel, stride, padding, groups=6, bias=True),
+                          nn.Tanh(), nn.Conv2d(6, 6, kernel, 1, padding, groups=6, bias=False))
+    swapped = _twice_differentiable(__import__("copy").deepcopy(plain), depthwise=True)
+    assert not any(isinstance(m, _Depthwise2) for m in _twice_differentiable(plain))  # CPU
+    assert [type(m) for m in swapped if isinstance(m, nn.Conv2d)] == [_Depthwise2] * 2
+    x = torch.randn(3, 6, 9, 9, dtype=torch.float64, requires_grad=True)
+    plain, swapped = plain.double(), swapped.double()
+    results = []
+    for model in (plain, swapped):
+        ws = [model[0].weight, model[2].weight, x]
+        loss = (model(x) ** 2).sum()
+        grads = torch.autograd.grad(loss, ws, create_graph=True)
+        gen = torch.Generator().manual_seed(1)
+        vs = [torch.randn(2, *w.shape, generator=gen, dtype=torch.float64) for w in ws]
+        one = torch.autograd.grad(grads, ws, [v[0] for v in vs], retain_graph=True)
+        batched = torch.autograd.grad(grads, ws, vs, is_grads_batched=True)
+        results.append((model(x), grads, one, batched))
+    for a, b in zip(*results):
+        for u, v in zip(*((a, b) if isinstance(a, (list, tuple)) else ([a], [b]))):
+            torch.testing.assert_close(u, v, rtol=1e-10, atol=1e-10)
