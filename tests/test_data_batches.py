@@ -198,3 +198,55 @@ def test_loader_rejects_bad_arguments() -> None:
         BatchLoader(split, batch_size=2, mean=(0,) * 3, std=(1,) * 3, augment="mixup")
     with pytest.raises(ValueError, match="one value per channel"):
         BatchLoader(split, batch_size=2, mean=(0,), std=(1,))
+
+
+def _coded_split(n: int) -> ImageSplit:
+    """32x32 images whose channel 0 holds row + 1 and channel 1 column + 1 (0 only in the
+    padding), labelled by index: a crop's offsets and flip read back from any output."""
+    rows = torch.arange(1, 33, dtype=torch.uint8).view(32, 1).expand(32, 32)
+    cols = torch.arange(1, 33, dtype=torch.uint8).view(1, 32).expand(32, 32)
+    img = torch.stack([rows, cols, torch.full((32, 32), 9, dtype=torch.uint8)])
+    return ImageSplit(img.expand(n, 3, 32, 32).contiguous(), torch.arange(n, dtype=torch.int64))
+
+
+def _crop_params(x: torch.Tensor) -> tuple[int, int, bool]:
+    """(top, left, flipped) of one augmented coded image in torchvision's terms: zero-pad 4,
+    crop at (top, left) in the padded image, then mirror."""
+    r, c = (x[0] > 0).nonzero()[0].tolist()
+    top = int(x[0, r, c]) - 1 - r + 4
+    cols = x[1, r][x[1, r] > 0]
+    flipped = bool(cols[1] < cols[0])
+    c0 = int((x[1, r] > 0).nonzero()[0])
+    left = int(cols[0]) + 3 - ((31 - c0) if flipped else c0)
+    return top, left, flipped
+
+
+def test_crop_flip_matches_torchvision_distribution() -> None:
+    """crop_flip is RandomCrop(32, padding=4) + RandomHorizontalFlip: each image of each epoch
+    gets its own offsets, uniform over 0..8 in both axes, a zero-filled border and a flip with
+    probability 1/2, redrawn every epoch (issue 44's audit of the data path)."""
+    n, epochs = 2000, 2
+    split = _coded_split(n)
+    loader = BatchLoader(split, batch_size=250, mean=(0,) * 3, std=(1,) * 3, shuffle=True,
+                         augment="crop_flip", seed=0)
+    params = torch.empty(epochs, n, 3, dtype=torch.int64)
+    for epoch in range(epochs):
+        for x, y in loader:
+            imgs = (x * 255).round().to(torch.uint8)
+            for img, i in zip(imgs, y.tolist()):
+                top, left, flipped = _crop_params(img)
+                padded = torch.nn.functional.pad(split.images[i], (4, 4, 4, 4))
+                ref = padded[:, top:top + 32, left:left + 32]
+                assert torch.equal(img, ref.flip(-1) if flipped else ref)
+                params[epoch, i] = torch.tensor([top, left, int(flipped)])
+    expected = n * epochs / 9
+    for axis in (0, 1):
+        counts = torch.bincount(params[..., axis].flatten(), minlength=9)
+        assert len(counts) == 9 and bool((counts > 0).all()), counts  # 0..8, both ends
+        chi2 = float(((counts - expected) ** 2 / expected).sum())
+        assert chi2 < 26.1, counts  # chi-square, 8 dof, p = 0.001
+    flips = params[..., 2].float()
+    assert abs(float(flips.mean()) - 0.5) < 0.03
+    # independent between epochs: an image's draws in epoch 1 do not follow from epoch 0's
+    same = (params[0] == params[1]).all(1).float().mean()
+    assert float(same) < 0.02  # 1 / (9 * 9 * 2) = 0.6 % by chance
