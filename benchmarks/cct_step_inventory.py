@@ -7,6 +7,8 @@ Findings: ``train_step_overhead.md``, "Session 36".
 
     OMP_NUM_THREADS=1 python benchmarks/cct_step_inventory.py [--arch largest] [--batch 128]
         [--steps 3] [--compile-scope model|step] [--json FILE]
+    OMP_NUM_THREADS=1 [PYTHONPATH=OLD_TREE] python benchmarks/cct_step_inventory.py \
+        --arch smallest --timing 10 [--compile-scope model|step]    # paired CPU timing
 """
 
 from __future__ import annotations
@@ -14,11 +16,16 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import hashlib
 import json
+import statistics
 import sys
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import hwnas.supernet.data.loader as loader_mod
 import hwnas.supernet.train as train_mod
@@ -41,6 +48,10 @@ NO_KERNEL = {
     "aten::narrow", "aten::diagonal", "aten::real", "aten::conj", "aten::resolve_conj",
     "aten::resolve_neg", "aten::zeros_like", "aten::ones_like", "aten::full_like",
 }
+#: aten calls that read a value back to the host (a synchronisation on CUDA)
+SYNCING = {"aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::is_nonzero",
+           "aten::masked_select", "aten::nonzero_static", "aten::unique", "aten::_unique2",
+           "aten::equal", "aten::allclose"}
 PARTS = ("data", "augment", "forward", "loss", "backward", "grad_norm", "guard_observe",
          "optimizer_step", "zero_grad", "guard_check", "loop")
 
@@ -170,6 +181,7 @@ def count_ops(prof) -> dict[str, dict[str, int]]:
     """Aten calls by part: leaves (no aten call below), and kernels (:func:`_launches`)."""
     leaf = collections.Counter()
     kernels = collections.Counter()
+    syncing = collections.Counter()
     names: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     for e in prof.events():
         if not e.name.startswith("aten::"):
@@ -177,13 +189,46 @@ def count_ops(prof) -> dict[str, dict[str, int]]:
         part = _part(e)
         if part is None:
             continue
+        if e.name in SYNCING:
+            syncing[f"{part}:{e.name}"] += 1
         if not any(c.name.startswith("aten::") for c in e.cpu_children):
             leaf[part] += 1
         if _launches(e):
             kernels[part] += 1
             names[part][e.name] += 1
-    return {"leaf_calls": dict(leaf), "kernel_calls": dict(kernels),
+    return {"leaf_calls": dict(leaf), "kernel_calls": dict(kernels), "syncing": dict(syncing),
             "top_kernels": {p: dict(c.most_common(8)) for p, c in names.items()}}
+
+
+class _DeviceOps(TorchDispatchMode):
+    """Counts the operators that touch a ``meta`` tensor (the stand-in for the GPU), views and
+    allocations excluded, and the host-to-device copies among them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter = collections.Counter()
+        self.copies = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        flat = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+        name = func.overloadpacket.__name__
+        if (any(t.device.type == "meta" for t in flat) and not func.is_view
+                and name not in ("empty", "empty_strided", "empty_like", "lift_fresh", "detach")):
+            self.ops[name] += 1
+            self.copies += name == "_to_copy" and any(t.device.type == "cpu" for t in flat)
+        return out
+
+
+def augment_device_ops(kind: str, batch: int) -> dict:
+    """Device operators (~ CUDA launches, eager) and host-to-device copies of one batch's
+    augmentation: the images on ``meta``, so the host-side drawing of random numbers is told
+    apart from the work on the images' device."""
+    images = torch.zeros(batch, 3, 32, 32, dtype=torch.uint8, device="meta")
+    with _DeviceOps() as mode:
+        loader_mod.augment_batch(images, kind, torch.Generator().manual_seed(0), fill=(1, 2, 3))
+    return {"device_ops": sum(mode.ops.values()), "host_to_device_copies": mode.copies}
 
 
 def inventory(arch_role: str, batch: int, steps: int, compile_scope: str | None,
@@ -236,8 +281,45 @@ def inventory(arch_role: str, batch: int, steps: int, compile_scope: str | None,
             "kernel_calls_per_guard_check": ops["kernel_calls"].get("guard_check", 0),
             "leaf_calls_per_step": {k: round(v / steps, 1) for k, v in ops["leaf_calls"].items()
                                     if k != "guard_check"},
+            "augment_per_batch": augment_device_ops(config.augment, batch),
             "top_kernels_total": ops["top_kernels"],
+            "syncing_aten_calls_total": ops["syncing"],
             "host_reads_per_step": per_step_syncs[1:]}
+
+
+def timing(arch_role: str, batch: int, steps: int, compile_scope: str | None) -> dict:
+    """CPU seconds per training iteration (batch fetch + augmentation + step, from one
+    ``_Loop._step`` entry to the next, ``time.process_time``) over ``steps`` steps, the first two
+    left out, and a hash of the weights after them: run it with this branch's code and, through
+    ``PYTHONPATH``, an older tree's, for a paired comparison (``compile_scope`` None: no compile;
+    "model" passes only ``compile=True``, which older code also takes)."""
+    model, space, arch, config = cct_job(arch_role, batch_size=batch, epochs=1)
+    data = synthetic(max(16 * batch, 1024))
+    marks: list[float] = []
+    original = train_mod._Loop._step
+
+    def step(self, *args):
+        marks.append(time.process_time())
+        return original(self, *args)
+
+    opts: dict = {}
+    if compile_scope is not None:
+        opts["compile"] = True
+        if compile_scope != "model":
+            opts["compile_scope"] = compile_scope
+    train_mod._Loop._step = step
+    try:
+        result = train_mod.train_standalone(model, data, config=config, space=space, arch=arch,
+                                            progress=False, max_steps=steps, **opts)
+    finally:
+        train_mod._Loop._step = original
+    iters = [b - a for a, b in zip(marks, marks[1:])][2:]
+    weights = hashlib.sha1(b"".join(v.detach().contiguous().numpy().tobytes()
+                                    for v in model.state_dict().values())).hexdigest()[:16]
+    return {"code": train_mod.__file__, "arch": space.to_string(arch), "steps": result.step,
+            "compile_scope": compile_scope, "weights_sha1": weights,
+            "iter_cpu_s": [round(x, 3) for x in iters],
+            "median_iter_cpu_s": round(statistics.median(iters), 3)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -249,8 +331,13 @@ def main(argv: list[str] | None = None) -> None:
                     help="profile with --compile (inductor on the CPU) at this scope")
     ap.add_argument("--unfused", action="store_true",
                     help="the CPU's own AdamW (for-loop), not the fused one CUDA runs")
+    ap.add_argument("--timing", type=int, default=None, metavar="STEPS",
+                    help="instead: CPU seconds per iteration over STEPS steps (timing())")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    if args.timing is not None:
+        print(json.dumps(timing(args.arch, args.batch, args.timing, args.compile_scope)))
+        return
     row = inventory(args.arch, args.batch, args.steps, args.compile_scope, not args.unfused)
     row["command"] = "python " + " ".join(sys.argv)
     row["torch"] = torch.__version__

@@ -10,7 +10,8 @@ The schedule is data (:mod:`hwnas.supernet.recipes`), checkpoints are files of
 ``max_seconds`` / ``max_steps`` stop early with a checkpoint; a stretch of non-finite gradients
 is rolled back (:class:`hwnas.supernet.divergence.DivergenceGuard`). On a GPU: bf16 autocast,
 channels-last, data augmented on the device, fused AdamW; with ``compile`` only each stage's
-largest and smallest subnet run compiled (two graphs), the random ones eagerly. Several
+largest and smallest subnet run compiled (two graphs), the random ones eagerly; with
+``compile_scope="step"`` also the batches' augmentation and a standalone network's loss. Several
 processes (``torchrun``): :mod:`hwnas.supernet.distributed`.
 """
 

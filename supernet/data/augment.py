@@ -100,28 +100,28 @@ def apply_augment(images: torch.Tensor, kind: str, params: torch.Tensor,
     :func:`draw_augment` drew for ``kind`` (on the images' device); ``fill``: cutout's per-channel
     uint8 values (default 0). No random numbers and no host reads: a function ``torch.compile``
     can take whole."""
+    ints = params.long()  # the integer columns, exact (one cast for all of them)
     col = 0
     if kind.startswith("trivial_"):
-        images = apply_scaled(images, params[:, 0].long(), params[:, 1])
+        images = apply_scaled(images, ints[:, 0], params[:, 1])
         col, kind = 2, kind.removeprefix("trivial_")
     elif kind.startswith("autoaugment_"):
         for j in range(2):
-            images = apply_scaled(images, params[:, 2 * j].long(), params[:, 2 * j + 1],
-                                  fill=FILL)
+            images = apply_scaled(images, ints[:, 2 * j], params[:, 2 * j + 1], fill=FILL)
         col, kind = 4, kind.removeprefix("autoaugment_")
     pad = 1 if kind == "shift" else 4
     b, c, h, w = images.shape
     dev = images.device
-    rows = params[:, col].long()[:, None] + torch.arange(h, device=dev)  # (B, H) padded-image rows
-    cols = params[:, col + 1].long()[:, None] + torch.arange(w, device=dev)  # (B, W)
+    rows = ints[:, col, None] + torch.arange(h, device=dev)  # (B, H) padded-image rows
+    cols = ints[:, col + 1, None] + torch.arange(w, device=dev)  # (B, W)
     if kind.startswith("crop_flip"):
-        cols = torch.where((params[:, col + 2] > 0.5)[:, None], cols.flip(1), cols)
+        cols = torch.where(ints[:, col + 2, None].bool(), cols.flip(1), cols)
     padded = F.pad(images, (pad, pad, pad, pad))
     bi = torch.arange(b, device=dev)[:, None, None, None]
     ci = torch.arange(c, device=dev)[None, :, None, None]
     out = padded[bi, ci, rows[:, None, :, None], cols[:, None, None, :]]
     if kind == "crop_flip_cutout":
-        cy, cx = params[:, col + 3].long(), params[:, col + 4].long()
+        cy, cx = ints[:, col + 3], ints[:, col + 4]
         half = CUTOUT_SIZE // 2
         ys = torch.arange(h, device=dev)[None, :] - cy[:, None]  # (B, H) offsets from the centre
         xs = torch.arange(w, device=dev)[None, :] - cx[:, None]

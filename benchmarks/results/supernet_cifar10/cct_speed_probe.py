@@ -9,20 +9,24 @@ compile settings before session 36 and each new option; writes JSON after every 
     python3 benchmarks/results/supernet_cifar10/cct_speed_probe.py --device cpu --steps 3 \\
         --json /tmp/probe.json                      # a check of this script (eager backend)
 
-Variants (``--variants``): ``eager`` (no compile), ``model`` (``--compile``: the network only,
-the setting of the runs so far), ``step`` (``--compile --compile-scope step``: also the loss, the
+Variants (``--runs ROLE:VARIANT``): ``before`` (``--compile`` with the host side of the loop
+before session 36: per-operation copies of the random numbers, per-tensor guard snapshots),
+``eager`` (no compile), ``model`` (``--compile``: the network only, the setting of the runs so
+far), ``step`` (``--compile --compile-scope step``: also the loss, the
 augmentation and the normalisation), ``model-cg`` / ``step-cg`` (the same with
 ``--compile reduce-overhead``: CUDA graphs). Each: ``--warmup`` steps (compilation, CUDA-graph
 recording, the guard's first check), ``--steps`` timed steps (synchronised at both ends), then
 ``--profile-steps`` steps under torch.profiler for launches, copies and synchronisations per
 step and the GPU's busy share. Data: 45,000 random CIFAR-sized images (the step's cost does not
-depend on the pixels; one epoch is 351 steps, as on CIFAR-10). ``--budget-s``: variants that
-would start after this many seconds are skipped (recorded as such).
+depend on the pixels; one epoch is 351 steps, as on CIFAR-10). ``--budget-s``: no variant
+starts after this many seconds (the rest are recorded as skipped); compilation dominates a
+variant's time (the first CCT-7 graph about a minute, later ones partly from the caches).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import sys
@@ -32,13 +36,17 @@ from datetime import datetime, timezone
 
 import torch
 
+import hwnas.supernet.data.loader as loader_mod
 import hwnas.supernet.train as train_mod
 from hwnas.supernet.data import DatasetSplits, ImageSplit
+from hwnas.supernet.data.augment import apply_augment, draw_augment
+from hwnas.supernet.divergence import DivergenceGuard
 from hwnas.supernet.spaces import get_space
 from hwnas.supernet.train_run import CONFIG_KEYS, resolve_arch, train_config
 
 #: name -> (compile mode or None, compile scope)
 VARIANTS = {
+    "before": ("default", "model"),  # + the pre-session-36 copies and guard snapshot (legacy())
     "eager": (None, "model"),
     "model": ("default", "model"),
     "step": ("default", "step"),
@@ -46,8 +54,9 @@ VARIANTS = {
     "step-cg": ("reduce-overhead", "step"),
 }
 #: the order of the default runs: the most telling first, so a cut budget loses the least
-DEFAULT_RUNS = ["largest:model", "largest:step", "largest:step-cg", "smallest:model",
-                "smallest:step", "largest:eager", "smallest:step-cg", "largest:model-cg"]
+DEFAULT_RUNS = ["largest:before", "largest:model", "largest:step", "largest:step-cg",
+                "smallest:before", "smallest:step", "largest:model-cg", "smallest:step-cg",
+                "largest:eager"]
 #: host-side CUDA API calls counted per step in the profiled steps
 API_CALLS = {
     "launches": ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx"),
@@ -77,6 +86,41 @@ def cct_job(role: str, batch: int):
     arch = resolve_arch(space, role)
     model = train_mod.reinitialize(space.build_supernet().extract(arch).train(), seed=config.seed)
     return model, space, arch, config
+
+
+@contextlib.contextmanager
+def legacy():
+    """The host side of the loop before session 36, for the ``before`` variant: the batch's
+    random numbers copied one per operation from pageable memory (7 copies a batch for
+    AutoAugment + crop + flip) and the divergence guard's snapshot cloned tensor by tensor."""
+    def augment_batch(images, kind, generator, fill=None, apply=None):
+        dev = images.device
+        params = draw_augment(kind, tuple(images.shape), generator)
+        params = torch.stack([params[:, i].clone().to(dev, non_blocking=True)
+                              for i in range(params.shape[1])], dim=1)
+        value = None
+        if kind.endswith("cutout"):
+            value = torch.tensor(list(fill), dtype=images.dtype).to(dev, non_blocking=True)
+        return apply_augment(images, kind, params, value)
+
+    def snapshot(self, step, extra=None):
+        tensors = list(self.model.state_dict().values())
+        if len(self._model_snap) != len(tensors):
+            self._model_snap = [t.detach().clone() for t in tensors]
+        else:
+            for saved, t in zip(self._model_snap, tensors):
+                saved.copy_(t)
+        self._opt_snap = {id(p): {k: v.detach().clone() if torch.is_tensor(v) else v
+                                  for k, v in state.items()}
+                          for p, state in self.optimizer.state.items()}
+        self.snapshot_step, self.extra = step, extra
+
+    saved = (loader_mod.augment_batch, DivergenceGuard.snapshot)
+    loader_mod.augment_batch, DivergenceGuard.snapshot = augment_batch, snapshot
+    try:
+        yield
+    finally:
+        loader_mod.augment_batch, DivergenceGuard.snapshot = saved
 
 
 def _sync(device: torch.device) -> None:
@@ -144,8 +188,9 @@ def measure(role: str, variant: str, device: torch.device, data: DatasetSplits, 
     try:
         opts = dict(device=device, progress=False, max_steps=warmup + steps + profile_steps,
                     compile=mode or False, compile_scope=scope)
-        result = train_mod.train_standalone(model, data, config=config, space=space, arch=arch,
-                                            **opts)
+        with legacy() if variant == "before" else contextlib.nullcontext():
+            result = train_mod.train_standalone(model, data, config=config, space=space,
+                                                arch=arch, **opts)
     finally:
         train_mod._Loop._step = original
         _sync(device)
@@ -176,6 +221,9 @@ def measure(role: str, variant: str, device: torch.device, data: DatasetSplits, 
         row["profile_error"] = marks["profile_error"]
     row["graph_breaks"] = sum(counters["graph_break"].values())
     row["unique_graphs"] = counters["stats"].get("unique_graphs")
+    skips = {k: v for k, v in counters["inductor"].items() if "cudagraph" in k}
+    if skips:
+        row["cudagraph_counters"] = skips
     return row
 
 
@@ -189,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--profile-steps", type=int, default=None, help="default 10 (cuda), 1 (cpu)")
     ap.add_argument("--train-images", type=int, default=None, help="default 45000 (cuda), 512 (cpu)")
-    ap.add_argument("--budget-s", type=float, default=230.0)
+    ap.add_argument("--budget-s", type=float, default=240.0,
+                    help="start no variant after this many seconds (the one running finishes)")
     ap.add_argument("--cpu-backend", default="eager",
                     help="torch.compile backend on the CPU check (eager: plumbing only, fast)")
     ap.add_argument("--json", default="cct_speed_probe.json")
@@ -217,11 +266,10 @@ def main(argv: list[str] | None = None) -> int:
            "profile_steps": profile_steps, "train_images": n,
            "cpu_backend": None if cuda else args.cpu_backend, "rows": []}
     begin = time.perf_counter()
-    last = 0.0
     for run in args.runs or DEFAULT_RUNS:
         role, variant = run.split(":")
         elapsed = time.perf_counter() - begin
-        if elapsed + last > args.budget_s:
+        if elapsed > args.budget_s:
             out["rows"].append({"role": role, "variant": variant, "skipped": "budget",
                                 "elapsed_s": round(elapsed, 1)})
             continue
@@ -232,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - one failing variant must not lose the others
             row = {"role": role, "variant": variant, "error": f"{type(exc).__name__}: {exc}",
                    "traceback": traceback.format_exc()[-2000:]}
-        last = time.perf_counter() - t
+        row["variant_seconds"] = round(time.perf_counter() - t, 1)
         out["rows"].append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
         with open(args.json, "w") as f:
