@@ -151,6 +151,13 @@ def measure(role: str, variant: str, device: torch.device, data: DatasetSplits, 
     """Train warmup + steps + profile_steps steps of one (model, variant); time the middle."""
     mode, scope = VARIANTS[variant]
     torch._dynamo.reset()
+    try:  # the previous variant's CUDA graphs and their memory pool
+        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+        reset_cudagraph_trees()
+    except Exception:  # noqa: BLE001 - older or newer torch: dynamo's reset suffices
+        pass
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     from torch._dynamo.utils import counters
     counters.clear()
     model, space, arch, config = cct_job(role, batch)
@@ -194,6 +201,7 @@ def measure(role: str, variant: str, device: torch.device, data: DatasetSplits, 
     finally:
         train_mod._Loop._step = original
         _sync(device)
+        marks["p1"] = time.perf_counter()  # before the profiler's own post-processing
         if prof_box:
             try:
                 prof_box[0].stop()
@@ -202,7 +210,7 @@ def measure(role: str, variant: str, device: torch.device, data: DatasetSplits, 
                 prof_box.clear()
     end = time.perf_counter()
     if "t1" not in marks:  # no profiled steps: the run's end is the timed window's
-        marks["t1"] = end
+        marks["t1"] = marks["p1"]
     seconds = marks["t1"] - marks["t0"]
     row = {"role": role, "arch": space.to_string(arch), "variant": variant, "compile": mode,
            "compile_scope": scope, "precision": "auto", "batch": batch, "steps": steps,
@@ -214,7 +222,7 @@ def measure(role: str, variant: str, device: torch.device, data: DatasetSplits, 
         row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     if prof_box:
         try:
-            row.update(_profile_summary(prof_box[0], profile_steps, end - marks["p0"]))
+            row.update(_profile_summary(prof_box[0], profile_steps, marks["p1"] - marks["p0"]))
         except Exception as exc:  # noqa: BLE001
             row["profile_error"] = repr(exc)
     if "profile_error" in marks:
