@@ -17,7 +17,8 @@ augmentation and the normalisation), ``model-cg`` / ``step-cg`` (the same with
 ``--compile reduce-overhead``: CUDA graphs). Each: ``--warmup`` steps (compilation, CUDA-graph
 recording, the guard's first check), ``--steps`` timed steps (synchronised at both ends), then
 ``--profile-steps`` steps under torch.profiler for launches, copies and synchronisations per
-step and the GPU's busy share. Data: 45,000 random CIFAR-sized images (the step's cost does not
+step and the GPU's busy share. First, ``augment_check``: the compiled augmentation's pixels
+against the eager ones (CPU and GPU). Data: 45,000 random CIFAR-sized images (the step's cost does not
 depend on the pixels; one epoch is 351 steps, as on CIFAR-10). ``--budget-s``: no variant
 starts after this many seconds (the rest are recorded as skipped); compilation dominates a
 variant's time (the first CCT-7 graph about a minute, later ones partly from the caches).
@@ -121,6 +122,28 @@ def legacy():
         yield
     finally:
         loader_mod.augment_batch, DivergenceGuard.snapshot = saved
+
+
+def augment_check(device: torch.device, kind: str = "autoaugment_crop_flip",
+                  batch: int = 128) -> dict:
+    """The compiled augmentation against the eager one (CPU and ``device``) on the same random
+    numbers: the share of pixels that differ and the largest difference (grey levels). Eager CPU
+    and eager GPU should agree to within rounding; compiled, likewise, or the training would
+    learn from other images than the eager recipe's."""
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (batch, 3, 32, 32), generator=g, dtype=torch.uint8)
+    params = draw_augment(kind, tuple(images.shape), torch.Generator().manual_seed(1))
+    cpu = apply_augment(images, kind, params).long()
+    on_dev = images.to(device)
+    eager = apply_augment(on_dev, kind, params.to(device)).cpu().long()
+    compiled = torch.compile(apply_augment, dynamic=False)(on_dev, kind, params.to(device))
+    compiled = compiled.cpu().long()
+
+    def diff(a, b):
+        d = (a - b).abs()
+        return {"pixels_differing": round(float((d > 0).float().mean()), 6), "max": int(d.max())}
+    return {"kind": kind, "eager_device_vs_cpu": diff(eager, cpu),
+            "compiled_device_vs_eager_device": diff(compiled, eager)}
 
 
 def _sync(device: torch.device) -> None:
@@ -274,6 +297,11 @@ def main(argv: list[str] | None = None) -> int:
            "profile_steps": profile_steps, "train_images": n,
            "cpu_backend": None if cuda else args.cpu_backend, "rows": []}
     begin = time.perf_counter()
+    try:
+        out["augment_check"] = augment_check(device)
+    except Exception as exc:  # noqa: BLE001 - the timings matter more
+        out["augment_check"] = {"error": f"{type(exc).__name__}: {exc}"}
+    print(json.dumps({"augment_check": out["augment_check"]}), flush=True)
     for run in args.runs or DEFAULT_RUNS:
         role, variant = run.split(":")
         elapsed = time.perf_counter() - begin
