@@ -96,15 +96,18 @@ class DivergenceGuard:
 
 
 def _copy_into(saved: list, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Detached copies of ``tensors``: written into ``saved``'s tensors (one ``_foreach_copy_``)
-    where each has the same shape, dtype and device, else fresh clones."""
+    """Detached copies of ``tensors``: written into ``saved``'s tensors (one ``_foreach_copy_`` per
+    device and dtype) where each has the same shape, dtype and device, else fresh clones."""
     out = list(saved) if len(saved) == len(tensors) else [None] * len(tensors)
     reuse = [i for i, (s, t) in enumerate(zip(out, tensors))
              if s is not None and s.shape == t.shape and s.dtype == t.dtype
              and s.device == t.device]
-    if reuse:
-        with torch.no_grad():
-            torch._foreach_copy_([out[i] for i in reuse], [tensors[i].detach() for i in reuse])
+    groups: dict[tuple, list[int]] = {}  # the multi-tensor kernel wants one device and dtype
+    for i in reuse:
+        groups.setdefault((tensors[i].device, tensors[i].dtype), []).append(i)
+    with torch.no_grad():
+        for group in groups.values():
+            torch._foreach_copy_([out[i] for i in group], [tensors[i].detach() for i in group])
     fresh = set(range(len(tensors))) - set(reuse)
     for i in fresh:
         out[i] = tensors[i].detach().clone()

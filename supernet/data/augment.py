@@ -70,10 +70,11 @@ def augment_batch(images: torch.Tensor, kind: str, generator: torch.Generator,
 def draw_augment(kind: str, shape: Sequence[int], generator: torch.Generator) -> torch.Tensor:
     """Every random number of the augmentation ``kind`` of one ``(B, C, H, W)`` batch, drawn from
     ``generator`` in a fixed order, as a CPU float32 ``(B, columns)`` tensor for
-    :func:`apply_augment`: the
-    policy's (operation, signed magnitude) pairs (:func:`draw_trivial`, :func:`draw_autoaugment`),
-    then the crop offsets dy, dx, the flip (0/1) and the cutout centre cy, cx as the kind has
-    them. Integers and flags are exact in float32."""
+    :func:`apply_augment`: the policy's (operation, signed magnitude) pairs
+    (:func:`draw_trivial`, :func:`draw_autoaugment`), then the crop offsets dy, dx, the flip
+    (0/1) and the cutout centre cy, cx as the kind has them. Integers and flags are exact in
+    float32; the order is the one the operations drew in before they were split from it, so the
+    augmentation of a seed is what it was."""
     batch, _, h, w = shape
     gdev = generator.device
     cols: list[torch.Tensor] = []
