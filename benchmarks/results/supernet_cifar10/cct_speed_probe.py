@@ -170,7 +170,7 @@ def _profile_summary(prof, steps: int, wall_s: float) -> dict:
 
 
 def measure(role: str, variant: str, device: torch.device, data: DatasetSplits, batch: int,
-            warmup: int, steps: int, profile_steps: int) -> dict:
+            warmup: int, steps: int, profile_steps: int, precision: str = "auto") -> dict:
     """Train warmup + steps + profile_steps steps of one (model, variant); time the middle."""
     mode, scope = VARIANTS[variant]
     torch._dynamo.reset()
@@ -217,7 +217,7 @@ def measure(role: str, variant: str, device: torch.device, data: DatasetSplits, 
     train_mod._Loop._step = step
     try:
         opts = dict(device=device, progress=False, max_steps=warmup + steps + profile_steps,
-                    compile=mode or False, compile_scope=scope)
+                    compile=mode or False, compile_scope=scope, precision=precision)
         with legacy() if variant == "before" else contextlib.nullcontext():
             result = train_mod.train_standalone(model, data, config=config, space=space,
                                                 arch=arch, **opts)
@@ -236,7 +236,7 @@ def measure(role: str, variant: str, device: torch.device, data: DatasetSplits, 
         marks["t1"] = marks["p1"]
     seconds = marks["t1"] - marks["t0"]
     row = {"role": role, "arch": space.to_string(arch), "variant": variant, "compile": mode,
-           "compile_scope": scope, "precision": "auto", "batch": batch, "steps": steps,
+           "compile_scope": scope, "precision": precision, "batch": batch, "steps": steps,
            "seconds": round(seconds, 3), "ms_per_step": round(1000 * seconds / steps, 3),
            "images_per_s": round(steps * batch / seconds, 1),
            "warmup_seconds": round(marks["t0"] - start, 1), "total_seconds": round(end - start, 1),
@@ -264,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", nargs="+", default=None,
                     help=f"ROLE:VARIANT (default {' '.join(DEFAULT_RUNS)})")
     ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"],
+                    help="auto = bf16 autocast on CUDA, as the CCT-7 runs so far")
     ap.add_argument("--warmup", type=int, default=None, help="default 30 (cuda), 1 (cpu)")
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--profile-steps", type=int, default=None, help="default 10 (cuda), 1 (cpu)")
@@ -312,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         try:
             row = measure(role, variant, device, data, args.batch, warmup, args.steps,
-                          profile_steps)
+                          profile_steps, args.precision)
         except Exception as exc:  # noqa: BLE001 - one failing variant must not lose the others
             row = {"role": role, "variant": variant, "error": f"{type(exc).__name__}: {exc}",
                    "traceback": traceback.format_exc()[-2000:]}
