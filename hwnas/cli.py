@@ -35,6 +35,7 @@ from hwnas.supernet.train_options import (
     AUGMENT_KINDS,
     CHECKPOINT_EVERY_S,
     COMPILE_MODES,
+    COMPILE_SCOPES,
     MAX_EPOCHS,
     OPTIMIZERS,
     PRECISIONS,
@@ -243,6 +244,10 @@ def _train_speed_options(s) -> None:
                    metavar="MODE", help="torch.compile the standalone model, or the supernet's "
                    "largest and smallest subnets; mode default, reduce-overhead, max-autotune or "
                    "off (on --resume it overrides the run's)")
+    s.add_argument("--compile-scope", choices=COMPILE_SCOPES, default="model",
+                   help="with --compile: model = the network only (default); step = also a "
+                        "standalone network's loss and the batches' augmentation (fewer kernel "
+                        "launches per step on a GPU; speed only, like --compile)")
     s.add_argument("--cudnn-benchmark", choices=("auto", "on", "off"), default="auto",
                    help="cuDNN autotuning per new convolution shape (CUDA): auto = on for "
                         "--standalone, off for supernets, whose random subnets bring new shapes")

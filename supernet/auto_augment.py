@@ -22,7 +22,7 @@ import torch
 from hwnas.supernet.host_sync import to_device
 from hwnas.supernet.trivial_augment import OPS, apply_scaled
 
-__all__ = ["CIFAR10_POLICY", "FILL", "autoaugment", "policy_tensors"]
+__all__ = ["CIFAR10_POLICY", "FILL", "autoaugment", "draw_autoaugment", "policy_tensors"]
 
 #: Grey level left where shear, translate and rotate move the image away (CCT's ``fillcolor``).
 FILL = 128
@@ -94,16 +94,29 @@ def policy_tensors() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Te
 _POLICY = policy_tensors()
 
 
+def draw_autoaugment(batch: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """The random numbers of :func:`autoaugment` for ``batch`` images, on the CPU: one sub-policy
+    per image, then per operation whether it applies and its sign; returned as the two
+    operations' (operation index, signed magnitude fraction) columns, 0 (identity) where an
+    operation does not apply."""
+    gdev = generator.device
+    ops, prob, mag, signed = _POLICY
+    k = torch.randint(0, len(CIFAR10_POLICY), (batch,), generator=generator, device=gdev).cpu()
+    cols = []
+    for j in range(2):
+        apply = torch.rand(batch, generator=generator, device=gdev).cpu() < prob[k, j]
+        sign = torch.where(torch.rand(batch, generator=generator, device=gdev).cpu() < 0.5, -1.0, 1.0)
+        cols.append(torch.where(apply, ops[k, j], torch.zeros_like(k)))  # 0: identity
+        cols.append(mag[k, j] * torch.where(signed[k, j], sign, torch.ones_like(sign)))
+    return cols
+
+
 def autoaugment(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One random sub-policy of :data:`CIFAR10_POLICY` per image of a uint8 ``(B, 3, H, W)``
-    batch; random numbers from ``generator`` (moved to the images' device afterwards)."""
-    b, gdev, dev = images.shape[0], generator.device, images.device
-    ops, prob, mag, signed = _POLICY
-    k = torch.randint(0, len(CIFAR10_POLICY), (b,), generator=generator, device=gdev).cpu()
-    for j in range(2):
-        apply = torch.rand(b, generator=generator, device=gdev).cpu() < prob[k, j]
-        sign = torch.where(torch.rand(b, generator=generator, device=gdev).cpu() < 0.5, -1.0, 1.0)
-        op = torch.where(apply, ops[k, j], torch.zeros_like(k))  # 0: identity
-        scale = mag[k, j] * torch.where(signed[k, j], sign, torch.ones_like(sign))
+    batch; random numbers from ``generator`` (:func:`draw_autoaugment`, moved to the images'
+    device afterwards)."""
+    op1, scale1, op2, scale2 = draw_autoaugment(images.shape[0], generator)
+    dev = images.device
+    for op, scale in ((op1, scale1), (op2, scale2)):
         images = apply_scaled(images, to_device(op, dev), to_device(scale, dev), fill=FILL)
     return images

@@ -45,16 +45,21 @@ class DivergenceGuard:
         return step % self.every == 0
 
     def snapshot(self, step: int, extra: object = None) -> None:
-        """Make the current state (and ``extra``, e.g. the epoch's loss sums) the roll-back point."""
+        """Make the current state (and ``extra``, e.g. the epoch's loss sums) the roll-back point.
+        The copies go into the previous snapshot's buffers where the tensors match, with one
+        multi-tensor copy (a few launches on a GPU instead of one or more per tensor)."""
         tensors = list(self.model.state_dict().values())
-        if len(self._model_snap) != len(tensors):
-            self._model_snap = [t.detach().clone() for t in tensors]
-        else:
-            for saved, t in zip(self._model_snap, tensors):
-                saved.copy_(t)
-        self._opt_snap = {id(p): {k: v.detach().clone() if torch.is_tensor(v) else v
-                                  for k, v in state.items()}
-                          for p, state in self.optimizer.state.items()}
+        self._model_snap = _copy_into(self._model_snap, tensors)
+        snap: dict[int, dict] = {}
+        for p, state in self.optimizer.state.items():
+            old = self._opt_snap.get(id(p), {})
+            snap[id(p)] = {k: old.get(k) if torch.is_tensor(v) else v for k, v in state.items()}
+        pairs = [(snap[id(p)], k, v) for p, state in self.optimizer.state.items()
+                 for k, v in state.items() if torch.is_tensor(v)]
+        copied = _copy_into([s[k] for s, k, _ in pairs], [v for _, _, v in pairs])
+        for (s, k, _), c in zip(pairs, copied):
+            s[k] = c
+        self._opt_snap = snap
         self.snapshot_step, self.extra = step, extra
 
     def check(self, step: int, epoch: int, lr: float, extra: object = None) -> bool:
@@ -88,3 +93,22 @@ class DivergenceGuard:
                 saved = self._opt_snap.get(id(p), {})
                 state.clear()
                 state.update({k: v.clone() if torch.is_tensor(v) else v for k, v in saved.items()})
+
+
+def _copy_into(saved: list, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Detached copies of ``tensors``: written into ``saved``'s tensors (one ``_foreach_copy_`` per
+    device and dtype) where each has the same shape, dtype and device, else fresh clones."""
+    out = list(saved) if len(saved) == len(tensors) else [None] * len(tensors)
+    reuse = [i for i, (s, t) in enumerate(zip(out, tensors))
+             if s is not None and s.shape == t.shape and s.dtype == t.dtype
+             and s.device == t.device]
+    groups: dict[tuple, list[int]] = {}  # the multi-tensor kernel wants one device and dtype
+    for i in reuse:
+        groups.setdefault((tensors[i].device, tensors[i].dtype), []).append(i)
+    with torch.no_grad():
+        for group in groups.values():
+            torch._foreach_copy_([out[i] for i in group], [tensors[i].detach() for i in group])
+    fresh = set(range(len(tensors))) - set(reuse)
+    for i in fresh:
+        out[i] = tensors[i].detach().clone()
+    return out

@@ -64,5 +64,10 @@ def count_host_syncs(where: bool = False) -> Iterator[collections.Counter]:
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on ``device``; from the host without the stream synchronisation a blocking copy
-    costs on CUDA (pageable memory is staged at once, so ``t`` may be freed right after)."""
+    costs on CUDA. A CPU tensor bound for CUDA is first put in pinned memory (PyTorch's caching
+    host allocator, which keeps the block until the copy is done), so the copy is a true
+    asynchronous one: a copy from pageable memory may wait for the stream."""
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
+        t = t.pin_memory()
     return t.to(device, non_blocking=True)

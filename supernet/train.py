@@ -10,7 +10,8 @@ The schedule is data (:mod:`hwnas.supernet.recipes`), checkpoints are files of
 ``max_seconds`` / ``max_steps`` stop early with a checkpoint; a stretch of non-finite gradients
 is rolled back (:class:`hwnas.supernet.divergence.DivergenceGuard`). On a GPU: bf16 autocast,
 channels-last, data augmented on the device, fused AdamW; with ``compile`` only each stage's
-largest and smallest subnet run compiled (two graphs), the random ones eagerly. Several
+largest and smallest subnet run compiled (two graphs), the random ones eagerly; with
+``compile_scope="step"`` also the batches' augmentation and a standalone network's loss. Several
 processes (``torchrun``): :mod:`hwnas.supernet.distributed`.
 """
 
@@ -169,6 +170,13 @@ def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return None
 
 
+def _amp(device: torch.device, dtype: torch.dtype | None):
+    """The autocast context of ``dtype`` on ``device``; none for fp32 (``dtype`` None)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
 def _channels_last(opts: TrainOptions, device: torch.device) -> bool:
     return device.type == "cuda" if opts.channels_last is None else bool(opts.channels_last)
 
@@ -278,7 +286,8 @@ class _Loop:
         self.loader = BatchLoader(data.train, batch_size=config.batch_size, mean=data.mean,
                                   std=data.std, shuffle=True, augment=config.augment or data.augment,
                                   seed=config.seed, device=device,
-                                  drop_last=len(data.train) > config.batch_size)
+                                  drop_last=len(data.train) > config.batch_size,
+                                  compile=bool(opts.compile) and opts.compile_scope == "step")
         self.steps_per_epoch = len(self.loader)
         self.total_steps = self.steps_per_epoch * config.epochs
         self.warmup_steps = int(config.warmup_epochs * self.steps_per_epoch)
@@ -304,9 +313,7 @@ class _Loop:
                        else None)
 
     def amp(self):
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+        return _amp(self.device, self.amp_dtype)
 
     def lr_at(self, step: int) -> float:
         config, warmup = self.config, self.warmup_steps
@@ -665,16 +672,26 @@ def train_standalone(
         raise UserError("standalone checkpoints need the space and arch of the model")
     arch_str = space.to_string(space.parse(arch)) if space is not None and arch is not None else None
     runner: nn.Module = model
-    if compile:
-        mode = None if compile is True else str(compile)
+    mode = None if compile is True else str(compile)
+    if compile and opts.compile_scope == "model":
         runner = torch.compile(model, mode=mode)
     teacher = _prepare_teacher(teacher, config, opts)
 
-    def step_fn(x: torch.Tensor, y: torch.Tensor, stage_i: int, amp: Callable) -> torch.Tensor:
-        taught = _teacher_logits(teacher, x, amp)
-        with amp():
+    device = torch.device(opts.device)
+    amp_dtype = _autocast_dtype(opts.precision, device)  # the loop's (_Loop.amp)
+
+    def forward_loss(x: torch.Tensor, y: torch.Tensor,
+                     taught: torch.Tensor | None) -> torch.Tensor:
+        with _amp(device, amp_dtype):
             logits = runner(x).float()
-        loss = label_loss(logits, y, config, taught)
+        return label_loss(logits, y, config, taught)
+
+    loss_of = forward_loss
+    if compile and opts.compile_scope == "step":  # the network and its loss: one graph
+        loss_of = torch.compile(forward_loss, mode=mode)
+
+    def step_fn(x: torch.Tensor, y: torch.Tensor, stage_i: int, amp: Callable) -> torch.Tensor:
+        loss = loss_of(x, y, _teacher_logits(teacher, x, amp))
         loss.backward()
         return loss.detach().reshape(1)
 

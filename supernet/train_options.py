@@ -12,7 +12,8 @@ from typing import Any
 
 from hwnas.core.errors import UserError
 
-__all__ = ["AUGMENT_KINDS", "CHECKPOINT_EVERY_S", "COMPILE_MODES", "MAX_EPOCHS", "OPTIMIZERS", "PRECISIONS",
+__all__ = ["AUGMENT_KINDS", "CHECKPOINT_EVERY_S", "COMPILE_MODES", "COMPILE_SCOPES", "MAX_EPOCHS",
+           "OPTIMIZERS", "PRECISIONS",
            "SCHEDULES", "SUBNET_LOSSES", "TEACHER_MODES", "TrainOptions", "check_augment"]
 
 #: More epochs than any real run needs: a typo such as 1e30 fails at once instead of growing a
@@ -38,6 +39,12 @@ PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp32")
 CHECKPOINT_EVERY_S = 120.0
 #: ``torch.compile`` modes (``off``: none; it changes speed only, so a resumed run may differ).
 COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "off")
+#: What ``compile`` covers (:attr:`TrainOptions.compile_scope`): ``model``, the network alone (a
+#: supernet's largest and smallest subnet); ``step``, also a standalone network's loss (one graph
+#: with the network, in the compile mode) and the batches' augmentation and normalisation
+#: (default mode): on a GPU the eager augmentation was most of a CCT step's kernel launches
+#: (``benchmarks/train_step_overhead.md``, "Session 36").
+COMPILE_SCOPES: tuple[str, ...] = ("model", "step")
 
 
 def check_augment(kind: str, channels: int | None = None) -> None:
@@ -62,7 +69,7 @@ class TrainOptions:
     ``checkpoint_every_s`` seconds). ``max_seconds``/``max_steps``: stop early, checkpointed.
     ``dist``: the process group (:class:`hwnas.supernet.distributed.DistContext`, torchrun);
     ``dataset``: the name checkpoints record (default the data's); ``compile``: True or a
-    ``torch.compile`` mode.
+    ``torch.compile`` mode; ``compile_scope``: what it covers (:data:`COMPILE_SCOPES`).
 
     Examples:
         >>> from hwnas.supernet import TrainOptions
@@ -84,6 +91,7 @@ class TrainOptions:
     dist: Any = None
     dataset: str | None = None
     compile: bool | str = False
+    compile_scope: str = "model"
 
     @classmethod
     def of(cls, options: TrainOptions | None = None, **overrides: Any) -> TrainOptions:
@@ -116,6 +124,9 @@ class TrainOptions:
                             f"{', '.join(PRECISIONS)}")
         if self.channels_last not in (None, True, False):
             raise UserError(f"channels_last must be true, false or None, got {self.channels_last!r}")
+        if self.compile_scope not in COMPILE_SCOPES:
+            raise UserError(f"unknown compile scope {self.compile_scope!r}; expected one of "
+                            f"{', '.join(COMPILE_SCOPES)}")
         if isinstance(self.compile, str) and self.compile not in COMPILE_MODES[:-1]:
             raise UserError(f"unknown compile mode {self.compile!r}; expected one of "
                             f"{', '.join(COMPILE_MODES[:-1])}")

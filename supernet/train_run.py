@@ -299,7 +299,8 @@ def _training(args: argparse.Namespace, settings: dict, recorded: dict, ctx, dev
     options = TrainOptions(
         device=device, progress=not args.quiet, precision=settings.get("precision") or "auto",
         channels_last={"auto": None, "on": True, "off": False}[args.channels_last], dist=ctx,
-        dataset=data.name, compile=settings["compile"] or False)
+        dataset=data.name, compile=settings["compile"] or False,
+        compile_scope=getattr(args, "compile_scope", None) or "model")
     return _Training(model, space, arch, data, config, options, teacher, args.half_weights)
 
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from hwnas.supernet.host_sync import to_device
 
-__all__ = ["OPS", "NUM_BINS", "trivial_augment", "apply_ops", "apply_scaled"]
+__all__ = ["OPS", "NUM_BINS", "apply_ops", "apply_scaled", "draw_trivial", "trivial_augment"]
 
 #: Operation names, in the order of their indices for :func:`apply_ops`.
 OPS: tuple[str, ...] = (
@@ -35,15 +35,26 @@ _GEOMETRIC = ("shear_x", "shear_y", "translate_x", "translate_y", "rotate")
 _SIGNED = _GEOMETRIC + ("brightness", "color", "contrast", "sharpness")
 
 
+def draw_trivial(batch: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """The random numbers of :func:`trivial_augment` for ``batch`` images, on the CPU: the
+    operation index and its signed magnitude fraction (:func:`apply_scaled`'s ``signed``), from
+    an operation, a magnitude bin and a sign per image drawn uniformly."""
+    gdev = generator.device
+    op = torch.randint(0, len(OPS), (batch,), generator=generator, device=gdev)
+    level = torch.randint(0, NUM_BINS, (batch,), generator=generator, device=gdev)
+    sign = torch.where(torch.rand(batch, generator=generator, device=gdev) < 0.5, -1.0, 1.0)
+    return [op.cpu(), _signed(level.cpu(), sign.cpu())]
+
+
+def _signed(level: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
+    return level.to(torch.float32) / (NUM_BINS - 1) * sign.to(torch.float32)  # 0 ... 1 along the bins
+
+
 def trivial_augment(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One random TrivialAugment operation per image of a uint8 ``(B, 3, H, W)`` batch."""
-    b = images.shape[0]
-    gdev = generator.device
-    op = torch.randint(0, len(OPS), (b,), generator=generator, device=gdev)
-    level = torch.randint(0, NUM_BINS, (b,), generator=generator, device=gdev)
-    sign = torch.where(torch.rand(b, generator=generator, device=gdev) < 0.5, -1.0, 1.0)
+    op, signed = draw_trivial(images.shape[0], generator)
     dev = images.device
-    return apply_ops(images, to_device(op, dev), to_device(level, dev), to_device(sign, dev))
+    return apply_scaled(images, to_device(op, dev), to_device(signed, dev))
 
 
 def apply_ops(images: torch.Tensor, op: torch.Tensor, level: torch.Tensor,
@@ -73,8 +84,7 @@ def apply_ops(images: torch.Tensor, op: torch.Tensor, level: torch.Tensor,
     the colour operations compute what torchvision's functional ops compute on uint8 images
     (``PIL.ImageEnhance`` / ``PIL.ImageOps`` semantics), to within one grey level.
     """
-    frac = level.to(torch.float32) / (NUM_BINS - 1)  # 0 ... 1 along the bins
-    return apply_scaled(images, op, frac * sign.to(torch.float32))
+    return apply_scaled(images, op, _signed(level, sign))
 
 
 def apply_scaled(images: torch.Tensor, op: torch.Tensor, signed: torch.Tensor,

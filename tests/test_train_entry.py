@@ -108,8 +108,8 @@ def test_augment_override_is_kept_on_resume(decoded, tmp_path, monkeypatch, one_
     seen = []
     real = data_module.augment_batch
     monkeypatch.setattr(data_module, "augment_batch",
-                        lambda images, kind, generator, fill=None:
-                        seen.append(kind) or real(images, kind, generator, fill))
+                        lambda images, kind, generator, fill=None, **kw:
+                        seen.append(kind) or real(images, kind, generator, fill, **kw))
     out = tmp_path / "cut"
     assert _cli("--dataset", str(decoded), "--space", "mbv3-tiny", "--limit-train", "128",
                 "--limit-eval", "50", "--batch-size", "64", "--out", str(out), "--epochs", "2",

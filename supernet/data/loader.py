@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
-from hwnas.supernet.data.augment import augment_batch
+from hwnas.supernet.data.augment import apply_augment, augment_batch
 from hwnas.supernet.data.splits import ImageSplit
 from hwnas.supernet.host_sync import to_device
 from hwnas.supernet.train_options import check_augment
@@ -37,6 +37,11 @@ class BatchLoader:
     the order and augmentation change from epoch to epoch, yet two loaders with the same seed
     produce the same sequence of epochs, and an abandoned epoch does not shift later ones.
     :meth:`set_epoch` repositions the sequence (e.g. when resuming training).
+
+    ``compile``: run the augmentation's tensor work (:func:`apply_augment`) and the
+    normalisation through ``torch.compile`` (default mode, fixed shapes): the same random numbers,
+    a few fused kernels instead of hundreds of launches per batch on a GPU; results may differ
+    from the eager ones in rounding, as a compiled network's do.
     """
 
     def __init__(
@@ -51,6 +56,7 @@ class BatchLoader:
         seed: int = 0,
         device: str | torch.device = "cpu",
         drop_last: bool = False,
+        compile: bool = False,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise UserError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -78,6 +84,10 @@ class BatchLoader:
         self._mean = mean_t.to(self.device).view(1, -1, 1, 1)
         self._std = std_t.to(self.device).view(1, -1, 1, 1)
         self._fill = [int(round(255.0 * m)) for m in mean_t.tolist()]  # cutout: the mean pixel
+        self._apply, self._normalise = apply_augment, _normalise
+        if compile:
+            self._apply = torch.compile(apply_augment, dynamic=False)
+            self._normalise = torch.compile(_normalise, dynamic=False)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter`` produce epoch ``epoch`` (0-based) of this seed's sequence."""
@@ -102,6 +112,11 @@ class BatchLoader:
             idx = order[b * self.batch_size:(b + 1) * self.batch_size]
             images = self._images[idx]
             if self.augment != "none":
-                images = augment_batch(images, self.augment, generator, fill=self._fill)
-            x = images.float().div_(255.0).sub_(self._mean).div_(self._std)
-            yield x, self._labels[idx]
+                images = augment_batch(images, self.augment, generator, fill=self._fill,
+                                       apply=self._apply)
+            yield self._normalise(images, self._mean, self._std), self._labels[idx]
+
+
+def _normalise(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """uint8 images as float32 ``(images / 255 - mean) / std``."""
+    return images.float().div_(255.0).sub_(mean).div_(std)
