@@ -10,7 +10,7 @@ git ls-files -z | xargs -0 du -b | while read -r size f; do
   case "$f" in
     supernet/checkpoints/*.pt) rm -f "$f" ;;
     benchmarks/results/*)
-      case "$f" in benchmarks/results/gpu_matrix/*.sh|benchmarks/results/gpu_matrix/*.py|benchmarks/results/supernet_cifar10/*.sh) ;; *) rm -f "$f" ;; esac ;;
+      case "$f" in benchmarks/results/gpu_matrix/*.sh|benchmarks/results/gpu_matrix/*.py|benchmarks/results/supernet_cifar10/*.sh|benchmarks/results/supernet_cifar10/*.py) ;; *) rm -f "$f" ;; esac ;;
     benchmarks/*.json|benchmarks/*.md|notebooks/*|docs/*) [ "$size" -gt 8000 ] && rm -f "$f" ;;
   esac
 done

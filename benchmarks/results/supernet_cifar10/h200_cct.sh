@@ -39,6 +39,8 @@ JOBS=(
   "cct2dropwd|--space cct --standalone smallest --epochs 200 --decay-all"
   "cct2drop32|--space cct --standalone smallest --epochs 200 --precision fp32"
   "cct7drop|--space cct --standalone largest --epochs 200"
+  "cct7drop32|--space cct --standalone largest --epochs 200 --precision fp32"
+  "cct2drop32s1|--space cct --standalone smallest --epochs 200 --precision fp32 --seed 1"
   "ablH_cct7fix_s30recipe_50|--space cct --standalone largest --epochs 50 --augment trivial_crop_flip_cutout --mixup 0.8 --cutmix 1.0 --lr 5.5e-4 --weight-decay 0.06 --warmup-epochs 10 --grad-clip 5"
   "ablI_cct7fix_50|--space cct --standalone largest --epochs 50"
   "ablJ_cct2fix_mix_200|--space cct --standalone smallest --epochs 200 --mixup 0.8 --cutmix 1.0"
@@ -51,6 +53,9 @@ JOBS=(
 # ablation spaces (cct-no-<part>) registered, so their runs resume like the others
 HWNAS="python3 benchmarks/cct_ablation.py"
 RETURN_CKPT="${RETURN_CKPT:-cct7fix cct2fix cct2drop cct7drop}"
+# CCT_SPEED: how the jobs compile (speed only; session 36's cct_speed_probe.py measures the
+# options): default --compile (the network, torch.compile's default mode)
+CCT_SPEED="${CCT_SPEED:---compile}"
 
 # CCT_JOBS: the names to start or resume (default: all); "none" starts nothing (a command that
 # only carries data: the full npz and the 46 MB cct7 parts do not fit in one 64 MiB carry)
@@ -71,10 +76,10 @@ for spec in "${JOBS[@]}"; do
     fi
   done
   if [ -f "$dir/checkpoint.pt" ] && [ -f "$dir/run.json" ]; then
-    cmd="$HWNAS train --out $dir --resume --device cuda --compile --quiet --eval"
+    cmd="$HWNAS train --out $dir --resume --device cuda $CCT_SPEED --quiet --eval"
   else
     rm -rf "$dir"
-    cmd="$HWNAS train $args --dataset $DATA --out $dir --device cuda --compile --quiet --eval --checkpoint-every-s 90"
+    cmd="$HWNAS train $args --dataset $DATA --out $dir --device cuda $CCT_SPEED --quiet --eval --checkpoint-every-s 90"
   fi
   echo "$name: $cmd" | tee -a "$ROOT/phases.log"
   # the pid file beside the run directory, not in it: hwnas train refuses an --out that holds

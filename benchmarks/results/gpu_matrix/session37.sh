@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The next session's device commands (nvidia-h100-x1 or nvidia-h200), one phase each, straight
+# after one another (the machine must stay warm: /tmp/keep, /tmp/res and the background jobs
+# live on it). Make the tree lean first (benchmarks/results/gpu_matrix/lean_tree.sh; restore
+# with git checkout -- .):
+#   1: carry .whl data/c10 (lean tree): the CCT step probe ALONE on the GPU (session 36's
+#      --compile-scope step and CUDA graphs; fp32, what the CCT-7 run will use), then the cells
+#      still open: run/fbnet/cifar10/bits (session 36: the export ran out of the cell's 200 s),
+#      export/mbv3 (not re-run after session 35's export change; needs run/mbv3/digits/bits)
+#   2: no carry, the tree with supernet/checkpoints/*.pt: the 25,000-image mbv3 CIFAR-10 timing
+#      ALONE (issue 43 item 3: never measured without other GPU jobs), the sensitivity probe
+#      (hessian_depthwise_probe.py: PyTorch's per-channel double backward against the
+#      first-order Function now used off the CPU), quant_peers for the largest subnet on this
+#      Xeon (issue 49; fp32 and hwnas int8 only, so that it fits), then the background jobs:
+#      ResNet-20 seed 1 (the calibration's noise) and CCT-2 fp32 seed 1 with the probe's
+#      fastest clean compile setting (its speed in a real run, and CCT-2's seed noise)
+#   3, 4: no carry: collect (the jobs' results, or their resumable checkpoints)
+# Unfinished jobs: commit their returned parts under benchmarks/results/supernet_cifar10/resume/
+# (cct2drop32s1.ckpt.part00, r20_q75_s1.checkpoint.pt, cct_logs.tgz from results.tgz).
+# Session 38: CCT-7 fp32 (h200_cct.sh job cct7drop32, CCT_SPEED from the probe) started in its
+# first command, alone: 200 epochs need about 6,700 images/s to fit one session.
+#   bash benchmarks/results/gpu_matrix/session37.sh PHASE SECONDS
+set -u
+PHASE=$1; S=${2:-520}
+. benchmarks/results/gpu_matrix/device_env.sh || exit 1
+J=/tmp/jobs; RES=benchmarks/results/supernet_cifar10/resume
+mkdir -p $J
+bg() {  # bg NAME CMD...: CMD in its own process session (outlives this command) unless running
+  local name=$1; shift
+  if [ -f $J/$name.pid ] && kill -0 "$(cat $J/$name.pid)" 2>/dev/null; then
+    echo "$name: running"; return
+  fi
+  echo "$name: $*" | tee -a $J/phases.log
+  setsid nohup bash -c "$* >> $J/$name.log 2>&1" >/dev/null 2>&1 &
+  echo $! > $J/$name.pid
+}
+refjob() {  # refjob NAME ARGS...: a jpeg_reference.py run, resumed from the repository's copy
+  local name=$1; shift
+  [ -f $J/$name/result.json ] && { echo "$name: done"; return; }
+  if [ ! -f $J/$name/checkpoint.pt ] && [ -f $RES/$name.checkpoint.pt ]; then
+    mkdir -p $J/$name && cp $RES/$name.checkpoint.pt $J/$name/checkpoint.pt
+  fi
+  bg $name python3 benchmarks/jpeg_reference.py --out $J/$name --dataset "$CCT_DATA" \
+    --device cuda --compile --checkpoint-every-s 60 "$@"
+}
+speed() {  # the compile flags of the probe's fastest CCT-7 variant whose augmentation is clean
+  python3 - <<'PY'
+import json
+try:
+    d = json.load(open("/tmp/res/cct_speed_probe.json"))
+except OSError:
+    print("--compile"); raise SystemExit
+chk = d.get("augment_check", {}).get("compiled_device_vs_eager_device", {})
+clean = chk.get("pixels_differing") == 0
+rows = [r for r in d.get("rows", []) if r.get("role") == "largest" and "images_per_s" in r
+        and r.get("variant") != "before" and (clean or r.get("compile_scope") != "step")]
+best = max(rows, key=lambda r: r["images_per_s"], default=None)
+if best is None or best["compile"] is None:
+    print("--compile" if best is None else "")
+else:
+    print(f"--compile {best['compile']} --compile-scope {best['compile_scope']}")
+PY
+}
+case $PHASE in
+1)
+  timeout 330 python3 benchmarks/results/supernet_cifar10/cct_speed_probe.py --device cuda \
+    --precision fp32 --budget-s 240 --json /tmp/res/cct_speed_probe.json > /tmp/res/cct_speed_probe.log 2>&1
+  grep -a "^|" /tmp/res/cct_speed_probe.log | cut -c1-200
+  echo "fastest clean setting: $(speed)"
+  C="run/fbnet/cifar10/bits run/mbv3/digits/bits export/mbv3"
+  matrix $(( $(left) - 150 )) --rerun $C --only $C
+  ;;
+2)
+  sub25
+  ( cd /tmp && HWNAS_SHARED_DATA=/tmp/sub25 timeout 330 python3 -m hwnas run --space mbv3 --dataset cifar10 \
+      --trials 20 --device cuda --out /tmp/t25 --name r --overwrite ) > /tmp/res/timing_mbv3_cifar10.log 2>&1
+  sed -i 's/\r/\n/g' /tmp/res/timing_mbv3_cifar10.log
+  grep -a "sensitivity seeds\|new by this process\|exported .* in\|wall time\|stages\|trained" /tmp/res/timing_mbv3_cifar10.log
+  HWNAS_SHARED_DATA=/tmp/sub25 timeout 150 python3 benchmarks/hessian_depthwise_probe.py --device cuda \
+    --out /tmp/res/hessian_probe.json > /tmp/res/hessian_probe.log 2>&1; tail -3 /tmp/res/hessian_probe.log | cut -c1-300
+  refjob r20_q75_s1 --seed 1
+  CCT_SPEED="$(speed)" CCT_JOBS="cct2drop32s1" RETURN_CKPT="" \
+    bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_start2.log 2>&1
+  grep -a "cct2drop32s1" /tmp/res/cct_start2.log | head -2
+  ( OMP_NUM_THREADS=8 timeout $(( $(left) - 60 )) python3 benchmarks/quant_peers.py --data /tmp/keep/cifar10-jpeg.npz \
+      --subnets largest --methods fp32,hwnas_int8 --runtimes ort --timing-rounds 3 \
+      --out /tmp/res/quant_peers_xeon_largest.json ) >> /tmp/res/quant_peers_xeon.log 2>&1
+  grep -a "subnet=\|quantized in" /tmp/res/quant_peers_xeon.log | cut -c1-300
+  ;;
+3|4)
+  sleep $(( $(left) - 60 ))
+  ;;
+esac
+# the jobs: results when done, else their resumable checkpoints
+CCT_SPEED="$(speed)" CCT_JOBS=none RETURN_CKPT="cct2drop32s1" \
+  bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_collect$PHASE.log 2>&1
+mv "$OUT/cct_logs.tgz" /tmp/res/ 2>/dev/null
+grep -a -A3 "^== cct2drop32s1" /tmp/res/cct_collect$PHASE.log | cut -c1-300
+for name in r20_q75_s1; do
+  if [ -f $J/$name/result.json ]; then cp $J/$name/result.json /tmp/res/$name.result.json
+  elif [ -f $J/$name/checkpoint.pt ]; then cp $J/$name/checkpoint.pt "$OUT/$name.checkpoint.pt"; fi
+  echo "== $name"; tr '\r' '\n' < $J/$name.log 2>/dev/null | tail -2 | cut -c1-300
+done
+cp $J/*.log /tmp/res/ 2>/dev/null
+nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+tar -czf "$OUT/results.tgz" -C /tmp/res .
+ls -la "$OUT"
