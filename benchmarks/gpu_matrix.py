@@ -132,6 +132,9 @@ def cells(spaces: list[str], base: str = "mbv3") -> list[dict]:
     out.append({"id": f"finetune/{base}/digits/quantized-trial", "kind": "finetune",
                 "needs": f"run/{base}/digits/bits"})
     out.append({"id": f"export/{base}/digits/cuda", "kind": "export", "needs": f"run/{base}/digits/bits"})
+    # learned rounding (AdaRound's Adam loops) on the GPU: the files with weights below 8 bits
+    out.append({"id": f"export/{base}/digits/cuda-adaround", "kind": "export",
+                "needs": f"run/{base}/digits/bits", "args": ["--rounding", "adaround"]})
     out.append({"id": "export/vit/cifar10/cuda", "kind": "export", "needs": "run/vit/cifar10/bits"})
     return out
 
@@ -203,12 +206,16 @@ def run_cell(cell: dict, work: Path, a: argparse.Namespace) -> dict:
                 return {**res, "rc": 1, "status": "fail", "error": "no quantized trial in the run"}
             args = ["finetune", run_dir, "--trial", quant[0]["trial"], "--epochs", "1",
                     *common, "--overwrite"]
-        else:
-            args = ["export", run_dir, *common]
+        else:  # an export of its own options writes its own folder (cells may run at once)
+            export_dir = (Path(run_dir, "export") if not cell.get("args")
+                          else work / cell["id"].replace("/", "_") / "export")
+            args = ["export", run_dir, *common, *cell.get("args", [])]
+            if cell.get("args"):
+                args += ["--out", str(export_dir)]
         rc, text, wall = run_cli(args, a.cell_timeout)
         res.update(rc=rc, seconds=round(wall, 1), **stages(text))
         if cell["kind"] == "export" and rc == 0:
-            bad = export_failures(Path(run_dir))
+            bad = export_failures(export_dir.parent)
             if bad:
                 res.update(rc=1, error=f"{len(bad)} file(s) failed: {bad[0]}")
     if res.get("rc") and "error" not in res:
