@@ -96,6 +96,10 @@ class ScreeningConfig:
     #: objectives instead of constant: what the cheap objectives say of accuracy is learned
     #: from the first evaluations and extrapolated to the whole pool
     cheap_trend: bool = False
+    #: completed evaluations up to which ``cheap_trend`` applies (0: throughout); the trend
+    #: helps while few evaluations are known and cost 0.008 at 300 on the unseen-phone proxy
+    #: (``benchmarks/search_nb201.md``, session 36), so a warm start may keep only its help
+    trend_trials: int = 0
     #: the surrogate's mean is linear in the candidate's log FLOPs as well (where the space
     #: counts them, :func:`hwnas.search.startup.size_prior`): larger networks are more accurate
     size_trend: bool = False
@@ -174,6 +178,8 @@ class ScreeningConfig:
         if not 0.0 <= self.early_layer_share < 1.0 or self.early_trials < 0:
             raise UserError(f"early_layer_share = {self.early_layer_share}, early_trials = "
                             f"{self.early_trials}; expected a share in [0, 1), trials >= 0")
+        if self.trend_trials < 0:
+            raise UserError(f"trend_trials = {self.trend_trials}; expected >= 0")
         if not self.explore > 0:
             raise UserError(f"explore = {self.explore}; expected > 0")
         if self.surrogate_features not in FEATURE_SETS:

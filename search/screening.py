@@ -160,6 +160,7 @@ class ScreeningSampler(BaseSampler):
         self._trend_scale: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._plan: list[str] | None = None  # the cheap-front start-up's candidates
         self._size_col: bool | None = None  # whether the trend features end with FLOPs
+        self._cheap_trend = self.config.cheap_trend  # whether the GPs' mean uses it now
 
     # -- Optuna interface -----------------------------------------------------------------------
     def reseed_rng(self) -> None:
@@ -498,6 +499,10 @@ class ScreeningSampler(BaseSampler):
         learned constraints (``None`` without any)."""
         targets, Y = self._targets(directions)
         n = len(self._hist.keys)
+        cfg = self.config
+        trend_now = cfg.cheap_trend and not 0 < cfg.trend_trials <= n
+        if trend_now != self._cheap_trend:  # the trend's warm start ends: new GPs
+            self._cheap_trend, self._gp_targets = trend_now, []
         refit = (not self._gps or n >= self._last_refit * self.config.refit_growth
                  or self._gp_keys != self._hist.keys[: len(self._gp_keys)]
                  or targets != self._gp_targets)
@@ -538,12 +543,12 @@ class ScreeningSampler(BaseSampler):
         return objective, pof
 
     def _gp_trend(self, trend: np.ndarray | None) -> np.ndarray | None:
-        """The trend features the surrogates use: the cheap objectives' (``cheap_trend``),
-        the FLOPs' (``size_trend``); ``None`` without any."""
+        """The trend features the surrogates use: the cheap objectives' (``cheap_trend``, up
+        to ``trend_trials`` evaluations), the FLOPs' (``size_trend``); ``None`` without any."""
         if trend is None or trend.shape[1] == 0:
             return None
         k = len(self.cheap_indices) if self.cheap is not None else 0
-        cols = list(range(k)) if self.config.cheap_trend else []
+        cols = list(range(k)) if self._cheap_trend else []
         if self._size_col:
             cols.append(k)
         return trend[:, cols] if cols else None

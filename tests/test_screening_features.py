@@ -121,3 +121,29 @@ def test_band_metrics_of_the_surrogate_diagnosis():
     mu = acc.copy()
     mu[best] = -1.0
     assert bench.band_metrics(mu, acc, seen, free)["pick_regret"] == 0
+
+
+def test_cheap_trend_warm_start_ends_after_trend_trials():
+    """``trend_trials``: the GP mean is linear in the cheap objective while fewer evaluations
+    are complete, constant after (new GPs without the trend); 0 keeps it throughout."""
+    def cheap(archs):
+        return np.array([1.0 + sum(op.startswith("nor_conv") for op in a.ops) for a in archs])
+
+    def run(trend_trials, n):
+        cfg = ScreeningConfig(cheap_trend=True, trend_trials=trend_trials, n_startup_trials=3,
+                              cheap_front_trials=2)
+        sampler = ScreeningSampler(SPACE, cheap, (1,), seed=0, config=cfg)
+        study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            study.optimize(lambda t: (float(len(set(SPACE.suggest(t).ops))),
+                                      float(cheap([SPACE.suggest(t)])[0])), n_trials=n)
+        return sampler
+
+    early = run(12, 8)
+    assert early._cheap_trend and early._gps[0].pool_trend.shape[1] == 1
+    late = run(6, 9)
+    assert not late._cheap_trend and late._gps[0].pool_trend.shape[1] == 0
+    assert run(0, 9)._cheap_trend
+    with pytest.raises(UserError, match="trend_trials"):
+        ScreeningConfig(trend_trials=-1)
