@@ -11,8 +11,8 @@ the fake-quant model with int32 biases) and times, in alternating order per roun
 of passes the export makes over the test images (1000 by default): the file with onnxruntime
 (one thread) and the PyTorch model it is compared with, one after the other
 (``ImagePasses.onnx`` then ``.torch``, as before) against side by side (``together``); then
-the file's pass alone over one session against two (``onnx_sessions=2``, what a worker does
-when its PyTorch passes run on a GPU); then in chunks of 256 images against 64 (the longest
+the file's pass alone over one session against N (``onnx_sessions``, ``--sessions N``, default
+2: what a worker with N cores does when its PyTorch passes run on a GPU); then in chunks of 256 images against 64 (the longest
 gap between two yield points is what a timing of another worker waits at most). Every round
 checks that both ways give the same logits bit for bit. Prints a table of medians (wall and
 this process's CPU seconds; for the passes one after the other, the CPU seconds of each: on
@@ -88,6 +88,13 @@ MODES = {
 PAIRS = (("alone", "together"), ("onnx x1", "onnx x2"), ("chunks 256", "chunks 64"))
 
 
+def add_sessions_mode(n: int) -> tuple[str, str]:
+    """The pair "one session against ``n``" (``--sessions N``: what a worker with ``n`` cores
+    does, Session 36)."""
+    MODES[f"onnx x{n}"] = ({"onnx_sessions": n}, False)
+    return ("onnx x1", f"onnx x{n}")
+
+
 def time_pair(images, labels, data: bytes, key: str, context, mode: str  # noqa: ANN001
               ) -> dict:
     """One mode (:data:`MODES`) on fresh ImagePasses: wall and CPU seconds, the CPU seconds of
@@ -122,11 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-images", type=int, default=1000)
     ap.add_argument("--compare", default="all",
                     help="which comparisons: all, or some of together,sessions,chunks")
+    ap.add_argument("--sessions", type=int, default=2,
+                    help="sessions of the 'sessions' comparison (one against N; default 2)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     import torch
 
     names = dict(zip(("together", "sessions", "chunks"), PAIRS))
+    names["sessions"] = add_sessions_mode(max(2, args.sessions))
     wanted = list(names) if args.compare == "all" else args.compare.split(",")
     if not set(wanted) <= set(names):
         ap.error(f"--compare {args.compare}: expected all or some of {', '.join(names)}")

@@ -7,8 +7,9 @@ each PyTorch model once, keeps the logits, and lets every comparison read them; 
 made are reused for the onnxruntime timing at one thread. The PyTorch references may run on a
 GPU (``device``) with TF32 off, so that they stay within the FP32 parity tolerance. With
 PyTorch on a GPU, a file's pass runs beside the PyTorch pass it is compared with
-(``together``) and over two one-thread sessions: the two cores a parallel export gives each
-worker (:func:`hwnas.export.parallel.auto_workers`), the same logits bit for bit.
+(``together``); a file's pass runs over one one-thread session per core the process may use
+(a parallel export's share per worker, :func:`hwnas.export.parallel.worker_cores`) where
+PyTorch runs on a GPU or there are at least 4 such cores: the same logits bit for bit.
 
 :class:`StageClock` adds up the seconds an export spends per stage (for the manifest and
 ``benchmarks/export_speed.py``).
@@ -106,11 +107,14 @@ class ImagePasses:
         #: to onnxruntime; with PyTorch on the CPU it did not pay on a shared 2-core machine
         #: (export_speed.md, Session 34), so there the passes run one after the other
         self.side_by_side = bool(side_by_side if side_by_side is not None else gpu)
-        #: one-thread onnxruntime sessions of a file that share its pass, chunk by chunk (2 when
-        #: PyTorch runs on a GPU and leaves its thread's core free, else 1): each chunk is
-        #: computed as one session alone computes it, so the logits are the same bit for bit
+        #: one-thread onnxruntime sessions of a file that share its pass, chunk by chunk: one
+        #: per core the passes may use when PyTorch runs on a GPU (its thread mostly waits) or
+        #: when there are at least 4 of them (a many-core machine exporting fewer models than
+        #: it has pairs of cores), else 1 (on a busy 2-core machine a second thread did not
+        #: pay, Session 34). Each chunk is computed as one session alone computes it, so the
+        #: logits are the same bit for bit (export_speed.md, Session 36)
         self.onnx_sessions = max(1, int(onnx_sessions if onnx_sessions is not None
-                                        else 2 if gpu and cores >= 2 else 1))
+                                        else cores if gpu or cores >= 4 else 1))
         self.logits: dict[Hashable, np.ndarray] = {}
         self.files: dict[str, np.ndarray] = {}
         self.sessions: dict[tuple, Runner] = {}

@@ -103,3 +103,59 @@ def test_a_flip_between_division_and_reciprocal_shows_where_it_happens(qdq_net, 
     assert trace.first_layer == first.name[1:-len("/input_q")] + ".input_quant"
     assert trace.first_distance_to_half < 1e-4
     assert trace.starts_as_flips, trace.describe()
+
+
+def _tally_whole_tensors(names, chunks) -> dict:
+    """The tally as computed before Session 36 (whole-tensor differences and distances): what
+    :class:`hwnas.export.code_trace._Tally` must still give."""
+    stats = {n: {"differ": 0, "count": 0, "max": 0, "touched": 0} for n in names}
+    firsts, worst = {}, {}
+    for ort_codes, codes, values, n_images in chunks:
+        upstream = np.zeros(n_images, bool)
+        for n in names:
+            got, want, value = ort_codes[n].astype(np.int64), codes[n], values[n]
+            if want.shape != got.shape and want.swapaxes(-1, -2).shape == got.shape:
+                want, value = want.swapaxes(-1, -2), value.swapaxes(-1, -2)
+            dif = got != want
+            per_image = dif.reshape(n_images, -1).any(1)
+            s = stats[n]
+            s["differ"] += int(dif.sum())
+            s["count"] += dif.size
+            s["max"] = max(s["max"], int(np.abs(got - want).max()) if dif.size else 0)
+            s["touched"] += int(per_image.sum())
+            if dif.any():
+                dist = np.abs(value - np.floor(value) - 0.5)
+                firsts[n] = max(firsts.get(n, 0.0), float(dist[dif].max()))
+                fresh = dif & ~upstream.reshape((-1,) + (1,) * (dif.ndim - 1))
+                if fresh.any():
+                    worst[n] = max(worst.get(n, 0.0), float(dist[fresh].max()))
+            upstream |= per_image
+    return {"stats": stats, "firsts": firsts, "worst": worst}
+
+
+def test_tally_at_the_differing_codes_gives_the_whole_tensor_figures() -> None:
+    from hwnas.export.code_trace import _Tally
+
+    rng = np.random.default_rng(0)
+    names = ["a.input_quant", "b.input_quant", "c.a_quant", "d.input_quant"]
+    chunks = []
+    for n_images, p in ((5, 0.02), (3, 0.0), (4, 0.3)):
+        shapes = {"a.input_quant": (n_images, 3, 4, 4), "b.input_quant": (n_images, 6, 2, 2),
+                  "c.a_quant": (n_images, 5, 3), "d.input_quant": (n_images, 7)}
+        ort_codes, codes, values = {}, {}, {}
+        for n, shape in shapes.items():
+            value = rng.uniform(-20, 200, shape).astype(np.float32)
+            want = np.clip(np.round(value), 0, 255).astype(np.int64)
+            flip = rng.random(shape) < p
+            got = np.clip(want + flip * rng.choice([-2, -1, 1], shape), 0, 255).astype(np.uint8)
+            if n == "c.a_quant":  # traced transposed (Kᵀ): the file's codes are the swapped ones
+                got, want, value = got.swapaxes(-1, -2), want, value
+            ort_codes[n], codes[n], values[n] = got, want, value
+        chunks.append((ort_codes, codes, values, n_images))
+    tally = _Tally(names)
+    for chunk in chunks:
+        tally.add(*chunk)
+    want = _tally_whole_tensors(names, chunks)
+    assert tally.stats == want["stats"]
+    assert tally.firsts == want["firsts"] and tally.worst == want["worst"]
+    assert any(s["differ"] for s in tally.stats.values()) and tally.worst

@@ -181,6 +181,13 @@ def test_together_overlaps_onnxruntime_with_pytorch_and_joins_at_yield_points(mo
     assert ImagePasses(x, cores=2).onnx_sessions == 1
     assert ImagePasses(x, cores=2, device="meta").onnx_sessions == 2
     assert ImagePasses(x, cores=1, device="meta").onnx_sessions == 1
+    # a worker's whole share of a many-core machine, not two of its cores (Session 36)
+    assert ImagePasses(x, cores=8, device="meta").onnx_sessions == 8
+    assert ImagePasses(x, cores=8).onnx_sessions == 8
+    assert ImagePasses(x, cores=3).onnx_sessions == 1
+    log["threads"].clear()
+    many = ImagePasses(x, onnx_batch_size=16, onnx_sessions=5)  # 19 chunks: the last step short
+    assert np.array_equal(many.onnx("m.onnx", data), want_file) and len(log["threads"]) == 5
     log["threads"].clear()
     one_core = ImagePasses(x, batch_size=128)
     got = one_core.together("m.onnx", data, "float", model)
