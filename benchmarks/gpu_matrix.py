@@ -145,7 +145,10 @@ def run_cell(cell: dict, work: Path, a: argparse.Namespace) -> dict:
     if cell["kind"] == "run":
         out = work / cell["id"].replace("/", "_")
         args = ["run", "--space", cell["space"], "--dataset", cell["dataset"], *common,
-                "--trials", str(a.trials), "--epochs", str(a.epochs), "--out", str(out),
+                # searched bits: 2 trials more than the 4 plain seeds, so that the Hessian seeds
+                # (computed only when a trial runs them) run on the GPU too
+                "--trials", str(a.trials + 2 if cell["bits"] else a.trials),
+                "--epochs", str(a.epochs), "--out", str(out),
                 "--name", "r", "--overwrite"]
         if not cell["bits"]:
             args.append("--no-bits")

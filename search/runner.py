@@ -278,7 +278,9 @@ def make_objective(space: SearchSpace, evaluator: TrialEvaluator, cfg: SearchCon
 def seed_trials(space: SearchSpace, supernet, data: DatasetSplits, cfg: SearchConfig,
                 log=print) -> list[tuple[dict[str, Any], str]]:
     """(params, label) of the seed trials: largest and smallest architectures (float and, when
-    bits are searched, int8), plus sensitivity-based policies of the largest."""
+    bits are searched, int8), plus sensitivity-based policies of the largest - only when the
+    budget reaches them (a 4-trial search spent its Hessian seconds, 33 s on an H100, on
+    policies no trial ran: benchmarks/export_speed.md, Session 36)."""
     seeds: list[tuple[dict[str, Any], str]] = []
     groups = bit_groups(space)
     archs = [("largest", space.largest()), ("smallest", space.smallest())]
@@ -292,7 +294,9 @@ def seed_trials(space: SearchSpace, supernet, data: DatasetSplits, cfg: SearchCo
             seeds.append(({**params, **group_params(uniform_groups(groups, 32))}, f"{label}-float"))
         if 8 in quantized:
             seeds.append(({**params, **group_params(uniform_groups(groups, 8))}, f"{label}-int8"))
-    if cfg.bits and cfg.sensitivity_seeds:
+    if cfg.bits and cfg.sensitivity_seeds and cfg.trials <= len(seeds):
+        log(f"sensitivity seeds: skipped ({cfg.trials} trials run only the {len(seeds)} plain seeds)")
+    elif cfg.bits and cfg.sensitivity_seeds:
         t0 = time.perf_counter()
         found = sensitivity_seeds(space, supernet, data, cfg.bit_choices, seed=cfg.seed)
         for i, group_bits in enumerate(found):

@@ -356,3 +356,21 @@ def test_a_run_directory_is_written_by_one_process_at_a_time(tmp_path):
         _lock_run_dir(tmp_path / "r")
     first.close()
     _lock_run_dir(tmp_path / "r").close()  # free again
+
+
+def test_hessian_seeds_only_when_the_budget_reaches_them(monkeypatch):
+    """A search whose trials are all taken by the plain seeds (largest / smallest, float and
+    int8) does not compute the Hessian policies no trial would run; a larger budget does."""
+    from hwnas.search import runner
+    from hwnas.search.config import SearchConfig
+    from hwnas.supernet import get_space
+
+    calls = []
+    monkeypatch.setattr(runner, "sensitivity_seeds",
+                        lambda *a, **k: calls.append(1) or [])
+    space, lines = get_space("mbv3-tiny"), []
+    for trials, expected in ((4, 0), (5, 1)):
+        cfg = SearchConfig(trials=trials, bits=True)
+        seeds = runner.seed_trials(space, None, None, cfg, log=lines.append)
+        assert len(seeds) == 4 and len(calls) == expected
+    assert lines[0] == "sensitivity seeds: skipped (4 trials run only the 4 plain seeds)"

@@ -28,10 +28,10 @@ if not dst.exists():
     stratified_subset(Path("/tmp/keep/cifar10-jpeg.npz"), dst, 2500, 1000)
 PY
 }
-matrix() {  # matrix BUDGET ARGS...: cells kept from the last results, 3 at a time
+matrix() {  # matrix BUDGET ARGS...: cells kept from the last results, 3 at a time (CELL_TIMEOUT s each)
   local b=$1; shift
   prev="--results benchmarks/gpu_matrix.json"; [ -f /tmp/res/gpu_matrix.json ] && prev="--results /tmp/res/gpu_matrix.json"
   [ "$b" -lt 1 ] && return
-  timeout $(( b + 200 )) python3 benchmarks/gpu_matrix.py --out /tmp/res --budget-s "$b" --cell-timeout 200 \
+  timeout $(( b + ${CELL_TIMEOUT:-200} )) python3 benchmarks/gpu_matrix.py --out /tmp/res --budget-s "$b" --cell-timeout "${CELL_TIMEOUT:-200}" \
     --jobs 3 --work /tmp/gm --subset-from /tmp/keep/cifar10-jpeg.npz $prev "$@" 2>&1 | tee -a /tmp/res/matrix.log | tail -24
 }

@@ -67,8 +67,10 @@ case $PHASE in
     --precision fp32 --budget-s 240 --json /tmp/res/cct_speed_probe.json > /tmp/res/cct_speed_probe.log 2>&1
   grep -a "^|" /tmp/res/cct_speed_probe.log | cut -c1-200
   echo "fastest clean setting: $(speed)"
+  # the bits cells now run 6 trials (the Hessian seeds run only when a trial runs them):
+  # 300 s per cell (the fbnet CIFAR-10 cell trains its own supernet and exports 2-3 models)
   C="run/fbnet/cifar10/bits run/mbv3/digits/bits export/mbv3"
-  matrix $(( $(left) - 150 )) --rerun $C --only $C
+  CELL_TIMEOUT=300 matrix $(( $(left) - 150 )) --rerun $C --only $C
   ;;
 2)
   sub25
