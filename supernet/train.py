@@ -680,8 +680,7 @@ def train_standalone(
     device = torch.device(opts.device)
     amp_dtype = _autocast_dtype(opts.precision, device)  # the loop's (_Loop.amp)
 
-    def forward_loss(x: torch.Tensor, y: torch.Tensor,
-                     taught: torch.Tensor | None) -> torch.Tensor:
+    def forward_loss(x: torch.Tensor, y: torch.Tensor, taught: torch.Tensor | None) -> torch.Tensor:
         with _amp(device, amp_dtype):
             logits = runner(x).float()
         return label_loss(logits, y, config, taught)

@@ -73,8 +73,9 @@ def test_defaults_are_the_spaces_as_before():
 
 
 def test_run_options_reach_train_options(tmp_path, monkeypatch, capsys):
-    """--device, --precision, --channels-last, --compile and --quiet reach the TrainOptions of
-    the training call (recorded here by a stand-in for train_supernet)."""
+    """--device, --precision, --channels-last, --compile (and its scope; default model) and
+    --quiet reach the TrainOptions of the training call (recorded by a stand-in for
+    train_supernet)."""
     import hwnas.supernet.train as train_module
 
     calls = []
@@ -95,6 +96,10 @@ def test_run_options_reach_train_options(tmp_path, monkeypatch, capsys):
     assert main(["train", "--limit-train", "128", "--bench-steps", "2", "--compile", "off",
                  "--quiet"]) == 0
     assert calls[-1].compile is False and calls[-1].channels_last is None
+    assert calls[-1].compile_scope == "model"
+    assert main(["train", "--limit-train", "128", "--bench-steps", "2", "--compile",
+                 "--compile-scope", "step", "--quiet", "--device", "cpu"]) == 0
+    assert (calls[-1].compile, calls[-1].compile_scope) == ("default", "step")
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -152,23 +152,3 @@ def test_guard_snapshot_reuses_its_buffers():
     assert all(torch.equal(guard._opt_snap[id(model.weight)][k], v) for k, v in state.items())
     assert all(s.data_ptr() != t.data_ptr()
                for s, t in zip(guard._model_snap, model.state_dict().values()))
-
-
-def test_cli_compile_scope_reaches_train_options(monkeypatch):
-    import hwnas.supernet.train as train_module
-    from hwnas.cli import main
-    from hwnas.supernet.train import TrainResult
-
-    calls = []
-
-    def fake(supernet, space, data, config, options=None, *, teacher=None, **overrides):
-        calls.append(TrainOptions.of(options, **overrides))
-        return TrainResult(epochs=config.epochs, seconds=1.0, images_per_s=64.0, history=[],
-                           step=2, total_steps=2, images=128)
-
-    monkeypatch.setattr(train_module, "train_supernet", fake)
-    assert main(["train", "--limit-train", "128", "--bench-steps", "2", "--compile",
-                 "--compile-scope", "step", "--quiet", "--device", "cpu"]) == 0
-    assert (calls[-1].compile, calls[-1].compile_scope) == ("default", "step")
-    assert main(["train", "--limit-train", "128", "--bench-steps", "2", "--quiet"]) == 0
-    assert calls[-1].compile_scope == "model"

@@ -2,8 +2,9 @@
 # Sourced by a session's device script (session35.sh onwards) on the GPU machine, in the
 # repository root, with S (the command's seconds) set: the carried wheels installed once into
 # /tmp/site, hwnas installed editable, the full CIFAR-10 npz kept in /tmp/keep (carried once as
-# data/c10), and two helpers: left (seconds left of S) and matrix BUDGET ARGS... (the GPU matrix,
-# 3 cells at a time, resuming from the last results of this machine or of the repository).
+# data/c10), and helpers: left (seconds left of S), matrix BUDGET ARGS... (the GPU matrix,
+# 3 cells at a time, resuming from the last results of this machine or of the repository),
+# bg NAME CMD (a background job in /tmp/jobs) and refjob NAME ARGS (a jpeg_reference.py job).
 export PYTHONUNBUFFERED=1
 if [ ! -d /tmp/site/optuna ]; then
   [ -d .whl ] || { echo "no /tmp/site and no .whl carried: run phase 1 first"; exit 1; }
@@ -34,4 +35,36 @@ matrix() {  # matrix BUDGET ARGS...: cells kept from the last results, 3 at a ti
   [ "$b" -lt 1 ] && return
   timeout $(( b + ${CELL_TIMEOUT:-200} )) python3 benchmarks/gpu_matrix.py --out /tmp/res --budget-s "$b" --cell-timeout "${CELL_TIMEOUT:-200}" \
     --jobs 3 --work /tmp/gm --subset-from /tmp/keep/cifar10-jpeg.npz $prev "$@" 2>&1 | tee -a /tmp/res/matrix.log | tail -24
+}
+J=/tmp/jobs; RES=benchmarks/results/supernet_cifar10/resume
+mkdir -p $J
+bg() {  # bg NAME CMD...: CMD in its own process session (outlives this command) unless running
+  local name=$1; shift
+  if [ -f $J/$name.pid ] && kill -0 "$(cat $J/$name.pid)" 2>/dev/null; then
+    echo "$name: running"; return
+  fi
+  echo "$name: $*" | tee -a $J/phases.log
+  setsid nohup bash -c "$* >> $J/$name.log 2>&1" >/dev/null 2>&1 &
+  echo $! > $J/$name.pid
+}
+refjob() {  # refjob NAME ARGS...: a jpeg_reference.py run, resumed from the repository's copy
+  local name=$1; shift
+  [ -f $J/$name/result.json ] && { echo "$name: done"; return; }
+  if [ ! -f $J/$name/checkpoint.pt ] && [ -f $RES/$name.checkpoint.pt ]; then
+    mkdir -p $J/$name && cp $RES/$name.checkpoint.pt $J/$name/checkpoint.pt
+  fi
+  bg $name python3 benchmarks/jpeg_reference.py --out $J/$name --dataset "$CCT_DATA" \
+    --device cuda --compile --checkpoint-every-s 60 "$@"
+}
+return_jobs() {  # return_jobs NAME...: each jpeg_reference.py job's result, else its checkpoint;
+  # then the logs, and /tmp/res as $OUT/results.tgz (the end of every phase)
+  for name in "$@"; do
+    if [ -f $J/$name/result.json ]; then cp $J/$name/result.json /tmp/res/$name.result.json
+    elif [ -f $J/$name/checkpoint.pt ]; then cp $J/$name/checkpoint.pt "$OUT/$name.checkpoint.pt"; fi
+    echo "== $name"; tr '\r' '\n' < $J/$name.log 2>/dev/null | tail -2 | cut -c1-300
+  done
+  cp $J/*.log /tmp/res/ 2>/dev/null
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+  tar -czf "$OUT/results.tgz" -C /tmp/res .
+  ls -la "$OUT"
 }

@@ -24,26 +24,7 @@
 set -u
 PHASE=$1; S=${2:-520}
 . benchmarks/results/gpu_matrix/device_env.sh || exit 1
-J=/tmp/jobs; RES=benchmarks/results/supernet_cifar10/resume
-mkdir -p $J
-bg() {  # bg NAME CMD...: CMD in its own process session (outlives this command) unless running
-  local name=$1; shift
-  if [ -f $J/$name.pid ] && kill -0 "$(cat $J/$name.pid)" 2>/dev/null; then
-    echo "$name: running"; return
-  fi
-  echo "$name: $*" | tee -a $J/phases.log
-  setsid nohup bash -c "$* >> $J/$name.log 2>&1" >/dev/null 2>&1 &
-  echo $! > $J/$name.pid
-}
-refjob() {  # refjob NAME ARGS...: a jpeg_reference.py run, resumed from the repository's copy
-  local name=$1; shift
-  [ -f $J/$name/result.json ] && { echo "$name: done"; return; }
-  if [ ! -f $J/$name/checkpoint.pt ] && [ -f $RES/$name.checkpoint.pt ]; then
-    mkdir -p $J/$name && cp $RES/$name.checkpoint.pt $J/$name/checkpoint.pt
-  fi
-  bg $name python3 benchmarks/jpeg_reference.py --out $J/$name --dataset "$CCT_DATA" \
-    --device cuda --compile --checkpoint-every-s 60 "$@"
-}
+# J, RES, bg and refjob: device_env.sh (moved there in session 36, unchanged)
 case $PHASE in
 1)
   refjob r20_q75
@@ -77,12 +58,4 @@ esac
 CCT_JOBS=none RETURN_CKPT="cct2drop32" bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_collect$PHASE.log 2>&1
 mv "$OUT/cct_logs.tgz" /tmp/res/ 2>/dev/null
 grep -a -A3 "^== cct2drop32" /tmp/res/cct_collect$PHASE.log | cut -c1-300
-for name in r20_q75 r20_q50; do
-  if [ -f $J/$name/result.json ]; then cp $J/$name/result.json /tmp/res/$name.result.json
-  elif [ -f $J/$name/checkpoint.pt ]; then cp $J/$name/checkpoint.pt "$OUT/$name.checkpoint.pt"; fi
-  echo "== $name"; tr '\r' '\n' < $J/$name.log 2>/dev/null | tail -2 | cut -c1-300
-done
-cp $J/*.log /tmp/res/ 2>/dev/null
-nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
-tar -czf "$OUT/results.tgz" -C /tmp/res .
-ls -la "$OUT"
+return_jobs r20_q75 r20_q50

@@ -23,26 +23,6 @@
 set -u
 PHASE=$1; S=${2:-520}
 . benchmarks/results/gpu_matrix/device_env.sh || exit 1
-J=/tmp/jobs; RES=benchmarks/results/supernet_cifar10/resume
-mkdir -p $J
-bg() {  # bg NAME CMD...: CMD in its own process session (outlives this command) unless running
-  local name=$1; shift
-  if [ -f $J/$name.pid ] && kill -0 "$(cat $J/$name.pid)" 2>/dev/null; then
-    echo "$name: running"; return
-  fi
-  echo "$name: $*" | tee -a $J/phases.log
-  setsid nohup bash -c "$* >> $J/$name.log 2>&1" >/dev/null 2>&1 &
-  echo $! > $J/$name.pid
-}
-refjob() {  # refjob NAME ARGS...: a jpeg_reference.py run, resumed from the repository's copy
-  local name=$1; shift
-  [ -f $J/$name/result.json ] && { echo "$name: done"; return; }
-  if [ ! -f $J/$name/checkpoint.pt ] && [ -f $RES/$name.checkpoint.pt ]; then
-    mkdir -p $J/$name && cp $RES/$name.checkpoint.pt $J/$name/checkpoint.pt
-  fi
-  bg $name python3 benchmarks/jpeg_reference.py --out $J/$name --dataset "$CCT_DATA" \
-    --device cuda --compile --checkpoint-every-s 60 "$@"
-}
 speed() {  # the compile flags of the probe's fastest CCT-7 variant whose augmentation is clean
   python3 - <<'PY'
 import json
@@ -98,12 +78,4 @@ CCT_SPEED="$(speed)" CCT_JOBS=none RETURN_CKPT="cct2drop32s1" \
   bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_collect$PHASE.log 2>&1
 mv "$OUT/cct_logs.tgz" /tmp/res/ 2>/dev/null
 grep -a -A3 "^== cct2drop32s1" /tmp/res/cct_collect$PHASE.log | cut -c1-300
-for name in r20_q75_s1; do
-  if [ -f $J/$name/result.json ]; then cp $J/$name/result.json /tmp/res/$name.result.json
-  elif [ -f $J/$name/checkpoint.pt ]; then cp $J/$name/checkpoint.pt "$OUT/$name.checkpoint.pt"; fi
-  echo "== $name"; tr '\r' '\n' < $J/$name.log 2>/dev/null | tail -2 | cut -c1-300
-done
-cp $J/*.log /tmp/res/ 2>/dev/null
-nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
-tar -czf "$OUT/results.tgz" -C /tmp/res .
-ls -la "$OUT"
+return_jobs r20_q75_s1
