@@ -57,13 +57,14 @@ def accuracy(model: nn.Module, batches: Iterable) -> float:
         True
     """
     model.eval()
-    correct = total = 0
+    correct, total = None, 0  # counted on the model's device: one host read, not one per batch
     for x, y in batches:
-        correct += (model(x).argmax(1) == y).sum().item()
+        hits = (model(x).argmax(1) == y).sum()
+        correct = hits if correct is None else correct + hits
         total += y.numel()
     if total == 0:
         raise ValueError("no samples to evaluate")
-    return 100.0 * correct / total
+    return 100.0 * int(correct) / total
 
 
 def calibration_loader(data: DatasetSplits, *, batch_size: int = 64, seed: int = 0,
