@@ -31,6 +31,7 @@ from hwnas.quant.fold import fold_bn
 from hwnas.quant.observers import weight_qparams
 from hwnas.quant.policy import FLOAT_BITS, check_bits, uniform
 from hwnas.quant.ptq import PTQConfig, _model_device, calibration_batches, ptq
+from hwnas.supernet.nn.dynamic_ops import depthwise_grads
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -54,15 +55,6 @@ class _Hardswish2(nn.Module):
         return x * torch.clamp(x / 6.0 + 0.5, 0.0, 1.0)
 
 
-def _depthwise_backward(g, x, w, stride, padding, mask):
-    """``(grad_input, grad_weight)`` of a depthwise convolution (``mask``: which), by
-    PyTorch's own first-order kernels."""
-    gx, gw, _ = torch.ops.aten.convolution_backward(
-        g, x, w, None, list(stride), list(padding), [1, 1], False, [0, 0], w.shape[0],
-        [mask[0], mask[1], False])
-    return gx, gw
-
-
 class _DepthwiseGrads(torch.autograd.Function):
     """The gradients of a depthwise convolution, differentiable once more through first-order
     convolutions: PyTorch's own double backward of a grouped convolution runs one convolution
@@ -77,7 +69,7 @@ class _DepthwiseGrads(torch.autograd.Function):
         ctx.save_for_backward(g, x, w)
         ctx.conf = stride, padding
         ctx.set_materialize_grads(False)
-        return _depthwise_backward(g, x, w, stride, padding, (need_x, True))
+        return depthwise_grads(g, x, w, stride, padding, (need_x, True))
 
     @staticmethod
     def backward(ctx, ggx, ggw):
@@ -86,11 +78,11 @@ class _DepthwiseGrads(torch.autograd.Function):
         dg = dx = dw = None
         if ggw is not None:  # grad_weight = corr(x, g): linear in x and in g
             dg = F.conv2d(x, ggw, None, stride, padding, 1, w.shape[0])
-            dx = _depthwise_backward(g, x, ggw, stride, padding, (True, False))[0]
+            dx = depthwise_grads(g, x, ggw, stride, padding, (True, False))[0]
         if ggx is not None:  # grad_input = conv_transpose(g, w): linear in g and in w
             term = F.conv2d(ggx, w, None, stride, padding, 1, w.shape[0])
             dg = term if dg is None else dg + term
-            dw = _depthwise_backward(g, ggx, w, stride, padding, (False, True))[1]
+            dw = depthwise_grads(g, ggx, w, stride, padding, (False, True))[1]
         return dg, dx, dw, None, None, None
 
 

@@ -294,9 +294,11 @@ def seed_trials(space: SearchSpace, supernet, data: DatasetSplits, cfg: SearchCo
             seeds.append(({**params, **group_params(uniform_groups(groups, 32))}, f"{label}-float"))
         if 8 in quantized:
             seeds.append(({**params, **group_params(uniform_groups(groups, 8))}, f"{label}-int8"))
-    if cfg.bits and cfg.sensitivity_seeds and cfg.trials <= len(seeds):
+    if not (cfg.bits and cfg.sensitivity_seeds):
+        return seeds
+    if cfg.trials <= len(seeds):
         log(f"sensitivity seeds: skipped ({cfg.trials} trials run only the {len(seeds)} plain seeds)")
-    elif cfg.bits and cfg.sensitivity_seeds:
+    else:
         t0 = time.perf_counter()
         found = sensitivity_seeds(space, supernet, data, cfg.bit_choices, seed=cfg.seed)
         for i, group_bits in enumerate(found):

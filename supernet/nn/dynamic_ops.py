@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.utils import _pair
 
 
 class DynamicConv2d(nn.Module):
@@ -44,6 +45,17 @@ class DynamicConv2d(nn.Module):
         return conv
 
 
+def depthwise_grads(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor, stride, padding,
+                    mask: tuple[bool, bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(grad_input, grad_weight)`` of the depthwise ``F.conv2d(x, w, None, stride, padding)``
+    for the output gradient ``grad`` (``mask``: which of the two), by PyTorch's first-order
+    kernels; ``stride`` / ``padding`` an int or a pair."""
+    gx, gw, _ = torch.ops.aten.convolution_backward(
+        grad, x, w, None, list(_pair(stride)), list(_pair(padding)), [1, 1], False, [0, 0],
+        w.shape[0], [mask[0], mask[1], False])
+    return gx, gw
+
+
 class _NativeDepthwise(torch.autograd.Function):
     """Depthwise convolution with cuDNN off in forward and backward (PyTorch's own kernels)."""
 
@@ -57,11 +69,8 @@ class _NativeDepthwise(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, w = ctx.saved_tensors
-        s, p = ctx.stride, ctx.padding
         with torch.backends.cudnn.flags(enabled=False):
-            gx, gw, _ = torch.ops.aten.convolution_backward(
-                grad, x, w, None, [s, s], [p, p], [1, 1], False, [0, 0], x.size(1),
-                [ctx.needs_input_grad[0], ctx.needs_input_grad[1], False])
+            gx, gw = depthwise_grads(grad, x, w, ctx.stride, ctx.padding, ctx.needs_input_grad[:2])
         return gx, gw, None, None
 
 
