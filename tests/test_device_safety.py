@@ -15,6 +15,8 @@ pixels), so each case takes about a second.
 from __future__ import annotations
 
 import copy
+import functools
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -96,9 +98,12 @@ def test_float_paths_keep_to_the_model_device(setup) -> None:
     """Supernet training, BN recalibration, evaluation, fine-tuning from a teacher and the
     Hessian sensitivity, with the default device foreign; then both networks after ``.to()``."""
     from hwnas.quant.qat import QATConfig, distill
+    from hwnas.quant import sensitivity
     from hwnas.quant.sensitivity import hessian_sensitivity
     from hwnas.supernet.evaluate import accuracy, eval_loader, recalibrated_subnet
     from hwnas.supernet.train import TrainConfig, TrainStage, train_supernet
+
+    twice_differentiable = sensitivity._twice_differentiable
 
     s = setup
     net = copy.deepcopy(s.supernet)
@@ -110,9 +115,13 @@ def test_float_paths_keep_to_the_model_device(setup) -> None:
         acc = accuracy(model, eval_loader(s.data, s.data.val, batch_size=16))
         teacher = net.extract(s.space.largest())
         distill(model, teacher, s.batches, QATConfig(epochs=1, max_steps=1), progress=False)
-        # two vectors in one batched Hessian-vector product (a GPU's default)
-        hessian_sensitivity(model, s.batches, [(4, 8), (8, 8)], max_images=8, n_samples=2,
-                            probe_batch=2)
+        # two vectors in one batched Hessian-vector product (a GPU's default), with PyTorch's
+        # depthwise double backward (the CPU's) and with the first-order one (a GPU's)
+        for depthwise in (False, True):
+            with mock.patch.object(sensitivity, "_twice_differentiable", functools.partial(
+                    twice_differentiable, depthwise=depthwise)):
+                hessian_sensitivity(model, s.batches, [(4, 8), (8, 8)], max_images=8,
+                                    n_samples=2, probe_batch=2)
     assert 0.0 <= acc <= 100.0
     for module in (model.eval(), net.eval()):
         assert not stray_tensor_attributes(module)
