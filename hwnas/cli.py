@@ -246,8 +246,8 @@ def _train_speed_options(s) -> None:
                    "off (on --resume it overrides the run's)")
     s.add_argument("--compile-scope", choices=COMPILE_SCOPES, default="model",
                    help="with --compile: model = the network only (default); step = also a "
-                        "standalone network's loss and the batches' augmentation (fewer kernel "
-                        "launches per step on a GPU; speed only, like --compile)")
+                        "standalone network's loss, the batches' normalisation and, on the CPU, "
+                        "their augmentation (fewer kernel launches per step on a GPU)")
     s.add_argument("--cudnn-benchmark", choices=("auto", "on", "off"), default="auto",
                    help="cuDNN autotuning per new convolution shape (CUDA): auto = on for "
                         "--standalone, off for supernets, whose random subnets bring new shapes")

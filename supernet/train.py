@@ -11,8 +11,8 @@ The schedule is data (:mod:`hwnas.supernet.recipes`), checkpoints are files of
 is rolled back (:class:`hwnas.supernet.divergence.DivergenceGuard`). On a GPU: bf16 autocast,
 channels-last, data augmented on the device, fused AdamW; with ``compile`` only each stage's
 largest and smallest subnet run compiled (two graphs), the random ones eagerly; with
-``compile_scope="step"`` also the batches' augmentation and a standalone network's loss. Several
-processes (``torchrun``): :mod:`hwnas.supernet.distributed`.
+``compile_scope="step"`` also the batches' normalisation (on the CPU their augmentation) and a
+standalone network's loss. Several processes (``torchrun``): :mod:`hwnas.supernet.distributed`.
 """
 
 from __future__ import annotations

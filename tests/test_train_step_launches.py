@@ -87,6 +87,17 @@ def test_loader_compile_runs_the_compiled_functions(monkeypatch):
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(eager, fast))
 
 
+def test_loader_compile_keeps_the_augmentation_eager_off_the_cpu(monkeypatch):
+    """Off the CPU only the normalisation is compiled: the compiled AutoAugment batch differed
+    from the eager one on an H100 (session 37), so the augmentation stays eager there."""
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(fn.__name__) or fn)
+    split = ImageSplit(_images(40), torch.arange(40) % 10)
+    BatchLoader(split, batch_size=16, mean=(0.5,) * 3, std=(0.25,) * 3,
+                augment="autoaugment_crop_flip", device="meta", compile=True)
+    assert compiled == ["_normalise"]
+
+
 def _tiny_standalone(**options):
     from hwnas.supernet import get_space
 

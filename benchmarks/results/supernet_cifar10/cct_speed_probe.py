@@ -41,9 +41,11 @@ import hwnas.supernet.data.loader as loader_mod
 import hwnas.supernet.train as train_mod
 from hwnas.supernet.data import DatasetSplits, ImageSplit
 from hwnas.supernet.data.augment import apply_augment, draw_augment
+from hwnas.supernet.auto_augment import FILL
 from hwnas.supernet.divergence import DivergenceGuard
 from hwnas.supernet.spaces import get_space
 from hwnas.supernet.train_run import CONFIG_KEYS, resolve_arch, train_config
+from hwnas.supernet.trivial_augment import OPS, apply_scaled
 
 #: name -> (compile mode or None, compile scope)
 VARIANTS = {
@@ -142,8 +144,16 @@ def augment_check(device: torch.device, kind: str = "autoaugment_crop_flip",
     def diff(a, b):
         d = (a - b).abs()
         return {"pixels_differing": round(float((d > 0).float().mean()), 6), "max": int(d.max())}
+    # which operation compiles differently: each one alone on the whole batch, magnitudes -1..1
+    signed = torch.linspace(-1, 1, batch, device=device)
+    apply_one = torch.compile(apply_scaled, dynamic=False)
+    per_op = {}
+    for i, name in enumerate(OPS):
+        op = torch.full((batch,), i, device=device, dtype=torch.long)
+        per_op[name] = diff(apply_one(on_dev, op, signed, fill=FILL).cpu().long(),
+                            apply_scaled(on_dev, op, signed, fill=FILL).cpu().long())
     return {"kind": kind, "eager_device_vs_cpu": diff(eager, cpu),
-            "compiled_device_vs_eager_device": diff(compiled, eager)}
+            "compiled_device_vs_eager_device": diff(compiled, eager), "per_op": per_op}
 
 
 def _sync(device: torch.device) -> None:
