@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The next session's device commands (nvidia-h100-x1 or nvidia-h200), one phase each, straight
+# after one another (the machine must stay warm: /tmp/keep, /tmp/res and the jobs live on it).
+# Prepared in session 37, not yet run. Lean tree first (lean_tree.sh; restore: git checkout -- .).
+#   1 (S 560): carry .whl data/c10 (lean tree): issue 44 item 2, the CCT supernet (`cct` space,
+#      its recipe, DEpS: 40 % of the epochs the full network alone, then the sandwich), 150
+#      epochs in fp32 as job cctsn150 of h200_cct.sh (--compile: the network's default mode; a
+#      supernet's random subnets run eagerly); then the CCT augmentation check per operation
+#      (cct_speed_probe.py's augment_check: which AutoAugment operation compiles differently on
+#      CUDA, session 37: 14 % of the pixels) and the step probe's variants without it.
+#   2 (S 560): no carry, the tree with supernet/checkpoints/*.pt: the GPU matrix cell
+#      run/fbnet/cifar10/bits (session 37: a parity failure of its largest model) and any cell
+#      whose GPU path changed since session 37 (the notes say which), 300 s each; the supernet
+#      keeps training beside them; its checkpoint comes back at the end of every phase.
+#   3.. (S 560): no carry: collect cctsn150 (checkpoint parts each phase; eval.json when done).
+# Estimate (session 37's probe): the full-network phase at ~15,000 images/s (60 epochs, ~180 s),
+# the sandwich at ~3,000 (90 epochs, ~1,350 s): about 26 minutes of training, so phase 3 may
+# not see it end; its parts (about 46 MB) must then be carried back as data/cct_resume.
+#   bash benchmarks/results/gpu_matrix/session38.sh PHASE SECONDS
+set -u
+PHASE=$1; S=${2:-560}
+. benchmarks/results/gpu_matrix/device_env.sh || exit 1
+case $PHASE in
+1)
+  CCT_SPEED="--compile" CCT_JOBS="cctsn150" RETURN_CKPT="" \
+    bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_start1.log 2>&1
+  grep -a "cctsn150" /tmp/res/cct_start1.log | head -2
+  timeout $(( $(left) - 90 )) python3 benchmarks/results/supernet_cifar10/cct_speed_probe.py --device cuda \
+    --precision fp32 --budget-s 120 --json /tmp/res/cct_speed_probe.json > /tmp/res/cct_speed_probe.log 2>&1
+  grep -a "augment_check\|^|" /tmp/res/cct_speed_probe.log | cut -c1-400
+  ;;
+2)
+  C="run/fbnet/cifar10/bits"
+  CELL_TIMEOUT=300 matrix 150 --rerun $C --only $C
+  ;;
+esac
+sleep $(( $(left) > 120 ? $(left) - 120 : 0 ))
+CCT_SPEED="--compile" CCT_JOBS=none RETURN_CKPT="cctsn150" \
+  bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_collect$PHASE.log 2>&1
+mv "$OUT/cct_logs.tgz" /tmp/res/ 2>/dev/null
+grep -a -A3 "^== cctsn150" /tmp/res/cct_collect$PHASE.log | cut -c1-300
+return_jobs
