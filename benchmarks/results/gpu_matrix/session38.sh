@@ -8,10 +8,12 @@
 #      supernet's random subnets run eagerly); then the CCT augmentation check per operation
 #      (cct_speed_probe.py's augment_check: which AutoAugment operation compiles differently on
 #      CUDA, session 37: 14 % of the pixels) and the step probe's variants without it.
-#   2 (S 560): no carry, the tree with supernet/checkpoints/*.pt: the GPU matrix cell
-#      run/fbnet/cifar10/bits (session 37: a parity failure of its largest model) and any cell
-#      whose GPU path changed since session 37 (the notes say which), 300 s each; the supernet
-#      keeps training beside them; its checkpoint comes back at the end of every phase.
+#   2 (S 560): carry .base (made by base_tree.sh: the commit issue 43 was filed against), the
+#      tree with supernet/checkpoints/*.pt: the 25,000-image CIFAR-10 timing of the baseline and
+#      of the current code back to back (issue 43: "each measured in one run beside its
+#      baseline"; both beside the supernet job), then the GPU matrix cell
+#      run/fbnet/cifar10/bits (session 37: a parity failure of its largest model) with the
+#      seconds left; the supernet's checkpoint comes back at the end of every phase.
 #   3.. (S 560): no carry: collect cctsn150 (checkpoint parts each phase; eval.json when done).
 # Estimate (session 37's probe): the full-network phase at ~15,000 images/s (60 epochs, ~180 s),
 # the sandwich at ~3,000 (90 epochs, ~1,350 s): about 26 minutes of training, so phase 3 may
@@ -30,8 +32,20 @@ case $PHASE in
   grep -a "augment_check\|^|" /tmp/res/cct_speed_probe.log | cut -c1-400
   ;;
 2)
+  # issue 43 item 3's timing beside its baseline, both beside the supernet job (same conditions)
+  sub25
+  [ -d /tmp/basesite/hwnas ] || python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/basesite ./.base
+  R=$(pwd)
+  for who in base current; do
+    pp=/tmp/site; [ $who = base ] && pp=/tmp/basesite:/tmp/site
+    ( s0=$(date +%s); cd /tmp && PYTHONPATH=$pp HWNAS_SHARED_DATA=/tmp/sub25 timeout 280 python3 -m hwnas run --space mbv3 \
+        --dataset cifar10 --trials 20 --device cuda --supernet "$R/supernet/checkpoints/mbv3_cifar10.pt" \
+        --out /tmp/t25$who --name r --overwrite; echo "rc $? process seconds $(( $(date +%s) - s0 ))" ) > /tmp/res/timing_$who.log 2>&1
+    sed -i 's/\r/\n/g' /tmp/res/timing_$who.log
+    echo "== $who"; grep -a "sensitivity seeds\|new by this process\|exported .* in\|wall time\|^rc" /tmp/res/timing_$who.log | cut -c1-200
+  done
   C="run/fbnet/cifar10/bits"
-  CELL_TIMEOUT=300 matrix 150 --rerun $C --only $C
+  CELL_TIMEOUT=$(( $(left) - 150 )) matrix 60 --rerun $C --only $C
   ;;
 esac
 sleep $(( $(left) > 120 ? $(left) - 120 : 0 ))
