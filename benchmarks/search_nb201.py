@@ -18,7 +18,8 @@ Score (``../shared/BENCHMARKS.md``): ``hv_ratio`` = hypervolume of every archite
 so far, scored with its TRUE accuracy and TRUE latency, / hypervolume of the true front of all
 15,625 architectures; reference point = (lowest accuracy on the true front - 1 point, highest
 latency on the true front x 1.01). Each run is one trajectory of ``max(--budgets)`` evaluations,
-read at every budget (100, 300, 1000); mean ± std over ``--seeds`` seeds (the sampler's seed).
+read at every budget (100, 300, 1000); mean ± std over ``--seeds`` seeds (the sampler's seed,
+``--seed-start`` to ``--seed-start + --seeds - 1``: a fresh-seed confirmation run).
 Each row also says where the missed hypervolume lies (``missed_hv_by_latency``: the fast, middle
 and slow third of the latency axis, :func:`missed_by_latency`), so that a shortfall can be told
 apart as the low-latency end, the high-accuracy end or the whole front.
@@ -368,7 +369,8 @@ def run_search(space: Any, problem: Problem, sampler: str, seed: int, n_evals: i
 
 def run_benchmark(space: Any, problems: list[Problem], samplers: list[str], seeds: int,
                   budgets: list[int], progress: bool = True, std_scale: float = 0.0,
-                  options: dict[str, Any] | None = None) -> tuple[list[dict], dict]:
+                  options: dict[str, Any] | None = None,
+                  seed_start: int = 0) -> tuple[list[dict], dict]:
     from tqdm import tqdm
 
     rows: list[dict] = []
@@ -379,7 +381,7 @@ def run_benchmark(space: Any, problems: list[Problem], samplers: list[str], seed
             scores: dict[int, list[float]] = {b: [] for b in budgets}
             missed: dict[int, list[list[float]]] = {b: [] for b in budgets}
             repeats = []
-            for seed in range(seeds):
+            for seed in range(seed_start, seed_start + seeds):
                 t0 = time.perf_counter()
                 traj = run_search(space, p, name, seed, max(budgets), std_scale, options)
                 seconds[name].append(time.perf_counter() - t0)
@@ -395,6 +397,7 @@ def run_benchmark(space: Any, problems: list[Problem], samplers: list[str], seed
                 rows.append({"device": p.device, "sampler": name, "evaluations": b,
                              "hv_ratio_mean": round(float(v.mean()), 4),
                              "hv_ratio_std": round(float(v.std()), 4), "seeds": len(v),
+                             "seed_start": seed_start,
                              "hv_ratio_per_seed": [round(float(x), 4) for x in v],
                              "missed_hv_by_latency": dict(zip(
                                  BREAKDOWN_PARTS,
@@ -466,19 +469,20 @@ def print_tables(rows: list[dict], problems: list[Problem], budgets: list[int]) 
 def paired_differences(rows: list[dict], base_rows: list[dict]) -> list[dict]:
     """Per sampler and budget: this run's block mean against a baseline run's rows of the same
     devices, sampler and seeds (``--paired-with``): the paired difference per seed (mean over
-    the devices), its mean, standard error and the seeds where this run is ahead."""
-    base = {(r["device"], r["sampler"], r["evaluations"]): r["hv_ratio_per_seed"]
-            for r in base_rows}
+    the devices), its mean, standard error and the seeds where this run is ahead. Rows without
+    ``seed_start`` (runs before it existed) started at seed 0."""
+    base = {(r["device"], r["sampler"], r["evaluations"], r.get("seed_start", 0)):
+            r["hv_ratio_per_seed"] for r in base_rows}
     out = []
     for sampler, b in sorted({(r["sampler"], r["evaluations"]) for r in rows},
                              key=lambda k: (_order(k[0]), k[1])):
         sel = [r for r in rows if r["sampler"] == sampler and r["evaluations"] == b]
-        pairs = [(np.asarray(r["hv_ratio_per_seed"]), base.get((r["device"], sampler, b)))
-                 for r in sel]
+        pairs = [(np.asarray(r["hv_ratio_per_seed"]),
+                  base.get((r["device"], sampler, b, r.get("seed_start", 0)))) for r in sel]
         n = min([len(v) for v, w in pairs] + [len(w) for v, w in pairs if w is not None])
         if any(w is None for _, w in pairs) or n < 1:
             raise UserError(f"--paired-with: the baseline lacks {sampler} @{b} on a device of "
-                            f"this run, or its seeds")
+                            f"this run, or its seeds (the same --seed-start)")
         new = np.mean([v[:n] for v, _ in pairs], axis=0)
         old = np.mean([np.asarray(w[:n]) for _, w in pairs], axis=0)
         d = new - old
@@ -514,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samplers", nargs="+", default=list(DEFAULT_SAMPLERS),
                     choices=list(SAMPLER_CHOICES))
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seed-start", type=int, default=0,
+                    help="the first seed (default 0): --seed-start 10 --seeds 10 runs seeds 10-19")
     ap.add_argument("--budgets", nargs="+", type=int, default=[100, 300, 1000])
     ap.add_argument("--devices", nargs="+", default=None,
                     help="columns of the shared table (default: HELP's six unseen test devices)")
@@ -565,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace, argv: list[str]) -> int:
     if args.seeds < 1 or args.n_measurements < 1 or any(b < 1 for b in args.budgets):
         raise UserError("--seeds, --n-measurements and --budgets must be positive")
+    if args.seed_start < 0:
+        raise UserError(f"--seed-start {args.seed_start}; expected >= 0")
     if not args.latency_std_scale >= 0:
         raise UserError(f"--latency-std-scale {args.latency_std_scale}; expected >= 0")
     budgets = sorted(set(args.budgets))
@@ -623,7 +631,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
                              args.latency_source, fold) for d in devices]
     rows, timing = run_benchmark(space, problems, args.samplers, args.seeds, budgets,
                                  progress=not args.quiet, std_scale=args.latency_std_scale,
-                                 options=options)
+                                 options=options, seed_start=args.seed_start)
     elapsed = time.time() - t_start
     validation = set(protocol.validation) if args.validation else set()
     for r in rows:

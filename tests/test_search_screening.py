@@ -78,6 +78,38 @@ def test_paired_differences_pair_device_and_seed():
     assert got["seeds_ahead"] == 2 and got["seeds"] == 3
     with pytest.raises(UserError, match="baseline lacks"):
         bench.paired_differences([row("c", 100, [0.5])], base)
+    # a fresh-seed run (--seed-start) pairs only with a baseline of the same first seed
+    fresh = [dict(r, seed_start=10) for r in new]
+    with pytest.raises(UserError, match="seed-start"):
+        bench.paired_differences(fresh, base)
+    (same,) = bench.paired_differences(fresh, [dict(r, seed_start=10) for r in base])
+    assert same == got
+
+
+def test_seed_start_runs_the_later_seeds(monkeypatch):
+    """``--seed-start 10 --seeds 2`` searches with seeds 10 and 11, and the rows say so; the
+    default (0) keeps the seeds, hence the results, of the runs before the option."""
+    from types import SimpleNamespace
+
+    bench = _bench()
+    seen = []
+
+    def fake_search(space, problem, sampler, seed, n_evals, std_scale=0.0, options=None):
+        seen.append(seed)
+        return [seed] * n_evals
+
+    monkeypatch.setattr(bench, "run_search", fake_search)
+    monkeypatch.setattr(bench, "score_trajectory",
+                        lambda traj, budgets, *a: {b: traj[0] / 100 for b in budgets})
+    monkeypatch.setattr(bench, "missed_by_latency", lambda *a: [0.0] * len(bench.BREAKDOWN_PARTS))
+    problem = SimpleNamespace(device="d", latency=None, accuracy=None, front=None, measured=10)
+    rows, _ = bench.run_benchmark(None, [problem], ["screening"], 2, [5], progress=False,
+                                  seed_start=10)
+    assert seen == [10, 11]
+    assert rows[0]["hv_ratio_per_seed"] == [0.1, 0.11] and rows[0]["seed_start"] == 10
+    seen.clear()
+    bench.run_benchmark(None, [problem], ["screening"], 2, [5], progress=False)
+    assert seen == [0, 1]
 
 
 def test_missed_hypervolume_by_latency_third():
