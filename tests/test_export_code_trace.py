@@ -190,7 +190,8 @@ def test_a_flip_at_a_residual_add_shows_where_it_happens() -> None:
     ref = build.reference()
     assert list(ref.residual_points()) == ["blocks.2"]
     add = next(n for n in proto.graph.node if n.op_type == "Add" and "blocks.2/" in n.name)
-    q = next(n for n in proto.graph.node if n.op_type == "QuantizeLinear" and add.output[0] in n.input)
+    q = next(n for n in proto.graph.node
+             if n.op_type == "QuantizeLinear" and add.output[0] in n.input)
 
     def trace(factor: float, residual: bool = True):
         with ref as deployed:
