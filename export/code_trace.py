@@ -13,11 +13,15 @@ The reference's values and codes are taken as its quantizers compute them, ``x *
 (:func:`~hwnas.quant.fake_quant.per_tensor_levels`); onnxruntime divides, so a value within an
 ulp of a boundary may round to neighbouring codes in the two, a flip that must show where it
 happens, not as a difference in the next layer (``benchmarks/qdq_divergence.md``, session 33).
+For the same reason the reference's own rounding points (requantizations, residual adds made
+integer adds) are traced before its hooks round them: the next quantizer sees their values on
+its grid already, 0.5 level from any boundary (session 37).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,11 +83,19 @@ _SUFFIXES = {"input": "input_quant", "input0": "a_quant", "input1": "b_quant",
              "requant": "requant"}
 
 
-def _quant_inputs(proto: onnx.ModelProto) -> list[tuple[str, str]]:
+def _quant_inputs(proto: onnx.ModelProto, residual: Iterable[str] = ()) -> list[tuple[str, str]]:
     """``(quantizer module name, QuantizeLinear output)`` of every quantized layer input and
-    product operand, graph order."""
+    product operand, graph order; before the quantizer of a ``residual`` module's add (the
+    rewritten QLinearAdd's output), ``(<module>.residual, the same output)``."""
+    from hwnas.export.qdq.names import node_scope
+
+    residual = set(residual)
+    adds = {n.output[0]: node_scope(n.name) for n in proto.graph.node
+            if n.op_type == "Add" and node_scope(n.name) in residual}
     found = []
     for n in proto.graph.node:
+        if n.op_type == "QuantizeLinear" and n.input[0] in adds:
+            found.append((f"{adds[n.input[0]]}.residual", n.output[0]))
         if n.op_type != "QuantizeLinear" or not n.name.startswith("/") or not n.name.endswith("_q"):
             continue
         layer, _, suffix = n.name[1:-2].rpartition("/")
@@ -100,6 +112,7 @@ def _session(proto: onnx.ModelProto, quant: list[tuple[str, str]]):  # noqa: ANN
     wanted = {o for _, o in quant}
     for node in proto.graph.node:
         if node.op_type == "QuantizeLinear" and node.output[0] in wanted:
+            wanted.discard(node.output[0])  # a residual add's output is its consumer's code too
             elem = (zero_types.get(node.input[2], onnx.TensorProto.UINT8) if len(node.input) > 2
                     else onnx.TensorProto.UINT8)
             proto.graph.output.append(onnx.helper.make_tensor_value_info(node.output[0], elem, None))
@@ -109,11 +122,12 @@ def _session(proto: onnx.ModelProto, quant: list[tuple[str, str]]):  # noqa: ANN
 
 
 def _reference_pass(model: nn.Module, modules: dict[str, nn.Module], names: list[str],
-                    requant: dict, x: torch.Tensor
+                    requant: dict, residual: dict, x: torch.Tensor
                     ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The reference's logits on ``x`` and, per traced quantizer (``modules``: the model's,
     by name), its values in levels before rounding and its codes (forward hooks, removed
-    again)."""
+    again). Requantization points and residual adds are traced before the reference's own
+    rounding hooks: the next quantizer sees their values on its grid already."""
     values: dict[str, np.ndarray] = {}
     codes: dict[str, np.ndarray] = {}
 
@@ -136,9 +150,16 @@ def _reference_pass(model: nn.Module, modules: dict[str, nn.Module], names: list
 
     handles = []
     for n in names:
-        layer = n[:-len(".requant")]
-        handles.append(modules[layer].register_forward_hook(point(n, *requant[layer]), prepend=True)
-                       if n.endswith(".requant") else modules[n].register_forward_pre_hook(quantizer(n)))
+        if n.endswith(".requant"):
+            layer = n[:-len(".requant")]
+            handles.append(modules[layer].register_forward_hook(point(n, *requant[layer]),
+                                                                prepend=True))
+        elif n.endswith(".residual"):
+            module = n[:-len(".residual")]
+            handles.append(modules[module].register_forward_hook(
+                point(n, *residual[module], False), prepend=True))
+        else:
+            handles.append(modules[n].register_forward_pre_hook(quantizer(n)))
     try:
         with torch.no_grad():
             logits = model(x).numpy()
@@ -205,27 +226,32 @@ class _Tally:
 
 def trace_codes(data: bytes, reference: nn.Module, images: torch.Tensor, *,
                 requant: dict[str, tuple[float, float, bool]] | None = None,
+                residual: dict[str, tuple[float, int]] | None = None,
                 batch_size: int = 64) -> CodeTrace:
     """Compare the QDQ file ``data`` with ``reference`` (the fake-quant model it must match:
     ``QdqBuild.reference()`` entered) on ``images``, a chunk of images at a time (the codes of
     a CIFAR-size network on 1,000 images would not fit in memory at once). ``requant``: its
-    requantization points (``DeployedReference.requant_points()``), traced too. The reference
-    runs on the CPU in float32, as onnxruntime does."""
+    requantization points (``DeployedReference.requant_points()``), ``residual``: its residual
+    adds quantized as integer adds (``DeployedReference.residual_points()``), traced too (as
+    ``<module>.residual``). The reference runs on the CPU in float32, as onnxruntime does."""
     proto = onnx.load_from_string(data)
-    quant = _quant_inputs(proto)
+    requant, residual = requant or {}, residual or {}
+    quant = _quant_inputs(proto, residual)
     sess = _session(proto, quant)
     model = copy.deepcopy(reference).cpu().float().eval()
     modules = dict(model.named_modules())
-    requant = requant or {}
     names = [n for n, _ in quant if hasattr(modules.get(n), "scale")
-             or (n.endswith(".requant") and n[:-len(".requant")] in requant)]
+             or (n.endswith(".requant") and n[:-len(".requant")] in requant)
+             or (n.endswith(".residual") and n[:-len(".residual")] in residual)]
     tally, logits, refs = _Tally(names), [], []
+    out_names = [o.name for o in sess.get_outputs()]
     x_all = images.detach().to("cpu", torch.float32)
     for i in range(0, len(x_all), batch_size):
         x = x_all[i:i + batch_size]
         outs = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
-        ref, values, codes = _reference_pass(model, modules, names, requant, x)
-        tally.add(dict(zip([n for n, _ in quant], outs[1:])), codes, values, len(x))
+        ref, values, codes = _reference_pass(model, modules, names, requant, residual, x)
+        by_tensor = dict(zip(out_names, outs))
+        tally.add({n: by_tensor[t] for n, t in quant}, codes, values, len(x))
         logits.append(outs[0])
         refs.append(ref)
     trace = tally.result()

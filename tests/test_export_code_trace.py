@@ -159,3 +159,55 @@ def test_tally_at_the_differing_codes_gives_the_whole_tensor_figures() -> None:
     assert tally.stats == want["stats"]
     assert tally.firsts == want["firsts"] and tally.worst == want["worst"]
     assert any(s["differ"] for s in tally.stats.values()) and tally.worst
+
+
+def test_a_flip_at_a_residual_add_shows_where_it_happens() -> None:
+    """The device file's residual add (integer_ops: a QLinearAdd whose output is quantized once
+    with the next block's input parameters) rounds in a forward hook of the reference, before
+    the next layer's input quantizer sees it: that quantizer's values are on its grid already,
+    0.5 level from any boundary. A flip at the add must show at the add, not as a difference
+    "nothing upstream touched" in the next layer (fbnet k5_e6 on CIFAR-10, session 37,
+    benchmarks/qdq_divergence.md). The add's quantizer scaled by 1 + 5e-5 flips only values
+    within ~6e-3 levels of a boundary; scaled by 1.1 it is a real error, named at the add."""
+    import torch
+    from hwnas.supernet.spaces.fbnet import FBNetConfig, FBNetSpace
+
+    torch.manual_seed(0)
+    space = FBNetSpace(FBNetConfig(image_size=8, num_classes=10, stem_channels=8,
+                                   stage_channels=(8, 16), stage_layers=(1, 3),
+                                   stage_strides=(1, 1), head_channels=16))
+    supernet = space.build_supernet()
+    supernet.set_active("k3_e3-k3_e3-k3_e3-k3_e3")
+    model = supernet.static_net().eval()
+    with torch.no_grad():
+        for bn in (m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)):
+            bn.running_mean.uniform_(-0.2, 0.2)
+            bn.running_var.uniform_(0.5, 2.0)
+    g = torch.Generator().manual_seed(1)
+    calib, test = torch.randn(64, 3, 8, 8, generator=g), torch.randn(128, 3, 8, 8, generator=g)
+    build = build_qdq(model, uniform(model, 8, 8), [calib])
+    proto = build.proto()
+    ref = build.reference()
+    assert list(ref.residual_points()) == ["blocks.2"]
+    add = next(n for n in proto.graph.node if n.op_type == "Add" and "blocks.2/" in n.name)
+    q = next(n for n in proto.graph.node
+             if n.op_type == "QuantizeLinear" and add.output[0] in n.input)
+
+    def trace(factor: float, residual: bool = True):
+        with ref as deployed:
+            return trace_codes(_scaled(proto, q.name, factor), deployed, test,
+                               requant=ref.requant_points(),
+                               residual=ref.residual_points() if residual else None)
+
+    def at_add(t) -> float:
+        return next(r["codes_differ_pct"] for r in t.layers if r["layer"] == "blocks.2.residual")
+
+    flips = trace(1.0 + 5e-5)
+    assert at_add(flips) > at_add(trace(1.0)), flips.layers
+    assert flips.starts_as_flips, flips.describe()
+    # untraced, the add's flips looked like a real error in the next layer (the session 37 failure)
+    blind = trace(1.0 + 5e-5, residual=False)
+    assert blind.unexplained == "blocks.3.expand_conv.input_quant", blind.describe()
+    assert blind.unexplained_distance_to_half > 0.49
+    wrong = trace(1.1)
+    assert wrong.unexplained == "blocks.2.residual", wrong.describe()
