@@ -37,8 +37,7 @@ def layer_codes(data: bytes, build, passes, requantize: bool) -> dict:  # noqa: 
 
     ref = build.reference(requantize=requantize)
     with ref as deployed:
-        trace = trace_codes(data, deployed, passes.x, requant=ref.requant_points(),
-                            residual=ref.residual_points())
+        trace = trace_codes(data, deployed, passes.x, points=ref.rounding_points())
     got, expected = trace.logits, trace.reference
     why = divergence_of(got, expected, passes.labels)
     return {"top1_agreement": float(np.mean(got.argmax(1) == expected.argmax(1))),

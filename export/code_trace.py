@@ -14,8 +14,10 @@ The reference's values and codes are taken as its quantizers compute them, ``x *
 ulp of a boundary may round to neighbouring codes in the two, a flip that must show where it
 happens, not as a difference in the next layer (``benchmarks/qdq_divergence.md``, session 33).
 For the same reason the reference's own rounding points (requantizations, residual adds made
-integer adds) are traced before its hooks round them: the next quantizer sees their values on
-its grid already, 0.5 level from any boundary (session 37).
+integer adds, h-swish and squeeze-excitation gates on their grids:
+:meth:`~hwnas.export.qdq.DeployedReference.rounding_points`) are traced before its hooks round
+them: the next quantizer sees their values on its grid already, 0.5 level from any boundary
+(session 37).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -30,6 +33,9 @@ import torch
 from torch import nn
 
 from hwnas.quant.fake_quant import per_tensor_levels
+
+if TYPE_CHECKING:
+    from hwnas.export.qdq.requant import RoundingPoint
 
 #: a differing code counts as a rounding flip when its reference value lay this close to a
 #: boundary (in quantization levels). Measured: vit's first flips on digits lay within 3e-5
@@ -78,25 +84,24 @@ class CodeTrace:
 
 
 #: the QuantizeLinear of a layer's input ``/<layer>/<suffix>_q`` -> the quantizer attribute
-#: (``requant``: the layer's 8-bit requantization point, a hook of the deployed reference)
-_SUFFIXES = {"input": "input_quant", "input0": "a_quant", "input1": "b_quant",
-             "requant": "requant"}
+_SUFFIXES = {"input": "input_quant", "input0": "a_quant", "input1": "b_quant"}
 
 
-def _quant_inputs(proto: onnx.ModelProto, residual: Iterable[str] = ()) -> list[tuple[str, str]]:
+def _quant_inputs(proto: onnx.ModelProto, points: Iterable[RoundingPoint] = ()
+                  ) -> list[tuple[str, str]]:
     """``(quantizer module name, QuantizeLinear output)`` of every quantized layer input and
-    product operand, graph order; before the quantizer of a ``residual`` module's add (the
-    rewritten QLinearAdd's output), ``(<module>.residual, the same output)``."""
-    from hwnas.export.qdq.names import node_scope
-
-    residual = set(residual)
-    adds = {n.output[0]: node_scope(n.name) for n in proto.graph.node
-            if n.op_type == "Add" and node_scope(n.name) in residual}
+    product operand, graph order; before them, ``(point name, the same output)`` of each of
+    the reference's rounding ``points`` at that QuantizeLinear (a residual add's output is
+    quantized once with the next layer's input parameters: both read the same codes)."""
+    at: dict[str, list[str]] = {}
+    for p in points:
+        at.setdefault(p.node, []).append(p.name)
     found = []
     for n in proto.graph.node:
-        if n.op_type == "QuantizeLinear" and n.input[0] in adds:
-            found.append((f"{adds[n.input[0]]}.residual", n.output[0]))
-        if n.op_type != "QuantizeLinear" or not n.name.startswith("/") or not n.name.endswith("_q"):
+        if n.op_type != "QuantizeLinear":
+            continue
+        found += [(name, n.output[0]) for name in at.get(n.name, [])]
+        if not n.name.startswith("/") or not n.name.endswith("_q"):
             continue
         layer, _, suffix = n.name[1:-2].rpartition("/")
         if suffix in _SUFFIXES:
@@ -122,14 +127,17 @@ def _session(proto: onnx.ModelProto, quant: list[tuple[str, str]]):  # noqa: ANN
 
 
 def _reference_pass(model: nn.Module, modules: dict[str, nn.Module], names: list[str],
-                    requant: dict, residual: dict, x: torch.Tensor
-                    ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]]:
+                    points: dict[str, RoundingPoint], x: torch.Tensor
+                    ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray],
+                               dict[str, np.ndarray]]:
     """The reference's logits on ``x`` and, per traced quantizer (``modules``: the model's,
-    by name), its values in levels before rounding and its codes (forward hooks, removed
-    again). Requantization points and residual adds are traced before the reference's own
-    rounding hooks: the next quantizer sees their values on its grid already."""
+    by name) or rounding point (``points``, by name), its values in levels before rounding and
+    its codes (forward hooks, removed again), and where a point's code matters (its ``live``
+    mask, where it has one). Rounding points are traced before the reference's own hooks round
+    them: the next quantizer sees their values on its grid."""
     values: dict[str, np.ndarray] = {}
     codes: dict[str, np.ndarray] = {}
+    live: dict[str, np.ndarray] = {}
 
     def keep(name: str, v: torch.Tensor, zero_point, qmin: int, qmax: int) -> None:
         values[name] = v.numpy()
@@ -142,22 +150,19 @@ def _reference_pass(model: nn.Module, modules: dict[str, nn.Module], names: list
             keep(name, v, q.zero_point.reshape(()), q.qmin, q.qmax)
         return pre
 
-    def point(name, scale, zp, relu):
-        def post(_m, _inp, out):  # runs before the reference's own requantization hook
-            keep(name, per_tensor_levels((torch.relu(out) if relu else out).float(),
-                                         torch.tensor(float(scale))), zp, 0, 255)
+    def point(p: RoundingPoint):
+        def post(_m, inputs, out):  # runs before the reference's own rounding hook
+            keep(p.name, per_tensor_levels(p.value(inputs, out).float(),
+                                           torch.tensor(float(p.scale))), p.zero_point, 0, 255)
+            if p.live is not None:
+                live[p.name] = p.live(inputs, out).numpy()
         return post
 
     handles = []
     for n in names:
-        if n.endswith(".requant"):
-            layer = n[:-len(".requant")]
-            handles.append(modules[layer].register_forward_hook(point(n, *requant[layer]),
-                                                                prepend=True))
-        elif n.endswith(".residual"):
-            module = n[:-len(".residual")]
-            handles.append(modules[module].register_forward_hook(
-                point(n, *residual[module], False), prepend=True))
+        if n in points:
+            handles.append(modules[points[n].module].register_forward_hook(point(points[n]),
+                                                                           prepend=True))
         else:
             handles.append(modules[n].register_forward_pre_hook(quantizer(n)))
     try:
@@ -166,7 +171,7 @@ def _reference_pass(model: nn.Module, modules: dict[str, nn.Module], names: list
     finally:
         for h in handles:
             h.remove()
-    return logits, values, codes
+    return logits, values, codes, live
 
 
 class _Tally:
@@ -179,11 +184,14 @@ class _Tally:
         self.worst: dict[str, float] = {}   # ... of a difference nothing upstream explains
         self.images = 0
 
-    def add(self, ort_codes: dict, codes: dict, values: dict, n_images: int) -> None:
+    def add(self, ort_codes: dict, codes: dict, values: dict, n_images: int,
+            live: dict | None = None) -> None:
         """One chunk's codes. The code difference and the distance to a boundary are computed
         at the differing codes only (the same elements, so the same figures): a CIFAR-size
         chunk holds ~10^8 codes, of which few differ, and whole-tensor passes over them were
-        half of a large model's trace (export_speed.md, Session 36)."""
+        half of a large model's trace (export_speed.md, Session 36). ``live``: per rounding
+        point that has one, where its codes matter; differences elsewhere are not counted."""
+        live = live or {}
         self.images += n_images
         upstream = np.zeros(n_images, bool)  # images some earlier quantizer's codes differ in
         for n in self.names:
@@ -191,6 +199,8 @@ class _Tally:
             if want.shape != got.shape and want.swapaxes(-1, -2).shape == got.shape:
                 want, value = want.swapaxes(-1, -2), value.swapaxes(-1, -2)  # Kᵀ traced as such
             dif = got != want  # integer codes, compared exactly
+            if n in live:
+                dif &= live[n]
             per_image = dif.reshape(n_images, -1).any(1)
             s = self.stats[n]
             differ = int(np.count_nonzero(dif))
@@ -225,33 +235,29 @@ class _Tally:
 
 
 def trace_codes(data: bytes, reference: nn.Module, images: torch.Tensor, *,
-                requant: dict[str, tuple[float, float, bool]] | None = None,
-                residual: dict[str, tuple[float, int]] | None = None,
-                batch_size: int = 64) -> CodeTrace:
+                points: Iterable[RoundingPoint] = (), batch_size: int = 64) -> CodeTrace:
     """Compare the QDQ file ``data`` with ``reference`` (the fake-quant model it must match:
     ``QdqBuild.reference()`` entered) on ``images``, a chunk of images at a time (the codes of
-    a CIFAR-size network on 1,000 images would not fit in memory at once). ``requant``: its
-    requantization points (``DeployedReference.requant_points()``), ``residual``: its residual
-    adds quantized as integer adds (``DeployedReference.residual_points()``), traced too (as
-    ``<module>.residual``). The reference runs on the CPU in float32, as onnxruntime does."""
+    a CIFAR-size network on 1,000 images would not fit in memory at once). ``points``: the
+    reference's own rounding points (``DeployedReference.rounding_points()``), traced too (as
+    ``<module>.<kind>``, at their QuantizeLinear in the file). The reference runs on the CPU in
+    float32, as onnxruntime does."""
     proto = onnx.load_from_string(data)
-    requant, residual = requant or {}, residual or {}
-    quant = _quant_inputs(proto, residual)
+    points = {p.name: p for p in points}
+    quant = _quant_inputs(proto, points.values())
     sess = _session(proto, quant)
     model = copy.deepcopy(reference).cpu().float().eval()
     modules = dict(model.named_modules())
-    names = [n for n, _ in quant if hasattr(modules.get(n), "scale")
-             or (n.endswith(".requant") and n[:-len(".requant")] in requant)
-             or (n.endswith(".residual") and n[:-len(".residual")] in residual)]
+    names = [n for n, _ in quant if n in points or hasattr(modules.get(n), "scale")]
     tally, logits, refs = _Tally(names), [], []
     out_names = [o.name for o in sess.get_outputs()]
     x_all = images.detach().to("cpu", torch.float32)
     for i in range(0, len(x_all), batch_size):
         x = x_all[i:i + batch_size]
         outs = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
-        ref, values, codes = _reference_pass(model, modules, names, requant, residual, x)
+        ref, values, codes, live = _reference_pass(model, modules, names, points, x)
         by_tensor = dict(zip(out_names, outs))
-        tally.add({n: by_tensor[t] for n, t in quant}, codes, values, len(x))
+        tally.add({n: by_tensor[t] for n, t in quant}, codes, values, len(x), live)
         logits.append(outs[0])
         refs.append(ref)
     trace = tally.result()

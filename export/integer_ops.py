@@ -40,13 +40,16 @@ class ElementwiseRewrite:
     ``None`` where its consumers' input quantizer does it; ``gates``: h-sigmoid modules whose
     output is quantized on the 1/255 grid; ``residual``: module -> (scale, zero point) of its
     (add) output; ``requant``: layer -> the (scale, zero point) that replaced its own
-    requantization parameters."""
+    requantization parameters; ``nodes``: (module, kind) -> the QuantizeLinear node of each
+    rounding above (kind ``hsigmoid``, ``hswish``, ``se_gate`` or ``residual``), where the code
+    trace reads the file's codes (:meth:`hwnas.export.qdq.DeployedReference.rounding_points`)."""
 
     proto: onnx.ModelProto
     hswish: dict[str, tuple[float, int] | None] = field(default_factory=dict)
     gates: list[str] = field(default_factory=list)
     residual: dict[str, tuple[float, int]] = field(default_factory=dict)
     requant: dict[str, tuple[float, int]] = field(default_factory=dict)
+    nodes: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 class _Graph:
@@ -197,6 +200,8 @@ def integer_elementwise(model: onnx.ModelProto, *, hswish_modules: set[str],
                                      name=f"{p}/y_dq"),
                 ]
                 out.hswish[scope] = graph.qparams(dq)
+                out.nodes[(scope, "hswish")] = f"{p}/y_q"
+            out.nodes[(scope, "hsigmoid")] = f"{p}/hsig_q"
             replace[n.name] = nodes
         elif (n.op_type == "HardSigmoid" and scope in hsigmoid_modules
               and graph.consumers.get(n.output[0])
@@ -213,6 +218,7 @@ def integer_elementwise(model: onnx.ModelProto, *, hswish_modules: set[str],
                                  name=f"{p}/gate_dq"),
             ]
             out.gates.append(scope)
+            out.nodes[(scope, "se_gate")] = f"{p}/gate_q"
         elif n.op_type == "ReduceMean":
             attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
             if (len(n.input) == 1 and list(attrs.get("axes", [])) == [2, 3]
@@ -234,6 +240,7 @@ def integer_elementwise(model: onnx.ModelProto, *, hswish_modules: set[str],
                         if name == y:
                             rewire[(u.name, k)] = f"{y}/int"
             out.residual[scope] = graph.qparams(q)
+            out.nodes[(scope, "residual")] = q.name
 
     nodes: list[onnx.NodeProto] = []
     for n in graph.nodes:

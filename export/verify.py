@@ -163,8 +163,7 @@ def verify_qdq(proto: onnx.ModelProto, build: QdqBuild, passes: ImagePasses, rep
         else:  # every image moved a little: flips carried by float ops, or a real error?
             ref = build.reference(requantize=requantize)
             with ref as deployed:
-                trace = trace_codes(data, deployed, passes.x, requant=ref.requant_points(),
-                                    residual=ref.residual_points())
+                trace = trace_codes(data, deployed, passes.x, points=ref.rounding_points())
             if not trace.starts_as_flips:
                 raise UserError(f"quantized parity failed: {shown}; {trace.describe()}")
             report.parity_note = (f"{shown}: {trace.describe()}, carried to near-tied logits, "

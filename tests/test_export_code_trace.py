@@ -36,7 +36,7 @@ def built(qdq_net, qdq_images):
 def _trace(build, data, test):
     ref = build.reference(requantize=False)
     with ref as deployed:
-        return trace_codes(data, deployed, test, requant=ref.requant_points(), batch_size=16)
+        return trace_codes(data, deployed, test, points=ref.rounding_points(), batch_size=16)
 
 
 def test_the_exported_file_reproduces_every_code(built) -> None:
@@ -196,8 +196,8 @@ def test_a_flip_at_a_residual_add_shows_where_it_happens() -> None:
     def trace(factor: float, residual: bool = True):
         with ref as deployed:
             return trace_codes(_scaled(proto, q.name, factor), deployed, test,
-                               requant=ref.requant_points(),
-                               residual=ref.residual_points() if residual else None)
+                               points=[p for p in ref.rounding_points()
+                                       if residual or p.kind != "residual"])
 
     def at_add(t) -> float:
         return next(r["codes_differ_pct"] for r in t.layers if r["layer"] == "blocks.2.residual")
@@ -211,3 +211,59 @@ def test_a_flip_at_a_residual_add_shows_where_it_happens() -> None:
     assert blind.unexplained_distance_to_half > 0.49
     wrong = trace(1.1)
     assert wrong.unexplained == "blocks.2.residual", wrong.describe()
+
+
+def test_flips_at_the_se_gate_and_h_swish_roundings_show_where_they_happen() -> None:
+    """The other rounding hooks of the reference (DeployedReference.rounding_points): the
+    squeeze-excitation gate on its 1/255 grid and h-swish's ``relu6(x + 3)`` on 6/255 (and
+    its output, where its consumers differ) round in forward hooks too, so the next quantizer
+    never sees a near-tie there: untraced, a flip at the gate showed as a difference "nothing
+    upstream touched" in the project conv's input, one at h-swish in the depthwise conv's.
+    Scaled by 1 + 2e-5 (values within ~5e-3 levels of a boundary flip) the file is correct;
+    scaled by 1.1 it is a real error, named at the rounding point."""
+    import torch
+    from hwnas.supernet.spaces.mbv3 import MBV3Config, MBV3Space
+
+    torch.manual_seed(0)
+    space = MBV3Space(MBV3Config(in_channels=3, image_size=8, num_classes=10, stem_channels=8,
+                                 stage_channels=(8, 16), stage_strides=(1, 1),
+                                 stage_activations=("hswish", "hswish"), depth_choices=(2,),
+                                 kernel_choices=(3,), expand_choices=(3,), head_channels=16,
+                                 se_stages=(0, 1)))
+    supernet = space.build_supernet()
+    supernet.set_active(space.smallest())
+    model = supernet.static_net().eval()
+    with torch.no_grad():
+        for bn in (m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)):
+            bn.running_mean.uniform_(-0.2, 0.2)
+            bn.running_var.uniform_(0.5, 2.0)
+    g = torch.Generator().manual_seed(1)
+    calib, test = torch.randn(64, 3, 8, 8, generator=g), torch.randn(512, 3, 8, 8, generator=g)
+    build = build_qdq(model, uniform(model, 8, 8), [calib])
+    proto = build.proto()
+    ref = build.reference()
+    points = {p.name: p for p in ref.rounding_points()}
+    assert {p.kind for p in points.values()} == {"requant", "residual", "se_gate", "hsigmoid",
+                                                 "hswish"}
+    nodes = {n.name for n in proto.graph.node if n.op_type == "QuantizeLinear"}
+    assert all(p.node in nodes for p in points.values()), points
+
+    def trace(point: str, factor: float, blind: bool = False):
+        with ref as deployed:
+            return trace_codes(_scaled(proto, points[point].node, factor), deployed, test,
+                               points=[p for p in points.values()
+                                       if not (blind and p.name == point)])
+
+    exact = {r["layer"]: r["codes_differ_pct"] for r in trace("stem_conv.requant", 1.0).layers}
+    for point, next_quantizer in (
+            ("blocks.1.se.gate.se_gate", "blocks.1.project_conv.input_quant"),
+            ("blocks.0.act1.hsigmoid", "blocks.0.dw_conv.input_quant")):
+        flips = trace(point, 1.0 + 2e-5)
+        at = {r["layer"]: r["codes_differ_pct"] for r in flips.layers}
+        assert at[point] > exact[point], flips.layers
+        assert flips.starts_as_flips, flips.describe()
+        # untraced, the flips looked like a real error in the next quantizer
+        blind = trace(point, 1.0 + 2e-5, blind=True)
+        assert blind.unexplained == next_quantizer, blind.describe()
+        wrong = trace(point, 1.1)
+        assert wrong.unexplained == point, wrong.describe()

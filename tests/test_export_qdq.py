@@ -259,7 +259,8 @@ def test_float_layer_behind_a_channel_shuffle_stays_float(monkeypatch) -> None:
     assert all(op not in INTEGER_OPS for _, op in kernels["blocks.1.dw_conv"]), kernels
     ref = build.reference()
     with ref as deployed:
-        trace = trace_codes(proto.SerializeToString(), deployed, test, requant=ref.requant_points())
+        trace = trace_codes(proto.SerializeToString(), deployed, test,
+                            points=ref.rounding_points())
     codes = {r["layer"]: r for r in trace.layers}
     # unguarded: dw_conv ran as a QLinearConv, and 13 % of these codes differed, in 100 % of the
     # images, by up to 3 levels, 0.5 level from a boundary ("nothing upstream touched")

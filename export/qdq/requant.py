@@ -5,7 +5,8 @@ ops), so an export can be shown exact up to float rounding."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,32 @@ from torch import nn
 
 from hwnas.core.cooperate import yield_point
 
-__all__ = ["DeployedReference", "calibrate_requant"]
+__all__ = ["DeployedReference", "RoundingPoint", "calibrate_requant"]
+
+
+@dataclass(frozen=True)
+class RoundingPoint:
+    """One rounding of :class:`DeployedReference`'s hooks, for the code trace
+    (:func:`hwnas.export.code_trace.trace_codes`): a forward hook of ``module`` rounds
+    ``value(inputs, output)`` (the float values before rounding) to the uint8 grid of
+    (``scale``, ``zero_point``), where the graph's QuantizeLinear ``node`` does. ``kind``:
+    ``requant``, ``residual``, ``se_gate``, ``hsigmoid`` or ``hswish``. Traced before the hook
+    rounds: the next quantizer sees these values on its grid already, 0.5 level from any
+    boundary, and a near-tie flip here would show there as a whole-level difference."""
+
+    module: str
+    kind: str
+    scale: float
+    zero_point: int
+    node: str
+    value: Callable[[tuple, torch.Tensor], torch.Tensor]
+    #: where a different code there can change what follows (None: everywhere)
+    live: Callable[[tuple, torch.Tensor], torch.Tensor] | None = None
+
+    @property
+    def name(self) -> str:
+        """The trace's name for it: ``<module>.<kind>``."""
+        return f"{self.module}.{self.kind}"
 
 
 class DeployedReference:
@@ -62,8 +88,7 @@ class DeployedReference:
         for name, qparams in rw.hswish.items():
             def hswish(_m, inp, out, qparams=qparams):
                 x = inp[0].float()
-                hsig = _fq8(x + 3.0, float(HSIG_Q_SCALE), 0) / 6.0  # relu6(x + 3) / 6, 1/255 grid
-                y = x * hsig
+                y = x * _hsigmoid(x)
                 return (y if qparams is None else _fq8(y, *qparams)).to(out.dtype)
             self.handles.append(modules[name].register_forward_hook(hswish))
         for name in rw.gates:
@@ -85,6 +110,31 @@ class DeployedReference:
         (its output rounded by a hook here, before the next layer's input quantizer)."""
         return dict(self.rewrite.residual) if self.rewrite is not None else {}
 
+    def rounding_points(self) -> list[RoundingPoint]:
+        """Every rounding the hooks of :meth:`__enter__` add (requantizations, h-swish,
+        squeeze-excitation gates, residual adds), with the graph's QuantizeLinear node of each."""
+        def out(relu: bool = False):  # noqa: ANN202 - the module's output, before the hook
+            return lambda _inp, y: torch.relu(y) if relu else y
+
+        points = [RoundingPoint(name, "requant", scale, int(zp), f"/{name}/requant_q", out(relu))
+                  for name, (scale, zp, relu) in self.requant_points().items()]
+        rw = self.rewrite or ElementwiseRewrite(onnx.ModelProto())
+        value = {"hsigmoid": lambda inp, _y: inp[0].float() + 3.0,
+                 "hswish": lambda inp, _y: inp[0].float() * _hsigmoid(inp[0].float()),
+                 "se_gate": out(), "residual": out()}
+        params = {"hsigmoid": lambda m: (float(HSIG_Q_SCALE), 0),
+                  "hswish": lambda m: rw.hswish[m], "se_gate": lambda m: (float(UNIT_SCALE), 0),
+                  "residual": lambda m: rw.residual[m]}
+        # h-swish is x * hsigmoid(x): at x = 0 (its input's zero point) the gate's code changes
+        # nothing, and onnxruntime rounded that exact tie, 3 / (6/255) = 127.5, to 127 where
+        # PyTorch rounds it to 128 (an mbv3 file, every image: they would hide what follows)
+        live = {"hsigmoid": lambda inp, _y: inp[0] != 0}
+        for (module, kind), node in rw.nodes.items():
+            scale, zp = params[kind](module)
+            points.append(RoundingPoint(module, kind, float(scale), int(zp), node, value[kind],
+                                        live.get(kind)))
+        return points
+
     def __exit__(self, *exc: object) -> None:
         for h in self.handles:
             h.remove()
@@ -93,6 +143,12 @@ class DeployedReference:
             for param, value in self.saved:
                 param.copy_(value)
         self.saved.clear()
+
+
+def _hsigmoid(x: torch.Tensor) -> torch.Tensor:
+    """``relu6(x + 3) / 6`` as the rewritten graph computes it: ``x + 3`` on the uint8 grid of
+    scale 6/255, read back on 1/255."""
+    return _fq8(x + 3.0, float(HSIG_Q_SCALE), 0) / 6.0
 
 
 def _fq8(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
