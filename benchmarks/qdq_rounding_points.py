@@ -14,34 +14,18 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from hwnas.export.code_trace import trace_codes  # noqa: E402
 from hwnas.export.qdq.build import build_qdq  # noqa: E402
 from hwnas.quant.policy import uniform  # noqa: E402
-from hwnas.supernet.spaces.mbv3 import MBV3Config, MBV3Space  # noqa: E402
+from qdq_support import tiny_mbv3_se  # noqa: E402
 from test_export_code_trace import _scaled  # noqa: E402
 
 
 def main() -> None:
     t0 = time.process_time()
-    torch.manual_seed(0)
-    space = MBV3Space(MBV3Config(in_channels=3, image_size=8, num_classes=10, stem_channels=8,
-                                 stage_channels=(8, 16), stage_strides=(1, 1),
-                                 stage_activations=("hswish", "hswish"), depth_choices=(2,),
-                                 kernel_choices=(3,), expand_choices=(3,), head_channels=16,
-                                 se_stages=(0, 1)))
-    supernet = space.build_supernet()
-    supernet.set_active(space.smallest())
-    model = supernet.static_net().eval()
-    with torch.no_grad():
-        for bn in (m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)):
-            bn.running_mean.uniform_(-0.2, 0.2)
-            bn.running_var.uniform_(0.5, 2.0)
-    g = torch.Generator().manual_seed(1)
-    calib, test = torch.randn(64, 3, 8, 8, generator=g), torch.randn(512, 3, 8, 8, generator=g)
+    model, calib, test = tiny_mbv3_se(512)
     build = build_qdq(model, uniform(model, 8, 8), [calib])
     proto, ref = build.proto(), build.reference()
     points = ref.rounding_points()

@@ -11,6 +11,7 @@ from hwnas.export.code_trace import trace_codes
 from hwnas.export.qdq.build import build_qdq
 from hwnas.quant.policy import uniform
 from onnx import numpy_helper
+from qdq_support import tiny_fbnet, tiny_mbv3_se
 
 
 def _scaled(proto: onnx.ModelProto, node_name: str, factor: float) -> bytes:
@@ -169,26 +170,11 @@ def test_a_flip_at_a_residual_add_shows_where_it_happens() -> None:
     "nothing upstream touched" in the next layer (fbnet k5_e6 on CIFAR-10, session 37,
     benchmarks/qdq_divergence.md). The add's quantizer scaled by 1 + 5e-5 flips only values
     within ~6e-3 levels of a boundary; scaled by 1.1 it is a real error, named at the add."""
-    import torch
-    from hwnas.supernet.spaces.fbnet import FBNetConfig, FBNetSpace
-
-    torch.manual_seed(0)
-    space = FBNetSpace(FBNetConfig(image_size=8, num_classes=10, stem_channels=8,
-                                   stage_channels=(8, 16), stage_layers=(1, 3),
-                                   stage_strides=(1, 1), head_channels=16))
-    supernet = space.build_supernet()
-    supernet.set_active("k3_e3-k3_e3-k3_e3-k3_e3")
-    model = supernet.static_net().eval()
-    with torch.no_grad():
-        for bn in (m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)):
-            bn.running_mean.uniform_(-0.2, 0.2)
-            bn.running_var.uniform_(0.5, 2.0)
-    g = torch.Generator().manual_seed(1)
-    calib, test = torch.randn(64, 3, 8, 8, generator=g), torch.randn(128, 3, 8, 8, generator=g)
+    model, calib, test = tiny_fbnet("k3_e3-k3_e3-k3_e3-k3_e3", (1, 3), 128)
     build = build_qdq(model, uniform(model, 8, 8), [calib])
     proto = build.proto()
     ref = build.reference()
-    assert list(ref.residual_points()) == ["blocks.2"]
+    assert [p.module for p in ref.rounding_points() if p.kind == "residual"] == ["blocks.2"]
     add = next(n for n in proto.graph.node if n.op_type == "Add" and "blocks.2/" in n.name)
     q = next(n for n in proto.graph.node
              if n.op_type == "QuantizeLinear" and add.output[0] in n.input)
@@ -221,24 +207,7 @@ def test_flips_at_the_se_gate_and_h_swish_roundings_show_where_they_happen() -> 
     upstream touched" in the project conv's input, one at h-swish in the depthwise conv's.
     Scaled by 1 + 2e-5 (values within ~5e-3 levels of a boundary flip) the file is correct;
     scaled by 1.1 it is a real error, named at the rounding point."""
-    import torch
-    from hwnas.supernet.spaces.mbv3 import MBV3Config, MBV3Space
-
-    torch.manual_seed(0)
-    space = MBV3Space(MBV3Config(in_channels=3, image_size=8, num_classes=10, stem_channels=8,
-                                 stage_channels=(8, 16), stage_strides=(1, 1),
-                                 stage_activations=("hswish", "hswish"), depth_choices=(2,),
-                                 kernel_choices=(3,), expand_choices=(3,), head_channels=16,
-                                 se_stages=(0, 1)))
-    supernet = space.build_supernet()
-    supernet.set_active(space.smallest())
-    model = supernet.static_net().eval()
-    with torch.no_grad():
-        for bn in (m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)):
-            bn.running_mean.uniform_(-0.2, 0.2)
-            bn.running_var.uniform_(0.5, 2.0)
-    g = torch.Generator().manual_seed(1)
-    calib, test = torch.randn(64, 3, 8, 8, generator=g), torch.randn(512, 3, 8, 8, generator=g)
+    model, calib, test = tiny_mbv3_se(512)
     build = build_qdq(model, uniform(model, 8, 8), [calib])
     proto = build.proto()
     ref = build.reference()

@@ -26,6 +26,7 @@ from hwnas.quant.policy import QuantPolicy, uniform
 from onnx import TensorProto, numpy_helper
 
 from hwnas.core.errors import UserError
+from qdq_support import tiny_fbnet
 
 
 def _run(proto: onnx.ModelProto, x: torch.Tensor, optimize: bool = True) -> np.ndarray:
@@ -235,21 +236,7 @@ def test_float_layer_behind_a_channel_shuffle_stays_float(monkeypatch) -> None:
     codes left the reference in every image (session 34, ``benchmarks/qdq_divergence.md``).
     The guard must follow the shuffle, and the file's codes match the reference's."""
     from hwnas.export.code_trace import trace_codes
-    from hwnas.supernet.spaces.fbnet import FBNetConfig, FBNetSpace
-
-    torch.manual_seed(0)
-    space = FBNetSpace(FBNetConfig(image_size=8, num_classes=10, stem_channels=8,
-                                   stage_channels=(8, 16), stage_layers=(1, 1),
-                                   stage_strides=(1, 1), head_channels=16))
-    supernet = space.build_supernet()
-    supernet.set_active("skip-k3_e1_g2")
-    model = supernet.static_net().eval()
-    with torch.no_grad():
-        for bn in (m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)):
-            bn.running_mean.uniform_(-0.2, 0.2)
-            bn.running_var.uniform_(0.5, 2.0)
-    g = torch.Generator().manual_seed(1)
-    calib, test = torch.randn(64, 3, 8, 8, generator=g), torch.randn(32, 3, 8, 8, generator=g)
+    model, calib, test = tiny_fbnet("skip-k3_e1_g2", (1, 1), 32)
     build = build_qdq(model, uniform(model, 8, 8), [calib], float_layers=["blocks.1.dw_conv"])
     assert "blocks.1.expand_conv" in build.requant_layers()
     proto = build.proto()

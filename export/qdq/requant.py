@@ -105,11 +105,6 @@ class DeployedReference:
         return {name: (*rw.requant.get(name, self.layers[name].requant),
                        bool(self.layers[name].requant_after_relu)) for name in self.requant}
 
-    def residual_points(self) -> dict[str, tuple[float, int]]:
-        """``module -> (scale, zero point)`` of each residual add quantized as an integer add
-        (its output rounded by a hook here, before the next layer's input quantizer)."""
-        return dict(self.rewrite.residual) if self.rewrite is not None else {}
-
     def rounding_points(self) -> list[RoundingPoint]:
         """Every rounding the hooks of :meth:`__enter__` add (requantizations, h-swish,
         squeeze-excitation gates, residual adds), with the graph's QuantizeLinear node of each."""
