@@ -124,3 +124,35 @@ def test_bad_options_refused(nb201) -> None:
         MetaPredictor(space, residual="forest")
     with pytest.raises(UserError, match="screen_margin"):
         MetaPredictor(space, screen_margin=-1)
+
+
+def test_blend_weight_grows_with_n_and_follows_the_device(nb201, additive_meta) -> None:
+    """``blend``: the device's own trees take weight on a device whose costs pair (under an
+    additive prior) and rank it better, at most n / (n + BLEND_N0) of the weight; on an
+    additive device the prior stays (nearly) alone."""
+    from hwnas.latency.predictors.residual import BLEND_N0, blend_weight
+
+    ly = np.log(np.arange(1.0, 41.0))
+    own = ly + np.random.default_rng(0).normal(0, 0.01, 40)  # the own model ranks perfectly
+    assert blend_weight(ly[::-1], own, ly) == pytest.approx(0.3, abs=0.025)  # 40 / 140
+    assert blend_weight(ly, own[::-1], ly) == 0.0  # the own model is no help
+    space, archs = nb201
+    additive_meta.residual = "blend"
+    rows = np.random.default_rng(1).choice(len(archs), 80, replace=False)
+    rest = np.setdiff1d(np.arange(len(archs)), rows)
+    off = MetaPredictor._from_state(space, *_state_off(additive_meta))
+    for weight, must_gain in ((3.0, True), (0.0, False)):
+        y = pair_devices(space, archs, 1, seed=9, pair_weight=weight)["dev0"]
+        s = {}
+        for name, pred in (("new", additive_meta), ("off", off)):
+            pred.adapt([archs[i] for i in rows], y[rows], seed=0)
+            s[name] = rho(pred.predict([archs[i] for i in rest]), y[rest])
+        w = additive_meta.explain()["residual"]["weight"]
+        assert w <= 80 / (80 + BLEND_N0) + 0.025
+        if must_gain:
+            assert w > 0.1 and s["new"] > s["off"] + 0.01, (w, s)
+        else:
+            assert s["new"] > s["off"] - 0.005, (w, s)
+    mean, std = additive_meta.predict_with_std([archs[i] for i in rest[:5]])
+    np.testing.assert_allclose(mean, additive_meta.predict([archs[i] for i in rest[:5]]))
+    additive_meta.residual = "kernel"

@@ -45,6 +45,7 @@ from hwnas.latency.predictors.residual import (
     RESIDUALS,
     HammingGP,
     MixedGP,
+    blend_weight,
     cell_features,
 )
 
@@ -499,6 +500,8 @@ class MetaPredictor(DesignedPredictor):
         n = len(r)
         parts = np.array_split(np.random.default_rng(seed).permutation(n),
                                min(RESIDUAL_FOLDS, n))
+        if self.residual == "blend":
+            return self._fit_blend(X, np.log(latency_ms), r, parts, seed)
         cv = np.empty(n)
         for part in parts:
             fit = np.setdiff1d(np.arange(n), part)
@@ -512,6 +515,30 @@ class MetaPredictor(DesignedPredictor):
         model = self._residual_model(X, r, seed) if weight > 0 else None
         return {"weight": weight, "model": model, "cv_gain": cv_gain,
                 "rms": float(np.sqrt(np.mean(r ** 2)))}
+
+    def _fit_blend(self, X: np.ndarray, ly: np.ndarray, r: np.ndarray, parts: list,
+                   seed: int) -> dict[str, Any]:
+        """``blend``: the device's own trees on log latency, their weight in a log-space blend
+        with the prior set by :func:`blend_weight` from the prior's leave-one-out and the
+        trees' out-of-fold predictions of the measurements."""
+        oof = np.empty(len(ly))
+        for part in parts:
+            fit = np.setdiff1d(np.arange(len(ly)), part)
+            oof[part] = self._own_model(X[fit], ly[fit], seed).predict(X[part])
+        weight = blend_weight(ly - r, oof, ly)
+        model = self._own_model(X, ly, seed) if weight > 0 else None
+        return {"weight": weight, "model": model, "blend": True,
+                "cv_gain": float(np.mean(r ** 2) - np.mean(
+                    ((1 - weight) * (ly - r) + weight * oof - ly) ** 2)),
+                "rms": float(np.sqrt(np.mean(r ** 2)))}
+
+    @staticmethod
+    def _own_model(X: np.ndarray, ly: np.ndarray, seed: int) -> Any:
+        from sklearn.ensemble import HistGradientBoostingRegressor
+
+        return HistGradientBoostingRegressor(
+            max_iter=200, learning_rate=0.1, max_leaf_nodes=15,
+            min_samples_leaf=max(2, min(20, len(ly) // 10)), random_state=seed).fit(X, ly)
 
     def _residual_features(self, keys: list[str]) -> np.ndarray:
         X = features(self.space, keys, "encode")
@@ -534,12 +561,16 @@ class MetaPredictor(DesignedPredictor):
             max_iter=100, learning_rate=0.1, max_leaf_nodes=8,
             min_samples_leaf=max(3, min(20, len(r) // 8)), random_state=seed).fit(X, r)
 
-    def _residual_factor(self, keys: list[str]) -> np.ndarray:
-        """exp(weight x the residual learner's prediction): what multiplies the prior's."""
+    def _residual_factor(self, keys: list[str], prior: np.ndarray) -> np.ndarray:
+        """exp(weight x the residual learner's prediction): what multiplies the prior's
+        prediction ``prior`` (``blend``: (own / prior) ** weight)."""
         res = self._post.get("residual")
         if not res or res["model"] is None:
             return np.ones(len(keys))
-        return np.exp(res["weight"] * res["model"].predict(self._residual_features(keys)))
+        pred = res["model"].predict(self._residual_features(keys))
+        if res.get("blend"):
+            pred = pred - np.log(prior)
+        return np.exp(res["weight"] * pred)
 
     def _mean(self, keys: list[str]) -> tuple[np.ndarray, dict[str, dict[str, np.ndarray]]]:
         post = self._post
@@ -588,8 +619,8 @@ class MetaPredictor(DesignedPredictor):
         self._require_adapted()
         keys = arch_strings(self.space, archs)
         f, _ = self._mean(keys)
-        return (np.maximum((1.0 + f) * self._post["scale"], self._post["floor"])
-                * self._residual_factor(keys))
+        prior = np.maximum((1.0 + f) * self._post["scale"], self._post["floor"])
+        return prior * self._residual_factor(keys, prior)
 
     def _predict(self, keys: list[str]) -> tuple[np.ndarray, np.ndarray | None]:
         post = self._post
@@ -607,9 +638,9 @@ class MetaPredictor(DesignedPredictor):
             second += wi * (sig2 * (np.maximum(var, 0.0) + lam) + mu ** 2)
         var = np.maximum(second - f ** 2, 0.0)
         scale = post["scale"]
-        factor = self._residual_factor(keys)
-        return (np.maximum((1.0 + f) * scale, post["floor"]) * factor,
-                np.sqrt(var) * scale * factor)
+        prior = np.maximum((1.0 + f) * scale, post["floor"])
+        factor = self._residual_factor(keys, prior)
+        return prior * factor, np.sqrt(var) * scale * factor
 
     def explain(self) -> dict[str, Any]:
         """What the adaptation concluded: the posterior weight of each hyper-parameter setting

@@ -13,16 +13,18 @@ from typing import Any
 import numpy as np
 from hwnas.latency.predictors.features import features
 
-__all__ = ["DEFAULT_RESIDUAL", "RESIDUALS", "RESIDUAL_FOLDS", "RESIDUAL_FOLDS_AGAINST",
-           "RESIDUAL_MIN", "HammingGP", "MixedGP", "cell_features", "evidence"]
+__all__ = ["BLEND_GRID", "BLEND_N0", "DEFAULT_RESIDUAL", "RESIDUALS", "RESIDUAL_FOLDS",
+           "RESIDUAL_FOLDS_AGAINST", "RESIDUAL_MIN", "blend_weight", "HammingGP", "MixedGP", "cell_features", "evidence"]
 
 #: residual learners (``MetaPredictor(residual=)``): ``kernel``, a GP on the architectures'
 #: encodings whose covariance falls with the number of positions that differ (every order of
 #: interaction between positions); ``mixed``, a GP whose covariance adds to that kernel pairs of
 #: positions and whole-network terms (op counts and their products, layer sums: compute and
 #: memory traffic), each chosen by marginal likelihood; ``gbm``, gradient-boosted trees
-#: (scikit-learn) on the encoding, per-layer-kind sums and FLOPs; ``off``, none
-RESIDUALS = ("off", "kernel", "gbm", "mixed")
+#: (scikit-learn) on the encoding, per-layer-kind sums and FLOPs; ``blend``, not a residual but
+#: the device's own model (trees on those features, fitted to log latency) blended in log space
+#: with the prior, at a weight that grows with n (:func:`blend_weight`); ``off``, none
+RESIDUALS = ("off", "kernel", "gbm", "mixed", "blend")
 #: what a new predictor uses: none. Chosen on the family protocol (38 leave-one-family-out
 #: folds of NB-201 and FBNet and the two new CPU runtime families, 20-100 measurements): every
 #: residual learner lost to the prior alone on some family (up to 0.10 Spearman on a runtime
@@ -38,6 +40,28 @@ RESIDUAL_FOLDS = 5
 #: only some folds see is a few measurements' noise; 1 halved the worst family's loss of both
 #: kernels on the family protocol against no such check)
 RESIDUAL_FOLDS_AGAINST = 1
+#: ``blend``: the prior's weight on n measurements is shrunk by n / (n + BLEND_N0) towards the
+#: prior alone (a Bayesian-style schedule: the device's own model earns weight as its
+#: measurements grow); 100 was chosen on the 21 NB-201 families (50-200 within 0.0003 on the
+#: means; latency_lofo.md, session 37)
+BLEND_N0 = 100
+#: ``blend``: the weights tried by the device's own cross-validation, and the grid the shrunk
+#: weight is rounded to
+BLEND_GRID = np.round(np.arange(0.0, 1.001, 0.05), 2)
+
+
+def blend_weight(loo_log: np.ndarray, oof_log: np.ndarray, y_log: np.ndarray) -> float:
+    """``blend``'s weight on the device's own model: the weight of ``BLEND_GRID`` whose blend of
+    the prior's leave-one-out and the own model's out-of-fold log predictions ranks the
+    measurements best (Spearman: ranking is what a search uses), shrunk by n / (n +
+    BLEND_N0) and rounded to the grid. A log-error choice over-trusted the own model on the
+    families (session 30); the shrinkage keeps the prior where 20-50 measurements say little."""
+    from hwnas.core.maths import spearman
+
+    rank = [spearman((1 - w) * loo_log + w * oof_log, y_log) for w in BLEND_GRID]
+    n = len(y_log)
+    w = float(BLEND_GRID[int(np.argmax(rank))]) * n / (n + BLEND_N0)
+    return float(BLEND_GRID[int(np.argmin(np.abs(BLEND_GRID - w)))])
 
 
 def evidence(K: np.ndarray, noise: float, rc: np.ndarray) -> tuple[float, np.ndarray]:

@@ -1,0 +1,214 @@
+"""A blend of the meta-prior and the device's own model whose weight grows with n (issue 48).
+
+On ``latency_residual_select.py``'s folds, draws and scoring (one family held out at a time,
+or with ``--kinds`` every family of one processor kind at once: the "device unlike ours"
+view; HELP's test devices are never in it), each held-out device is adapted by the default
+meta predictor, and beside it are recorded:
+
+* the package's residual learners (``--residuals``: ``MetaPredictor(residual=...)``);
+* for each own model (``gbm``: ``latency_lofo.gbm_baseline`` on the architecture features;
+  ``rgbm``: gradient-boosted trees on what the prior misses, the log ratio of each measurement
+  to the prior's leave-one-out prediction, on the package's ``gbm`` residual features), the
+  Spearman of the log-space blend ``(1 - w) log prior + w log own`` at every ``w`` of
+  ``GRID`` (so any schedule ``w(n)`` is scored offline, ``--from``), and the weights the device's
+  own 5-fold leave-out picks (``cv-err``: log error; ``cv-rank``: Spearman).
+
+Offline (``--from``), the schedules ``w = n / (n + n0)`` and ``w = cv-rank x n / (n + n0)``
+for a grid of ``n0``, each row's ``w`` rounded to ``GRID``; mean over families per n.
+
+    OMP_NUM_THREADS=1 python benchmarks/latency_blend_schedule.py --space nb201 \\
+        --cache /tmp/folds --kinds arm-like gpu accelerator x86-cpu --n 20 50 100 --out k.json
+    python benchmarks/latency_blend_schedule.py --from k.json f.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from hwnas.core.io import write_json
+from hwnas.latency.machine import describe_machine
+from hwnas.supernet.spaces import get_space
+
+try:
+    import latency_lofo as lofo
+    import latency_residual_select as select
+except ImportError:  # pragma: no cover
+    from benchmarks import latency_lofo as lofo
+    from benchmarks import latency_residual_select as select
+
+GRID = np.round(np.arange(0.0, 1.001, 0.05), 2)
+N0S = (10, 25, 50, 100, 200, 400, 800, 1600)
+
+
+def _rgbm(meta, prior_of: dict, seed: int):
+    """Own model ``rgbm``: trees on the prior's log misses (the package's ``gbm`` residual
+    learner's features and settings), returned as predicted latency."""
+    def fit_predict(space, archs, y, query, s):
+        meta.residual = "gbm"
+        Xa, Xq = meta._residual_features(list(archs)), meta._residual_features(list(query))
+        pa = np.array([prior_of[a] for a in archs])
+        pq = np.array([prior_of[a] for a in query])
+        model = meta._residual_model(Xa, np.log(y) - np.log(pa), seed)
+        meta.residual = "off"
+        return pq * np.exp(model.predict(Xq))
+    return fit_predict
+
+
+def score_row(space, meta, m_archs, m_y, q, yq, s, residuals, owns) -> dict:
+    sp = lofo.spearman
+    meta.residual = "off"
+    t0 = time.perf_counter()
+    meta.adapt(m_archs, m_y, seed=s)
+    out = {"seconds[off]": time.perf_counter() - t0}
+    p0 = meta.predict(q)
+    out["off"] = sp(p0, yq)
+    loo = meta.loo_predictions()
+    prior_of = {**dict(zip(m_archs, loo)), **dict(zip(q, p0))}
+    n = len(m_y)
+    parts = np.array_split(np.random.default_rng(s).permutation(n), 5)
+    for own in owns:
+        fn = _rgbm(meta, prior_of, s) if own == "rgbm" else lofo.gbm_baseline
+        oof = np.empty(n)
+        for part in parts:
+            fit = np.setdiff1d(np.arange(n), part)
+            oof[part] = fn(space, [m_archs[i] for i in fit], m_y[fit],
+                           [m_archs[i] for i in part], s)
+        la, lo, ly = np.log(loo), np.log(oof), np.log(m_y)
+        err = [float(np.mean(((1 - w) * la + w * lo - ly) ** 2)) for w in GRID]
+        rank = [sp((1 - w) * la + w * lo, ly) for w in GRID]
+        out[f"cv-err[{own}]"] = float(GRID[int(np.argmin(err))])
+        out[f"cv-rank[{own}]"] = float(GRID[int(np.argmax(rank))])
+        out[f"cv-rank-gain[{own}]"] = float(max(rank) - rank[0])
+        po = fn(space, m_archs, m_y, q, s)
+        out[f"grid[{own}]"] = [sp((1 - w) * np.log(p0) + w * np.log(po), yq) for w in GRID]
+    for res in residuals:
+        meta.residual = res
+        t0 = time.perf_counter()
+        meta.adapt(m_archs, m_y, seed=s)
+        out[f"seconds[{res}]"] = time.perf_counter() - t0
+        out[res] = sp(meta.predict(q), yq)
+        r = meta._post.get("residual")
+        out[f"weight[{res}]"] = r["weight"] if r else 0.0
+    meta.residual = "off"
+    return out
+
+
+def scored_devices(held: list[str], max_devices: int | None) -> list[str]:
+    """At most ``max_devices`` devices of each family in the fold (the first, sorted)."""
+    by = defaultdict(list)
+    for d in sorted(held):
+        by[lofo.family(d)].append(d)
+    return [d for f in sorted(by) for d in by[f][:max_devices]]
+
+
+def run(argv) -> int:
+    ap = select.fold_arguments(__doc__)
+    ap.add_argument("--kinds", nargs="+", default=None, choices=sorted(lofo.KINDS))
+    ap.add_argument("--residuals", nargs="*", default=[])
+    ap.add_argument("--own", nargs="*", default=["gbm", "rgbm"], choices=["gbm", "rgbm"])
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    space = get_space(args.space)
+    devices, _ = lofo.load_devices(space)
+    devices = {d: v for d, v in devices.items() if lofo.family(d) not in args.without}
+    folds = select.held_out_folds(devices, args.families, args.kinds)
+    rows = []
+    c0, t_start = time.process_time(), time.perf_counter()
+    for fold, held in folds.items():
+        meta = select.fold_predictor(space, devices, fold, held, args.cache)
+        for d in scored_devices(held, args.max_devices):
+            archs, y = devices[d]
+            for n, kind, s, rk, sc in select.measurement_draws(meta, archs, args.n, args.draws,
+                                                               args.score_subsample):
+                rows.append({"fold": fold, "family": lofo.family(d), "device": d, "n": n,
+                             "kind": kind, "draw": s,
+                             **score_row(space, meta, [archs[i] for i in rk], y[rk],
+                                         [archs[i] for i in sc], y[sc], s, args.residuals,
+                                         args.own)})
+        print(f"{fold}: {time.perf_counter() - t_start:.0f} s wall, "
+              f"{time.process_time() - c0:.0f} s CPU", file=sys.stderr, flush=True)
+    write_json(args.out, {"space": args.space, "rows": rows, "grid": GRID.tolist(),
+                          "cpu_s": time.process_time() - c0,
+                          "command": "OMP_NUM_THREADS=1 python benchmarks/"
+                                     "latency_blend_schedule.py " + " ".join(argv),
+                          "machine": describe_machine("no GPU used"),
+                          "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    return 0
+
+
+def candidates(row: dict) -> dict[str, float]:
+    """Every candidate's Spearman on one row (the schedules read off the grid)."""
+    out = {"off": row["off"]}
+    for k in row:
+        if k in ("kernel", "gbm", "mixed"):
+            out[f"residual:{k}"] = row[k]
+    for own in ("gbm", "rgbm"):
+        g = row.get(f"grid[{own}]")
+        if g is None:
+            continue
+        at = lambda w: g[int(np.argmin(np.abs(GRID - w)))]  # noqa: E731
+        out[f"own:{own}"] = g[-1]
+        out[f"cv-err:{own}"] = at(row[f"cv-err[{own}]"])
+        out[f"cv-rank:{own}"] = at(row[f"cv-rank[{own}]"])
+        for n0 in N0S:
+            sh = row["n"] / (row["n"] + n0)
+            out[f"sched:{own}:{n0}"] = at(sh)
+            out[f"cv-rank*sched:{own}:{n0}"] = at(row[f"cv-rank[{own}]"] * sh)
+        for w in (0.1, 0.2, 0.3):
+            out[f"fixed:{own}:{w}"] = at(w)
+    return out
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per (kind, n) and candidate: the mean over families (each the mean of its rows) and
+    the worst family's difference to ``off``."""
+    table = {}
+    for kind in ("ref", "random"):
+        for n in sorted({r["n"] for r in rows}):
+            sel = [r for r in rows if r["kind"] == kind and r["n"] == n]
+            if not sel:
+                continue
+            fam = defaultdict(lambda: defaultdict(list))
+            for r in sel:
+                for k, v in candidates(r).items():
+                    fam[r["family"]][k].append(v)
+            means = {f: {k: float(np.mean(v)) for k, v in c.items()} for f, c in fam.items()}
+            keys = next(iter(means.values())).keys()
+            table[f"{kind} {n}"] = {
+                k: (float(np.mean([m[k] for m in means.values()])),
+                    float(min(m[k] - m["off"] for m in means.values())),
+                    float(max(m[k] - m["off"] for m in means.values()))) for k in keys}
+    return table
+
+
+def report(paths: list[str]) -> int:
+    for p in paths:
+        data = json.loads(Path(p).read_text())
+        print(f"== {p}: {len(data['rows'])} rows, {data.get('cpu_s', 0):.0f} s CPU")
+        table = summarize(data["rows"])
+        cols = list(table)
+        print("candidate | " + " | ".join(cols))
+        for k in table[cols[0]]:
+            cells = []
+            for c in cols:
+                m, lo, hi = table[c].get(k, (np.nan, np.nan, np.nan))
+                cells.append(f"{m:.4f} ({lo:+.3f}/{hi:+.3f})")
+            print(f"{k} | " + " | ".join(cells))
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--from":
+        return report(argv[1:])
+    return run(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
