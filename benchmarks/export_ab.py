@@ -90,7 +90,10 @@ def run_once(tree: Path | None, run_dir: Path, out: Path, extra: list[str],
     patch = _PATCH.format(path=str(cpu_path), keep=int(keep_dw_float))
     cmd = [sys.executable, "-c", _RUNNER, str(HERE), str(tree or HERE), patch, *args]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # started in the output's folder: from the checkout, ``import hwnas`` would find its
+    # ``hwnas/`` folder on the current directory before the remapped editable finder
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            cwd=out.parent)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     text = proc.stdout.read().decode(errors="replace")

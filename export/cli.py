@@ -29,7 +29,7 @@ def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
 
         hwnas export RUN_DIR [--front DEVICE] [--select all|3,7|top:K|fastest:K] [--out DIR]
                              [--devices cpu-ov-2t,...] [--int4] [--int8-full-range] [--batch N]
-                             [--rounding nearest|adaround|adaround-all] [--max-images N]
+                             [--rounding adaround|nearest|adaround-all] [--max-images N]
                              [--refine N] [--no-requantize] [--with-preprocessing] [--workers N]
                              [--device cpu|cuda] [--quiet]
     """
@@ -52,13 +52,7 @@ def add_export_parser(sub: Any) -> Callable[[argparse.Namespace], int]:
                    help="int8 weights on the full [-127, 127] grid: exact only on CPUs with "
                         "VNNI/AMX or with onnxruntime's session.x64quantprecision=1 (default: "
                         "7 bits where AVX2/AVX-512 without VNNI could saturate, portable)")
-    p.add_argument("--rounding", choices=("nearest", "adaround", "adaround-all"),
-                   default="nearest",
-                   help="how PTQ rounds the weights: nearest (default, as the search scored "
-                        "the models), adaround (learned rounding of the files with weights "
-                        "below 8 bits: about 5x PTQ's CPU time; keeps W4A8 files within a point "
-                        "of FP32 where nearest loses 1-1.3; int8 files as with nearest) or "
-                        "adaround-all (int8 files too, for no measured gain)")
+    add_rounding_flag(p)
     p.add_argument("--batch", type=positive_int, default=1,
                    help="batch size each device's files are timed and chosen at, unless the "
                         "device's name gives one (cpu-ov-8t-b32) (default 1)")
@@ -87,6 +81,20 @@ def add_config_flag(p: argparse.ArgumentParser) -> None:
                    help="settings from a TOML file (keys: the flags' names; a table named after "
                         "the command adds to the top-level keys) or a run's config.json; flags "
                         "given here override it (--constraint adds to its constraints)")
+
+
+def add_rounding_flag(p: argparse.ArgumentParser) -> None:
+    """``--rounding`` (``hwnas export`` and ``hwnas run``): ``ExportSettings.rounding``."""
+    from hwnas.export.records import ExportSettings
+
+    p.add_argument("--rounding", choices=("nearest", "adaround", "adaround-all"),
+                   default=ExportSettings().rounding,
+                   help="how PTQ rounds the weights: adaround (default: learned rounding of the "
+                        "files with weights below 8 bits, 2-6 CPU s per layer, 5-12x PTQ's "
+                        "CPU time on CIFAR-10 models; keeps W4A8 files within a point of FP32 "
+                        "where nearest loses 0.8-1.3; int8 files "
+                        "rounded to nearest), nearest (every file as the search scored it) or "
+                        "adaround-all (int8 files learned too, for no measured gain)")
 
 
 def add_preprocessing_flag(p: argparse.ArgumentParser) -> None:

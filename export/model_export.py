@@ -198,7 +198,8 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
     own int8-vs-float layer choice and file, timed at its threads and batch.
     ``predicted_latency``: ``{device: ms}`` for every device of the search (metadata and
     manifest). ``test_labels``: labels of ``test_images``, to report each file's top-1
-    accuracy. ``input_spec``: mean, std and class names, written into every file
+    accuracy. ``ptq_config``: the QDQ files' PTQ (default: PTQ's defaults with
+    ``settings.rounding``). ``input_spec``: mean, std and class names, written into every file
     (:func:`hwnas.export.onnx_export.describe_model`) and needed for ``settings.uint8_input``.
     ``quantized``: the model already quantized under ``policy`` (e.g. by QAT; ``model`` is then
     its float twin, :func:`hwnas.export.qdq.dequantized_twin`): its QDQ files take its learned
@@ -218,7 +219,8 @@ def export_model(model: nn.Module, *, name: str, out_dir: str | Path, example: t
     result = ModelExport(name=name, arch=arch, accuracy=accuracy,
                          policy=None if policy is None else policy.to_dict())
     x = _Export(model, name, Path(out_dir), example, test_images, test_labels, policy,
-                calibration, ptq_config, quantized, _at_policy_batch(devices or (), s), s,
+                calibration, ptq_config or PTQConfig(rounding=s.rounding), quantized,
+                _at_policy_batch(devices or (), s), s,
                 progress, input_spec, model_version, shared, result,
                 ImagePasses(test_images, test_labels, device=s.device, cores=worker_cores()),
                 StageClock(before=checkpoint),

@@ -79,12 +79,14 @@ class ExportSettings:
     #: labelled test images written to ``verify/<name>.npz`` with each file's top-1 here, for
     #: ``latency/ondevice.py --verify`` on the target (0: none)
     verify_images: int = 256
-    #: how PTQ rounds the weights: "nearest"; "adaround", learned rounding
-    #: (:mod:`hwnas.quant.adaround`) of the files with weights below 8 bits, all their layers
-    #: (about 5x PTQ's CPU time; what W4A8 files need to stay within a point of FP32,
-    #: benchmarks/quant_peers.md), int8 files as with "nearest"; "adaround-all", of the int8
-    #: files too (each file's ``adaround_layers`` says which layers got it)
-    rounding: str = "nearest"
+    #: how PTQ rounds the weights (:data:`hwnas.quant.ptq.ROUNDINGS`): "adaround" (default),
+    #: learned rounding (:mod:`hwnas.quant.adaround`) of the files with weights below 8 bits,
+    #: all their layers (what W4A8 files need to stay within a point of FP32, for 2-6 CPU s
+    #: per layer, 5-12x PTQ's CPU time on CIFAR-10 models; benchmarks/quant_peers.md, Session
+    #: 37), int8 files rounded to nearest (there learning bought nothing); "nearest", every
+    #: file as the search scored it; "adaround-all", the int8 files learned too. Each file's
+    #: ``rounding`` and ``adaround_layers`` say what it got
+    rounding: str = "adaround"
 
     def validate(self) -> None:
         for name in ("opset", "policy_batch",
@@ -160,6 +162,9 @@ class FileReport:
     int16: dict[str, Any] = field(default_factory=dict)
     #: on which x86 CPUs the file computes what was verified: ``any`` or the ISA it needs
     isa_condition: str = ""
+    #: QDQ files: how their weights were rounded, "adaround" (some layers learned) or
+    #: "nearest" (``ExportSettings.rounding``; "" for an FP32 file)
+    rounding: str = ""
     #: QDQ files: the layers whose weights' rounding was learned (AdaRound,
     #: ``ExportSettings.rounding``); the others are rounded to nearest
     adaround_layers: list[str] = field(default_factory=list)

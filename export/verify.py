@@ -146,6 +146,7 @@ def verify_qdq(proto: onnx.ModelProto, build: QdqBuild, passes: ImagePasses, rep
         len(quantized), sum(n in integer for n in quantized), islands)
     report.integer_products = sum(n in integer for n in products)
     report.adaround_layers = [n for n in learned_layers(build.qmodel) if n in build.layers]
+    report.rounding = "adaround" if report.adaround_layers else "nearest"
     if parity.max_abs_diff != parity.max_abs_diff:  # NaN
         raise UserError("quantized parity failed: onnxruntime produced NaN")
     if parity.top1_agreement < s.min_agreement:

@@ -27,6 +27,7 @@ from hwnas.export.cli import (
     add_export_parser,
     add_finetune_parser,
     add_preprocessing_flag,
+    add_rounding_flag,
     run_export,
     run_finetune,
 )
@@ -276,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "bit-width search for several devices, Pareto fronts, ONNX export")
     _search_options(r, d)
     add_preprocessing_flag(r)
+    add_rounding_flag(r)
     s = sub.add_parser("search", help="multi-objective search of architectures and bit-widths "
                                       "(resumable; several workers on a server database)")
     _search_options(s, d)
@@ -438,7 +440,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     searched = time.perf_counter()
     exported = export_run(result.run_dir, progress=not args.quiet,
                           settings=ExportSettings(uint8_input=args.with_preprocessing,
-                                                  device=args.device, workers=0),
+                                                  rounding=args.rounding, device=args.device,
+                                                  workers=0),
                           dataset=result.data)  # the search's, not decoded again
     n, failed = len(exported.models), len(exported.failed)
     end = time.perf_counter()

@@ -44,8 +44,11 @@ def checkpoint(digits_checkpoint) -> Path:
 def tiny_run(tmp_path_factory) -> Path:
     """A full ``hwnas run`` (training, search, export) with a tiny budget, in a subprocess."""
     out = tmp_path_factory.mktemp("runs")
+    # nearest rounding: the export's default AdaRound would add about a minute of CPU time for
+    # the W4/W6 models here (benchmarks/quant_peers.md, Session 37); test_export_run.py and
+    # test_quant_adaround.py test the default
     proc = hwnas("run", "--epochs", "1", "--trials", "8", "--devices", DEVICES, "--out", str(out),
-                 "--name", "tiny", "--quiet")
+                 "--name", "tiny", "--rounding", "nearest", "--quiet")
     # exit 1 = some exported file failed its verification: allowed only for the quantized files
     # of this barely trained supernet (near-tied logits: int8 flips them, and which ones flip
     # differs between CPUs), and then reported one line per model naming the quantized file and

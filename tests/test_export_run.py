@@ -6,6 +6,7 @@ directory, and one-line errors."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import shutil
 import sys
@@ -96,6 +97,10 @@ def test_manifest_json_and_csv(exported) -> None:
         assert files[rel]["top1_agreement"] >= 0.99 and files[rel]["searched_agreement"] > 0
         assert files[rel]["test_accuracy"] is not None
     assert files[f"qdq-{FRONT}/trial_0007.onnx"]["float_islands"] == []
+    # the default rounding: the W4 policy's files learned (AdaRound), the FP32 file none
+    assert {files[rel]["rounding"] for rel in ("qdq/trial_0007.onnx",
+                                               f"qdq-{FRONT}/trial_0007.onnx")} == {"adaround"}
+    assert files["trial_0007.onnx"]["rounding"] == ""
     devices = {d["device"]: d for d in quantized["devices"]}
     cpu = devices[FRONT]
     assert cpu["measured"] and cpu["predicted_latency_ms"] == 0.1
@@ -260,7 +265,8 @@ def test_extra_openvino_device_gets_a_recommendation(run_dir: Path, tmp_path: Pa
     if not openvino_available():
         pytest.skip("OpenVINO is not installed (pip install -e '.[openvino]')")
     lines: list[str] = []
-    result = export_run(run_dir, front=FRONT, select="7", out=tmp_path / "out", settings=FAST,
+    result = export_run(run_dir, front=FRONT, select="7", out=tmp_path / "out",
+                        settings=dataclasses.replace(FAST, rounding="nearest"),  # spares AdaRound
                         progress=False, report=lines.append, devices=["cpu-ov-1t"])
     doc = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert doc["tuned_devices"] == {FRONT: 1, "cpu-ov-1t": 1}

@@ -1,7 +1,8 @@
 """AdaRound (hwnas.quant.adaround): learned rounding lowers each layer's output error against
 nearest rounding, stays on the quantizer's grid (the portable 7-bit one included), is
 deterministic for a seed, leaves int8 models to nearest rounding unless told "adaround-all"
-(the export's manifest names the layers that got it), and refuses bad settings in one line."""
+(the export's manifest names the layers that got it), is the export's default for files below
+8 bits, and refuses bad settings in one line."""
 
 from __future__ import annotations
 
@@ -173,6 +174,52 @@ def test_the_manifest_names_the_layers_that_got_adaround(qdq_net, qdq_images, tm
         assert report.adaround_layers == (layers if kind == "mixed" else [])
     assert got["mixed"] == {"mixed.onnx": "", "qdq/mixed.onnx": " ".join(layers)}
     assert got["int8"] == {"int8.onnx": "", "qdq/int8.onnx": ""}
+
+
+@pytest.mark.parametrize("rounding", [None, "nearest"])
+def test_the_export_default_learns_sub_8_bit_files_only(qdq_net, qdq_images, tmp_path,
+                                                         rounding):
+    """The export's default rounding (no ``ptq_config``: ``ExportSettings.rounding``, 200 steps
+    per layer) learns every layer of a file with weights below 8 bits and leaves an int8 file to
+    nearest rounding; each QDQ file's ``rounding`` says which it got. ``"nearest"`` stays an
+    explicit choice (``"adaround-all"``: the test above)."""
+    from hwnas.export.model_export import ExportSettings, export_model
+
+    calib, test = qdq_images
+    kw = {} if rounding is None else {"rounding": rounding}
+    settings = ExportSettings(warmup=1, rounds=1, verify_images=0, **kw)
+    assert settings.rounding == (rounding or "adaround")
+    mixed = first_last_8bit(uniform(qdq_net, 4, 8))
+    layers = list(mixed.layer_names)
+    learned = {"mixed": {None: layers, "nearest": []}, "int8": {None: [], "nearest": []}}
+    for kind, policy in (("mixed", mixed), ("int8", uniform(qdq_net, 8, 8))):
+        result = export_model(qdq_net, name=kind, out_dir=tmp_path / kind, example=test[:1],
+                              test_images=test, policy=policy, calibration=[calib],
+                              settings=settings)
+        assert result.status == "ok", result.errors
+        files = {f.path: f for f in result.files}
+        qdq = files[f"qdq/{kind}.onnx"]
+        assert qdq.adaround_layers == learned[kind][rounding]
+        assert qdq.rounding == ("adaround" if learned[kind][rounding] else "nearest")
+        assert files[f"{kind}.onnx"].rounding == ""  # FP32
+
+
+def test_rounding_flags_of_export_and_run() -> None:
+    """``--rounding`` of ``hwnas export`` and ``hwnas run``: default the export settings'
+    ("adaround"), every rounding a choice."""
+    from hwnas.cli import _subparsers, build_parser
+    from hwnas.export.model_export import ExportSettings
+
+    parser = build_parser()
+    assert ExportSettings().rounding == "adaround"
+    assert parser.parse_args(["export", "RUN"]).rounding == "adaround"
+    assert parser.parse_args(["run"]).rounding == "adaround"
+    for command in ("export", "run"):
+        flag = next(a for a in _subparsers(parser)[command]._actions if a.dest == "rounding")
+        assert tuple(flag.choices) == ROUNDINGS
+    assert parser.parse_args(["run", "--rounding", "nearest"]).rounding == "nearest"
+    assert parser.parse_args(["export", "RUN", "--rounding", "adaround-all"]).rounding \
+        == "adaround-all"
 
 
 def test_every_rounding_is_a_cli_choice() -> None:
