@@ -82,22 +82,29 @@ def test_below_residual_min_the_prior_alone(nb201, additive_meta) -> None:
     np.testing.assert_array_equal(additive_meta.predict(archs), off.predict(archs))
 
 
+def _against_off(nb201, meta, pair_weight: float) -> tuple[float, dict[str, float]]:
+    """Adapted on 80 measurements of a device whose costs pair (``pair_weight``; 0: additive),
+    ``meta`` and the same predictor without its residual learner rank the other architectures:
+    ``(meta's residual weight, {"new": its Spearman, "off": the other's})``."""
+    space, archs = nb201
+    rows = np.random.default_rng(1).choice(len(archs), 80, replace=False)
+    rest = np.setdiff1d(np.arange(len(archs)), rows)
+    off = MetaPredictor._from_state(space, *_state_off(meta))
+    y = pair_devices(space, archs, 1, seed=9, pair_weight=pair_weight)["dev0"]
+    s = {}
+    for name, pred in (("new", meta), ("off", off)):
+        pred.adapt([archs[i] for i in rows], y[rows], seed=0)
+        s[name] = rho(pred.predict([archs[i] for i in rest]), y[rest])
+    return meta.explain()["residual"]["weight"], s
+
+
 @pytest.mark.parametrize("learner", ["kernel", "mixed"])
 def test_residual_learns_what_the_prior_cannot(nb201, additive_meta, learner) -> None:
     """A device whose costs pair, under an additive prior: with 80 measurements the residual
     learner takes weight and ranks better; on an additive device it stays (nearly) out."""
-    space, archs = nb201
     additive_meta.residual = learner
-    rows = np.random.default_rng(1).choice(len(archs), 80, replace=False)
-    rest = np.setdiff1d(np.arange(len(archs)), rows)
-    off = MetaPredictor._from_state(space, *_state_off(additive_meta))
     for weight, must_gain in ((3.0, True), (0.0, False)):
-        y = pair_devices(space, archs, 1, seed=9, pair_weight=weight)["dev0"]
-        s = {}
-        for name, pred in (("new", additive_meta), ("off", off)):
-            pred.adapt([archs[i] for i in rows], y[rows], seed=0)
-            s[name] = rho(pred.predict([archs[i] for i in rest]), y[rest])
-        w = additive_meta.explain()["residual"]["weight"]
+        w, s = _against_off(nb201, additive_meta, weight)
         if must_gain:
             assert w > 0.15 and s["new"] > s["off"] + 0.02, (w, s)
         else:
@@ -138,21 +145,13 @@ def test_blend_weight_grows_with_n_and_follows_the_device(nb201, additive_meta) 
     assert blend_weight(ly, own[::-1], ly) == 0.0  # the own model is no help
     space, archs = nb201
     additive_meta.residual = "blend"
-    rows = np.random.default_rng(1).choice(len(archs), 80, replace=False)
-    rest = np.setdiff1d(np.arange(len(archs)), rows)
-    off = MetaPredictor._from_state(space, *_state_off(additive_meta))
     for weight, must_gain in ((3.0, True), (0.0, False)):
-        y = pair_devices(space, archs, 1, seed=9, pair_weight=weight)["dev0"]
-        s = {}
-        for name, pred in (("new", additive_meta), ("off", off)):
-            pred.adapt([archs[i] for i in rows], y[rows], seed=0)
-            s[name] = rho(pred.predict([archs[i] for i in rest]), y[rest])
-        w = additive_meta.explain()["residual"]["weight"]
+        w, s = _against_off(nb201, additive_meta, weight)
         assert w <= 80 / (80 + BLEND_N0) + 0.025
         if must_gain:
             assert w > 0.1 and s["new"] > s["off"] + 0.01, (w, s)
         else:
             assert s["new"] > s["off"] - 0.005, (w, s)
-    mean, std = additive_meta.predict_with_std([archs[i] for i in rest[:5]])
-    np.testing.assert_allclose(mean, additive_meta.predict([archs[i] for i in rest[:5]]))
+    mean, std = additive_meta.predict_with_std(archs[:5])
+    np.testing.assert_allclose(mean, additive_meta.predict(archs[:5]))
     additive_meta.residual = "kernel"

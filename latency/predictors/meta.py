@@ -43,10 +43,9 @@ from hwnas.latency.predictors.residual import (
     RESIDUAL_FOLDS_AGAINST,
     RESIDUAL_MIN,
     RESIDUALS,
-    HammingGP,
-    MixedGP,
-    blend_weight,
     cell_features,
+    fit_blend,
+    residual_model,
 )
 
 from hwnas.core.errors import UserError
@@ -501,7 +500,7 @@ class MetaPredictor(DesignedPredictor):
         parts = np.array_split(np.random.default_rng(seed).permutation(n),
                                min(RESIDUAL_FOLDS, n))
         if self.residual == "blend":
-            return self._fit_blend(X, np.log(latency_ms), r, parts, seed)
+            return fit_blend(X, np.log(latency_ms), r, parts, seed)
         cv = np.empty(n)
         for part in parts:
             fit = np.setdiff1d(np.arange(n), part)
@@ -516,30 +515,6 @@ class MetaPredictor(DesignedPredictor):
         return {"weight": weight, "model": model, "cv_gain": cv_gain,
                 "rms": float(np.sqrt(np.mean(r ** 2)))}
 
-    def _fit_blend(self, X: np.ndarray, ly: np.ndarray, r: np.ndarray, parts: list,
-                   seed: int) -> dict[str, Any]:
-        """``blend``: the device's own trees on log latency, their weight in a log-space blend
-        with the prior set by :func:`blend_weight` from the prior's leave-one-out and the
-        trees' out-of-fold predictions of the measurements."""
-        oof = np.empty(len(ly))
-        for part in parts:
-            fit = np.setdiff1d(np.arange(len(ly)), part)
-            oof[part] = self._own_model(X[fit], ly[fit], seed).predict(X[part])
-        weight = blend_weight(ly - r, oof, ly)
-        model = self._own_model(X, ly, seed) if weight > 0 else None
-        return {"weight": weight, "model": model, "blend": True,
-                "cv_gain": float(np.mean(r ** 2) - np.mean(
-                    ((1 - weight) * (ly - r) + weight * oof - ly) ** 2)),
-                "rms": float(np.sqrt(np.mean(r ** 2)))}
-
-    @staticmethod
-    def _own_model(X: np.ndarray, ly: np.ndarray, seed: int) -> Any:
-        from sklearn.ensemble import HistGradientBoostingRegressor
-
-        return HistGradientBoostingRegressor(
-            max_iter=200, learning_rate=0.1, max_leaf_nodes=15,
-            min_samples_leaf=max(2, min(20, len(ly) // 10)), random_state=seed).fit(X, ly)
-
     def _residual_features(self, keys: list[str]) -> np.ndarray:
         X = features(self.space, keys, "encode")
         if self.residual == "kernel":
@@ -551,15 +526,7 @@ class MetaPredictor(DesignedPredictor):
         return np.hstack([X, L, flops])
 
     def _residual_model(self, X: np.ndarray, r: np.ndarray, seed: int) -> Any:
-        if self.residual == "kernel":
-            return HammingGP(encoding_positions(self.space)).fit(X, r)
-        if self.residual == "mixed":
-            return MixedGP(self.space.feature_dim, len(encoding_positions(self.space))).fit(X, r)
-        from sklearn.ensemble import HistGradientBoostingRegressor
-
-        return HistGradientBoostingRegressor(
-            max_iter=100, learning_rate=0.1, max_leaf_nodes=8,
-            min_samples_leaf=max(3, min(20, len(r) // 8)), random_state=seed).fit(X, r)
+        return residual_model(self.residual, self.space, X, r, seed)
 
     def _residual_factor(self, keys: list[str], prior: np.ndarray) -> np.ndarray:
         """exp(weight x the residual learner's prediction): what multiplies the prior's

@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from hwnas.latency.predictors.features import features
+from hwnas.latency.predictors.features import encoding_positions, features
 
 __all__ = ["BLEND_GRID", "BLEND_N0", "DEFAULT_RESIDUAL", "RESIDUALS", "RESIDUAL_FOLDS",
-           "RESIDUAL_FOLDS_AGAINST", "RESIDUAL_MIN", "blend_weight", "HammingGP", "MixedGP", "cell_features", "evidence"]
+           "RESIDUAL_FOLDS_AGAINST", "RESIDUAL_MIN", "blend_weight", "HammingGP", "MixedGP", "cell_features", "evidence",
+           "fit_blend", "own_trees", "residual_model"]
 
 #: residual learners (``MetaPredictor(residual=)``): ``kernel``, a GP on the architectures'
 #: encodings whose covariance falls with the number of positions that differ (every order of
@@ -172,3 +173,43 @@ class MixedGP(HammingGP):
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         return self.mean + self._kernel(self._parts(X, self.X), self.ell, self.on) @ self.alpha
+
+
+def residual_model(kind: str, space: Any, X: np.ndarray, r: np.ndarray, seed: int) -> Any:
+    """The residual learner ``kind`` (``kernel``, ``mixed`` or ``gbm``) fitted to the log misses
+    ``r`` of the architectures' residual features ``X``."""
+    if kind == "kernel":
+        return HammingGP(encoding_positions(space)).fit(X, r)
+    if kind == "mixed":
+        return MixedGP(space.feature_dim, len(encoding_positions(space))).fit(X, r)
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    return HistGradientBoostingRegressor(
+        max_iter=100, learning_rate=0.1, max_leaf_nodes=8,
+        min_samples_leaf=max(3, min(20, len(r) // 8)), random_state=seed).fit(X, r)
+
+
+def own_trees(X: np.ndarray, ly: np.ndarray, seed: int) -> Any:
+    """``blend``'s own model of the device: gradient-boosted trees on log latency ``ly``."""
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    return HistGradientBoostingRegressor(
+        max_iter=200, learning_rate=0.1, max_leaf_nodes=15,
+        min_samples_leaf=max(2, min(20, len(ly) // 10)), random_state=seed).fit(X, ly)
+
+
+def fit_blend(X: np.ndarray, ly: np.ndarray, r: np.ndarray, parts: list,
+              seed: int) -> dict[str, Any]:
+    """``blend``: the device's own trees on log latency, their weight in a log-space blend
+    with the prior set by :func:`blend_weight` from the prior's leave-one-out (``ly - r``) and
+    the trees' out-of-fold predictions of the measurements (folds ``parts``)."""
+    oof = np.empty(len(ly))
+    for part in parts:
+        fit = np.setdiff1d(np.arange(len(ly)), part)
+        oof[part] = own_trees(X[fit], ly[fit], seed).predict(X[part])
+    weight = blend_weight(ly - r, oof, ly)
+    model = own_trees(X, ly, seed) if weight > 0 else None
+    return {"weight": weight, "model": model, "blend": True,
+            "cv_gain": float(np.mean(r ** 2) - np.mean(
+                ((1 - weight) * (ly - r) + weight * oof - ly) ** 2)),
+            "rms": float(np.sqrt(np.mean(r ** 2)))}
