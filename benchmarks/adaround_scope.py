@@ -11,7 +11,8 @@ file, min-max, bias correction, portable; ``w4a8``: first and last layer W8A8, M
 on the CIFAR-10 mbv3 subnet with BatchNorm recalibrated and 512 calibration images, once per
 arm (its ``PTQConfig.rounding``): ``adaround-all`` is what ``--rounding adaround`` did before
 (every quantized weight of every file learned), ``adaround`` what it does now (the same for a
-file with weights below 8 bits, nothing for an int8 one), ``nearest`` the reference.
+file with weights below 8 bits, nothing for an int8 one; below 6 bits since Session 37 of
+quant_peers.md, the same for these two recipes), ``nearest`` the reference.
 Each round runs every arm in its own fresh process, the order rotated round by round (also
 across ``--merge`` commands) so that a loaded machine slows them alike; user and system CPU
 seconds come from the child's ``getrusage`` around the PTQ and the writing of its QDQ graph

@@ -132,7 +132,7 @@ def cells(spaces: list[str], base: str = "mbv3") -> list[dict]:
     out.append({"id": f"finetune/{base}/digits/quantized-trial", "kind": "finetune",
                 "needs": f"run/{base}/digits/bits"})
     out.append({"id": f"export/{base}/digits/cuda", "kind": "export", "needs": f"run/{base}/digits/bits"})
-    # learned rounding (AdaRound's Adam loops) on the GPU: the files with weights below 8 bits
+    # learned rounding (AdaRound's Adam loops) on the GPU: the files with weights below 6 bits
     out.append({"id": f"export/{base}/digits/cuda-adaround", "kind": "export",
                 "needs": f"run/{base}/digits/bits", "args": ["--rounding", "adaround"]})
     out.append({"id": "export/vit/cifar10/cuda", "kind": "export", "needs": "run/vit/cifar10/bits"})

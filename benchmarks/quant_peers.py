@@ -17,6 +17,9 @@ training split) are quantized by:
 * ``hwnas_w4a8_adaround``: the same with AdaRound (``PTQConfig(rounding="adaround")``,
   :mod:`hwnas.quant.adaround`: learned rounding, layer by layer on the calibration images,
   ``--adaround-iterations`` Adam steps per layer, every layer, the W8 ones too), portable;
+* ``hwnas_w6a8`` / ``hwnas_w6a8_adaround``: the same two with 6-bit weights (first and last
+  layer W8A8), AdaRound forced (``"adaround-all"``: ``"adaround"`` leaves a file without
+  weights below 6 bits to nearest rounding, benchmarks/quant_peers.md, Session 37);
 * ``ort_minmax`` / ``ort_entropy`` / ``ort_percentile`` / ``ort_minmax_reduce_range``:
   onnxruntime ``quantize_static`` (QDQ, per channel, uint8 activations, int8 weights);
 * ``nncf_int8``: ``nncf.quantize`` with its defaults (ONNX backend), when NNCF is installed;
@@ -80,8 +83,8 @@ from hwnas.core.errors import UserError
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 METHODS = ("fp32", "hwnas_int8", "hwnas_int8_adaround", "hwnas_int8_full", "hwnas_int8_first7",
-           "hwnas_w4a8", "hwnas_w4a8_adaround", "ort_minmax", "ort_entropy", "ort_percentile",
-           "ort_minmax_reduce_range", "nncf_int8", "nncf_w4a8", "aimet_adaround_w4a8")
+           "hwnas_w4a8", "hwnas_w4a8_adaround", "hwnas_w6a8", "hwnas_w6a8_adaround", "ort_minmax",
+           "ort_entropy", "ort_percentile", "ort_minmax_reduce_range", "nncf_int8", "nncf_w4a8", "aimet_adaround_w4a8")
 RUNTIMES = ("ort", "ort_u8u8", "ov", "ov_no_vnni")
 
 
@@ -118,11 +121,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # -- the quantizers ---------------------------------------------------------------------------------
 
 def rounding_of(method: str) -> str:
-    """The ``PTQConfig.rounding`` of an hwnas method: AdaRound of an int8 file has to be
-    forced (``"adaround"`` learns only files with weights below 8 bits)."""
+    """The ``PTQConfig.rounding`` of an hwnas method: AdaRound of an int8 or W6A8 file has to
+    be forced (``"adaround"`` learns only files with weights below 6 bits)."""
     if "adaround" not in method:
         return "nearest"
-    return "adaround-all" if method.startswith("hwnas_int8") else "adaround"
+    return "adaround-all" if method.startswith(("hwnas_int8", "hwnas_w6a8")) else "adaround"
 
 
 def hwnas_build(net: torch.nn.Module, calib: torch.Tensor, method: str,
@@ -135,8 +138,8 @@ def hwnas_build(net: torch.nn.Module, calib: torch.Tensor, method: str,
 
     n = len(calib)
     rounding = rounding or rounding_of(method)
-    if method.startswith("hwnas_w4a8"):
-        policy = first_last_8bit(uniform(net, 4, 8))
+    if method.startswith(("hwnas_w4a8", "hwnas_w6a8")):
+        policy = first_last_8bit(uniform(net, 4 if method.startswith("hwnas_w4") else 6, 8))
         config = PTQConfig(act_observer="mse", weight_observer="mse", max_images=n,
                            rounding=rounding, adaround_iterations=adaround_iterations)
         return build_qdq(net, policy, [calib], config=config)

@@ -80,11 +80,11 @@ class ExportSettings:
     #: ``latency/ondevice.py --verify`` on the target (0: none)
     verify_images: int = 256
     #: how PTQ rounds the weights (:data:`hwnas.quant.ptq.ROUNDINGS`): "adaround" (default),
-    #: learned rounding (:mod:`hwnas.quant.adaround`) of the files with weights below 8 bits,
+    #: learned rounding (:mod:`hwnas.quant.adaround`) of the files with weights below 6 bits,
     #: all their layers (what W4A8 files need to stay within a point of FP32, for 2-6 CPU s
     #: per layer, 5-12x PTQ's CPU time on CIFAR-10 models; benchmarks/quant_peers.md, Session
-    #: 37), int8 files rounded to nearest (there learning bought nothing); "nearest", every
-    #: file as the search scored it; "adaround-all", the int8 files learned too. Each file's
+    #: 37), W6/W8 files rounded to nearest (there learning bought under 0.1 point); "nearest",
+    #: every file as the search scored it; "adaround-all", all files learned. Each file's
     #: ``rounding`` and ``adaround_layers`` say what it got
     rounding: str = "adaround"
 

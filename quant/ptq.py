@@ -65,9 +65,10 @@ RESIDUAL_MODES = ("float", "shared")
 #: how PTQ rounds the weights (:attr:`PTQConfig.rounding`)
 ROUNDINGS = ("nearest", "adaround", "adaround-all")
 #: ``rounding="adaround"`` learns the rounding of a model with weights narrower than this (of
-#: all its layers) and leaves the others, int8 ones, to nearest rounding: at 8 bits it bought
-#: no accuracy for 7-9x the PTQ CPU time (benchmarks/adaround_steps.md, Sessions 33-34)
-ADAROUND_BELOW_BITS = 8
+#: all its layers) and leaves the others, W6/W8 ones, to nearest rounding: at 8 bits it bought
+#: no accuracy for 7-9x the PTQ CPU time (benchmarks/adaround_steps.md, Sessions 33-34), at
+#: W6A8 under 0.1 point for 5x (benchmarks/quant_peers.md, Session 37)
+ADAROUND_BELOW_BITS = 6
 
 
 @dataclass
@@ -102,9 +103,9 @@ class PTQConfig:
     #: True for every layer that needs it, a tuple of layer names for those only
     int16_safe: bool | tuple[str, ...] = False
     #: "nearest"; "adaround": learned rounding (:mod:`hwnas.quant.adaround`) of every
-    #: quantized layer of a model with weights below 8 bits (:data:`ADAROUND_BELOW_BITS`; its
-    #: 8-bit layers too: they make up for the narrower ones' error), none of an int8 one;
-    #: "adaround-all": of an int8 model too
+    #: quantized layer of a model with weights below 6 bits (:data:`ADAROUND_BELOW_BITS`; its
+    #: 6- and 8-bit layers too: they make up for the narrower ones' error), none of a W6/W8
+    #: one; "adaround-all": of any model
     rounding: str = "nearest"
     #: AdaRound's Adam steps per layer
     adaround_iterations: int = 200
@@ -523,10 +524,10 @@ def ptq(model: nn.Module, policy: QuantPolicy, batches: Iterable, config: PTQCon
        forward pass over all calibration images as one batch (see :func:`bias_correct`), so keep
        ``max_images`` at a few hundred for large inputs.
 
-    With ``rounding="adaround"`` and a policy with weights below 8 bits, the weights' rounding
+    With ``rounding="adaround"`` and a policy with weights below 6 bits, the weights' rounding
     is learned between steps 2 and 3 (:mod:`hwnas.quant.adaround`, layer by layer on the
     calibration images; what W4A8 needs); bias correction then compares with the float
-    network's original weights. An int8 policy is then exactly the nearest-rounding PTQ, at its
+    network's original weights. A W6/W8 policy is then exactly the nearest-rounding PTQ, at its
     cost; ``"adaround-all"`` learns its rounding too (:func:`learns_rounding`).
 
     Runs in :func:`hwnas.core.heap.retained_heap`: AdaRound's per-step tensors and the passes'

@@ -21,7 +21,7 @@ from hwnas.quant.adaround import (
     learned_layers,
 )
 from hwnas.quant.fake_quant import quant_layers
-from hwnas.quant.policy import first_last_8bit, uniform
+from hwnas.quant.policy import QuantPolicy, first_last_8bit, uniform
 from hwnas.quant.ptq import ROUNDINGS, PTQConfig, ptq
 from torch import nn
 
@@ -123,10 +123,11 @@ def _weights(qmodel: nn.Module) -> dict[str, torch.Tensor]:
     return {n: m.weight.detach().clone() for n, m in quant_layers(qmodel)}
 
 
-def test_adaround_leaves_int8_models_to_nearest_rounding_unless_forced():
+def test_adaround_leaves_int8_and_w6_models_to_nearest_rounding_unless_forced():
     """A mixed policy (W4A8, first and last layer W8A8) under ``"adaround"``: every layer
-    learned, the W8 ones too, as under ``"adaround-all"``. An int8 policy under ``"adaround"``
-    is the nearest-rounding PTQ, bit for bit; ``"adaround-all"`` learns it."""
+    learned, the W8 ones too, as under ``"adaround-all"``. An int8 policy, or a W6A8 one (no
+    weights below 6 bits), under ``"adaround"`` is the nearest-rounding PTQ, bit for bit;
+    ``"adaround-all"`` learns it."""
     model = _model()
     x = torch.randn(64, 3, 8, 8, generator=torch.Generator().manual_seed(1))
     mixed = first_last_8bit(uniform(model, 4, 8))
@@ -140,12 +141,13 @@ def test_adaround_leaves_int8_models_to_nearest_rounding_unless_forced():
     for name in ("0", "2", "4", "6"):
         assert torch.equal(w_some[name], w_every[name]), name
         assert not torch.equal(w_some[name], w_near[name]), name
+    for policy in (uniform(model, 8, 8), first_last_8bit(uniform(model, 6, 8))):
+        plain = ptq(model, policy, [x], PTQConfig()).state_dict()
+        asked = ptq(model, policy, [x], PTQConfig(rounding="adaround", adaround_iterations=20))
+        assert learned_layers(asked) == []
+        for key, value in asked.state_dict().items():
+            assert torch.equal(value, plain[key]), key
     int8 = uniform(model, 8, 8)
-    plain = ptq(model, int8, [x], PTQConfig()).state_dict()
-    asked = ptq(model, int8, [x], PTQConfig(rounding="adaround", adaround_iterations=20))
-    assert learned_layers(asked) == []
-    for key, value in asked.state_dict().items():
-        assert torch.equal(value, plain[key]), key
     forced = ptq(model, int8, [x], PTQConfig(rounding="adaround-all", adaround_iterations=20))
     assert learned_layers(forced) == ["0", "2", "4", "6"]
 
@@ -177,22 +179,26 @@ def test_the_manifest_names_the_layers_that_got_adaround(qdq_net, qdq_images, tm
 
 
 @pytest.mark.parametrize("rounding", [None, "nearest"])
-def test_the_export_default_learns_sub_8_bit_files_only(qdq_net, qdq_images, tmp_path,
+def test_the_export_default_learns_sub_6_bit_files_only(qdq_net, qdq_images, tmp_path,
                                                          rounding):
     """The export's default rounding (no ``ptq_config``: ``ExportSettings.rounding``, 200 steps
-    per layer) learns every layer of a file with weights below 8 bits and leaves an int8 file to
-    nearest rounding; each QDQ file's ``rounding`` says which it got. ``"nearest"`` stays an
-    explicit choice (``"adaround-all"``: the test above)."""
+    per layer) learns every layer of a file with a layer below 6 bits (one W4 layer among W6
+    and W8 ones) and leaves a W6/W8 file and an int8 file to nearest rounding; each QDQ file's
+    ``rounding`` says which it got. ``"nearest"`` stays an explicit choice (``"adaround-all"``:
+    the test above)."""
     from hwnas.export.model_export import ExportSettings, export_model
 
     calib, test = qdq_images
     kw = {} if rounding is None else {"rounding": rounding}
     settings = ExportSettings(warmup=1, rounds=1, verify_images=0, **kw)
     assert settings.rounding == (rounding or "adaround")
-    mixed = first_last_8bit(uniform(qdq_net, 4, 8))
-    layers = list(mixed.layer_names)
-    learned = {"mixed": {None: layers, "nearest": []}, "int8": {None: [], "nearest": []}}
-    for kind, policy in (("mixed", mixed), ("int8", uniform(qdq_net, 8, 8))):
+    w6 = first_last_8bit(uniform(qdq_net, 6, 8))
+    layers = list(w6.layer_names)
+    mixed = QuantPolicy({**w6.bits, layers[1]: (4, 8)})
+    assert sorted(b for b, _ in mixed.bits.values())[:2] == [4, 6]
+    learned = {"mixed": {None: layers, "nearest": []}, "w6": {None: [], "nearest": []},
+               "int8": {None: [], "nearest": []}}
+    for kind, policy in (("mixed", mixed), ("w6", w6), ("int8", uniform(qdq_net, 8, 8))):
         result = export_model(qdq_net, name=kind, out_dir=tmp_path / kind, example=test[:1],
                               test_images=test, policy=policy, calibration=[calib],
                               settings=settings)
