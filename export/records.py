@@ -83,7 +83,7 @@ class ExportSettings:
     #: learned rounding (:mod:`hwnas.quant.adaround`) of the files with weights below 6 bits,
     #: all their layers (what W4A8 files need to stay within a point of FP32, for 2-6 CPU s
     #: per layer, 5-12x PTQ's CPU time on CIFAR-10 models; benchmarks/quant_peers.md, Session
-    #: 37), W6/W8 files rounded to nearest (there learning bought under 0.1 point); "nearest",
+    #: 37), W6/W8 files rounded to nearest (there learning moved -0.11 to +0.17 point); "nearest",
     #: every file as the search scored it; "adaround-all", all files learned. Each file's
     #: ``rounding`` and ``adaround_layers`` say what it got
     rounding: str = "adaround"

@@ -67,7 +67,7 @@ ROUNDINGS = ("nearest", "adaround", "adaround-all")
 #: ``rounding="adaround"`` learns the rounding of a model with weights narrower than this (of
 #: all its layers) and leaves the others, W6/W8 ones, to nearest rounding: at 8 bits it bought
 #: no accuracy for 7-9x the PTQ CPU time (benchmarks/adaround_steps.md, Sessions 33-34), at
-#: W6A8 under 0.1 point for 5x (benchmarks/quant_peers.md, Session 37)
+#: W6A8 -0.11 to +0.17 point for 5-14x (benchmarks/quant_peers.md, Session 37)
 ADAROUND_BELOW_BITS = 6
 
 
