@@ -84,7 +84,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 METHODS = ("fp32", "hwnas_int8", "hwnas_int8_adaround", "hwnas_int8_full", "hwnas_int8_first7",
            "hwnas_w4a8", "hwnas_w4a8_adaround", "hwnas_w6a8", "hwnas_w6a8_adaround", "ort_minmax",
-           "ort_entropy", "ort_percentile", "ort_minmax_reduce_range", "nncf_int8", "nncf_w4a8", "aimet_adaround_w4a8")
+           "ort_entropy", "ort_percentile", "ort_minmax_reduce_range", "nncf_int8", "nncf_w4a8",
+           "aimet_adaround_w4a8")
 RUNTIMES = ("ort", "ort_u8u8", "ov", "ov_no_vnni")
 
 
