@@ -15,7 +15,7 @@
 #      run/fbnet/cifar10/bits (session 37: a parity failure of its largest model) with the
 #      seconds left; the supernet's checkpoint comes back at the end of every phase.
 #   3 (S 560): no carry: the searched-bits cells again (session 37 made AdaRound the export's
-#      default for files below 8 bits, a GPU path change), as many as fit.
+#      default for files with a layer below 6 bits, a GPU path change), as many as fit.
 #   4.. (S 560): no carry: collect cctsn150 (checkpoint parts each phase; eval.json when done).
 # Estimate (session 37's probe): the full-network phase at ~15,000 images/s (60 epochs, ~180 s),
 # the sandwich at ~3,000 (90 epochs, ~1,350 s): about 26 minutes of training, so phase 3 may
@@ -50,7 +50,7 @@ case $PHASE in
   CELL_TIMEOUT=$(( $(left) - 150 )) matrix 60 --rerun $C --only $C
   ;;
 3)
-  # session 37 made AdaRound the export's default for files below 8 bits: every searched-bits
+  # session 37 made AdaRound the export's default for files with 4-bit layers: every searched-bits
   # cell's export changed on the GPU path, so they run again (3 at a time, 300 s each)
   C="run/mbv3/cifar10/bits run/vit/cifar10/bits run/cct/cifar10/bits run/nb201/cifar10/bits run/mbv3/digits/bits run/fbnet/digits/bits export/mbv3"
   CELL_TIMEOUT=300 matrix $(( $(left) - 420 )) --rerun $C --only $C
