@@ -79,24 +79,20 @@ class DeployedReference:
             with torch.no_grad():
                 module.bias.copy_((torch.round(module.bias.double() / b_scale.double())
                                    * b_scale.double()).to(module.bias.dtype))
+        # the roundings of one module's output are hooks made from the points the code trace
+        # reads (rounding_points), so the two cannot drift apart; h-swish rounds twice inside
+        # its own computation and keeps a hook of its own
+        for p in self.rounding_points():
+            if p.kind in ("requant", "se_gate", "residual"):
+                self.handles.append(modules[p.module].register_forward_hook(
+                    lambda _m, inp, out, p=p: _fq8(p.value(inp, out), p.scale, p.zero_point)))
         rw = self.rewrite or ElementwiseRewrite(onnx.ModelProto())
-        for name, (scale, zp, relu) in self.requant_points().items():
-            def hook(_m, _inp, out, scale=scale, zp=zp, relu=relu):
-                x = torch.relu(out) if relu else out
-                return _fq8(x, scale, zp)
-            self.handles.append(modules[name].register_forward_hook(hook))
         for name, qparams in rw.hswish.items():
             def hswish(_m, inp, out, qparams=qparams):
                 x = inp[0].float()
                 y = x * _hsigmoid(x)
                 return (y if qparams is None else _fq8(y, *qparams)).to(out.dtype)
             self.handles.append(modules[name].register_forward_hook(hswish))
-        for name in rw.gates:
-            self.handles.append(modules[name].register_forward_hook(
-                lambda _m, _inp, out: _fq8(out, float(UNIT_SCALE), 0)))
-        for name, (scale, zp) in rw.residual.items():
-            self.handles.append(modules[name].register_forward_hook(
-                lambda _m, _inp, out, scale=scale, zp=zp: _fq8(out, scale, zp)))
         return self.qmodel
 
     def requant_points(self) -> dict[str, tuple[float, float, bool]]:
