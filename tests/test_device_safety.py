@@ -205,3 +205,20 @@ def test_augmentation_keeps_to_the_images_device(kind: str) -> None:
         out = augment_batch(images, kind, torch.Generator(device="cpu").manual_seed(0),
                             fill=[128] * channels)
     assert out.device.type == "cpu" and out.shape == images.shape and out.dtype == torch.uint8
+
+
+def test_the_export_reference_keeps_to_the_model_device() -> None:
+    """The export's deployed reference (int32 biases, and its rounding hooks: requantization,
+    squeeze-excitation gate, h-swish, residual adds made integer adds), which the parity check
+    runs on the export's device: its forward makes no tensor on the default device."""
+    from hwnas.export.qdq.build import build_qdq
+    from hwnas.quant.policy import uniform
+    from qdq_support import tiny_fbnet, tiny_mbv3_se
+
+    for model, calib, test in (tiny_mbv3_se(8), tiny_fbnet("k3_e3-k3_e3-k3_e3-k3_e3", (1, 3), 8)):
+        build = build_qdq(model, uniform(model, 8, 8), [calib])
+        ref = build.reference()
+        kinds = {p.kind for p in ref.rounding_points()}
+        with ref as deployed, foreign_default_device(), torch.no_grad():
+            deployed(test)
+        assert kinds & {"se_gate", "residual"}
