@@ -25,6 +25,15 @@ set -u
 PHASE=$1; S=${2:-560}
 . benchmarks/results/gpu_matrix/device_env.sh || exit 1
 case $PHASE in
+0)
+  # session 38 got a machine late (device time short): phase 1 without the probe, returning at
+  # once so that phase 2 (carrying .base and the shipped checkpoint) follows on the warm machine
+  CCT_SPEED="--compile" CCT_JOBS="cctsn150" RETURN_CKPT="" \
+    bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_start0.log 2>&1
+  grep -a "cctsn150" /tmp/res/cct_start0.log | head -2
+  sub25; nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv,noheader
+  exit 0
+  ;;
 1)
   CCT_SPEED="--compile" CCT_JOBS="cctsn150" RETURN_CKPT="" \
     bash benchmarks/results/supernet_cifar10/h200_cct.sh 0 > /tmp/res/cct_start1.log 2>&1
