@@ -105,7 +105,9 @@ cd - >/dev/null
 for name in $RETURN_CKPT; do
   [ -f "$ROOT/$name/checkpoint.pt" ] && [ ! -f "$ROOT/$name/eval.json" ] \
     && split -b 15M -d -a 2 "$ROOT/$name/checkpoint.pt" "$OUT/$name.ckpt.part"
-  [ -f "$ROOT/$name/model.pt" ] && cp "$ROOT/$name/model.pt" "$OUT/$name.model.pt"
+  for f in model supernet; do  # the finished network (standalone) or supernet (cctsn150)
+    [ -f "$ROOT/$name/$f.pt" ] && cp "$ROOT/$name/$f.pt" "$OUT/$name.$f.pt"
+  done
 done
 for spec in "${JOBS[@]}"; do
   name=${spec%%|*}

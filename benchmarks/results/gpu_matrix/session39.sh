@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The next session's device commands, one phase each, straight after one another (the machine
+# must stay warm: /tmp/keep, /tmp/site and the jobs live on it). Prepared in session 38.
+#   0 (S 60):  carry .whl data/c10, lean tree (lean_tree.sh): wheels installed, the full
+#      CIFAR-10 kept in /tmp/keep, the 25,000-image copy made; returns at once.
+#   1 (S 560): carry .base (base_tree.sh), the tree with supernet/checkpoints/*.pt: issue 43's
+#      25,000-image CIFAR-10 timing, the baseline (26a2a79) then the current code, back to back
+#      and ALONE on the GPU (session 38 ran them beside the CCT supernet job: current 215 s,
+#      baseline cut at 280 s).
+#   2 (S 560): carry data/cct_resume (the parts session 38 returned: cctsn150 at step 30,828 of
+#      52,650), lean tree: the CCT supernet resumes (h200_cct.sh restores it from the parts) and
+#      its parts come back at the end.
+#   3.. (S 560): no carry: collect cctsn150 (parts each phase; eval.json and supernet.pt when
+#      done). The .pt (15 MB of weights) is what ships as supernet/checkpoints/cct_cifar10.pt.
+#   bash benchmarks/results/gpu_matrix/session39.sh PHASE SECONDS
+set -u
+PHASE=$1; S=${2:-560}
+. benchmarks/results/gpu_matrix/device_env.sh || exit 1
+case $PHASE in
+0)
+  sub25; nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv,noheader
+  exit 0
+  ;;
+1)
+  [ -d /tmp/basesite/hwnas ] || python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/basesite ./.base
+  R=$(pwd)
+  for who in base current; do
+    pp=/tmp/site; [ $who = base ] && pp=/tmp/basesite:/tmp/site
+    lim=$(( $(left) - 20 )); [ $who = base ] && lim=$(( lim > 300 ? 300 : lim ))
+    ( s0=$(date +%s); cd /tmp && PYTHONPATH=$pp HWNAS_SHARED_DATA=/tmp/sub25 timeout $lim python3 -m hwnas run --space mbv3 \
+        --dataset cifar10 --trials 20 --device cuda --supernet "$R/supernet/checkpoints/mbv3_cifar10.pt" \
+        --out /tmp/t25$who --name r --overwrite; echo "rc $? process seconds $(( $(date +%s) - s0 ))" ) > /tmp/res/timing_$who.log 2>&1
+    sed -i 's/\r/\n/g' /tmp/res/timing_$who.log
+    echo "== $who"; grep -a "sensitivity seeds\|new by this process\|exported .* in\|wall time\|stages\|^rc" /tmp/res/timing_$who.log | cut -c1-250
+  done
+  ;;
+2)
+  CCT_SPEED="--compile" CCT_JOBS="cctsn150" RETURN_CKPT="cctsn150" \
+    bash benchmarks/results/supernet_cifar10/h200_cct.sh $(( ($(left) - 60) / 60 )) > /tmp/res/cct_phase2.log 2>&1
+  grep -a -A4 "cctsn150" /tmp/res/cct_phase2.log | cut -c1-300
+  ;;
+*)
+  CCT_SPEED="--compile" CCT_JOBS=none RETURN_CKPT="cctsn150" \
+    bash benchmarks/results/supernet_cifar10/h200_cct.sh $(( ($(left) - 60) / 60 )) > /tmp/res/cct_phase$PHASE.log 2>&1
+  grep -a -A4 "^== cctsn150" /tmp/res/cct_phase$PHASE.log | cut -c1-600
+  ;;
+esac
+tar -czf "$OUT/results.tgz" -C /tmp/res .
