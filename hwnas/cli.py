@@ -82,7 +82,8 @@ def _search_options(p: argparse.ArgumentParser, d) -> None:
 
     _common(p, d)
     p.add_argument("--supernet", help="supernet checkpoint to use (default: the run's own, the one "
-                                      "shipped for the space and dataset, or train one)")
+                                      "shipped for the space and dataset, or train one; vit "
+                                      "takes cct's shipped one first, the run then in space cct)")
     p.add_argument("--epochs", type=bounded_int(MAX_EPOCHS), default=d.epochs,
                    help=f"supernet training epochs when one is trained (default {d.epochs})")
     p.add_argument("--objectives", default=d.objectives,

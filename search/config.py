@@ -35,7 +35,8 @@ RESUME_KEYS = ("space", "dataset", "data_seed", "supernet", "epochs", "objective
                "calib_batches", "ptq_images", "eval_images", "accuracy", "predictor_samples", "augment")
 #: keys a run's config.json adds to the fields (what the run resolved); :meth:`SearchConfig.from_dict`
 #: reads past them, taking the devices the user asked for from ``reported_devices``
-RUN_ONLY_KEYS = ("format", "reported_devices", "dataset_name")
+#: (``requested_space``: the --space of a run that went on in a variant's space, ``space``)
+RUN_ONLY_KEYS = ("format", "reported_devices", "dataset_name", "requested_space")
 #: where the accuracy objective comes from
 ACCURACY_SOURCES = ("supernet", "predictor")
 

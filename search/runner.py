@@ -11,7 +11,7 @@ import importlib.util
 import json
 import multiprocessing
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ from hwnas.search.study import (
     sampler_seed,
     sqlite_url,
 )
-from hwnas.supernet.checkpoints import shipped_checkpoint
+from hwnas.supernet.checkpoints import shipped_candidates, shipped_checkpoint
 from hwnas.supernet.data.sources import load_dataset
 from hwnas.supernet.data.splits import DatasetSplits
 from hwnas.supernet.fingerprint import training_record
@@ -107,12 +107,25 @@ class SearchResult:
 
 # -- the run directory -----------------------------------------------------------------------
 
-def settings_of(cfg: SearchConfig, data: DatasetSplits, run_name: str) -> dict[str, Any]:
+def settings_of(cfg: SearchConfig, data: DatasetSplits, run_name: str,
+                requested: str | None = None) -> dict[str, Any]:
+    """config.json of a run: the settings and what the run resolved; ``requested_space``: the
+    ``--space`` asked for where the run went on in a variant's (:func:`_in_space`)."""
     s = cfg.to_dict()
     s.update(format=RUN_FORMAT, devices=cfg.all_devices, reported_devices=list(cfg.devices),
              dataset_name=data.name, study_name=cfg.study_name or run_name,
              supernet=str(Path(cfg.supernet).resolve()) if cfg.supernet else None)
+    if requested is not None and requested != cfg.space:
+        s["requested_space"] = requested
     return s
+
+
+def _in_space(cfg: SearchConfig, space: str, run_dir: Path) -> SearchConfig:
+    """``cfg`` going on in ``space``, a variant of ``cfg.space`` whose shipped supernet the run
+    uses (:func:`resolve_supernet`), named after its run directory: what the run records
+    (config.json, hence export, fine-tuning, :func:`hwnas.load_run`, a repeat of the run with
+    its config) names the space used, and still finds this directory."""
+    return replace(cfg, space=space, name=cfg.name or run_dir.name)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -132,10 +145,13 @@ def run_dir_of(cfg: SearchConfig, data: DatasetSplits) -> Path:
     return Path(cfg.out) / (cfg.name or f"{data.name}-{cfg.space}")
 
 
-def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits, overwrite: bool) -> tuple[Path, bool]:
-    """(run directory, continuing?) — raises before anything is written. Nothing is deleted
-    here: with ``overwrite`` an existing run is replaced only once the new one is staged, and
-    only when everything in it is what hwnas wrote (:mod:`hwnas.core.written`)."""
+def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits,
+                    overwrite: bool) -> tuple[Path, bool, SearchConfig]:
+    """(run directory, continuing?, the settings it goes on with) — raises before anything is
+    written. A run that went on in a variant's space when started with ``cfg.space`` (its
+    config.json's ``requested_space``) continues in that space. Nothing is deleted here: with
+    ``overwrite`` an existing run is replaced only once the new one is staged, and only when
+    everything in it is what hwnas wrote (:mod:`hwnas.core.written`)."""
     run_dir = run_dir_of(cfg, data)
     if run_dir.is_symlink():
         raise UserError(f"{run_dir} is a symbolic link; hwnas writes a run only into a real "
@@ -143,7 +159,7 @@ def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits, overwrite: bool) -> 
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"{run_dir} exists and is not a directory; choose another --name or --out")
     if not (run_dir.exists() and any(run_dir.iterdir())):
-        return run_dir, False
+        return run_dir, False, cfg
     if not is_run_dir(run_dir):
         names = foreign(run_dir) if read_record(run_dir) is None else [CONFIG_FILE]
         raise UserError(f"{run_dir} exists and is not an hwnas run directory (no record of a "
@@ -154,7 +170,7 @@ def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits, overwrite: bool) -> 
         check_replaceable(run_dir, overwrite=True, writers=[RunDir.WRITER],
                           what="an hwnas run directory", flag="run directory",
                           instead="choose another --name or --out")
-        return run_dir, False
+        return run_dir, False, cfg
     RunDir(run_dir).read_config(need_supernet=False)  # one line for a broken config.json
     check_writable(run_dir, "run directory")  # continuing writes there: fail before any work
     if RunDir(run_dir).supernet.is_symlink():
@@ -162,6 +178,8 @@ def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits, overwrite: bool) -> 
                         f"{RunDir(run_dir).supernet.resolve()}), not the supernet checkpoint the "
                         f"search wrote; restore the run's own file, or pass --overwrite")
     saved = json.loads((run_dir / CONFIG_FILE).read_text())
+    if saved.get("requested_space") == cfg.space and isinstance(saved.get("space"), str):
+        cfg = _in_space(cfg, saved["space"], run_dir)
     current = settings_of(cfg, data, run_dir.name)
     # a run written before a setting existed ran at its default (every image: eval_images 0)
     saved.setdefault("eval_images", 0)
@@ -170,7 +188,7 @@ def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits, overwrite: bool) -> 
         raise UserError(f"{run_dir} holds a run with other settings: " + ", ".join(
             f"{k} ({saved.get(k)!r} there, {current.get(k)!r} now)" for k in diff)
             + "; pass --overwrite to replace it or choose another --name")
-    return run_dir, True
+    return run_dir, True, cfg
 
 
 def _check_compatible(space: SearchSpace, data: DatasetSplits, source: str) -> None:
@@ -181,15 +199,38 @@ def _check_compatible(space: SearchSpace, data: DatasetSplits, source: str) -> N
                         f"{data.num_classes} classes")
 
 
-def _checkpoint_source(cfg: SearchConfig, data: DatasetSplits, run_dir: Path,
-                       continuing: bool = True) -> str | None:
-    """The checkpoint the search scores on: a continued run's own (never one that
-    ``--overwrite`` replaces: its settings, e.g. the epochs, may differ), ``--supernet``, the
-    shipped one; None: train one."""
+def _checkpoint(cfg: SearchConfig, data: DatasetSplits, run_dir: Path,
+                continuing: bool = True) -> tuple[str | Path | None, str]:
+    """(the checkpoint the search scores on, where it comes from): a continued run's own
+    (``"run"``; never one that ``--overwrite`` replaces: its settings, e.g. the epochs, may
+    differ), ``--supernet`` (``"supernet"``), the shipped one (``"shipped"``); None, ``"train"``:
+    train one."""
     own = RunDir(run_dir).supernet
     if continuing and own.is_file():
-        return str(own)
-    return cfg.supernet or shipped_checkpoint(cfg.space, data.classes)
+        return str(own), "run"
+    if cfg.supernet:
+        return cfg.supernet, "supernet"
+    shipped = shipped_checkpoint(cfg.space, data.classes)
+    return (shipped, "shipped") if shipped is not None else (None, "train")
+
+
+def _checkpoint_source(cfg: SearchConfig, data: DatasetSplits, run_dir: Path,
+                       continuing: bool = True) -> str | Path | None:
+    """The checkpoint the search scores on (:func:`_checkpoint`); None: train one."""
+    return _checkpoint(cfg, data, run_dir, continuing)[0]
+
+
+def _variant_note(cfg: SearchConfig, data: DatasetSplits, space: SearchSpace,
+                 source: str | Path) -> str:
+    """The line that says a search of ``cfg.space`` runs on the shipped supernet of a variant,
+    ``space``, and how to run on another."""
+    others = [str(p) for p in shipped_candidates(cfg.space, data.classes)
+              if p.is_file() and p != Path(source)]
+    instead = (f"--supernet {others[0]} for the shipped {cfg.space} one" if others
+               else f"--supernet FILE for another ('hwnas train --space {cfg.space}' trains one)")
+    return (f"--space {cfg.space} on {data.name}: using the shipped {space.name} supernet "
+            f"{Path(source).name} (space {space.name}, the {cfg.space} family's network for "
+            f"these classes; the run records space {space.name}); {instead}")
 
 
 def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, progress: bool,
@@ -197,11 +238,14 @@ def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, prog
                                 dict[str, Any] | None]:
     """(space, supernet, training result or None, the training configuration its checkpoint
     records or None, the record of its training images or None) — from the checkpoint that
-    applies, else trained for the dataset. Checks happen before training starts."""
-    source = _checkpoint_source(cfg, data, run_dir, continuing)
+    applies, else trained for the dataset. Checks happen before training starts. The space is
+    ``cfg.space``, or for the shipped checkpoint only a variant of it (its
+    :attr:`~hwnas.supernet.space.SearchSpace.family`; the caller goes on in it,
+    :func:`_in_space`)."""
+    source, origin = _checkpoint(cfg, data, run_dir, continuing)
     if source:
         space, supernet, payload = load_checkpoint(source, device=cfg.torch_device)
-        if space.name != cfg.space:
+        if space.name != cfg.space and not (origin == "shipped" and space.family == cfg.space):
             raise UserError(f"checkpoint {source} holds space {space.name!r}, not {cfg.space!r}")
         _check_compatible(space, data, f"checkpoint {source}")
         check_devices(space, cfg.all_devices)
@@ -485,6 +529,8 @@ def _supernet_and_data(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, co
             f"(the progress bar estimates the time; --supernet FILE uses a trained one)")
     space, supernet, train, train_config, record = resolve_supernet(
         cfg, data, run_dir, progress, continuing)
+    if space.name != cfg.space:
+        log(_variant_note(cfg, data, space, source))
     data = replay_splits(cfg, {"data_record": record, "train_config": train_config.to_dict()
                                if train_config else None}, str(source), data=data,
                          disjoint=train is None, scoring=True, log=log)
@@ -495,10 +541,14 @@ def _supernet_and_data(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, co
 
 
 def _write_run_files(cfg: SearchConfig, run_dir: Path, continuing: bool, sn: _RunSupernet,
-                     data: DatasetSplits) -> None:
+                     data: DatasetSplits, requested: str) -> None:
     """A new run directory appears whole (settings, supernet, training history) in one rename;
-    a continued one gets its settings and record of written files updated."""
-    settings = settings_of(cfg, data, run_dir.name)
+    a continued one gets its settings and record of written files updated (the ``--space``
+    its first command asked for kept)."""
+    if continuing:
+        requested = RunDir(run_dir).read_config(need_supernet=False).get("requested_space",
+                                                                          requested)
+    settings = settings_of(cfg, data, run_dir.name, requested)
     owned = RunDir(run_dir).written_files(cfg.all_devices)
     if continuing:
         record_files(run_dir, RunDir.WRITER, owned, dirs=RunDir.OWNED_ELSEWHERE)
@@ -592,7 +642,9 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
     1. Validate the settings, load the dataset, build the space and check every device has a
        latency model for it — all before anything is written.
     2. Obtain the supernet: the run directory's own checkpoint when continuing, ``--supernet``,
-       the checkpoint shipped for the space and dataset, or train one.
+       the checkpoint shipped for the space and dataset, or train one. A shipped checkpoint
+       may hold a variant of the space (``cct`` for ``vit``): the run then goes on, and
+       records itself, in the variant's space (:func:`_in_space`).
     3. Open (or continue) the Optuna study, enqueue the seeds once (largest and smallest
        architectures, float and int8, plus Hessian-sensitivity bit policies of the largest), and
        run trials until the budget has completed — with ``--workers N`` on a server database,
@@ -612,20 +664,25 @@ def run_search(cfg: SearchConfig, *, overwrite: bool = False, progress: bool = T
         check_storage(cfg.storage)
     loaded = data = load_dataset(cfg.dataset, seed=cfg.data_seed)
     lock = _lock_run_dir(run_dir_of(cfg, data))  # before the directory is checked; held to the end
-    written, sqlite_lock = False, None
+    written, sqlite_lock, requested = False, None, cfg.space
     try:
-        run_dir, continuing = prepare_run_dir(cfg, data, overwrite)
+        run_dir, continuing, cfg = prepare_run_dir(cfg, data, overwrite)
+        if cfg.space != requested:
+            log(f"--space {requested}: continuing {run_dir} in space {cfg.space}, the "
+                f"{requested} variant whose shipped supernet it runs on ({RunDir.CONFIG})")
         _check_continuable(cfg, run_dir, continuing)
         sqlite_lock = lock_sqlite(cfg.storage) if cfg.storage else None
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         sn, data = _supernet_and_data(cfg, data, run_dir, continuing, progress, log)
+        if sn.space.name != cfg.space:  # a variant's shipped supernet: the run is in its space
+            cfg = _in_space(cfg, sn.space.name, run_dir)
         timings["supernet_s"] = time.perf_counter() - t0
         if sn.train:
             log(f"trained supernet {sn.space.name} on {data.name}: {sn.train.epochs} epochs in "
                 f"{sn.train.seconds:.0f} s ({sn.train.images_per_s:.0f} images/s)")
         written = True
-        _write_run_files(cfg, run_dir, continuing, sn, data)
+        _write_run_files(cfg, run_dir, continuing, sn, data, requested)
         with retained_heap():  # seeds, trials and scoring reuse freed memory (hwnas.core.heap)
             study, evaluator, search_evaluator, n_seeds = _start_study(
                 cfg, sn, data, run_dir, continuing, progress, log)

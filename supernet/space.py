@@ -44,6 +44,13 @@ class SearchSpace(ABC, Generic[Arch]):
     #: Number of output classes.
     num_classes: int
 
+    @property
+    def family(self) -> str:
+        """The registered space this one is a variant of (default: its own name; ``cct``:
+        ``vit``): a search of the family may run on the variant's shipped supernet
+        (:mod:`hwnas.supernet.checkpoints`), recording the variant's name."""
+        return self.name
+
     # -- sampling ---------------------------------------------------------------------------
     @abstractmethod
     def sample(self, rng: np.random.Generator) -> Arch:

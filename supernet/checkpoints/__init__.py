@@ -4,6 +4,9 @@
 supernet instead of training one (how each was trained: ``benchmarks/supernet_cifar10.md``). A
 checkpoint is matched on the space name and the dataset's class names, so a CIFAR-10 loaded
 from the npz file, the pickle directory or an ImageFolder with the same classes all find it.
+A space names candidate files in order, the first present wins: ``vit`` takes ``cct``'s
+supernet (a variant of the vit family, :attr:`hwnas.supernet.space.SearchSpace.family`) once it
+is shipped, and its own until then; the run then goes on in space ``cct``.
 """
 
 from __future__ import annotations
@@ -18,19 +21,28 @@ _HERE = package_path(__name__)
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
                    "ship", "truck")
 
-#: (space name, class names) -> file in this directory
-SHIPPED: dict[tuple[str, tuple[str, ...]], str] = {
-    ("mbv3", CIFAR10_CLASSES): "mbv3_cifar10.pt",
-    ("vit", CIFAR10_CLASSES): "vit_cifar10.pt",
+#: (space name, class names) -> files in this directory, in order of preference: the first
+#: present is used. A file may hold a variant of the space (same family): ``cct_cifar10.pt``
+#: for ``vit``; the search refuses any other space's.
+SHIPPED: dict[tuple[str, tuple[str, ...]], tuple[str, ...]] = {
+    ("mbv3", CIFAR10_CLASSES): ("mbv3_cifar10.pt",),
+    ("vit", CIFAR10_CLASSES): ("cct_cifar10.pt", "vit_cifar10.pt"),
+    ("cct", CIFAR10_CLASSES): ("cct_cifar10.pt",),
 }
+
+
+def shipped_candidates(space: str, classes: list[str] | tuple[str, ...], *,
+                       directory: str | Path | None = None) -> list[Path]:
+    """The files that may hold a shipped checkpoint for ``space`` on a dataset with these
+    classes, preferred first, present or not (in ``directory``, default this package's
+    folder)."""
+    names = SHIPPED.get((space, tuple(c.lower() for c in classes)), ())
+    return [Path(directory or _HERE) / name for name in names]
 
 
 def shipped_checkpoint(space: str, classes: list[str] | tuple[str, ...], *,
                        directory: str | Path | None = None) -> Path | None:
-    """The shipped checkpoint for ``space`` trained on a dataset with these classes, if any
-    (looked for in ``directory``, default this package's folder)."""
-    name = SHIPPED.get((space, tuple(c.lower() for c in classes)))
-    path = Path(directory or _HERE) / name if name is not None else None
-    if path is None or not path.is_file():
-        return None
-    return path
+    """The shipped checkpoint for ``space`` trained on a dataset with these classes, if any:
+    the first of its candidates present (:data:`SHIPPED`)."""
+    return next((p for p in shipped_candidates(space, classes, directory=directory)
+                 if p.is_file()), None)

@@ -415,6 +415,9 @@ CCT_CONFIG = ViTConfig(embed_choices=(128, 192, 256), depth_choices=(2, 3, 4, 5,
 class CCTSpace(ViTSpace):
     """The ``cct`` space: :data:`CCT_CONFIG` and CCT's own CIFAR recipe."""
 
+    #: a variant of ``vit``: ``--space vit`` runs on a shipped cct supernet (SearchSpace.family)
+    family = "vit"
+
     def __init__(self, config: ViTConfig | None = None, name: str = "cct") -> None:
         super().__init__(config or CCT_CONFIG, name)
 
