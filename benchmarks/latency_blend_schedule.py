@@ -252,6 +252,44 @@ def report(paths: list[str]) -> int:
                 m, lo, hi, worst, fam = table[c].get(k, (np.nan, np.nan, np.nan, np.nan, "-"))
                 cells.append(f"{m:.4f} ({lo:+.3f}/{hi:+.3f}; {fam} {worst:.3f})")
             print(f"{k} | " + " | ".join(cells))
+        # the simple baselines: op counts, GP and GBM (the own model ``gbm`` at weight 1)
+        base = [k for k in table[cols[0]] if k.startswith("baseline:") or k == "own:gbm"]
+        best = [max((table[c][k][0], k) for k in base) for c in cols]
+        print("best baseline | " + " | ".join(f"{m:.4f} ({k})" for m, k in best))
+        ahead = [max((table[c][k][2], k) for k in base) for c in cols]
+        print("a baseline's most over the default on a family | " + " | ".join(
+            f"{d:+.3f} ({k})" for d, k in ahead))
+        if any("blend" in r for r in data["rows"]):
+            cells = []
+            for c in cols:
+                kind, n = c.split()
+                d = np.array([r["blend"] - r["off"] for r in data["rows"]
+                              if r["kind"] == kind and r["n"] == int(n)])
+                cells.append(f"{d.mean():+.4f} ± {d.std(ddof=1) / np.sqrt(len(d)):.4f} "
+                             f"({(d > 1e-4).sum()} / {(d < -1e-4).sum()} of {len(d)})")
+            print("blend - default, paired over rows (± s.e.; rows gaining / losing) | "
+                  + " | ".join(cells))
+        per_group(data["rows"], cols)
+
+
+def per_group(rows: list[dict], cols: list[str]) -> None:
+    """The default, ``blend`` and the best baseline per fold (a kind fold: the mean over its
+    families) and per family, at each column's kind and n."""
+    for key in ("fold", "family"):
+        groups = sorted({r[key] for r in rows})
+        if key == "fold" and len(groups) == len({r["family"] for r in rows}):
+            continue  # one family per fold: the family lines say it
+        for g in groups:
+            cells = []
+            for c in cols:
+                kind, n = c.split()
+                table = summarize([r for r in rows if r[key] == g and r["kind"] == kind
+                                   and r["n"] == int(n)])[c]
+                best = max((table[k][0], k) for k in table
+                           if k.startswith("baseline:") or k == "own:gbm")
+                cells.append(f"{table['off'][0]:.3f} / {table.get('residual:blend', [np.nan])[0]:.3f}"
+                             f" / {best[0]:.3f} {best[1].split(':')[-1]}")
+            print(f"{key} {g} (default / blend / best baseline) | " + " | ".join(cells))
     return 0
 
 
