@@ -58,6 +58,14 @@ def fold_predictor(space, devices, fam, held, cache: Path | None) -> MetaPredict
     return meta
 
 
+def baseline_predict(space, name: str, archs, y, query, seed: int) -> np.ndarray:
+    """One simple baseline fitted on the measurements ``(archs, y)``, predicted on ``query``:
+    ``opcount`` (the package's op-count NNLS) or ``latency_lofo``'s ``gbm`` / ``gp``."""
+    if name == "opcount":
+        return OpCountPredictor(space).adapt(archs, y, seed=seed).predict(query)
+    return getattr(lofo, f"{name}_baseline")(space, archs, y, query, seed)
+
+
 def fold_arguments(doc: str) -> argparse.ArgumentParser:
     """The command line both development scripts share: space, fold cache, measurements,
     draws, families, devices per family and the scoring subsample."""
@@ -166,11 +174,7 @@ def main(argv=None) -> int:
                     r = meta._post.get("residual")
                     out[f"weight[{label}]"] = r["weight"] if r else 0.0
                 for b in args.baselines:
-                    if b == "opcount":
-                        p = OpCountPredictor(space).adapt(m_archs, m_y, seed=s).predict(q)
-                    else:
-                        p = getattr(lofo, f"{b}_baseline")(space, m_archs, m_y, q, s)
-                    out[b] = lofo.spearman(p, yq)
+                    out[b] = lofo.spearman(baseline_predict(space, b, m_archs, m_y, q, s), yq)
                 rows.append({"family": fam, "device": d, "n": n, "kind": kind,
                              "draw": s, **out})
         fam_rows = [r for r in rows if r["family"] == fam]

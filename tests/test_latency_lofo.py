@@ -278,3 +278,22 @@ def test_cell_graph_terms_and_measurement_draws():
     _, _, _, rows, scored = draws[0]
     assert rows[:2].tolist() == [2, 0] and len(set(rows.tolist())) == 10
     assert not set(rows.tolist()) & set(scored.tolist())
+
+
+def test_blend_schedule_rows_gzip_and_every_candidate(tmp_path):
+    """latency_blend_schedule: rows written gzip-compressed (``.gz``) or plain read back alike;
+    every residual learner (``blend`` included) and baseline is a candidate; the summary's
+    worst family is named."""
+    from benchmarks import latency_blend_schedule as bs
+
+    rows = [{"family": f, "device": f + "1", "n": 20, "kind": "ref", "draw": 0, "off": v,
+             "blend": v + 0.01, "baseline[opcount]": v - 0.2}
+            for f, v in (("a", 0.9), ("b", 0.5))]
+    for name in ("r.json", "r.json.gz"):
+        bs.write_rows(tmp_path / name, {"rows": rows})
+        assert bs.read_rows(tmp_path / name) == {"rows": rows}
+    assert (tmp_path / "r.json.gz").read_bytes()[:2] == b"\x1f\x8b"
+    table = bs.summarize(rows)["ref 20"]
+    assert table["residual:blend"][:3] == pytest.approx((0.71, 0.01, 0.01))
+    assert table["baseline:opcount"][0] == pytest.approx(0.5)
+    assert table["off"][3:] == (0.5, "b")
