@@ -155,8 +155,10 @@ class QdqBuild:
         return self.builder.requant_layers() if requantize else []
 
     def reference(self, *, requantize: bool = True) -> DeployedReference:
-        """Context manager: the fake-quant model as the QDQ graph computes it (int32 biases,
-        and the requantization points when ``requantize``)."""
+        """Context manager: the fake-quant model as the QDQ graph of :meth:`proto` computes it
+        (int32 biases, and the requantization points when ``requantize``): the graph without
+        ``extra_float``, whose layers this model still quantizes (timing variants have no
+        reference; :func:`hwnas.export.verify.verify_qdq` refuses a file of another graph)."""
         return DeployedReference(self.qmodel, self.layers, self.builder.int32_bias_layers(),
                                  self.builder.requant_layers() if requantize else (),
                                  self.builder.rewrite() if requantize else None)
