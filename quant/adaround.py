@@ -121,20 +121,26 @@ def _input_rows(layer: nn.Module, x: torch.Tensor, pos: torch.Tensor) -> torch.T
     """The (input-quantized) patches behind output positions ``pos`` (see
     :func:`_output_rows`) of the layer on ``x``: ``(len(pos), groups, inputs per group)``, in
     :func:`torch.nn.functional.unfold`'s order (channel, kernel row, kernel column). Only the
-    drawn patches are copied, from a strided window view of the zero-padded input: unfolding
-    every image cost ``kernel_size**2`` times the input per layer (most of AdaRound's time on
-    the largest mbv3 subnet, whose 7x7 depthwise layers are wide; ``benchmarks/quant_peers.md``)."""
+    drawn patches are copied: unfolding every image cost ``kernel_size**2`` times the input per
+    layer (most of AdaRound's time on the largest mbv3 subnet, whose 7x7 depthwise layers are
+    wide; ``benchmarks/quant_peers.md``). Each patch's pixels are whole rows of the zero-padded
+    input laid out channels-last, taken by one ``index_select``: 2-3x faster than advanced
+    indexing of a strided window view, the same values (``benchmarks/adaround_steps.md``,
+    Session 38)."""
     if not isinstance(layer, QuantConv2d):
-        return x.reshape(-1, x.shape[-1])[pos].unsqueeze(1)
+        return x.reshape(-1, x.shape[-1]).index_select(0, pos).unsqueeze(1)
     (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (_pair(layer.kernel_size), _pair(layer.dilation),
                                               _pair(layer.padding), _pair(layer.stride))
-    xp = F.pad(x, (pw, pw, ph, ph))
-    # (images, C, out H, out W, window rows, window cols); a view, nothing copied yet
-    windows = xp.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)
-    per_image = windows.shape[2] * windows.shape[3]
+    channels, hp, wp = x.shape[1], x.shape[2] + 2 * ph, x.shape[3] + 2 * pw
+    out_w = (wp - dw * (kw - 1) - 1) // sw + 1
+    per_image = ((hp - dh * (kh - 1) - 1) // sh + 1) * out_w
+    pixels = F.pad(x, (pw, pw, ph, ph)).permute(0, 2, 3, 1).reshape(-1, channels)
     img, rest = pos // per_image, pos % per_image
-    patches = windows[img, :, rest // windows.shape[3], rest % windows.shape[3]]
-    patches = patches[..., ::dh, ::dw]  # (positions, C, kh, kw)
+    corner = img * (hp * wp) + (rest // out_w) * (sh * wp) + (rest % out_w) * sw
+    offsets = (torch.arange(kh, device=pos.device).view(-1, 1) * (dh * wp)
+               + torch.arange(kw, device=pos.device).view(1, -1) * dw).flatten()
+    patches = pixels.index_select(0, (corner.view(-1, 1) + offsets).flatten())
+    patches = patches.view(len(pos), kh * kw, channels).transpose(1, 2)  # (positions, C, kh*kw)
     return patches.reshape(len(pos), layer.groups, -1)
 
 
@@ -188,8 +194,8 @@ def adaround_layer(layer: nn.Module, rows: torch.Tensor, target: torch.Tensor,
                 yield_point()
             idx = torch.randint(len(rows), (batch,), generator=gen, device="cpu").to(rows.device)
             h = rectified_sigmoid(v)
-            out = _rows_forward(layer, rows[idx], weight_of(h))
-            loss = (out - target[idx]).pow(2).sum(1).mean()
+            out = _rows_forward(layer, rows.index_select(0, idx), weight_of(h))
+            loss = (out - target.index_select(0, idx)).pow(2).sum(1).mean()
             if step >= warm:
                 frac = (step - warm) / max(1, config.iterations - warm)
                 beta = config.beta_start + frac * (config.beta_end - config.beta_start)
