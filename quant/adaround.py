@@ -149,8 +149,8 @@ def _rows_forward(layer: nn.Module, rows: torch.Tensor, weight: torch.Tensor) ->
     ``weight``: ``(positions, out channels)``."""
     g = rows.shape[1]
     w = weight.reshape(g, weight.shape[0] // g, -1)
-    if w.shape[1] == 1:  # depthwise: one output per group
-        out = (rows * w[:, 0].unsqueeze(0)).sum(-1)
+    if w.shape[1] == 1:  # depthwise: one output per group, a product per group (strided view)
+        out = torch.bmm(rows.transpose(0, 1), w.transpose(1, 2)).squeeze(-1).t()
     else:
         out = torch.einsum("rgk,gok->rgo", rows, w).reshape(len(rows), -1)
     return out + layer.bias.detach()
@@ -162,7 +162,7 @@ def _rows_weight_grad(rows: torch.Tensor, err: torch.Tensor) -> torch.Tensor:
     channels)``, as ``(groups, out per group, inputs per group)``."""
     e = err.view(len(rows), rows.shape[1], -1)
     if e.shape[2] == 1:  # depthwise
-        return (e * rows).sum(0).unsqueeze(1)
+        return torch.bmm(e.permute(1, 2, 0), rows.transpose(0, 1))
     return torch.einsum("rgo,rgk->gok", e, rows)
 
 
