@@ -146,10 +146,12 @@ def _input_rows(layer: nn.Module, x: torch.Tensor, pos: torch.Tensor) -> torch.T
 
 def _rows_forward(layer: nn.Module, rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """The layer's output at the positions of ``rows`` (see :func:`_input_rows`) with
-    ``weight``: ``(positions, out channels)``."""
+    ``weight``: ``(positions, out channels)``. A depthwise layer's is one product per channel
+    on a strided view of ``rows``: 2-3x faster than a multiply and a sum through a ``(rows,
+    channels, K)`` temporary (``benchmarks/adaround_steps.md``, Session 38)."""
     g = rows.shape[1]
     w = weight.reshape(g, weight.shape[0] // g, -1)
-    if w.shape[1] == 1:  # depthwise: one output per group, a product per group (strided view)
+    if w.shape[1] == 1:  # depthwise: one output per group
         out = torch.bmm(rows.transpose(0, 1), w.transpose(1, 2)).squeeze(-1).t()
     else:
         out = torch.einsum("rgk,gok->rgo", rows, w).reshape(len(rows), -1)
@@ -214,8 +216,10 @@ def adaround_layer(layer: nn.Module, rows: torch.Tensor, target: torch.Tensor,
     ``s * integer`` values. Returns the output MSE (summed over channels, mean over positions)
     with nearest and with learned rounding (``{"mse_nearest", "mse_adaround"}``).
 
-    Each Adam step (fused Adam) takes the gradient on a batch of rows drawn with replacement,
-    computed by hand (:class:`_RoundingLoss`)."""
+    Each Adam step (fused Adam) takes the gradient on ``batch_size`` rows drawn with
+    replacement, computed by hand (:class:`_RoundingLoss`): the integers autograd's steps
+    learned, for 0.6x (smallest) to 0.8x (largest) their CPU time on the CIFAR-10 W4A8
+    subnets (``benchmarks/adaround_steps.md``, Session 38)."""
     config = config or AdaRoundConfig()
     config.validate()
     wq = layer.weight_quant
