@@ -90,7 +90,7 @@ def add_rounding_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounding", choices=("nearest", "adaround", "adaround-all"),
                    default=ExportSettings().rounding,
                    help="how PTQ rounds the weights: adaround (default: learned rounding of the "
-                        "files with weights below 6 bits, 2-6 CPU s per layer, 5-12x PTQ's "
+                        "files with weights below 6 bits, 1-5 CPU s per layer, 3-10x PTQ's "
                         "CPU time on CIFAR-10 models; keeps W4A8 files within a point of FP32 "
                         "where nearest loses 0.8-1.3; W6/W8 files "
                         "rounded to nearest), nearest (every file as the search scored it) or "

@@ -81,10 +81,11 @@ class ExportSettings:
     verify_images: int = 256
     #: how PTQ rounds the weights (:data:`hwnas.quant.ptq.ROUNDINGS`): "adaround" (default),
     #: learned rounding (:mod:`hwnas.quant.adaround`) of the files with weights below 6 bits,
-    #: all their layers (what W4A8 files need to stay within a point of FP32, for 2-6 CPU s
-    #: per layer, 5-12x PTQ's CPU time on CIFAR-10 models; benchmarks/quant_peers.md, Session
-    #: 37), W6/W8 files rounded to nearest (there learning moved -0.11 to +0.17 point); "nearest",
-    #: every file as the search scored it; "adaround-all", all files learned. Each file's
+    #: all their layers (what W4A8 files need to stay within a point of FP32, for 1-5 CPU s
+    #: per layer, 3-10x PTQ's CPU time on CIFAR-10 models; benchmarks/quant_peers.md, Session
+    #: 37, and benchmarks/adaround_steps.md, Session 38), W6/W8 files rounded to nearest
+    #: (there learning moved -0.11 to +0.17 point); "nearest", every file as the search scored
+    #: it; "adaround-all", all files learned. Each file's
     #: ``rounding`` and ``adaround_layers`` say what it got
     rounding: str = "adaround"
 

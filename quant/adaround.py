@@ -121,33 +121,91 @@ def _input_rows(layer: nn.Module, x: torch.Tensor, pos: torch.Tensor) -> torch.T
     """The (input-quantized) patches behind output positions ``pos`` (see
     :func:`_output_rows`) of the layer on ``x``: ``(len(pos), groups, inputs per group)``, in
     :func:`torch.nn.functional.unfold`'s order (channel, kernel row, kernel column). Only the
-    drawn patches are copied, from a strided window view of the zero-padded input: unfolding
-    every image cost ``kernel_size**2`` times the input per layer (most of AdaRound's time on
-    the largest mbv3 subnet, whose 7x7 depthwise layers are wide; ``benchmarks/quant_peers.md``)."""
+    drawn patches are copied: unfolding every image cost ``kernel_size**2`` times the input per
+    layer (most of AdaRound's time on the largest mbv3 subnet, whose 7x7 depthwise layers are
+    wide; ``benchmarks/quant_peers.md``). Each patch's pixels are whole rows of the zero-padded
+    input laid out channels-last, taken by one ``index_select``: 2-3x faster than advanced
+    indexing of a strided window view, the same values (``benchmarks/adaround_steps.md``,
+    Session 38)."""
     if not isinstance(layer, QuantConv2d):
-        return x.reshape(-1, x.shape[-1])[pos].unsqueeze(1)
+        return x.reshape(-1, x.shape[-1]).index_select(0, pos).unsqueeze(1)
     (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (_pair(layer.kernel_size), _pair(layer.dilation),
                                               _pair(layer.padding), _pair(layer.stride))
-    xp = F.pad(x, (pw, pw, ph, ph))
-    # (images, C, out H, out W, window rows, window cols); a view, nothing copied yet
-    windows = xp.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)
-    per_image = windows.shape[2] * windows.shape[3]
+    channels, hp, wp = x.shape[1], x.shape[2] + 2 * ph, x.shape[3] + 2 * pw
+    out_w = (wp - dw * (kw - 1) - 1) // sw + 1
+    per_image = ((hp - dh * (kh - 1) - 1) // sh + 1) * out_w
+    pixels = F.pad(x, (pw, pw, ph, ph)).permute(0, 2, 3, 1).reshape(-1, channels)
     img, rest = pos // per_image, pos % per_image
-    patches = windows[img, :, rest // windows.shape[3], rest % windows.shape[3]]
-    patches = patches[..., ::dh, ::dw]  # (positions, C, kh, kw)
+    corner = img * (hp * wp) + (rest // out_w) * (sh * wp) + (rest % out_w) * sw
+    offsets = (torch.arange(kh, device=pos.device).view(-1, 1) * (dh * wp)
+               + torch.arange(kw, device=pos.device).view(1, -1) * dw).flatten()
+    patches = pixels.index_select(0, (corner.view(-1, 1) + offsets).flatten())
+    patches = patches.view(len(pos), kh * kw, channels).transpose(1, 2)  # (positions, C, kh*kw)
     return patches.reshape(len(pos), layer.groups, -1)
 
 
 def _rows_forward(layer: nn.Module, rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """The layer's output at the positions of ``rows`` (see :func:`_input_rows`) with
-    ``weight``: ``(positions, out channels)``."""
+    ``weight``: ``(positions, out channels)``. A depthwise layer's is one product per channel
+    on a strided view of ``rows``: 2-3x faster than a multiply and a sum through a ``(rows,
+    channels, K)`` temporary (``benchmarks/adaround_steps.md``, Session 38)."""
     g = rows.shape[1]
     w = weight.reshape(g, weight.shape[0] // g, -1)
     if w.shape[1] == 1:  # depthwise: one output per group
-        out = (rows * w[:, 0].unsqueeze(0)).sum(-1)
+        out = torch.bmm(rows.transpose(0, 1), w.transpose(1, 2)).squeeze(-1).t()
     else:
         out = torch.einsum("rgk,gok->rgo", rows, w).reshape(len(rows), -1)
     return out + layer.bias.detach()
+
+
+def _rows_weight_grad(rows: torch.Tensor, err: torch.Tensor) -> torch.Tensor:
+    """d/dW of ``sum(err * (rows-forward of W))`` (see :func:`_rows_forward`): the weight
+    gradient of a loss whose gradient at the layer's output is ``err`` ``(positions, out
+    channels)``, as ``(groups, out per group, inputs per group)``."""
+    e = err.view(len(rows), rows.shape[1], -1)
+    if e.shape[2] == 1:  # depthwise
+        return torch.bmm(e.permute(1, 2, 0), rows.transpose(0, 1))
+    return torch.einsum("rgo,rgk->gok", e, rows)
+
+
+class _RoundingLoss:
+    """AdaRound's loss of one layer on a batch of its rows (:func:`_input_rows`) and its
+    gradient with respect to ``V``, by hand: the forward of :func:`_rows_forward`, one product
+    for the weight gradient, a dozen elementwise passes over the weights and no autograd graph
+    (autograd's graph through the rectified sigmoid, the clamps and the regulariser cost about
+    40 passes over the weights per step; ``benchmarks/adaround_steps.md``, Session 38)."""
+
+    def __init__(self, layer: nn.Module, reg: float, batch: int) -> None:
+        scale, _, self.qmin, self.qmax = layer.weight_quant.qparams()
+        w = layer.weight.detach()
+        self.layer, self.reg = layer, reg
+        self.s = scale.detach().view([-1] + [1] * (w.dim() - 1))
+        self.floor = torch.floor(w / self.s)
+        # d loss / d w~ is 2 / batch * (layer-output error)^T rows; times d w~ / d h = s, zero
+        # where the clamp to [qmin, qmax] holds w~ whatever h is (floor + h, h in [0, 1], stays
+        # on the grid iff qmin <= floor <= qmax - 1), times the rectifier's slope zeta - gamma
+        inside = (self.floor >= self.qmin) & (self.floor <= self.qmax - 1)
+        self.dh = (2.0 * (_ZETA - _GAMMA) / batch) * self.s * inside.to(w.dtype)
+
+    def weight(self, h: torch.Tensor) -> torch.Tensor:
+        """``s * clamp(floor(w / s) + h, qmin, qmax)``."""
+        return self.s * torch.clamp(self.floor + h, self.qmin, self.qmax)
+
+    def grad(self, v: torch.Tensor, rows: torch.Tensor, target: torch.Tensor,
+             beta: float | None) -> torch.Tensor:
+        """d/d``v`` of ``mean over rows of sum over channels (output - target)^2 + reg *
+        sum(1 - |2h - 1|^beta)``, ``rows`` a batch of the size given; the regulariser is left
+        out when ``beta`` is None (warm-up)."""
+        sig = torch.sigmoid(v)
+        h_raw = sig * (_ZETA - _GAMMA) + _GAMMA
+        h = h_raw.clamp(0.0, 1.0)
+        err = _rows_forward(self.layer, rows, self.weight(h)) - target
+        grad = _rows_weight_grad(rows, err).view_as(v).mul_(self.dh)
+        if beta is not None:  # d/dh: -2 reg beta u |u|^(beta - 2), u = 2h - 1
+            u = h * 2 - 1
+            grad.addcmul_(u, u.abs().pow_(beta - 2), value=-2 * (_ZETA - _GAMMA) * self.reg * beta)
+        # d h / d v / (zeta - gamma): sigmoid' inside the rectifier's clamp, 0 outside
+        return grad.mul_(sig.addcmul_(sig, sig, value=-1.0)).masked_fill_(h_raw.ne(h), 0.0)
 
 
 def adaround_layer(layer: nn.Module, rows: torch.Tensor, target: torch.Tensor,
@@ -156,50 +214,43 @@ def adaround_layer(layer: nn.Module, rows: torch.Tensor, target: torch.Tensor,
     input patches, input quantizer already applied: :func:`_input_rows`) matches ``target``
     ``(positions, out channels)``; the layer's weight is replaced by the rounded
     ``s * integer`` values. Returns the output MSE (summed over channels, mean over positions)
-    with nearest and with learned rounding (``{"mse_nearest", "mse_adaround"}``)."""
+    with nearest and with learned rounding (``{"mse_nearest", "mse_adaround"}``).
+
+    Each Adam step (fused Adam) takes the gradient on ``batch_size`` rows drawn with
+    replacement, computed by hand (:class:`_RoundingLoss`): the integers autograd's steps
+    learned, for 0.6x (smallest) to 0.8x (largest) their CPU time on the CIFAR-10 W4A8
+    subnets (``benchmarks/adaround_steps.md``, Session 38)."""
     config = config or AdaRoundConfig()
     config.validate()
     wq = layer.weight_quant
     if wq.is_float:
         raise UserError("AdaRound needs a layer with quantized weights")
-    scale, _, qmin, qmax = wq.qparams()
-    shape = [-1] + [1] * (layer.weight.dim() - 1)
-    s = scale.detach().view(shape)
-    w = layer.weight.detach()
-    w_floor = torch.floor(w / s)
-    rest = (w / s - w_floor).clamp(1e-4, 1 - 1e-4)
-    v = nn.Parameter(_inverse_rectified_sigmoid(rest))
-
-    def weight_of(h: torch.Tensor) -> torch.Tensor:
-        return s * torch.clamp(w_floor + h, qmin, qmax)
 
     def mse(weight: torch.Tensor) -> float:
-        with torch.no_grad():
-            return float((_rows_forward(layer, rows, weight) - target).pow(2).sum(1).mean())
+        return float((_rows_forward(layer, rows, weight) - target).pow(2).sum(1).mean())
 
-    before = mse(wq(w))
-    opt = torch.optim.Adam([v], lr=config.lr)
     gen = torch.Generator().manual_seed(config.seed)
     warm = int(config.warmup * config.iterations)
     batch = min(config.batch_size, len(rows))
-    with torch.enable_grad():  # also when called under no_grad (PTQ's calibrate)
+    with torch.no_grad():
+        w = layer.weight.detach()
+        before = mse(wq(w))
+        loss = _RoundingLoss(layer, config.reg, batch)
+        rest = (w / loss.s - loss.floor).clamp(1e-4, 1 - 1e-4)
+        v = nn.Parameter(_inverse_rectified_sigmoid(rest))
+        opt = torch.optim.Adam([v], lr=config.lr, fused=v.device.type in ("cpu", "cuda"))
         for step in range(config.iterations):
             if step % 64 == 0:
                 yield_point()
             idx = torch.randint(len(rows), (batch,), generator=gen, device="cpu").to(rows.device)
-            h = rectified_sigmoid(v)
-            out = _rows_forward(layer, rows[idx], weight_of(h))
-            loss = (out - target[idx]).pow(2).sum(1).mean()
+            beta = None
             if step >= warm:
                 frac = (step - warm) / max(1, config.iterations - warm)
                 beta = config.beta_start + frac * (config.beta_end - config.beta_start)
-                loss = loss + config.reg * (1 - (2 * h - 1).abs().pow(beta)).sum()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+            v.grad = loss.grad(v, rows.index_select(0, idx), target.index_select(0, idx), beta)
             opt.step()
-    with torch.no_grad():
-        layer.weight.copy_(weight_of((v >= 0).to(w.dtype)))  # h(v) >= 0.5 <=> v >= 0
-    return {"mse_nearest": before, "mse_adaround": mse(wq(layer.weight.detach()))}
+        layer.weight.copy_(loss.weight((v >= 0).to(w.dtype)))  # h(v) >= 0.5 <=> v >= 0
+        return {"mse_nearest": before, "mse_adaround": mse(wq(layer.weight.detach()))}
 
 
 def adaround_targets(qmodel: nn.Module) -> list[str]:
