@@ -30,8 +30,6 @@ from hwnas.search.bits import (
 from hwnas.search.config import RESUME_KEYS, SearchConfig
 from hwnas.search.evaluator import (
     TrialEvaluator,
-    check_cheap_bounds,
-    check_devices,
     metric_columns,
     policy_from_text,
     policy_text,
@@ -40,6 +38,7 @@ from hwnas.search.plots import plot_across_devices, plot_fronts, plot_hypervolum
 from hwnas.search.replay import eval_settings, load_run_supernet, replay_splits
 from hwnas.search.rundir import RUN_FORMAT, RunDir
 from hwnas.search.samplers import make_sampler, resolve_sampler, screening_problem
+from hwnas.search.supernet_source import checkpoint_source, variant_note, resolve_supernet
 from hwnas.search.study import (
     check_storage,
     completed,
@@ -53,21 +52,14 @@ from hwnas.search.study import (
     sampler_seed,
     sqlite_url,
 )
-from hwnas.supernet.checkpoints import shipped_candidates, shipped_checkpoint
 from hwnas.supernet.data.sources import load_dataset
 from hwnas.supernet.data.splits import DatasetSplits
-from hwnas.supernet.fingerprint import training_record
 from hwnas.supernet.space import SearchSpace
-from hwnas.supernet.spaces import get_space
 from hwnas.supernet.train import (
     TrainConfig,
     TrainResult,
     check_torch_device,
-    default_config,
-    load_checkpoint,
     save_checkpoint,
-    train_supernet,
-    with_training_augment,
 )
 
 from hwnas.core.errors import UserError
@@ -189,94 +181,6 @@ def prepare_run_dir(cfg: SearchConfig, data: DatasetSplits,
             f"{k} ({saved.get(k)!r} there, {current.get(k)!r} now)" for k in diff)
             + "; pass --overwrite to replace it or choose another --name")
     return run_dir, True, cfg
-
-
-def _check_compatible(space: SearchSpace, data: DatasetSplits, source: str) -> None:
-    want = (data.in_channels, *data.image_size)
-    if tuple(space.input_shape) != want or space.num_classes != data.num_classes:
-        raise UserError(f"{source} was built for input {tuple(space.input_shape)} with "
-                        f"{space.num_classes} classes; the dataset has input {want} with "
-                        f"{data.num_classes} classes")
-
-
-def _checkpoint(cfg: SearchConfig, data: DatasetSplits, run_dir: Path,
-                continuing: bool = True) -> tuple[str | Path | None, str]:
-    """(the checkpoint the search scores on, where it comes from): a continued run's own
-    (``"run"``; never one that ``--overwrite`` replaces: its settings, e.g. the epochs, may
-    differ), ``--supernet`` (``"supernet"``), the shipped one (``"shipped"``); None, ``"train"``:
-    train one."""
-    own = RunDir(run_dir).supernet
-    if continuing and own.is_file():
-        return str(own), "run"
-    if cfg.supernet:
-        return cfg.supernet, "supernet"
-    shipped = shipped_checkpoint(cfg.space, data.classes)
-    return (shipped, "shipped") if shipped is not None else (None, "train")
-
-
-def _checkpoint_source(cfg: SearchConfig, data: DatasetSplits, run_dir: Path,
-                       continuing: bool = True) -> str | Path | None:
-    """The checkpoint the search scores on (:func:`_checkpoint`); None: train one."""
-    return _checkpoint(cfg, data, run_dir, continuing)[0]
-
-
-def _variant_note(cfg: SearchConfig, data: DatasetSplits, space: SearchSpace,
-                 source: str | Path) -> str:
-    """The line that says a search of ``cfg.space`` runs on the shipped supernet of a variant,
-    ``space``, and how to run on another."""
-    others = [str(p) for p in shipped_candidates(cfg.space, data.classes)
-              if p.is_file() and p != Path(source)]
-    instead = (f"--supernet {others[0]} for the shipped {cfg.space} one" if others
-               else f"--supernet FILE for another ('hwnas train --space {cfg.space}' trains one)")
-    return (f"--space {cfg.space} on {data.name}: using the shipped {space.name} supernet "
-            f"{Path(source).name} (space {space.name}, the {cfg.space} family's network for "
-            f"these classes; the run records space {space.name}); {instead}")
-
-
-def resolve_supernet(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, progress: bool,
-                     continuing: bool = True) -> tuple[SearchSpace, Any, TrainResult | None, TrainConfig | None,
-                                dict[str, Any] | None]:
-    """(space, supernet, training result or None, the training configuration its checkpoint
-    records or None, the record of its training images or None) — from the checkpoint that
-    applies, else trained for the dataset. Checks happen before training starts. The space is
-    ``cfg.space``, or for the shipped checkpoint only a variant of it (its
-    :attr:`~hwnas.supernet.space.SearchSpace.family`; the caller goes on in it,
-    :func:`_in_space`)."""
-    source, origin = _checkpoint(cfg, data, run_dir, continuing)
-    if source:
-        space, supernet, payload = load_checkpoint(source, device=cfg.torch_device)
-        if space.name != cfg.space and not (origin == "shipped" and space.family == cfg.space):
-            raise UserError(f"checkpoint {source} holds space {space.name!r}, not {cfg.space!r}")
-        _check_compatible(space, data, f"checkpoint {source}")
-        check_devices(space, cfg.all_devices)
-        check_cheap_bounds(space, cfg.constraint_list, bits=cfg.bits, bit_choices=cfg.bit_choices)
-        recorded = payload.get("train_config")
-        if recorded is not None and not isinstance(recorded, dict):
-            raise UserError(f"checkpoint {source}: its train_config is a "
-                            f"{type(recorded).__name__}, not a training configuration")
-        try:
-            recorded_config = TrainConfig.from_dict(recorded) if recorded else None
-        except UserError as exc:
-            raise UserError(f"checkpoint {source}: its train_config: {exc}") from None
-        trained_with = with_training_augment(data, recorded).augment
-        if cfg.augment is not None and cfg.augment != trained_with:
-            raise UserError(f"--augment {cfg.augment}: checkpoint {source} was trained with "
-                            f"{trained_with}; pass --augment {trained_with}, leave it out, or "
-                            f"train a new supernet (--supernet, --name)")
-        return space, supernet, None, recorded_config, payload.get("data_record")
-    h, w = data.image_size
-    if h != w:
-        raise UserError(f"space {cfg.space} needs square images; the dataset's are {h}x{w}")
-    space = get_space(cfg.space, in_channels=data.in_channels, image_size=h,
-                      num_classes=data.num_classes)
-    check_devices(space, cfg.all_devices)
-    check_cheap_bounds(space, cfg.constraint_list, bits=cfg.bits, bit_choices=cfg.bit_choices)
-    torch.manual_seed(cfg.seed)  # the initial weights, as `hwnas train --seed` draws them
-    supernet = space.build_supernet()
-    config = default_config(space, cfg.epochs, seed=cfg.seed, augment=cfg.augment)
-    result = train_supernet(supernet, space, data, config, device=cfg.torch_device,
-                            progress=progress)
-    return space, supernet, result, config, training_record(data)
 
 
 def _lock_run_dir(run_dir: Path) -> LockFile:
@@ -521,7 +425,7 @@ def _supernet_and_data(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, co
     """The supernet (loaded, or trained first) and the splits replayed for it
     (:func:`hwnas.search.replay.replay_splits`: a checkpoint's training images stay out of
     validation; the scoring budget)."""
-    source = _checkpoint_source(cfg, data, run_dir, continuing)
+    source = checkpoint_source(cfg, data, run_dir, continuing)
     if source is None:
         log(f"no supernet checkpoint for space {cfg.space} on {data.name} (none shipped, no "
             f"--supernet): training one first, {cfg.epochs} epoch{'s' * (cfg.epochs != 1)} on "
@@ -530,7 +434,7 @@ def _supernet_and_data(cfg: SearchConfig, data: DatasetSplits, run_dir: Path, co
     space, supernet, train, train_config, record = resolve_supernet(
         cfg, data, run_dir, progress, continuing)
     if space.name != cfg.space:
-        log(_variant_note(cfg, data, space, source))
+        log(variant_note(cfg, data, space, source))
     data = replay_splits(cfg, {"data_record": record, "train_config": train_config.to_dict()
                                if train_config else None}, str(source), data=data,
                          disjoint=train is None, scoring=True, log=log)

@@ -170,14 +170,14 @@ def test_a_huge_reference_count_is_refused_at_once(workdir, capsys):
 def test_overwrite_does_not_score_on_the_replaced_runs_supernet(small_run):
     """Issue 50: --overwrite --epochs 3 on a 1-epoch run kept the old supernet untrained."""
     from hwnas.search.config import SearchConfig
-    from hwnas.search.runner import _checkpoint_source
+    from hwnas.search.supernet_source import checkpoint_source
     from hwnas.supernet.data.sources import load_dataset
 
     data = load_dataset("digits")
     cfg = SearchConfig(space="mbv3-tiny", epochs=3)
     own = str(small_run / "supernet.pt")
-    assert _checkpoint_source(cfg, data, small_run, continuing=True) == own
-    assert _checkpoint_source(cfg, data, small_run, continuing=False) != own
+    assert checkpoint_source(cfg, data, small_run, continuing=True) == own
+    assert checkpoint_source(cfg, data, small_run, continuing=False) != own
 
 
 # -- the run's files, read back -----------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from hwnas.search import runner
+from hwnas.search import supernet_source
 from hwnas.search.config import SearchConfig
 from hwnas.supernet.data.sources import load_dataset
 
@@ -16,13 +16,14 @@ def _initial_weights(monkeypatch, tmp_path, seed: int, state: int) -> dict[str, 
     def no_training(supernet, *args, **kwargs):
         seen.update({k: v.clone() for k, v in supernet.state_dict().items()})
 
-    monkeypatch.setattr(runner, "train_supernet", no_training)
+    monkeypatch.setattr(supernet_source, "train_supernet", no_training)
     cfg = SearchConfig(space="mbv3-tiny", dataset="digits", epochs=1, seed=seed,
                        objectives="accuracy,size", devices=["edgetpu-est"])
     cfg.validate()
     torch.manual_seed(state)  # whatever state the process is in before the run
-    runner.resolve_supernet(cfg, load_dataset("digits", seed=0), tmp_path / "run", progress=False,
-                            continuing=False)
+    supernet_source.resolve_supernet(cfg, load_dataset("digits", seed=0), tmp_path / "run",
+                                     progress=False,
+                                     continuing=False)
     return seen
 
 

@@ -90,17 +90,17 @@ def test_a_search_without_supernet_uses_the_shipped_one(tiny_vit_dir, tmp_path,
                                                         monkeypatch) -> None:
     """`hwnas run --space vit --dataset cifar10` takes the shipped file unless the run has its
     own supernet or --supernet names one."""
-    from hwnas.search import runner
+    from hwnas.search import supernet_source
 
-    monkeypatch.setattr(runner, "shipped_checkpoint",
+    monkeypatch.setattr(supernet_source, "shipped_checkpoint",
                         functools.partial(shipped_checkpoint, directory=tiny_vit_dir))
     data = SimpleNamespace(classes=list(CIFAR10_CLASSES))
     cfg = SimpleNamespace(space="vit", supernet=None)
-    assert runner._checkpoint_source(cfg, data, tmp_path) == tiny_vit_dir / "vit_cifar10.pt"
+    assert supernet_source.checkpoint_source(cfg, data, tmp_path) == tiny_vit_dir / "vit_cifar10.pt"
     given = SimpleNamespace(space="vit", supernet="mine.pt")
-    assert runner._checkpoint_source(given, data, tmp_path) == "mine.pt"
+    assert supernet_source.checkpoint_source(given, data, tmp_path) == "mine.pt"
     digits = SimpleNamespace(classes=[str(i) for i in range(10)])
-    assert runner._checkpoint_source(cfg, digits, tmp_path) is None
+    assert supernet_source.checkpoint_source(cfg, digits, tmp_path) is None
 
 
 # -- a search of vit on the shipped cct supernet (issue 44) --------------------------------------
