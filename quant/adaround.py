@@ -239,10 +239,14 @@ def adaround_layer(layer: nn.Module, rows: torch.Tensor, target: torch.Tensor,
         rest = (w / loss.s - loss.floor).clamp(1e-4, 1 - 1e-4)
         v = nn.Parameter(_inverse_rectified_sigmoid(rest))
         opt = torch.optim.Adam([v], lr=config.lr, fused=v.device.type in ("cpu", "cuda"))
+        # every step's draws at once (the same numbers as one draw per step) and on the rows'
+        # device in one copy: a copy per step would wait for the GPU at every step
+        draws = torch.randint(len(rows), (config.iterations, batch), generator=gen,
+                              device="cpu").to(rows.device)
         for step in range(config.iterations):
             if step % 64 == 0:
                 yield_point()
-            idx = torch.randint(len(rows), (batch,), generator=gen, device="cpu").to(rows.device)
+            idx = draws[step]
             beta = None
             if step >= warm:
                 frac = (step - warm) / max(1, config.iterations - warm)
