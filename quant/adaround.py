@@ -88,9 +88,16 @@ class AdaRoundConfig:
             raise UserError(f"AdaRound needs lr > 0 and reg >= 0, got {self.lr} and {self.reg}")
 
 
+def _stretched_sigmoid(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``sigmoid(v)``, ``sigmoid(v) * (zeta - gamma) + gamma``): the rectifier before its
+    clamp, with the sigmoid its derivative needs (:class:`_RoundingLoss`)."""
+    sig = torch.sigmoid(v)
+    return sig, sig * (_ZETA - _GAMMA) + _GAMMA
+
+
 def rectified_sigmoid(v: torch.Tensor) -> torch.Tensor:
     """``clamp(sigmoid(v) * (zeta - gamma) + gamma, 0, 1)``: reaches 0 and 1 exactly."""
-    return torch.clamp(torch.sigmoid(v) * (_ZETA - _GAMMA) + _GAMMA, 0.0, 1.0)
+    return torch.clamp(_stretched_sigmoid(v)[1], 0.0, 1.0)
 
 
 def _inverse_rectified_sigmoid(h: torch.Tensor) -> torch.Tensor:
@@ -196,8 +203,7 @@ class _RoundingLoss:
         """d/d``v`` of ``mean over rows of sum over channels (output - target)^2 + reg *
         sum(1 - |2h - 1|^beta)``, ``rows`` a batch of the size given; the regulariser is left
         out when ``beta`` is None (warm-up)."""
-        sig = torch.sigmoid(v)
-        h_raw = sig * (_ZETA - _GAMMA) + _GAMMA
+        sig, h_raw = _stretched_sigmoid(v)
         h = h_raw.clamp(0.0, 1.0)
         err = _rows_forward(self.layer, rows, self.weight(h)) - target
         grad = _rows_weight_grad(rows, err).view_as(v).mul_(self.dh)
