@@ -9,7 +9,9 @@ size come from the layer list, latency from the toolkit's estimated devices that
 models (:func:`~hwnas.search.evaluator.device_latencies`); the fronts (most accurate within
 each latency, or size) are :func:`~hwnas.search.pareto.front_indices_2d`'s. Prints a table and
 writes ``cifar10_fronts.json`` beside this file, which notebook 04 plots without evaluating
-anything::
+anything. Rows are labelled by the ``--space`` that finds the file (``vit`` also when that is
+``cct_cifar10.pt``, the vit family's CCT supernet); the json's ``spaces`` and ``checkpoints``
+say which network and file each label scored::
 
     OMP_NUM_THREADS=1 python benchmarks/cifar10_fronts.py [--subnets 8] [--images 1000]
 """
@@ -170,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
         data = load_dataset("cifar10", seed=args.seed)
         rows: list[dict[str, Any]] = []
-        doc: dict[str, Any] = {"checkpoints": {}, "eval_seconds": {}}
+        doc: dict[str, Any] = {"checkpoints": {}, "spaces": {}, "eval_seconds": {}}
         test = None
         for name in SPACES:
             cfg = SearchConfig(space=name, dataset="cifar10", data_seed=args.seed, seed=args.seed,
@@ -190,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                             DEVICES, settings, label=name)  # by the --space that finds it
             doc["checkpoints"][name] = (str(Path(checkpoint).relative_to(REPO))
                                         if Path(checkpoint).is_relative_to(REPO) else checkpoint)
+            doc["spaces"][name] = space.name  # vit's shipped supernet may be cct's
             doc["eval_seconds"][name] = round(time.perf_counter() - t0, 1)
         assert test is not None
         per_class = np.bincount(test.labels.numpy(), minlength=len(data.classes)).tolist()

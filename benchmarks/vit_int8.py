@@ -1,5 +1,9 @@
 """Int8 PTQ against float for the subnets on the shipped vit CIFAR-10 supernet's front (issue 44.4).
 
+The shipped supernet of ``--space vit`` is ``cct_cifar10.pt`` once that file is shipped (space
+``cct``, the vit family's variant; ``hwnas.supernet.checkpoints.SHIPPED``), ``vit_cifar10.pt``
+until then; ``--space cct`` takes the former only.
+
 Each subnet is rebuilt the way ``hwnas run`` scores it and ``hwnas export`` writes it: the
 search's splits (``replay_splits``, data seed 0; all 10,000 CIFAR-10 test images), the subnet
 extracted (a vit has LayerNorm, nothing to recalibrate), every Linear/Conv layer W8A8
@@ -27,14 +31,15 @@ attention products follow their projection's bits), PTQ with the search's ``PTQC
 
 Each file's row records its worst 16-bit pair sum (:func:`hwnas.export.qdq.int16.int16_report`).
 
-The subnets default to the vit front of ``benchmarks/cifar10_fronts.json`` (every cost's front,
-joined); ``--subnets smallest,largest,<arch string>`` picks others. Resumable: each (subnet,
+The subnets default to the front ``benchmarks/cifar10_fronts.json`` (``--fronts``) scored on
+the same checkpoint (every cost's front, joined; a json scored on another file is refused);
+``--subnets smallest,largest,<arch string>`` picks others. Resumable: each (subnet,
 variant) row is written to ``--out`` as soon as it is measured and is not measured again; the
 QDQ files are kept in ``--work``. ``--max-seconds`` stops before the next variant once that much
 time has passed, so a loop of commands of a few minutes each finishes the table::
 
     OMP_NUM_THREADS=1 python benchmarks/vit_int8.py [--space vit] [--subnets front]
-        [--variants ...] [--max-seconds 480] [--out benchmarks/vit_int8.json]
+        [--fronts benchmarks/cifar10_fronts.json] [--variants ...] [--max-seconds 480] [--out benchmarks/vit_int8.json]
 
 Writes ``--out`` (JSON) and the Markdown table beside it (hand-written notes after a
 ``## Notes`` heading stay).
@@ -46,7 +51,6 @@ import argparse
 import copy
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -77,6 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--subnets", default="front",
                    help="front (cifar10_fronts.json's), or a comma list of smallest, largest, "
                         "middle and architecture strings")
+    p.add_argument("--fronts", type=Path, default=fronts_bench.OUT_JSON,
+                   help="the cifar10_fronts.py json whose front --subnets front takes "
+                        "(default the committed one)")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--images", type=int, default=0, help="test images (0: all 10,000)")
     p.add_argument("--max-seconds", type=float, default=0,
@@ -87,21 +94,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def front_archs(space_name: str) -> list[str]:
-    """The architectures on any of ``cifar10_fronts.json``'s fronts for ``space_name``,
-    cheapest (by FLOPs) first."""
-    doc = json.loads(fronts_bench.OUT_JSON.read_text())
-    archs = {a for per_cost in doc["fronts"].values() for a in per_cost.get(space_name, [])}
+def front_archs(checkpoint: str | Path, fronts_json: Path = fronts_bench.OUT_JSON) -> list[str]:
+    """The architectures on any of ``cifar10_fronts.json``'s fronts scored on ``checkpoint``
+    (its rows are labelled by the ``--space`` that found the file: ``vit`` for the shipped
+    ``cct_cifar10.pt``), cheapest (by FLOPs) first. A json scored on another file (the shipped
+    one replaced since) is refused: its architectures are another space's."""
+    doc = json.loads(fronts_json.read_text())
+    name = Path(checkpoint).name
+    labels = [k for k, v in doc.get("checkpoints", {}).items() if Path(v).name == name]
+    if not labels:
+        raise UserError(f"{fronts_json.name} was scored on {sorted(doc.get('checkpoints', {}).values())}, "
+                        f"not on {name}; run benchmarks/cifar10_fronts.py again first")
+    archs = {a for per_cost in doc["fronts"].values() for a in per_cost.get(labels[0], [])}
     if not archs:
-        raise UserError(f"{fronts_bench.OUT_JSON.name} has no front for space {space_name!r}")
-    flops = {r["arch"]: r["flops"] for r in doc["results"] if r["space"] == space_name}
+        raise UserError(f"{fronts_json.name} has no front for {labels[0]!r} ({name})")
+    flops = {r["arch"]: r["flops"] for r in doc["results"] if r["space"] == labels[0]}
     return sorted(archs, key=lambda a: flops.get(a, 0))
 
 
-def pick(space: Any, spec: str) -> list[tuple[str, Any]]:
-    """(role, arch) pairs of ``--subnets``."""
+def pick(space: Any, spec: str, checkpoint: str | Path,
+         fronts_json: Path = fronts_bench.OUT_JSON) -> list[tuple[str, Any]]:
+    """(role, arch) pairs of ``--subnets`` (``front``: the one scored on ``checkpoint`` in
+    ``fronts_json``)."""
     if spec == "front":
-        archs = [space.from_string(a) for a in front_archs(space.name)]
+        archs = [space.from_string(a) for a in front_archs(checkpoint, fronts_json)]
         smallest, largest = space.to_string(space.smallest()), space.to_string(space.largest())
         return [("smallest" if space.to_string(a) == smallest else
                  "largest" if space.to_string(a) == largest else "front", a) for a in archs]
@@ -282,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--images {args.images}: expected 0 (every test image) or more")
     start = time.perf_counter()
     space, supernet, splits, cfg, checkpoint = load(args.space, args.images)
-    picks = pick(space, args.subnets)
+    picks = pick(space, args.subnets, checkpoint, args.fronts)
     out = Path(args.out)
     old = json.loads(out.read_text()) if out.is_file() else {}
     if old and (old.get("space") != space.name or old.get("test_images") != len(splits.test)):

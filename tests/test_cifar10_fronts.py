@@ -65,3 +65,16 @@ def test_committed_json_is_complete_and_its_fronts_are_its_rows() -> None:
         assert len({r["arch"] for r in mine}) == len(mine)
     assert doc["devices"] == list(cf.DEVICES) and list(doc["fronts"]) == list(cf.COSTS)
     assert doc["fronts"] == cf.fronts(rows, cf.COSTS)
+
+
+def test_committed_json_scored_the_checkpoints_shipped_now() -> None:
+    """Each space's rows were scored on the file ``--space NAME --dataset cifar10`` finds now:
+    shipping another (``cct_cifar10.pt`` for vit) means running cifar10_fronts.py again."""
+    from hwnas.supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint
+
+    doc = json.loads(COMMITTED.read_text())
+    for space in cf.SPACES:
+        path = shipped_checkpoint(space, CIFAR10_CLASSES)
+        assert path is not None and Path(doc["checkpoints"][space]).name == path.name, (
+            f"{COMMITTED.name}'s {space} rows were scored on {doc['checkpoints'][space]}; "
+            f"{space} now finds {path}: run benchmarks/cifar10_fronts.py again")

@@ -46,3 +46,25 @@ def test_every_variant_once_then_resumed(vit_tiny, tmp_path, one_torch_thread) -
                                "isa": {"isa": ["avx2"]}, "test_images": 24, "results": rows})
     line = next(t for t in table.splitlines() if vit_tiny.to_string(arch) in t)
     assert line.count("|") == len(variants) + 3
+
+
+def test_front_is_the_one_scored_on_the_loaded_checkpoint(tmp_path) -> None:
+    """cifar10_fronts.json labels rows by the --space that found the file (vit for the shipped
+    cct_cifar10.pt): the front is looked up by file name, and a json scored on another file is
+    refused (its architectures are another space's)."""
+    import json
+
+    from hwnas.core.errors import UserError
+
+    doc = {"checkpoints": {"mbv3": "supernet/checkpoints/mbv3_cifar10.pt",
+                           "vit": "supernet/checkpoints/cct_cifar10.pt"},
+           "fronts": {"params": {"vit": ["big", "small"], "mbv3": ["m"]},
+                      "latency_ms:x": {"vit": ["small"]}},
+           "results": [{"space": "vit", "arch": "big", "flops": 9},
+                       {"space": "vit", "arch": "small", "flops": 1},
+                       {"space": "mbv3", "arch": "m", "flops": 5}]}
+    path = tmp_path / "fronts.json"
+    path.write_text(json.dumps(doc))
+    assert vit_int8.front_archs("/x/cct_cifar10.pt", path) == ["small", "big"]
+    with pytest.raises(UserError, match="cifar10_fronts.py again"):
+        vit_int8.front_archs("/x/vit_cifar10.pt", path)

@@ -89,6 +89,11 @@ def test_the_wheel_and_sdist_hold_the_package_data(built):
                  "hwnas/supernet/checkpoints/mbv3_cifar10.pt",
                  "hwnas/supernet/checkpoints/vit_cifar10.pt"):
         assert name in names
+    # every checkpoint the checkout ships (cct_cifar10.pt once it is there), and no other
+    shipped = {f"hwnas/supernet/checkpoints/{p.name}"
+               for p in (REPO / "supernet" / "checkpoints").glob("*.pt")}
+    in_wheel = {n for n in names if n.endswith(".pt")}
+    assert shipped == in_wheel, sorted(shipped ^ in_wheel)
     # only hwnas at the top level, nothing of the checkout's benchmarks, tests or notebooks
     assert {n.split("/")[0] for n in names} == {"hwnas", f"{built['wheel'].name.split('-py')[0]}.dist-info"}
 
