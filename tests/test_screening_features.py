@@ -147,3 +147,35 @@ def test_cheap_trend_warm_start_ends_after_trend_trials():
     assert run(0, 9)._cheap_trend
     with pytest.raises(UserError, match="trend_trials"):
         ScreeningConfig(trend_trials=-1)
+
+
+def test_hidden_split_of_the_gap_diagnosis():
+    """``search_nb201_gap.hidden_split``: a missed true-front cell is hidden when an evaluated
+    cell is as accurate and no slower in the *seen* latency; the others would raise the seen
+    front. Each group's hypervolume is what its cells add alone to the evaluated ones."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    name = "search_nb201_gap_benchmark"
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "search_nb201_gap.py"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    bench = sys.modules[name]
+    # true front: cells 0 (1 ms, 50 %), 1 (2 ms, 60 %), 2 (3 ms, 70 %); cell 3 is dominated
+    lat = np.array([1.0, 2.0, 3.0, 4.0])
+    acc = np.array([50.0, 60.0, 70.0, 65.0])
+    seen = np.array([1.0, 2.0, 3.0, 1.5])  # cell 3 is predicted fast: it hides cell 1 only
+    front = bench.nb.true_front(lat, acc)
+    free, hidden, gain_free, gain_hidden = bench.hidden_split(np.array([3]), lat, acc, seen,
+                                                             front)
+    assert (free, hidden) == ([0, 2], [1])
+    rows = np.array([3])
+    base = bench.nb.hv_ratio(rows, lat, acc, front)
+    assert gain_hidden == pytest.approx(bench.nb.hv_ratio(np.array([3, 1]), lat, acc, front)
+                                        - base)
+    assert gain_free == pytest.approx(sum(bench.nb.hv_ratio(np.array([3, y]), lat, acc, front)
+                                          - base for y in (0, 2)))

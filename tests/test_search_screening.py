@@ -613,6 +613,32 @@ def test_screening_options_of_the_benchmark():
             bench.screening_options([bad])
 
 
+#: session 39's variant (benchmarks/search_nb201.md): the length-scale grid three doublings longer
+LONG_GRID = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6)
+
+
+def test_longer_length_grid_is_chosen_for_an_additive_target():
+    """On one-hot cells whose value is a sum of per-edge effects the marginal likelihood wants
+    a length-scale beyond the default grid's largest factor (3.2), and the longer grid gives it;
+    the benchmark's option string is that grid."""
+    bench = _bench()
+    text = "length_factors=" + ",".join(str(f) for f in LONG_GRID)
+    assert bench.screening_options([text]) == {"length_factors": LONG_GRID}
+    assert ScreeningConfig().length_factors == LONG_GRID[:7]
+    rng = np.random.default_rng(0)
+    ops = rng.integers(5, size=(400, 6))
+    pool = np.zeros((400, 30))
+    pool[np.arange(400)[:, None], np.arange(6) * 5 + ops] = 1.0
+    y = rng.normal(size=(6, 5))[np.arange(6), ops].sum(1)
+    chosen = []
+    for grid in (LONG_GRID[:7], LONG_GRID):
+        gp = PoolGP(pool, length_factors=grid, noises=ScreeningConfig().noises,
+                    floor_quantile=0.0)
+        gp.refit(pool[:60], y[:60])
+        chosen.append(gp.two_l2 / gp.d2_scale)
+    assert chosen[0] == pytest.approx(3.2) and chosen[1] > 3.2
+
+
 def test_size_trend_adds_log_flops_to_the_surrogate_mean():
     space = SizedToySpace()
     for size_trend, cols in ((False, None), (True, 1)):
