@@ -94,18 +94,8 @@ def test_sampler_surrogate_sees_the_configured_features():
 def test_band_metrics_of_the_surrogate_diagnosis():
     """``search_nb201_surrogate.band_metrics``: a perfect ranking scores 1 within every band
     and no regret, a reversed one -1 and the band's full spread; evaluated cells are left out."""
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from benchmarks import search_nb201_surrogate as bench
 
-    name = "search_nb201_surrogate_benchmark"
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "search_nb201_surrogate.py"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    bench = sys.modules[name]
     rng = np.random.default_rng(0)
     seen = rng.uniform(1, 10, 400)
     acc = rng.uniform(0, 70, 400)
@@ -153,18 +143,8 @@ def test_hidden_split_of_the_gap_diagnosis():
     """``search_nb201_gap.hidden_split``: a missed true-front cell is hidden when an evaluated
     cell is as accurate and no slower in the *seen* latency; the others would raise the seen
     front. Each group's hypervolume is what its cells add alone to the evaluated ones."""
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from benchmarks import search_nb201_gap as bench
 
-    name = "search_nb201_gap_benchmark"
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "search_nb201_gap.py"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    bench = sys.modules[name]
     # true front: cells 0 (1 ms, 50 %), 1 (2 ms, 60 %), 2 (3 ms, 70 %); cell 3 is dominated
     lat = np.array([1.0, 2.0, 3.0, 4.0])
     acc = np.array([50.0, 60.0, 70.0, 65.0])
