@@ -33,7 +33,8 @@ from hwnas.core import written
 from hwnas.core.heap import retain_freed_memory, retained_heap
 from hwnas.core.io import check_writable
 
-__all__ = ["ModelRow", "RunExport", "export_run", "parse_select", "read_front", "stage_summary"]
+__all__ = ["ModelRow", "RunExport", "estimated_cost", "export_run", "parse_select", "read_front",
+           "stage_summary", "submission_order"]
 
 
 @dataclass
@@ -478,6 +479,48 @@ def _export_row(ctx: _Context, row: ModelRow, staging: Path, index: int, total: 
 
 # -- parallel export: workers build and verify side by side, timings run alone ---------------
 
+#: how many times the export of a model whose PTQ learns its rounding (AdaRound: weights below
+#: 6 bits, :func:`hwnas.quant.ptq.rounding_learned`) costs that of one of the same FLOPs that
+#: does not: 3.6 per FLOP on one CPU thread (PTQ with AdaRound 81 % of the largest CIFAR-10
+#: model's export), less where AdaRound runs on a GPU; only the order it gives matters
+#: (benchmarks/export_speed.md, Session 39)
+ADAROUND_COST = 4.0
+#: a float model (no policy) against a quantized one of the same FLOPs: FP32 file and the
+#: recommendation only, no PTQ, QDQ or per-device files
+FLOAT_COST = 0.25
+
+
+def estimated_cost(row: ModelRow, space: Any, rounding: str) -> float:
+    """A model's export cost in arbitrary units, from what its row says: its FLOPs (the
+    verification passes, calibration and timings scale with them), times :data:`ADAROUND_COST`
+    when PTQ learns its rounding under ``rounding``, or :data:`FLOAT_COST` without a policy.
+    Only its order matters (:func:`submission_order`); 0 for a row that cannot be read (it
+    fails at once)."""
+    from hwnas.quant.policy import QuantPolicy
+    from hwnas.quant.ptq import rounding_learned
+
+    try:
+        flops = float(space.flops(space.from_string(row.arch)))
+        if not row.policy:
+            return flops * FLOAT_COST
+        policy = QuantPolicy.from_dict(json.loads(row.policy))
+    except (UserError, ValueError, KeyError, TypeError):
+        return 0.0
+    learned = rounding_learned((w for w, _ in policy.bits.values()), rounding)
+    return flops * (ADAROUND_COST if learned else 1.0)
+
+
+def submission_order(rows: Sequence[ModelRow], space: Any, rounding: str) -> list[int]:
+    """The indices of ``rows`` costliest first (:func:`estimated_cost`; ties in the fronts'
+    order): longest-processing-time-first list scheduling, so that no large model starts last.
+    In the fronts' order (the smallest models often first), 9 models on 8 workers started one of
+    the two largest only after a small one finished: the export took about a small model plus
+    the largest instead of the largest alone (the GPU run of benchmarks/export_speed.md,
+    Session 39)."""
+    costs = [estimated_cost(row, space, rounding) for row in rows]
+    return sorted(range(len(rows)), key=lambda i: -costs[i])
+
+
 _WORKER: dict[str, Any] = {}
 
 
@@ -519,8 +562,9 @@ def _export_parallel(run_dir: Path, context: _Context, rows: list[ModelRow], sta
                      ) -> dict[str, float]:
     """Export ``rows`` in ``workers`` spawned processes (CUDA and onnxruntime do not survive a
     fork), each given the batches ``context`` drew and loading the supernet once, while every
-    timing runs alone (:mod:`hwnas.export.parallel`); results reach ``done`` in the order of
-    ``rows`` (the order of the fronts). Returns ``workers_ready`` (seconds from the pool's
+    timing runs alone (:mod:`hwnas.export.parallel`); the models are submitted costliest first
+    (:func:`submission_order`) and their results reach ``done`` in the order of ``rows`` (the
+    order of the fronts). Returns ``workers_ready`` (seconds from the pool's
     start to the last worker that reported ready), ``timings_alone`` (seconds the gate gave
     the machine to timings) and ``timings_waited`` (seconds timings waited for the other
     workers to reach a yield point, in all)."""
@@ -535,8 +579,9 @@ def _export_parallel(run_dir: Path, context: _Context, rows: list[ModelRow], sta
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(gate, run_dir, _for_worker(context), time.time(),
                                        max(1, (os.cpu_count() or 1) // workers))) as pool:
-        futures = [pool.submit(_worker_row, row, staging, i, len(rows), progress)
-                   for i, row in enumerate(rows)]
+        futures: list[Any] = [None] * len(rows)
+        for i in submission_order(rows, context.space, context.settings.rounding):
+            futures[i] = pool.submit(_worker_row, rows[i], staging, i, len(rows), progress)
         try:
             for future in futures:
                 result, worker_ready = future.result()

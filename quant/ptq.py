@@ -58,6 +58,7 @@ __all__ = [
     "policy_of",
     "ptq",
     "quantize_model",
+    "rounding_learned",
     "set_weight_scales",
 ]
 
@@ -422,11 +423,20 @@ def learns_rounding(qmodel: nn.Module, rounding: str) -> bool:
     """Whether PTQ with ``rounding`` (:attr:`PTQConfig.rounding`) learns ``qmodel``'s rounding:
     "adaround-all" when it has a layer AdaRound can learn, "adaround" only when it also has
     weights below :data:`ADAROUND_BELOW_BITS` bits."""
-    if rounding == "nearest" or not adaround_targets(qmodel):
+    if not adaround_targets(qmodel):
         return False
-    return rounding == "adaround-all" or any(
-        not m.weight_quant.is_float and m.w_bits < ADAROUND_BELOW_BITS
-        for _, m in quant_layers(qmodel))
+    return rounding_learned([m.w_bits for _, m in quant_layers(qmodel)
+                             if not m.weight_quant.is_float], rounding)
+
+
+def rounding_learned(weight_bits: Iterable[int], rounding: str) -> bool:
+    """The rule of :func:`learns_rounding` on the weight widths of a model's quantized layers
+    (float ones left out): what a caller that has only the policy, not the model, can tell
+    (the export orders its models by cost with it)."""
+    widths = [w for w in weight_bits if w < FLOAT_BITS]
+    if rounding == "nearest" or not widths:
+        return False
+    return rounding == "adaround-all" or any(w < ADAROUND_BELOW_BITS for w in widths)
 
 
 def _channel_axis(module: nn.Module, out: torch.Tensor) -> int:

@@ -502,3 +502,91 @@ def test_prepare_takes_a_loaded_dataset_and_ships_its_batches(small_run: Path) -
     shipped = pickle.loads(pickle.dumps(_for_worker(given)))
     assert shipped.data is None and shipped.supernet is None
     assert all(torch.equal(a, b) for a, b in zip(tensors(shipped), tensors(own), strict=True))
+
+
+def _rows_of_three():  # noqa: ANN202
+    """(space, rows in the fronts' order: smallest int8, largest int8, largest W4; a float one)."""
+    import json
+
+    from hwnas.export.run_export import ModelRow
+    from hwnas.supernet.spaces import get_space
+
+    space = get_space("mbv3-tiny", in_channels=1, image_size=8, num_classes=10)
+    small, large = space.to_string(space.smallest()), space.to_string(space.largest())
+
+    def policy(w_bits: int) -> str:
+        return json.dumps({"format": "hwnas-quant-policy-1",
+                           "layers": {"stem_conv": {"w_bits": w_bits, "a_bits": 8},
+                                      "classifier": {"w_bits": 8, "a_bits": 8}}})
+    rows = [ModelRow(1, small, policy(8), 0.5, {}), ModelRow(2, large, policy(8), 0.7, {}),
+            ModelRow(3, large, policy(4), 0.7, {}), ModelRow(4, small, "", 0.5, {}),
+            ModelRow(5, "not an arch", "", None, {})]
+    return space, rows
+
+
+def test_estimated_cost_follows_flops_adaround_and_policy() -> None:
+    from hwnas.export.run_export import ADAROUND_COST, estimated_cost, submission_order
+    from hwnas.quant.ptq import rounding_learned
+
+    space, rows = _rows_of_three()
+    small, large, large_w4, small_float, bad = (estimated_cost(r, space, "adaround") for r in rows)
+    assert bad == 0.0 and 0 < small_float < small < large < large_w4
+    assert large_w4 == pytest.approx(ADAROUND_COST * large)
+    assert estimated_cost(rows[2], space, "nearest") == large  # W4 rounded to nearest: no AdaRound
+    assert submission_order(rows, space, "adaround") == [2, 1, 0, 3, 4]
+    assert submission_order(rows, space, "nearest") == [1, 2, 0, 3, 4]  # ties: fronts' order
+    assert rounding_learned([8, 4, 32], "adaround") and not rounding_learned([8, 6, 32], "adaround")
+    assert rounding_learned([8], "adaround-all") and not rounding_learned([32], "adaround-all")
+    assert not rounding_learned([4], "nearest")
+
+
+def test_parallel_export_submits_costliest_first_and_reports_in_fronts_order(monkeypatch) -> None:
+    """The pool gets the largest models first (the old code submitted the fronts' order, the
+    smallest first), while ``done`` still sees the fronts' order."""
+    import concurrent.futures
+    from types import SimpleNamespace
+
+    from hwnas.export import run_export
+
+    space, rows = _rows_of_three()
+    submitted = []
+
+    class Pool:
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def __enter__(self):  # noqa: ANN204
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+        def submit(self, fn, row, staging, index, total, progress):  # noqa: ANN001, ANN201
+            submitted.append(row.trial)
+            future = concurrent.futures.Future()
+            future.set_result((f"{index + 1}/{total} {row.name}", 0.5))
+            return future
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Pool)
+    monkeypatch.setattr(run_export, "_for_worker", lambda ctx: ctx)
+    context = SimpleNamespace(space=space, settings=SimpleNamespace(rounding="adaround"))
+    done = []
+    stages = run_export._export_parallel(Path("run"), context, rows, Path("staging"), False, 2,
+                                         done.append)
+    assert submitted == [3, 2, 1, 4, 5]
+    assert done == [f"{i + 1}/5 {r.name}" for i, r in enumerate(rows)]
+    assert stages["workers_ready"] == 0.5
+
+
+def test_makespan_benchmark_list_schedules_both_orders(tmp_path: Path) -> None:
+    import json
+
+    from benchmarks.export_makespan import main, makespan
+
+    # one model more than workers: the largest last waits for the first to finish
+    assert makespan([10.0, 20.0, 100.0], [0, 1, 2], 2) == 110.0
+    assert makespan([10.0, 20.0, 100.0], [2, 1, 0], 2) == 100.0
+    assert main(["--seconds", "10,20,100", "--workers", "2", "--json", str(tmp_path / "m.json")]) == 0
+    doc = json.loads((tmp_path / "m.json").read_text())
+    assert doc["makespan"][0] == {"workers": 2, "fronts": 110.0, "costliest_first": 100.0,
+                                  "lpt_measured": 100.0, "lower_bound": 100.0}
