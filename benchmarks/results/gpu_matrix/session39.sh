@@ -25,17 +25,7 @@ case $PHASE in
   exit 0
   ;;
 1)
-  [ -d /tmp/basesite/hwnas ] || python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/basesite ./.base
-  R=$(pwd)
-  for who in base current; do
-    pp=/tmp/site; [ $who = base ] && pp=/tmp/basesite:/tmp/site
-    lim=$(( $(left) - 20 )); [ $who = base ] && lim=$(( lim > 300 ? 300 : lim ))
-    ( s0=$(date +%s); cd /tmp && PYTHONPATH=$pp HWNAS_SHARED_DATA=/tmp/sub25 timeout $lim python3 -m hwnas run --space mbv3 \
-        --dataset cifar10 --trials 20 --device cuda --supernet "$R/supernet/checkpoints/mbv3_cifar10.pt" \
-        --out /tmp/t25$who --name r --overwrite; echo "rc $? process seconds $(( $(date +%s) - s0 ))" ) > /tmp/res/timing_$who.log 2>&1
-    sed -i 's/\r/\n/g' /tmp/res/timing_$who.log
-    echo "== $who"; grep -a "sensitivity seeds\|new by this process\|exported .* in\|wall time\|stages\|^rc" /tmp/res/timing_$who.log | cut -c1-250
-  done
+  timing25
   ;;
 2)
   CCT_SPEED="--compile" CCT_JOBS="cctsn150" RETURN_CKPT="cctsn150" \
