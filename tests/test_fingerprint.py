@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hwnas.supernet.checkpoints import _HERE as checkpoints_dir
-from hwnas.supernet.checkpoints import CIFAR10_CLASSES, SHIPPED
+from hwnas.supernet.checkpoints import CIFAR10_CLASSES, SHIPPED, shipped_candidates
 from hwnas.supernet.data import DatasetSplits, load_dataset
 from hwnas.supernet.fingerprint import (
     RECORD_FORMAT,
@@ -311,7 +310,10 @@ def test_training_writes_the_record_of_its_training_split(tmp_path: Path, one_to
     assert record.fingerprint == dataset_fingerprint(data) and record.dataset == "digits"
 
 
-@pytest.mark.parametrize("name", sorted({n for names in SHIPPED.values() for n in names}))
+_SHIPPED_FILES = {p.name: p for space, classes in SHIPPED for p in shipped_candidates(space, classes)}
+
+
+@pytest.mark.parametrize("name", sorted(_SHIPPED_FILES))
 def test_shipped_cifar10_supernet_records_its_seed0_split(name):
     """Each shipped checkpoint's record is the seed-0 split of the shared npz it was trained
     on: a sample of that split's training images is in it, of its validation images is not.
@@ -319,7 +321,7 @@ def test_shipped_cifar10_supernet_records_its_seed0_split(name):
     from hwnas.supernet.data import shared_data_dir
     from hwnas.supernet.data.splits import _rng, _stratified_take
 
-    path = Path(checkpoints_dir) / name
+    path = _SHIPPED_FILES[name]
     if not path.is_file() and name not in ("mbv3_cifar10.pt", "vit_cifar10.pt"):
         pytest.skip(f"{name} is not shipped")
     assert path.is_file() and path.stat().st_size < 20 * 2**20
