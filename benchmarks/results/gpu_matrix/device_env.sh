@@ -79,6 +79,8 @@ timing25() {  # issue 43's 25,000-image CIFAR-10 timing (sub25 first): the basel
         --dataset cifar10 --trials 20 --device cuda --supernet "$R/supernet/checkpoints/mbv3_cifar10.pt" \
         --out /tmp/t25$who --name r --overwrite; echo "rc $? process seconds $(( $(date +%s) - s0 ))" ) > /tmp/res/timing_$who.log 2>&1
     sed -i 's/\r/\n/g' /tmp/res/timing_$who.log
+    # per-model stage seconds on the GPU (export_makespan.py reads them)
+    cp /tmp/t25$who/r/export/manifest.json /tmp/res/manifest_$who.json 2>/dev/null
     echo "== $who"; grep -a "sensitivity seeds\|new by this process\|exported .* in\|wall time\|stages\|^rc" /tmp/res/timing_$who.log | cut -c1-250
   done
 }
