@@ -29,7 +29,6 @@ import argparse
 import datetime as _dt
 import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -128,14 +127,8 @@ def diagnose(space: Any, p: Any, seed: int, checkpoints: list[int], options: dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--blocks", nargs="+", default=["P", "A"], choices=list(pred.BLOCKS))
-    ap.add_argument("--seeds", type=int, default=10)
-    ap.add_argument("--checkpoints", nargs="+", type=int, default=[15, 20, 40, 50, 60, 80, 100])
+    ap = pred.diagnosis_parser(__doc__, seeds=10, checkpoints=[15, 20, 40, 50, 60, 80, 100])
     ap.add_argument("--refits-from", type=int, default=40)
-    ap.add_argument("--fold-cache", type=Path, default=None)
-    ap.add_argument("--screening-option", action="append", default=[], metavar="NAME=VALUE")
-    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     try:
         return _main(args, sys.argv[1:] if argv is None else argv)

@@ -198,6 +198,20 @@ def problems_of(block: str, space: Any, accuracy: dict[str, float],
     return probs
 
 
+def diagnosis_parser(doc: str, *, seeds: int, checkpoints: list[int]) -> argparse.ArgumentParser:
+    """The options the per-trial diagnoses of the default search share
+    (``search_nb201_surrogate.py``, ``search_nb201_gap.py``): validation blocks, seeds, the
+    trial counts to look at, the fold cache, ScreeningConfig settings and the output."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--blocks", nargs="+", default=["P", "A"], choices=list(BLOCKS))
+    ap.add_argument("--seeds", type=int, default=seeds)
+    ap.add_argument("--checkpoints", nargs="+", type=int, default=checkpoints)
+    ap.add_argument("--fold-cache", type=Path, default=None)
+    ap.add_argument("--screening-option", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("--out", type=Path, default=None)
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--blocks", nargs="+", default=list(BLOCKS), choices=list(BLOCKS))

@@ -25,7 +25,6 @@ import argparse
 import datetime as _dt
 import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -92,14 +91,8 @@ def diagnose(space: Any, p: Any, seed: int, checkpoints: list[int], feats: dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--blocks", nargs="+", default=["P", "A"], choices=list(pred.BLOCKS))
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--checkpoints", nargs="+", type=int, default=[25, 50, 100, 200])
+    ap = pred.diagnosis_parser(__doc__, seeds=3, checkpoints=[25, 50, 100, 200])
     ap.add_argument("--features", nargs="+", default=list(FEATURE_SETS), choices=FEATURE_SETS)
-    ap.add_argument("--fold-cache", type=Path, default=None)
-    ap.add_argument("--screening-option", action="append", default=[], metavar="NAME=VALUE")
-    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     try:
         return _main(args, sys.argv[1:] if argv is None else argv)
