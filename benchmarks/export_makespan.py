@@ -2,7 +2,7 @@
 scheduling of measured per-model seconds: the fronts' order (the old ``_export_parallel``) and
 costliest first (:func:`hwnas.export.run_export.submission_order`)::
 
-    python benchmarks/export_makespan.py EXPORT_DIR [--workers 2,4,8] [--json OUT]
+    python benchmarks/export_makespan.py EXPORT_DIR [--supernet CKPT] [--workers 2,4,8] [--json OUT]
     python benchmarks/export_makespan.py --seconds 26,30,...,85 [--costs ...]   # figures by hand
 
 ``EXPORT_DIR``: an export (its ``manifest.json``; best a sequential one, ``--workers 1``, so that
@@ -39,17 +39,23 @@ def model_seconds(model: dict) -> float:
                if k != "ptq")
 
 
-def from_export(export_dir: Path) -> tuple[list[str], list[float], list[int], dict]:
+def from_export(export_dir: Path, supernet: Path | None = None
+                ) -> tuple[list[str], list[float], list[int], dict]:
     """(names, measured seconds, the costliest-first order the export now submits, per model
-    stage seconds) of an export directory; the run directory its manifest names gives the
-    space."""
+    stage seconds) of an export directory. The space comes from ``supernet`` (a checkpoint)
+    when given, else from the run directory its manifest names (gone when the export ran on
+    another machine, e.g. the device's ``/tmp``)."""
     from hwnas.export.run_export import ModelRow, submission_order
-    from hwnas.search.replay import load_run_supernet
-    from hwnas.search.rundir import RunDir
 
     doc = json.loads((export_dir / "manifest.json").read_text())
-    rd = RunDir(Path(doc["run_dir"]))
-    space, _, _ = load_run_supernet(rd, rd.read_search_config())
+    if supernet is not None:
+        from hwnas.supernet.checkpoint_io import load_checkpoint
+        space = load_checkpoint(supernet)[0]
+    else:
+        from hwnas.search.replay import load_run_supernet
+        from hwnas.search.rundir import RunDir
+        rd = RunDir(Path(doc["run_dir"]))
+        space, _, _ = load_run_supernet(rd, rd.read_search_config())
     rows = [ModelRow(int(m["name"].rsplit("_", 1)[1]), m["arch"] or "",
                      json.dumps(m["policy"]) if m.get("policy") else "", m.get("accuracy"), {})
             for m in doc["models"]]
@@ -66,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
                                       "(instead of EXPORT_DIR)")
     ap.add_argument("--costs", help="with --seconds: the estimated costs that order the "
                                     "submission (default: the seconds themselves)")
+    ap.add_argument("--supernet", type=Path,
+                    help="with EXPORT_DIR: the checkpoint whose space the run used, when the "
+                         "manifest's run directory is not on this machine")
     ap.add_argument("--workers", default="2,4,8")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
@@ -76,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         costs = [float(t) for t in a.costs.split(",")] if a.costs else seconds
         order = sorted(range(len(seconds)), key=lambda i: -costs[i])
     elif a.export_dir:
-        names, seconds, order, stages = from_export(a.export_dir)
+        names, seconds, order, stages = from_export(a.export_dir, a.supernet)
     else:
         ap.error("give EXPORT_DIR or --seconds")
     fronts = list(range(len(seconds)))

@@ -590,3 +590,26 @@ def test_makespan_benchmark_list_schedules_both_orders(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "m.json").read_text())
     assert doc["makespan"][0] == {"workers": 2, "fronts": 110.0, "costliest_first": 100.0,
                                   "lpt_measured": 100.0, "lower_bound": 100.0}
+
+
+def test_makespan_benchmark_reads_a_device_manifest_whose_run_directory_is_gone(
+        tmp_path: Path) -> None:
+    """Session 40's GPU export (its run directory stayed in the device's /tmp): the space comes
+    from ``--supernet``, and the committed figures come back."""
+    import gzip
+    import json
+
+    from benchmarks.export_makespan import main
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "manifest.json").write_bytes(gzip.decompress(
+        (root / "benchmarks/results/gpu_matrix/session40/manifest_current.json.gz").read_bytes()))
+    assert main([str(tmp_path / "export"), "--supernet",
+                 str(root / "supernet/checkpoints/mbv3_cifar10.pt"), "--workers", "8,9",
+                 "--json", str(tmp_path / "m.json")]) == 0
+    doc = json.loads((tmp_path / "m.json").read_text())
+    committed = json.loads(
+        (root / "benchmarks/results/gpu_matrix/session40/export_makespan_current.json").read_text())
+    assert doc["submitted"] == committed["submitted"]
+    assert doc["makespan"] == committed["makespan"]
