@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The next session's device commands (prepared in session 40), one phase each, straight after
+# one another (the machine must stay warm: /tmp/keep and the jobs live on it).
+#   0 (S 60):  carry .whl data/c10, lean tree (lean_tree.sh): wheels, the full CIFAR-10 in
+#      /tmp/keep; returns at once.
+#   1 (S 420): issue 44 item 2's "<= 30 H200-minutes": the CCT supernet's training speed ALONE
+#      on the GPU (never measured: sessions 38-39 ran it beside other jobs). The cctsn150 recipe
+#      for 2 and then 6 epochs, one after the other; the difference of their seconds over the
+#      difference of their steps is the speed after compilation (x 52,650 steps = the full
+#      run's seconds alone).
+#   2 (S 560): issue 44 item 1: CCT-2/3x2's third seed (session 37: 84.17 and 83.51 %, mean
+#      1.06 points under its data-adjusted reference 84.90; 436 s alone on an H100). Returns
+#      its parts if it has not finished: repeat phase 2 with them carried (data/cct_resume).
+#   bash benchmarks/results/gpu_matrix/session41.sh PHASE SECONDS
+set -u
+PHASE=$1; S=${2:-560}
+. benchmarks/results/gpu_matrix/device_env.sh || exit 1
+case $PHASE in
+0)
+  nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv,noheader
+  exit 0
+  ;;
+1)
+  for j in cctsnspeed2 cctsnspeed6; do
+    CCT_SPEED="--compile" CCT_JOBS="$j" RETURN_CKPT="none" \
+      bash benchmarks/results/supernet_cifar10/h200_cct.sh 3 > /tmp/res/cct_$j.log 2>&1
+    grep -a "trained steps" /tmp/cct/$j.log | tr '\r' '\n' | tail -1
+  done
+  ;;
+2)
+  CCT_SPEED="--compile" CCT_JOBS="cct2drop32s2" RETURN_CKPT="cct2drop32s2" \
+    bash benchmarks/results/supernet_cifar10/h200_cct.sh $(( ($(left) - 40) / 60 )) > /tmp/res/cct_phase2.log 2>&1
+  grep -a -A8 "^== cct2drop32s2" /tmp/res/cct_phase2.log | cut -c1-600
+  ;;
+esac
+tar -czf "$OUT/results.tgz" -C /tmp/res .
