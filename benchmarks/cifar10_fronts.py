@@ -14,6 +14,7 @@ anything. Rows are labelled by the ``--space`` that finds the file (``vit`` also
 say which network and file each label scored::
 
     OMP_NUM_THREADS=1 python benchmarks/cifar10_fronts.py [--subnets 8] [--images 1000]
+    python benchmarks/cifar10_fronts.py --render [JSON]   # the tables of cifar10_fronts.md
 """
 
 from __future__ import annotations
@@ -145,6 +146,39 @@ def table(rows: Sequence[dict[str, Any]], devices: Sequence[str], front: dict) -
     return "\n".join(lines)
 
 
+def budgets(rows: Sequence[dict[str, Any]], costs: Sequence[str]) -> str:
+    """Per cost, a Markdown table of the two spaces' median-subnet ratio (``SPACES[1]`` over
+    ``SPACES[0]``) and the best top-1 of each within the median cost of all the rows (the role
+    added where it is the largest or smallest): who leads at a middle budget."""
+    a, b = SPACES
+    lines = [f"| cost | median {b} / median {a} | budget | {a} | {b} |",
+             "|---|---:|---:|---:|---:|"]
+    for cost in costs:
+        mine = {s: [r for r in rows if r["space"] == s] for s in SPACES}
+        budget = float(np.median([r[cost] for r in rows]))
+        best = {}
+        for s in SPACES:
+            ok = [r for r in mine[s] if r[cost] <= budget]
+            top = max(ok, key=lambda r: r["top1"]) if ok else None
+            best[s] = ("none" if top is None else f"{top['top1']:.1f}" + (
+                f" ({top['role']})" if top["role"] != "random" else ""))
+        ratio = np.median([r[cost] for r in mine[b]]) / np.median([r[cost] for r in mine[a]])
+        scale = 1e6 if cost == "params" else 1.0
+        lines.append(f"| {cost} | {ratio:.2f} | {budget / scale:.3g} | {best[a]} | {best[b]} |")
+    return "\n".join(lines)
+
+
+def render(path: Path) -> str:
+    """The tables of a written json (rows, then the budgets), without evaluating anything."""
+    import json
+    doc = json.loads(path.read_text())
+    return (f"{doc['command']}\n{doc['machine']}; {doc['date']}; {doc['seconds']:.0f} s "
+            f"{doc['eval_seconds']}; {doc['images']} test images; checkpoints "
+            f"{doc['checkpoints']}, spaces {doc.get('spaces')}\n\n"
+            + table(doc["results"], doc["devices"], doc["fronts"]) + "\n\n"
+            + budgets(doc["results"], COSTS))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--subnets", type=int, default=8,
@@ -156,7 +190,12 @@ def main(argv: list[str] | None = None) -> int:
                         f"{SearchConfig.calib_batches})")
     p.add_argument("--seed", type=int, default=0, help="random subnets' and splits' seed")
     p.add_argument("--out", type=Path, default=OUT_JSON)
+    p.add_argument("--render", type=Path, nargs="?", const=OUT_JSON, metavar="JSON",
+                   help="print the tables of a written json (default the committed one) and exit")
     args = p.parse_args(argv)
+    if args.render is not None:
+        print(render(args.render))
+        return 0
     words = ([sys.argv[0], *sys.argv[1:]] if argv is None
              else ["benchmarks/cifar10_fronts.py", *argv])
     command = "OMP_NUM_THREADS=1 python " + " ".join(shlex.quote(a) for a in words)

@@ -78,3 +78,13 @@ def test_committed_json_scored_the_checkpoints_shipped_now() -> None:
         assert path is not None and Path(doc["checkpoints"][space]).name == path.name, (
             f"{COMMITTED.name}'s {space} rows were scored on {doc['checkpoints'][space]}; "
             f"{space} now finds {path}: run benchmarks/cifar10_fronts.py again")
+
+
+def test_render_prints_the_committed_json_tables(capsys) -> None:
+    """``--render`` prints cifar10_fronts.md's tables from the json, evaluating nothing."""
+    assert cf.main(["--render"]) == 0
+    out = capsys.readouterr().out
+    doc = json.loads(COMMITTED.read_text())
+    for r in doc["results"]:
+        assert f"`{r['arch']}`" in out
+    assert all(f"| {cost} |" in out for cost in cf.COSTS)

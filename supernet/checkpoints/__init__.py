@@ -5,8 +5,9 @@ supernet instead of training one (how each was trained: ``benchmarks/supernet_ci
 checkpoint is matched on the space name and the dataset's class names, so a CIFAR-10 loaded
 from the npz file, the pickle directory or an ImageFolder with the same classes all find it.
 A space names candidate files in order, the first present wins: ``vit`` takes ``cct``'s
-supernet (a variant of the vit family, :attr:`hwnas.supernet.space.SearchSpace.family`) once it
-is shipped, and its own until then; the run then goes on in space ``cct``.
+supernet (``cct_cifar10.pt``, a variant of the vit family,
+:attr:`hwnas.supernet.space.SearchSpace.family`; shipped since session 40) before its own, and
+the run then goes on in space ``cct``; ``vit_cifar10.pt`` stays shipped for ``--supernet``.
 """
 
 from __future__ import annotations
