@@ -429,7 +429,10 @@ def _bench(args, fit, out, ctx, device, config, settings, arch, say, train_size:
 
 
 def _log_chunk(log, log_file, result, ctx, device, settings, config) -> float:
-    """Add this command's record to train_log.json; returns the run's training seconds."""
+    """Add this command's record to train_log.json; returns the run's training seconds: the
+    checkpoint's running total (``result.total_seconds``), which survives a run directory
+    rebuilt on another machine from its checkpoint alone, where the log's earlier chunks are
+    gone (session 40's shipped CCT supernet recorded 148 of its 2,220 s)."""
     log["chunks"].append({
         "argv": sys.argv, "end_step": result.step, "images": result.images,
         "seconds": result.seconds, "images_per_s": result.images_per_s,
@@ -438,10 +441,11 @@ def _log_chunk(log, log_file, result, ctx, device, settings, config) -> float:
         "torch": torch.__version__, "rollbacks": result.rollbacks,
     })
     images = sum(c["images"] for c in log["chunks"])
-    secs = sum(c["seconds"] for c in log["chunks"])
+    logged = sum(c["seconds"] for c in log["chunks"])
+    secs = max(result.total_seconds, logged)
     log.update(settings=settings, epochs=config.epochs, completed=result.completed,
                step=result.step, total_steps=result.total_steps, train_seconds=secs,
-               images_per_s=images / max(secs, 1e-9), history=result.history)
+               images_per_s=images / max(logged, 1e-9), history=result.history)
     write_json(log_file, log)
     return secs
 

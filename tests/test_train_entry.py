@@ -73,6 +73,26 @@ def test_chunks_resume_and_eval(decoded, tmp_path, capsys, one_torch_thread):
     assert json.loads((out / "train_log.json").read_text())["total_steps"] == 2
 
 
+def test_training_seconds_survive_a_run_directory_rebuilt_from_its_checkpoint(
+        decoded, tmp_path, capsys, one_torch_thread):
+    """A run resumed on another machine from its checkpoint and run.json alone (the log's
+    earlier chunks stayed behind) still records all its training seconds."""
+    out = tmp_path / "run"
+    assert _cli("--dataset", str(decoded), "--space", "mbv3-tiny", "--limit-train", "128",
+                "--batch-size", "64", "--epochs", "2", "--max-minutes", "1e-6",
+                "--out", str(out)) == 0
+    prior = load_checkpoint(out / "checkpoint.pt")[2]["train_state"]["seconds"]
+    assert prior > 0
+    (out / "train_log.json").unlink()
+    assert _cli("--out", str(out), "--resume") == 0
+    capsys.readouterr()
+    log = json.loads((out / "train_log.json").read_text())
+    assert len(log["chunks"]) == 1 and log["completed"]
+    expected = pytest.approx(prior + log["chunks"][0]["seconds"], rel=1e-9)
+    assert log["train_seconds"] == expected
+    assert load_checkpoint(out / "supernet.pt")[2]["extra"]["train_seconds"] == expected
+
+
 def test_standalone_and_bench(decoded, tmp_path, capsys, one_torch_thread):
     out = tmp_path / "sa"
     assert _cli("--dataset", str(decoded), "--space", "mbv3-tiny", "--limit-train", "128",
