@@ -75,7 +75,7 @@ for spec in "${JOBS[@]}"; do
     if [ ! -f "$dir/checkpoint.pt" ] && ls "$src/$name".ckpt.part* >/dev/null 2>&1; then
       mkdir -p "$dir"
       cat "$src/$name".ckpt.part* > "$dir/checkpoint.pt"
-      tar -xzf "$src/cct_logs.tgz" -C "$ROOT" --wildcards "*/$name/run.json" 2>/dev/null
+      tar -xzf "$src/cct_logs.tgz" -C "$ROOT" --wildcards "*/$name/run.json" "*/$name/train_log.json" 2>/dev/null
       echo "$name: restored from carried parts ($src)"
     fi
   done
