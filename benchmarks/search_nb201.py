@@ -35,7 +35,8 @@ request: not in the default run) from
 whole space, whose predicted latency and its uncertainty are free, by expected hypervolume
 improvement). Every sampler sees the predicted latency as the second objective value; the
 screening sampler also gets the predictor's standard deviation, which its default settings
-ignore (``--latency-std-scale`` uses it).
+ignore (``--latency-std-scale`` uses it), and its leave-one-out error on the 10 measurements
+(``latency_loo_error`` of the JSON's devices; ``--screening-option front_slack_error=K`` uses it).
 
 ``--validation`` searches HELP's validation devices too (rows tagged ``split``, a summary per
 split); ``--screening-option NAME=VALUE`` runs a :class:`ScreeningConfig` variant of the
