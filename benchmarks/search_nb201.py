@@ -35,8 +35,7 @@ request: not in the default run) from
 whole space, whose predicted latency and its uncertainty are free, by expected hypervolume
 improvement). Every sampler sees the predicted latency as the second objective value; the
 screening sampler also gets the predictor's standard deviation, which its default settings
-ignore (``--latency-std-scale`` uses it), and its leave-one-out error on the 10 measurements
-(``latency_loo_error`` of the JSON's devices; ``--screening-option front_slack_error=K`` uses it).
+ignore (``--latency-std-scale`` uses it).
 
 ``--validation`` searches HELP's validation devices too (rows tagged ``split``, a summary per
 split); ``--screening-option NAME=VALUE`` runs a :class:`ScreeningConfig` variant of the
@@ -77,7 +76,6 @@ try:  # run as a script, benchmarks/ is on sys.path; loaded by a test, the repo 
 except ModuleNotFoundError:
     from benchmarks import latency_fewshot as shared
 machine, write_json = shared.machine, shared.write_json
-from hwnas.latency.fewshot import adapted_error  # noqa: E402
 from hwnas.latency.predictors import load_pretrained  # noqa: E402
 from hwnas.latency.tables import (  # noqa: E402
     LatencyTable,
@@ -216,8 +214,6 @@ class Problem:
     measured: int                # latency measurements taken from the table
     spearman: float              # of the seen latency against the true one
     predicted: bool = False      # the seen latency is the predictor's (else the true, exact)
-    #: the adapted predictor's leave-one-out error on its 10 measurements (None: exact latency)
-    latency_error: float | None = None
 
 
 def make_problem(space: Any, table: LatencyTable, device: str, accuracy: dict[str, float],
@@ -232,7 +228,6 @@ def make_problem(space: Any, table: LatencyTable, device: str, accuracy: dict[st
     rows = table.rows(archs)
     lat = table.column(device)[rows]
     acc = np.array([accuracy[a] for a in archs])
-    error = None
     if latency_source == "table":
         seen, std, measured = lat.copy(), None, len(archs)
     else:
@@ -245,12 +240,11 @@ def make_problem(space: Any, table: LatencyTable, device: str, accuracy: dict[st
         predictor.adapt(refs, table.column(device)[table.rows(refs)], seed=0)
         seen, std = predictor.predict_with_std(archs)
         measured = len(refs)
-        error = adapted_error(predictor)
     from scipy.stats import spearmanr
 
     return Problem(device, archs, acc, lat, np.asarray(seen, float), std,
                    true_front(lat, acc), measured, float(spearmanr(seen, lat)[0]),
-                   latency_source != "table", error)
+                   latency_source != "table")
 
 
 def holdout_predictor(space: Any, fam: str, cache: Path | None,
@@ -323,8 +317,6 @@ def make_study_sampler(name: str, seed: int, space: Any, problem: Problem,
     row = {a: i for i, a in enumerate(problem.archs)}
     # a predicted latency is flagged as `hwnas run` flags an adapted device's; the table's is exact
     predicted = (problem.predicted,)
-    # the predictor's error on this device's own measurements (front_slack_error reads it)
-    error = () if problem.latency_error is None else (problem.latency_error,)
 
     def cheap(archs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None]:
         """The latency predictor's mean and standard deviation (free per query; None for the
@@ -337,13 +329,13 @@ def make_study_sampler(name: str, seed: int, space: Any, problem: Problem,
     if name == "auto":  # the default of `hwnas run`, built as the run builds it
         return make_sampler("screening", seed, problem=ScreeningProblem(
             space=space, directions=("maximize", "minimize"), cheap=cheap, cheap_indices=(1,),
-            cheap_predicted=predicted, cheap_error=error))
+            cheap_predicted=predicted))
     if name == "screening":
         return ScreeningSampler(space, cheap, (1,), seed=seed,
                                 directions=("maximize", "minimize"),
                                 config=ScreeningConfig(cheap_std_scale=std_scale,
                                                        **(options or {})),
-                                cheap_predicted=predicted, cheap_error=error)
+                                cheap_predicted=predicted)
     return make_sampler(name, seed)
 
 
@@ -470,9 +462,7 @@ def print_tables(rows: list[dict], problems: list[Problem], budgets: list[int]) 
             f" ({min(c['hv_ratio_mean'] for c in cs):.4f}, "
             f"{min(min(c['hv_ratio_per_seed']) for c in cs):.4f})" for cs in cells))
     print("\ndevices: " + ", ".join(
-        f"{p.device} (front {p.front.size}, seen-latency Spearman {p.spearman:.3f}"
-        + ("" if p.latency_error is None else f", leave-one-out error {p.latency_error:.3f}")
-        + ")"
+        f"{p.device} (front {p.front.size}, seen-latency Spearman {p.spearman:.3f})"
         for p in problems))
 
 
@@ -694,10 +684,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
                          "reference_point": {"accuracy": round(p.front.ref_accuracy, 4),
                                              "latency_ms": round(p.front.ref_latency, 6)},
                          "latency_measurements": p.measured,
-                         "seen_latency_spearman": round(p.spearman, 4),
-                         **({} if p.latency_error is None else
-                            {"latency_loo_error": round(p.latency_error, 4)})}
-                        for p in problems],
+                         "seen_latency_spearman": round(p.spearman, 4)} for p in problems],
             "summary": summarize([r for r in rows if r["split"] == "test"], splits["test"]),
             **({"summary_validation": summarize([r for r in rows if r["split"] == "validation"],
                                                 splits["validation"])} if validation else {}),

@@ -28,8 +28,8 @@ from hwnas.latency.tables import LatencyTable
 from hwnas.core.errors import UserError
 from hwnas.core.maths import spearman
 
-__all__ = ["FewShotScore", "LeaveOneOut", "adapted_error", "choose_measurements",
-           "fewshot_scores", "leave_one_out", "spearman"]
+__all__ = ["FewShotScore", "LeaveOneOut", "choose_measurements", "fewshot_scores",
+           "leave_one_out", "spearman"]
 
 #: Offset of the seeds of the random measurement draw (the benchmark's, so numbers match).
 SEED_OFFSET = 10_000
@@ -246,24 +246,6 @@ def settling_suggestions(predictor: Any, space: Any, measured: Sequence[str], *,
     pool = [k for k in dict.fromkeys(space.to_string(space.sample(rng))
                                      for _ in range(SETTLE_POOL)) if k not in seen]
     return settle(pool, n)
-
-
-def adapted_error(predictor: Any) -> float | None:
-    """An adapted predictor's median relative error on its own measurements, each predicted
-    without itself (the closed-form leave-one-out of predictors that offer
-    ``loo_predictions``, the meta predictor's; ``None`` for others, or unadapted): how far this
-    device's predictions are likely off, for free (:func:`leave_one_out` re-adapts). The
-    screening sampler reads it as the device's latency error (``front_slack_error``)."""
-    loo = getattr(predictor, "loo_predictions", None)
-    data = getattr(predictor, "measurements", None)
-    if not callable(loo) or data is None:
-        return None
-    try:
-        pred = np.asarray(loo(), dtype=np.float64)
-    except UserError:  # subsampled measurements: no closed form
-        return None
-    y = np.asarray(data[1], dtype=np.float64)
-    return float(np.median(np.abs(pred - y) / y))
 
 
 @dataclass(frozen=True)

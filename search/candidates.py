@@ -127,13 +127,6 @@ class ScreeningConfig:
     #: point (the latency predictor's own uncertainty; 0 where the callable gives none, so a
     #: measured or exact cost is unaffected); 1 cost 0.016 at 300 on the unseen-phone proxy
     front_slack_sd: float = 0.0
-    #: the same relative slack as a multiple of the cheap cost's error on this device, as its
-    #: latency predictor's leave-one-out on its own few-shot measurements estimates it (the
-    #: sampler's ``cheap_error``, :func:`hwnas.latency.fewshot.adapted_error`; 0 where none is
-    #: given, so an exact or measured cost is unaffected): a slack that grows where the
-    #: predictor errs and vanishes where it is accurate (``benchmarks/search_nb201.md``,
-    #: session 40)
-    front_slack_error: float = 0.0
     #: share of the surrogate's trials (after the start-up) that are *layered* in the 2-D EHVI
     #: with a cheap cost (0: off): evenly spaced, each evaluates the candidate with the best EHVI
     #: over the evaluated points' second layer among those the front hides, where a cell
@@ -180,8 +173,6 @@ class ScreeningConfig:
             raise UserError(f"front_cost_slack = {self.front_cost_slack}; expected in [0, 1)")
         if not 0.0 <= self.front_slack_sd < 10.0:
             raise UserError(f"front_slack_sd = {self.front_slack_sd}; expected in [0, 10)")
-        if not 0.0 <= self.front_slack_error < 10.0:
-            raise UserError(f"front_slack_error = {self.front_slack_error}; expected in [0, 10)")
         if not 0.0 <= self.layer_share < 1.0:
             raise UserError(f"layer_share = {self.layer_share}; expected in [0, 1)")
         if not 0.0 <= self.early_layer_share < 1.0 or self.early_trials < 0:
@@ -229,12 +220,11 @@ class CandidatePool:
 
 
 def front_slack(config: ScreeningConfig, pool: CandidatePool, keys: Sequence[str],
-                keep: np.ndarray, cost: np.ndarray, error: float = 0.0) -> np.ndarray:
+                keep: np.ndarray, cost: np.ndarray) -> np.ndarray:
     """How much slower than its cheap cost ``cost`` each kept evaluated point (``keys`` where
-    ``keep``) is taken to dominate from in the 2-D EHVI: (``front_cost_slack`` +
-    ``front_slack_error`` x ``error``, the cost's relative error on this device) x |cost| +
+    ``keep``) is taken to dominate from in the 2-D EHVI: ``front_cost_slack`` x |cost| +
     ``front_slack_sd`` x the cost's standard deviation there (0 for a point not in the pool)."""
-    shift = (config.front_cost_slack + config.front_slack_error * error) * np.abs(cost)
+    shift = config.front_cost_slack * np.abs(cost)
     if config.front_slack_sd > 0 and pool.cheap_sd.shape[1]:
         rows = [pool.index.get(k) for k, ok in zip(keys, keep) if ok]
         shift = shift + config.front_slack_sd * np.array(

@@ -57,10 +57,6 @@ class ScreeningProblem:
     constraints: Callable[[Sequence[Any]], np.ndarray] | None = None
     constraint_names: tuple[str, ...] = ()
     cheap_predicted: tuple[bool, ...] = ()
-    #: each cheap objective's estimated relative error on this device (an adapted latency
-    #: predictor's leave-one-out error, :func:`hwnas.latency.fewshot.adapted_error`; 0: exact
-    #: or unknown); empty: none known
-    cheap_error: tuple[float, ...] = ()
 
 
 def check_screening_objectives(objectives: Sequence[Any]) -> None:
@@ -155,18 +151,7 @@ def screening_problem(space: Any, objectives: Sequence[Any], constraints: Sequen
         constraint_names=tuple(c.text for c in cheap_cons),
         cheap_predicted=tuple(objectives[i].device is not None
                               and devices[objectives[i].device].kind == "adapted"
-                              for i in cheap_idx),
-        cheap_error=tuple(_adapted_error(objectives[i].device, devices) for i in cheap_idx))
-
-
-def _adapted_error(device: str | None, devices: Mapping[str, Any]) -> float:
-    """The leave-one-out error of an adapted device's predictor on its own measurements (0 for
-    a device of another kind, a metric without a device, or a predictor without one)."""
-    if device is None or devices[device].kind != "adapted":
-        return 0.0
-    from hwnas.latency.fewshot import adapted_error
-
-    return adapted_error(devices[device].predictor) or 0.0
+                              for i in cheap_idx))
 
 
 def register_sampler(name: str,
@@ -243,7 +228,7 @@ def _screening(seed: int, *, n_startup_trials: int, problem: ScreeningProblem | 
         directions=problem.directions,
         config=ScreeningConfig(n_startup_trials=n_startup_trials, pool_size=SCREENING_POOL),
         constraints=problem.constraints, constraint_names=problem.constraint_names,
-        cheap_predicted=problem.cheap_predicted, cheap_error=problem.cheap_error)
+        cheap_predicted=problem.cheap_predicted)
 
 
 for _name, _factory in (("auto", _auto), ("tpe", _tpe), ("nsga2", _nsga2), ("random", _random),

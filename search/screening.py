@@ -79,9 +79,7 @@ class ScreeningSampler(BaseSampler):
       (accuracy vs a latency measured here) get the same exact EHVI with the second one's GP
       mean and deviation as an uncertain cost (independent of the first: separate GPs). With a
       predicted cheap cost (``cheap_predicted``), ``layer_share`` of the trials look behind the
-      front (:mod:`hwnas.search.layered`); ``cheap_error`` (each cheap objective's relative
-      error on this device, e.g. its latency predictor's leave-one-out error) widens the
-      front's cost by ``front_slack_error`` times it;
+      front (:mod:`hwnas.search.layered`);
     * one objective: expected improvement;
     * three or more objectives, where the exact 2-D EHVI does not apply: an optimistic random
       augmented Chebyshev scalarization — ParEGO's rule (Knowles 2006) with a confidence bound
@@ -122,8 +120,7 @@ class ScreeningSampler(BaseSampler):
                  directions: Sequence[str | StudyDirection] | None = None,
                  config: ScreeningConfig | None = None,
                  constraints: CheapConstraints | None = None, constraint_names: Sequence[str] = (),
-                 cheap_predicted: Sequence[bool] = (),
-                 cheap_error: Sequence[float] = ()) -> None:
+                 cheap_predicted: Sequence[bool] = ()) -> None:
         self.space = space
         self.constraints = constraints
         self.constraint_names = tuple(str(n) for n in constraint_names)
@@ -145,11 +142,6 @@ class ScreeningSampler(BaseSampler):
         if self.cheap_predicted and len(self.cheap_predicted) != len(self.cheap_indices):
             raise UserError(f"cheap_predicted has {len(self.cheap_predicted)} flags for "
                             f"{len(self.cheap_indices)} cheap objectives")
-        self.cheap_error = tuple(float(e) for e in cheap_error)
-        if self.cheap_error and (len(self.cheap_error) != len(self.cheap_indices)
-                                 or not all(e >= 0 for e in self.cheap_error)):
-            raise UserError(f"cheap_error {list(self.cheap_error)}: expected one error >= 0 "
-                            f"for each of the {len(self.cheap_indices)} cheap objectives")
         self.seed = int(seed)
         self.directions = None if directions is None else [_direction(d) for d in directions]
         self.config = config or ScreeningConfig()
@@ -649,8 +641,7 @@ class ScreeningSampler(BaseSampler):
                 e, c = exp_idx
                 cost, cost_sd = -preds[1][0], preds[1][1]
             obs_gain, obs_cost = Y[:, e], -Y[:, c]
-            obs_cost += front_slack(self.config, pool, self._hist.keys, feasible, obs_cost,
-                                    self.cheap_error[0] if self.cheap_error else 0.0)
+            obs_cost += front_slack(self.config, pool, self._hist.keys, feasible, obs_cost)
             ok = pool.feasible  # the most accurate predicted candidate meeting the constraints
             best = int(np.argmax(mu)) if ok.all() or not ok.any() else \
                 int(np.flatnonzero(ok)[int(np.argmax(mu[ok]))])

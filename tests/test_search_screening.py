@@ -325,45 +325,6 @@ def test_front_cost_slack_revisits_cells_just_slower_than_the_front():
     assert run_sd(cheap_latency_with_std, 3.0) != run_sd(cheap_latency_with_std, 0.0)
 
 
-def test_front_slack_error_is_a_slack_of_the_device_error():
-    """front_slack_error x the sampler's cheap_error (the predictor's leave-one-out error on
-    this device) is the relative slack front_cost_slack would be: none where no error is given
-    (an exact cost) or the error is 0, and the error comes from the adapted predictor's own
-    leave-one-out on its measurements (the ScreeningProblem carries it to the sampler)."""
-    from hwnas.latency.fewshot import adapted_error
-    from hwnas.search.samplers import ScreeningProblem, make_sampler
-
-    space = ToySpace()
-
-    def run(cfg, error=()):
-        return run_toy(space, ScreeningSampler(space, cheap_latency, (1,), seed=0, config=cfg,
-                                               directions=["maximize", "minimize"],
-                                               cheap_predicted=(True,), cheap_error=error), 30)
-
-    fixed, off = run(ScreeningConfig(front_cost_slack=0.2)), run(ScreeningConfig())
-    assert fixed != off
-    assert run(ScreeningConfig(front_slack_error=2.0), (0.1,)) == fixed
-    assert run(ScreeningConfig(front_slack_error=2.0), (0.0,)) == off
-    assert run(ScreeningConfig(front_slack_error=2.0)) == off  # no error known: exact
-    with pytest.raises(UserError, match="front_slack_error"):
-        ScreeningConfig(front_slack_error=-1.0)
-    with pytest.raises(UserError, match="cheap_error"):
-        ScreeningSampler(space, cheap_latency, (1,), seed=0, cheap_error=(0.1, 0.2))
-    sampler = make_sampler("screening", 0, problem=ScreeningProblem(
-        space=space, directions=("maximize", "minimize"), cheap=cheap_latency,
-        cheap_indices=(1,), cheap_predicted=(True,), cheap_error=(0.1,)))
-    assert sampler.cheap_error == (0.1,)
-
-    class Adapted:  # a predictor with a closed-form leave-one-out (the meta predictor's API)
-        measurements = (["a", "b", "c"], np.array([10.0, 20.0, 40.0]))
-
-        def loo_predictions(self):
-            return np.array([11.0, 20.0, 30.0])
-
-    assert adapted_error(Adapted()) == pytest.approx(0.1)  # median of 0.1, 0, 0.25
-    assert adapted_error(object()) is None
-
-
 def test_early_layer_share_takes_more_layered_trials_before_early_trials():
     early = ScreeningConfig(early_layer_share=0.5, early_trials=20)  # layer_share 0.25 after
     # 10 start-up trials: one in two of the surrogate's trials until 20 are complete, then 1 in 4
