@@ -6,8 +6,8 @@ this redesigns each cached LOFO fold (``latency_residual_select.py --cache``) un
 and scores only the ``ref`` measurements (the fold's reference architectures, topped up at
 random) of every held-out device: the cheap way to compare designs at 10 measurements without
 meta-training again. A variant is ``name:key=value;key=value`` of MetaPredictor attributes
-(``design_variants=1``, ``pool_size=15625``; ``seed=1``: another
-pool draw of the design); ``default`` redesigns with the fold's own settings
+(``pool_size=15625``; ``seed=1``: another pool draw of the design; session 40's
+``design_variants=1`` needs commit ``f4e012b``, where that option existed); ``default`` redesigns with the fold's own settings
 (it must give the cached reference architectures back: checked). Development folds only.
 
     OMP_NUM_THREADS=1 python benchmarks/latency_design_select.py --space nb201 \\
@@ -68,8 +68,6 @@ def redesigned(meta, over: dict, train_archs, common):
     over = dict(over)
     seed = int(over.pop("seed", 0))  # the design's pool draw (0: the folds' own)
     m = copy.deepcopy(meta)
-    if not hasattr(m, "design_variants"):  # folds cached before the setting existed
-        m.design_variants = False
     for k, v in over.items():
         if not hasattr(m, k):
             raise SystemExit(f"MetaPredictor has no setting {k!r}")

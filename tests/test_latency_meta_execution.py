@@ -68,37 +68,6 @@ def test_greedy_design_continues_after_chosen_rows() -> None:
     assert greedy_design(F, 5, 0.1, chosen=free[:2]) == free  # greedy is greedy
 
 
-def test_greedy_design_averages_over_feature_matrices() -> None:
-    """One matrix in a list is the plain design; a matrix with no weight changes nothing; an
-    averaged design pins down what the second matrix leaves open better than the first's."""
-    rng = np.random.default_rng(1)
-    F, G = rng.standard_normal((300, 6)), rng.standard_normal((300, 6))
-    assert greedy_design([F], 6, 0.1, weights=[0.4]) == greedy_design(F, 6, 0.1)
-    assert greedy_design([F, G], 6, 0.1, weights=[1.0, 0.0]) == greedy_design(F, 6, 0.1)
-
-    def variance(M, rows):  # mean posterior variance over the pool after measuring rows
-        S = np.linalg.inv(np.eye(6) + M[rows].T @ M[rows] / 0.1)
-        return float(np.mean(np.sum((M @ S) * M, 1)))
-
-    plain, both = greedy_design(F, 6, 0.1), greedy_design([F, G], 6, 0.1, weights=[0.5, 0.5])
-    assert variance(G, both) < variance(G, plain)
-    assert variance(F, both) + variance(G, both) < variance(F, plain) + variance(G, plain)
-
-
-def test_design_variants_is_an_option_kept_in_files(nb201, tmp_path) -> None:
-    """``design_variants`` (off by default) designs under both networks; the prior is the same,
-    only the reference architectures differ; the setting is saved with the file."""
-    space, archs = nb201
-    table = synthetic_devices(space, archs[:400], [False, False, True, True], seed=4)
-    plain = MetaPredictor(space, pool_size=300).meta_fit(space, archs[:400], table, seed=0)
-    mixed = MetaPredictor(space, pool_size=300, design_variants=True).meta_fit(
-        space, archs[:400], table, seed=0)
-    assert not plain.design_variants and mixed.design_variants
-    assert mixed.reference_archs != plain.reference_archs
-    assert all(np.array_equal(mixed._p[k], plain._p[k]) for k in plain._p)
-    assert MetaPredictor.load(mixed.save(tmp_path / "m.npz")).design_variants
-
-
 @pytest.mark.parametrize("new_prunes", [True, False])
 def test_meta_learns_which_network_a_device_runs(nb201, new_prunes: bool) -> None:
     """Meta-training tells the pruning device from the others, the design measures cells that

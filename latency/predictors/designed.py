@@ -18,36 +18,27 @@ __all__ = ["DesignedPredictor", "MAX_ADAPT_MEASUREMENTS", "fit_profiles", "greed
            "ridge_fit"]
 
 
-def greedy_design(F: np.ndarray | Sequence[np.ndarray], n: int, lam: float,
-                  chosen: Sequence[int] = (), weights: Sequence[float] | None = None) -> list[int]:
+def greedy_design(F: np.ndarray, n: int, lam: float,
+                  chosen: Sequence[int] = ()) -> list[int]:
     """Greedy I-optimal design: indices of ``n`` rows of ``F`` (features of a candidate pool;
     prior ``f = F w``, ``w ~ N(0, I)``, noise ``lam``) that minimise the average posterior
     variance over the pool, chosen one at a time, continuing after the rows ``chosen``
-    (which are returned first). ``F`` may be a list of feature matrices of the same rows (the
-    network a device may run, one per execution variant): the criterion is then their
-    posterior variances averaged with ``weights``."""
-    Fs = [F] if isinstance(F, np.ndarray) else list(F)
-    ws = [1.0] * len(Fs) if weights is None else [float(w) for w in weights]
-    Ms = [Fi.T @ Fi / len(Fi) for Fi in Fs]
-    Ss = [np.eye(Fi.shape[1]) for Fi in Fs]
+    (which are returned first)."""
+    m = F.shape[1]
+    M = F.T @ F / len(F)
+    S = np.eye(m)
     out = [int(j) for j in chosen]
-
-    def update(j: int) -> None:
-        for i, Fi in enumerate(Fs):
-            s = Ss[i] @ Fi[j]
-            Ss[i] = Ss[i] - np.outer(s, s) / (lam + Fi[j] @ s)
-
     for j in out:
-        update(j)
-    while len(out) < min(n, len(Fs[0])):
-        gain = 0.0
-        for w, Fi, M, S in zip(ws, Fs, Ms, Ss):
-            A = Fi @ S
-            gain = gain + w * np.sum((A @ M) * A, 1) / (lam + np.sum(A * Fi, 1))
+        s = S @ F[j]
+        S = S - np.outer(s, s) / (lam + F[j] @ s)
+    while len(out) < min(n, len(F)):
+        A = F @ S
+        gain = np.sum((A @ M) * A, 1) / (lam + np.sum(A * F, 1))
         gain[out] = -np.inf
         j = int(np.argmax(gain))
         out.append(j)
-        update(j)
+        s = S @ F[j]
+        S = S - np.outer(s, s) / (lam + F[j] @ s)
     return out
 
 

@@ -96,7 +96,6 @@ class MetaPredictor(DesignedPredictor):
         disconnected_var: float = 1.0,
         design_delta: float = 1.0,
         design_delta_after: int = 5,
-        design_variants: bool = False,
         robust_iterations: int = 10,
         robust_nu: float = 4.0,
         opcounts: Sequence[float] = (0.0,),
@@ -119,9 +118,6 @@ class MetaPredictor(DesignedPredictor):
         self.disconnected_var = float(disconnected_var)
         self.design_delta = float(design_delta)
         self.design_delta_after = int(design_delta_after)
-        #: the design's criterion averages the posterior variance under each execution variant
-        #: (weighed by the prior over them) instead of the raw network's alone
-        self.design_variants = bool(design_variants)
         self.robust_iterations = int(robust_iterations)
         self.robust_nu = float(robust_nu)
         #: prior variances of the operation-count block (0: no such block)
@@ -282,22 +278,17 @@ class MetaPredictor(DesignedPredictor):
         s2 = {"zl": 0.5, "zm": 0.5, "ql": 0.0, "qm": 0.0, "x": a_s, "o": 0.0, "l": b_s, "f": 0.0,
               "d": 0.0, "c": 1.0}
         raw = self._blocks(pool_keys, "raw")
+        F = self._scaled(raw, s2)
         others = [v for v in self.variants if v != "raw"]
-        # design_variants: every variant the prior weighs, each with its share of the criterion
-        mix = {v: p for v, p in self.execution_prior_.items() if p > 0 and self.design_variants}
-        mix = mix if len(mix) > 1 else {"raw": 1.0}
-        Fs = [self._scaled(raw if v == "raw" else self._blocks(pool_keys, v), s2) for v in mix]
-        wts = list(mix.values())
         if not others or self.design_delta <= 0:
-            return [pool_keys[i] for i in greedy_design(Fs, self.n_reference, lam_s, (), wts)]
-        first = greedy_design(Fs, min(self.design_delta_after, self.n_reference), lam_s, (), wts)
+            return [pool_keys[i] for i in greedy_design(F, self.n_reference, lam_s)]
+        first = greedy_design(F, min(self.design_delta_after, self.n_reference), lam_s)
         cols = []
         for v in others:  # latency (profile units) the meta-training devices lose under v
             delta = (raw["zm"] - self._blocks(pool_keys, v)["zm"]).mean(1)
             cols.append((delta - delta.mean()) / (delta.std() + 1e-12))
-        extra = np.sqrt(self.design_delta) * np.stack(cols, 1)
-        Fs = [np.hstack([F, extra]) for F in Fs]
-        return [pool_keys[i] for i in greedy_design(Fs, self.n_reference, lam_s, first, wts)]
+        F = np.hstack([F, np.sqrt(self.design_delta) * np.stack(cols, 1)])
+        return [pool_keys[i] for i in greedy_design(F, self.n_reference, lam_s, first)]
 
     def _blocks(self, keys: list[str], variant: str = "raw") -> dict[str, np.ndarray]:
         """Unscaled prior feature blocks of canonical strings, executed under ``variant``."""
@@ -653,7 +644,6 @@ class MetaPredictor(DesignedPredictor):
                 "execution": None if self.execution is None else list(self.execution),
                 "disconnected_var": self.disconnected_var, "design_delta": self.design_delta,
                 "design_delta_after": self.design_delta_after,
-                "design_variants": self.design_variants,
                 "robust_iterations": self.robust_iterations, "robust_nu": self.robust_nu,
                 "opcounts": list(self.opcounts), "pair_profiles": self.pair_profiles,
                 "min_profile_r2": self.min_profile_r2, "residual": self.residual,
@@ -670,8 +660,8 @@ class MetaPredictor(DesignedPredictor):
         hyper = {k: meta[k] for k in ("alphas", "betas", "gammas", "lams", "design", "n_reference",
                                       "pool_size", "surrogate_ridge", "execution",
                                       "disconnected_var", "design_delta", "design_delta_after",
-                                      "design_variants", "robust_iterations", "robust_nu",
-                                      "opcounts", "pair_profiles", "min_profile_r2", "residual",
+                                      "robust_iterations", "robust_nu", "opcounts",
+                                      "pair_profiles", "min_profile_r2", "residual",
                                       "screen_margin")
                  if k in meta}
         hyper.setdefault("pair_profiles", 0.0)  # files written before pair profiles existed
