@@ -6,7 +6,7 @@ checkpoint is matched on the space name and the dataset's class names, so a CIFA
 from the npz file, the pickle directory or an ImageFolder with the same classes all find it.
 A space names candidate files in order, the first present wins: ``vit`` takes ``cct``'s
 supernet (``cct_cifar10.pt``, a variant of the vit family,
-:attr:`hwnas.supernet.space.SearchSpace.family`; shipped since session 40) before its own, and
+:attr:`hwnas.supernet.space.SearchSpace.family`) before its own, and
 the run then goes on in space ``cct``; ``vit_cifar10.pt`` stays shipped for ``--supernet``.
 """
 
