@@ -42,7 +42,11 @@ def fold_predictor(space, devices, fam, held, cache: Path | None) -> MetaPredict
     """The fold's meta predictor (trained on every device outside ``held``), as latency_lofo."""
     path = None if cache is None else cache / f"{space.name}_{fam.replace(':', '_')}.pkl"
     if path is not None and path.is_file():
-        return pickle.loads(path.read_bytes())
+        meta = pickle.loads(path.read_bytes())
+        for k, v in vars(MetaPredictor(space)).items():  # settings newer than the cached fold
+            if not hasattr(meta, k):
+                setattr(meta, k, v)
+        return meta
     train = [d for d in devices if d not in held]
     all_archs = list(dict.fromkeys(a for archs, _ in devices.values() for a in archs))
     train_set = {a for d in train for a in devices[d][0]}
