@@ -64,7 +64,7 @@ SCREEN_AFTER = 20
 
 #: options chosen per space on the family protocol and checked on HELP's validation devices
 #: (benchmarks/latency_lofo.md, "pairwise cell terms"); an argument to the constructor wins
-SPACE_OPTIONS: dict[str, dict] = {"nb201": {"pair_profiles": 0.1, "execution_offset": 2.0}}
+SPACE_OPTIONS: dict[str, dict[str, float]] = {"nb201": {"pair_profiles": 0.1}}
 
 
 class MetaPredictor(DesignedPredictor):
@@ -103,10 +103,8 @@ class MetaPredictor(DesignedPredictor):
         min_profile_r2: float = 0.0,
         residual: str | None = None,
         screen_margin: float | None = None,
-        execution_offset: float | None = None,
     ) -> None:
         super().__init__(space)
-        opts = SPACE_OPTIONS.get(getattr(space, "name", ""), {})  # for settings left None
         self.alphas = tuple(float(a) for a in alphas)
         self.betas = tuple(float(b) for b in betas)
         self.gammas = tuple(float(g) for g in gammas)
@@ -129,7 +127,9 @@ class MetaPredictor(DesignedPredictor):
         #: so a smaller value shrinks them more), weighed against the additive profiles by each
         #: adaptation's evidence like the execution variants; 0: additive profiles only;
         #: None: the space's choice in SPACE_OPTIONS (off where it has none)
-        pair_profiles = opts.get("pair_profiles", 0.0) if pair_profiles is None else pair_profiles
+        if pair_profiles is None:
+            pair_profiles = SPACE_OPTIONS.get(getattr(space, "name", ""), {}).get(
+                "pair_profiles", 0.0)
         self.pair_profiles = float(pair_profiles)
         if not np.isfinite(self.pair_profiles) or self.pair_profiles < 0:
             raise UserError(f"pair_profiles must be 0 (off) or a positive scale, got "
@@ -147,10 +147,6 @@ class MetaPredictor(DesignedPredictor):
                                    else screen_margin)
         if not np.isfinite(self.screen_margin) or self.screen_margin < 0:
             raise UserError(f"screen_margin must be a number >= 0, got {screen_margin}")
-        #: nats added at adaptation to the log prior of every variant but ``raw``, as 10
-        #: measurements' evidence leans to ``raw`` (latency_lofo.md); None: SPACE_OPTIONS' (or 0)
-        self.execution_offset = float(opts.get("execution_offset", 0.0)
-                                      if execution_offset is None else execution_offset)
         if self.robust_iterations < 0 or self.robust_nu <= 0:
             raise UserError(f"robust_iterations must be >= 0 and robust_nu > 0, got "
                             f"{robust_iterations} and {robust_nu}")
@@ -326,12 +322,15 @@ class MetaPredictor(DesignedPredictor):
             return np.zeros((len(X), 0))
         return (X - self._p["x_mean"]) @ groups[0] / float(self._p["x_scale"])
 
+    def _pairs(self, X: np.ndarray) -> np.ndarray:
+        return pair_products(X, encoding_positions(self.space))
+
     def _pair_profiles(self, enc: dict, Y: np.ndarray, chosen: list[str], floor: np.ndarray,
                        grams: dict) -> dict[str, np.ndarray]:
         """The meta-training devices' profiles with pair terms (each device under the execution
         variant its additive profile chose), and their normalisation."""
-        pf, pos = self.pair_profiles, encoding_positions(self.space)
-        design = {v: np.hstack([enc[v][0], enc[v][2][:, None], pf * pair_products(enc[v][0], pos)])
+        pf = self.pair_profiles
+        design = {v: np.hstack([enc[v][0], enc[v][2][:, None], pf * self._pairs(enc[v][0])])
                   for v in set(chosen)}
         p_dim = enc["raw"][0].shape[1]
         coef, icpt, S = fit_profiles(design, Y, chosen, floor, self.surrogate_ridge, grams,
@@ -347,8 +346,7 @@ class MetaPredictor(DesignedPredictor):
         if "q_coef" not in p:
             return {"ql": np.zeros((len(X), 0)), "qm": np.zeros((len(X), 0))}
         S = np.maximum(X @ p["q_coef"].T + np.outer(flag, p["q_coef_d"])
-                       + pair_products(X, encoding_positions(self.space)) @ p["q_coef_p"].T
-                       + p["q_icpt"], p["floor"])
+                       + self._pairs(X) @ p["q_coef_p"].T + p["q_icpt"], p["floor"])
         D = np.sqrt(len(self.devices_))
         return {"ql": (np.log(S) - p["ql_mean"]) / p["ql_std"] / D,
                 "qm": (S - p["qm_mean"]) / p["qm_std"] / D}
@@ -400,10 +398,12 @@ class MetaPredictor(DesignedPredictor):
 
     def _adapt(self, keys: list[str], latency_ms: np.ndarray, seed: int) -> None:
         if not self.is_meta_trained:
-            raise UserError(f"the meta latency predictor for space {self.space.name} has not "
-                            f"been meta-trained; use latency.predictors.load_pretrained("
-                            f"{self.space.name!r}) or meta_fit() it on latency tables of several "
-                            f"devices, or use the flops, lut or mlp predictor")
+            raise UserError(
+                f"the meta latency predictor for space {self.space.name} has not been "
+                f"meta-trained; use latency.predictors.load_pretrained({self.space.name!r}) or "
+                f"meta_fit() it on latency tables of several devices, or use the flops, lut or "
+                f"mlp predictor"
+            )
         if len(keys) > MAX_ADAPT_MEASUREMENTS:  # the fit is cubic in memory/time: subsample
             pick = np.sort(np.random.default_rng(seed).choice(
                 len(keys), MAX_ADAPT_MEASUREMENTS, replace=False))
@@ -412,11 +412,11 @@ class MetaPredictor(DesignedPredictor):
         y = latency_ms / scale - 1.0
         blocks: dict[str, dict[str, np.ndarray]] = {}
         members = []
+        pin = self.pinned_execution
         screen = self.screen_margin > 0 and len(keys) > SCREEN_AFTER
-        logp = {v: np.log(p) + (self.execution_offset if v != "raw" else 0.0)  # log prior
-                for v, p in self.execution_prior_.items()
-                if p > 0 and self.pinned_execution in (None, v)}
-        for variant in logp:
+        for variant, prior in self.execution_prior_.items():
+            if prior <= 0 or (pin is not None and variant != pin):
+                continue
             bl = blocks[variant] = self._blocks(keys, variant)
             grams = {b: bl[b] @ bl[b].T for b in _BLOCKS}
             for s2, lam in self._members(variant):
@@ -425,7 +425,7 @@ class MetaPredictor(DesignedPredictor):
                     ml, alpha, sig2, chol = self._fit_member(K0, lam, y, 0 if screen else None)
                 except np.linalg.LinAlgError:
                     continue
-                members.append((ml + logp[variant], variant, s2, lam, alpha, sig2, chol))
+                members.append((ml + np.log(prior), variant, s2, lam, alpha, sig2, chol))
         if screen and members:  # the robust fit for the members the Gaussian one keeps in play
             best = max(m[0] for m in members)
             robust = []
@@ -438,7 +438,7 @@ class MetaPredictor(DesignedPredictor):
                     fit = self._fit_member(K0, lam, y)
                 except np.linalg.LinAlgError:  # pragma: no cover - lam > 0 on the diagonal
                     continue
-                robust.append((fit[0] + logp[v], v, s2, lam, *fit[1:]))
+                robust.append((fit[0] + np.log(self.execution_prior_[v]), v, s2, lam, *fit[1:]))
             members = robust
         if not members:  # pragma: no cover - K always has lam > 0 on its diagonal
             raise UserError("the meta predictor could not fit these measurements")
@@ -647,7 +647,7 @@ class MetaPredictor(DesignedPredictor):
                 "robust_iterations": self.robust_iterations, "robust_nu": self.robust_nu,
                 "opcounts": list(self.opcounts), "pair_profiles": self.pair_profiles,
                 "min_profile_r2": self.min_profile_r2, "residual": self.residual,
-                "screen_margin": self.screen_margin, "execution_offset": self.execution_offset,
+                "screen_margin": self.screen_margin,
                 "devices": list(self.devices_), "device_execution": list(self.device_execution_),
                 "execution_prior": dict(self.execution_prior_),
                 "pinned_execution": self.pinned_execution,
@@ -662,11 +662,11 @@ class MetaPredictor(DesignedPredictor):
                                       "disconnected_var", "design_delta", "design_delta_after",
                                       "robust_iterations", "robust_nu", "opcounts",
                                       "pair_profiles", "min_profile_r2", "residual",
-                                      "screen_margin", "execution_offset")
+                                      "screen_margin")
                  if k in meta}
-        # files written before pair profiles, the residual learner, screening, the offset
-        hyper = {"pair_profiles": 0.0, "residual": "off", "screen_margin": 0.0,
-                 "execution_offset": 0.0, **hyper}
+        hyper.setdefault("pair_profiles", 0.0)  # files written before pair profiles existed
+        hyper.setdefault("residual", "off")  # ... and before the residual learner
+        hyper.setdefault("screen_margin", 0.0)
         obj = cls(space, **hyper)
         obj.devices_ = list(meta.get("devices", []))
         obj._ref = list(meta.get("reference_archs", []))
