@@ -79,7 +79,7 @@ def main(argv=None) -> int:
                            "kind": kind, "draw": s, "variant": name,
                            "spearman": lofo.spearman(m.predict(test), y[sc]),
                            "posterior": m.explain()["execution_posterior"],
-                           "prior": dict(m.execution_prior_), "offset": m.execution_offset}
+                           "prior": dict(m.execution_prior_), "offset": getattr(m, "execution_offset", 0.0)}
                     if not args.no_pinned:
                         row["pinned"] = {}
                         for v in m.variants:
