@@ -7,7 +7,10 @@
 #      on the GPU (never measured: sessions 38-39 ran it beside other jobs). The cctsn150 recipe
 #      for 2 and then 6 epochs, one after the other; the difference of their seconds over the
 #      difference of their steps is the speed after compilation (x 52,650 steps = the full
-#      run's seconds alone).
+#      run's seconds alone). Then the same two with CUDA graphs over the model (`--compile
+#      reduce-overhead --compile-scope model`, session 37's fastest exact setting for CCT-7 alone):
+#      session 40's history puts the default at 20.3 s per epoch alone on an H100 (epochs
+#      147-150), about 50 min for 150 epochs, so the 30-minute target needs about 1.7x.
 #   2 (S 560): issue 44 item 1: CCT-2/3x2's third seed (session 37: 84.17 and 83.51 %, mean
 #      1.06 points under its data-adjusted reference 84.90; 436 s alone on an H100). Returns
 #      its parts if it has not finished: repeat phase 2 with them carried (data/cct_resume).
@@ -21,10 +24,11 @@ case $PHASE in
   exit 0
   ;;
 1)
-  for j in cctsnspeed2 cctsnspeed6; do
-    CCT_SPEED="--compile" CCT_JOBS="$j" RETURN_CKPT="none" \
+  for j in cctsnspeed2 cctsnspeed6 cctsnspeedg2 cctsnspeedg6; do
+    sp="--compile"; case $j in cctsnspeedg*) sp="--compile reduce-overhead --compile-scope model" ;; esac
+    CCT_SPEED="$sp" CCT_JOBS="$j" RETURN_CKPT="none" \
       bash benchmarks/results/supernet_cifar10/h200_cct.sh 3 > /tmp/res/cct_$j.log 2>&1
-    grep -a "trained steps" /tmp/cct/$j.log | tr '\r' '\n' | tail -1
+    echo "$j ($sp): $(grep -a "trained steps" /tmp/cct/$j.log | tr '\r' '\n' | tail -1)"
   done
   ;;
 2)
