@@ -297,6 +297,21 @@ def schedule(todo: list[dict], run, done, jobs: int, budget_s: float) -> None:
                     done(f.result())
 
 
+def with_sources(todo: list[dict], matrix: list[dict], kept: dict[str, dict]) -> list[dict]:
+    """``todo`` with, before each cell, the cell it needs where that one is kept from an earlier
+    run but its run directory is not on this machine (another session's scratch folder): it
+    runs again (and leaves ``kept``), else the cell would fail on a missing directory."""
+    by_id, out = {c["id"]: c for c in matrix}, []
+    for cell in todo:
+        need = kept.get(cell.get("needs", ""))
+        if need is not None and need["id"] in by_id and not (
+                need.get("run_dir") and Path(need["run_dir"]).is_dir()):
+            kept.pop(need["id"])
+            out.append(by_id[need["id"]])
+        out.append(cell)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="folder for gpu_matrix.json/.md")
@@ -341,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             and (a.only is None or any(c["id"].startswith(o) for o in a.only))]
     if a.only:  # in the order --only names them
         todo.sort(key=lambda c: min(i for i, o in enumerate(a.only) if c["id"].startswith(o)))
+    todo = with_sources(todo, cells(available_spaces(), a.base_space), a.results_by_id)
 
     def done(res: dict) -> None:
         print(f"{res['status']:4} {res.get('seconds', 0):7.1f} s  {res['id']}  {res.get('error') or ''}",

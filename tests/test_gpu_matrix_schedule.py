@@ -45,3 +45,19 @@ def test_one_job_keeps_the_order_and_a_spent_budget_starts_nothing():
     assert [i for k, i in events if k == "start"] == ["x", "y", "z"]
     events, results = _run_all(todo, jobs=3, budget_s=-1)
     assert events == [] and results == []
+
+
+def test_a_cell_whose_kept_source_run_is_elsewhere_runs_the_source_first(tmp_path):
+    """Session 40: export/mbv3/digits/cuda-adaround, selected alone on a fresh machine, failed
+    on the kept run/mbv3/digits/bits' directory (another session's /tmp)."""
+    from benchmarks.gpu_matrix import with_sources
+
+    matrix = [{"id": "run/a"}, {"id": "run/b"}, {"id": "export/a", "needs": "run/a"},
+              {"id": "export/b", "needs": "run/b"}]
+    kept = {"run/a": {"id": "run/a", "rc": 0, "run_dir": str(tmp_path / "gone")},
+            "run/b": {"id": "run/b", "rc": 0, "run_dir": str(tmp_path)}}
+    todo = with_sources([matrix[2], matrix[3]], matrix, kept)
+    assert [c["id"] for c in todo] == ["run/a", "export/a", "export/b"]
+    assert set(kept) == {"run/b"}  # run/a runs again; run/b's directory is here
+    events, results = _run_all(todo, jobs=3)
+    assert events.index(("start", "export/a")) > events.index(("end", "run/a"))
