@@ -67,7 +67,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -560,11 +560,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="a previous run's JSON of the same devices and seeds: print and write "
                          "the paired difference per budget (mean over devices, per seed)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = ap.parse_args(argv)
+    return run_main("search_nb201", _main, ap.parse_args(argv), argv)
+
+
+def run_main(name: str, body: Callable[[argparse.Namespace, list[str]], int],
+             args: argparse.Namespace, argv: list[str] | None) -> int:
+    """``body(args, argv)`` with a UserError as one line ``NAME: error: ...`` and exit 2: the
+    entry of this script and of the NB-201 diagnoses built on it."""
     try:
-        return _main(args, argv if argv is not None else sys.argv[1:])
+        return body(args, argv if argv is not None else sys.argv[1:])
     except UserError as exc:
-        print(f"search_nb201: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {exc}", file=sys.stderr)
         return 2
 
 

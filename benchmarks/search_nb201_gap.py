@@ -26,7 +26,6 @@ diagnosis, not an interface.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import sys
 import warnings
 from typing import Any
@@ -129,12 +128,7 @@ def diagnose(space: Any, p: Any, seed: int, checkpoints: list[int], options: dic
 def main(argv: list[str] | None = None) -> int:
     ap = pred.diagnosis_parser(__doc__, seeds=10, checkpoints=[15, 20, 40, 50, 60, 80, 100])
     ap.add_argument("--refits-from", type=int, default=40)
-    args = ap.parse_args(argv)
-    try:
-        return _main(args, sys.argv[1:] if argv is None else argv)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return nb.run_main("search_nb201_gap", _main, ap.parse_args(argv), argv)
 
 
 def _main(args: argparse.Namespace, argv: list[str]) -> int:
@@ -182,12 +176,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
                   f"{s['not_hidden_acquisition_rank']:.3f}, {s['not_hidden_sd_ratio']:.2f}"
                   f"  {s['refits_late_at_top'][0]}/{s['refits_late_at_top'][1]}")
     if args.out is not None:
-        nb.write_json(args.out, {
-            "command": "python benchmarks/search_nb201_gap.py " + " ".join(argv),
-            "machine": nb.machine(),
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "screening_options": options, "summary": summary, "results": rows})
-        print(f"wrote {args.out}")
+        pred.write_diagnosis(args.out, "search_nb201_gap.py", argv, options, summary, rows)
     return 0
 
 

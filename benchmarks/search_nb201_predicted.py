@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -212,6 +211,17 @@ def diagnosis_parser(doc: str, *, seeds: int, checkpoints: list[int]) -> argpars
     return ap
 
 
+def write_diagnosis(path: Path, script: str, argv: list[str], options: dict,
+                    summary: list, rows: list) -> None:
+    """A per-trial diagnosis' JSON (command, machine, date, ScreeningConfig settings, summary
+    and rows), as ``search_nb201_surrogate.py`` and ``search_nb201_gap.py`` write it."""
+    nb.write_json(path, {
+        "command": f"python benchmarks/{script} " + " ".join(argv), "machine": nb.machine(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "screening_options": options, "summary": summary, "results": rows})
+    print(f"wrote {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--blocks", nargs="+", default=list(BLOCKS), choices=list(BLOCKS))
@@ -227,12 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="a ScreeningConfig setting of the searches (as search_nb201.py's)")
     ap.add_argument("--fold-cache", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args(argv)
-    try:
-        return _main(args, argv if argv is not None else sys.argv[1:])
-    except UserError as exc:
-        print(f"search_nb201_predicted: error: {exc}", file=sys.stderr)
-        return 2
+    return nb.run_main("search_nb201_predicted", _main, ap.parse_args(argv), argv)
 
 
 def _main(args: argparse.Namespace, argv: list[str]) -> int:

@@ -22,7 +22,6 @@ Feature sets: ``encoding`` (the space's one-hot encoding, what the sampler uses)
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import sys
 import warnings
 from typing import Any
@@ -93,12 +92,7 @@ def diagnose(space: Any, p: Any, seed: int, checkpoints: list[int], feats: dict[
 def main(argv: list[str] | None = None) -> int:
     ap = pred.diagnosis_parser(__doc__, seeds=3, checkpoints=[25, 50, 100, 200])
     ap.add_argument("--features", nargs="+", default=list(FEATURE_SETS), choices=FEATURE_SETS)
-    args = ap.parse_args(argv)
-    try:
-        return _main(args, sys.argv[1:] if argv is None else argv)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return nb.run_main("search_nb201_surrogate", _main, ap.parse_args(argv), argv)
 
 
 def _main(args: argparse.Namespace, argv: list[str]) -> int:
@@ -131,12 +125,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
                 summary.append({"block": block, "features": name, "evaluations": n, **s})
                 print(f"{block:5} {name:15} {n:4}  " + "  ".join(f"{s[k]:11.4f}" for k in keys))
     if args.out is not None:
-        nb.write_json(args.out, {
-            "command": "python benchmarks/search_nb201_surrogate.py " + " ".join(argv),
-            "machine": nb.machine(),
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "screening_options": options, "summary": summary, "results": rows})
-        print(f"wrote {args.out}")
+        pred.write_diagnosis(args.out, "search_nb201_surrogate.py", argv, options, summary, rows)
     return 0
 
 
