@@ -51,16 +51,6 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, over
 
 
-def fold_design_archs(devices, held) -> tuple[list[str], set]:
-    """The fold's meta-training architectures (as ``fold_predictor``) and those every held-out
-    device measured (the design falls back to them when it picks one a device lacks)."""
-    train = [d for d in devices if d not in held]
-    all_archs = list(dict.fromkeys(a for archs, _ in devices.values() for a in archs))
-    train_set = {a for d in train for a in devices[d][0]}
-    common = set.intersection(*(set(devices[d][0]) for d in held))
-    return [a for a in all_archs if a in train_set], common
-
-
 def redesigned(meta, over: dict, train_archs, common):
     """A copy of the fold predictor whose reference architectures are designed again under
     the overrides, as ``fold_predictor`` designs them (all training architectures first, the
@@ -73,9 +63,7 @@ def redesigned(meta, over: dict, train_archs, common):
             raise SystemExit(f"MetaPredictor has no setting {k!r}")
         setattr(m, k, v)
     m.redesign(train_archs, seed=seed)
-    if not set(m.reference_archs[:lofo.N]) <= common:
-        m.redesign([a for a in train_archs if a in common], seed=seed)
-    return m
+    return sel.held_out_design(m, train_archs, common, seed)
 
 
 def main(argv=None) -> int:
@@ -94,7 +82,7 @@ def main(argv=None) -> int:
     for fam, held in folds.items():
         t0 = time.perf_counter()
         meta = sel.fold_predictor(space, devices, fam, held, args.cache)
-        train_archs, common = fold_design_archs(devices, held)
+        _, train_archs, common = sel.fold_archs(devices, held)
         for name, over in variants:
             m = redesigned(meta, over, train_archs, common)
             if name == "default" and m.reference_archs != meta.reference_archs:

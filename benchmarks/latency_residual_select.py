@@ -38,6 +38,24 @@ except ImportError:  # pragma: no cover
 OUT_JSON = Path(__file__).with_suffix(".json")
 
 
+def fold_archs(devices, held) -> tuple[list[str], list[str], set]:
+    """A fold's meta-training devices, their architectures (in the tables' order) and the
+    architectures every held-out device measured."""
+    train = [d for d in devices if d not in held]
+    all_archs = list(dict.fromkeys(a for archs, _ in devices.values() for a in archs))
+    train_set = {a for d in train for a in devices[d][0]}
+    common = set.intersection(*(set(devices[d][0]) for d in held))
+    return train, [a for a in all_archs if a in train_set], common
+
+
+def held_out_design(meta: MetaPredictor, train_archs, common, seed: int = 0) -> MetaPredictor:
+    """``meta`` with its first ``lofo.N`` references designed again among ``common`` where the
+    design picked one a held-out device lacks (its reference measurements must exist)."""
+    if not set(meta.reference_archs[:lofo.N]) <= common:
+        meta.redesign([a for a in train_archs if a in common], seed=seed)
+    return meta
+
+
 def fold_predictor(space, devices, fam, held, cache: Path | None) -> MetaPredictor:
     """The fold's meta predictor (trained on every device outside ``held``), as latency_lofo."""
     path = None if cache is None else cache / f"{space.name}_{fam.replace(':', '_')}.pkl"
@@ -47,15 +65,10 @@ def fold_predictor(space, devices, fam, held, cache: Path | None) -> MetaPredict
             if not hasattr(meta, k):
                 setattr(meta, k, v)
         return meta
-    train = [d for d in devices if d not in held]
-    all_archs = list(dict.fromkeys(a for archs, _ in devices.values() for a in archs))
-    train_set = {a for d in train for a in devices[d][0]}
-    train_archs = [a for a in all_archs if a in train_set]
+    train, train_archs, common = fold_archs(devices, held)
     cols = lofo.nan_columns(devices, train, train_archs)
-    common = set.intersection(*(set(devices[d][0]) for d in held))
-    meta = MetaPredictor(space).meta_fit(space, train_archs, cols, seed=0)
-    if not set(meta.reference_archs[:lofo.N]) <= common:
-        meta.redesign([a for a in train_archs if a in common], seed=0)
+    meta = held_out_design(MetaPredictor(space).meta_fit(space, train_archs, cols, seed=0),
+                           train_archs, common)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(pickle.dumps(meta))
