@@ -14,6 +14,8 @@
 #   2 (S 560): issue 44 item 1: CCT-2/3x2's third seed (session 37: 84.17 and 83.51 %, mean
 #      1.06 points under its data-adjusted reference 84.90; 436 s alone on an H100). Returns
 #      its parts if it has not finished: repeat phase 2 with them carried (data/cct_resume).
+#   3 (S 300): carry .whl data/c10 if the machine is fresh: the matrix cells of session 40's
+#      train_run.py change (a resumed run's training seconds), made after its last device command.
 #   bash benchmarks/results/gpu_matrix/session41.sh PHASE SECONDS
 set -u
 PHASE=$1; S=${2:-560}
@@ -25,7 +27,11 @@ case $PHASE in
   ;;
 1)
   for j in cctsnspeed2 cctsnspeed6 cctsnspeedg2 cctsnspeedg6; do
-    sp="--compile"; case $j in cctsnspeedg*) sp="--compile reduce-overhead --compile-scope model" ;; esac
+    sp="--compile"; case $j in cctsnspeedg*) sp="--compile reduce-overhead --compile-scope model" ;; 3)
+  C="train/mbv3/cifar10/resume-after-kill train/mbv3/digits/sandwich"
+  CELL_TIMEOUT=200 matrix $(( $(left) - 60 )) --rerun $C --only $C
+  ;;
+esac
     CCT_SPEED="$sp" CCT_JOBS="$j" RETURN_CKPT="none" \
       bash benchmarks/results/supernet_cifar10/h200_cct.sh 3 > /tmp/res/cct_$j.log 2>&1
     echo "$j ($sp): $(grep -a "trained steps" /tmp/cct/$j.log | tr '\r' '\n' | tail -1)"
@@ -35,6 +41,10 @@ case $PHASE in
   CCT_SPEED="--compile" CCT_JOBS="cct2drop32s2" RETURN_CKPT="cct2drop32s2" \
     bash benchmarks/results/supernet_cifar10/h200_cct.sh $(( ($(left) - 40) / 60 )) > /tmp/res/cct_phase2.log 2>&1
   grep -a -A8 "^== cct2drop32s2" /tmp/res/cct_phase2.log | cut -c1-600
+  ;;
+3)
+  C="train/mbv3/cifar10/resume-after-kill train/mbv3/digits/sandwich"
+  CELL_TIMEOUT=200 matrix $(( $(left) - 60 )) --rerun $C --only $C
   ;;
 esac
 tar -czf "$OUT/results.tgz" -C /tmp/res .
