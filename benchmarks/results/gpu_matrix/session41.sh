@@ -5,10 +5,10 @@
 #      /tmp/keep; returns at once.
 #   1 (S 420): issue 44 item 2's "<= 30 H200-minutes": the CCT supernet's training speed ALONE
 #      on the GPU (never measured: sessions 38-39 ran it beside other jobs). The cctsn150 recipe
-#      for 2 and then 6 epochs, one after the other; the difference of their seconds over the
-#      difference of their steps is the speed after compilation (x 52,650 steps = the full
-#      run's seconds alone). Then the same two with CUDA graphs over the model (`--compile
-#      reduce-overhead --compile-scope model`, session 37's fastest exact setting for CCT-7 alone):
+#      for 6 epochs (2 "full", 4 "shrink"): the per-epoch seconds after each stage's first
+#      epoch give the full run's seconds alone (60 full + 90 shrink epochs). Then the same with
+#      CUDA graphs over the model (`--compile reduce-overhead --compile-scope model`, session
+#      37's fastest exact setting for CCT-7 alone):
 #      session 40's history puts the default at 20.3 s per epoch alone on an H100 (epochs
 #      147-150), about 50 min for 150 epochs, so the 30-minute target needs about 1.7x.
 #   2 (S 560): issue 44 item 1: CCT-2/3x2's third seed (session 37: 84.17 and 83.51 %, mean
@@ -26,15 +26,18 @@ case $PHASE in
   exit 0
   ;;
 1)
-  for j in cctsnspeed2 cctsnspeed6 cctsnspeedg2 cctsnspeedg6; do
-    sp="--compile"; case $j in cctsnspeedg*) sp="--compile reduce-overhead --compile-scope model" ;; 3)
-  C="train/mbv3/cifar10/resume-after-kill train/mbv3/digits/sandwich"
-  CELL_TIMEOUT=200 matrix $(( $(left) - 60 )) --rerun $C --only $C
-  ;;
-esac
+  # 6 epochs = 2 "full" + 4 "shrink" (deps, full_fraction 0.4): the history's per-epoch seconds
+  # give both stages' speed after compilation (the first epoch of each stage compiles)
+  for j in cctsnspeed6 cctsnspeedg6; do
+    sp="--compile"; case $j in cctsnspeedg*) sp="--compile reduce-overhead --compile-scope model" ;; esac
     CCT_SPEED="$sp" CCT_JOBS="$j" RETURN_CKPT="none" \
-      bash benchmarks/results/supernet_cifar10/h200_cct.sh 3 > /tmp/res/cct_$j.log 2>&1
-    echo "$j ($sp): $(grep -a "trained steps" /tmp/cct/$j.log | tr '\r' '\n' | tail -1)"
+      bash benchmarks/results/supernet_cifar10/h200_cct.sh 4 > /tmp/res/cct_$j.log 2>&1
+    cp /tmp/cct/$j/train_log.json /tmp/res/$j.train_log.json 2>/dev/null
+    echo "$j ($sp): $(python3 -c "
+import json, sys
+h = json.load(open('/tmp/cct/$j/train_log.json'))['history']; p = 0
+for e in h: print(e['stage'], e['epoch'], round(e['seconds'] - p, 1), end='; '); p = e['seconds']
+" 2>&1 | tail -c 400)"
   done
   ;;
 2)
