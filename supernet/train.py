@@ -64,6 +64,7 @@ from hwnas.supernet.recipes import (  # noqa: F401
 )
 from hwnas.supernet.space import SearchSpace
 from hwnas.supernet.train_options import (  # noqa: F401
+    CUDA_GRAPH_MODES,
     MAX_EPOCHS,
     OPTIMIZERS,
     SCHEDULES,
@@ -470,10 +471,6 @@ class _Loop:
         )
 
 
-def _train(job: _Job, data: DatasetSplits, config: TrainConfig, opts: TrainOptions) -> TrainResult:
-    return _Loop(job, data, config, opts).run()
-
-
 def _save(path, job: _Job, dataset: str, config: TrainConfig, train_state: dict[str, Any],
           data_record: dict[str, Any] | None) -> None:
     if job.kind == SUPERNET_FORMAT:
@@ -529,11 +526,12 @@ def train_supernet(
     compiled: nn.Module | None = None
     if compile:
         compiled = torch.compile(supernet, mode=None if compile is True else str(compile))
-    sandwich = _SandwichStep(supernet, config, restricted, rng, teacher, compiled)
+    sandwich = _SandwichStep(supernet, config, restricted, rng, teacher, compiled,
+                             graphed=compiled is not None and compile in CUDA_GRAPH_MODES)
     job = _Job(SUPERNET_FORMAT, supernet, space, None, ("loss_largest", "loss_sub"), sandwich,
                rng, sandwich.on_stage_start, desc=f"train supernet {space.name}")
     try:
-        return _train(job, data, config, opts)
+        return _Loop(job, data, config, opts).run()
     finally:
         supernet.set_active(space.largest())
 
@@ -541,13 +539,14 @@ def train_supernet(
 class _SandwichStep:
     """A supernet's step (the job's ``step_fn``): the stage's largest subnet on the labels,
     then (sandwich stages) its smallest and ``num_random`` random ones, distilled in place;
-    the largest and smallest run through ``compiled`` where given (fixed shapes)."""
+    the largest and smallest run through ``compiled`` where given (fixed shapes); ``graphed``:
+    it replays CUDA graphs (:data:`~hwnas.supernet.train_options.CUDA_GRAPH_MODES`)."""
 
     def __init__(self, supernet: nn.Module, config: TrainConfig, restricted: list[SearchSpace],
                  rng: np.random.Generator, teacher: nn.Module | None,
-                 compiled: nn.Module | None) -> None:
+                 compiled: nn.Module | None, graphed: bool = False) -> None:
         self.supernet, self.config, self.restricted, self.rng = supernet, config, restricted, rng
-        self.teacher, self.compiled = teacher, compiled
+        self.teacher, self.compiled, self.graphed = teacher, compiled, graphed
         self.tops = [(sub.largest(), sub.smallest()) for sub in restricted]
 
     def forward(self, x: torch.Tensor, arch: Any, fixed: tuple[Any, Any]) -> torch.Tensor:
@@ -571,6 +570,8 @@ class _SandwichStep:
         loss = label_loss(logits, y, config, taught)
         (loss * weight if weight != 1.0 else loss).backward()
         sub_total = torch.zeros((), device=x.device)
+        for p in self.supernet.parameters() if subnets and self.graphed else ():
+            p.grad = None if p.grad is None else p.grad.clone()  # later passes add in place
         if subnets:
             soft = F.softmax(logits.detach(), dim=1)
             for arch in subnets:
@@ -696,4 +697,4 @@ def train_standalone(
 
     job = _Job(STANDALONE_FORMAT, model, space, arch_str, ("loss",), step_fn, None,
                desc=f"train {arch_str or 'model'}")
-    return _train(job, data, config, opts)
+    return _Loop(job, data, config, opts).run()

@@ -39,6 +39,12 @@ PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp32")
 CHECKPOINT_EVERY_S = 120.0
 #: ``torch.compile`` modes (``off``: none; it changes speed only, so a resumed run may differ).
 COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "off")
+#: The modes that replay CUDA graphs (inductor's cudagraph trees). A parameter's first gradient
+#: of a step *is* the backward graph's output (autograd takes it over), which the next replay in
+#: the same step overwrites (PyTorch issue 169545): a supernet step, several backward passes,
+#: diverged at its first sandwich epoch (``benchmarks/supernet_cifar10.md``, "Session 41"), so
+#: it copies its first gradients out of the graphs' memory (``train._SandwichStep``).
+CUDA_GRAPH_MODES: frozenset[str] = frozenset({"reduce-overhead", "max-autotune"})
 #: What ``compile`` covers (:attr:`TrainOptions.compile_scope`): ``model``, the network alone (a
 #: supernet's largest and smallest subnet); ``step``, also a standalone network's loss (one graph
 #: with the network, in the compile mode) and the batches' augmentation and normalisation

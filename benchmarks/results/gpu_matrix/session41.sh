@@ -45,6 +45,21 @@ for e in h: print(e['stage'], e['epoch'], round(e['seconds'] - p, 1), end='; ');
     bash benchmarks/results/supernet_cifar10/h200_cct.sh $(( ($(left) - 40) / 60 )) > /tmp/res/cct_phase2.log 2>&1
   grep -a -A8 "^== cct2drop32s2" /tmp/res/cct_phase2.log | cut -c1-600
   ;;
+4)
+  # phase 1's CUDA-graph run diverged at its first sandwich epoch (PyTorch issue 169545: the
+  # largest's gradients, taken over from the graph's memory, overwritten by the smallest's
+  # replay); the same run with the fix (train_options.CUDA_GRAPH_MODES), speed as in phase 1
+  j=cctsnspeedg6; rm -rf /tmp/cct/$j /tmp/cct/$j.log /tmp/cct/$j.pid
+  CCT_SPEED="--compile reduce-overhead --compile-scope model" CCT_JOBS="$j" RETURN_CKPT="none" \
+    bash benchmarks/results/supernet_cifar10/h200_cct.sh $(( ($(left) - 30) / 60 )) > /tmp/res/cct_${j}_fix.log 2>&1
+  cp /tmp/cct/$j/train_log.json /tmp/res/$j.fix.train_log.json 2>/dev/null
+  tail -c 800 /tmp/cct/$j.log | tr '\r' '\n' | tail -4
+  python3 -c "
+import json
+h = json.load(open('/tmp/cct/$j/train_log.json'))['history']; p = 0
+for e in h: print(e['stage'], e['epoch'], round(e['seconds'] - p, 1), end='; '); p = e['seconds']
+"
+  ;;
 3)
   C="train/mbv3/cifar10/resume-after-kill train/mbv3/digits/sandwich"
   CELL_TIMEOUT=200 matrix $(( $(left) - 60 )) --rerun $C --only $C
