@@ -127,6 +127,11 @@ def cells(spaces: list[str], base: str = "mbv3") -> list[dict]:
                 "dataset": "cifar10", "args": ["--precision", "fp32"]})
     out.append({"id": "train/vit/cifar10/standalone-compiled", "kind": "train", "space": "vit",
                 "dataset": "cifar10", "args": ["--standalone", "smallest", "--compile"]})
+    # a supernet step under CUDA graphs (several backward passes: session 41's gradient copy)
+    # with its random subnets as one masked graph (compile scope "subnets")
+    out.append({"id": "train/cct/cifar10/graphed-subnets", "kind": "train", "space": "cct",
+                "dataset": "cifar10",
+                "args": ["--compile", "reduce-overhead", "--compile-scope", "subnets"]})
     out.append({"id": "train/mbv3/cifar10/resume-after-kill", "kind": "resume", "space": "mbv3",
                 "dataset": "cifar10"})
     out.append({"id": f"finetune/{base}/digits/quantized-trial", "kind": "finetune",

@@ -26,6 +26,7 @@ are done ``OUT/result.json`` gets test and validation top-1, seconds and images/
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import io
@@ -39,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from hwnas.core.errors import UserError
 from hwnas.core.io import write_atomic, write_json
+from hwnas.supernet.checkpoint_io import rng_state, set_rng_state
 from hwnas.supernet.data import BatchLoader, DatasetSplits, ImageSplit, load_dataset
 from hwnas.supernet.data.splits import _channel_stats
 from hwnas.supernet.evaluate import accuracy, eval_loader
@@ -161,13 +163,6 @@ def _settings(args: argparse.Namespace) -> dict:
             "weight_decay": args.weight_decay, "seed": args.seed, "bf16": args.bf16}
 
 
-def _rng_state(device: torch.device) -> dict:
-    state = {"torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
 def _check_resume(ckpt: dict, settings: dict, fingerprint: str, path: Path) -> None:
     diff = [k for k in SAME_ON_RESUME if ckpt["settings"].get(k) != settings[k]]
     if diff:
@@ -205,14 +200,14 @@ def train(args: argparse.Namespace) -> dict:
     ckpt_path = out / CHECKPOINT
     if ckpt_path.is_file():
         # on the CPU: RNG states must stay CPU tensors; load_state_dict moves the rest
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        # weights only (a carried file never executes); MultiStepLR's milestones are a Counter
+        with torch.serialization.safe_globals([collections.Counter]):
+            ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         _check_resume(ckpt, settings, fingerprint, ckpt_path)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        if device.type == "cuda" and "cuda" in ckpt["rng"]:
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], device)
+        set_rng_state(ckpt["rng"], device)
         step, history, prior_s, parts, partial = (ckpt["step"], ckpt["history"],
                                                   ckpt["seconds"], ckpt["parts"], ckpt["partial"])
     run = torch.compile(model) if args.compile else model
@@ -231,7 +226,7 @@ def train(args: argparse.Namespace) -> dict:
                 "seconds": round(time.perf_counter() - start, 3),
                 "cpu_seconds": round(time.process_time() - cpu_start, 3)}
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "scheduler": scheduler.state_dict(), "rng": _rng_state(device), "step": step,
+                 "scheduler": scheduler.state_dict(), "rng": rng_state(device), "step": step,
                  "history": history, "seconds": prior_s + time.perf_counter() - start,
                  "parts": parts + [part], "partial": sums.tolist(), "settings": settings,
                  "fingerprint": fingerprint}

@@ -249,7 +249,8 @@ def _train_speed_options(s) -> None:
     s.add_argument("--compile-scope", choices=COMPILE_SCOPES, default="model",
                    help="with --compile: model = the network only (default); step = also a "
                         "standalone network's loss, the batches' normalisation and, on the CPU, "
-                        "their augmentation (fewer kernel launches per step on a GPU)")
+                        "their augmentation (fewer kernel launches per step on a GPU); subnets = "
+                        "also a supernet's random subnets, as one masked graph (vit, cct)")
     s.add_argument("--cudnn-benchmark", choices=("auto", "on", "off"), default="auto",
                    help="cuDNN autotuning per new convolution shape (CUDA): auto = on for "
                         "--standalone, off for supernets, whose random subnets bring new shapes")

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from hwnas.supernet.data import AUGMENT_KINDS, DatasetSplits
 from hwnas.supernet.recipes import TrainConfig
@@ -271,3 +272,24 @@ def load_for_resume(path: str | Path, kind: str, model: nn.Module, space: Search
         raise UserError(f"checkpoint {path} does not match space {space.name}: "
                         f"{first_line(exc)}") from None
     return payload
+
+
+def rng_state(device: torch.device, rng: np.random.Generator | None = None) -> dict[str, Any]:
+    """The random state a resumable checkpoint holds: torch's CPU generator, ``device``'s
+    CUDA generator, and ``rng``'s (a NumPy generator) where given."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if rng is not None:
+        state["numpy"] = rng.bit_generator.state
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device,
+                  rng: np.random.Generator | None = None) -> None:
+    """Restore what :func:`rng_state` saved (the parts this call has generators for)."""
+    torch.set_rng_state(state["torch"])
+    if rng is not None and "numpy" in state:
+        rng.bit_generator.state = state["numpy"]
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)

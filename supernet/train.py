@@ -36,8 +36,10 @@ from hwnas.supernet.checkpoint_io import (  # noqa: F401
     load_for_resume,
     load_network,
     load_standalone,
+    rng_state,
     save_checkpoint,
     save_standalone,
+    set_rng_state,
     with_training_augment,
 )
 from hwnas.supernet.data import BatchLoader, DatasetSplits
@@ -230,24 +232,6 @@ def _make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimi
     return torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum, nesterov=True)
 
 
-def _rng_state(rng: np.random.Generator | None, device: torch.device) -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if rng is not None:
-        state["numpy"] = rng.bit_generator.state
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _set_rng_state(state: dict[str, Any], rng: np.random.Generator | None,
-                   device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    if rng is not None and "numpy" in state:
-        rng.bit_generator.state = state["numpy"]
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
 @dataclass
 class _Job:
     """Everything the loop needs that differs between supernet and standalone training."""
@@ -329,7 +313,7 @@ class _Loop:
                                   self.config, self.steps_per_epoch, len(self.data.train))
         ts = payload["train_state"]
         self.optimizer.load_state_dict(ts["optimizer"])
-        _set_rng_state(ts["rng"], job.rng, self.device)
+        set_rng_state(ts["rng"], self.device, job.rng)
         self.step, self.history = int(ts["step"]), list(ts["history"])
         self.prior_seconds, self.partial = float(ts["seconds"]), ts["partial_sums"]
 
@@ -359,7 +343,7 @@ class _Loop:
                 "step": self.step, "total_steps": self.total_steps,
                 "steps_per_epoch": self.steps_per_epoch, "train_size": len(self.data.train),
                 "world_size": ctx.world_size, "optimizer": self.optimizer.state_dict(),
-                "rng": _rng_state(job.rng, self.device), "history": self.history,
+                "rng": rng_state(self.device, job.rng), "history": self.history,
                 "seconds": self.prior_seconds + time.perf_counter() - self.start,
                 "partial_sums": [float(v) for v in self.sums.tolist()],
             }
@@ -523,10 +507,15 @@ def train_supernet(
                         f"sort_channels()")
     teacher = _prepare_teacher(teacher, config, opts)
     rng = np.random.default_rng(config.seed)
-    compiled: nn.Module | None = None
+    compiled = masked = None
     if compile:
         compiled = torch.compile(supernet, mode=None if compile is True else str(compile))
-    sandwich = _SandwichStep(supernet, config, restricted, rng, teacher, compiled,
+    if compile and opts.compile_scope == "subnets":
+        if not hasattr(supernet, "forward_masked"):
+            raise UserError(f"compile scope 'subnets' needs a supernet with forward_masked "
+                            f"(vit, cct); the {space.name} supernet has none: use 'model'")
+        masked = torch.compile(supernet.forward_masked, mode=None if compile is True else str(compile))
+    sandwich = _SandwichStep(supernet, config, restricted, rng, teacher, compiled, masked,
                              graphed=compiled is not None and compile in CUDA_GRAPH_MODES)
     job = _Job(SUPERNET_FORMAT, supernet, space, None, ("loss_largest", "loss_sub"), sandwich,
                rng, sandwich.on_stage_start, desc=f"train supernet {space.name}")
@@ -539,17 +528,20 @@ def train_supernet(
 class _SandwichStep:
     """A supernet's step (the job's ``step_fn``): the stage's largest subnet on the labels,
     then (sandwich stages) its smallest and ``num_random`` random ones, distilled in place;
-    the largest and smallest run through ``compiled`` where given (fixed shapes); ``graphed``:
-    it replays CUDA graphs (:data:`~hwnas.supernet.train_options.CUDA_GRAPH_MODES`)."""
+    the largest and smallest run through ``compiled`` where given (fixed shapes), the others
+    through ``masked`` (the compiled ``forward_masked``) where given; ``graphed``: they replay
+    CUDA graphs (:data:`~hwnas.supernet.train_options.CUDA_GRAPH_MODES`)."""
 
     def __init__(self, supernet: nn.Module, config: TrainConfig, restricted: list[SearchSpace],
-                 rng: np.random.Generator, teacher: nn.Module | None,
-                 compiled: nn.Module | None, graphed: bool = False) -> None:
+                 rng: np.random.Generator, teacher: nn.Module | None, compiled: Callable | None,
+                 masked: Callable | None = None, graphed: bool = False) -> None:
         self.supernet, self.config, self.restricted, self.rng = supernet, config, restricted, rng
-        self.teacher, self.compiled, self.graphed = teacher, compiled, graphed
+        self.teacher, self.compiled, self.masked, self.graphed = teacher, compiled, masked, graphed
         self.tops = [(sub.largest(), sub.smallest()) for sub in restricted]
 
     def forward(self, x: torch.Tensor, arch: Any, fixed: tuple[Any, Any]) -> torch.Tensor:
+        if self.masked is not None and arch not in fixed:
+            return self.masked(x, self.supernet.arch_masks(arch, x.device))
         self.supernet.set_active(arch)
         runner = self.compiled if self.compiled is not None and arch in fixed else self.supernet
         return runner(x)
@@ -674,7 +666,7 @@ def train_standalone(
     arch_str = space.to_string(space.parse(arch)) if space is not None and arch is not None else None
     runner: nn.Module = model
     mode = None if compile is True else str(compile)
-    if compile and opts.compile_scope == "model":
+    if compile and opts.compile_scope != "step":  # "subnets": as "model" (no random subnets)
         runner = torch.compile(model, mode=mode)
     teacher = _prepare_teacher(teacher, config, opts)
 

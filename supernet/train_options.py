@@ -49,8 +49,10 @@ CUDA_GRAPH_MODES: frozenset[str] = frozenset({"reduce-overhead", "max-autotune"}
 #: supernet's largest and smallest subnet); ``step``, also a standalone network's loss (one graph
 #: with the network, in the compile mode) and the batches' augmentation and normalisation
 #: (default mode): on a GPU the eager augmentation was most of a CCT step's kernel launches
-#: (``benchmarks/train_step_overhead.md``, "Session 36").
-COMPILE_SCOPES: tuple[str, ...] = ("model", "step")
+#: (``benchmarks/train_step_overhead.md``, "Session 36"); ``subnets``, ``model`` and a supernet
+#: step's random subnets, as one masked graph at the largest's shapes (spaces whose supernet has
+#: ``forward_masked``: vit, cct).
+COMPILE_SCOPES: tuple[str, ...] = ("model", "step", "subnets")
 
 
 def check_augment(kind: str, channels: int | None = None) -> None:

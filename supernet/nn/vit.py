@@ -10,6 +10,12 @@ arguments, each block stores its own heads and MLP ratio (``set_active``); no gl
 ``extract(arch)`` returns a plain :class:`ViTNet` with copies of the active slices, which
 computes what the supernet computes, exports to ONNX as is, and whose module names are the layer
 names of :meth:`ViTSpace.layers`.
+
+``forward_masked(x, arch_masks(arch))`` computes the same subnet at the largest one's shapes, the
+inactive channels, heads, hidden units and blocks zeroed by masks: one compiled graph for every
+subnet, where sliced shapes need one per architecture. Training compiles it for a step's random
+subnets (``compile_scope="subnets"``); the eager random subnets were most of a CCT supernet
+step's time on an H100 (``benchmarks/supernet_cifar10.md``, "Session 41").
 """
 
 from __future__ import annotations
@@ -92,6 +98,25 @@ def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
         return x
     keep = torch.empty((x.size(0),) + (1,) * (x.dim() - 1), device=x.device, dtype=x.dtype)
     return x * keep.bernoulli_(1.0 - rate).div_(1.0 - rate)
+
+
+def masked_norm(x: torch.Tensor, norm: nn.LayerNorm, mask: torch.Tensor,
+                count: torch.Tensor) -> torch.Tensor:
+    """``norm`` over the ``count`` channels that ``mask`` keeps, the others zero: what a
+    :class:`~hwnas.supernet.nn.dynamic_ops.DynamicLayerNorm` computes on the leading slice."""
+    mean = (x * mask).sum(-1, keepdim=True) / count
+    xc = (x - mean) * mask
+    var = (xc * xc).sum(-1, keepdim=True) / count
+    return xc * torch.rsqrt(var + norm.eps) * norm.weight + norm.bias * mask
+
+
+def drop_path_masked(x: torch.Tensor, rate: torch.Tensor, training: bool) -> torch.Tensor:
+    """:func:`drop_path` with the rate a tensor (no graph per rate); rate 0 keeps every sample.
+    ``training`` False (evaluation, or a space without stochastic depth): the identity."""
+    if not training:
+        return x
+    keep = torch.bernoulli((1.0 - rate).expand((x.size(0),) + (1,) * (x.dim() - 1)))
+    return x * keep.to(x.dtype) / (1.0 - rate)
 
 
 def block_rates(rate: float, depth: int) -> list[float]:
@@ -233,6 +258,30 @@ class DynamicViTBlock(nn.Module):
         y = F.gelu(self.fc1(x if c.cct_norm else self.norm2(x), c.hidden(e, self.active_ratio)))
         return x + drop_path(dropout(self.fc2(dropout(y, p, t), e), p, t), self.drop_path, t)
 
+    def forward_masked(self, x: torch.Tensor, embed: tuple[torch.Tensor, torch.Tensor],
+                       heads: torch.Tensor, hidden: torch.Tensor, rate: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` at full width: ``embed`` (the channel mask, its count), ``heads`` /
+        ``hidden`` (this block's head and MLP-unit masks) and ``rate`` (stochastic depth) are
+        tensors of :meth:`ViTSupernet.arch_masks`."""
+        c, (m, n), t = self.space.cfg, embed, self.training
+        h, d, e = heads.numel(), self.head_dim, m.numel()
+        y = self.qkv(masked_norm(x, self.norm1, m, n), h).unflatten(-1, (3, h, d))
+        y = y.permute(2, 0, 3, 1, 4)
+        if t:
+            y = F.scaled_dot_product_attention(y[0], y[1], y[2], scale=d**-0.5,
+                                               dropout_p=c.attn_drop)
+        else:
+            y = torch.matmul(torch.softmax(torch.matmul(y[0], y[1].transpose(-2, -1)) * d**-0.5,
+                                           dim=-1), y[2])
+        y = (y * heads.view(1, h, 1, 1)).transpose(1, 2).flatten(2)
+        p, dp = c.dropout, t and c.drop_path > 0
+        x = x + drop_path_masked(dropout(self.proj(y, e) * m, p, t), rate, dp)
+        if c.cct_norm:
+            x = masked_norm(x, self.norm2, m, n)
+        y = F.gelu(self.fc1(x if c.cct_norm else masked_norm(x, self.norm2, m, n), hidden.numel()))
+        y = dropout(y * hidden, p, t)
+        return x + drop_path_masked(dropout(self.fc2(y, e) * m, p, t), rate, dp)
+
     def static(self, embed: int) -> ViTBlock:
         c, h = self.space.cfg, self.active_heads
         hidden = c.hidden(embed, self.active_ratio)
@@ -296,6 +345,46 @@ class ViTSupernet(Supernet):
             w = torch.softmax(self.attention_pool(x, 1), dim=1).transpose(1, 2)
             return self.classifier(torch.matmul(w, x).flatten(1), self.space.cfg.num_classes)
         return self.classifier(x.mean(1), self.space.cfg.num_classes)
+
+    def arch_masks(self, arch: ViTArch | str, device: torch.device | str = "cpu"
+                   ) -> tuple[torch.Tensor, ...]:
+        """The tensors of :meth:`forward_masked` for ``arch``: the embedding channels' mask and
+        count, then per block (all ``max_depth``) whether it is active, its heads' and MLP
+        units' masks and its stochastic-depth rate."""
+        c, arch = self.space.cfg, self.space.parse(arch)
+        max_e, max_h = c.embed_choices[-1], c.heads_choices[-1]
+        max_hidden = c.hidden(max_e, c.mlp_ratio_choices[-1])
+        active = torch.zeros(c.max_depth)
+        heads, hidden = torch.zeros(c.max_depth, max_h), torch.zeros(c.max_depth, max_hidden)
+        rates = torch.zeros(c.max_depth)
+        for b, ((h, ratio), rate) in enumerate(zip(arch.blocks,
+                                                   block_rates(c.drop_path, arch.depth))):
+            active[b], rates[b] = 1.0, rate
+            heads[b, :h], hidden[b, : c.hidden(arch.embed, ratio)] = 1.0, 1.0
+        embed = (torch.arange(max_e) < arch.embed).float()
+        return tuple(t.to(device, non_blocking=True) for t in
+                     (embed, torch.tensor(float(arch.embed)), active, heads, hidden, rates))
+
+    def forward_masked(self, x: torch.Tensor, masks: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The subnet of ``masks`` (:meth:`arch_masks`) at the largest subnet's shapes: the same
+        outputs as :meth:`forward` after ``set_active`` (up to float rounding), whatever
+        subnet is active."""
+        c = self.space.cfg
+        m, n, active, heads, hidden, rates = masks
+        for conv in self.tokenizer:
+            x = F.max_pool2d(F.relu(conv(x, conv.weight.size(0))), 3, 2, 1)
+        x = (x * m.view(1, -1, 1, 1)).flatten(2).transpose(1, 2)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed * m
+        x = dropout(x, c.dropout, self.training)
+        for b, block in enumerate(self.blocks):
+            y = block.forward_masked(x, (m, n), heads[b], hidden[b], rates[b])
+            x = torch.where(active[b] > 0, y, x)
+        x = masked_norm(x, self.norm, m, n)
+        if self.attention_pool is not None:
+            w = torch.softmax(self.attention_pool(x, 1), dim=1).transpose(1, 2)
+            return self.classifier(torch.matmul(w, x).flatten(1), c.num_classes)
+        return self.classifier(x.mean(1), c.num_classes)
 
     def static_net(self) -> ViTNet:
         c, e = self.space.cfg, self.active_embed
