@@ -99,3 +99,17 @@ def test_compile_scope_subnets_needs_a_masked_supernet():
         train_supernet(space.build_supernet(), space, data, sandwich_config(epochs=1),
                        TrainOptions(progress=False, max_steps=1, compile=True,
                                     compile_scope="subnets"))
+
+
+def test_one_graph_serves_every_subnet():
+    """The point of the masks: torch.compile traces forward_masked once (no graph break, no
+    recompilation) for subnets of every depth, width and head count, in training."""
+    from torch._dynamo.testing import CompileCounter
+
+    space, supernet, archs = _pair("cct")
+    supernet.train()
+    counter = CompileCounter()
+    run = torch.compile(supernet.forward_masked, backend=counter, fullgraph=True)
+    for arch in archs:
+        run(torch.randn(2, 3, 32, 32), supernet.arch_masks(arch)).sum().backward()
+    assert counter.frame_count == 1
