@@ -253,7 +253,8 @@ def _train_speed_options(s) -> None:
                         "also a supernet's random subnets, as one masked graph (vit, cct)")
     s.add_argument("--cudnn-benchmark", choices=("auto", "on", "off"), default="auto",
                    help="cuDNN autotuning per new convolution shape (CUDA): auto = on for "
-                        "--standalone, off for supernets, whose random subnets bring new shapes")
+                        "--standalone and for --compile-scope subnets, off for other supernets, "
+                        "whose random subnets bring new shapes")
     s.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="auto = bf16 autocast on CUDA, fp32 on CPU (default auto; on --resume "
                         "the run's)")

@@ -143,6 +143,16 @@ def resolve_out(args: argparse.Namespace) -> tuple[str, Path | None]:
     return "file", out
 
 
+def _autotune(args: argparse.Namespace) -> bool:
+    """cuDNN autotuning per new convolution shape: ``--cudnn-benchmark``, where ``auto`` is on
+    for networks with one set of shapes (a standalone subnet, or a supernet whose random
+    subnets run masked, ``--compile-scope subnets``), off where every random subnet brings new
+    shapes."""
+    masked = args.compile not in (None, "off") and args.compile_scope == "subnets"
+    return args.cudnn_benchmark == "on" or (
+        args.cudnn_benchmark == "auto" and (_is_standalone(args) or masked))
+
+
 def _is_standalone(args: argparse.Namespace) -> bool:
     """Whether this command trains a standalone subnet (given, or recorded in a resumed run)."""
     if args.standalone:
@@ -180,10 +190,8 @@ def run_train(args: argparse.Namespace, *, started: float | None = None) -> int:
     check_torch_device(args.device)
     ctx, device = init_from_env(args.device)
     if device.type == "cuda":
-        # autotune convolutions per new shape (a standalone network has one set of shapes; a
-        # supernet's random subnets bring new ones every step); TF32 for fp32 evaluation
-        torch.backends.cudnn.benchmark = (args.cudnn_benchmark == "on" or (
-            args.cudnn_benchmark == "auto" and _is_standalone(args)))
+        torch.backends.cudnn.benchmark = _autotune(args)
+        # TF32 for fp32 evaluation
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     try:

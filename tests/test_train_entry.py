@@ -204,6 +204,14 @@ def test_cudnn_autotuning_defaults_to_standalone_runs_only(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({"settings": {"standalone": None}}))
     assert not _is_standalone(parse("--out", str(tmp_path), "--resume"))
     assert parse("--out", "x").cudnn_benchmark == "auto"
+    # a supernet whose random subnets run masked has the largest's and smallest's shapes only
+    from hwnas.supernet.train_run import _autotune
+    assert not _autotune(parse("--out", "x", "--compile"))
+    assert not _autotune(parse("--out", "x", "--compile-scope", "subnets"))   # not compiled
+    assert _autotune(parse("--out", "x", "--compile", "--compile-scope", "subnets"))
+    assert not _autotune(parse("--out", "x", "--compile", "--compile-scope", "subnets",
+                               "--cudnn-benchmark", "off"))
+    assert _autotune(parse("--out", "x", "--cudnn-benchmark", "on"))
 
 
 def test_needs_only_torch_and_numpy(decoded, tmp_path):

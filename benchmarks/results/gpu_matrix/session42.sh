@@ -7,7 +7,8 @@
 #      on an H100: 6.8 s per "full" epoch and 18.4 s per "shrink" epoch after compilation (60 +
 #      90 epochs: about 2,120 s), the two eager random subnets of each sandwich step being most of
 #      a shrink epoch. `--compile-scope subnets` runs them as one compiled masked graph
-#      (ViTSupernet.forward_masked, CPU-tested equal to the sliced subnets). Its 6-epoch run (2
+#      (ViTSupernet.forward_masked, CPU-tested equal to the sliced subnets; cuDNN autotuning on
+#      with it, `--cudnn-benchmark auto`, as for a standalone network). Its 6-epoch run (2
 #      full + 4 shrink) with CUDA graphs (reduce-overhead, safe since session 41's gradient fix;
 #      the default mode only if that fails); per-epoch seconds from the history, as session 41.
 #      Rule, written before the run (printed by the phase): adopt the setting for the supernet if
