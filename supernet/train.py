@@ -201,8 +201,13 @@ def _prepare_teacher(teacher: nn.Module | None, config: TrainConfig,
     if _channels_last(opts, device):
         teacher.to(memory_format=torch.channels_last)
     if opts.compile:
-        return torch.compile(teacher, mode=None if opts.compile is True else str(opts.compile))
+        return _compiled(teacher, opts.compile)
     return teacher
+
+
+def _compiled(fn: Callable, compile: bool | str) -> Callable:
+    """``fn`` under ``torch.compile`` in the mode ``compile`` names (True: the default mode)."""
+    return torch.compile(fn, mode=None if compile is True else str(compile))
 
 
 def _teacher_logits(teacher: nn.Module | None, x: torch.Tensor,
@@ -509,12 +514,12 @@ def train_supernet(
     rng = np.random.default_rng(config.seed)
     compiled = masked = None
     if compile:
-        compiled = torch.compile(supernet, mode=None if compile is True else str(compile))
+        compiled = _compiled(supernet, compile)
     if compile and opts.compile_scope == "subnets":
         if not hasattr(supernet, "forward_masked"):
             raise UserError(f"compile scope 'subnets' needs a supernet with forward_masked "
                             f"(vit, cct); the {space.name} supernet has none: use 'model'")
-        masked = torch.compile(supernet.forward_masked, mode=None if compile is True else str(compile))
+        masked = _compiled(supernet.forward_masked, compile)
     sandwich = _SandwichStep(supernet, config, restricted, rng, teacher, compiled, masked,
                              graphed=compiled is not None and compile in CUDA_GRAPH_MODES)
     job = _Job(SUPERNET_FORMAT, supernet, space, None, ("loss_largest", "loss_sub"), sandwich,
@@ -665,9 +670,8 @@ def train_standalone(
         raise UserError("standalone checkpoints need the space and arch of the model")
     arch_str = space.to_string(space.parse(arch)) if space is not None and arch is not None else None
     runner: nn.Module = model
-    mode = None if compile is True else str(compile)
     if compile and opts.compile_scope != "step":  # "subnets": as "model" (no random subnets)
-        runner = torch.compile(model, mode=mode)
+        runner = _compiled(model, compile)
     teacher = _prepare_teacher(teacher, config, opts)
 
     device = torch.device(opts.device)
@@ -680,7 +684,7 @@ def train_standalone(
 
     loss_of = forward_loss
     if compile and opts.compile_scope == "step":  # the network and its loss: one graph
-        loss_of = torch.compile(forward_loss, mode=mode)
+        loss_of = _compiled(forward_loss, compile)
 
     def step_fn(x: torch.Tensor, y: torch.Tensor, stage_i: int, amp: Callable) -> torch.Tensor:
         loss = loss_of(x, y, _teacher_logits(teacher, x, amp))
