@@ -222,3 +222,19 @@ def test_the_export_reference_keeps_to_the_model_device() -> None:
         with ref as deployed, foreign_default_device(), torch.no_grad():
             deployed(test)
         assert kinds & {"se_gate", "residual"}
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_masked_subnets_keep_to_the_model_device(training: bool) -> None:
+    """``forward_masked`` with ``arch_masks`` (``hwnas train --compile-scope subnets``: a
+    supernet step's random subnets), in training and evaluation, forward and backward, with the
+    default device foreign."""
+    space = _small_space("vit")
+    torch.manual_seed(0)
+    net = space.build_supernet().train(training)
+    x = torch.randn(2, *space.input_shape)
+    with foreign_default_device():
+        for arch in (space.smallest(), space.sample(np.random.default_rng(2))):
+            out = net.forward_masked(x, net.arch_masks(arch, x.device))
+            out.square().sum().backward()
+    assert out.device == x.device and not stray_tensor_attributes(net)

@@ -20,6 +20,7 @@ step's time on an H100 (``benchmarks/supernet_cifar10.md``, "Session 41").
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from hwnas.supernet.nn.dynamic_ops import (
@@ -350,20 +351,20 @@ class ViTSupernet(Supernet):
                    ) -> tuple[torch.Tensor, ...]:
         """The tensors of :meth:`forward_masked` for ``arch``: the embedding channels' mask and
         count, then per block (all ``max_depth``) whether it is active, its heads' and MLP
-        units' masks and its stochastic-depth rate."""
+        units' masks and its stochastic-depth rate. Filled on the host (one copy each to
+        ``device``, not a kernel per entry)."""
         c, arch = self.space.cfg, self.space.parse(arch)
         max_e, max_h = c.embed_choices[-1], c.heads_choices[-1]
         max_hidden = c.hidden(max_e, c.mlp_ratio_choices[-1])
-        active = torch.zeros(c.max_depth)
-        heads, hidden = torch.zeros(c.max_depth, max_h), torch.zeros(c.max_depth, max_hidden)
-        rates = torch.zeros(c.max_depth)
+        active, rates = np.zeros(c.max_depth), np.zeros(c.max_depth)
+        heads, hidden = np.zeros((c.max_depth, max_h)), np.zeros((c.max_depth, max_hidden))
         for b, ((h, ratio), rate) in enumerate(zip(arch.blocks,
                                                    block_rates(c.drop_path, arch.depth))):
             active[b], rates[b] = 1.0, rate
             heads[b, :h], hidden[b, : c.hidden(arch.embed, ratio)] = 1.0, 1.0
-        embed = (torch.arange(max_e) < arch.embed).float()
-        return tuple(t.to(device, non_blocking=True) for t in
-                     (embed, torch.tensor(float(arch.embed)), active, heads, hidden, rates))
+        embed = (np.arange(max_e) < arch.embed).astype(np.float32)
+        return tuple(torch.as_tensor(np.asarray(a, dtype=np.float32), device=device)
+                     for a in (embed, float(arch.embed), active, heads, hidden, rates))
 
     def forward_masked(self, x: torch.Tensor, masks: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The subnet of ``masks`` (:meth:`arch_masks`) at the largest subnet's shapes: the same
