@@ -241,17 +241,21 @@ class DynamicViTBlock(nn.Module):
         self.active_ratio = float(c.mlp_ratio_choices[-1])
         self.drop_path = 0.0  # this block's stochastic-depth rate (set with the active subnet)
 
+    def _attend(self, qkv: torch.Tensor, h: int) -> torch.Tensor:
+        """Attention of ``h`` heads over the fused Q/K/V projection (B, N, 3·h·d): (B, h, N, d)."""
+        d = self.head_dim
+        y = qkv.unflatten(-1, (3, h, d)).permute(2, 0, 3, 1, 4)
+        if self.training:  # one fused kernel (flash / memory-efficient on a GPU), same maths
+            return F.scaled_dot_product_attention(y[0], y[1], y[2], scale=d**-0.5,
+                                                  dropout_p=self.space.cfg.attn_drop)
+        # the static model's operations, so extract() gives identical outputs
+        attn = torch.softmax(torch.matmul(y[0], y[1].transpose(-2, -1)) * d**-0.5, dim=-1)
+        return torch.matmul(attn, y[2])
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = self.space.cfg
-        e, h, d = x.size(-1), self.active_heads, self.head_dim
-        y = self.qkv(self.norm1(x), h).unflatten(-1, (3, h, d)).permute(2, 0, 3, 1, 4)
-        if self.training:  # one fused kernel (flash / memory-efficient on a GPU), same maths
-            y = F.scaled_dot_product_attention(y[0], y[1], y[2], scale=d**-0.5,
-                                               dropout_p=c.attn_drop)
-        else:  # the static model's operations, so extract() gives identical outputs
-            attn = torch.softmax(torch.matmul(y[0], y[1].transpose(-2, -1)) * d**-0.5, dim=-1)
-            y = torch.matmul(attn, y[2])
-        y = y.transpose(1, 2).flatten(2)
+        e, h = x.size(-1), self.active_heads
+        y = self._attend(self.qkv(self.norm1(x), h), h).transpose(1, 2).flatten(2)
         p, t = c.dropout, self.training
         x = x + drop_path(dropout(self.proj(y, e), p, t), self.drop_path, t)
         if c.cct_norm:
@@ -265,15 +269,8 @@ class DynamicViTBlock(nn.Module):
         ``hidden`` (this block's head and MLP-unit masks) and ``rate`` (stochastic depth) are
         tensors of :meth:`ViTSupernet.arch_masks`."""
         c, (m, n), t = self.space.cfg, embed, self.training
-        h, d, e = heads.numel(), self.head_dim, m.numel()
-        y = self.qkv(masked_norm(x, self.norm1, m, n), h).unflatten(-1, (3, h, d))
-        y = y.permute(2, 0, 3, 1, 4)
-        if t:
-            y = F.scaled_dot_product_attention(y[0], y[1], y[2], scale=d**-0.5,
-                                               dropout_p=c.attn_drop)
-        else:
-            y = torch.matmul(torch.softmax(torch.matmul(y[0], y[1].transpose(-2, -1)) * d**-0.5,
-                                           dim=-1), y[2])
+        h, e = heads.numel(), m.numel()
+        y = self._attend(self.qkv(masked_norm(x, self.norm1, m, n), h), h)
         y = (y * heads.view(1, h, 1, 1)).transpose(1, 2).flatten(2)
         p, dp = c.dropout, t and c.drop_path > 0
         x = x + drop_path_masked(dropout(self.proj(y, e) * m, p, t), rate, dp)
@@ -341,8 +338,11 @@ class ViTSupernet(Supernet):
         x = dropout(x, self.space.cfg.dropout, self.training)
         for block in self.blocks[: self.active_depth]:
             x = block(x)
-        x = self.norm(x)
-        if self.attention_pool is not None:  # as ViTNet computes it
+        return self._classify(self.norm(x))
+
+    def _classify(self, x: torch.Tensor) -> torch.Tensor:
+        """Pooling (sequence pooling as ViTNet computes it, else the tokens' mean), classifier."""
+        if self.attention_pool is not None:
             w = torch.softmax(self.attention_pool(x, 1), dim=1).transpose(1, 2)
             return self.classifier(torch.matmul(w, x).flatten(1), self.space.cfg.num_classes)
         return self.classifier(x.mean(1), self.space.cfg.num_classes)
@@ -381,11 +381,7 @@ class ViTSupernet(Supernet):
         for b, block in enumerate(self.blocks):
             y = block.forward_masked(x, (m, n), heads[b], hidden[b], rates[b])
             x = torch.where(active[b] > 0, y, x)
-        x = masked_norm(x, self.norm, m, n)
-        if self.attention_pool is not None:
-            w = torch.softmax(self.attention_pool(x, 1), dim=1).transpose(1, 2)
-            return self.classifier(torch.matmul(w, x).flatten(1), c.num_classes)
-        return self.classifier(x.mean(1), c.num_classes)
+        return self._classify(masked_norm(x, self.norm, m, n))
 
     def static_net(self) -> ViTNet:
         c, e = self.space.cfg, self.active_embed
