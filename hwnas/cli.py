@@ -246,14 +246,15 @@ def _train_speed_options(s) -> None:
                    metavar="MODE", help="torch.compile the standalone model, or the supernet's "
                    "largest and smallest subnets; mode default, reduce-overhead, max-autotune or "
                    "off (on --resume it overrides the run's)")
-    s.add_argument("--compile-scope", choices=COMPILE_SCOPES, default="model",
-                   help="with --compile: model = the network only (default); step = also a "
+    s.add_argument("--compile-scope", choices=("auto",) + COMPILE_SCOPES, default="auto",
+                   help="with --compile: auto = subnets for a vit or cct supernet on CUDA, model "
+                        "otherwise (default); model = the network only; step = also a "
                         "standalone network's loss, the batches' normalisation and, on the CPU, "
                         "their augmentation (fewer kernel launches per step on a GPU); subnets = "
                         "also a supernet's random subnets, as one masked graph (vit, cct)")
     s.add_argument("--cudnn-benchmark", choices=("auto", "on", "off"), default="auto",
                    help="cuDNN autotuning per new convolution shape (CUDA): auto = on for "
-                        "--standalone and for --compile-scope subnets, off for other supernets, "
+                        "--standalone and for compile scope subnets, off for other supernets, "
                         "whose random subnets bring new shapes")
     s.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="auto = bf16 autocast on CUDA, fp32 on CPU (default auto; on --resume "

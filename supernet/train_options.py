@@ -51,7 +51,8 @@ CUDA_GRAPH_MODES: frozenset[str] = frozenset({"reduce-overhead", "max-autotune"}
 #: (default mode): on a GPU the eager augmentation was most of a CCT step's kernel launches
 #: (``benchmarks/train_step_overhead.md``, "Session 36"); ``subnets``, ``model`` and a supernet
 #: step's random subnets, as one masked graph at the largest's shapes (spaces whose supernet has
-#: ``forward_masked``: vit, cct).
+#: ``forward_masked``: vit, cct). ``hwnas train --compile-scope auto`` (its default) picks
+#: ``subnets`` for those on CUDA and ``model`` otherwise (``train_run._compile_scope``).
 COMPILE_SCOPES: tuple[str, ...] = ("model", "step", "subnets")
 
 

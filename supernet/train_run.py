@@ -143,14 +143,26 @@ def resolve_out(args: argparse.Namespace) -> tuple[str, Path | None]:
     return "file", out
 
 
-def _autotune(args: argparse.Namespace) -> bool:
+def _autotune(args: argparse.Namespace, scope: str) -> bool:
     """cuDNN autotuning per new convolution shape: ``--cudnn-benchmark``, where ``auto`` is on
     for networks with one set of shapes (a standalone subnet, or a supernet whose random
-    subnets run masked, ``--compile-scope subnets``), off where every random subnet brings new
+    subnets run masked, compile scope ``subnets``), off where every random subnet brings new
     shapes."""
-    masked = args.compile not in (None, "off") and args.compile_scope == "subnets"
+    masked = args.compile not in (None, "off") and scope == "subnets"
     return args.cudnn_benchmark == "on" or (
         args.cudnn_benchmark == "auto" and (_is_standalone(args) or masked))
+
+
+def _compile_scope(args: argparse.Namespace, model, standalone: bool, device) -> str:
+    """``--compile-scope``, where ``auto`` is ``subnets`` for a supernet with masked random
+    subnets (vit, cct) on CUDA, where they halved a CCT supernet's sandwich epoch
+    (``benchmarks/supernet_cifar10.md``, "Session 42"), and ``model`` otherwise: on a CPU the
+    step is bound by arithmetic, and the masked graph computes at the largest subnet's shapes."""
+    scope = getattr(args, "compile_scope", None) or "auto"
+    if scope != "auto":
+        return scope
+    masked = device.type == "cuda" and not standalone and hasattr(model, "forward_masked")
+    return "subnets" if masked else "model"
 
 
 def _is_standalone(args: argparse.Namespace) -> bool:
@@ -189,8 +201,7 @@ def run_train(args: argparse.Namespace, *, started: float | None = None) -> int:
         check_writable(out)
     check_torch_device(args.device)
     ctx, device = init_from_env(args.device)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = _autotune(args)
+    if device.type == "cuda":  # cuDNN autotuning is set with the model (_training)
         # TF32 for fp32 evaluation
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -304,11 +315,14 @@ def _training(args: argparse.Namespace, settings: dict, recorded: dict, ctx, dev
     if settings["standalone"]:
         arch = resolve_arch(space, settings["standalone"])
         model = reinitialize(model.extract(arch).train(), seed=config.seed)
+    scope = _compile_scope(args, model, bool(settings["standalone"]), device)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = _autotune(args, scope)
     options = TrainOptions(
         device=device, progress=not args.quiet, precision=settings.get("precision") or "auto",
         channels_last={"auto": None, "on": True, "off": False}[args.channels_last], dist=ctx,
         dataset=data.name, compile=settings["compile"] or False,
-        compile_scope=getattr(args, "compile_scope", None) or "model")
+        compile_scope=scope)
     return _Training(model, space, arch, data, config, options, teacher, args.half_weights)
 
 

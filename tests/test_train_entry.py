@@ -206,12 +206,33 @@ def test_cudnn_autotuning_defaults_to_standalone_runs_only(tmp_path):
     assert parse("--out", "x").cudnn_benchmark == "auto"
     # a supernet whose random subnets run masked has the largest's and smallest's shapes only
     from hwnas.supernet.train_run import _autotune
-    assert not _autotune(parse("--out", "x", "--compile"))
-    assert not _autotune(parse("--out", "x", "--compile-scope", "subnets"))   # not compiled
-    assert _autotune(parse("--out", "x", "--compile", "--compile-scope", "subnets"))
-    assert not _autotune(parse("--out", "x", "--compile", "--compile-scope", "subnets",
-                               "--cudnn-benchmark", "off"))
-    assert _autotune(parse("--out", "x", "--cudnn-benchmark", "on"))
+    assert not _autotune(parse("--out", "x", "--compile"), "model")
+    assert not _autotune(parse("--out", "x"), "subnets")   # not compiled
+    assert _autotune(parse("--out", "x", "--compile"), "subnets")
+    assert not _autotune(parse("--out", "x", "--compile", "--cudnn-benchmark", "off"), "subnets")
+    assert _autotune(parse("--out", "x", "--cudnn-benchmark", "on"), "model")
+
+
+def test_compile_scope_auto_masks_the_subnets_of_vit_family_supernets_on_cuda():
+    """--compile-scope auto (the default): the random subnets run masked (``subnets``) for a
+    supernet with forward_masked (vit, cct) on CUDA; ``model`` on the CPU, for a standalone
+    network, and for supernets without masks; an explicit scope is kept."""
+    import torch
+    from hwnas.supernet.train_run import _compile_scope
+
+    from hwnas.cli import parse_args
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    auto = parse_args(["train", "--out", "x", "--compile"])
+    assert auto.compile_scope == "auto"
+    cct = get_space("cct", num_classes=10).build_supernet()
+    mbv3 = get_space("mbv3-tiny").build_supernet()
+    assert _compile_scope(auto, cct, False, cuda) == "subnets"
+    assert _compile_scope(auto, cct, False, cpu) == "model"
+    assert _compile_scope(auto, cct, True, cuda) == "model"
+    assert _compile_scope(auto, mbv3, False, cuda) == "model"
+    step = parse_args(["train", "--out", "x", "--compile", "--compile-scope", "step"])
+    assert _compile_scope(step, cct, False, cuda) == "step"
 
 
 def test_needs_only_torch_and_numpy(decoded, tmp_path):
