@@ -143,12 +143,12 @@ def resolve_out(args: argparse.Namespace) -> tuple[str, Path | None]:
     return "file", out
 
 
-def _autotune(args: argparse.Namespace, scope: str) -> bool:
+def _autotune(args: argparse.Namespace, scope: str, compile: str | None) -> bool:
     """cuDNN autotuning per new convolution shape: ``--cudnn-benchmark``, where ``auto`` is on
     for networks with one set of shapes (a standalone subnet, or a supernet whose random
-    subnets run masked, compile scope ``subnets``), off where every random subnet brings new
-    shapes."""
-    masked = args.compile not in (None, "off") and scope == "subnets"
+    subnets run masked: compiled, ``compile`` being the run's mode, in scope ``subnets``), off
+    where every random subnet brings new shapes."""
+    masked = compile not in (None, "off") and scope == "subnets"
     return args.cudnn_benchmark == "on" or (
         args.cudnn_benchmark == "auto" and (_is_standalone(args) or masked))
 
@@ -317,7 +317,7 @@ def _training(args: argparse.Namespace, settings: dict, recorded: dict, ctx, dev
         model = reinitialize(model.extract(arch).train(), seed=config.seed)
     scope = _compile_scope(args, model, bool(settings["standalone"]), device)
     if device.type == "cuda":
-        torch.backends.cudnn.benchmark = _autotune(args, scope)
+        torch.backends.cudnn.benchmark = _autotune(args, scope, settings["compile"])
     options = TrainOptions(
         device=device, progress=not args.quiet, precision=settings.get("precision") or "auto",
         channels_last={"auto": None, "on": True, "off": False}[args.channels_last], dist=ctx,

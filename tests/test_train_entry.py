@@ -206,11 +206,11 @@ def test_cudnn_autotuning_defaults_to_standalone_runs_only(tmp_path):
     assert parse("--out", "x").cudnn_benchmark == "auto"
     # a supernet whose random subnets run masked has the largest's and smallest's shapes only
     from hwnas.supernet.train_run import _autotune
-    assert not _autotune(parse("--out", "x", "--compile"), "model")
-    assert not _autotune(parse("--out", "x"), "subnets")   # not compiled
-    assert _autotune(parse("--out", "x", "--compile"), "subnets")
-    assert not _autotune(parse("--out", "x", "--compile", "--cudnn-benchmark", "off"), "subnets")
-    assert _autotune(parse("--out", "x", "--cudnn-benchmark", "on"), "model")
+    assert not _autotune(parse("--out", "x"), "model", "default")
+    assert not _autotune(parse("--out", "x"), "subnets", None)   # not compiled
+    assert _autotune(parse("--out", "x"), "subnets", "reduce-overhead")  # also a resumed run's
+    assert not _autotune(parse("--out", "x", "--cudnn-benchmark", "off"), "subnets", "default")
+    assert _autotune(parse("--out", "x", "--cudnn-benchmark", "on"), "model", None)
 
 
 def test_compile_scope_auto_masks_the_subnets_of_vit_family_supernets_on_cuda():
