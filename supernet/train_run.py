@@ -273,7 +273,13 @@ class _Training:
         return (f"{what}: {sum(p.numel() for p in self.model.parameters()) / 1e6:.2f} M "
                 f"parameters; data {data.name}: {len(data.train)} train images; device {device}"
                 f"{f' x {ctx.world_size} processes' if ctx.enabled else ''}; "
-                f"{len(config.stages)} stage(s) {[(s.name, s.epochs) for s in config.stages]}")
+                f"{len(config.stages)} stage(s) {[(s.name, s.epochs) for s in config.stages]}"
+                f"{self._compiled()}")
+
+    def _compiled(self) -> str:
+        """``; compiled MODE, scope SCOPE`` for a compiled run (the scope ``auto`` picked)."""
+        opts = self.options
+        return f"; compiled {opts.compile}, scope {opts.compile_scope}" if opts.compile else ""
 
 
 def _training(args: argparse.Namespace, settings: dict, recorded: dict, ctx, device,

@@ -73,7 +73,7 @@ def test_defaults_are_the_spaces_as_before():
 
 
 def test_run_options_reach_train_options(tmp_path, monkeypatch, capsys):
-    """--device, --precision, --channels-last, --compile (and its scope; default model) and
+    """--device, --precision, --channels-last, --compile (and its scope; auto: model on a CPU) and
     --quiet reach the TrainOptions of the training call (recorded by a stand-in for
     train_supernet)."""
     import hwnas.supernet.train as train_module
@@ -89,7 +89,8 @@ def test_run_options_reach_train_options(tmp_path, monkeypatch, capsys):
     assert main(["train", "--limit-train", "128", "--bench-steps", "2", "--precision", "bf16",
                  "--channels-last", "on", "--compile", "max-autotune", "--quiet",
                  "--device", "cpu"]) == 0
-    assert "64 images/s" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "64 images/s" in out and "compiled max-autotune, scope model" in out  # auto on a CPU
     opts = calls[-1]
     assert (str(opts.device), opts.precision, opts.channels_last, opts.compile, opts.progress,
             opts.max_steps) == ("cpu", "bf16", True, "max-autotune", False, 2)
