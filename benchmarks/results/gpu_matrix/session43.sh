@@ -3,7 +3,7 @@
 # one another (the machine must stay warm: /tmp/keep and the jobs live on it).
 #   0 (S 60):  carry .whl data/c10, lean tree (lean_tree.sh): wheels, the full CIFAR-10 in
 #      /tmp/keep; returns at once.
-#   1 (S 560), repeated until it prints the evaluation: issue 44 item 2's smallest subnet. The
+#   1 (S 560; any PHASE other than 0), repeated until it prints the evaluation: issue 44 item 2's smallest subnet. The
 #      shipped CCT supernet (session 42's `cctsn150m`, 150 epochs in 1,124 s with the masked
 #      random subnets) has largest / smallest 89.11 / 83.28 %; the same networks trained alone
 #      reach 89.83 / 84.26 (200 epochs;
@@ -20,16 +20,13 @@
 set -u
 PHASE=$1; S=${2:-560}
 . benchmarks/results/gpu_matrix/device_env.sh || exit 1
-case $PHASE in
-0)
-  nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv,noheader
-  exit 0
-  ;;
-1)
-  CCT_SPEED="--compile reduce-overhead" CCT_JOBS="cctsn200m" RETURN_CKPT="cctsn200m" \
-    bash benchmarks/results/supernet_cifar10/h200_cct.sh $(( ($(left) - 60) / 60 )) > /tmp/res/cct_phase1.log 2>&1
-  tail -c 900 /tmp/cct/cctsn200m.log | tr '\r' '\n' | grep -a "top-1\|trained steps" | cut -c1-200
-  python3 - <<'PY'
+if [ "$PHASE" = 0 ]; then  # the install above only; which GPU came
+  nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv,noheader; exit 0
+fi
+CCT_SPEED="--compile reduce-overhead" CCT_JOBS="cctsn200m" RETURN_CKPT="cctsn200m" \
+  bash benchmarks/results/supernet_cifar10/h200_cct.sh $(( ($(left) - 60) / 60 )) > /tmp/res/cct_phase1.log 2>&1
+tail -c 900 /tmp/cct/cctsn200m.log | tr '\r' '\n' | grep -a "top-1\|trained steps" | cut -c1-200
+python3 - <<'PY'
 import json
 try:
     top = {s["role"]: s["top1"] for s in json.load(open("/tmp/cct/cctsn200m/eval.json"))["subnets"]}
@@ -40,6 +37,4 @@ ok = top["largest"] >= 89.11 and top["smallest"] >= 83.28 and gap <= 1
 print(f"rule: largest {top['largest']} (>= 89.11), smallest {top['smallest']} (>= 83.28), "
       f"mean gap {gap:.2f} (<= 1): {'SHIP' if ok else 'KEEP the shipped file'}")
 PY
-  ;;
-esac
 tar -czf "$OUT/results.tgz" -C /tmp/res .
