@@ -244,8 +244,9 @@ def _train_run_dir_options(r) -> None:
 def _train_speed_options(s) -> None:
     s.add_argument("--compile", nargs="?", const="default", default=None, choices=COMPILE_MODES,
                    metavar="MODE", help="torch.compile the standalone model, or the supernet's "
-                   "largest and smallest subnets; mode default, reduce-overhead, max-autotune or "
-                   "off (on --resume it overrides the run's)")
+                   "largest and smallest subnets (and its random subnets: --compile-scope); mode "
+                   "default, reduce-overhead (CUDA graphs, fastest on a GPU), max-autotune or off "
+                   "(on --resume it overrides the run's)")
     s.add_argument("--compile-scope", choices=("auto",) + COMPILE_SCOPES, default="auto",
                    help="with --compile: auto = subnets for a vit or cct supernet on CUDA, model "
                         "otherwise (default); model = the network only; step = also a "
