@@ -148,7 +148,7 @@ def _autotune(args: argparse.Namespace, scope: str, compile: str | None) -> bool
     for networks with one set of shapes (a standalone subnet, or a supernet whose random
     subnets run masked: compiled, ``compile`` being the run's mode, in scope ``subnets``), off
     where every random subnet brings new shapes."""
-    masked = compile not in (None, "off") and scope == "subnets"
+    masked = bool(compile) and scope == "subnets"  # the run's settings: "off" is None there
     return args.cudnn_benchmark == "on" or (
         args.cudnn_benchmark == "auto" and (_is_standalone(args) or masked))
 
@@ -275,9 +275,9 @@ class _Training:
                 f"parameters; data {data.name}: {len(data.train)} train images; device {device}"
                 f"{f' x {ctx.world_size} processes' if ctx.enabled else ''}; "
                 f"{len(config.stages)} stage(s) {[(s.name, s.epochs) for s in config.stages]}"
-                f"{self._compiled()}")
+                f"{self._compile_note()}")
 
-    def _compiled(self) -> str:
+    def _compile_note(self) -> str:
         """``; compiled MODE, scope SCOPE`` for a compiled run (the scope ``auto`` picked)."""
         opts = self.options
         return f"; compiled {opts.compile}, scope {opts.compile_scope}" if opts.compile else ""
