@@ -97,9 +97,14 @@ def test_manifest_json_and_csv(exported) -> None:
         assert files[rel]["top1_agreement"] >= 0.99 and files[rel]["searched_agreement"] > 0
         assert files[rel]["test_accuracy"] is not None
     assert files[f"qdq-{FRONT}/trial_0007.onnx"]["float_islands"] == []
-    # the default rounding: the W4 policy's files learned (AdaRound), the FP32 file none
-    assert {files[rel]["rounding"] for rel in ("qdq/trial_0007.onnx",
-                                               f"qdq-{FRONT}/trial_0007.onnx")} == {"adaround"}
+    # the default rounding: the W4 policy's files learned (AdaRound), the FP32 file none. The
+    # device file keeps int8 only where int8 measured faster on this CPU (timing: on a loaded
+    # machine every layer can go float), so it learned the plain file's layers it keeps int8
+    plain, tuned = files["qdq/trial_0007.onnx"], files[f"qdq-{FRONT}/trial_0007.onnx"]
+    assert plain["rounding"] == "adaround" and plain["adaround_layers"]
+    kept = [n for n in plain["adaround_layers"] if n not in tuned["float_layers_for_speed"]]
+    assert tuned["adaround_layers"] == kept
+    assert tuned["rounding"] == ("adaround" if kept else "nearest")
     assert files["trial_0007.onnx"]["rounding"] == ""
     devices = {d["device"]: d for d in quantized["devices"]}
     cpu = devices[FRONT]
