@@ -11,7 +11,9 @@ each latency, or size) are :func:`~hwnas.search.pareto.front_indices_2d`'s. Prin
 writes ``cifar10_fronts.json`` beside this file, which notebook 04 plots without evaluating
 anything. Rows are labelled by the ``--space`` that finds the file (``vit`` also when that is
 ``cct_cifar10.pt``, the vit family's CCT supernet); the json's ``spaces`` and ``checkpoints``
-say which network and file each label scored::
+say which network and file each label scored, ``checkpoint_sha256`` which bytes (a file shipped
+under the same name later does not pass for the one scored: ``vit_int8.py`` and the tests check
+it)::
 
     OMP_NUM_THREADS=1 python benchmarks/cifar10_fronts.py [--subnets 8] [--images 1000]
     python benchmarks/cifar10_fronts.py --render [JSON]   # the tables of cifar10_fronts.md
@@ -41,7 +43,7 @@ from hwnas.supernet.data import DatasetSplits, load_dataset
 from hwnas.supernet.train import load_checkpoint
 
 from hwnas.core.errors import UserError
-from hwnas.core.io import write_json
+from hwnas.core.io import file_sha256, write_json
 
 SPACES = ("mbv3", "vit")
 #: estimated devices that run a float model as it is (the Edge TPU and the FPGA models want a
@@ -211,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
         data = load_dataset("cifar10", seed=args.seed)
         rows: list[dict[str, Any]] = []
-        doc: dict[str, Any] = {"checkpoints": {}, "spaces": {}, "eval_seconds": {}}
+        doc: dict[str, Any] = {"checkpoints": {}, "checkpoint_sha256": {}, "spaces": {},
+                               "eval_seconds": {}}
         test = None
         for name in SPACES:
             cfg = SearchConfig(space=name, dataset="cifar10", data_seed=args.seed, seed=args.seed,
@@ -231,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                             DEVICES, settings, label=name)  # by the --space that finds it
             doc["checkpoints"][name] = (str(Path(checkpoint).relative_to(REPO))
                                         if Path(checkpoint).is_relative_to(REPO) else checkpoint)
+            doc["checkpoint_sha256"][name] = file_sha256(checkpoint)
             doc["spaces"][name] = space.name  # vit's shipped supernet may be cct's
             doc["eval_seconds"][name] = round(time.perf_counter() - t0, 1)
         assert test is not None

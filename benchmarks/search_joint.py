@@ -40,7 +40,6 @@ import csv
 import dataclasses
 import datetime as _dt
 import gzip
-import hashlib
 import json
 import sys
 import tempfile
@@ -60,6 +59,7 @@ from hwnas.search.bits import ArchBits, ArchBitsSpace  # noqa: E402
 from hwnas.search.pareto import hypervolume_2d  # noqa: E402
 
 from hwnas.core.errors import UserError  # noqa: E402
+from hwnas.core.io import file_sha256  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 OUT_JSON = Path(__file__).with_suffix(".json")
@@ -331,10 +331,6 @@ def plan_candidates(joint: ArchBitsSpace, n_archs: int, policies: int, seed: int
     return out
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def build_table(path: Path, supernet: Path, n_archs: int, policies: int, seed: int, *,
                 work: Path, max_minutes: float, progress: bool) -> dict[str, Any]:
     """Evaluate the planned candidates (the run's seeds first) with the run's own evaluator,
@@ -351,7 +347,7 @@ def build_table(path: Path, supernet: Path, n_archs: int, policies: int, seed: i
     cfg = run_config(supernet)
     space, net, data, evaluator = open_run(cfg)
     joint = ArchBitsSpace(space, cfg.bit_choices)
-    checkpoint_sha = _sha256(supernet)
+    checkpoint_sha = file_sha256(supernet)
     work.mkdir(parents=True, exist_ok=True)
     seeds_file = work / f"seeds-{checkpoint_sha[:12]}.json"
     if seeds_file.is_file():  # the Hessian seeds take a while: computed once per checkpoint
@@ -418,7 +414,7 @@ def build_table(path: Path, supernet: Path, n_archs: int, policies: int, seed: i
     tmp.replace(path)
     record.update(machine=nb201.machine(),
                   date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                  table_sha256=_sha256(path))
+                  table_sha256=file_sha256(path))
     write_json(path.with_suffix("").with_suffix(".json"), record)
     return record
 
@@ -629,7 +625,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             "objectives": [m.key for m in cfg.objective_metrics],
             "table": str(args.table.relative_to(HERE.parent)) if args.table.is_relative_to(
                 HERE.parent) else str(args.table),
-            "table_sha256": _sha256(args.table),
+            "table_sha256": file_sha256(args.table),
             "table_build": json.loads(build.read_text()) if build.is_file() else None,
             "candidates": len(table["candidate"]), "seed_trials": len(problem.seeds),
             "true_front_size": {k: f.size for k, f in fronts.items()},

@@ -32,9 +32,11 @@ attention products follow their projection's bits), PTQ with the search's ``PTQC
 Each file's row records its worst 16-bit pair sum (:func:`hwnas.export.qdq.int16.int16_report`).
 
 The subnets default to the front ``benchmarks/cifar10_fronts.json`` (``--fronts``) scored on
-the same checkpoint (every cost's front, joined; a json scored on another file is refused);
+the same checkpoint (every cost's front, joined; a json scored on another file, or on another
+file of the same name, is refused);
 ``--subnets smallest,largest,<arch string>`` picks others. Resumable: each (subnet,
-variant) row is written to ``--out`` as soon as it is measured and is not measured again; the
+variant) row is written to ``--out`` as soon as it is measured and is not measured again (an
+``--out`` written on another checkpoint file is refused, by its ``checkpoint_sha256``); the
 QDQ files are kept in ``--work``. ``--max-seconds`` stops before the next variant once that much
 time has passed, so a loop of commands of a few minutes each finishes the table::
 
@@ -69,6 +71,7 @@ except ModuleNotFoundError:
     from benchmarks import quant_recipes as recipes
 
 from hwnas.core.errors import UserError
+from hwnas.core.io import file_sha256
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = ("float", "fq_search", "fq_export", "ort_qdq", "ort_device", "ort_device_u8u8",
@@ -97,14 +100,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def front_archs(checkpoint: str | Path, fronts_json: Path = fronts_bench.OUT_JSON) -> list[str]:
     """The architectures on any of ``cifar10_fronts.json``'s fronts scored on ``checkpoint``
     (its rows are labelled by the ``--space`` that found the file: ``vit`` for the shipped
-    ``cct_cifar10.pt``), cheapest (by FLOPs) first. A json scored on another file (the shipped
-    one replaced since) is refused: its architectures are another space's."""
+    ``cct_cifar10.pt``), cheapest (by FLOPs) first. A json scored on another file is refused:
+    another name (its architectures are another space's), or the same name with other bytes
+    (``checkpoint_sha256``: a supernet shipped since under the same name has another front)."""
     doc = json.loads(fronts_json.read_text())
     name = Path(checkpoint).name
     labels = [k for k, v in doc.get("checkpoints", {}).items() if Path(v).name == name]
     if not labels:
         raise UserError(f"{fronts_json.name} was scored on {sorted(doc.get('checkpoints', {}).values())}, "
                         f"not on {name}; run benchmarks/cifar10_fronts.py again first")
+    scored = doc.get("checkpoint_sha256", {}).get(labels[0])
+    if scored != file_sha256(checkpoint):
+        raise UserError(f"{fronts_json.name} was scored on another {name} (SHA-256 {scored}, "
+                        f"not this file's); run benchmarks/cifar10_fronts.py again first")
     archs = {a for per_cost in doc["fronts"].values() for a in per_cost.get(labels[0], [])}
     if not archs:
         raise UserError(f"{fronts_json.name} has no front for {labels[0]!r} ({name})")
@@ -300,9 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     space, supernet, splits, cfg, checkpoint = load(args.space, args.images)
     picks = pick(space, args.subnets, checkpoint, args.fronts)
     out = Path(args.out)
+    sha = file_sha256(checkpoint)
     old = json.loads(out.read_text()) if out.is_file() else {}
-    if old and (old.get("space") != space.name or old.get("test_images") != len(splits.test)):
-        raise UserError(f"{out} holds another space or test set; give another --out")
+    if old and (old.get("space") != space.name or old.get("test_images") != len(splits.test)
+                or old.get("checkpoint_sha256") != sha):
+        raise UserError(f"{out} holds rows of another space, test set or checkpoint file; give "
+                        f"another --out")
     rows: list[dict[str, Any]] = old.get("results", [])
     if args.redo:
         redo = {(space.to_string(a), v) for _, a in picks for v in variants}
@@ -320,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         versions += f", openvino {openvino.__version__}"
     doc = {"command": " && ".join(commands), "commands": commands,
            "space": space.name, "checkpoint": str(Path(checkpoint).name),
+           "checkpoint_sha256": sha,
            "machine": describe_machine(f"1 torch thread, 1 onnxruntime thread, {versions}, "
                                        f"Python {platform.python_version()}"),
            "isa": cpu_isa(), "date": recipes.now_iso(), "test_images": len(splits.test),

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
-import hashlib
 import importlib
 import json
 import math
@@ -33,7 +32,7 @@ from hwnas.supernet.space import SearchSpace
 
 from hwnas.core import written
 from hwnas.core.errors import UserError
-from hwnas.core.io import check_writable, read_csv_rows
+from hwnas.core.io import check_writable, file_sha256, read_csv_rows
 
 __all__ = [
     "Measurements",
@@ -112,14 +111,6 @@ class Measurements:
         return len(self.archs)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 #: the range of a plausible measured latency of one batch-1 inference, in ms (1 ns to 1 hour):
 #: a value outside it is a unit mistake or a corrupt file, and would dominate any fit
 MIN_LATENCY_MS = 1e-6
@@ -190,7 +181,7 @@ def read_measurements(path: str | Path, space: SearchSpace, *, min_rows: int = 1
             f"measurements file {path} has {len(archs)} measurement(s); at least {min_rows} are "
             f"needed"
         )
-    return Measurements(archs, np.asarray(values, dtype=np.float64), path, _sha256(path),
+    return Measurements(archs, np.asarray(values, dtype=np.float64), path, file_sha256(path),
                         tuple(files) if i_file is not None and all(files) else None)
 
 

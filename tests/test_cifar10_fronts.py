@@ -68,8 +68,10 @@ def test_committed_json_is_complete_and_its_fronts_are_its_rows() -> None:
 
 
 def test_committed_json_scored_the_checkpoints_shipped_now() -> None:
-    """Each space's rows were scored on the file ``--space NAME --dataset cifar10`` finds now:
-    shipping another (``cct_cifar10.pt`` for vit) means running cifar10_fronts.py again."""
+    """Each space's rows were scored on the file ``--space NAME --dataset cifar10`` finds now,
+    by name and by bytes: shipping another (``cct_cifar10.pt`` for vit, or a retrained file under
+    the same name) means running cifar10_fronts.py again."""
+    from hwnas.core.io import file_sha256
     from hwnas.supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint
 
     doc = json.loads(COMMITTED.read_text())
@@ -78,6 +80,9 @@ def test_committed_json_scored_the_checkpoints_shipped_now() -> None:
         assert path is not None and Path(doc["checkpoints"][space]).name == path.name, (
             f"{COMMITTED.name}'s {space} rows were scored on {doc['checkpoints'][space]}; "
             f"{space} now finds {path}: run benchmarks/cifar10_fronts.py again")
+        assert doc["checkpoint_sha256"][space] == file_sha256(path), (
+            f"{COMMITTED.name}'s {space} rows were scored on another {path.name}: run "
+            f"benchmarks/cifar10_fronts.py again")
 
 
 def test_render_prints_the_committed_json_tables(capsys) -> None:

@@ -5,6 +5,7 @@ measures nothing it has, and the table has one line per subnet."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -51,13 +52,22 @@ def test_every_variant_once_then_resumed(vit_tiny, tmp_path, one_torch_thread) -
 def test_front_is_the_one_scored_on_the_loaded_checkpoint(tmp_path) -> None:
     """cifar10_fronts.json labels rows by the --space that found the file (vit for the shipped
     cct_cifar10.pt): the front is looked up by file name, and a json scored on another file is
-    refused (its architectures are another space's)."""
+    refused: another name (its architectures are another space's), or the same name with other
+    bytes (a supernet shipped since under that name)."""
+    import hashlib
     import json
 
     from hwnas.core.errors import UserError
+    from hwnas.core.io import file_sha256
 
+    cct, vit = tmp_path / "x" / "cct_cifar10.pt", tmp_path / "x" / "vit_cifar10.pt"
+    cct.parent.mkdir()
+    cct.write_bytes(b"the file scored")
+    vit.write_bytes(b"another space")
+    assert file_sha256(cct) == hashlib.sha256(b"the file scored").hexdigest()
     doc = {"checkpoints": {"mbv3": "supernet/checkpoints/mbv3_cifar10.pt",
                            "vit": "supernet/checkpoints/cct_cifar10.pt"},
+           "checkpoint_sha256": {"mbv3": "0" * 64, "vit": file_sha256(cct)},
            "fronts": {"params": {"vit": ["big", "small"], "mbv3": ["m"]},
                       "latency_ms:x": {"vit": ["small"]}},
            "results": [{"space": "vit", "arch": "big", "flops": 9},
@@ -65,6 +75,29 @@ def test_front_is_the_one_scored_on_the_loaded_checkpoint(tmp_path) -> None:
                        {"space": "mbv3", "arch": "m", "flops": 5}]}
     path = tmp_path / "fronts.json"
     path.write_text(json.dumps(doc))
-    assert vit_int8.front_archs("/x/cct_cifar10.pt", path) == ["small", "big"]
+    assert vit_int8.front_archs(cct, path) == ["small", "big"]
     with pytest.raises(UserError, match="cifar10_fronts.py again"):
-        vit_int8.front_archs("/x/vit_cifar10.pt", path)
+        vit_int8.front_archs(vit, path)
+    cct.write_bytes(b"a file shipped since under the same name")
+    with pytest.raises(UserError, match="another cct_cifar10.pt .*cifar10_fronts.py again"):
+        vit_int8.front_archs(cct, path)
+    del doc["checkpoint_sha256"]  # a json from before the digests: which file is unknown
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UserError, match="another cct_cifar10.pt"):
+        vit_int8.front_archs(cct, path)
+
+
+def test_committed_cct_table_was_measured_on_the_shipped_file() -> None:
+    """vit_int8_cct.json's rows were measured on the cct_cifar10.pt shipped now (its bytes):
+    shipping another file means measuring the table again."""
+    import json
+
+    from hwnas.core.io import file_sha256
+    from hwnas.supernet.checkpoints import CIFAR10_CLASSES, shipped_checkpoint
+
+    doc = json.loads((Path(vit_int8.__file__).parent / "vit_int8_cct.json").read_text())
+    shipped = shipped_checkpoint("cct", CIFAR10_CLASSES)
+    assert shipped is not None and doc["checkpoint"] == shipped.name
+    assert doc["checkpoint_sha256"] == file_sha256(shipped), (
+        "vit_int8_cct.json was measured on another cct_cifar10.pt: run benchmarks/vit_int8.py "
+        "again (the command is in the json)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -66,6 +67,13 @@ def write_failure(exc: BaseException, path: str | Path):  # -> WriteError | None
         if full:
             return WriteError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
     return None
+
+
+def file_sha256(path: str | Path) -> str:
+    """The hex SHA-256 of a file's bytes (read in chunks): which file a record was made from,
+    not only its name."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def write_json(path: str | Path, obj: Any) -> Path:
