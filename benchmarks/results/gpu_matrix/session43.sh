@@ -16,12 +16,24 @@
 #      cct_cifar10.pt; then re-score cifar10_fronts.json and vit_int8_cct.json, as session 42
 #      did) if its largest and smallest are each >= the shipped file's 89.11 / 83.28 and its mean
 #      gap to the networks trained alone (89.83 / 84.26) is <= 1 point; otherwise keep the file.
+#   Session 43 ran it (0 60, 1 560, 1 560, 1 595, 1 205) and ran out of device time 83 s
+#      short: step 68,649 of 70,200 (epoch 195.6), returned as data/cct_resume/ (the three
+#      cctsn200m.ckpt.partNN and cct_logs.tgz, 46 MB, git-ignored: only on the machine that ran
+#      it). The stopped weights passed the rule and are shipped (supernet_cifar10.md, "Session
+#      43"). To finish (the next session): `0 60` as above, then `FINISH_ONLY=1 ... 1 300` with
+#      carry data/cct_resume: about 45 s of training, 75 s of compiling, the evaluation; the same
+#      rule decides whether the finished file replaces the shipped one. FINISH_ONLY=1 refuses to
+#      start the run afresh when the parts are gone.
 #   bash benchmarks/results/gpu_matrix/session43.sh PHASE SECONDS
 set -u
 PHASE=$1; S=${2:-560}
 . benchmarks/results/gpu_matrix/device_env.sh || exit 1
 if [ "$PHASE" = 0 ]; then  # the install above only; which GPU came
   nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv,noheader; exit 0
+fi
+if [ "${FINISH_ONLY:-0}" = 1 ] && ! ls data/cct_resume/cctsn200m.ckpt.part* >/dev/null 2>&1 \
+    && [ ! -f /tmp/cct/cctsn200m/checkpoint.pt ]; then
+  echo "FINISH_ONLY: no data/cct_resume carried and no run on this machine: nothing to finish"; exit 1
 fi
 CCT_SPEED="--compile reduce-overhead" CCT_JOBS="cctsn200m" RETURN_CKPT="cctsn200m" \
   bash benchmarks/results/supernet_cifar10/h200_cct.sh $(( ($(left) - 60) / 60 )) > /tmp/res/cct_phase1.log 2>&1
