@@ -22,7 +22,8 @@
 #      it). The stopped weights passed the rule and are shipped (supernet_cifar10.md, "Session
 #      43"). To finish (the next session): `0 60` as above, then `FINISH_ONLY=1 ... 1 300` with
 #      carry data/cct_resume: about 45 s of training, 75 s of compiling, the evaluation; the same
-#      rule decides whether the finished file replaces the shipped one. FINISH_ONLY=1 refuses to
+#      rule decides whether the finished file replaces the shipped one (cct43/save_half.py on the
+#      returned cctsn200m.supernet.pt). FINISH_ONLY=1 refuses to
 #      start the run afresh when the parts are gone.
 #   bash benchmarks/results/gpu_matrix/session43.sh PHASE SECONDS
 set -u
