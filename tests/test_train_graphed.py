@@ -78,3 +78,52 @@ def test_a_graphed_sandwich_step_keeps_every_subnets_gradient(monkeypatch, mode)
     graphed = _train(monkeypatch, mode)
     assert _differs(eager, unguarded), "the stand-in no longer reproduces the failure"
     assert not _differs(eager, graphed), "a CUDA-graph mode lost a subnet's gradient"
+
+
+class _PooledOutputs(torch.nn.Module):
+    """``fn`` whose output leaves each call in one buffer per shape, shared by every compiled
+    runner of the run, as CUDA-graph replays hand out outputs of one memory pool: a call
+    without gradients (the teacher's) gets the buffer itself, and any later call overwrites
+    it."""
+
+    def __init__(self, fn, pool: dict) -> None:
+        super().__init__()
+        self.fn, self.pool = fn, pool
+
+    def forward(self, *args):
+        out = self.fn(*args)
+        buf = self.pool.setdefault(tuple(out.shape), torch.empty(out.shape, dtype=out.dtype))
+        buf.copy_(out.detach())
+        return out if out.requires_grad else buf
+
+
+def _train_taught(monkeypatch, compile_mode=None, unguarded=False):
+    """Two sandwich steps of mbv3-tiny on digits with an external teacher (an untrained
+    subnet: its logits differ from the student's); the compiled runners are the stand-in."""
+    data = load_dataset("digits", seed=0)
+    space = get_space("mbv3-tiny", in_channels=data.in_channels,
+                      image_size=data.image_size[0], num_classes=data.num_classes)
+    torch.manual_seed(0)
+    supernet = space.build_supernet()
+    teacher = space.build_supernet().extract(space.smallest())
+    pool: dict = {}
+    config = sandwich_config(epochs=1, batch_size=8, teacher="untrained", teacher_weight=1.0)
+    with monkeypatch.context() as m:
+        m.setattr(train_mod.torch, "compile", lambda fn, mode=None: _PooledOutputs(fn, pool))
+        if unguarded:   # the teacher's logits as they were before session 44: no copy
+            m.setattr(train_mod, "_teacher_logits",
+                      lambda t, x, amp: None if t is None else t(x).float())
+        train_supernet(supernet, space, data, config,
+                       TrainOptions(progress=False, max_steps=2, compile=compile_mode),
+                       teacher=teacher)
+    return {n: p.detach().clone() for n, p in supernet.named_parameters()}
+
+
+def test_a_graphed_step_reads_the_teachers_own_logits(monkeypatch):
+    """Session 44: with --compile reduce-overhead the student's replay overwrote the compiled
+    teacher's logits before the loss read them (an H100 raised at the first step)."""
+    eager = _train_taught(monkeypatch)
+    unguarded = _train_taught(monkeypatch, "reduce-overhead", unguarded=True)
+    graphed = _train_taught(monkeypatch, "reduce-overhead")
+    assert _differs(eager, unguarded), "the stand-in no longer reproduces the failure"
+    assert not _differs(eager, graphed), "the loss read logits the student's pass overwrote"
