@@ -37,7 +37,8 @@ file of the same name, is refused);
 ``--subnets smallest,largest,<arch string>`` picks others. Resumable: each (subnet,
 variant) row is written to ``--out`` as soon as it is measured and is not measured again (an
 ``--out`` written on another checkpoint file is refused, by its ``checkpoint_sha256``); the
-QDQ files are kept in ``--work``. ``--max-seconds`` stops before the next variant once that much
+QDQ files are kept in ``--work``, in a folder per checkpoint digest (session 44: a folder per
+subnet alone would have served a new file under the old name the old file's QDQ exports). ``--max-seconds`` stops before the next variant once that much
 time has passed, so a loop of commands of a few minutes each finishes the table::
 
     OMP_NUM_THREADS=1 python benchmarks/vit_int8.py [--space vit] [--subnets front]
@@ -198,7 +199,7 @@ def subnet_rows(role: str, arch: Any, space: Any, supernet: Any, splits: Any, cf
     evaluator = TrialEvaluator(space, supernet, splits, [], eval_settings(cfg))
     torch.manual_seed(cfg.seed)
     model = evaluator.float_model(arch).eval()
-    work = Path(args.work) / key
+    work = Path(args.work) / args.checkpoint_sha256[:16] / key
     work.mkdir(parents=True, exist_ok=True)
     files = {"ort_qdq": work / "qdq.onnx", "ort_device": work / "qdq_device.onnx"}
     files["ort_device_u8u8"] = files["ov_device"] = files["ov_device_f32"] = files["ort_device"]
@@ -308,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     space, supernet, splits, cfg, checkpoint = load(args.space, args.images)
     picks = pick(space, args.subnets, checkpoint, args.fronts)
     out = Path(args.out)
-    sha = file_sha256(checkpoint)
+    sha = args.checkpoint_sha256 = file_sha256(checkpoint)
     old = json.loads(out.read_text()) if out.is_file() else {}
     if old and (old.get("space") != space.name or old.get("test_images") != len(splits.test)
                 or old.get("checkpoint_sha256") != sha):

@@ -29,7 +29,7 @@ def test_every_variant_once_then_resumed(vit_tiny, tmp_path, one_torch_thread) -
     cfg = SearchConfig(space="vit", dataset="cifar10", ptq_images=16, calib_batches=1, devices=[])
     torch.manual_seed(0)
     supernet = vit_tiny.build_supernet().eval()
-    args = argparse.Namespace(work=str(tmp_path), max_seconds=0)
+    args = argparse.Namespace(work=str(tmp_path), max_seconds=0, checkpoint_sha256="ab" * 32)
     variants = [v for v in vit_int8.VARIANTS if not v.startswith("ov_")]  # OpenVINO: optional
     rows: list[dict] = []
     arch = vit_tiny.smallest()
@@ -37,12 +37,18 @@ def test_every_variant_once_then_resumed(vit_tiny, tmp_path, one_torch_thread) -
                                 args, rows.append, 0.0)
     assert [r["variant"] for r in rows] == variants
     assert all(0 <= r["top1"] <= 100 and r["test_images"] == 24 for r in rows)
-    assert (tmp_path / vit_tiny.to_string(arch) / "qdq_device.onnx").is_file()
+    assert (tmp_path / ("ab" * 8) / vit_tiny.to_string(arch) / "qdq_device.onnx").is_file()
     done = {(r["arch"], r["variant"]) for r in rows}
     again: list[dict] = []
     assert vit_int8.subnet_rows("smallest", arch, vit_tiny, supernet, data, cfg, variants, done,
                                 args, again.append, 0.0)
     assert again == []
+    # another checkpoint's file (another digest) exports its own QDQ files, never the first's
+    args.checkpoint_sha256 = "cd" * 32
+    fresh: list[dict] = []
+    assert vit_int8.subnet_rows("smallest", arch, vit_tiny, supernet, data, cfg, ["ort_qdq"],
+                                set(), args, fresh.append, 0.0)
+    assert (tmp_path / ("cd" * 8) / vit_tiny.to_string(arch) / "qdq.onnx").is_file()
     table = vit_int8.markdown({"space": "vit", "date": "d", "commands": ["c"], "machine": "m",
                                "isa": {"isa": ["avx2"]}, "test_images": 24, "results": rows})
     line = next(t for t in table.splitlines() if vit_tiny.to_string(arch) in t)
