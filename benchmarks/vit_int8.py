@@ -37,9 +37,9 @@ file of the same name, is refused);
 ``--subnets smallest,largest,<arch string>`` picks others. Resumable: each (subnet,
 variant) row is written to ``--out`` as soon as it is measured and is not measured again (an
 ``--out`` written on another checkpoint file is refused, by its ``checkpoint_sha256``); the
-QDQ files are kept in ``--work``, in a folder per checkpoint digest (session 44: a folder per
-subnet alone would have served a new file under the old name the old file's QDQ exports). ``--max-seconds`` stops before the next variant once that much
-time has passed, so a loop of commands of a few minutes each finishes the table::
+QDQ files are kept in ``--work``, in a folder per checkpoint digest (a new file under an old
+name never reuses the old file's exports). ``--max-seconds`` stops before the next variant once
+that much time has passed, so a loop of commands of a few minutes each finishes the table::
 
     OMP_NUM_THREADS=1 python benchmarks/vit_int8.py [--space vit] [--subnets front]
         [--fronts benchmarks/cifar10_fronts.json] [--variants ...] [--max-seconds 480] [--out benchmarks/vit_int8.json]

@@ -214,7 +214,7 @@ def _teacher_logits(teacher: nn.Module | None, x: torch.Tensor,
                     amp: Callable) -> torch.Tensor | None:
     """The teacher's logits as a tensor of their own: under a CUDA-graph compile mode the
     compiled teacher's output lives in the graphs' memory pool, and the student's next replay
-    overwrites it before the loss reads it (it crashed on an H100 in session 44)."""
+    overwrites it before the loss reads it."""
     if teacher is None:
         return None
     with torch.no_grad(), amp():
