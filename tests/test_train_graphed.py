@@ -16,6 +16,7 @@ from torch.func import functional_call
 
 import hwnas.supernet.train as train_mod
 from hwnas.supernet import TrainOptions, get_space, load_dataset, sandwich_config, train_supernet
+from hwnas.supernet.train import standalone_config, train_standalone
 from hwnas.supernet.train_options import CUDA_GRAPH_MODES
 
 
@@ -97,9 +98,10 @@ class _PooledOutputs(torch.nn.Module):
         return out if out.requires_grad else buf
 
 
-def _train_taught(monkeypatch, compile_mode=None, unguarded=False):
-    """Two sandwich steps of mbv3-tiny on digits with an external teacher (an untrained
-    subnet: its logits differ from the student's); the compiled runners are the stand-in."""
+def _train_taught(monkeypatch, kind, compile_mode=None, unguarded=False):
+    """Two steps of mbv3-tiny on digits (the supernet's sandwich, or its largest subnet alone)
+    with an external teacher (an untrained subnet: its logits differ from the student's); the
+    compiled runners are the stand-in."""
     data = load_dataset("digits", seed=0)
     space = get_space("mbv3-tiny", in_channels=data.in_channels,
                       image_size=data.image_size[0], num_classes=data.num_classes)
@@ -107,23 +109,31 @@ def _train_taught(monkeypatch, compile_mode=None, unguarded=False):
     supernet = space.build_supernet()
     teacher = space.build_supernet().extract(space.smallest())
     pool: dict = {}
-    config = sandwich_config(epochs=1, batch_size=8, teacher="untrained", teacher_weight=1.0)
+    taught = {"teacher": "untrained", "teacher_weight": 1.0}
+    options = TrainOptions(progress=False, max_steps=2, compile=compile_mode)
     with monkeypatch.context() as m:
         m.setattr(train_mod.torch, "compile", lambda fn, mode=None: _PooledOutputs(fn, pool))
         if unguarded:   # the teacher's logits as they were before session 44: no copy
             m.setattr(train_mod, "_teacher_logits",
                       lambda t, x, amp: None if t is None else t(x).float())
-        train_supernet(supernet, space, data, config,
-                       TrainOptions(progress=False, max_steps=2, compile=compile_mode),
-                       teacher=teacher)
-    return {n: p.detach().clone() for n, p in supernet.named_parameters()}
+        if kind == "supernet":
+            train_supernet(supernet, space, data,
+                           sandwich_config(epochs=1, batch_size=8, **taught), options,
+                           teacher=teacher)
+            trained = supernet
+        else:
+            trained = supernet.extract(space.largest())
+            train_standalone(trained, data, config=standalone_config(1, batch_size=8, **taught),
+                             options=options, teacher=teacher)
+    return {n: p.detach().clone() for n, p in trained.named_parameters()}
 
 
-def test_a_graphed_step_reads_the_teachers_own_logits(monkeypatch):
+@pytest.mark.parametrize("kind", ["supernet", "standalone"])
+def test_a_graphed_step_reads_the_teachers_own_logits(monkeypatch, kind):
     """Session 44: with --compile reduce-overhead the student's replay overwrote the compiled
     teacher's logits before the loss read them (an H100 raised at the first step)."""
-    eager = _train_taught(monkeypatch)
-    unguarded = _train_taught(monkeypatch, "reduce-overhead", unguarded=True)
-    graphed = _train_taught(monkeypatch, "reduce-overhead")
+    eager = _train_taught(monkeypatch, kind)
+    unguarded = _train_taught(monkeypatch, kind, "reduce-overhead", unguarded=True)
+    graphed = _train_taught(monkeypatch, kind, "reduce-overhead")
     assert _differs(eager, unguarded), "the stand-in no longer reproduces the failure"
     assert not _differs(eager, graphed), "the loss read logits the student's pass overwrote"
