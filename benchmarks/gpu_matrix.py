@@ -132,6 +132,12 @@ def cells(spaces: list[str], base: str = "mbv3") -> list[dict]:
     out.append({"id": "train/cct/cifar10/graphed-subnets", "kind": "train", "space": "cct",
                 "dataset": "cifar10",
                 "args": ["--compile", "reduce-overhead", "--compile-scope", "subnets"]})
+    # a standalone network learning from the shipped mbv3 supernet under CUDA graphs: the
+    # teacher's logits must outlive the student's graph replay (copied in _teacher_logits)
+    out.append({"id": "train/cct/cifar10/standalone-teacher-graphed", "kind": "train",
+                "space": "cct", "dataset": "cifar10",
+                "args": ["--standalone", "smallest", "--compile", "reduce-overhead",
+                         "--teacher", "supernet/checkpoints/mbv3_cifar10.pt"]})
     out.append({"id": "train/mbv3/cifar10/resume-after-kill", "kind": "resume", "space": "mbv3",
                 "dataset": "cifar10"})
     out.append({"id": f"finetune/{base}/digits/quantized-trial", "kind": "finetune",
