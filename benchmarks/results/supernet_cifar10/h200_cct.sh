@@ -52,6 +52,8 @@ JOBS=(
   "cctsn150m|--space cct --epochs 150 --precision fp32"
   "cctsn200m|--space cct --epochs 200 --precision fp32"
   "cctsnkd200|--space cct --epochs 200 --precision fp32 --teacher supernet/checkpoints/mbv3_cifar10.pt --teacher-weight 1.0"
+  "cct2kd200|--space cct --standalone smallest --epochs 200 --precision fp32 --teacher supernet/checkpoints/mbv3_cifar10.pt --teacher-weight 1.0"
+  "cct7kd200|--space cct --standalone largest --epochs 200 --precision fp32 --teacher supernet/checkpoints/mbv3_cifar10.pt --teacher-weight 1.0"
   "ablH_cct7fix_s30recipe_50|--space cct --standalone largest --epochs 50 --augment trivial_crop_flip_cutout --mixup 0.8 --cutmix 1.0 --lr 5.5e-4 --weight-decay 0.06 --warmup-epochs 10 --grad-clip 5"
   "ablI_cct7fix_50|--space cct --standalone largest --epochs 50"
   "ablJ_cct2fix_mix_200|--space cct --standalone smallest --epochs 200 --mixup 0.8 --cutmix 1.0"
