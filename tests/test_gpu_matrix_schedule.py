@@ -61,3 +61,28 @@ def test_a_cell_whose_kept_source_run_is_elsewhere_runs_the_source_first(tmp_pat
     assert set(kept) == {"run/b"}  # run/a runs again; run/b's directory is here
     events, results = _run_all(todo, jobs=3)
     assert events.index(("start", "export/a")) > events.index(("end", "run/a"))
+
+
+def test_a_teacher_cell_learns_from_the_supernet_its_source_cell_trained(tmp_path, monkeypatch):
+    """The standalone teacher cell passes its source cell's supernet as ``--teacher`` (a shipped
+    file would be refused: it trained on the matrix subset's validation images), and is skipped
+    when that cell failed."""
+    import argparse
+
+    import benchmarks.gpu_matrix as gm
+
+    seen = []
+    monkeypatch.setattr(gm, "run_cli", lambda args, timeout: (seen.append(args), (0, "", 1.0))[1])
+    cell = next(c for c in gm.cells(["cct"]) if c["id"].endswith("standalone-teacher-graphed"))
+    source = {"id": cell["needs"], "rc": 0, "run_dir": str(tmp_path / "src")}
+    a = argparse.Namespace(device="cuda", epochs=1, limit_train=100, cell_timeout=10,
+                           results_by_id={cell["needs"]: source})
+    res = gm.run_cell(cell, tmp_path, a)
+    assert res["rc"] == 0 and res["run_dir"] == str(tmp_path / cell["id"].replace("/", "_"))
+    args = seen[0]
+    assert args[args.index("--teacher") + 1] == str(tmp_path / "src" / "supernet.pt")
+    assert "reduce-overhead" in args and "--standalone" in args
+
+    source["rc"] = 1
+    res = gm.run_cell(cell, tmp_path, a)
+    assert res["rc"] == 1 and "skipped" in res["error"] and len(seen) == 1
