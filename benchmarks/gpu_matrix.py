@@ -153,6 +153,9 @@ def cells(spaces: list[str], base: str = "mbv3") -> list[dict]:
 def run_cell(cell: dict, work: Path, a: argparse.Namespace) -> dict:
     res: dict = {"id": cell["id"]}
     common = ["--device", a.device, "--quiet"]
+    source = a.results_by_id.get(cell["needs"]) if cell.get("needs") else None
+    if cell.get("needs") and (not source or source.get("rc") != 0):
+        return {**res, "rc": 1, "status": "fail", "error": f"skipped: {cell['needs']} did not pass"}
     if cell["kind"] == "run":
         out = work / cell["id"].replace("/", "_")
         args = ["run", "--space", cell["space"], "--dataset", cell["dataset"], *common,
@@ -175,12 +178,8 @@ def run_cell(cell: dict, work: Path, a: argparse.Namespace) -> dict:
         shutil.rmtree(out, ignore_errors=True)
         args = ["train", "--space", cell["space"], "--dataset", cell["dataset"], *common,
                 "--epochs", str(a.epochs), "--out", str(out), *cell["args"]]
-        if cell.get("needs"):  # the teacher: the supernet that the cell it needs trained
-            need = a.results_by_id.get(cell["needs"])
-            if not need or need.get("rc") != 0:
-                return {**res, "rc": 1, "status": "fail",
-                        "error": f"skipped: {cell['needs']} did not pass"}
-            args += ["--teacher", str(Path(need["run_dir"], "supernet.pt"))]
+        if source:  # the teacher: the supernet that the cell it needs trained
+            args += ["--teacher", str(Path(source["run_dir"], "supernet.pt"))]
         if cell["dataset"] == "cifar10":
             args += ["--limit-train", str(a.limit_train), "--limit-eval", "1000", "--eval"]
         rc, text, wall = run_cli(args, a.cell_timeout)
@@ -214,10 +213,7 @@ def run_cell(cell: dict, work: Path, a: argparse.Namespace) -> dict:
             if rc == 0 and not done:
                 res["error"] = "resumed run wrote no supernet.pt"
     else:
-        need = a.results_by_id.get(cell["needs"])
-        if not need or need.get("rc") != 0:
-            return {**res, "rc": 1, "status": "fail", "error": f"skipped: {cell['needs']} did not pass"}
-        run_dir = need["run_dir"]
+        run_dir = source["run_dir"]
         if cell["kind"] == "finetune":
             with open(Path(run_dir, "trials.csv"), newline="") as f:
                 rows = list(csv.DictReader(f))
