@@ -44,13 +44,7 @@ from hwnas.supernet.checkpoint_io import (  # noqa: F401
 )
 from hwnas.supernet.data import BatchLoader, DatasetSplits
 from hwnas.supernet.data.mix import mix_batch
-from hwnas.supernet.distributed import (
-    DistContext,
-    agree,
-    all_reduce_gradients,
-    broadcast_state,
-    shard,
-)
+from hwnas.supernet.distributed import DistContext, agree, all_reduce_gradients, broadcast_state, shard
 from hwnas.supernet.divergence import DivergenceGuard
 from hwnas.supernet.fingerprint import training_record
 from hwnas.supernet.recipes import (  # noqa: F401
@@ -493,7 +487,8 @@ def train_supernet(
     configuration and dataset size, else :class:`UserError`). With ``compile`` the largest and
     smallest subnet of each stage run compiled, the random ones eagerly (see the module
     docstring). ``teacher``: the external teacher network that ``config.teacher`` names
-    (:func:`hwnas.supernet.teacher.load_teacher`); the largest subnet learns from it.
+    (:func:`hwnas.supernet.teacher.load_teacher`): the largest subnet learns from it (every
+    subnet with ``config.teacher_scope`` ``"all"``).
 
     Examples:
         >>> from hwnas.supernet import get_space, load_dataset
@@ -577,8 +572,9 @@ class _SandwichStep:
             for arch in subnets:
                 with amp():
                     out = self.forward(x, arch, fixed).float()
-                if stage.distill:
-                    sub_loss = soft_cross_entropy(out, soft)
+                if stage.distill:  # from the largest, or from the teacher (teacher_scope)
+                    sub_loss = (label_loss(out, y, config, taught) if taught is not None
+                                and config.teacher_scope == "all" else soft_cross_entropy(out, soft))
                 else:
                     sub_loss = F.cross_entropy(out, y, label_smoothing=config.label_smoothing)
                 (sub_loss * sub_weight if sub_weight != 1.0 else sub_loss).backward()
