@@ -3,8 +3,11 @@ data, and that the taught network follows the teacher."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import replace
+
+import numpy as np
 
 import pytest
 import torch
@@ -14,7 +17,10 @@ from hwnas.supernet.spaces import get_space
 from hwnas.supernet.teacher import check_teacher_data, load_teacher
 from hwnas.supernet.train import (
     TrainConfig,
+    _SandwichStep,
     label_loss,
+    sandwich_config,
+    soft_cross_entropy,
     save_checkpoint,
     save_standalone,
     standalone_config,
@@ -57,10 +63,33 @@ def test_label_loss_mixes_labels_and_teacher():
 
 
 @pytest.mark.parametrize("field,value", [("teacher_weight", 0.0), ("teacher_weight", 1.5),
-                                         ("teacher_mode", "kl")])
+                                         ("teacher_mode", "kl"), ("teacher_scope", "smallest")])
 def test_teacher_settings_validated(field, value):
     with pytest.raises(UserError, match=field):
         replace(TrainConfig(), **{field: value}).validate()
+
+
+@pytest.mark.parametrize("scope", ["largest", "all"])
+def test_teacher_scope_sets_what_the_other_subnets_learn_from(digits, scope):
+    """A sandwich step's smallest subnet learns from the largest one's probabilities (scope
+    ``largest``) or, like the largest, from the labels and teacher mixed (scope ``all``)."""
+    space = _nb201(digits)
+    torch.manual_seed(0)
+    supernet, teacher = space.build_supernet(), _Constant(digits.num_classes, 3)
+    config = sandwich_config(1, num_random=0, batch_size=8, teacher="const:3",
+                             teacher_weight=0.5, teacher_scope=scope)
+    x, y = torch.randn(8, digits.in_channels, *digits.image_size), torch.randint(0, 10, (8,))
+    with torch.no_grad():
+        outs = {}
+        for role in ("largest", "smallest"):
+            supernet.set_active(getattr(space, role)())
+            outs[role] = supernet(x)
+    want = {"largest": soft_cross_entropy(outs["smallest"], F.softmax(outs["largest"], 1)),
+            "all": label_loss(outs["smallest"], y, config, teacher(x))}[scope]
+    step = _SandwichStep(supernet, config, [space], np.random.default_rng(0), teacher, None)
+    losses = step(x, y, 0, contextlib.nullcontext)
+    assert torch.allclose(losses[1], want)
+    assert torch.allclose(losses[0], label_loss(outs["largest"], y, config, teacher(x)))
 
 
 def test_taught_network_follows_the_teacher(digits):
@@ -173,3 +202,6 @@ def test_cli_trains_with_a_teacher_and_resumes(tmp_path, digits_checkpoint, caps
                  "--teacher-mode", "hard"]) == 2
     assert "--teacher-mode applies with --teacher only" in capsys.readouterr().err
     assert not (tmp_path / "x.pt").exists()
+    assert main(["train", "--epochs", "1", "--out", str(tmp_path / "x.pt"),
+                 "--teacher-scope", "all"]) == 2
+    assert "--teacher-scope applies with --teacher only" in capsys.readouterr().err

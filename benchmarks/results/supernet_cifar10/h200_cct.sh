@@ -23,6 +23,9 @@
 # start afresh. CCT-2's parts (about 3.5 MB) are committed when a run does not finish, so the
 # next session resumes them from the repository (data/cct_resume or
 # benchmarks/results/supernet_cifar10/resume/).
+# Session 46: cctsnkdall200 is cctsnkd200 with every sandwich subnet learning from the teacher
+# (--teacher-scope all), beside cct2kd200 / cct7kd200 (the networks trained alone with the same
+# teacher); its rule is in benchmarks/supernet_cifar10.md, "Session 46".
 set -u
 MINUTES=${1:-9}
 ROOT=/tmp/cct
@@ -54,6 +57,7 @@ JOBS=(
   "cctsnkd200|--space cct --epochs 200 --precision fp32 --teacher supernet/checkpoints/mbv3_cifar10.pt --teacher-weight 1.0"
   "cct2kd200|--space cct --standalone smallest --epochs 200 --precision fp32 --teacher supernet/checkpoints/mbv3_cifar10.pt --teacher-weight 1.0"
   "cct7kd200|--space cct --standalone largest --epochs 200 --precision fp32 --teacher supernet/checkpoints/mbv3_cifar10.pt --teacher-weight 1.0"
+  "cctsnkdall200|--space cct --epochs 200 --precision fp32 --teacher supernet/checkpoints/mbv3_cifar10.pt --teacher-weight 1.0 --teacher-scope all"
   "ablH_cct7fix_s30recipe_50|--space cct --standalone largest --epochs 50 --augment trivial_crop_flip_cutout --mixup 0.8 --cutmix 1.0 --lr 5.5e-4 --weight-decay 0.06 --warmup-epochs 10 --grad-clip 5"
   "ablI_cct7fix_50|--space cct --standalone largest --epochs 50"
   "ablJ_cct2fix_mix_200|--space cct --standalone smallest --epochs 200 --mixup 0.8 --cutmix 1.0"
