@@ -25,7 +25,9 @@
 # benchmarks/results/supernet_cifar10/resume/).
 # Session 46: cctsnkdall200 is cctsnkd200 with every sandwich subnet learning from the teacher
 # (--teacher-scope all), beside cct2kd200 / cct7kd200 (the networks trained alone with the same
-# teacher); its rule is in benchmarks/supernet_cifar10.md, "Session 46".
+# teacher); its rule is in benchmarks/supernet_cifar10.md, "Session 46". Their parts are found in
+# any data/cct_resume* folder (one per carry: the supernet's 46 MB and CCT-7's do not fit one
+# 64 MiB carry together) and in benchmarks/results/supernet_cifar10/resume/ (CCT-2's, committed).
 set -u
 MINUTES=${1:-9}
 ROOT=/tmp/cct
@@ -84,7 +86,7 @@ for spec in "${JOBS[@]}"; do
     echo "$name: running"; continue
   fi
   if [ -f "$dir/eval.json" ]; then echo "$name: done"; continue; fi
-  for src in data/cct_resume benchmarks/results/supernet_cifar10/resume; do
+  for src in data/cct_resume* benchmarks/results/supernet_cifar10/resume; do
     if [ ! -f "$dir/checkpoint.pt" ] && ls "$src/$name".ckpt.part* >/dev/null 2>&1; then
       mkdir -p "$dir"
       cat "$src/$name".ckpt.part* > "$dir/checkpoint.pt"
