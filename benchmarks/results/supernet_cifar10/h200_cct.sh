@@ -120,12 +120,27 @@ done
 
 cd "$ROOT" && tar -czf "$OUT/cct_logs.tgz" phases.log smi.log ./*.log ./*/run.json ./*/train_log.json ./*/eval.json 2>/dev/null
 cd - >/dev/null
-for name in $RETURN_CKPT; do
-  [ -f "$ROOT/$name/checkpoint.pt" ] && [ ! -f "$ROOT/$name/eval.json" ] \
-    && split -b 15M -d -a 2 "$ROOT/$name/checkpoint.pt" "$OUT/$name.ckpt.part"
+# The device returns about 64 MB per command (session 46: a third large part was dropped), so
+# the files go back within RETURN_MB, the run returned longest ago (or never) first: runs too
+# large to go back together take turns, one per command.
+RETURN_MB=${RETURN_MB:-60}; used=0
+order=$(for name in $RETURN_CKPT; do
+  echo "$(grep -s "^$name " "$ROOT/returned.txt" | tail -1 | cut -d' ' -f2 || true) $name"
+done | sort -s -n -k1,1 | awk '{print $NF}')
+give() {  # give SRC DEST...: split or copy SRC into $OUT if it fits what is left of RETURN_MB
+  local mb=$(( $(stat -c %s "$1") / 1048576 + 1 ))
+  [ $(( used + mb )) -gt "$RETURN_MB" ] && { echo "$1: not returned (over RETURN_MB=$RETURN_MB)"; return 1; }
+  used=$(( used + mb )); "${@:2}"
+}
+for name in $order; do
+  sent=0
+  if [ -f "$ROOT/$name/checkpoint.pt" ] && [ ! -f "$ROOT/$name/eval.json" ]; then
+    give "$ROOT/$name/checkpoint.pt" split -b 15M -d -a 2 "$ROOT/$name/checkpoint.pt" "$OUT/$name.ckpt.part" && sent=1
+  fi
   for f in model supernet; do  # the finished network (standalone) or supernet (cctsn150)
-    [ -f "$ROOT/$name/$f.pt" ] && cp "$ROOT/$name/$f.pt" "$OUT/$name.$f.pt"
+    [ -f "$ROOT/$name/$f.pt" ] && give "$ROOT/$name/$f.pt" cp "$ROOT/$name/$f.pt" "$OUT/$name.$f.pt" && sent=1
   done
+  [ "$sent" = 1 ] && echo "$name $(date +%s)" >> "$ROOT/returned.txt"
 done
 for spec in "${JOBS[@]}"; do
   name=${spec%%|*}
