@@ -205,3 +205,20 @@ def test_cli_trains_with_a_teacher_and_resumes(tmp_path, digits_checkpoint, caps
     assert main(["train", "--epochs", "1", "--out", str(tmp_path / "x.pt"),
                  "--teacher-scope", "all"]) == 2
     assert "--teacher-scope applies with --teacher only" in capsys.readouterr().err
+
+
+def test_cli_records_the_teacher_scope_and_a_resumed_chunk_keeps_it(tmp_path, digits_checkpoint):
+    """``--teacher-scope all`` is a setting of the run (run.json); ``--resume`` takes it back."""
+    from hwnas.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--space", "mbv3-tiny", "--epochs", "1", "--limit-train", "64",
+                 "--batch-size", "16", "--out", str(out), "--quiet", "--teacher",
+                 str(digits_checkpoint), "--teacher-scope", "all", "--max-minutes", "0.0001"]) == 0
+    run = json.loads((out / "run.json").read_text())
+    assert run["settings"]["teacher_scope"] == "all"
+    assert run["train_config"]["teacher_scope"] == "all"
+    assert not (out / "supernet.pt").exists()
+    assert main(["train", "--out", str(out), "--resume", "--quiet"]) == 0
+    assert json.loads((out / "run.json").read_text())["train_config"]["teacher_scope"] == "all"
+    assert (out / "supernet.pt").is_file()
