@@ -122,7 +122,8 @@ class TrainConfig:
     #: standalone network) then learns ``1 - teacher_weight`` of the labels' loss plus
     #: ``teacher_weight`` of the teacher's: its probabilities (``"soft"``) or its top class
     #: (``"hard"``) as targets; the other subnets learn from the largest one in place
-    #: (``teacher_scope`` ``"largest"``), or from the teacher in the same mix (``"all"``). None: none.
+    #: (``teacher_scope`` ``"largest"``), or from the teacher in the same mix (``"all"``).
+    #: None: no teacher.
     teacher: str | None = None
     teacher_weight: float = 0.5
     teacher_mode: str = "soft"

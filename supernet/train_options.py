@@ -13,8 +13,8 @@ from typing import Any
 from hwnas.core.errors import UserError
 
 __all__ = ["AUGMENT_KINDS", "CHECKPOINT_EVERY_S", "COMPILE_MODES", "COMPILE_SCOPES", "MAX_EPOCHS",
-           "OPTIMIZERS", "PRECISIONS",
-           "SCHEDULES", "SUBNET_LOSSES", "TEACHER_MODES", "TEACHER_SCOPES", "TrainOptions", "check_augment"]
+           "OPTIMIZERS", "PRECISIONS", "SCHEDULES", "SUBNET_LOSSES", "TEACHER_MODES",
+           "TEACHER_SCOPES", "TrainOptions", "check_augment"]
 
 #: More epochs than any real run needs: a typo such as 1e30 fails at once instead of growing a
 #: per-epoch history without end.

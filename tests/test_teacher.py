@@ -8,7 +8,6 @@ import json
 from dataclasses import replace
 
 import numpy as np
-
 import pytest
 import torch
 import torch.nn.functional as F
