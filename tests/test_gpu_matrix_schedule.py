@@ -86,3 +86,25 @@ def test_a_teacher_cell_learns_from_the_supernet_its_source_cell_trained(tmp_pat
     source["rc"] = 1
     res = gm.run_cell(cell, tmp_path, a)
     assert res["rc"] == 1 and "skipped" in res["error"] and len(seen) == 1
+
+
+def test_the_supernet_teacher_cell_runs_every_subnet_from_the_teacher_under_graphs(tmp_path,
+                                                                                 monkeypatch):
+    """The scope-all cell trains a graphed supernet (a 1-epoch deps schedule is all sandwich
+    steps) with its source cell's supernet as the teacher of every subnet."""
+    import argparse
+
+    import benchmarks.gpu_matrix as gm
+
+    seen = []
+    monkeypatch.setattr(gm, "run_cli", lambda args, timeout: (seen.append(args), (0, "", 1.0))[1])
+    cell = next(c for c in gm.cells(["cct"]) if c["id"].endswith("supernet-teacher-all-graphed"))
+    assert cell["needs"] == "train/cct/cifar10/graphed-subnets"
+    source = {"id": cell["needs"], "rc": 0, "run_dir": str(tmp_path / "src")}
+    a = argparse.Namespace(device="cuda", epochs=1, limit_train=100, cell_timeout=10,
+                           results_by_id={cell["needs"]: source})
+    assert gm.run_cell(cell, tmp_path, a)["rc"] == 0
+    args = seen[0]
+    assert args[args.index("--teacher") + 1] == str(tmp_path / "src" / "supernet.pt")
+    assert args[args.index("--teacher-scope") + 1] == "all"
+    assert "--standalone" not in args and args[args.index("--compile-scope") + 1] == "subnets"
