@@ -95,6 +95,12 @@ def test_the_supernet_teacher_cell_runs_every_subnet_from_the_teacher_under_grap
     import argparse
 
     import benchmarks.gpu_matrix as gm
+    from hwnas.supernet import get_space
+    from hwnas.supernet.recipes import default_config
+
+    # the matrix's one epoch (its --epochs default) trains sandwich steps only
+    stages = default_config(get_space("cct"), 1).stages
+    assert all(st.sandwich and st.distill for st in stages if st.epochs > 0)
 
     seen = []
     monkeypatch.setattr(gm, "run_cli", lambda args, timeout: (seen.append(args), (0, "", 1.0))[1])
