@@ -567,14 +567,15 @@ class _SandwichStep:
         sub_total = torch.zeros((), device=x.device)
         for p in self.supernet.parameters() if subnets and self.graphed else ():
             p.grad = None if p.grad is None else p.grad.clone()  # later passes add in place
-        if subnets:
-            soft = F.softmax(logits.detach(), dim=1)
+        if subnets:  # distilled from the teacher (teacher_scope "all") or the largest, in place
+            from_teacher = taught is not None and config.teacher_scope == "all"
+            soft = None if from_teacher else F.softmax(logits.detach(), dim=1)
             for arch in subnets:
                 with amp():
                     out = self.forward(x, arch, fixed).float()
-                if stage.distill:  # from the largest, or from the teacher (teacher_scope)
-                    sub_loss = (label_loss(out, y, config, taught) if taught is not None
-                                and config.teacher_scope == "all" else soft_cross_entropy(out, soft))
+                if stage.distill:
+                    sub_loss = (label_loss(out, y, config, taught) if from_teacher
+                                else soft_cross_entropy(out, soft))
                 else:
                     sub_loss = F.cross_entropy(out, y, label_smoothing=config.label_smoothing)
                 (sub_loss * sub_weight if sub_weight != 1.0 else sub_loss).backward()

@@ -63,20 +63,27 @@ def test_a_cell_whose_kept_source_run_is_elsewhere_runs_the_source_first(tmp_pat
     assert events.index(("start", "export/a")) > events.index(("end", "run/a"))
 
 
-def test_a_teacher_cell_learns_from_the_supernet_its_source_cell_trained(tmp_path, monkeypatch):
-    """The standalone teacher cell passes its source cell's supernet as ``--teacher`` (a shipped
-    file would be refused: it trained on the matrix subset's validation images), and is skipped
-    when that cell failed."""
+def _teacher_cell(suffix, tmp_path, monkeypatch):
+    """The matrix cell whose id ends with ``suffix``, its passed source cell, the arguments
+    ``run_cell`` takes, and the command lines it runs (``run_cli`` recorded, not run)."""
     import argparse
 
     import benchmarks.gpu_matrix as gm
 
     seen = []
     monkeypatch.setattr(gm, "run_cli", lambda args, timeout: (seen.append(args), (0, "", 1.0))[1])
-    cell = next(c for c in gm.cells(["cct"]) if c["id"].endswith("standalone-teacher-graphed"))
+    cell = next(c for c in gm.cells(["cct"]) if c["id"].endswith(suffix))
     source = {"id": cell["needs"], "rc": 0, "run_dir": str(tmp_path / "src")}
     a = argparse.Namespace(device="cuda", epochs=1, limit_train=100, cell_timeout=10,
                            results_by_id={cell["needs"]: source})
+    return gm, cell, source, a, seen
+
+
+def test_a_teacher_cell_learns_from_the_supernet_its_source_cell_trained(tmp_path, monkeypatch):
+    """The standalone teacher cell passes its source cell's supernet as ``--teacher`` (a shipped
+    file would be refused: it trained on the matrix subset's validation images), and is skipped
+    when that cell failed."""
+    gm, cell, source, a, seen = _teacher_cell("standalone-teacher-graphed", tmp_path, monkeypatch)
     res = gm.run_cell(cell, tmp_path, a)
     assert res["rc"] == 0 and res["run_dir"] == str(tmp_path / cell["id"].replace("/", "_"))
     args = seen[0]
@@ -92,9 +99,6 @@ def test_the_supernet_teacher_cell_runs_every_subnet_from_the_teacher_under_grap
                                                                                  monkeypatch):
     """The scope-all cell trains a graphed supernet (a 1-epoch deps schedule is all sandwich
     steps) with its source cell's supernet as the teacher of every subnet."""
-    import argparse
-
-    import benchmarks.gpu_matrix as gm
     from hwnas.supernet import get_space
     from hwnas.supernet.recipes import default_config
 
@@ -102,13 +106,8 @@ def test_the_supernet_teacher_cell_runs_every_subnet_from_the_teacher_under_grap
     stages = default_config(get_space("cct"), 1).stages
     assert all(st.sandwich and st.distill for st in stages if st.epochs > 0)
 
-    seen = []
-    monkeypatch.setattr(gm, "run_cli", lambda args, timeout: (seen.append(args), (0, "", 1.0))[1])
-    cell = next(c for c in gm.cells(["cct"]) if c["id"].endswith("supernet-teacher-all-graphed"))
+    gm, cell, source, a, seen = _teacher_cell("supernet-teacher-all-graphed", tmp_path, monkeypatch)
     assert cell["needs"] == "train/cct/cifar10/graphed-subnets"
-    source = {"id": cell["needs"], "rc": 0, "run_dir": str(tmp_path / "src")}
-    a = argparse.Namespace(device="cuda", epochs=1, limit_train=100, cell_timeout=10,
-                           results_by_id={cell["needs"]: source})
     assert gm.run_cell(cell, tmp_path, a)["rc"] == 0
     args = seen[0]
     assert args[args.index("--teacher") + 1] == str(tmp_path / "src" / "supernet.pt")
