@@ -28,6 +28,9 @@
 # teacher); its rule is in benchmarks/supernet_cifar10.md, "Session 46". Their parts are found in
 # any data/cct_resume* folder (one per carry: the supernet's 46 MB and CCT-7's do not fit one
 # 64 MiB carry together) and in benchmarks/results/supernet_cifar10/resume/ (CCT-2's, committed).
+# Session 48: cct2kd200 finished (84.61 %); its parts left the repository. The supernet's parts
+# (46 MB) fit one carry only with the lean tree that keeps the teacher alone (lean_tree.sh
+# supernet/checkpoints/mbv3).
 set -u
 MINUTES=${1:-9}
 ROOT=/tmp/cct
