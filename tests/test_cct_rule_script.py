@@ -12,15 +12,18 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks/results/supernet_cifar10/cct46_rule.py"
 
 
-def _rule():
+def _load():
     spec = importlib.util.spec_from_file_location("cct46_rule", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+rule = _load()  # once for the module: the script holds no state
+
+
 def _eval(tmp_path: Path, name: str, top1: dict[str, float], **changes) -> Path:
-    reference = json.loads(_rule().REFERENCE.read_text())
+    reference = json.loads(rule.REFERENCE.read_text())
     for row in reference["subnets"]:
         row["top1"] = top1.get(row["role"], row["top1"])
         row["arch"] = changes.get("arch", {}).get(row["role"], row["arch"])
@@ -31,7 +34,6 @@ def _eval(tmp_path: Path, name: str, top1: dict[str, float], **changes) -> Path:
 
 
 def test_the_rule_ships_only_when_smallest_largest_and_mean_all_hold(tmp_path):
-    rule = _rule()
     ship, lines = rule.decide(_eval(tmp_path, "ship", {"smallest": 84.73, "largest": 89.86,
                                                       "random3": 89.5}))
     assert ship and lines[-1] == "SHIP"
@@ -50,7 +52,6 @@ def test_the_rule_ships_only_when_smallest_largest_and_mean_all_hold(tmp_path):
     ({"arch": {"random2": "e128_h2m1-h2m1"}}, "random2 is e128_h2m1-h2m1, expected"),
 ])
 def test_the_rule_refuses_evaluations_that_do_not_compare(tmp_path, capsys, changes, message):
-    rule = _rule()
     path = _eval(tmp_path, "other", {"smallest": 86.0}, **changes)
     assert rule.main([str(path)]) == 2
     err = capsys.readouterr().err
