@@ -138,12 +138,6 @@ def cells(spaces: list[str], base: str = "mbv3") -> list[dict]:
     out.append({"id": "train/cct/cifar10/standalone-teacher-graphed", "kind": "train",
                 "space": "cct", "dataset": "cifar10", "needs": "train/cct/cifar10/graphed-subnets",
                 "args": ["--standalone", "smallest", "--compile", "reduce-overhead"]})
-    # every sandwich subnet of a graphed supernet learning from that teacher (--teacher-scope
-    # all): each subnet's loss reads the teacher's copied logits after its own graph replays
-    out.append({"id": "train/cct/cifar10/supernet-teacher-all-graphed", "kind": "train",
-                "space": "cct", "dataset": "cifar10", "needs": "train/cct/cifar10/graphed-subnets",
-                "args": ["--compile", "reduce-overhead", "--compile-scope", "subnets",
-                         "--teacher-scope", "all"]})
     out.append({"id": "train/mbv3/cifar10/resume-after-kill", "kind": "resume", "space": "mbv3",
                 "dataset": "cifar10"})
     out.append({"id": f"finetune/{base}/digits/quantized-trial", "kind": "finetune",

@@ -43,7 +43,6 @@ from hwnas.supernet.train_options import (
     SCHEDULES,
     SUBNET_LOSSES,
     TEACHER_MODES,
-    TEACHER_SCOPES,
 )
 
 if TYPE_CHECKING:  # the search (and torch) load only when a command needs them
@@ -205,10 +204,6 @@ def _train_recipe_options(h) -> None:
     h.add_argument("--teacher-mode", choices=TEACHER_MODES, default=None,
                    help=f"with --teacher: its probabilities (soft) or its top class (hard) as "
                         f"targets (default {c.teacher_mode})")
-    h.add_argument("--teacher-scope", choices=TEACHER_SCOPES, default=None,
-                   help=f"with --teacher, training a supernet: the largest subnet learns from the "
-                        f"teacher and the others from it in place (largest), or every subnet "
-                        f"from the teacher (all) (default {c.teacher_scope})")
     h.add_argument("--warmup-epochs", type=non_negative_float, default=None,
                    help=f"linear warm-up before the cosine decay (default {c.warmup_epochs:g})")
     h.add_argument("--grad-clip", type=non_negative_float, default=None,

@@ -26,7 +26,6 @@ from hwnas.supernet.train_options import (
     SCHEDULES,
     SUBNET_LOSSES,
     TEACHER_MODES,
-    TEACHER_SCOPES,
 )
 
 from hwnas.core.errors import UserError
@@ -121,13 +120,10 @@ class TrainConfig:
     #: training call). The network trained on the labels (a supernet's largest subnet, a
     #: standalone network) then learns ``1 - teacher_weight`` of the labels' loss plus
     #: ``teacher_weight`` of the teacher's: its probabilities (``"soft"``) or its top class
-    #: (``"hard"``) as targets; the other subnets learn from the largest one in place
-    #: (``teacher_scope`` ``"largest"``), or from the teacher in the same mix (``"all"``).
-    #: None: no teacher.
+    #: (``"hard"``) as targets; the other subnets still learn from the largest one. None: none.
     teacher: str | None = None
     teacher_weight: float = 0.5
     teacher_mode: str = "soft"
-    teacher_scope: str = "largest"
 
     @property
     def epochs(self) -> int:
@@ -163,9 +159,6 @@ class TrainConfig:
         if self.teacher_mode not in TEACHER_MODES:
             raise UserError(f"teacher_mode must be one of {list(TEACHER_MODES)}, got "
                             f"{self.teacher_mode!r}")
-        if self.teacher_scope not in TEACHER_SCOPES:
-            raise UserError(f"teacher_scope must be one of {list(TEACHER_SCOPES)}, got "
-                            f"{self.teacher_scope!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -176,11 +169,16 @@ class TrainConfig:
         key, a value of the wrong kind)."""
         try:
             d = dict(d)
+            # files of sessions 46-48 record teacher_scope: "largest" is what training does
+            scope = d.pop("teacher_scope", "largest")
             d["stages"] = [TrainStage(**s) for s in d.get("stages", [])]
             config = cls(**d)
             config.validate()
         except (TypeError, ValueError, AttributeError) as exc:
             raise UserError(f"not a training configuration: {first_line(exc)}") from None
+        if scope != "largest":
+            raise UserError(f"not a training configuration of this version: teacher_scope "
+                            f"{scope!r} (every subnet learning from the teacher) was taken out")
         return config
 
 

@@ -487,8 +487,7 @@ def train_supernet(
     configuration and dataset size, else :class:`UserError`). With ``compile`` the largest and
     smallest subnet of each stage run compiled, the random ones eagerly (see the module
     docstring). ``teacher``: the external teacher network that ``config.teacher`` names
-    (:func:`hwnas.supernet.teacher.load_teacher`): the largest subnet learns from it (every
-    subnet with ``config.teacher_scope`` ``"all"``).
+    (:func:`hwnas.supernet.teacher.load_teacher`); the largest subnet learns from it.
 
     Examples:
         >>> from hwnas.supernet import get_space, load_dataset
@@ -567,15 +566,13 @@ class _SandwichStep:
         sub_total = torch.zeros((), device=x.device)
         for p in self.supernet.parameters() if subnets and self.graphed else ():
             p.grad = None if p.grad is None else p.grad.clone()  # later passes add in place
-        if subnets:  # distilled from the teacher (teacher_scope "all") or the largest, in place
-            from_teacher = taught is not None and config.teacher_scope == "all"
-            soft = None if from_teacher else F.softmax(logits.detach(), dim=1)
+        if subnets:  # distilled from the largest, in place
+            soft = F.softmax(logits.detach(), dim=1)
             for arch in subnets:
                 with amp():
                     out = self.forward(x, arch, fixed).float()
                 if stage.distill:
-                    sub_loss = (label_loss(out, y, config, taught) if from_teacher
-                                else soft_cross_entropy(out, soft))
+                    sub_loss = soft_cross_entropy(out, soft)
                 else:
                     sub_loss = F.cross_entropy(out, y, label_smoothing=config.label_smoothing)
                 (sub_loss * sub_weight if sub_weight != 1.0 else sub_loss).backward()

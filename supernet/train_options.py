@@ -14,7 +14,7 @@ from hwnas.core.errors import UserError
 
 __all__ = ["AUGMENT_KINDS", "CHECKPOINT_EVERY_S", "COMPILE_MODES", "COMPILE_SCOPES", "MAX_EPOCHS",
            "OPTIMIZERS", "PRECISIONS", "SCHEDULES", "SUBNET_LOSSES", "TEACHER_MODES",
-           "TEACHER_SCOPES", "TrainOptions", "check_augment"]
+           "TrainOptions", "check_augment"]
 
 #: More epochs than any real run needs: a typo such as 1e30 fails at once instead of growing a
 #: per-epoch history without end.
@@ -33,9 +33,6 @@ OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 #: What an external teacher's predictions are as targets (``TrainConfig.teacher_mode``): its
 #: class probabilities, or its top class (DeiT's hard distillation).
 TEACHER_MODES: tuple[str, ...] = ("soft", "hard")
-#: Which subnets of a sandwich step learn from an external teacher (``TrainConfig.teacher_scope``):
-#: the largest only (the others from it, in place), or every one of them.
-TEACHER_SCOPES: tuple[str, ...] = ("largest", "all")
 #: Autocast precisions: ``auto`` = bf16 on CUDA, fp32 elsewhere.
 PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp32")
 #: Seconds between the checkpoints of a run directory while it trains (``hwnas train``).

@@ -240,11 +240,10 @@ def test_masked_subnets_keep_to_the_model_device(training: bool) -> None:
     assert out.device == x.device and not stray_tensor_attributes(net)
 
 
-@pytest.mark.parametrize("scope", ["largest", "all"])
-def test_training_from_an_external_teacher_keeps_to_the_model_device(setup, scope) -> None:
+def test_training_from_an_external_teacher_keeps_to_the_model_device(setup) -> None:
     """A supernet step that learns from an external teacher (``hwnas train --teacher``), with
     the default device foreign: the teacher's logits (copied for CUDA graphs) stay on the
-    model's device, for the largest subnet and, with ``teacher_scope`` all, every subnet."""
+    model's device."""
     from hwnas.supernet.train import TrainConfig, TrainStage, train_supernet
 
     s = setup
@@ -252,8 +251,7 @@ def test_training_from_an_external_teacher_keeps_to_the_model_device(setup, scop
     teacher = copy.deepcopy(s.supernet).extract(s.space.smallest())
     with foreign_default_device():
         config = TrainConfig(stages=[TrainStage("s", 1, num_random=1)], batch_size=16,
-                             warmup_epochs=0, teacher="smallest", teacher_weight=0.5,
-                             teacher_scope=scope)
+                             warmup_epochs=0, teacher="smallest", teacher_weight=0.5)
         train_supernet(net, s.space, s.data, config, progress=False, max_steps=1,
                        teacher=teacher)
     assert not stray_tensor_attributes(net.eval())

@@ -93,23 +93,3 @@ def test_a_teacher_cell_learns_from_the_supernet_its_source_cell_trained(tmp_pat
     source["rc"] = 1
     res = gm.run_cell(cell, tmp_path, a)
     assert res["rc"] == 1 and "skipped" in res["error"] and len(seen) == 1
-
-
-def test_the_supernet_teacher_cell_runs_every_subnet_from_the_teacher_under_graphs(tmp_path,
-                                                                                 monkeypatch):
-    """The scope-all cell trains a graphed supernet (a 1-epoch deps schedule is all sandwich
-    steps) with its source cell's supernet as the teacher of every subnet."""
-    from hwnas.supernet import get_space
-    from hwnas.supernet.recipes import default_config
-
-    # the matrix's one epoch (its --epochs default) trains sandwich steps only
-    stages = default_config(get_space("cct"), 1).stages
-    assert all(st.sandwich and st.distill for st in stages if st.epochs > 0)
-
-    gm, cell, source, a, seen = _teacher_cell("supernet-teacher-all-graphed", tmp_path, monkeypatch)
-    assert cell["needs"] == "train/cct/cifar10/graphed-subnets"
-    assert gm.run_cell(cell, tmp_path, a)["rc"] == 0
-    args = seen[0]
-    assert args[args.index("--teacher") + 1] == str(tmp_path / "src" / "supernet.pt")
-    assert args[args.index("--teacher-scope") + 1] == "all"
-    assert "--standalone" not in args and args[args.index("--compile-scope") + 1] == "subnets"
