@@ -138,6 +138,12 @@ def cells(spaces: list[str], base: str = "mbv3") -> list[dict]:
     out.append({"id": "train/cct/cifar10/standalone-teacher-graphed", "kind": "train",
                 "space": "cct", "dataset": "cifar10", "needs": "train/cct/cifar10/graphed-subnets",
                 "args": ["--standalone", "smallest", "--compile", "reduce-overhead"]})
+    # a graphed supernet whose smaller subnets train without dropout and stochastic depth
+    # (--regularise largest): their graphs are captured with the switch off, the largest's on
+    out.append({"id": "train/cct/cifar10/supernet-regularise-largest-graphed", "kind": "train",
+                "space": "cct", "dataset": "cifar10", "needs": "train/cct/cifar10/graphed-subnets",
+                "args": ["--compile", "reduce-overhead", "--compile-scope", "subnets",
+                         "--regularise", "largest"]})
     out.append({"id": "train/mbv3/cifar10/resume-after-kill", "kind": "resume", "space": "mbv3",
                 "dataset": "cifar10"})
     out.append({"id": f"finetune/{base}/digits/quantized-trial", "kind": "finetune",
@@ -349,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.subset_from is not None:
         from hwnas.core.paths import SHARED_DATA_ENV
 
+        if not os.environ.get(SHARED_DATA_ENV):
+            raise SystemExit(f"--subset-from writes the subset under ${SHARED_DATA_ENV}, which "
+                             f"is not set: set it to a folder (the cells read their data there)")
         dst = Path(os.environ[SHARED_DATA_ENV]) / "cifar10" / "cifar10-jpeg.npz"
         if not dst.exists():
             stratified_subset(a.subset_from, dst, 1000, 500)

@@ -40,6 +40,7 @@ from hwnas.supernet.train_options import (
     MAX_EPOCHS,
     OPTIMIZERS,
     PRECISIONS,
+    REGULARISE,
     SCHEDULES,
     SUBNET_LOSSES,
     TEACHER_MODES,
@@ -213,6 +214,9 @@ def _train_recipe_options(h) -> None:
     h.add_argument("--subnet-loss", choices=SUBNET_LOSSES, default=None,
                    help=f"combine a sandwich step's losses by their sum (BigNAS), mean, or the "
                         f"largest's plus the mean of the others' (default {c.subnet_loss})")
+    h.add_argument("--regularise", choices=REGULARISE, default=None,
+                   help=f"which subnets of a sandwich step the space's dropout and stochastic "
+                        f"depth act on: all, or the largest only (BigNAS) (default {c.regularise})")
     h.add_argument("--full-fraction", type=non_negative_float, default=None,
                    help=f"--schedule deps: share of the epochs that train only the full network "
                         f"(default {DEPS_FULL_FRACTION:g})")

@@ -23,6 +23,7 @@ from hwnas.supernet.train_options import (
     AUGMENT_KINDS,
     MAX_EPOCHS,
     OPTIMIZERS,
+    REGULARISE,
     SCHEDULES,
     SUBNET_LOSSES,
     TEACHER_MODES,
@@ -124,6 +125,10 @@ class TrainConfig:
     teacher: str | None = None
     teacher_weight: float = 0.5
     teacher_mode: str = "soft"
+    #: Which subnets of a sandwich step the space's regularisers (dropout, stochastic depth)
+    #: act on: ``"all"``, or ``"largest"`` only (BigNAS's "regularise only the biggest child":
+    #: the smaller subnets, which under-fit rather than over-fit, train without them).
+    regularise: str = "all"
 
     @property
     def epochs(self) -> int:
@@ -156,6 +161,9 @@ class TrainConfig:
             raise UserError(f"optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
         if not (0.0 < self.teacher_weight <= 1.0):
             raise UserError(f"teacher_weight must be in (0, 1], got {self.teacher_weight}")
+        if self.regularise not in REGULARISE:
+            raise UserError(f"regularise must be one of {list(REGULARISE)}, got "
+                            f"{self.regularise!r}")
         if self.teacher_mode not in TEACHER_MODES:
             raise UserError(f"teacher_mode must be one of {list(TEACHER_MODES)}, got "
                             f"{self.teacher_mode!r}")

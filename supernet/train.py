@@ -529,7 +529,8 @@ def train_supernet(
 
 class _SandwichStep:
     """A supernet's step (the job's ``step_fn``): the stage's largest subnet on the labels,
-    then (sandwich stages) its smallest and ``num_random`` random ones, distilled in place;
+    then (sandwich stages) its smallest and ``num_random`` random ones, distilled in place
+    (with the space's regularisers unless ``config.regularise`` is ``"largest"``);
     the largest and smallest run through ``compiled`` where given (fixed shapes), the others
     through ``masked`` (the compiled ``forward_masked``) where given; ``graphed``: they replay
     CUDA graphs (:data:`~hwnas.supernet.train_options.CUDA_GRAPH_MODES`)."""
@@ -568,15 +569,19 @@ class _SandwichStep:
             p.grad = None if p.grad is None else p.grad.clone()  # later passes add in place
         if subnets:  # distilled from the largest, in place
             soft = F.softmax(logits.detach(), dim=1)
-            for arch in subnets:
-                with amp():
-                    out = self.forward(x, arch, fixed).float()
-                if stage.distill:
-                    sub_loss = soft_cross_entropy(out, soft)
-                else:
-                    sub_loss = F.cross_entropy(out, y, label_smoothing=config.label_smoothing)
-                (sub_loss * sub_weight if sub_weight != 1.0 else sub_loss).backward()
-                sub_total = sub_total + sub_loss.detach() / len(subnets)
+            self.supernet.regularise = config.regularise == "all"
+            try:
+                for arch in subnets:
+                    with amp():
+                        out = self.forward(x, arch, fixed).float()
+                    if stage.distill:
+                        sub_loss = soft_cross_entropy(out, soft)
+                    else:
+                        sub_loss = F.cross_entropy(out, y, label_smoothing=config.label_smoothing)
+                    (sub_loss * sub_weight if sub_weight != 1.0 else sub_loss).backward()
+                    sub_total = sub_total + sub_loss.detach() / len(subnets)
+            finally:
+                self.supernet.regularise = True
         return torch.stack([loss.detach(), sub_total])
 
     def on_stage_start(self, stage_i: int, optimizer: torch.optim.Optimizer) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 from hwnas.core.errors import UserError
 
 __all__ = ["AUGMENT_KINDS", "CHECKPOINT_EVERY_S", "COMPILE_MODES", "COMPILE_SCOPES", "MAX_EPOCHS",
-           "OPTIMIZERS", "PRECISIONS", "SCHEDULES", "SUBNET_LOSSES", "TEACHER_MODES",
-           "TrainOptions", "check_augment"]
+           "OPTIMIZERS", "PRECISIONS", "REGULARISE", "SCHEDULES", "SUBNET_LOSSES",
+           "TEACHER_MODES", "TrainOptions", "check_augment"]
 
 #: More epochs than any real run needs: a typo such as 1e30 fails at once instead of growing a
 #: per-epoch history without end.
@@ -33,6 +33,9 @@ OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 #: What an external teacher's predictions are as targets (``TrainConfig.teacher_mode``): its
 #: class probabilities, or its top class (DeiT's hard distillation).
 TEACHER_MODES: tuple[str, ...] = ("soft", "hard")
+#: Which subnets of a sandwich step the space's regularisers (dropout, stochastic depth) act on
+#: (``TrainConfig.regularise``): every one, or the largest only (BigNAS, Yu et al. 2020).
+REGULARISE: tuple[str, ...] = ("all", "largest")
 #: Autocast precisions: ``auto`` = bf16 on CUDA, fp32 elsewhere.
 PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp32")
 #: Seconds between the checkpoints of a run directory while it trains (``hwnas train``).

@@ -41,11 +41,11 @@ RUN_KEYS = ("data", "space", "schedule", "epochs", "batch_size", "lr", "weight_d
             "label_smoothing", "warmup_epochs", "grad_clip", "num_random", "full_fraction", "seed",
             "standalone", "limit_train", "limit_eval", "compile", "subnet_loss", "augment",
             "optimizer", "mixup", "cutmix", "teacher", "teacher_arch", "teacher_weight",
-            "teacher_mode", "decay_all", "precision")
+            "teacher_mode", "decay_all", "precision", "regularise")
 #: TrainConfig fields a setting overrides when given (else the space's default, else TrainConfig's).
 CONFIG_KEYS = ("batch_size", "lr", "weight_decay", "label_smoothing", "warmup_epochs",
                "grad_clip", "seed", "subnet_loss", "augment", "optimizer", "mixup", "cutmix",
-               "teacher_weight", "teacher_mode", "decay_all")
+               "teacher_weight", "teacher_mode", "decay_all", "regularise")
 #: Seed of the random subnets that --eval reports (and --standalone randomN trains).
 EVAL_SEED = 2024
 NUM_RANDOM_EVAL = 3
@@ -63,6 +63,9 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.full_fraction is not None and args.schedule != "deps":
         raise UserError(f"--full-fraction {args.full_fraction} applies to --schedule deps only; "
                         f"pass --schedule deps or drop it")
+    if getattr(args, "regularise", None) == "largest" and getattr(args, "standalone", None):
+        raise UserError("--regularise largest applies to a supernet (its sandwich steps); a "
+                        "--standalone network is one network: drop it")
     if not getattr(args, "teacher", None):
         given = [k for k in ("teacher_arch", "teacher_weight", "teacher_mode")
                  if getattr(args, k, None) is not None]

@@ -1,5 +1,5 @@
-"""benchmarks/results/supernet_cifar10/cct46_rule.py, session 46's rule for ``--teacher-scope
-all``: it ships only when all three lines hold, and refuses evaluations that do not compare."""
+"""benchmarks/results/supernet_cifar10/cct46_rule.py, session 46's rule for a lever on the CCT
+supernet: it ships only when all three lines hold, and refuses evaluations that do not compare."""
 
 from __future__ import annotations
 

@@ -27,7 +27,8 @@ def test_train_help_names_the_dataclass_defaults():
                 "--cutmix": f"{c.cutmix:g}", "--teacher-weight": f"{c.teacher_weight:g}",
                 "--teacher-mode": c.teacher_mode, "--warmup-epochs": f"{c.warmup_epochs:g}",
                 "--grad-clip": f"{c.grad_clip:g}", "--subnet-loss": c.subnet_loss,
-                "--optimizer": c.optimizer, "--num-random": TrainStage("", 0).num_random,
+                "--optimizer": c.optimizer, "--regularise": c.regularise,
+                "--num-random": TrainStage("", 0).num_random,
                 "--full-fraction": f"{DEPS_FULL_FRACTION:g}",
                 "--checkpoint-every-s": f"{CHECKPOINT_EVERY_S:g}"}
     wrong = {flag: helps[flag] for flag, value in expected.items()

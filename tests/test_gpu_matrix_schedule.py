@@ -93,3 +93,22 @@ def test_a_teacher_cell_learns_from_the_supernet_its_source_cell_trained(tmp_pat
     source["rc"] = 1
     res = gm.run_cell(cell, tmp_path, a)
     assert res["rc"] == 1 and "skipped" in res["error"] and len(seen) == 1
+
+
+def test_the_regularise_cell_trains_a_graphed_supernet_like_the_cct_run(tmp_path, monkeypatch):
+    """The --regularise largest cell trains a graphed supernet (a 1-epoch deps schedule is all
+    sandwich steps, so the subnets' graphs run with the switch off) with its source cell's
+    supernet as the teacher, as the 200-epoch CCT run does."""
+    from hwnas.supernet import get_space
+    from hwnas.supernet.recipes import default_config
+
+    stages = default_config(get_space("cct"), 1).stages
+    assert all(st.sandwich for st in stages if st.epochs > 0)
+
+    gm, cell, source, a, seen = _teacher_cell("supernet-regularise-largest-graphed", tmp_path,
+                                              monkeypatch)
+    assert gm.run_cell(cell, tmp_path, a)["rc"] == 0
+    args = seen[0]
+    assert args[args.index("--teacher") + 1] == str(tmp_path / "src" / "supernet.pt")
+    assert args[args.index("--regularise") + 1] == "largest"
+    assert "--standalone" not in args and args[args.index("--compile-scope") + 1] == "subnets"

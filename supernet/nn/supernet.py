@@ -20,6 +20,10 @@ class Supernet(nn.Module):
     :meth:`set_active`, :meth:`active_arch` and :meth:`static_net`."""
 
     space: Any
+    #: Whether training-mode forward passes apply the space's regularisers (dropout,
+    #: stochastic depth; spaces without any ignore it). Training switches it off for the
+    #: smaller subnets of a sandwich step with ``TrainConfig.regularise`` ``"largest"``.
+    regularise: bool = True
 
     def set_active(self, arch: Any) -> Any:
         """Select the subnet ``arch`` (an architecture or its string) for later forward passes."""

@@ -241,22 +241,26 @@ class DynamicViTBlock(nn.Module):
         self.active_ratio = float(c.mlp_ratio_choices[-1])
         self.drop_path = 0.0  # this block's stochastic-depth rate (set with the active subnet)
 
-    def _attend(self, qkv: torch.Tensor, h: int) -> torch.Tensor:
-        """Attention of ``h`` heads over the fused Q/K/V projection (B, N, 3·h·d): (B, h, N, d)."""
+    def _attend(self, qkv: torch.Tensor, h: int, regularise: bool = True) -> torch.Tensor:
+        """Attention of ``h`` heads over the fused Q/K/V projection (B, N, 3·h·d): (B, h, N, d);
+        attention dropout in training where ``regularise``."""
         d = self.head_dim
         y = qkv.unflatten(-1, (3, h, d)).permute(2, 0, 3, 1, 4)
         if self.training:  # one fused kernel (flash / memory-efficient on a GPU), same maths
             return F.scaled_dot_product_attention(y[0], y[1], y[2], scale=d**-0.5,
-                                                  dropout_p=self.space.cfg.attn_drop)
+                                                  dropout_p=self.space.cfg.attn_drop if regularise
+                                                  else 0.0)
         # the static model's operations, so extract() gives identical outputs
         attn = torch.softmax(torch.matmul(y[0], y[1].transpose(-2, -1)) * d**-0.5, dim=-1)
         return torch.matmul(attn, y[2])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, regularise: bool = True) -> torch.Tensor:
+        """The active subnet's block; ``regularise`` False: no dropout or stochastic depth
+        (the supernet's :attr:`~hwnas.supernet.nn.supernet.Supernet.regularise`)."""
         c = self.space.cfg
         e, h = x.size(-1), self.active_heads
-        y = self._attend(self.qkv(self.norm1(x), h), h).transpose(1, 2).flatten(2)
-        p, t = c.dropout, self.training
+        y = self._attend(self.qkv(self.norm1(x), h), h, regularise).transpose(1, 2).flatten(2)
+        p, t = c.dropout, self.training and regularise
         x = x + drop_path(dropout(self.proj(y, e), p, t), self.drop_path, t)
         if c.cct_norm:
             x = self.norm2(x)
@@ -264,13 +268,14 @@ class DynamicViTBlock(nn.Module):
         return x + drop_path(dropout(self.fc2(dropout(y, p, t), e), p, t), self.drop_path, t)
 
     def forward_masked(self, x: torch.Tensor, embed: tuple[torch.Tensor, torch.Tensor],
-                       heads: torch.Tensor, hidden: torch.Tensor, rate: torch.Tensor) -> torch.Tensor:
+                       heads: torch.Tensor, hidden: torch.Tensor, rate: torch.Tensor,
+                       regularise: bool = True) -> torch.Tensor:
         """:meth:`forward` at full width: ``embed`` (the channel mask, its count), ``heads`` /
         ``hidden`` (this block's head and MLP-unit masks) and ``rate`` (stochastic depth) are
         tensors of :meth:`ViTSupernet.arch_masks`."""
-        c, (m, n), t = self.space.cfg, embed, self.training
+        c, (m, n), t = self.space.cfg, embed, self.training and regularise
         h, e = heads.numel(), m.numel()
-        y = self._attend(self.qkv(masked_norm(x, self.norm1, m, n), h), h)
+        y = self._attend(self.qkv(masked_norm(x, self.norm1, m, n), h), h, regularise)
         y = (y * heads.view(1, h, 1, 1)).transpose(1, 2).flatten(2)
         p, dp = c.dropout, t and c.drop_path > 0
         x = x + drop_path_masked(dropout(self.proj(y, e) * m, p, t), rate, dp)
@@ -335,9 +340,9 @@ class ViTSupernet(Supernet):
         x = x.flatten(2).transpose(1, 2)
         if self.pos_embed is not None:
             x = x + self.pos_embed[..., : x.size(-1)]
-        x = dropout(x, self.space.cfg.dropout, self.training)
+        x = dropout(x, self.space.cfg.dropout, self.training and self.regularise)
         for block in self.blocks[: self.active_depth]:
-            x = block(x)
+            x = block(x, self.regularise)
         return self._classify(self.norm(x))
 
     def _classify(self, x: torch.Tensor) -> torch.Tensor:
@@ -377,9 +382,9 @@ class ViTSupernet(Supernet):
         x = (x * m.view(1, -1, 1, 1)).flatten(2).transpose(1, 2)
         if self.pos_embed is not None:
             x = x + self.pos_embed * m
-        x = dropout(x, c.dropout, self.training)
+        x = dropout(x, c.dropout, self.training and self.regularise)
         for b, block in enumerate(self.blocks):
-            y = block.forward_masked(x, (m, n), heads[b], hidden[b], rates[b])
+            y = block.forward_masked(x, (m, n), heads[b], hidden[b], rates[b], self.regularise)
             x = torch.where(active[b] > 0, y, x)
         return self._classify(masked_norm(x, self.norm, m, n))
 

@@ -1,5 +1,6 @@
-"""Session 46's rule for ``--teacher-scope all`` (``supernet_cifar10.md`` "Session 46"), applied
-to a finished run's ``eval.json`` against the shipped file's run (``cct45/cctsnkd200``).
+"""Session 46's rule for a lever on the CCT supernet (``supernet_cifar10.md`` "Session 46":
+``--teacher-scope all``; "Session 52": ``--regularise largest``), applied to a finished run's
+``eval.json`` against the shipped file's run (``cct45/cctsnkd200``).
 
 Written before the run finished, so that the decision is read off, not argued: ship the new
 supernet only if its smallest >= 84.73 (item 2's adjusted line), its largest >= 89.86 (the
@@ -69,7 +70,7 @@ def decide(run: Path, reference: Path = REFERENCE) -> tuple[bool, list[str]]:
     lines += [f"{name}: {value:.2f} >= {line:.2f}: {'yes' if value >= line else 'NO'}"
               for name, value, line in checks]
     ship = all(value >= line for _, value, line in checks)
-    lines.append("SHIP" if ship else "KEEP (and take --teacher-scope out of the library)")
+    lines.append("SHIP" if ship else "KEEP (and take the lever's option out of the library)")
     return ship, lines
 
 
