@@ -240,10 +240,11 @@ def test_masked_subnets_keep_to_the_model_device(training: bool) -> None:
     assert out.device == x.device and not stray_tensor_attributes(net)
 
 
-def test_training_from_an_external_teacher_keeps_to_the_model_device(setup) -> None:
+@pytest.mark.parametrize("regularise", ["all", "largest"])
+def test_training_from_an_external_teacher_keeps_to_the_model_device(setup, regularise) -> None:
     """A supernet step that learns from an external teacher (``hwnas train --teacher``), with
     the default device foreign: the teacher's logits (copied for CUDA graphs) stay on the
-    model's device."""
+    model's device, with the smaller subnets regularised or not (``--regularise``)."""
     from hwnas.supernet.train import TrainConfig, TrainStage, train_supernet
 
     s = setup
@@ -251,7 +252,8 @@ def test_training_from_an_external_teacher_keeps_to_the_model_device(setup) -> N
     teacher = copy.deepcopy(s.supernet).extract(s.space.smallest())
     with foreign_default_device():
         config = TrainConfig(stages=[TrainStage("s", 1, num_random=1)], batch_size=16,
-                             warmup_epochs=0, teacher="smallest", teacher_weight=0.5)
+                             warmup_epochs=0, teacher="smallest", teacher_weight=0.5,
+                             regularise=regularise)
         train_supernet(net, s.space, s.data, config, progress=False, max_steps=1,
                        teacher=teacher)
     assert not stray_tensor_attributes(net.eval())
