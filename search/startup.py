@@ -6,7 +6,10 @@ Before the first accuracy is known, everything else is: every candidate's cheap 
 networks are more accurate, so the candidates that are non-dominated in (low cost, high FLOPs)
 - the *cheap front* - are the best guess of the accuracy front, and evaluating a spread of them
 first both starts the hypervolume high and gives the surrogate its first points where the front
-is. Deterministic: the start-up does not depend on the seed's luck.
+is. Deterministic: the start-up does not depend on the seed's luck. A caller that has a better
+guess of accuracy than FLOPs for every candidate (an *accuracy prior*, e.g. the zero-cost
+NASWOT score of :mod:`hwnas.supernet.zero_cost`) passes it, and it stands in for the FLOPs here
+and in the surrogate's trend (:func:`accuracy_guess`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ import numpy as np
 
 from hwnas.search.pareto import front_layers
 
-__all__ = ["cheap_front_plan", "size_prior"]
+from hwnas.core.errors import UserError
+
+__all__ = ["accuracy_guess", "cheap_front_plan", "size_prior"]
 
 #: FLOPs of candidates by space and canonical string: a sampler per seed need not recount them
 _SIZES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -47,6 +52,22 @@ def size_prior(space: Any, cands: Sequence[Any], keys: Sequence[str]) -> np.ndar
     return out
 
 
+def accuracy_guess(space: Any, cands: Sequence[Any], keys: Sequence[str],
+                   prior: Any = None) -> np.ndarray | None:
+    """What the sampler guesses of each candidate's accuracy before evaluating it (higher:
+    more accurate): ``prior(cands)`` where the caller gives an accuracy prior, else the FLOPs
+    (at least 1; ``None`` where the space counts none)."""
+    if prior is None:
+        size = size_prior(space, cands, keys)
+        return None if size is None else np.maximum(size, 1.0)
+    out = np.asarray(prior(list(cands)), dtype=float).reshape(-1)
+    if out.shape != (len(cands),) or not np.all(np.isfinite(out)):
+        raise UserError(f"the accuracy prior returned {out.shape[0]} values (finite: "
+                        f"{bool(np.all(np.isfinite(out)))}) for {len(cands)} candidates; "
+                        "expected one finite value per candidate")
+    return out
+
+
 def cheap_front_plan(cost: np.ndarray, size: np.ndarray, k: int) -> np.ndarray:
     """``k`` indices spread along the layered front of (min ``cost``, max ``size``).
 
@@ -66,12 +87,14 @@ def cheap_front_plan(cost: np.ndarray, size: np.ndarray, k: int) -> np.ndarray:
     return cand[ranks]
 
 
-def startup_plan(space: Any, pool: Any, cost: np.ndarray, k: int) -> list[str]:
+def startup_plan(space: Any, pool: Any, cost: np.ndarray, k: int,
+                 prior: Any = None) -> list[str]:
     """Keys of the ``k`` cheap-front start-up candidates among ``pool``'s members that meet
     the cheap constraints (``pool.feasible``), ``cost`` the first cheap objective of every
-    member, signed to be minimised; empty when the space has no size to spread them by."""
+    member, signed to be minimised, against :func:`accuracy_guess` (``prior`` or FLOPs);
+    empty when there is no guess to spread them by."""
     ok = np.flatnonzero(pool.feasible)
-    size = size_prior(space, [pool.archs[i] for i in ok], [pool.keys[i] for i in ok])
+    size = accuracy_guess(space, [pool.archs[i] for i in ok], [pool.keys[i] for i in ok], prior)
     if size is None or np.ptp(size) == 0:
         return []
     return [pool.keys[i] for i in ok[cheap_front_plan(np.asarray(cost)[ok], size, k)]]

@@ -658,6 +658,54 @@ def test_size_trend_adds_log_flops_to_the_surrogate_mean():
     assert plain._gp_trend(plain._pool.trend) is None
 
 
+def test_accuracy_prior_replaces_flops_in_the_start_up_and_the_trend():
+    """An accuracy prior (here: minus the FLOPs, so its cheap front is the opposite end) is
+    what the cheap-front start-up spreads along and a trend column of the surrogate, with or
+    without ``size_trend``; a prior of the wrong length is one clear error."""
+    space = SizedToySpace()
+    archs = list(space.all_architectures())
+    lat = cheap_latency(archs)
+    prior = {a: -float(space.flops(a)) for a in archs}
+
+    def accuracy_prior(cands):
+        return np.array([prior[c] for c in cands])
+
+    from hwnas.search.startup import cheap_front_plan
+
+    config = ScreeningConfig(n_startup_trials=4, startup="cheap_front", cheap_front_trials=4)
+    sampler = ScreeningSampler(space, cheap_latency, (1,), seed=0, config=config,
+                               accuracy_prior=accuracy_prior)
+    start = run_toy(space, sampler, 4)
+    plan = [archs[i] for i in cheap_front_plan(lat, accuracy_prior(archs), 4)]
+    by_flops = [archs[i] for i in cheap_front_plan(
+        lat, np.array([space.flops(a) for a in archs], float), 4)]
+    assert start == plan and set(plan) != set(by_flops)  # the prior's plan, not the FLOPs'
+    trend = sampler._gp_trend(sampler._pool.trend)
+    assert trend.shape == (len(archs), 1)
+    got = trend[:, 0][[sampler._pool.index[space.to_string(a)] for a in archs]]
+    assert abs(np.corrcoef(got, accuracy_prior(archs))[0, 1] - 1) < 1e-9  # the prior, scaled
+    bad = ScreeningSampler(space, cheap_latency, (1,), seed=0, config=config,
+                           accuracy_prior=lambda cands: np.zeros(len(cands) + 1))
+    with pytest.raises(UserError, match="one finite value per candidate"):
+        run_toy(space, bad, 1)
+
+
+def test_benchmark_accuracy_prior_file_errors(tmp_path):
+    import gzip
+
+    bench = _bench()
+    good = tmp_path / "p.csv.gz"
+    with gzip.open(good, "wt") as fh:
+        fh.write("arch,naswot\na,1.5\nb,2\n")
+    assert list(bench.load_prior(good, ["b", "a"])) == [2.0, 1.5]
+    with pytest.raises(UserError, match="lacks 1 of the 3 cells"):
+        bench.load_prior(good, ["a", "b", "c"])
+    plain = tmp_path / "p.csv"
+    plain.write_text("arch,naswot\na,1\n")
+    with pytest.raises(UserError, match="not a gzipped CSV"):
+        bench.load_prior(plain, ["a"])
+
+
 @pytest.mark.parametrize("argv,expected", [
     (["--fold-cache", "x"], "pass it"),
     (["--fold-training", "shipped"], "pass it"),
