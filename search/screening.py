@@ -93,8 +93,8 @@ class ScreeningSampler(BaseSampler):
     evaluations); ``startup="mixed"`` (the default) evaluates ``cheap_front_trials`` of the cheap
     front and then ``n_startup_trials`` random candidates, so the seeds keep their variety.
     ``accuracy_prior`` (optional: candidates -> one score each, higher where more accurate, e.g.
-    :func:`hwnas.supernet.zero_cost.naswot_scores`) replaces the FLOPs there and is a trend
-    feature of every surrogate's mean.
+    :func:`hwnas.supernet.zero_cost.naswot_scores`) is a trend feature of every surrogate's
+    mean, in place of ``size_trend``'s FLOPs (the start-up keeps the FLOPs).
 
     Constraints (Optuna's ``trial.set_constraint``; <= 0 is feasible): those the caller can compute
     for every candidate (``constraints``, e.g. a latency predicted for free) *screen the pool* —
@@ -262,8 +262,7 @@ class ScreeningSampler(BaseSampler):
             return None
         if self._plan is None:
             cost = -self._signed(directions)[self.cheap_indices[0]] * pool.cheap[:, 0]
-            self._plan = startup_plan(self.space, pool, cost, self.config.cheap_front_trials,
-                                      self.accuracy_prior)
+            self._plan = startup_plan(self.space, pool, cost, self.config.cheap_front_trials)
         for k in self._plan:
             i = pool.index.get(k)
             if k not in taken and i is not None:

@@ -6,10 +6,8 @@ Before the first accuracy is known, everything else is: every candidate's cheap 
 networks are more accurate, so the candidates that are non-dominated in (low cost, high FLOPs)
 - the *cheap front* - are the best guess of the accuracy front, and evaluating a spread of them
 first both starts the hypervolume high and gives the surrogate its first points where the front
-is. Deterministic: the start-up does not depend on the seed's luck. A caller that has a better
-guess of accuracy than FLOPs for every candidate (an *accuracy prior*, e.g. the zero-cost
-NASWOT score of :mod:`hwnas.supernet.zero_cost`) passes it, and it stands in for the FLOPs here
-and in the surrogate's trend (:func:`accuracy_guess`).
+is. Deterministic: the start-up does not depend on the seed's luck. The surrogate's trend reads
+the same guess (:func:`accuracy_guess`), or the caller's accuracy prior where one is given.
 """
 
 from __future__ import annotations
@@ -87,14 +85,13 @@ def cheap_front_plan(cost: np.ndarray, size: np.ndarray, k: int) -> np.ndarray:
     return cand[ranks]
 
 
-def startup_plan(space: Any, pool: Any, cost: np.ndarray, k: int,
-                 prior: Any = None) -> list[str]:
+def startup_plan(space: Any, pool: Any, cost: np.ndarray, k: int) -> list[str]:
     """Keys of the ``k`` cheap-front start-up candidates among ``pool``'s members that meet
     the cheap constraints (``pool.feasible``), ``cost`` the first cheap objective of every
-    member, signed to be minimised, against :func:`accuracy_guess` (``prior`` or FLOPs);
-    empty when there is no guess to spread them by."""
+    member, signed to be minimised, against their FLOPs; empty when the space has no size to
+    spread them by."""
     ok = np.flatnonzero(pool.feasible)
-    size = accuracy_guess(space, [pool.archs[i] for i in ok], [pool.keys[i] for i in ok], prior)
+    size = accuracy_guess(space, [pool.archs[i] for i in ok], [pool.keys[i] for i in ok])
     if size is None or np.ptp(size) == 0:
         return []
     return [pool.keys[i] for i in ok[cheap_front_plan(np.asarray(cost)[ok], size, k)]]
