@@ -33,7 +33,7 @@ from hwnas.search.candidates import (
 from hwnas.search.features import SurrogateEncoder
 from hwnas.search.gp import PoolGP
 from hwnas.search.layered import front_ehvi, layered_now
-from hwnas.search.startup import accuracy_guess, startup_plan, stratified_choice
+from hwnas.search.startup import PriorResidual, accuracy_guess, startup_plan, stratified_choice
 from hwnas.supernet.space import SearchSpace
 from optuna.distributions import (
     BaseDistribution,
@@ -89,12 +89,11 @@ class ScreeningSampler(BaseSampler):
     Before the surrogate chooses, the start-up evaluates random candidates or, with
     ``startup="cheap_front"``, candidates spread along the *cheap front* - non-dominated in (first
     cheap objective, FLOPs), the best guess of the accuracy front before any accuracy is known
-    (:mod:`hwnas.search.startup`; deterministic, so no seed's luck decides the first
-    evaluations); ``startup="mixed"`` (the default) evaluates ``cheap_front_trials`` of the cheap
-    front and then ``n_startup_trials`` random candidates, so the seeds keep their variety.
-    ``accuracy_prior`` (optional: candidates -> one score each, higher where more accurate, e.g.
-    :func:`hwnas.supernet.zero_cost.naswot_scores`) is a trend feature of every surrogate's
-    mean, in place of ``size_trend``'s FLOPs (the start-up keeps the FLOPs).
+    (:mod:`hwnas.search.startup`; deterministic); ``startup="mixed"`` (the default) evaluates
+    ``cheap_front_trials`` of the cheap front, then ``n_startup_trials`` random candidates.
+    ``accuracy_prior`` (optional: candidates -> a score, higher where more accurate, e.g. NASWOT)
+    less what the first cheap objective explains (:class:`~hwnas.search.startup.PriorResidual`)
+    is a trend feature of the surrogates' mean, in place of ``size_trend``'s FLOPs.
 
     Constraints (Optuna's ``trial.set_constraint``; <= 0 is feasible): those the caller can compute
     for every candidate (``constraints``, e.g. a latency predicted for free) *screen the pool* —
@@ -162,6 +161,7 @@ class ScreeningSampler(BaseSampler):
         self._trend_scale: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._plan: list[str] | None = None  # the cheap-front start-up's candidates
         self._size_col: bool | None = None  # whether the trend ends with FLOPs or the prior
+        self._prior_residual = PriorResidual()
         self._cheap_trend = self.config.cheap_trend  # whether the GPs' mean uses it now
 
     # -- Optuna interface -----------------------------------------------------------------------
@@ -378,6 +378,7 @@ class ScreeningSampler(BaseSampler):
         if not (self.config.size_trend or self.accuracy_prior is not None) or self._size_col is False:
             return vals
         size = accuracy_guess(self.space, archs, keys, self.accuracy_prior)
+        size = size if self.accuracy_prior is None else self._prior_residual(size, vals)
         if self._size_col is None:
             self._size_col = size is not None and bool(np.ptp(size) > 0)
         if not self._size_col or size is None:

@@ -22,7 +22,7 @@ from hwnas.search.pareto import front_layers
 
 from hwnas.core.errors import UserError
 
-__all__ = ["accuracy_guess", "cheap_front_plan", "size_prior"]
+__all__ = ["PriorResidual", "accuracy_guess", "cheap_front_plan", "size_prior"]
 
 #: FLOPs of candidates by space and canonical string: a sampler per seed need not recount them
 _SIZES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -64,6 +64,38 @@ def accuracy_guess(space: Any, cands: Sequence[Any], keys: Sequence[str],
                         f"{bool(np.all(np.isfinite(out)))}) for {len(cands)} candidates; "
                         "expected one finite value per candidate")
     return out
+
+
+class PriorResidual:
+    """The part of an accuracy prior that the first cheap objective does not explain: the prior
+    less its least-squares fit on a quadratic in that objective (log where the first pool's are
+    all positive, standardized), fitted on the first call (the first pool) and kept.
+
+    Why: a zero-cost prior such as NASWOT grows with the network, so on a device whose latency
+    also does (NASWOT vs latency Spearman 0.89 on titanx_1) most of it says "slow is accurate",
+    which the front's fast end contradicts; what the surrogate lacks is the ranking of cells of
+    one latency level (``benchmarks/search_nb201.md``, session 55)."""
+
+    def __init__(self) -> None:
+        self._fit: tuple[bool, float, float, np.ndarray] | None = None
+
+    def __call__(self, prior: np.ndarray, cheap: np.ndarray) -> np.ndarray:
+        if cheap.shape[1] == 0:
+            return prior
+        x = np.asarray(cheap[:, 0], float)
+        if self._fit is None:
+            log = bool(np.all(x > 0))
+            v = np.log(x) if log else x
+            sd = float(v.std()) or 1.0
+            self._fit = (log, float(v.mean()), sd, np.zeros(3))
+            coef = np.linalg.lstsq(self._design(x), prior, rcond=None)[0]
+            self._fit = (*self._fit[:3], coef)
+        return prior - self._design(x) @ self._fit[3]
+
+    def _design(self, x: np.ndarray) -> np.ndarray:
+        log, mean, sd, _ = self._fit
+        z = ((np.log(np.where(x > 0, x, 1e-300)) if log else x) - mean) / sd
+        return np.stack([np.ones_like(z), z, z * z], axis=1)
 
 
 def cheap_front_plan(cost: np.ndarray, size: np.ndarray, k: int) -> np.ndarray:

@@ -687,11 +687,30 @@ def test_accuracy_prior_is_a_trend_column_and_the_start_up_keeps_the_flops():
     trend = sampler._gp_trend(sampler._pool.trend)
     assert trend.shape == (len(archs), 1)
     got = trend[:, 0][[sampler._pool.index[space.to_string(a)] for a in archs]]
-    assert abs(np.corrcoef(got, accuracy_prior(archs))[0, 1] - 1) < 1e-9  # the prior, scaled
+    z = (np.log(lat) - np.log(lat).mean()) / np.log(lat).std()
+    design = np.stack([np.ones_like(z), z, z * z], 1)
+    p = accuracy_prior(archs)
+    residual = p - design @ np.linalg.lstsq(design, p, rcond=None)[0]
+    assert abs(np.corrcoef(got, residual)[0, 1] - 1) < 1e-9  # the prior less what latency says
     bad = ScreeningSampler(space, cheap_latency, (1,), seed=0, config=config,
                            accuracy_prior=lambda cands: np.zeros(len(cands) + 1))
     with pytest.raises(UserError, match="one finite value per candidate"):
         run_toy(space, bad, 1)
+
+
+def test_prior_residual_keeps_what_the_cost_does_not_explain():
+    from hwnas.search.startup import PriorResidual
+
+    rng = np.random.default_rng(0)
+    cost = rng.uniform(1, 30, 500)
+    within = rng.normal(size=500)
+    prior = 3 * np.log(cost) - 0.5 * np.log(cost) ** 2 + 0.1 * within
+    res = PriorResidual()
+    got = res(prior, cost[:, None])
+    assert np.corrcoef(got, within)[0, 1] > 0.99 and abs(got.mean()) < 1e-9
+    again = res(prior[:50] + 1.0, cost[:50, None])  # the first pool's fit is kept
+    assert np.allclose(again, got[:50] + 1.0)
+    assert np.array_equal(PriorResidual()(prior, np.zeros((500, 0))), prior)  # no cheap cost
 
 
 def test_benchmark_accuracy_prior_file_errors(tmp_path):
