@@ -1,5 +1,18 @@
-"""NASWOT scores of all 15,625 NAS-Bench-201 cells: the zero-cost accuracy prior of the search
-benchmark (``search_nb201.py --accuracy-prior naswot``; ``hwnas.supernet.zero_cost``).
+"""NASWOT scores of all 15,625 NAS-Bench-201 cells: a zero-cost accuracy prior (Mellor et al.,
+"Neural Architecture Search without Training", ICML 2021), for development only.
+
+Session 55 tried it as a guess of accuracy for the screening sampler (``search_nb201.md``,
+"Issue 47, session 55": three variants, none passed its rule, so the package has no such
+option; the code of those searches is in commits ``73c6cbd``, ``e2e52ae`` and ``0979601``). The table it wrote,
+``results/nb201_zero_cost/naswot.csv.gz``, stays for later levers: it cost 179 s on an H100 and
+takes about 50 minutes on this VM's CPU.
+
+NASWOT: one batch through the *untrained* network; each rectified unit gives every image a
+binary code (active or not), and the score is ``log|K|`` of the Hamming-agreement kernel
+``K = C C^T + (1-C)(1-C)^T``: high when the untrained network already separates the images.
+All cells share one seeded supernet (``set_active`` picks the cell); the paper initialises
+each network afresh, and a shared draw keeps one source of noise out of the ranking. Units are
+the outputs of the activation modules, active where > 0.
 
 One seeded untrained NAS-Bench-201 supernet (HW-NAS-Bench's CIFAR-100 macro-architecture), one
 batch of ``--batch`` CIFAR-10 training images (a seeded draw; the accuracy table is CIFAR-100's,
@@ -17,14 +30,82 @@ import gzip
 import io
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from hwnas.supernet.spaces.nb201 import NB201Space
+from torch import nn
 from tqdm import tqdm
 
-from hwnas.supernet.spaces.nb201 import NB201Space
-from hwnas.supernet.zero_cost import naswot_scores
+from hwnas.core.errors import UserError
+
+_ACTIVATIONS = (nn.ReLU, nn.ReLU6, nn.Hardswish, nn.GELU, nn.SiLU)
+
+
+def _standardised(images: torch.Tensor | np.ndarray) -> torch.Tensor:
+    x = torch.as_tensor(images, dtype=torch.float32)
+    if x.ndim != 4 or x.shape[0] < 2:
+        raise UserError(f"zero-cost scores need a batch of images N x C x H x W with N >= 2, "
+                        f"got shape {tuple(x.shape)}")
+    if not torch.isfinite(x).all():
+        raise UserError("zero-cost scores: the images hold NaN or infinite values")
+    mean = x.mean(dim=(0, 2, 3), keepdim=True)
+    std = x.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+    return (x - mean) / std  # per-channel standardised, as a trained pipeline would feed them
+
+
+def naswot_scores(space: Any, archs: Sequence[Any], images: torch.Tensor | np.ndarray, *,
+                  seed: int = 0, device: str = "cpu",
+                  progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+    """NASWOT score of each of ``archs`` (higher: more accurate once trained, expected).
+
+    ``space`` builds the supernet (``space.build_supernet()``, seeded by ``seed``), whose
+    ``set_active`` selects each candidate; ``images`` is one batch (N x C x H x W, standardised
+    per channel here). Candidates whose kernel is singular (e.g. a cell whose output does not
+    depend on its input, so every image gets the same codes) get the lowest finite score of
+    the call less 1, or 0 when none is finite. ``progress(done, total)`` is called after each.
+    """
+    if not archs:
+        return np.zeros(0)
+    build = getattr(space, "build_supernet", None)
+    if not callable(build):
+        raise UserError(f"space {getattr(space, 'name', space)!r} builds no supernet; "
+                        "zero-cost scores need one (space.build_supernet())")
+    x = _standardised(images).to(device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        net = build()
+    net = net.to(device).train()  # batch statistics, as the untrained network has no others
+    n = x.shape[0]
+    kernel = torch.zeros(n, n, dtype=torch.float64, device=device)
+
+    def hook(_m: nn.Module, _inp: Any, out: torch.Tensor) -> None:
+        c = (out.detach().flatten(1) > 0).to(torch.float64)
+        kernel.add_(c @ c.T).add_((1 - c) @ (1 - c).T)
+
+    handles = [m.register_forward_hook(hook) for m in net.modules()
+               if isinstance(m, _ACTIVATIONS)]
+    out = np.empty(len(archs))
+    try:
+        with torch.no_grad():
+            for i, arch in enumerate(archs):
+                kernel.zero_()
+                net.set_active(arch)
+                net(x)
+                sign, logdet = torch.linalg.slogdet(kernel)
+                out[i] = float(logdet) if float(sign) > 0 else -np.inf
+                if progress is not None:
+                    progress(i + 1, len(archs))
+    finally:
+        for h in handles:
+            h.remove()
+    finite = np.isfinite(out)
+    floor = float(out[finite].min()) - 1.0 if finite.any() else 0.0
+    out[~finite] = floor
+    return out
 
 
 def batch_images(dataset: str, batch: int, seed: int) -> torch.Tensor:

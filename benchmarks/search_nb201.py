@@ -65,7 +65,7 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, replace as dataclass_replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -214,7 +214,6 @@ class Problem:
     measured: int                # latency measurements taken from the table
     spearman: float              # of the seen latency against the true one
     predicted: bool = False      # the seen latency is the predictor's (else the true, exact)
-    prior: np.ndarray | None = None  # an accuracy prior per architecture (--accuracy-prior)
 
 
 def make_problem(space: Any, table: LatencyTable, device: str, accuracy: dict[str, float],
@@ -318,8 +317,6 @@ def make_study_sampler(name: str, seed: int, space: Any, problem: Problem,
     row = {a: i for i, a in enumerate(problem.archs)}
     # a predicted latency is flagged as `hwnas run` flags an adapted device's; the table's is exact
     predicted = (problem.predicted,)
-    prior = None if problem.prior is None else (
-        lambda archs: problem.prior[[row[space.to_string(a)] for a in archs]])
 
     def cheap(archs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None]:
         """The latency predictor's mean and standard deviation (free per query; None for the
@@ -332,36 +329,14 @@ def make_study_sampler(name: str, seed: int, space: Any, problem: Problem,
     if name == "auto":  # the default of `hwnas run`, built as the run builds it
         return make_sampler("screening", seed, problem=ScreeningProblem(
             space=space, directions=("maximize", "minimize"), cheap=cheap, cheap_indices=(1,),
-            cheap_predicted=predicted, accuracy_prior=prior))
+            cheap_predicted=predicted))
     if name == "screening":
         return ScreeningSampler(space, cheap, (1,), seed=seed,
                                 directions=("maximize", "minimize"),
                                 config=ScreeningConfig(cheap_std_scale=std_scale,
                                                        **(options or {})),
-                                cheap_predicted=predicted, accuracy_prior=prior)
+                                cheap_predicted=predicted)
     return make_sampler(name, seed)
-
-
-def load_prior(path: Path, archs: Sequence[str]) -> np.ndarray:
-    """``--accuracy-prior``: the score of each of ``archs`` from a gzipped ``arch,<score>`` CSV
-    (``nb201_zero_cost.py``'s); one clear error where the file is unreadable or lacks a cell."""
-    import gzip
-
-    try:
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            rows = list(csv.reader(fh))
-        table = {r[0]: float(r[1]) for r in rows[1:]}
-    except (OSError, ValueError, IndexError, EOFError):
-        raise UserError(f"--accuracy-prior {path}: not a gzipped CSV of (arch, score) rows "
-                        f"with a header") from None
-    missing = [a for a in archs if a not in table]
-    if missing:
-        raise UserError(f"--accuracy-prior {path} lacks {len(missing)} of the {len(archs)} cells "
-                        f"(e.g. {missing[0]!r}); expected a score for every cell")
-    out = np.array([table[a] for a in archs])
-    if not np.all(np.isfinite(out)):
-        raise UserError(f"--accuracy-prior {path}: scores must be finite")
-    return out
 
 
 def run_search(space: Any, problem: Problem, sampler: str, seed: int, n_evals: int,
@@ -578,9 +553,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--screening-option", action="append", default=[], metavar="NAME=VALUE",
                     help="a ScreeningConfig setting of the 'screening' sampler (repeatable), "
                          "e.g. startup=random: the variants compared on development devices")
-    ap.add_argument("--accuracy-prior", type=Path, default=None, metavar="CSV_GZ",
-                    help="an accuracy prior of every cell for the screening sampler (gzipped "
-                         "arch,score CSV, e.g. benchmarks/results/nb201_zero_cost/naswot.csv.gz)")
     ap.add_argument("--out", type=Path, default=None,
                     help=f"JSON to write (default {OUT_JSON.name} for the standard run; "
                          f"nothing otherwise)")
@@ -663,9 +635,6 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     t_start = time.time()
     problems = [make_problem(space, table, d, accuracy, args.n_measurements,
                              args.latency_source, fold) for d in devices]
-    if args.accuracy_prior is not None:
-        prior = load_prior(args.accuracy_prior, problems[0].archs)
-        problems = [dataclass_replace(p, prior=prior) for p in problems]
     rows, timing = run_benchmark(space, problems, args.samplers, args.seeds, budgets,
                                  progress=not args.quiet, std_scale=args.latency_std_scale,
                                  options=options, seed_start=args.seed_start)
@@ -691,7 +660,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
               f"{p['standard_error']:.4f} ({p['seeds_ahead']}/{p['seeds']} seeds ahead)")
     standard = (args.latency_csv is None and args.latency_source == "predictor"
                 and fold is None and args.devices is None and args.latency_std_scale == 0
-                and not options and args.accuracy_prior is None)
+                and not options)
     out = args.out or (OUT_JSON if standard else None)
     if out is not None:
         from hwnas.search.samplers import DEFAULT_SAMPLER
@@ -714,7 +683,6 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             "latency_csv": str(args.latency_csv) if args.latency_csv else None,
             "screening_latency_std_scale": args.latency_std_scale,
             "screening_options": options,
-            "accuracy_prior": None if args.accuracy_prior is None else str(args.accuracy_prior),
             "budgets": budgets,
             "elapsed_seconds": round(elapsed, 1),
             "timing": timing,

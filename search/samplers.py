@@ -47,10 +47,8 @@ class ScreeningProblem:
     :class:`hwnas.search.bits.ArchBitsSpace` when bit-widths are searched), the study's directions,
     the cheap objectives (``cheap`` for the objectives at ``cheap_indices``; ``cheap_predicted``
     says which of them are predictions, e.g. latency on an adapted device, rather than the value
-    itself), the cheap constraints (``constraints`` for the constraints named
-    ``constraint_names``) and, optionally, an accuracy prior (``accuracy_prior``: candidates ->
-    one score each, higher where more accurate, e.g. a zero-cost score; see
-    :class:`hwnas.search.screening.ScreeningSampler`)."""
+    itself) and the cheap constraints (``constraints`` for the constraints named
+    ``constraint_names``)."""
 
     space: Any
     directions: tuple[str, ...]
@@ -59,7 +57,6 @@ class ScreeningProblem:
     constraints: Callable[[Sequence[Any]], np.ndarray] | None = None
     constraint_names: tuple[str, ...] = ()
     cheap_predicted: tuple[bool, ...] = ()
-    accuracy_prior: Callable[[Sequence[Any]], np.ndarray] | None = None
 
 
 def check_screening_objectives(objectives: Sequence[Any]) -> None:
@@ -231,7 +228,7 @@ def _screening(seed: int, *, n_startup_trials: int, problem: ScreeningProblem | 
         directions=problem.directions,
         config=ScreeningConfig(n_startup_trials=n_startup_trials, pool_size=SCREENING_POOL),
         constraints=problem.constraints, constraint_names=problem.constraint_names,
-        cheap_predicted=problem.cheap_predicted, accuracy_prior=problem.accuracy_prior)
+        cheap_predicted=problem.cheap_predicted)
 
 
 for _name, _factory in (("auto", _auto), ("tpe", _tpe), ("nsga2", _nsga2), ("random", _random),

@@ -33,7 +33,7 @@ from hwnas.search.candidates import (
 from hwnas.search.features import SurrogateEncoder
 from hwnas.search.gp import PoolGP
 from hwnas.search.layered import front_ehvi, layered_now
-from hwnas.search.startup import PriorResidual, accuracy_guess, startup_plan, stratified_choice
+from hwnas.search.startup import size_prior, startup_plan, stratified_choice
 from hwnas.supernet.space import SearchSpace
 from optuna.distributions import (
     BaseDistribution,
@@ -89,11 +89,9 @@ class ScreeningSampler(BaseSampler):
     Before the surrogate chooses, the start-up evaluates random candidates or, with
     ``startup="cheap_front"``, candidates spread along the *cheap front* - non-dominated in (first
     cheap objective, FLOPs), the best guess of the accuracy front before any accuracy is known
-    (:mod:`hwnas.search.startup`; deterministic); ``startup="mixed"`` (the default) evaluates
-    ``cheap_front_trials`` of the cheap front, then ``n_startup_trials`` random candidates.
-    ``accuracy_prior`` (optional: candidates -> a score, higher where more accurate, e.g. NASWOT)
-    less what the first cheap objective explains (:class:`~hwnas.search.startup.PriorResidual`)
-    is a trend feature of the surrogates' mean, in place of ``size_trend``'s FLOPs.
+    (:mod:`hwnas.search.startup`; deterministic, so no seed's luck decides the first
+    evaluations); ``startup="mixed"`` (the default) evaluates ``cheap_front_trials`` of the cheap
+    front and then ``n_startup_trials`` random candidates, so the seeds keep their variety.
 
     Constraints (Optuna's ``trial.set_constraint``; <= 0 is feasible): those the caller can compute
     for every candidate (``constraints``, e.g. a latency predicted for free) *screen the pool* —
@@ -107,13 +105,14 @@ class ScreeningSampler(BaseSampler):
     :class:`SearchSpace` interface the sampler reads (:class:`CandidateSpace`), e.g.
     :class:`hwnas.search.bits.ArchBitsSpace` for architecture x bit-width candidates.
 
-    Sequential and free of batches: each trial is chosen after the previous ones are told.
-    Architectures of trials still running are not chosen again (several workers may share a
-    study). Seeded and deterministic: in one process, the choice of a trial depends only on the
-    seed, the trial number and the completed (and running) trials. The sampler keeps no state of
-    its own that a study needs: a new process (a resumed run, another worker) rebuilds everything
-    from the study's trials (its pool and surrogate refits then start from the current trials,
-    so its later choices may differ from those an uninterrupted process would have made).
+    It is an Optuna sampler (:class:`ScreeningSampler`), sequential and free of batches: each trial
+    is chosen after the previous ones are told. Architectures of trials still running are not
+    chosen again (several workers may share a study). Seeded and deterministic: in one process,
+    the choice of a trial depends only on the seed, the trial number and the completed (and
+    running) trials. The sampler keeps no state of its own that a study needs: a new process
+    (a resumed run, another worker) rebuilds everything from the study's trials (its pool and
+    surrogate refits then start from the current trials, so its later choices may differ from
+    those an uninterrupted process would have made).
     """
 
     def __init__(self, space: SearchSpace | CandidateSpace, cheap: CheapObjectives | None = None,
@@ -121,8 +120,8 @@ class ScreeningSampler(BaseSampler):
                  directions: Sequence[str | StudyDirection] | None = None,
                  config: ScreeningConfig | None = None,
                  constraints: CheapConstraints | None = None, constraint_names: Sequence[str] = (),
-                 cheap_predicted: Sequence[bool] = (), accuracy_prior: Any = None) -> None:
-        self.space, self.accuracy_prior = space, accuracy_prior
+                 cheap_predicted: Sequence[bool] = ()) -> None:
+        self.space = space
         self.constraints = constraints
         self.constraint_names = tuple(str(n) for n in constraint_names)
         if len(set(self.constraint_names)) != len(self.constraint_names):
@@ -157,11 +156,10 @@ class ScreeningSampler(BaseSampler):
         self._arch_cache: dict[tuple, tuple[Any, str] | None] = {}
         self._by_key: dict[str, Any] = {}  # canonical string -> architecture (evaluated ones)
         self._choices: dict[str, BaseDistribution] = {}
-        self._encoder = SurrogateEncoder(space, self.config.surrogate_features)  # GP inputs
+        self._encoder = SurrogateEncoder(space, self.config.surrogate_features)
         self._trend_scale: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._plan: list[str] | None = None  # the cheap-front start-up's candidates
-        self._size_col: bool | None = None  # whether the trend ends with FLOPs or the prior
-        self._prior_residual = PriorResidual()
+        self._size_col: bool | None = None  # whether the trend features end with FLOPs
         self._cheap_trend = self.config.cheap_trend  # whether the GPs' mean uses it now
 
     # -- Optuna interface -----------------------------------------------------------------------
@@ -326,6 +324,9 @@ class ScreeningSampler(BaseSampler):
             self._by_key.setdefault(got[1], got[0])
 
     # -- pool ------------------------------------------------------------------------------------
+    def _encode(self, archs: Sequence[Any]) -> np.ndarray:
+        return self._encoder(archs)  # the surrogate's features (``surrogate_features``)
+
     def _cheap_values(self, archs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
         """Cheap objective values and their standard deviations (zeros when not given)."""
         k = len(self.cheap_indices)
@@ -372,25 +373,23 @@ class ScreeningSampler(BaseSampler):
 
     def _trend_inputs(self, archs: Sequence[Any], keys: Sequence[str],
                       vals: np.ndarray) -> np.ndarray:
-        """What the trend features are made of: the cheap values, then the accuracy prior
-        where one is given, else the FLOPs where ``size_trend`` asks for them and the space
-        counts them (:func:`accuracy_guess`)."""
-        if not (self.config.size_trend or self.accuracy_prior is not None) or self._size_col is False:
+        """What the trend features are made of: the cheap values, then the FLOPs where
+        ``size_trend`` asks for them and the space counts them."""
+        if not self.config.size_trend or self._size_col is False:
             return vals
-        size = accuracy_guess(self.space, archs, keys, self.accuracy_prior)
-        size = size if self.accuracy_prior is None else self._prior_residual(size, vals)
+        size = size_prior(self.space, archs, keys)
         if self._size_col is None:
             self._size_col = size is not None and bool(np.ptp(size) > 0)
         if not self._size_col or size is None:
             self._size_col = False
             return vals
-        return np.concatenate([vals, size[:, None]], axis=1)
+        return np.concatenate([vals, np.maximum(size, 1.0)[:, None]], axis=1)
 
     def _make_pool(self, archs: list[Any], enumerated: bool) -> CandidatePool:
         keys = [self.space.to_string(a) for a in archs]
         vals, std = self._cheap_values(archs)
         trend = self._trend(self._trend_inputs(archs, keys, vals))
-        return CandidatePool(archs, keys, {k: i for i, k in enumerate(keys)}, self._encoder(archs),
+        return CandidatePool(archs, keys, {k: i for i, k in enumerate(keys)}, self._encode(archs),
                      vals, std, enumerated, self._violations(archs), trend)
 
     def _ensure_pool(self, rng: np.random.Generator) -> CandidatePool:
@@ -545,7 +544,7 @@ class ScreeningSampler(BaseSampler):
 
     def _gp_trend(self, trend: np.ndarray | None) -> np.ndarray | None:
         """The trend features the surrogates use: the cheap objectives' (``cheap_trend``, up
-        to ``trend_trials`` evaluations), the prior's or FLOPs'; ``None`` without any."""
+        to ``trend_trials`` evaluations), the FLOPs' (``size_trend``); ``None`` without any."""
         if trend is None or trend.shape[1] == 0:
             return None
         k = len(self.cheap_indices) if self.cheap is not None else 0
@@ -566,7 +565,7 @@ class ScreeningSampler(BaseSampler):
                 trend.append(pool.trend[i])
             else:
                 arch = self._by_key[k] if k in self._by_key else self.space.from_string(k)
-                rows.append(self._encoder([arch])[0])
+                rows.append(self._encode([arch])[0])
                 trend.append(None)
                 todo.append((n, arch))
         if todo:

@@ -6,8 +6,7 @@ Before the first accuracy is known, everything else is: every candidate's cheap 
 networks are more accurate, so the candidates that are non-dominated in (low cost, high FLOPs)
 - the *cheap front* - are the best guess of the accuracy front, and evaluating a spread of them
 first both starts the hypervolume high and gives the surrogate its first points where the front
-is. Deterministic: the start-up does not depend on the seed's luck. The surrogate's trend reads
-the same guess (:func:`accuracy_guess`), or the caller's accuracy prior where one is given.
+is. Deterministic: the start-up does not depend on the seed's luck.
 """
 
 from __future__ import annotations
@@ -20,9 +19,7 @@ import numpy as np
 
 from hwnas.search.pareto import front_layers
 
-from hwnas.core.errors import UserError
-
-__all__ = ["PriorResidual", "accuracy_guess", "cheap_front_plan", "size_prior"]
+__all__ = ["cheap_front_plan", "size_prior"]
 
 #: FLOPs of candidates by space and canonical string: a sampler per seed need not recount them
 _SIZES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -50,54 +47,6 @@ def size_prior(space: Any, cands: Sequence[Any], keys: Sequence[str]) -> np.ndar
     return out
 
 
-def accuracy_guess(space: Any, cands: Sequence[Any], keys: Sequence[str],
-                   prior: Any = None) -> np.ndarray | None:
-    """What the sampler guesses of each candidate's accuracy before evaluating it (higher:
-    more accurate): ``prior(cands)`` where the caller gives an accuracy prior, else the FLOPs
-    (at least 1; ``None`` where the space counts none)."""
-    if prior is None:
-        size = size_prior(space, cands, keys)
-        return None if size is None else np.maximum(size, 1.0)
-    out = np.asarray(prior(list(cands)), dtype=float).reshape(-1)
-    if out.shape != (len(cands),) or not np.all(np.isfinite(out)):
-        raise UserError(f"the accuracy prior returned {out.shape[0]} values (finite: "
-                        f"{bool(np.all(np.isfinite(out)))}) for {len(cands)} candidates; "
-                        "expected one finite value per candidate")
-    return out
-
-
-class PriorResidual:
-    """The part of an accuracy prior that the first cheap objective does not explain: the prior
-    less its least-squares fit on a quadratic in that objective (log where the first pool's are
-    all positive, standardized), fitted on the first call (the first pool) and kept.
-
-    Why: a zero-cost prior such as NASWOT grows with the network, so on a device whose latency
-    also does (NASWOT vs latency Spearman 0.89 on titanx_1) most of it says "slow is accurate",
-    which the front's fast end contradicts; what the surrogate lacks is the ranking of cells of
-    one latency level (``benchmarks/search_nb201.md``, session 55)."""
-
-    def __init__(self) -> None:
-        self._fit: tuple[bool, float, float, np.ndarray] | None = None
-
-    def __call__(self, prior: np.ndarray, cheap: np.ndarray) -> np.ndarray:
-        if cheap.shape[1] == 0:
-            return prior
-        x = np.asarray(cheap[:, 0], float)
-        if self._fit is None:
-            log = bool(np.all(x > 0))
-            v = np.log(x) if log else x
-            sd = float(v.std()) or 1.0
-            self._fit = (log, float(v.mean()), sd, np.zeros(3))
-            coef = np.linalg.lstsq(self._design(x), prior, rcond=None)[0]
-            self._fit = (*self._fit[:3], coef)
-        return prior - self._design(x) @ self._fit[3]
-
-    def _design(self, x: np.ndarray) -> np.ndarray:
-        log, mean, sd, _ = self._fit
-        z = ((np.log(np.where(x > 0, x, 1e-300)) if log else x) - mean) / sd
-        return np.stack([np.ones_like(z), z, z * z], axis=1)
-
-
 def cheap_front_plan(cost: np.ndarray, size: np.ndarray, k: int) -> np.ndarray:
     """``k`` indices spread along the layered front of (min ``cost``, max ``size``).
 
@@ -120,10 +69,9 @@ def cheap_front_plan(cost: np.ndarray, size: np.ndarray, k: int) -> np.ndarray:
 def startup_plan(space: Any, pool: Any, cost: np.ndarray, k: int) -> list[str]:
     """Keys of the ``k`` cheap-front start-up candidates among ``pool``'s members that meet
     the cheap constraints (``pool.feasible``), ``cost`` the first cheap objective of every
-    member, signed to be minimised, against their FLOPs; empty when the space has no size to
-    spread them by."""
+    member, signed to be minimised; empty when the space has no size to spread them by."""
     ok = np.flatnonzero(pool.feasible)
-    size = accuracy_guess(space, [pool.archs[i] for i in ok], [pool.keys[i] for i in ok])
+    size = size_prior(space, [pool.archs[i] for i in ok], [pool.keys[i] for i in ok])
     if size is None or np.ptp(size) == 0:
         return []
     return [pool.keys[i] for i in ok[cheap_front_plan(np.asarray(cost)[ok], size, k)]]

@@ -1,4 +1,4 @@
-"""The zero-cost accuracy prior (supernet/zero_cost.py) and its NAS-Bench-201 table script."""
+"""benchmarks/nb201_zero_cost.py: NASWOT scores of NAS-Bench-201 cells and their table."""
 
 from __future__ import annotations
 
@@ -11,12 +11,25 @@ import numpy as np
 import pytest
 import torch
 from hwnas.supernet.spaces.nb201 import NB201Config, NB201Space
-from hwnas.supernet.zero_cost import naswot_scores
 
 from hwnas.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = NB201Config(init_channels=4, cells_per_stage=1, num_classes=10)
+
+
+def _script():
+    name = "nb201_zero_cost_script"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "nb201_zero_cost.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def naswot_scores(*args, **kwargs):
+    return _script().naswot_scores(*args, **kwargs)
 
 
 def _images(n=16, seed=0):
@@ -58,16 +71,6 @@ def test_naswot_refuses_bad_inputs_with_one_line():
     with pytest.raises(UserError, match="builds no supernet"):
         naswot_scores(NoSupernet(), arch, _images())
     assert naswot_scores(space, [], _images()).shape == (0,)
-
-
-def _script():
-    name = "nb201_zero_cost_script"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "nb201_zero_cost.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def test_score_table_round_trips_and_the_committed_one_covers_the_space(tmp_path):
