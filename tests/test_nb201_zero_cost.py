@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,24 +10,12 @@ import pytest
 import torch
 from hwnas.supernet.spaces.nb201 import NB201Config, NB201Space
 
+from benchmarks import nb201_zero_cost as zc
 from hwnas.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = NB201Config(init_channels=4, cells_per_stage=1, num_classes=10)
-
-
-def _script():
-    name = "nb201_zero_cost_script"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "nb201_zero_cost.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-def naswot_scores(*args, **kwargs):
-    return _script().naswot_scores(*args, **kwargs)
+naswot_scores = zc.naswot_scores
 
 
 def _images(n=16, seed=0):
@@ -74,7 +60,7 @@ def test_naswot_refuses_bad_inputs_with_one_line():
 
 
 def test_score_table_round_trips_and_the_committed_one_covers_the_space(tmp_path):
-    mod = _script()
+    mod = zc
     out = tmp_path / "s.csv.gz"
     mod.write_scores(out, ["a", "b"], np.array([1.25, -2.0]))
     assert mod.read_scores(out) == {"a": 1.25, "b": -2.0}
