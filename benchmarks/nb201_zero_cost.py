@@ -2,23 +2,20 @@
 "Neural Architecture Search without Training", ICML 2021), for development only.
 
 Session 55 tried it as a guess of accuracy for the screening sampler (``search_nb201.md``,
-"Issue 47, session 55": three variants, none passed its rule, so the package has no such
-option; the code of those searches is in commits ``73c6cbd``, ``e2e52ae`` and ``0979601``). The table it wrote,
-``results/nb201_zero_cost/naswot.csv.gz``, stays for later levers: it cost 179 s on an H100 and
-takes about 50 minutes on this VM's CPU.
+"Issue 47, session 55"): three variants, none passed its rule, so the package has no such
+option (their code: commits ``73c6cbd``, ``e2e52ae``, ``0979601``). The table stays for later
+levers, ``results/nb201_zero_cost/naswot.csv.gz``: 179 s on an H100, about 50 min on a CPU.
 
-NASWOT: one batch through the *untrained* network; each rectified unit gives every image a
-binary code (active or not), and the score is ``log|K|`` of the Hamming-agreement kernel
-``K = C C^T + (1-C)(1-C)^T``: high when the untrained network already separates the images.
-All cells share one seeded supernet (``set_active`` picks the cell); the paper initialises
-each network afresh, and a shared draw keeps one source of noise out of the ranking. Units are
-the outputs of the activation modules, active where > 0.
-
-One seeded untrained NAS-Bench-201 supernet (HW-NAS-Bench's CIFAR-100 macro-architecture), one
-batch of ``--batch`` CIFAR-10 training images (a seeded draw; the accuracy table is CIFAR-100's,
-whose images this project does not have: NASWOT reads only the images' activation codes, and
-CIFAR-10's are the same kind of 32x32 natural image). Writes ``arch,naswot`` as gzipped CSV and,
-where the shared NAS-Bench-201 accuracy table is found, prints its Spearman with the accuracy.
+NASWOT: one batch through the *untrained* network; each unit of an activation module gives
+every image a binary code (active where > 0), and the score is ``log|K|`` of the
+Hamming-agreement kernel ``K = C C^T + (1-C)(1-C)^T``: high when the untrained network already
+separates the images. All cells share one seeded supernet (HW-NAS-Bench's CIFAR-100
+macro-architecture; ``set_active`` picks the cell): the paper initialises each network afresh,
+and a shared draw keeps one source of noise out of the ranking. The batch is ``--batch``
+CIFAR-10 training images (a seeded draw): the accuracy table is CIFAR-100's, whose images this
+project lacks, and NASWOT reads only the activation codes of 32x32 natural images. Writes
+``arch,naswot`` as gzipped CSV and, where the shared accuracy table is found, prints the
+Spearman with it.
 
     python benchmarks/nb201_zero_cost.py --device cuda --out benchmarks/results/nb201_zero_cost/naswot.csv.gz
 """
@@ -27,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import io
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -121,14 +117,11 @@ def batch_images(dataset: str, batch: int, seed: int) -> torch.Tensor:
 def write_scores(path: Path, archs: list[str], scores: np.ndarray) -> None:
     """``arch,naswot`` rows, gzipped; written to a temporary name first, so nothing half-written
     is left under ``path``."""
-    buf = io.StringIO()
-    buf.write("arch,naswot\n")
-    for a, s in zip(archs, scores):
-        buf.write(f"{a},{s:.6f}\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with gzip.open(tmp, "wt", encoding="utf-8") as fh:
-        fh.write(buf.getvalue())
+        fh.write("arch,naswot\n")
+        fh.writelines(f"{a},{v:.6f}\n" for a, v in zip(archs, scores))
     tmp.replace(path)
 
 
@@ -168,19 +161,20 @@ def main(argv: list[str] | None = None) -> int:
     names = [space.to_string(a) for a in archs]
     write_scores(args.out, names, scores)
     print(f"{len(archs)} cells in {seconds:.0f} s on {args.device}: {args.out}")
-    try:
-        from hwnas.supernet.data import shared_data_dir
+    from hwnas.supernet.data import shared_data_dir
 
-        import pandas as pd
-        from scipy.stats import spearmanr
+    root = shared_data_dir()
+    table = None if root is None else root / "nb201" / "nb201_cifar100_accuracy.csv"
+    if table is None or not table.is_file():
+        print("(no accuracy check: the shared NAS-Bench-201 accuracy table is absent)")
+        return 0
+    import pandas as pd
+    from scipy.stats import spearmanr
 
-        acc = pd.read_csv(shared_data_dir() / "nb201" / "nb201_cifar100_accuracy.csv")
-        acc = acc.set_index("arch")["cifar100_test_acc"]
-        keep = [n in acc.index for n in names]
-        rho = spearmanr(scores[keep], acc.loc[[n for n, k in zip(names, keep) if k]])[0]
-        print(f"Spearman with the NAS-Bench-201 CIFAR-100 accuracy: {rho:.3f} ({sum(keep)} cells)")
-    except Exception as exc:  # the shared data is optional here
-        print(f"(no accuracy check: {exc})")
+    acc = pd.read_csv(table).set_index("arch")["cifar100_test_acc"]
+    keep = [n in acc.index for n in names]
+    rho = spearmanr(scores[keep], acc.loc[[n for n, k in zip(names, keep) if k]])[0]
+    print(f"Spearman with the NAS-Bench-201 CIFAR-100 accuracy: {rho:.3f} ({sum(keep)} cells)")
     return 0
 
 

@@ -7,7 +7,6 @@ for its residual after a least-squares quadratic in the standardized log latency
     python benchmarks/results/nb201_zero_cost/band_check.py
 """
 
-import gzip
 import sys
 from pathlib import Path
 
@@ -18,6 +17,8 @@ from scipy.stats import spearmanr
 from hwnas.supernet.data import shared_data_dir
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))  # benchmarks/, for the table's reader
+from nb201_zero_cost import read_scores  # noqa: E402
 DEVICES = ["pixel3", "samsung_a50", "samsung_s7", "essential_ph_1", "titanx_1", "titanx_256",
            "gold_6240"]
 
@@ -33,13 +34,13 @@ def main() -> int:
     if root is None:
         print("the shared data is absent (set HWNAS_SHARED_DATA)")
         return 1
-    with gzip.open(HERE / "naswot.csv.gz", "rt") as fh:
-        score = pd.read_csv(fh).set_index("arch")["naswot"]
+    score = pd.Series(read_scores(HERE / "naswot.csv.gz"))
     acc = pd.read_csv(root / "nb201" / "nb201_cifar100_accuracy.csv").set_index("arch")
     acc = acc["cifar100_test_acc"].loc[score.index].to_numpy()
     lat = pd.read_csv(root / "latency" / "nb201_latency_ms.csv").set_index("arch").loc[score.index]
     print(f"NASWOT vs accuracy, all {len(score)} cells: {spearmanr(score, acc)[0]:.3f}")
-    print("device: NASWOT vs latency; within bands (fastest band; top quarter) for NASWOT | residual; residual over all cells")
+    print("device: NASWOT vs latency; within bands (fastest band; top quarter) for NASWOT | "
+          "residual; residual over all cells")
     for dev in DEVICES:
         t = lat[dev].to_numpy()
         band = pd.qcut(pd.Series(t).rank(method="first"), 10, labels=False).to_numpy()
