@@ -13,8 +13,10 @@ each list in a seeded random order. ``--spaces`` picks the spaces (default nb201
 * CPU (``--runtimes cpu``), at each of ``--threads``: onnxruntime (``ort``, intra-op threads),
   PyTorch eager (``torch``) and frozen TorchScript (``ts``) with ``torch.set_num_threads``, and
   OpenVINO (``ov``, ``INFERENCE_NUM_THREADS``, f32) when it imports (``--cpu-runtimes``
-  picks some of them); on request two execution settings of those: onnxruntime with every
-  graph optimisation off (``ortnoopt``) and OpenVINO at bf16 precision (``ovbf16``);
+  picks some of them); on request three execution settings of those: onnxruntime with every
+  graph optimisation off (``ortnoopt``), OpenVINO at bf16 precision (``ovbf16``) and
+  onnxruntime running the architecture's int8 QDQ file (``ortint8``: static quantization,
+  :func:`hwnas.export.layer_timer.quantize_qdq`, made once per architecture);
 * GPU (``--runtimes gpu``, when CUDA is present): PyTorch eager (``torch``) and a replayed
   CUDA graph (``cudagraph``) at batch 1 and 64 (``hwnas.latency.devices.MeasuredDevice``).
 
@@ -82,11 +84,12 @@ MBV3_CSV = REPO / "benchmarks" / "results" / "latency_mbv3" / "mbv3.csv"
 DEFAULT_N = {"nb201": 2000, "fbnet": 1000, "mbv3": 400, "vit": 300}
 #: spaces measured when --spaces is not given (vit on request: its table is new)
 DEFAULT_SPACES = ("nb201", "fbnet", "mbv3")
-CPU_RUNTIMES = ("ort", "torch", "ts", "ov", "ortnoopt", "ovbf16")
-#: runtimes measured when --cpu-runtimes is not given (the last two are execution settings of
-#: the first and the fourth, measured on request: ``ortnoopt`` onnxruntime with every graph
+CPU_RUNTIMES = ("ort", "torch", "ts", "ov", "ortnoopt", "ovbf16", "ortint8")
+#: runtimes measured when --cpu-runtimes is not given (the last three are execution settings
+#: of the first and the fourth, measured on request: ``ortnoopt`` onnxruntime with every graph
 #: optimisation off, each ONNX node run as written, no fusion; ``ovbf16`` OpenVINO with bf16
-#: inference precision, on CPUs with avx512_bf16 or AMX)
+#: inference precision, on CPUs with avx512_bf16 or AMX; ``ortint8`` onnxruntime on the int8
+#: QDQ file)
 DEFAULT_CPU_RUNTIMES = ("ort", "torch", "ts", "ov")
 GPU_RUNTIMES = ("torch", "cudagraph")
 GPU_BATCHES = (1, 64)
@@ -431,6 +434,16 @@ class CpuRunner:
             from hwnas.latency.onnx_measure import measure_onnx
 
             s = measure_onnx(onnx_path, threads=threads, warmup=self.warmup,
+                             repeats=self.repeats)
+            return s.median_ms, s.cv
+        if runtime == "ortint8":
+            from hwnas.export.layer_timer import quantize_qdq
+            from hwnas.latency.onnx_measure import measure_onnx
+
+            int8_path = onnx_path.with_suffix(".int8.onnx")
+            if not int8_path.exists():  # once per architecture, before any timed call
+                write_atomic(int8_path, quantize_qdq(onnx_path.read_bytes()))
+            s = measure_onnx(int8_path, threads=threads, warmup=self.warmup,
                              repeats=self.repeats)
             return s.median_ms, s.cv
         if runtime == "ortnoopt":
