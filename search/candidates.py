@@ -150,6 +150,10 @@ class ScreeningConfig:
     #: one latency level better and gained +0.013 at 100 on the unseen-phone proxy
     #: (``benchmarks/search_nb201.md``, session 35)
     surrogate_features: str = "executed"
+    #: how far the 2-D EHVI's reference reaches along the cheap cost: to the most accurate
+    #: predicted candidate (0, the default), or to the slowest whose mean plus this many
+    #: deviations reaches that one's mean (:func:`hwnas.search.layered.reference_candidate`)
+    reference_sd: float = 0.0
 
     def __post_init__(self) -> None:
         if self.n_startup_trials < 1 or self.cheap_front_trials < 1:
@@ -180,6 +184,8 @@ class ScreeningConfig:
                             f"{self.early_trials}; expected a share in [0, 1), trials >= 0")
         if self.trend_trials < 0:
             raise UserError(f"trend_trials = {self.trend_trials}; expected >= 0")
+        if not 0.0 <= self.reference_sd < 10.0:
+            raise UserError(f"reference_sd = {self.reference_sd}; expected in [0, 10)")
         if not self.explore > 0:
             raise UserError(f"explore = {self.explore}; expected > 0")
         if self.surrogate_features not in FEATURE_SETS:

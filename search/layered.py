@@ -22,7 +22,7 @@ import numpy as np
 from hwnas.search.acquisition import expected_hvi_2d
 from hwnas.search.pareto import front_layers
 
-__all__ = ["front_ehvi", "is_layered_trial", "layered_now", "staircase"]
+__all__ = ["front_ehvi", "is_layered_trial", "layered_now", "reference_candidate", "staircase"]
 
 
 def is_layered_trial(share: float, j: int) -> bool:
@@ -39,6 +39,21 @@ def layered_now(config: Any, done: int, startup: int) -> bool:
     early = config.early_layer_share > 0 and done < config.early_trials
     return is_layered_trial(config.early_layer_share if early else config.layer_share,
                             done - startup)
+
+
+def reference_candidate(mu: np.ndarray, sd: np.ndarray, cost: np.ndarray, ok: np.ndarray,
+                        plausible_sd: float = 0.0) -> int:
+    """The candidate whose cost bounds :func:`front_ehvi`'s reference (candidates costlier than
+    it gain nothing). Among those meeting the constraints (``ok``; all where none or all do):
+    the most accurate predicted one (``plausible_sd`` 0), else the costliest of those whose
+    ``mu + plausible_sd * sd`` reaches that one's mean, so that a slower cell that may well be
+    the most accurate still has a gain."""
+    rows = np.arange(len(mu)) if ok.all() or not ok.any() else np.flatnonzero(ok)
+    best = int(rows[int(np.argmax(mu[rows]))])
+    if plausible_sd <= 0:
+        return best
+    near = rows[mu[rows] + plausible_sd * sd[rows] >= mu[best]]
+    return int(near[int(np.argmax(cost[near]))])
 
 
 def staircase(front_cost: np.ndarray, front_gain: np.ndarray, cost: np.ndarray) -> np.ndarray:

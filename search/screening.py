@@ -32,7 +32,7 @@ from hwnas.search.candidates import (
 )
 from hwnas.search.features import SurrogateEncoder
 from hwnas.search.gp import PoolGP
-from hwnas.search.layered import front_ehvi, layered_now
+from hwnas.search.layered import front_ehvi, layered_now, reference_candidate
 from hwnas.search.startup import size_prior, startup_plan, stratified_choice
 from hwnas.supernet.space import SearchSpace
 from optuna.distributions import (
@@ -642,9 +642,7 @@ class ScreeningSampler(BaseSampler):
                 cost, cost_sd = -preds[1][0], preds[1][1]
             obs_gain, obs_cost = Y[:, e], -Y[:, c]
             obs_cost += front_slack(self.config, pool, self._hist.keys, feasible, obs_cost)
-            ok = pool.feasible  # the most accurate predicted candidate meeting the constraints
-            best = int(np.argmax(mu)) if ok.all() or not ok.any() else \
-                int(np.flatnonzero(ok)[int(np.argmax(mu[ok]))])
+            best = reference_candidate(mu, sd, cost, pool.feasible, self.config.reference_sd)
             layered = self.cheap_predicted[:1] == (True,) and layered_now(
                 self.config, len(self._hist.keys), self._startup_trials())
             taken = np.zeros(len(pool.keys), dtype=bool)

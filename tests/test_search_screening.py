@@ -14,7 +14,7 @@ import optuna
 import pytest
 from hwnas.search.acquisition import expected_hvi_2d
 from hwnas.search.gp import PoolGP
-from hwnas.search.layered import front_ehvi, is_layered_trial, layered_now
+from hwnas.search.layered import front_ehvi, is_layered_trial, layered_now, reference_candidate
 from hwnas.search.pareto import front_indices_2d, hypervolume_2d
 from hwnas.search.screening import ScreeningConfig, ScreeningSampler
 from hwnas.supernet.space import SearchSpace
@@ -681,3 +681,25 @@ def test_predictor_holdout_names_a_family_without_the_test_devices(capsys):
     err = capsys.readouterr().err
     assert "no such device family" in err and "phone" in err
     assert "simulated-accel" not in err  # fpga and eyeriss are HELP test devices: left out
+
+
+def test_reference_reaches_the_slowest_plausibly_most_accurate_candidate():
+    mu = np.array([0.2, 1.0, 0.7, 0.9, 0.1])
+    sd = np.array([0.1, 0.1, 0.4, 0.05, 0.1])
+    cost = np.array([1.0, 2.0, 5.0, 4.0, 9.0])
+    every = np.ones(5, dtype=bool)
+    assert reference_candidate(mu, sd, cost, every) == 1  # the most accurate predicted
+    # within one deviation of its mean: candidates 2 (0.7 + 0.4) and 1; the slower is 2
+    assert reference_candidate(mu, sd, cost, every, 1.0) == 2
+    assert reference_candidate(mu, sd, cost, every, 10.0) == 4  # 0.1 + 10 x 0.1 >= 1.0
+    ok = np.array([True, False, False, True, True])  # constraints leave 0, 3 and 4
+    assert reference_candidate(mu, sd, cost, ok) == 3
+    assert reference_candidate(mu, sd, cost, ok, 10.0) == 4
+    # the EHVI gives a slower candidate a gain only once the reference reaches it
+    obs_cost, obs_gain = np.array([1.0, 2.0]), np.array([0.2, 1.0])
+    for plausible, gains in ((0.0, False), (1.0, True)):
+        ref = reference_candidate(mu, sd, cost, every, plausible)
+        ehvi = front_ehvi(mu, sd, cost, None, obs_cost, obs_gain, ref)
+        assert (ehvi[3] > 0) == gains
+    with pytest.raises(UserError, match="reference_sd"):
+        ScreeningConfig(reference_sd=-1.0)
