@@ -703,3 +703,4 @@ def test_reference_reaches_the_slowest_plausibly_most_accurate_candidate():
         assert (ehvi[3] > 0) == gains
     with pytest.raises(UserError, match="reference_sd"):
         ScreeningConfig(reference_sd=-1.0)
+    assert ScreeningConfig().reference_sd == 2.0  # the default since session 56 (issue 47)
