@@ -79,7 +79,8 @@ class ScreeningSampler(BaseSampler):
       (accuracy vs a latency measured here) get the same exact EHVI with the second one's GP
       mean and deviation as an uncertain cost (independent of the first: separate GPs). With a
       predicted cheap cost (``cheap_predicted``), ``layer_share`` of the trials look behind the
-      front (:mod:`hwnas.search.layered`);
+      front (:mod:`hwnas.search.layered`); the reference reaches every candidate that may be
+      the most accurate (``reference_sd``), so a slow accurate end keeps a gain;
     * one objective: expected improvement;
     * three or more objectives, where the exact 2-D EHVI does not apply: an optimistic random
       augmented Chebyshev scalarization — ParEGO's rule (Knowles 2006) with a confidence bound
