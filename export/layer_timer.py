@@ -47,7 +47,7 @@ def quantize_qdq(model: bytes, *, seed: int = 0, batches: int = 4) -> bytes:
         with open(raw, "wb") as f:
             f.write(model)
         # onnxruntime's own pre-processing folds the exporter's Identity-fed biases into
-        # initializers; without it no Conv becomes an int8 QLinearConv (measured: int8 slower)
+        # initializers; without it 48 of an NB-201 network's 52 Convs stayed in float
         quant_pre_process(raw, src, skip_symbolic_shape=True)
         quantize_static(src, dst, _Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                         weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8)
