@@ -159,23 +159,12 @@ def run(name: str, seeds: int) -> list[dict]:
         fams[lofo.family(d)].append(d)
     rows = []
     for fam, held in sorted(fams.items()):
-        common = set.intersection(*(set(devices[d][0]) for d in held))
         sources = {"help": list(protocol.meta_train),
                    "help+measured": [*protocol.meta_train, *(d for d in measured if d not in held)]}
         for source, train in sources.items():
-            meta = _meta(space, devices, train)
-            if not set(meta.reference_archs[:lofo.N]) <= common:
-                meta.redesign(sorted(common), seed=0)
-            refs = meta.reference_archs[:lofo.N]
-            ref, rnd = [], []
-            for d in held:
-                archs, y = devices[d]
-                idx = {x: i for i, x in enumerate(archs)}
-                ref.append(lofo.score_device(space, meta, archs, y, np.array([idx[a] for a in refs]),
-                                             0, ("meta",))["meta"])
-                for s in range(seeds):
-                    pick = np.random.default_rng(1000 + s).choice(len(archs), lofo.N, replace=False)
-                    rnd.append(lofo.score_device(space, meta, archs, y, pick, s, ("meta",))["meta"])
+            scores = _score_fold(space, devices, held, train, seeds, [lofo.N])
+            ref = [v for d in held for v in scores[d]["ref"]]
+            rnd = [v for d in held for v in scores[d][f"random{lofo.N}"]]
             rows.append({"space": name, "family": fam, "devices": held, "meta_train": source,
                          "reference": round(float(np.mean(ref)), 4),
                          "random": round(float(np.mean(rnd)), 4)})
