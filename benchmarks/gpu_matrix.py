@@ -108,6 +108,15 @@ def export_failures(run_dir: Path) -> list[str]:
     return bad
 
 
+def surrogate_trials(past: int = 4) -> int:
+    """Trials of a run whose last ``past`` the screening sampler's surrogate chooses: its
+    start-up (the cheap-front plan, then random candidates) and ``past`` more."""
+    from hwnas.search.candidates import ScreeningConfig
+
+    c = ScreeningConfig()
+    return c.n_startup_trials + c.cheap_front_trials + past
+
+
 def cells(spaces: list[str], base: str = "mbv3") -> list[dict]:
     """The matrix: run cells first (what users run), then the training / finetune / export ones."""
     out = []
@@ -118,6 +127,13 @@ def cells(spaces: list[str], base: str = "mbv3") -> list[dict]:
                     continue  # an 8x8 single-channel space: digits only (UserError otherwise)
                 out.append({"id": f"run/{space}/{dataset}/{'bits' if bits else 'float'}",
                             "kind": "run", "space": space, "dataset": dataset, "bits": bits})
+    # the default sampler (screening) lets its surrogate choose only after its start-up trials,
+    # which the 4-6-trial cells above never pass: these run 4 trials past them, float and bits
+    for space, bits in (("nb201", False), ("mbv3-tiny", True)):
+        if space in spaces:
+            out.append({"id": f"run/{space}/digits/{'bits' if bits else 'float'}-surrogate",
+                        "kind": "run", "space": space, "dataset": "digits", "bits": bits,
+                        "trials": surrogate_trials()})
     for schedule in ("sandwich", "progressive", "deps"):
         out.append({"id": f"train/mbv3/digits/{schedule}", "kind": "train", "space": "mbv3",
                     "dataset": "digits", "args": ["--schedule", schedule]})
@@ -167,7 +183,7 @@ def run_cell(cell: dict, work: Path, a: argparse.Namespace) -> dict:
         args = ["run", "--space", cell["space"], "--dataset", cell["dataset"], *common,
                 # searched bits: 2 trials more than the 4 plain seeds, so that the Hessian seeds
                 # (computed only when a trial runs them) run on the GPU too
-                "--trials", str(a.trials + 2 if cell["bits"] else a.trials),
+                "--trials", str(cell.get("trials") or (a.trials + 2 if cell["bits"] else a.trials)),
                 "--epochs", str(a.epochs), "--out", str(out),
                 "--name", "r", "--overwrite"]
         if not cell["bits"]:
@@ -179,6 +195,11 @@ def run_cell(cell: dict, work: Path, a: argparse.Namespace) -> dict:
             bad = export_failures(out / "r")
             if bad:
                 res.update(rc=1, error=f"{len(bad)} file(s) failed: {bad[0]}")
+            elif cell.get("trials"):  # the surrogate's trials ran, not only the start-up
+                with open(out / "r" / "trials.csv", newline="") as f:
+                    res["trials"] = sum(1 for _ in csv.DictReader(f))
+                if res["trials"] < cell["trials"]:
+                    res.update(rc=1, error=f"{res['trials']} of {cell['trials']} trials in trials.csv")
     elif cell["kind"] == "train":
         out = work / cell["id"].replace("/", "_")
         shutil.rmtree(out, ignore_errors=True)

@@ -112,3 +112,38 @@ def test_the_regularise_cell_trains_a_graphed_supernet_like_the_cct_run(tmp_path
     assert args[args.index("--teacher") + 1] == str(tmp_path / "src" / "supernet.pt")
     assert args[args.index("--regularise") + 1] == "largest"
     assert "--standalone" not in args and args[args.index("--compile-scope") + 1] == "subnets"
+
+
+def test_the_surrogate_cells_run_past_the_screening_start_up(tmp_path, monkeypatch):
+    """The surrogate cells ask for 4 trials past the default sampler's start-up (the 4-6-trial
+    cells never reach its surrogate), and fail when trials.csv holds fewer."""
+    import argparse
+    from pathlib import Path
+
+    import benchmarks.gpu_matrix as gm
+    from hwnas.search.candidates import ScreeningConfig
+
+    c = ScreeningConfig()
+    cells = {x["id"]: x for x in gm.cells(["nb201", "mbv3-tiny", "cct"])}
+    sur = [i for i in cells if i.endswith("-surrogate")]
+    assert sur == ["run/nb201/digits/float-surrogate", "run/mbv3-tiny/digits/bits-surrogate"]
+    want = c.n_startup_trials + c.cheap_front_trials + 4
+    seen = []
+
+    def fake_run(args, timeout):
+        seen.append(args)
+        r = Path(args[args.index("--out") + 1]) / "r"
+        (r / "export").mkdir(parents=True, exist_ok=True)
+        (r / "export" / "manifest.json").write_text('{"models": []}')
+        n = int(args[args.index("--trials") + 1]) - len(seen) + 1  # the 2nd run writes 1 short
+        (r / "trials.csv").write_text("trial\n" + "".join(f"{i}\n" for i in range(n)))
+        return 0, "", 1.0
+
+    monkeypatch.setattr(gm, "run_cli", fake_run)
+    a = argparse.Namespace(device="cuda", epochs=1, trials=4, cell_timeout=10, results_by_id={})
+    res = gm.run_cell(cells["run/nb201/digits/float-surrogate"], tmp_path, a)
+    assert seen[0][seen[0].index("--trials") + 1] == str(want) and "--no-bits" in seen[0]
+    assert res["rc"] == 0 and res["trials"] == want
+    res = gm.run_cell(cells["run/mbv3-tiny/digits/bits-surrogate"], tmp_path, a)
+    assert "--no-bits" not in seen[1]
+    assert res["rc"] == 1 and res["error"] == f"{want - 1} of {want} trials in trials.csv"
