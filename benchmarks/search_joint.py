@@ -467,19 +467,23 @@ def make_problem(table: dict[str, Any], joint: ArchBitsSpace, cfg: Any) -> Probl
     return Problem(table, joint, objectives, seeds, screening)
 
 
-def make_study_sampler(name: str, seed: int, space: Any, problem: Problem, n_seeds: int):
+def make_study_sampler(name: str, seed: int, space: Any, problem: Problem, n_seeds: int,
+                       options: dict[str, Any] | None = None):
     """The sampler ``hwnas run`` builds for ``name`` (``auto`` resolved on the run's
     objectives; ``auto-pool`` is ``auto`` on a table that hides its enumeration), with the
-    screening problem's candidates replaced by the table."""
+    screening problem's candidates replaced by the table; ``options``: a screening variant's
+    :class:`~hwnas.search.candidates.ScreeningConfig` fields (``--screening-option``)."""
     from hwnas.search.samplers import make_sampler, resolve_sampler
 
     resolved = resolve_sampler("auto" if name == "auto-pool" else name, problem.objectives)
     screening = (dataclasses.replace(problem.screening, space=space)
                  if resolved == "screening" else None)
-    return make_sampler(resolved, seed, n_seeds=n_seeds, problem=screening)
+    return make_sampler(resolved, seed, n_seeds=n_seeds, problem=screening,
+                        screening_options=options if resolved == "screening" else None)
 
 
-def run_search(problem: Problem, sampler: str, seed: int, n: int) -> list[int]:
+def run_search(problem: Problem, sampler: str, seed: int, n: int,
+               options: dict[str, Any] | None = None) -> list[int]:
     """One lookup-only search of ``n`` evaluations, as ``hwnas run`` runs its study: the
     seeds enqueued once, the sampler built with them counted (``runner._start_study``), the
     run's trial loop (:func:`hwnas.search.study.run_trials`). Returns the table rows
@@ -500,11 +504,11 @@ def run_search(problem: Problem, sampler: str, seed: int, n: int) -> list[int]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study = open_study(optuna.storages.InMemoryStorage(), "bench",
-                           make_study_sampler(sampler, seed, space, problem, 0), seed,
+                           make_study_sampler(sampler, seed, space, problem, 0, options), seed,
                            problem.objectives)
         n_seeds = enqueue_once(study, problem.seeds)
         study.sampler = make_study_sampler(sampler, sampler_seed(seed, 0), space, problem,
-                                           n_seeds)
+                                           n_seeds, options)
         run_trials(study, objective, n, progress=False)
     return evaluated
 
@@ -539,6 +543,9 @@ def main(argv: list[str] | None = None) -> int:
                          "hypervolume ratio it would have with them: those whose architecture "
                          "it evaluated under another policy, and those whose architecture it "
                          "never evaluated")
+    ap.add_argument("--screening-option", action="append", default=[], metavar="NAME=VALUE",
+                    help="a ScreeningConfig field of the screening sampler (auto included), "
+                         "e.g. reference_sd=0: the variant compared (repeatable)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -567,6 +574,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             return 0
     from hwnas.supernet.data.sources import load_dataset
 
+    options = nb201.screening_options(args.screening_option)
     cfg = run_config(None, args.objectives)
     joint = joint_space(cfg, load_dataset(cfg.dataset, seed=cfg.data_seed))
     table = load_table(args.table, [m.column for m in cfg.objective_metrics])
@@ -583,7 +591,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         repeats = []
         for seed in range(args.seeds):
             t0 = time.perf_counter()
-            traj = run_search(problem, name, seed, max(budgets))
+            traj = run_search(problem, name, seed, max(budgets), options)
             seconds.setdefault(name, []).append(time.perf_counter() - t0)
             for kind, front in fronts.items():
                 d = problem.directions[:len(front.columns)]
@@ -611,7 +619,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     print_table(rows, args.samplers, budgets, fronts, len(table["candidate"]), args.seeds)
     standard = (args.table == TABLE and args.objectives is None
                 and args.samplers == list(DEFAULT_SAMPLERS)
-                and args.seeds == 5 and budgets == [50, 100, 300])
+                and args.seeds == 5 and budgets == [50, 100, 300] and not options)
     out = args.out or (OUT_JSON if standard else None)
     if out is not None:
         from hwnas.search.samplers import DEFAULT_SAMPLER
@@ -635,6 +643,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
             "elapsed_seconds": round(elapsed, 1),
             "seconds_per_search_mean": {k: round(float(np.mean(v)), 2)
                                         for k, v in seconds.items()},
+            "screening_options": options,
             "results": rows,
         })
         print(f"wrote {out}")

@@ -169,9 +169,11 @@ def available_samplers() -> list[str]:
 
 def make_sampler(name: str, seed: int, *, n_startup_trials: int = STARTUP_TRIALS,
                  n_seeds: int = 0, problem: ScreeningProblem | None = None,
+                 screening_options: Mapping[str, Any] | None = None,
                  ) -> optuna.samplers.BaseSampler:
     """A seeded sampler; ``screening`` needs the search's ``problem``
-    (:func:`screening_problem`). Optuna is imported by the factories, so that the settings (and
+    (:func:`screening_problem`), and takes ``screening_options`` (fields of
+    :class:`hwnas.search.candidates.ScreeningConfig`, for benchmarks of its variants). Optuna is imported by the factories, so that the settings (and
     ``hwnas train``, which shares them) do not need it.
 
     Seed trials (enqueued: largest, smallest, sensitivity-based bit policies) are evaluated
@@ -181,7 +183,9 @@ def make_sampler(name: str, seed: int, *, n_startup_trials: int = STARTUP_TRIALS
     defaults does not silently change a study (Optuna 5: constraints come from
     ``trial.set_constraint``, which TPE, NSGA-II, GP and screening read without a
     ``constraints_func``)."""
-    return SAMPLERS.get(name)(seed, n_startup_trials=n_startup_trials + n_seeds, problem=problem)
+    extra = {"options": dict(screening_options)} if screening_options else {}
+    return SAMPLERS.get(name)(seed, n_startup_trials=n_startup_trials + n_seeds, problem=problem,
+                              **extra)
 
 
 def _auto(seed: int, **_: Any) -> optuna.samplers.BaseSampler:
@@ -217,7 +221,7 @@ def _gp(seed: int, *, n_startup_trials: int, **_: Any) -> optuna.samplers.BaseSa
 
 
 def _screening(seed: int, *, n_startup_trials: int, problem: ScreeningProblem | None,
-               **_: Any) -> optuna.samplers.BaseSampler:
+               options: Mapping[str, Any] | None = None, **_: Any) -> optuna.samplers.BaseSampler:
     if problem is None:
         raise UserError("sampler 'screening' needs the search problem (candidates, cheap "
                         "objectives): pass problem=search.samplers.screening_problem(...)")
@@ -226,7 +230,8 @@ def _screening(seed: int, *, n_startup_trials: int, problem: ScreeningProblem | 
     return ScreeningSampler(
         problem.space, problem.cheap, problem.cheap_indices, seed=seed,
         directions=problem.directions,
-        config=ScreeningConfig(n_startup_trials=n_startup_trials, pool_size=SCREENING_POOL),
+        config=ScreeningConfig(**{"n_startup_trials": n_startup_trials,
+                                  "pool_size": SCREENING_POOL, **(options or {})}),
         constraints=problem.constraints, constraint_names=problem.constraint_names,
         cheap_predicted=problem.cheap_predicted)
 

@@ -158,6 +158,24 @@ def test_bad_table_is_one_error_line(tmp_path, capsys):
     assert err.startswith("search_joint: error: ") and err.count("\n") == 1
     assert bench.main(["--build-table", "--supernet", str(tmp_path / "none.pt")]) == 2
     assert "needs --supernet" in capsys.readouterr().err
+    # a screening variant that is not a ScreeningConfig field, or out of its range
+    for bad in ("reference=2", "reference_sd=-1"):
+        assert bench.main(["--screening-option", bad, "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("search_joint: error: ") and err.count("\n") == 1, bad
+
+
+def test_a_screening_variant_changes_the_search_and_not_the_seeds():
+    """``--screening-option`` reaches the sampler ``auto`` resolves to (the previous EHVI
+    reference, ``reference_sd = 0``, of session 56's comparison) after the same seeds."""
+    bench = _bench()
+    joint, table = _table()
+    problem = bench.make_problem(table, joint, SearchConfig())
+    base = bench.run_search(problem, "auto", 0, 24)
+    same = bench.run_search(problem, "auto", 0, 24, {"reference_sd": 2.0})
+    assert same == base
+    other = bench.run_search(problem, "auto", 0, 24, {"n_startup_trials": 1})
+    assert other[:2] == base[:2] and other != base
 
 
 def test_front_misses_split_by_what_the_search_lacked():

@@ -181,6 +181,26 @@ def test_auto_and_screening_need_the_search():
         make_sampler("screening", 0)
 
 
+def test_screening_options_reach_the_screening_config_only(monkeypatch):
+    """``screening_options`` set :class:`ScreeningConfig` fields of the screening sampler
+    (a benchmark's variant) over the factory's own; other samplers ignore them."""
+    from hwnas.search import samplers
+    from hwnas.search.screening import ScreeningSampler
+
+    seen = []
+    monkeypatch.setattr(ScreeningSampler, "__init__",
+                        lambda self, *a, config=None, **k: seen.append(config))
+    problem = samplers.ScreeningProblem(space=get_space("nb201"), directions=("maximize",),
+                                        cheap=lambda archs: (None, None), cheap_indices=())
+    make_sampler("screening", 0, n_seeds=2, problem=problem,
+                 screening_options={"reference_sd": 0.0})
+    make_sampler("screening", 0, problem=problem)
+    assert seen[0].reference_sd == 0.0 and seen[1].reference_sd == 2.0
+    assert seen[0].n_startup_trials == seen[1].n_startup_trials + 2
+    assert seen[0].pool_size == samplers.SCREENING_POOL
+    assert make_sampler("tpe", 0, screening_options={"reference_sd": 0.0})._n_startup_trials
+
+
 def test_seeds_extend_the_random_start_up():
     assert make_sampler("tpe", 0, n_seeds=4)._n_startup_trials == 14
 
