@@ -1,8 +1,9 @@
 """Variants of the screening sampler on the table of ``search_joint.py`` (development data).
 
 A record of how the variants in ``search_joint.md`` ("Where the default misses") were measured:
-the benchmark's own ``run_search`` with one thing of the default sampler changed by patching,
-nothing of it in the package. Prints, per budget, the mean and worst seed of the hypervolume
+the benchmark's own ``run_search`` with one thing of the default sampler changed (a
+:class:`~hwnas.search.candidates.ScreeningConfig` field, or code by patching), nothing of it in
+the package. Prints, per budget, the mean and worst seed of the hypervolume
 ratio over the run's three objectives.
 
     OMP_NUM_THREADS=1 python benchmarks/search_joint_variants.py VARIANT [--first-seed 5]
@@ -11,7 +12,6 @@ ratio over the run's three objectives.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 
 import numpy as np
@@ -30,14 +30,8 @@ CONFIG = {"default": {}, "ard": {"ard": True}, "ucb-beta-2": {"ucb_beta": 2.0},
 
 
 def apply(variant: str) -> None:
-    """Patch the sampler (or the table's candidates) for ``variant``."""
-    config = CONFIG[variant]
-    init = screening.ScreeningSampler.__init__
-
-    def patched_init(self, *a, **k):
-        k["config"] = dataclasses.replace(k["config"], **config)
-        init(self, *a, **k)
-    screening.ScreeningSampler.__init__ = patched_init
+    """Patch the sampler (or the table's candidates) for a ``variant`` that changes code (those
+    of ``CONFIG`` reach the sampler as ``run_search``'s screening options)."""
     if variant.startswith("flops"):  # the joint candidates count FLOPs: the cheap-front start-up
         sj.TableSpace.flops = lambda self, c: self.joint.space.flops(c.arch)
     if variant.startswith("bits-mean"):  # the policy as one column (and the groups' too)
@@ -80,7 +74,7 @@ def main() -> int:
     scores: dict[int, list[float]] = {50: [], 100: [], 300: []}
     t0 = time.time()
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        traj = sj.run_search(problem, "auto", seed, max(scores))
+        traj = sj.run_search(problem, "auto", seed, max(scores), CONFIG[args.variant])
         for b, v in scores.items():
             v.append(sj.hv_ratio(traj[:b], table, front, problem.directions))
     print(args.variant, f"seeds {args.first_seed}-{args.first_seed + args.seeds - 1}:", "  ".join(
