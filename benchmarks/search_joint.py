@@ -40,6 +40,7 @@ import csv
 import dataclasses
 import datetime as _dt
 import gzip
+import hashlib
 import json
 import sys
 import tempfile
@@ -232,6 +233,30 @@ def joint_space(cfg: Any, data: Any) -> ArchBitsSpace:
     return ArchBitsSpace(space, cfg.bit_choices)
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """``I/N`` (``--shard``) as (I, N), 0 <= I < N."""
+    i, sep, n = text.partition("/")
+    try:
+        index, count = int(i), int(n)
+    except ValueError:
+        index, count = -1, 0
+    if not sep or not 0 <= index < count:
+        raise UserError(f"--shard {text!r}: expected I/N with 0 <= I < N, e.g. 0/4")
+    return index, count
+
+
+def build_settings(table: Path) -> dict[str, Any]:
+    """The run settings a table was built with (its build record beside it: space, dataset,
+    objectives), so that a table of another checkpoint is scored as built; {} without one."""
+    record = table.with_suffix("").with_suffix(".json")
+    if not record.is_file():
+        return {}
+    try:
+        return dict(json.loads(record.read_text()).get("settings") or {})
+    except (ValueError, AttributeError):
+        raise UserError(f"{record}: not a build record (JSON with 'settings')") from None
+
+
 def load_table(path: Path, columns: Sequence[str]) -> dict[str, Any]:
     """The table as columns (``candidate`` and ``seed`` as lists, the others as arrays)."""
     if not path.is_file():
@@ -256,14 +281,15 @@ def load_table(path: Path, columns: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def run_config(supernet: Path | str | None, objectives: str | None = None) -> Any:
+def run_config(supernet: Path | str | None, objectives: str | None = None,
+               space: str | None = None, dataset: str | None = None) -> Any:
     """The settings of ``hwnas run`` at its defaults, on the checkpoint ``supernet``, with
-    ``objectives`` instead of the default ones where given."""
+    ``objectives``, ``space`` and ``dataset`` instead of the default ones where given."""
     from hwnas.search.config import SearchConfig
 
     cfg = SearchConfig(supernet=None if supernet is None else str(supernet))
-    if objectives is not None:
-        cfg = dataclasses.replace(cfg, objectives=objectives)
+    given = {"objectives": objectives, "space": space, "dataset": dataset}
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in given.items() if v is not None})
     cfg.validate()
     return cfg
 
@@ -332,19 +358,30 @@ def plan_candidates(joint: ArchBitsSpace, n_archs: int, policies: int, seed: int
 
 
 def build_table(path: Path, supernet: Path, n_archs: int, policies: int, seed: int, *,
-                work: Path, max_minutes: float, progress: bool) -> dict[str, Any]:
-    """Evaluate the planned candidates (the run's seeds first) with the run's own evaluator,
-    one ``evaluator(arch, policy)`` call per candidate, appending rows to ``work``'s partial
-    CSV after each; a second call resumes there. Stops after ``max_minutes`` (rerun to go on);
-    the table is written (atomically) once every candidate is evaluated. Returns the build's
-    record (also written beside the table as JSON)."""
+                work: Path, max_minutes: float, progress: bool, space: str | None = None,
+                dataset: str | None = None, objectives: str | None = None,
+                devices: Sequence[str] | None = None, torch_device: str | None = None,
+                shard: tuple[int, int] = (0, 1)) -> dict[str, Any]:
+    """Evaluate the planned candidates (the run's seeds first) with the run's own evaluator
+    (``space``, ``dataset``, ``objectives``, ``devices``, ``torch_device``: the run's settings
+    where given), one ``evaluator(arch, policy)`` call per candidate, appending rows to
+    ``work``'s partial CSV after each; a second call resumes there. ``shard = (i, n)``: this
+    call evaluates every n-th planned candidate from the i-th, into its own partial CSV, so
+    that n processes share the work (the first call computes the seeds alone). Stops after
+    ``max_minutes`` (rerun to go on); the table is written (atomically) by the call that finds
+    every candidate evaluated, by any shard. Returns the build's record (also written beside
+    the table as JSON)."""
     from hwnas.search import runner
     from hwnas.search.evaluator import metric_columns
     from tqdm import tqdm
 
     from hwnas.core.io import write_json
 
-    cfg = run_config(supernet)
+    cfg = run_config(supernet, objectives, space, dataset)
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in (
+        ("devices", None if devices is None else list(devices)),
+        ("torch_device", torch_device)) if v is not None})
+    cfg.validate()
     space, net, data, evaluator = open_run(cfg)
     joint = ArchBitsSpace(space, cfg.bit_choices)
     checkpoint_sha = file_sha256(supernet)
@@ -363,12 +400,13 @@ def build_table(path: Path, supernet: Path, n_archs: int, policies: int, seed: i
         plan.setdefault(joint.to_string(cand), (cand, ""))
     columns = metric_columns(cfg.all_devices)
     header = [*KEY_COLUMNS, *columns]
-    partial = work / f"partial-{checkpoint_sha[:12]}-{n_archs}x{policies}-s{seed}.csv"
-    done: set[str] = set()
-    if partial.is_file():
-        with partial.open(newline="", encoding="utf-8") as fh:
-            done = {r["candidate"] for r in csv.DictReader(fh)}
-    todo = [(k, c, lab) for k, (c, lab) in plan.items() if k not in done]
+    tag = hashlib.sha256(",".join(header).encode()).hexdigest()[:8]  # the columns evaluated
+    stem = f"partial-{checkpoint_sha[:12]}-{n_archs}x{policies}-s{seed}-{tag}"
+    index, count = shard
+    partial = work / (f"{stem}-shard{index}of{count}.csv" if count > 1 else f"{stem}.csv")
+    rows = _partial_rows(work, stem)  # every shard's rows: each evaluates its own slice
+    todo = [(k, c, lab) for j, (k, (c, lab)) in enumerate(plan.items())
+            if j % count == index and k not in rows]
     t0 = time.time()
     evaluated = 0
     new_file = not partial.is_file()
@@ -382,14 +420,18 @@ def build_table(path: Path, supernet: Path, n_archs: int, policies: int, seed: i
             m = evaluator(cand.arch, joint.policy(cand))
             w.writerow([key, label, *(repr(float(m[c])) for c in columns)])
             fh.flush()
-            done.add(key)
             evaluated += 1
     seconds = time.time() - t0
-    left = len(plan) - len(done)
+    rows = _partial_rows(work, stem)
+    left = sum(k not in rows for k in plan)
     calls_file = partial.with_suffix(".calls.json")  # every call's time, for the record
     calls = json.loads(calls_file.read_text()) if calls_file.is_file() else []
     calls.append({"seconds": round(seconds, 1), "evaluations": evaluated})
     write_json(calls_file, calls)
+    calls = [{**c, "shard": f.name[len(stem):-len(".calls.json")].lstrip("-") or "all"}
+             for f in sorted(work.glob(f"{stem}*.calls.json"),  # every shard's, for the record
+                             key=lambda f: (f.name != f"{stem}.calls.json", f.name))
+             for c in json.loads(f.read_text())]
     record = {"checkpoint": str(supernet), "checkpoint_sha256": checkpoint_sha,
               "settings": {k: v for k, v in cfg.to_dict().items() if k != "supernet"},
               "eval_settings": dataclasses.asdict(evaluator.settings),
@@ -401,8 +443,6 @@ def build_table(path: Path, supernet: Path, n_archs: int, policies: int, seed: i
     if left:
         print(f"{left} of {len(plan)} candidates left; rerun the same command to go on")
         return record
-    with partial.open(newline="", encoding="utf-8") as fh:
-        rows = {r["candidate"]: r for r in csv.DictReader(fh)}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with gzip.open(tmp, "wt", newline="", encoding="utf-8", compresslevel=9) as fh:
@@ -417,6 +457,20 @@ def build_table(path: Path, supernet: Path, n_archs: int, policies: int, seed: i
                   table_sha256=file_sha256(path))
     write_json(path.with_suffix("").with_suffix(".json"), record)
     return record
+
+
+def _partial_rows(work: Path, stem: str) -> dict[str, dict[str, str]]:
+    """The rows evaluated so far by every call (all shards) of the build ``stem``, by
+    candidate: a row cut off mid-write (no newline yet) is left out and evaluated again."""
+    rows: dict[str, dict[str, str]] = {}
+    for f in sorted(work.glob(f"{stem}*.csv")):
+        text = f.read_text(encoding="utf-8")
+        lines = text.splitlines(keepends=True)
+        if lines and not lines[-1].endswith("\n"):
+            lines = lines[:-1]
+        for r in csv.DictReader(lines):
+            rows[r["candidate"]] = r
+    return rows
 
 
 def _short(text: str) -> str:
@@ -520,6 +574,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--supernet", type=Path, default=None,
                     help="--build-table: the mbv3-tiny digits checkpoint (hwnas train --space "
                          "mbv3-tiny --dataset digits --seed 0 --out DIR: DIR/supernet.pt)")
+    ap.add_argument("--space", default=None,
+                    help="--build-table: the checkpoint's space (default: the run's, mbv3-tiny); "
+                         "a table's own is read from its build record")
+    ap.add_argument("--dataset", default=None,
+                    help="--build-table: the checkpoint's dataset (default: the run's, digits)")
+    ap.add_argument("--devices", nargs="+", default=None,
+                    help="--build-table: the devices reported beside the objectives' (default: "
+                         "the run's; estimators only keep a build free of timing noise)")
+    ap.add_argument("--torch-device", default=None, help="--build-table: e.g. cuda")
+    ap.add_argument("--shard", default="0/1", metavar="I/N",
+                    help="--build-table: evaluate every N-th candidate from the I-th (N "
+                         "processes at once, after one call has computed the seeds)")
     ap.add_argument("--archs", type=int, default=500, help="--build-table: architectures")
     ap.add_argument("--policies", type=int, default=6,
                     help="--build-table: bit policies per architecture")
@@ -568,14 +634,18 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
                             f"checkpoint (got {args.supernet})")
         record = build_table(args.table, args.supernet, args.archs, args.policies, 0,
                              work=args.work, max_minutes=args.max_minutes,
-                             progress=not args.quiet)
+                             progress=not args.quiet, space=args.space, dataset=args.dataset,
+                             objectives=args.objectives, devices=args.devices,
+                             torch_device=args.torch_device, shard=parse_shard(args.shard))
         print(json.dumps(record, indent=1))
         if record["left"]:
             return 0
     from hwnas.supernet.data.sources import load_dataset
 
     options = nb201.screening_options(args.screening_option)
-    cfg = run_config(None, args.objectives)
+    built = build_settings(args.table)
+    cfg = run_config(None, args.objectives or built.get("objectives"), built.get("space"),
+                     built.get("dataset"))
     joint = joint_space(cfg, load_dataset(cfg.dataset, seed=cfg.data_seed))
     table = load_table(args.table, [m.column for m in cfg.objective_metrics])
     problem = make_problem(table, joint, cfg)

@@ -197,3 +197,28 @@ def test_front_misses_split_by_what_the_search_lacked():
                                  + table["candidate"][other].partition(sep)[2])
     assert bench.front_misses([*rows, other], table, front, dirs) == {
         "policy": [missed], "architecture": []}
+
+
+def test_a_sharded_build_writes_the_table_of_every_shard(tmp_path, digits_checkpoint):
+    """Two shards (after a first call that computes the seeds and stops at once) evaluate disjoint
+    slices; the call that finds every candidate evaluated writes the table, in plan order,
+    with the settings it was built with, which the scoring then reads; estimator devices
+    only, so the rows are exact."""
+    bench = _bench()
+    table, work = tmp_path / "t.csv.gz", tmp_path / "work"
+    kw = dict(work=work, progress=False, objectives="accuracy,latency:edgetpu-est,size",
+              devices=["edgetpu-est"])
+    first = bench.build_table(table, digits_checkpoint, 2, 2, 0, max_minutes=1e-6, **kw)
+    assert first["left"] == first["pairs"] and not table.exists()
+    a = bench.build_table(table, digits_checkpoint, 2, 2, 0, max_minutes=5, shard=(0, 2), **kw)
+    assert a["left"] > 0 and not table.exists()  # shard 1's slice is still to do
+    b = bench.build_table(table, digits_checkpoint, 2, 2, 0, max_minutes=5, shard=(1, 2), **kw)
+    assert b["left"] == 0 and table.is_file()
+    assert [c["evaluations"] for c in b["calls"]] == [0, a["pairs"] - a["left"], a["left"]]
+    assert [c["shard"] for c in b["calls"]] == ["all", "shard0of2", "shard1of2"]
+    settings = bench.build_settings(table)
+    assert settings["objectives"] == kw["objectives"] and settings["devices"] == ["edgetpu-est"]
+    rows = bench.load_table(table, ["accuracy", "latency_ms:edgetpu-est", "size_bytes"])
+    assert len(rows["candidate"]) == b["pairs"] and rows["seed"][0]  # the seeds first
+    with pytest.raises(bench.UserError, match="expected I/N"):
+        bench.parse_shard("2/2")
