@@ -3,9 +3,11 @@
 #   phase 1 (carry .whl data/c10): the wheels and hwnas installed, the full CIFAR-10 npz kept in
 #     /tmp/full for phase 2, then the GPU matrix's surrogate cells and the three run cells of the
 #     default sampler -> $OUT/gpu_matrix.json
-#   phase 2 (the tree leaned keeping supernet/checkpoints/mbv3_cifar10.pt; same machine, /tmp
+#   phase 2 (lean_tree.sh supernet/checkpoints/mbv3_cifar10.pt benchmarks/results/search_joint/
+#     cifar10_work.tgz; on the machine of phase 1, /tmp
 #     kept): issue 47.2's CIFAR-10 mbv3 joint table, built on the GPU by 8 shards, resumable
-#     (a carried benchmarks/results/search_joint/cifar10_work is merged back) -> $OUT/joint_work.tgz
+#     (from benchmarks/results/search_joint/cifar10_work.tgz where /tmp has none) -> $OUT/joint_work.tgz,
+#     committed as that file
 set -u
 PHASE=$1; S=${2:-540}; T0=$(date +%s)
 left() { echo $(( S - ($(date +%s) - T0) )); }
@@ -26,7 +28,8 @@ fi
 [ -f /tmp/full/cifar10/cifar10-jpeg.npz ] || { echo "no /tmp/full: a fresh machine, run phase 1 first"; exit 1; }
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 W=/tmp/jw; mkdir -p $W
-[ -d benchmarks/results/search_joint/cifar10_work ] && cp -n benchmarks/results/search_joint/cifar10_work/* $W/ 2>/dev/null
+# the last command's partial CSVs (carried: lean_tree.sh benchmarks/results/search_joint/cifar10_work.tgz ...)
+[ -f benchmarks/results/search_joint/cifar10_work.tgz ] && [ ! -f $W/seeds-6a52e085aa0c.json ] && tar -xzf benchmarks/results/search_joint/cifar10_work.tgz -C $W
 export HWNAS_SHARED_DATA=/tmp/full OMP_NUM_THREADS=2
 J=(python3 benchmarks/search_joint.py --build-table --supernet supernet/checkpoints/mbv3_cifar10.pt
    --space mbv3 --dataset cifar10 --objectives accuracy,latency:fpga-zcu102-est,size
