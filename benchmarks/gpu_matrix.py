@@ -51,6 +51,8 @@ STAGE_LINES = (
     (re.compile(r"wall time: ([\d.]+) s"), "wall"),
 )
 IMAGES_PER_S = re.compile(r"([\d.]+) images/s")
+#: trials the default sampler's surrogate must choose in a surrogate cell
+SURROGATE_PAST = 4
 
 
 def first_error(text: str) -> str | None:
@@ -108,13 +110,28 @@ def export_failures(run_dir: Path) -> list[str]:
     return bad
 
 
-def surrogate_trials(past: int = 4) -> int:
-    """Trials of a run whose last ``past`` the screening sampler's surrogate chooses: its
-    start-up (the cheap-front plan, then random candidates) and ``past`` more."""
+def surrogate_trials(past: int = 4, seeds: int = 6) -> int:
+    """Trials of a run whose surrogate (the default screening sampler's) chooses at least
+    ``past`` of them: its start-up (the run's enqueued seed trials, up to ``seeds``: 2 for
+    float, 6 with searched bits; then its random trials and the cheap-front plan) and
+    ``past`` more."""
     from hwnas.search.candidates import ScreeningConfig
 
     c = ScreeningConfig()
-    return c.n_startup_trials + c.cheap_front_trials + past
+    return c.n_startup_trials + c.cheap_front_trials + seeds + past
+
+
+def chosen_by_surrogate(rows: list[dict]) -> int:
+    """At least this many trials of a finished run (``trials.csv`` rows) were chosen by the
+    screening sampler's surrogate: those after its start-up, whose random phase the run
+    extends by its seed trials (``hwnas.search.samplers.make_sampler``), and whose cheap-front
+    plan has at most ``cheap_front_trials`` candidates (none where no cheap objective ranks
+    them, e.g. with searched bits)."""
+    from hwnas.search.candidates import ScreeningConfig
+
+    c = ScreeningConfig()
+    seeds = sum(1 for r in rows if r.get("seed"))
+    return len(rows) - seeds - c.n_startup_trials - c.cheap_front_trials
 
 
 def cells(spaces: list[str], base: str = "mbv3") -> list[dict]:
@@ -128,12 +145,15 @@ def cells(spaces: list[str], base: str = "mbv3") -> list[dict]:
                 out.append({"id": f"run/{space}/{dataset}/{'bits' if bits else 'float'}",
                             "kind": "run", "space": space, "dataset": dataset, "bits": bits})
     # the default sampler (screening) lets its surrogate choose only after its start-up trials,
-    # which the 4-6-trial cells above never pass: these run 4 trials past them, float and bits
-    for space, bits in (("nb201", False), ("mbv3-tiny", True)):
+    # which the 4-6-trial cells above never pass: these run past them, with two objectives (its
+    # 2-D EHVI, float) and with the run's three (its scalarization, searched bits)
+    for space, bits, path, extra in (
+            ("nb201", False, "ehvi", ["--objectives", "accuracy,latency:edgetpu-est"]),
+            ("mbv3-tiny", True, "parego", [])):
         if space in spaces:
-            out.append({"id": f"run/{space}/digits/{'bits' if bits else 'float'}-surrogate",
+            out.append({"id": f"run/{space}/digits/{'bits' if bits else 'float'}-surrogate-{path}",
                         "kind": "run", "space": space, "dataset": "digits", "bits": bits,
-                        "trials": surrogate_trials()})
+                        "trials": surrogate_trials(SURROGATE_PAST), "args": extra})
     for schedule in ("sandwich", "progressive", "deps"):
         out.append({"id": f"train/mbv3/digits/{schedule}", "kind": "train", "space": "mbv3",
                     "dataset": "digits", "args": ["--schedule", schedule]})
@@ -188,6 +208,7 @@ def run_cell(cell: dict, work: Path, a: argparse.Namespace) -> dict:
                 "--name", "r", "--overwrite"]
         if not cell["bits"]:
             args.append("--no-bits")
+        args += cell.get("args", [])
         rc, text, wall = run_cli(args, a.cell_timeout)
         res.update(rc=rc, seconds=round(wall, 1), **stages(text))
         res["run_dir"] = str(out / "r")
@@ -197,9 +218,12 @@ def run_cell(cell: dict, work: Path, a: argparse.Namespace) -> dict:
                 res.update(rc=1, error=f"{len(bad)} file(s) failed: {bad[0]}")
             elif cell.get("trials"):  # the surrogate's trials ran, not only the start-up
                 with open(out / "r" / "trials.csv", newline="") as f:
-                    res["trials"] = sum(1 for _ in csv.DictReader(f))
-                if res["trials"] < cell["trials"]:
-                    res.update(rc=1, error=f"{res['trials']} of {cell['trials']} trials in trials.csv")
+                    rows = list(csv.DictReader(f))
+                res.update(trials=len(rows), surrogate_trials=chosen_by_surrogate(rows))
+                if res["surrogate_trials"] < SURROGATE_PAST:
+                    res.update(rc=1, error=f"{res['surrogate_trials']} of {len(rows)} trials "
+                                           f"surely chosen by the surrogate; expected >= "
+                                           f"{SURROGATE_PAST}")
     elif cell["kind"] == "train":
         out = work / cell["id"].replace("/", "_")
         shutil.rmtree(out, ignore_errors=True)

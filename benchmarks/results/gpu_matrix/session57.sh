@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Session 57's device commands, in the repository root of the GPU machine.
 #   phase 1 (carry .whl data/c10): the wheels and hwnas installed, the full CIFAR-10 npz kept in
-#     /tmp/full for phase 2, then the GPU matrix's surrogate cells and the three run cells of the
-#     default sampler -> $OUT/gpu_matrix.json
+#     /tmp/full for phase 2, then the GPU matrix's surrogate cells -> $OUT/gpu_matrix.json (as
+#     run in session 57, with the cells' first definition: gpu_matrix.md, "Session 57")
 #   phase 2 (lean_tree.sh supernet/checkpoints/mbv3_cifar10.pt benchmarks/results/search_joint/
 #     cifar10_work.tgz; on the machine of phase 1, /tmp
 #     kept): issue 47.2's CIFAR-10 mbv3 joint table, built on the GPU by 8 shards, resumable
@@ -18,9 +18,7 @@ if [ "$PHASE" = 1 ]; then
   mkdir -p /tmp/full/cifar10 /tmp/res && cp data/c10/cifar10-jpeg.npz /tmp/full/cifar10/
   timeout $(( $(left) - 20 )) python3 benchmarks/gpu_matrix.py --out /tmp/res --budget-s 300 \
     --cell-timeout 280 --jobs 3 --work /tmp/gm --results benchmarks/gpu_matrix.json \
-    --only run/nb201/digits/float-surrogate run/mbv3-tiny/digits/bits-surrogate \
-      run/nb201/digits/float run/mbv3-tiny/digits/bits run/nb201/digits/bits \
-    --rerun run/nb201/digits/float run/mbv3-tiny/digits/bits run/nb201/digits/bits 2>&1 | tail -12
+    --only run/nb201/digits/float-surrogate-ehvi run/mbv3-tiny/digits/bits-surrogate-parego 2>&1 | tail -12
   cp /tmp/res/gpu_matrix.* "$OUT/"
   exit 0
 fi
