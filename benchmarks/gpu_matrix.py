@@ -3,8 +3,8 @@
 CI runs on CPUs only, so this is the one place where the GPU paths a user takes are run:
 ``hwnas run --device cuda`` for every registered space x {float (``--no-bits``), searched bits}
 x {digits, cifar10}, plus ``hwnas train`` (each schedule, bf16 and fp32, a standalone subnet
-compiled, ``--resume`` after a SIGKILL), ``hwnas finetune`` of a quantized trial and
-``hwnas export --device cuda``. Each cell records pass/fail, the first error line, wall
+compiled, ``--resume`` after a SIGKILL), ``hwnas search`` past the default sampler's start-up,
+``hwnas finetune`` of a quantized trial and ``hwnas export --device cuda``. Each cell records pass/fail, the first error line, wall
 seconds, the seconds per stage that the commands print and the training images/s.
 
 Budgets are small (a smoke matrix, not a benchmark of accuracy). Cells run one after the other,
@@ -145,15 +145,17 @@ def cells(spaces: list[str], base: str = "mbv3") -> list[dict]:
                 out.append({"id": f"run/{space}/{dataset}/{'bits' if bits else 'float'}",
                             "kind": "run", "space": space, "dataset": dataset, "bits": bits})
     # the default sampler (screening) lets its surrogate choose only after its start-up trials,
-    # which the 4-6-trial cells above never pass: these run past them, with two objectives (its
-    # 2-D EHVI, float) and with the run's three (its scalarization, searched bits)
+    # which the 4-6-trial run cells never pass: `hwnas search` on the supernet of a run cell,
+    # past them, with two objectives (its 2-D EHVI, float) and the run's three (its
+    # scalarization, searched bits); no export (the run cells export)
     for space, bits, path, extra in (
             ("nb201", False, "ehvi", ["--objectives", "accuracy,latency:edgetpu-est"]),
             ("mbv3-tiny", True, "parego", [])):
         if space in spaces:
-            out.append({"id": f"run/{space}/digits/{'bits' if bits else 'float'}-surrogate-{path}",
-                        "kind": "run", "space": space, "dataset": "digits", "bits": bits,
-                        "trials": surrogate_trials(SURROGATE_PAST), "args": extra})
+            run = f"run/{space}/digits/{'bits' if bits else 'float'}"
+            out.append({"id": f"search/{space}/digits/{'bits' if bits else 'float'}-surrogate-{path}",
+                        "kind": "search", "space": space, "dataset": "digits", "bits": bits,
+                        "needs": run, "trials": surrogate_trials(SURROGATE_PAST), "args": extra})
     for schedule in ("sandwich", "progressive", "deps"):
         out.append({"id": f"train/mbv3/digits/{schedule}", "kind": "train", "space": "mbv3",
                     "dataset": "digits", "args": ["--schedule", schedule]})
@@ -203,12 +205,11 @@ def run_cell(cell: dict, work: Path, a: argparse.Namespace) -> dict:
         args = ["run", "--space", cell["space"], "--dataset", cell["dataset"], *common,
                 # searched bits: 2 trials more than the 4 plain seeds, so that the Hessian seeds
                 # (computed only when a trial runs them) run on the GPU too
-                "--trials", str(cell.get("trials") or (a.trials + 2 if cell["bits"] else a.trials)),
+                "--trials", str(a.trials + 2 if cell["bits"] else a.trials),
                 "--epochs", str(a.epochs), "--out", str(out),
                 "--name", "r", "--overwrite"]
         if not cell["bits"]:
             args.append("--no-bits")
-        args += cell.get("args", [])
         rc, text, wall = run_cli(args, a.cell_timeout)
         res.update(rc=rc, seconds=round(wall, 1), **stages(text))
         res["run_dir"] = str(out / "r")
@@ -216,14 +217,21 @@ def run_cell(cell: dict, work: Path, a: argparse.Namespace) -> dict:
             bad = export_failures(out / "r")
             if bad:
                 res.update(rc=1, error=f"{len(bad)} file(s) failed: {bad[0]}")
-            elif cell.get("trials"):  # the surrogate's trials ran, not only the start-up
-                with open(out / "r" / "trials.csv", newline="") as f:
-                    rows = list(csv.DictReader(f))
-                res.update(trials=len(rows), surrogate_trials=chosen_by_surrogate(rows))
-                if res["surrogate_trials"] < SURROGATE_PAST:
-                    res.update(rc=1, error=f"{res['surrogate_trials']} of {len(rows)} trials "
-                                           f"surely chosen by the surrogate; expected >= "
-                                           f"{SURROGATE_PAST}")
+    elif cell["kind"] == "search":  # the surrogate's trials ran, not only the start-up
+        out = work / cell["id"].replace("/", "_")
+        args = ["search", "--space", cell["space"], "--dataset", cell["dataset"], *common,
+                "--supernet", str(Path(source["run_dir"], "supernet.pt")),
+                "--trials", str(cell["trials"]), "--out", str(out), "--name", "r", "--overwrite",
+                *([] if cell["bits"] else ["--no-bits"]), *cell["args"]]
+        rc, text, wall = run_cli(args, a.cell_timeout)
+        res.update(rc=rc, seconds=round(wall, 1), run_dir=str(out / "r"), **stages(text))
+        if rc == 0:
+            with open(out / "r" / "trials.csv", newline="") as f:
+                rows = list(csv.DictReader(f))
+            res.update(trials=len(rows), surrogate_trials=chosen_by_surrogate(rows))
+            if res["surrogate_trials"] < SURROGATE_PAST:
+                res.update(rc=1, error=f"{res['surrogate_trials']} of {len(rows)} trials surely "
+                                       f"chosen by the surrogate; expected >= {SURROGATE_PAST}")
     elif cell["kind"] == "train":
         out = work / cell["id"].replace("/", "_")
         shutil.rmtree(out, ignore_errors=True)

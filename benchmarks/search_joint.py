@@ -281,14 +281,14 @@ def load_table(path: Path, columns: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def run_config(supernet: Path | str | None, objectives: str | None = None,
-               space: str | None = None, dataset: str | None = None) -> Any:
+def run_config(supernet: Path | str | None, objectives: str | None = None, **fields: Any) -> Any:
     """The settings of ``hwnas run`` at its defaults, on the checkpoint ``supernet``, with
-    ``objectives``, ``space`` and ``dataset`` instead of the default ones where given."""
+    ``objectives`` and other :class:`~hwnas.search.config.SearchConfig` ``fields`` (space,
+    dataset, devices, torch_device) instead of the default ones where given (not None)."""
     from hwnas.search.config import SearchConfig
 
     cfg = SearchConfig(supernet=None if supernet is None else str(supernet))
-    given = {"objectives": objectives, "space": space, "dataset": dataset}
+    given = {"objectives": objectives, **fields}
     cfg = dataclasses.replace(cfg, **{k: v for k, v in given.items() if v is not None})
     cfg.validate()
     return cfg
@@ -377,11 +377,8 @@ def build_table(path: Path, supernet: Path, n_archs: int, policies: int, seed: i
 
     from hwnas.core.io import write_json
 
-    cfg = run_config(supernet, objectives, space, dataset)
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in (
-        ("devices", None if devices is None else list(devices)),
-        ("torch_device", torch_device)) if v is not None})
-    cfg.validate()
+    cfg = run_config(supernet, objectives, space=space, dataset=dataset,
+                     devices=None if devices is None else list(devices), torch_device=torch_device)
     space, net, data, evaluator = open_run(cfg)
     joint = ArchBitsSpace(space, cfg.bit_choices)
     checkpoint_sha = file_sha256(supernet)
@@ -644,8 +641,8 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
 
     options = nb201.screening_options(args.screening_option)
     built = build_settings(args.table)
-    cfg = run_config(None, args.objectives or built.get("objectives"), built.get("space"),
-                     built.get("dataset"))
+    cfg = run_config(None, args.objectives or built.get("objectives"), space=built.get("space"),
+                     dataset=built.get("dataset"))
     joint = joint_space(cfg, load_dataset(cfg.dataset, seed=cfg.data_seed))
     table = load_table(args.table, [m.column for m in cfg.objective_metrics])
     problem = make_problem(table, joint, cfg)

@@ -153,7 +153,8 @@ class FileReport:
     integer_products: int = 0
     float_islands: list[str] = field(default_factory=list)
     float_layers_for_speed: list[str] = field(default_factory=list)
-    #: why a QDQ file passed below ``min_agreement`` (near-tied logits; ``divergence_of``)
+    #: why a QDQ file passed below ``min_agreement`` (near-tied logits; ``divergence_of``), or
+    #: an FP32 file over ``atol`` (float32 rounding; ``verify.float32_rounding_note``)
     parity_note: str = ""
     latency_ms: dict[str, float] = field(default_factory=dict)  # device -> paired median
     size_bytes: int = 0

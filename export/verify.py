@@ -1,6 +1,8 @@
 """Verification of each exported file before it is written.
 
-``onnx.checker``; FP32: max |ONNX - PyTorch| <= ``atol`` (1e-4). QDQ: top-1 agreement >=
+``onnx.checker``; FP32: max |ONNX - PyTorch| <= ``atol`` (1e-4), or, where a network
+amplifies float32 rounding past it, the file no farther from the float64 answer than twice
+PyTorch's own float32 pass (:func:`float32_rounding_note`). QDQ: top-1 agreement >=
 ``min_agreement`` (99 %) with the PyTorch fake-quant model as onnxruntime computes the file -
 Conv/Gemm biases rounded to int32 on ``input_scale * weight_scale`` (a MatMul's bias is added
 in float, as onnxruntime does) and, for ``qdq-<device>`` files, the requantization points:
@@ -33,8 +35,8 @@ from torch import nn
 
 from hwnas.core.errors import UserError
 
-__all__ = ["NEEDS_VNNI", "finite", "raw_images", "verified_here", "verify_fp32", "verify_qdq",
-           "verify_uint8"]
+__all__ = ["NEEDS_VNNI", "finite", "float32_rounding_note", "raw_images", "verified_here",
+           "verify_fp32", "verify_qdq", "verify_uint8"]
 
 
 def finite(x: float | None) -> float | None:
@@ -83,8 +85,41 @@ def verify_fp32(proto: onnx.ModelProto, model: nn.Module, passes: ImagePasses,
         finite(parity.max_abs_diff), parity.top1_agreement, parity.n)
     report.test_accuracy = passes.accuracy(got)
     if not parity.passed:
-        raise UserError(f"FP32 parity failed: max |ONNX - PyTorch| = {parity.max_abs_diff:.3g} > "
-                        f"{s.atol:g} on {parity.n} images")
+        note = float32_rounding_note(model, passes.x, got, want, s.atol)
+        if note is None:
+            raise UserError(f"FP32 parity failed: max |ONNX - PyTorch| = "
+                            f"{parity.max_abs_diff:.3g} > {s.atol:g} on {parity.n} images")
+        report.parity_note = note
+
+
+#: how far an FP32 file may be from the float64 answer, in multiples of PyTorch's float32 error
+FLOAT32_SLACK = 2.0
+
+
+def float32_rounding_note(model: nn.Module, images: torch.Tensor, got: np.ndarray,
+                          want: np.ndarray, atol: float, batch_size: int = 256) -> str | None:
+    """Why an FP32 file whose logits (``got``) are farther than ``atol`` from PyTorch's float32
+    ones (``want``) still computes the model: they are no farther from its float64 answer (a
+    CPU copy, on ``images``) than ``FLOAT32_SLACK`` times PyTorch's own. Both then miss by float32
+    rounding that the network amplifies (measured: a one-epoch NB-201 cell whose PyTorch pass
+    was 1.8e-4 from the float64 answer, its file 1.4e-4, other cells of the run 1e-6). None where
+    the file is farther (an export error) or the float64 pass fails."""
+    import copy
+
+    try:
+        exact_model = copy.deepcopy(model).to("cpu", torch.float64).eval()
+        with torch.no_grad():
+            exact = torch.cat([exact_model(images[i:i + batch_size].to(torch.float64))
+                               for i in range(0, len(images), batch_size)]).numpy()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+    own = float(np.abs(want - exact).max())
+    off = float(np.abs(got - exact).max())
+    if not np.isfinite(off) or off > max(atol, FLOAT32_SLACK * own):
+        return None
+    return (f"max |ONNX - PyTorch| {float(np.abs(got - want).max()):.3g} > {atol:g} is float32 "
+            f"rounding: the file is {off:.3g} from the float64 answer, PyTorch's float32 pass "
+            f"{own:.3g}")
 
 
 def _integer_kernels(data: bytes, index: LayerIndex, build: QdqBuild, quantized: list[str],

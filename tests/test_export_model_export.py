@@ -138,3 +138,37 @@ def test_verify_sample_reads_the_verification_pass(tmp_path, monkeypatch, from_u
     assert sorted(got.files) == sorted(want.files)
     for key in want.files:
         assert np.array_equal(got[key], want[key]), key
+
+
+def test_float32_rounding_note_tells_rounding_from_an_export_error() -> None:
+    """An FP32 file over ``atol`` passes where its logits are no farther from the float64
+    answer than ``FLOAT32_SLACK`` times PyTorch's float32 ones; an export error (farther) or a
+    network that cannot run in float64 leaves the failure standing (None)."""
+    import numpy as np
+    from hwnas.export.verify import float32_rounding_note
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 10), nn.BatchNorm1d(10)).eval()
+    model[1].running_var.fill_(1e-9)  # near-zero variance: float32 rounding amplified
+    x = torch.randn(256, 64)
+    with torch.no_grad():
+        want = model(x).numpy()
+        exact = model.double()(x.double()).float().numpy()  # the float64 answer, rounded
+    model.float()
+    assert np.abs(want - exact).max() > 1e-4  # PyTorch's own pass is over the default atol
+    note = float32_rounding_note(model, x, exact, want, atol=1e-4)
+    assert note is not None and "is float32 rounding" in note
+    assert float32_rounding_note(model, x, want + 1.0, want, atol=1e-4) is None
+
+    class Mixed(nn.Module):  # a float32 tensor that is no parameter: float64 fails
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.randn(64, 10)
+
+        def forward(self, t):
+            return t @ self.w
+
+    mixed = Mixed()
+    with torch.no_grad():
+        out = mixed(x).numpy()
+    assert float32_rounding_note(mixed, x, out + 1e-3, out, atol=1e-4) is None

@@ -192,9 +192,20 @@ def test_bad_rows_fail_one_line_each_and_the_good_ones_are_written(run_dir: Path
     assert doc["failed"] == ["trial_0008", "trial_0009"]
 
 
-def test_parity_failure_fails_the_model(run_dir: Path, tmp_path: Path) -> None:
+def test_parity_failure_fails_the_model(run_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """Over ``atol`` (0 here: every file is) an FP32 file passes only where it is no farther
+    from the model's float64 answer than ``FLOAT32_SLACK`` times PyTorch's float32 pass, and
+    says so; with no slack it fails the model and is not written."""
+    import hwnas.export.verify as verify
+
     settings = ExportSettings(warmup=1, rounds=1, runs=2,
                               profile_runs=2, atol=0.0)
+    result = export_run(run_dir, front=FRONT, select="3", out=tmp_path / "ok", settings=settings,
+                        progress=False, report=lambda line: None)
+    fp32 = next(f for f in result.models[0].files if f.precision == "fp32")
+    assert fp32.ok and fp32.max_abs_diff > 0 and "is float32 rounding" in fp32.parity_note
+    assert (tmp_path / "ok" / "trial_0003.onnx").is_file()
+    monkeypatch.setattr(verify, "FLOAT32_SLACK", 0.0)
     result = export_run(run_dir, front=FRONT, select="3", out=tmp_path / "out", settings=settings,
                         progress=False, report=lambda line: None)
     model = result.models[0]

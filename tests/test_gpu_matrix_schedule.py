@@ -115,10 +115,11 @@ def test_the_regularise_cell_trains_a_graphed_supernet_like_the_cct_run(tmp_path
 
 
 def test_the_surrogate_cells_run_past_the_screening_start_up(tmp_path, monkeypatch):
-    """The surrogate cells ask for enough trials that the default sampler's surrogate chooses
-    at least 4 after its start-up (extended by the run's seed trials: 2 float, 6 with bits;
-    the 4-6-trial cells never reach it), with two objectives (the 2-D EHVI) and three (the
-    scalarization), and fail when fewer were surely chosen."""
+    """The surrogate cells search the supernet of their run cell with enough trials that the
+    default sampler's surrogate chooses at least 4 after its start-up (extended by the run's
+    seed trials: 2 float, 6 with bits; the 4-6-trial run cells never reach it), with two
+    objectives (the 2-D EHVI) and three (the scalarization), and fail when fewer were surely
+    chosen."""
     import argparse
     from pathlib import Path
 
@@ -129,27 +130,32 @@ def test_the_surrogate_cells_run_past_the_screening_start_up(tmp_path, monkeypat
     start = c.n_startup_trials + c.cheap_front_trials
     cells = {x["id"]: x for x in gm.cells(["nb201", "mbv3-tiny", "cct"])}
     sur = [i for i in cells if "-surrogate-" in i]
-    assert sur == ["run/nb201/digits/float-surrogate-ehvi", "run/mbv3-tiny/digits/bits-surrogate-parego"]
+    assert sur == ["search/nb201/digits/float-surrogate-ehvi",
+                   "search/mbv3-tiny/digits/bits-surrogate-parego"]
+    assert [cells[i]["needs"] for i in sur] == ["run/nb201/digits/float", "run/mbv3-tiny/digits/bits"]
     want = start + 6 + 4
     seen = []
 
     def fake_run(args, timeout, seeds=(2, 7)):  # the 2nd run: one seed more than the bits run's
         seen.append(args)
         r = Path(args[args.index("--out") + 1]) / "r"
-        (r / "export").mkdir(parents=True, exist_ok=True)
-        (r / "export" / "manifest.json").write_text('{"models": []}')
+        r.mkdir(parents=True, exist_ok=True)
         n, k = int(args[args.index("--trials") + 1]), seeds[len(seen) - 1]
         (r / "trials.csv").write_text("trial,seed\n" + "".join(
             f"{i},{'s' if i < k else ''}\n" for i in range(n)))
         return 0, "", 1.0
 
     monkeypatch.setattr(gm, "run_cli", fake_run)
-    a = argparse.Namespace(device="cuda", epochs=1, trials=4, cell_timeout=10, results_by_id={})
-    res = gm.run_cell(cells["run/nb201/digits/float-surrogate-ehvi"], tmp_path, a)
-    assert seen[0][seen[0].index("--trials") + 1] == str(want) and "--no-bits" in seen[0]
-    assert seen[0][seen[0].index("--objectives") + 1] == "accuracy,latency:edgetpu-est"
+    src = {"rc": 0, "run_dir": str(tmp_path / "src")}
+    a = argparse.Namespace(device="cuda", epochs=1, trials=4, cell_timeout=10, results_by_id={
+        "run/nb201/digits/float": src, "run/mbv3-tiny/digits/bits": src})
+    res = gm.run_cell(cells["search/nb201/digits/float-surrogate-ehvi"], tmp_path, a)
+    args = seen[0]
+    assert args[0] == "search" and args[args.index("--trials") + 1] == str(want)
+    assert args[args.index("--supernet") + 1] == str(tmp_path / "src" / "supernet.pt")
+    assert "--no-bits" in args and args[args.index("--objectives") + 1] == "accuracy,latency:edgetpu-est"
     assert res["rc"] == 0 and res["trials"] == want and res["surrogate_trials"] == want - start - 2
-    res = gm.run_cell(cells["run/mbv3-tiny/digits/bits-surrogate-parego"], tmp_path, a)
+    res = gm.run_cell(cells["search/mbv3-tiny/digits/bits-surrogate-parego"], tmp_path, a)
     assert "--no-bits" not in seen[1] and "--objectives" not in seen[1]
     assert res["rc"] == 1 and res["surrogate_trials"] == 3
     assert res["error"] == f"3 of {want} trials surely chosen by the surrogate; expected >= 4"
