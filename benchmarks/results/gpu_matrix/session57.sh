@@ -18,7 +18,7 @@ if [ "$PHASE" = 1 ]; then
   mkdir -p /tmp/full/cifar10 /tmp/res && cp data/c10/cifar10-jpeg.npz /tmp/full/cifar10/
   timeout $(( $(left) - 20 )) python3 benchmarks/gpu_matrix.py --out /tmp/res --budget-s 300 \
     --cell-timeout 280 --jobs 3 --work /tmp/gm --results benchmarks/gpu_matrix.json \
-    --only run/nb201/digits/float-surrogate-ehvi run/mbv3-tiny/digits/bits-surrogate-parego 2>&1 | tail -12
+    --only search/ 2>&1 | tail -12
   cp /tmp/res/gpu_matrix.* "$OUT/"
   exit 0
 fi
