@@ -148,8 +148,8 @@ def test_float32_rounding_note_tells_rounding_from_an_export_error() -> None:
     from hwnas.export.verify import float32_rounding_note
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 10), nn.BatchNorm1d(10)).eval()
-    model[1].running_var.fill_(1e-9)  # near-zero variance: float32 rounding amplified
+    model = nn.Sequential(nn.Linear(64, 10), nn.BatchNorm1d(10, eps=1e-10)).eval()
+    model[1].running_var.fill_(1e-10)  # near-zero variance: float32 rounding amplified
     x = torch.randn(256, 64)
     with torch.no_grad():
         want = model(x).numpy()
