@@ -4,8 +4,9 @@ CI runs on CPUs only, so this is the one place where the GPU paths a user takes 
 ``hwnas run --device cuda`` for every registered space x {float (``--no-bits``), searched bits}
 x {digits, cifar10}, plus ``hwnas train`` (each schedule, bf16 and fp32, a standalone subnet
 compiled, ``--resume`` after a SIGKILL), ``hwnas search`` past the default sampler's start-up,
-``hwnas finetune`` of a quantized trial and ``hwnas export --device cuda``. Each cell records pass/fail, the first error line, wall
-seconds, the seconds per stage that the commands print and the training images/s.
+``hwnas finetune`` of a quantized trial and ``hwnas export --device cuda``. Each cell records
+pass/fail, the first error line, wall seconds, the seconds per stage that the commands print
+and the training images/s.
 
 Budgets are small (a smoke matrix, not a benchmark of accuracy). Cells run one after the other,
 or ``--jobs N`` at a time (pass/fail then as alone; seconds are upper bounds, the timings of
@@ -152,10 +153,11 @@ def cells(spaces: list[str], base: str = "mbv3") -> list[dict]:
             ("nb201", False, "ehvi", ["--objectives", "accuracy,latency:edgetpu-est"]),
             ("mbv3-tiny", True, "parego", [])):
         if space in spaces:
-            run = f"run/{space}/digits/{'bits' if bits else 'float'}"
-            out.append({"id": f"search/{space}/digits/{'bits' if bits else 'float'}-surrogate-{path}",
-                        "kind": "search", "space": space, "dataset": "digits", "bits": bits,
-                        "needs": run, "trials": surrogate_trials(SURROGATE_PAST), "args": extra})
+            kind = "bits" if bits else "float"
+            out.append({"id": f"search/{space}/digits/{kind}-surrogate-{path}", "kind": "search",
+                        "space": space, "dataset": "digits", "bits": bits,
+                        "needs": f"run/{space}/digits/{kind}",
+                        "trials": surrogate_trials(SURROGATE_PAST), "args": extra})
     for schedule in ("sandwich", "progressive", "deps"):
         out.append({"id": f"train/mbv3/digits/{schedule}", "kind": "train", "space": "mbv3",
                     "dataset": "digits", "args": ["--schedule", schedule]})

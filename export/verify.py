@@ -19,6 +19,7 @@ Where a check ran: :func:`verified_here`, and the ISA condition of a QDQ file.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -104,8 +105,6 @@ def float32_rounding_note(model: nn.Module, images: torch.Tensor, got: np.ndarra
     rounding that the network amplifies (measured: a one-epoch NB-201 cell whose PyTorch pass
     was 1.8e-4 from the float64 answer, its file 1.4e-4, other cells of the run 1e-6). None where
     the file is farther (an export error) or the float64 pass fails."""
-    import copy
-
     try:
         exact_model = copy.deepcopy(model).to("cpu", torch.float64).eval()
         with torch.no_grad():

@@ -173,8 +173,9 @@ def make_sampler(name: str, seed: int, *, n_startup_trials: int = STARTUP_TRIALS
                  ) -> optuna.samplers.BaseSampler:
     """A seeded sampler; ``screening`` needs the search's ``problem``
     (:func:`screening_problem`), and takes ``screening_options`` (fields of
-    :class:`hwnas.search.candidates.ScreeningConfig`, for benchmarks of its variants). Optuna is imported by the factories, so that the settings (and
-    ``hwnas train``, which shares them) do not need it.
+    :class:`hwnas.search.candidates.ScreeningConfig`, for benchmarks of its variants). Optuna
+    is imported by the factories, so that the settings (and ``hwnas train``, which shares
+    them) do not need it.
 
     Seed trials (enqueued: largest, smallest, sensitivity-based bit policies) are evaluated
     before the sampler is asked for anything, and TPE, GP and screening count *every*

@@ -132,7 +132,8 @@ def test_the_surrogate_cells_run_past_the_screening_start_up(tmp_path, monkeypat
     sur = [i for i in cells if "-surrogate-" in i]
     assert sur == ["search/nb201/digits/float-surrogate-ehvi",
                    "search/mbv3-tiny/digits/bits-surrogate-parego"]
-    assert [cells[i]["needs"] for i in sur] == ["run/nb201/digits/float", "run/mbv3-tiny/digits/bits"]
+    assert [cells[i]["needs"] for i in sur] == ["run/nb201/digits/float",
+                                                "run/mbv3-tiny/digits/bits"]
     want = start + 6 + 4
     seen = []
 
@@ -153,7 +154,8 @@ def test_the_surrogate_cells_run_past_the_screening_start_up(tmp_path, monkeypat
     args = seen[0]
     assert args[0] == "search" and args[args.index("--trials") + 1] == str(want)
     assert args[args.index("--supernet") + 1] == str(tmp_path / "src" / "supernet.pt")
-    assert "--no-bits" in args and args[args.index("--objectives") + 1] == "accuracy,latency:edgetpu-est"
+    assert "--no-bits" in args
+    assert args[args.index("--objectives") + 1] == "accuracy,latency:edgetpu-est"
     assert res["rc"] == 0 and res["trials"] == want and res["surrogate_trials"] == want - start - 2
     res = gm.run_cell(cells["search/mbv3-tiny/digits/bits-surrogate-parego"], tmp_path, a)
     assert "--no-bits" not in seen[1] and "--objectives" not in seen[1]
