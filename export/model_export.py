@@ -176,7 +176,8 @@ class _Export:
             describe_model(u8, self.input_spec, model_version=self.model_version)
             verify.verify_uint8(u8, self.passes.onnx(parent_rel, proto.SerializeToString()),
                                 self.passes, self.input_spec, report, self.s,
-                                exact=parent.precision == "fp32")
+                                exact=parent.precision == "fp32",
+                                parent_float32_error=parent.float32_error)
             _write(self.out_dir, rel, u8, report)
         self.add_file(report, "uint8", do)
 

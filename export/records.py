@@ -154,8 +154,10 @@ class FileReport:
     float_islands: list[str] = field(default_factory=list)
     float_layers_for_speed: list[str] = field(default_factory=list)
     #: why a QDQ file passed below ``min_agreement`` (near-tied logits; ``divergence_of``), or
-    #: an FP32 file over ``atol`` (float32 rounding; ``verify.float32_rounding_note``)
+    #: an FP32 file over ``atol`` (float32 rounding; ``verify.float32_rounding``)
     parity_note: str = ""
+    #: an FP32 file over ``atol``: max |PyTorch float32 - float64| logits on the test images
+    float32_error: float | None = None
     latency_ms: dict[str, float] = field(default_factory=dict)  # device -> paired median
     size_bytes: int = 0
     #: where the checks above ran: CPU, its ISA flags, runtime and version

@@ -180,3 +180,30 @@ def test_cli_flag_reaches_the_settings(tmp_path) -> None:
 
     args = build_parser().parse_args(["export", "RUN", "--with-preprocessing"])
     assert args.with_preprocessing
+
+
+def test_uint8_parity_allows_its_float_parents_float32_error() -> None:
+    """A uint8-input file of an FP32 parent is held to ``atol``, or to ``FLOAT32_SLACK`` times
+    the parent's PyTorch float32 error where the parent passed by float32 rounding."""
+    from hwnas.export.passes import ImagePasses
+    from hwnas.export.qdq import float_proto
+    from hwnas.export.records import FileReport
+    from hwnas.export.verify import FLOAT32_SLACK, raw_images, verify_uint8
+    from hwnas.latency.onnx_measure import make_session
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 4 * 4, 5)).eval()
+    spec = InputSpec((0.4, 0.5, 0.6), (0.2, 0.25, 0.3), tuple("abcde"))
+    u8 = describe_model(with_uint8_input(float_proto(model, torch.zeros(1, 3, 6, 6)), spec), spec)
+    passes = ImagePasses(torch.randn(16, 3, 6, 6))
+    raw = raw_images(passes.x, spec)
+    want = make_session(u8.SerializeToString(), threads=1).run(None, {"image": raw})[0]
+    want = want.astype(np.float64) + 1e-3  # the parent's logits, 1e-3 off
+    s = ExportSettings()
+    with pytest.raises(UserError, match="uint8-input parity failed: max difference"):
+        verify_uint8(u8, want, passes, spec, FileReport("u.onnx", "fp32", ""), s, exact=True)
+    report = FileReport("u.onnx", "fp32", "")
+    verify_uint8(u8, want, passes, spec, report, s, exact=True,
+                 parent_float32_error=1e-3 / FLOAT32_SLACK * 1.01)
+    assert report.max_abs_diff == pytest.approx(1e-3, rel=1e-3)
