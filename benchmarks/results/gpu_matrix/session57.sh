@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Session 57's device commands, in the repository root of the GPU machine.
-#   phase 1 (carry .whl data/c10): the wheels and hwnas installed, the full CIFAR-10 npz kept in
-#     /tmp/full for phase 2, then the GPU matrix's surrogate cells -> $OUT/gpu_matrix.json (as
-#     run in session 57, with the cells' first definition: gpu_matrix.md, "Session 57")
-#   phase 2 (lean_tree.sh supernet/checkpoints/mbv3_cifar10.pt benchmarks/results/search_joint/
-#     cifar10_work.tgz; on the machine of phase 1, /tmp
-#     kept): issue 47.2's CIFAR-10 mbv3 joint table, built on the GPU by 8 shards, resumable
-#     (from benchmarks/results/search_joint/cifar10_work.tgz where /tmp has none) -> $OUT/joint_work.tgz,
-#     committed as that file
+# Session 57's device commands, in the repository root of the GPU machine (session 57 ran the
+# matrix cells' first definition: gpu_matrix.md, "Session 57"; this is the next session's).
+#   phase 1 (tree leaned by lean_tree.sh; carry .whl data/c10): the wheels and hwnas installed,
+#     the full CIFAR-10 npz kept in /tmp/full for phase 2, then the GPU matrix's search cells
+#     (the run cells they need first) -> $OUT/gpu_matrix.json
+#   phase 2 (lean_tree.sh supernet/checkpoints/mbv3_cifar10.pt
+#     benchmarks/results/search_joint/cifar10_work.tgz; at once, on the machine of phase 1):
+#     issue 47.2's CIFAR-10 mbv3 joint table, built on the GPU by 8 shards, resumed from
+#     cifar10_work.tgz where /tmp has none -> $OUT/joint_work.tgz (commit it as that file; the
+#     table and its record are in it once done)
 set -u
 PHASE=$1; S=${2:-540}; T0=$(date +%s)
 left() { echo $(( S - ($(date +%s) - T0) )); }
