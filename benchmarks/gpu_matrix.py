@@ -111,28 +111,27 @@ def export_failures(run_dir: Path) -> list[str]:
     return bad
 
 
-def surrogate_trials(past: int = 4, seeds: int = 6) -> int:
-    """Trials of a run whose surrogate (the default screening sampler's) chooses at least
-    ``past`` of them: its start-up (the run's enqueued seed trials, up to ``seeds``: 2 for
-    float, 6 with searched bits; then its random trials and the cheap-front plan) and
-    ``past`` more."""
+def start_up_trials() -> int:
+    """Trials before the default screening sampler's surrogate chooses, besides the run's seed
+    trials (which ``hwnas.search.samplers.make_sampler`` adds to its random phase): the random
+    trials and, at most, the cheap-front plan (none where no cheap objective ranks the
+    candidates, e.g. with searched bits)."""
     from hwnas.search.candidates import ScreeningConfig
 
     c = ScreeningConfig()
-    return c.n_startup_trials + c.cheap_front_trials + seeds + past
+    return c.n_startup_trials + c.cheap_front_trials
+
+
+def surrogate_trials(seeds: int = 6) -> int:
+    """Trials of a run whose surrogate chooses at least ``SURROGATE_PAST`` of them, with up to
+    ``seeds`` seed trials (2 float, 6 with searched bits)."""
+    return start_up_trials() + seeds + SURROGATE_PAST
 
 
 def chosen_by_surrogate(rows: list[dict]) -> int:
     """At least this many trials of a finished run (``trials.csv`` rows) were chosen by the
-    screening sampler's surrogate: those after its start-up, whose random phase the run
-    extends by its seed trials (``hwnas.search.samplers.make_sampler``), and whose cheap-front
-    plan has at most ``cheap_front_trials`` candidates (none where no cheap objective ranks
-    them, e.g. with searched bits)."""
-    from hwnas.search.candidates import ScreeningConfig
-
-    c = ScreeningConfig()
-    seeds = sum(1 for r in rows if r.get("seed"))
-    return len(rows) - seeds - c.n_startup_trials - c.cheap_front_trials
+    screening sampler's surrogate: those after its start-up and the run's seed trials."""
+    return len(rows) - sum(1 for r in rows if r.get("seed")) - start_up_trials()
 
 
 def cells(spaces: list[str], base: str = "mbv3") -> list[dict]:
@@ -157,7 +156,7 @@ def cells(spaces: list[str], base: str = "mbv3") -> list[dict]:
             out.append({"id": f"search/{space}/digits/{kind}-surrogate-{path}", "kind": "search",
                         "space": space, "dataset": "digits", "bits": bits,
                         "needs": f"run/{space}/digits/{kind}",
-                        "trials": surrogate_trials(SURROGATE_PAST), "args": extra})
+                        "trials": surrogate_trials(), "args": extra})
     for schedule in ("sandwich", "progressive", "deps"):
         out.append({"id": f"train/mbv3/digits/{schedule}", "kind": "train", "space": "mbv3",
                     "dataset": "digits", "args": ["--schedule", schedule]})

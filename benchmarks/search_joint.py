@@ -407,6 +407,10 @@ def build_table(path: Path, supernet: Path, n_archs: int, policies: int, seed: i
     t0 = time.time()
     evaluated = 0
     new_file = not partial.is_file()
+    if not new_file:  # a row cut off by a killed call: dropped, so the next one starts a line
+        text = partial.read_bytes()
+        if text and not text.endswith(b"\n"):
+            partial.write_bytes(text[:text.rfind(b"\n") + 1])
     with partial.open("a", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         if new_file:

@@ -258,3 +258,20 @@ def test_training_from_an_external_teacher_keeps_to_the_model_device(setup, regu
                        teacher=teacher)
     assert not stray_tensor_attributes(net.eval())
     meta_forward(copy.deepcopy(net).to("meta"), s.x)
+
+
+@pytest.mark.parametrize("name", ["nb201", "mbv3"])
+def test_the_fp32_float64_check_keeps_to_its_cpu_copy(name: str) -> None:
+    """``float32_rounding`` (an FP32 file over ``atol``: the model's float64 answer from a CPU
+    copy) makes no tensor on the default device, so it runs on a GPU export as here."""
+    from hwnas.export.verify import float32_rounding
+
+    space = _small_space(name)
+    torch.manual_seed(0)
+    model = space.build_supernet().extract(space.largest()).eval()
+    x = torch.randn(4, *space.input_shape)
+    with torch.no_grad():
+        want = model(x).numpy()
+    with foreign_default_device():
+        rounding = float32_rounding(model, x, want, want, atol=0.0)
+    assert rounding is not None and rounding[1] >= 0.0

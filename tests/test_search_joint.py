@@ -212,10 +212,15 @@ def test_a_sharded_build_writes_the_table_of_every_shard(tmp_path, digits_checkp
     assert first["left"] == first["pairs"] and not table.exists()
     a = bench.build_table(table, digits_checkpoint, 2, 2, 0, max_minutes=5, shard=(0, 2), **kw)
     assert a["left"] > 0 and not table.exists()  # shard 1's slice is still to do
+    part = next(work.glob("*shard0of2.csv"))
+    whole = part.read_text()
+    part.write_text(whole + "cut-off,row")  # a call killed mid-row: the next one drops it
+    again = bench.build_table(table, digits_checkpoint, 2, 2, 0, max_minutes=5, shard=(0, 2), **kw)
+    assert part.read_text() == whole and again["left"] == a["left"]
     b = bench.build_table(table, digits_checkpoint, 2, 2, 0, max_minutes=5, shard=(1, 2), **kw)
     assert b["left"] == 0 and table.is_file()
-    assert [c["evaluations"] for c in b["calls"]] == [0, a["pairs"] - a["left"], a["left"]]
-    assert [c["shard"] for c in b["calls"]] == ["all", "shard0of2", "shard1of2"]
+    assert [c["evaluations"] for c in b["calls"]] == [0, a["pairs"] - a["left"], 0, a["left"]]
+    assert [c["shard"] for c in b["calls"]] == ["all", "shard0of2", "shard0of2", "shard1of2"]
     settings = bench.build_settings(table)
     assert settings["objectives"] == kw["objectives"] and settings["devices"] == ["edgetpu-est"]
     rows = bench.load_table(table, ["accuracy", "latency_ms:edgetpu-est", "size_bytes"])
